@@ -1,0 +1,7 @@
+"""Pure tensor functions: no module state. ``reference`` holds the quadratic ground truth."""
+
+from linattn.ops import reference
+from linattn.ops.linear import linear_attention
+from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
+
+__all__ = ["reference", "linear_attention", "LinearAttentionState", "linear_attention_step"]

@@ -1,0 +1,100 @@
+"""Argument checks and the pieces every op shares: dtypes, masks, feature maps, the normaliser."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.feature_maps import FeatureMap, get_feature_map
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """States and sums are kept in at least float32; float64 stays float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
+    """Raise TypeError/ValueError naming the argument when q, k, v do not fit together.
+
+    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv); ``same_length`` also asks Tq == Tk."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+        if t.dim() < 2:
+            raise ValueError(f"{name}: expected shape (..., T, D), got {tuple(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"k: last dimension {k.shape[-1]} does not match q's {q.shape[-1]} "
+            f"(q {tuple(q.shape)}, k {tuple(k.shape)})"
+        )
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"v: shape {tuple(v.shape)} does not match k {tuple(k.shape)} before the last dimension"
+        )
+    if q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(
+            f"k: batch dimensions {tuple(k.shape[:-2])} do not match q's {tuple(q.shape[:-2])}"
+        )
+    if same_length and q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"k: causal attention needs as many keys as queries, got {k.shape[-2]} keys "
+            f"for {q.shape[-2]} queries"
+        )
+
+
+def key_mask_for(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
+    """A (B, T) padding mask (True = padding) as a keep-multiplier broadcastable to φ(k).
+
+    For k of shape (B, ..., T, D) the mask has shape (B, T); for k of shape (T, D), (T,).
+    Returns a bool tensor of shape (B, 1, ..., 1, T, 1) that is True where the key is kept."""
+    if key_padding_mask is None:
+        return None
+    if not isinstance(key_padding_mask, Tensor):
+        raise TypeError(
+            f"key_padding_mask: expected a bool tensor, got {type(key_padding_mask).__name__}"
+        )
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(f"key_padding_mask: expected dtype torch.bool, got {key_padding_mask.dtype}")
+    T = k.shape[-2]
+    expected = (T,) if k.dim() == 2 else (k.shape[0], T)
+    if tuple(key_padding_mask.shape) != expected:
+        raise ValueError(
+            f"key_padding_mask: expected shape {expected} for k of shape {tuple(k.shape)}, "
+            f"got {tuple(key_padding_mask.shape)}"
+        )
+    keep = ~key_padding_mask.to(k.device)
+    if k.dim() > 2:
+        keep = keep.reshape(k.shape[0], *([1] * (k.dim() - 3)), T)
+    return keep.unsqueeze(-1)
+
+
+def resolve(feature_map: str | FeatureMap, eps: float | None) -> tuple[FeatureMap, float]:
+    fmap = get_feature_map(feature_map)
+    return fmap, float(fmap.eps if eps is None else eps)
+
+
+def features(
+    fmap: FeatureMap, q: Tensor, k: Tensor, keep: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """φ(q), φ(k) in the accumulation dtype, with padded keys zeroed (absent from every sum)."""
+    acc = accumulation_dtype(q.dtype)
+    fq = fmap.forward_queries(q.to(acc))
+    fk = fmap.forward_keys(k.to(acc))
+    if keep is not None:
+        fk = fk * keep
+    return fq, fk
+
+
+def normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
+    """num / (den + eps) with a zero normaliser (every key padded) giving a zero output.
+
+    num: (..., T, Dv), den: (..., T)."""
+    den = den + eps
+    safe = torch.where(den == 0, torch.ones_like(den), den)
+    return num / safe.unsqueeze(-1)
