@@ -1,11 +1,11 @@
 r"""Feature maps :math:`\varphi` that turn a kernel into a dot product.
 
 Linear attention replaces the softmax weight :math:`\exp(q\cdot k)` by
-:math:`\varphi(q)\cdot\varphi(k)` with :math:`\varphi:\mathbb{R}^d\to\mathbb{R}^\ell`. Every map here is
-an :class:`torch.nn.Module` with one small interface:
+:math:`\varphi(q)\cdot\varphi(k)` with :math:`\varphi:\mathbb{R}^d\to\mathbb{R}^\ell`. Every map
+here is an :class:`torch.nn.Module` with one small interface:
 
-* ``forward_queries(x)`` and ``forward_keys(x)``: ``(..., T, d) -> (..., T, ℓ)``; queries and keys may
-  be mapped differently (random maps with stabilisers do);
+* ``forward_queries(x)`` and ``forward_keys(x)``: ``(..., T, d) -> (..., T, ℓ)``; queries and
+  keys may be mapped differently (random maps with stabilisers do);
 * ``num_features(head_dim)``: ℓ for a head dimension d;
 * ``redraw()``: draw new random parameters; a no-op for deterministic maps;
 * ``eps``: the default guard added to the attention normaliser (0 for strictly positive maps).
@@ -89,7 +89,7 @@ class EluPlusOne(FeatureMap):
 
 
 class ReluPlusOne(FeatureMap):
-    r""":math:`\varphi(x) = \max(x, 0) + 1` (shifted ReLU), elementwise, ℓ = d. Strictly positive."""
+    r""":math:`\varphi(x) = \max(x, 0) + 1` (shifted ReLU), elementwise, ℓ = d. Positive."""
 
     def num_features(self, head_dim: int) -> int:
         return head_dim
@@ -103,7 +103,7 @@ def _monomial_indices(dim: int, degree: int) -> tuple[Tensor, Tensor]:
     """Index tuples of all monomials of ``degree`` in ``dim`` variables (with repetition) and the
     square roots of their multinomial coefficients.
 
-    Returns ``idx: (M, degree)`` and ``coef: (M,)`` with ``M = C(dim + degree - 1, degree)`` such that
+    Returns ``idx: (M, degree)`` and ``coef: (M,)``, ``M = C(dim + degree - 1, degree)``, with
     ``(x·y)^degree = Σ_m coef_m² Π_j x[idx_mj] y[idx_mj]``.
     """
     combos = list(itertools.combinations_with_replacement(range(dim), degree))
@@ -132,8 +132,9 @@ def _monomials(x: Tensor, degree: int) -> Tensor:
 class Taylor(FeatureMap):
     r"""Second-order Taylor expansion of :math:`\exp(s)`, :math:`s = q\cdot k/\sqrt d`:
 
-    .. math:: \varphi(x) = \bigl(1,\; x/d^{1/4},\; \mathrm{vec}_{\le}(x x^\top)/(\sqrt2\sqrt d)\bigr),
-              \qquad \varphi(q)\cdot\varphi(k) = 1 + s + s^2/2 .
+    .. math::
+        \varphi(x) = \bigl(1,\; x/d^{1/4},\; \mathrm{vec}_{\le}(x x^\top)/(\sqrt2\sqrt d)\bigr),
+        \qquad \varphi(q)\cdot\varphi(k) = 1 + s + s^2/2 .
 
     Only the upper triangle of :math:`x x^\top` is kept, off-diagonal entries scaled by √2 so the
     dot product still counts each pair twice: ℓ = 1 + d + d(d+1)/2. The kernel
@@ -153,8 +154,8 @@ class Taylor(FeatureMap):
 class Polynomial(FeatureMap):
     r"""Explicit features of the polynomial kernel :math:`(x\cdot y + c)^p`.
 
-    With :math:`x' = (x, \sqrt c)`, :math:`(x\cdot y + c)^p = (x'\cdot y')^p`, whose features are the
-    degree-p monomials of x' weighted by the square roots of their multinomial coefficients:
+    With :math:`x' = (x, \sqrt c)`, :math:`(x\cdot y + c)^p = (x'\cdot y')^p`, whose features are
+    the degree-p monomials of x' weighted by the square roots of their multinomial coefficients:
     ℓ = C(d + p, p). The kernel is positive for even p (and c > 0); for odd p it can be negative
     or zero, so the attention normaliser may vanish: use ``eps`` or an even degree.
     """

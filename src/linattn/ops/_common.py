@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
@@ -60,7 +61,9 @@ def key_mask_for(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
             f"key_padding_mask: expected a bool tensor, got {type(key_padding_mask).__name__}"
         )
     if key_padding_mask.dtype != torch.bool:
-        raise TypeError(f"key_padding_mask: expected dtype torch.bool, got {key_padding_mask.dtype}")
+        raise TypeError(
+            f"key_padding_mask: expected dtype torch.bool, got {key_padding_mask.dtype}"
+        )
     T = k.shape[-2]
     expected = (T,) if k.dim() == 2 else (k.shape[0], T)
     if tuple(key_padding_mask.shape) != expected:
@@ -82,13 +85,28 @@ def resolve(feature_map: str | FeatureMap, eps: float | None) -> tuple[FeatureMa
 def features(
     fmap: FeatureMap, q: Tensor, k: Tensor, keep: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """φ(q), φ(k) in the accumulation dtype, with padded keys zeroed (absent from every sum)."""
+    """φ(q), φ(k) in the accumulation dtype, with padded keys zeroed (absent from every sum).
+
+    Values of padded keys must be zeroed too (:func:`zero_padded`)."""
     acc = accumulation_dtype(q.dtype)
     fq = fmap.forward_queries(q.to(acc))
     fk = fmap.forward_keys(k.to(acc))
-    if keep is not None:
-        fk = fk * keep
-    return fq, fk
+    return fq, zero_padded(fk, keep)
+
+
+def zero_padded(x: Tensor, keep: Tensor | None) -> Tensor:
+    """x with the rows of padded keys set to 0 (x: (..., T, F), keep from :func:`key_mask_for`).
+
+    ``torch.where``, not a product: a padded key or value may hold anything, inf and nan
+    included, and must still contribute exactly nothing (0·inf would be nan)."""
+    return x if keep is None else torch.where(keep, x, x.new_zeros(()))
+
+
+def values_with_ones(v: Tensor, dtype: torch.dtype, keep: Tensor | None = None) -> Tensor:
+    """[V, 1] in ``dtype`` with padded rows zeroed: (..., T, Dv) -> (..., T, Dv + 1).
+
+    One product with φ(K)ᵀ (or with lag features) then yields numerator and normaliser."""
+    return zero_padded(F.pad(v.to(dtype), (0, 1), value=1.0), keep)
 
 
 def normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:

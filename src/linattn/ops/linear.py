@@ -2,8 +2,10 @@ r"""Linear attention in O(T·ℓ·Dv): non-causal and chunked causal.
 
 With φ: ℝᴰ → ℝˡ, the output of row i is
 
-.. math:: o_i = \frac{\sum_j \varphi(q_i)^\top\varphi(k_j)\, v_j}{\sum_j \varphi(q_i)^\top\varphi(k_j)}
-              = \frac{\varphi(q_i)^\top \bigl(\varphi(K)^\top V\bigr)}{\varphi(q_i)^\top\bigl(\varphi(K)^\top 1\bigr)}.
+.. math::
+    o_i = \frac{\sum_j \varphi(q_i)^\top\varphi(k_j)\, v_j}{\sum_j \varphi(q_i)^\top\varphi(k_j)}
+        = \frac{\varphi(q_i)^\top \bigl(\varphi(K)^\top V\bigr)}
+               {\varphi(q_i)^\top\bigl(\varphi(K)^\top 1\bigr)}.
 
 Computing ``φ(K)ᵀV`` (ℓ×Dv) first is what removes the T×T matrix. The normaliser is folded
 into the same product by appending a column of ones to V: ``φ(K)ᵀ[V, 1]`` holds both sums.
@@ -21,17 +23,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops._common import check_qkv, features, key_mask_for, normalise, resolve
+from linattn.ops._common import (
+    check_qkv,
+    features,
+    key_mask_for,
+    normalise,
+    resolve,
+    values_with_ones,
+)
 from linattn.ops.recurrent import LinearAttentionState
 
 __all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE"]
 
 DEFAULT_CHUNK_SIZE = 64
-
-
-def _with_ones(v: Tensor) -> Tensor:
-    """[V, 1]: (..., T, Dv) -> (..., T, Dv + 1), so one matmul yields numerator and normaliser."""
-    return F.pad(v, (0, 1), value=1.0)
 
 
 def _split(out: Tensor, eps: float) -> Tensor:
@@ -104,8 +108,9 @@ def linear_attention(
     if not is_causal and (initial_state is not None or return_state):
         raise ValueError("initial_state/return_state: only defined for is_causal=True")
     fmap, eps = resolve(feature_map, eps)
-    fq, fk = features(fmap, q, k, key_mask_for(key_padding_mask, k))
-    v1 = _with_ones(v.to(fq.dtype))
+    keep = key_mask_for(key_padding_mask, k)
+    fq, fk = features(fmap, q, k, keep)
+    v1 = values_with_ones(v, fq.dtype, keep)
 
     if not is_causal:
         out = fq @ (fk.transpose(-1, -2) @ v1)

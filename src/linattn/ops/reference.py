@@ -10,13 +10,20 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops._common import check_qkv, features, key_mask_for, normalise, resolve
+from linattn.ops._common import (
+    check_qkv,
+    features,
+    key_mask_for,
+    normalise,
+    resolve,
+    zero_padded,
+)
 
 __all__ = ["linear_attention", "relative_linear_attention"]
 
 
 def _attend(sim: Tensor, v: Tensor, eps: float, is_causal: bool) -> Tensor:
-    """o_i = Σ_j sim_ij v_j / Σ_j sim_ij with j ≤ i when causal. sim: (..., Tq, Tk), v: (..., Tk, Dv)."""
+    """o_i = Σ_j sim_ij v_j / Σ_j sim_ij (j ≤ i if causal). sim: (..., Tq, Tk), v: (..., Tk, Dv)."""
     if is_causal:
         T = sim.shape[-1]
         sim = sim * torch.ones(T, T, dtype=torch.bool, device=sim.device).tril()
@@ -38,9 +45,10 @@ def linear_attention(
     ``key_padding_mask``, (B, Tk)) and, when causal, keys j > i get similarity 0."""
     check_qkv(q, k, v, same_length=is_causal)
     fmap, eps = resolve(feature_map, eps)
-    fq, fk = features(fmap, q, k, key_mask_for(key_padding_mask, k))
+    keep = key_mask_for(key_padding_mask, k)
+    fq, fk = features(fmap, q, k, keep)
     sim = fq @ fk.transpose(-1, -2)
-    return _attend(sim, v.to(fq.dtype), eps, is_causal).to(q.dtype)
+    return _attend(sim, zero_padded(v.to(fq.dtype), keep), eps, is_causal).to(q.dtype)
 
 
 def relative_linear_attention(
@@ -69,4 +77,4 @@ def relative_linear_attention(
     sim = fq @ fk.transpose(-1, -2) + torch.einsum("...il,...ijl->...ij", fq, fr_ij)
     if keep is not None:
         sim = sim * keep.squeeze(-1).unsqueeze(-2)
-    return _attend(sim, v.to(fq.dtype), eps, is_causal).to(q.dtype)
+    return _attend(sim, zero_padded(v.to(fq.dtype), keep), eps, is_causal).to(q.dtype)
