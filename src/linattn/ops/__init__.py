@@ -3,5 +3,12 @@
 from linattn.ops import reference
 from linattn.ops.linear import linear_attention
 from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
+from linattn.ops.relative import relative_linear_attention
 
-__all__ = ["reference", "linear_attention", "LinearAttentionState", "linear_attention_step"]
+__all__ = [
+    "reference",
+    "linear_attention",
+    "LinearAttentionState",
+    "linear_attention_step",
+    "relative_linear_attention",
+]

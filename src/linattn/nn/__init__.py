@@ -1,0 +1,6 @@
+"""Modules built on :mod:`linattn.ops`: attention, encoder blocks, models."""
+
+from linattn.nn.attention import MultiheadLinearAttention
+from linattn.nn.encoder import EncoderBlock, LinearTransformerEncoder
+
+__all__ = ["MultiheadLinearAttention", "EncoderBlock", "LinearTransformerEncoder"]
