@@ -1,16 +1,321 @@
-"""``linattn solve``: the stdin linear-attention exercise (placeholder until built)."""
+r"""``linattn solve``: the judge exercise of linear attention, stdin to stdout.
+
+Input: ``N d``, then N rows of Q, N rows of K, N rows of V, each row d numbers; tokens are
+separated by any whitespace (what :meth:`str.split` splits on) and each is any text Python's
+:func:`float` takes for a finite value (``1``, ``-2.5``, ``+3.``, ``.5``, ``1e-3``, ``1_000``).
+Output: N lines, line i the row sum :math:`\sum_c O_{i,c}` with ``%.6f``, where
+
+.. math:: O_i = \frac{\sum_j \varphi(q_i)\cdot\varphi(k_j)\, v_j}{\sum_j \varphi(q_i)\cdot\varphi(k_j)},
+          \qquad \varphi(x) = \max(x, 0) + 1 .
+
+Row sums need only ``V·1``: :math:`\sum_c O_{i,c} = \sum_j w_{ij} (v_j\cdot 1) / \sum_j w_{ij}`,
+so the library's own op runs with ``v = V.sum(-1, keepdim=True)`` (N, 1) in float64: O(N·d)
+time and memory, never N×N.
+
+Parsing is most of the work. The compiled parser (:mod:`linattn.cli._solve_parse`) takes plain
+decimals; every token it leaves (and every token when no C compiler exists) is judged here by
+``float()`` itself, so both paths accept exactly the same input. Bad input raises
+:class:`~linattn.cli.UserError` naming the problem and its line: one line on stderr, exit 2,
+nothing on stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
+import threading
+
+import numpy as np
+
+from linattn.cli import UserError
+
+#: One token: a run of bytes that are not ASCII whitespace as :meth:`str.split` sees it
+#: (0x09-0x0d, 0x1c-0x1f, space). Non-ASCII whitespace is split later, on the decoded token.
+_TOKEN = re.compile(rb"[^\t-\r\x1c-\x1f ]+")
+#: Where a chunk of the fallback parser may end: whitespace that bytes.split() also splits on.
+_CUT = re.compile(rb"[\t-\r ]")
+_CHUNK = 1 << 22  # bytes per chunk of the fallback parser: bounded temporaries
+_BOM = b"\xef\xbb\xbf"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("solve", help="read N, d, Q, K, V from stdin; print output row sums")
+    p = sub.add_parser(
+        "solve",
+        help="read N, d, Q, K, V from stdin; print output row sums",
+        description=(
+            "Read 'N d' and N rows each of Q, K, V (d numbers a row) from stdin; print the N "
+            "row sums of relu-map linear attention, one '%%.6f' line each. The numbers are "
+            "parsed by a small C parser compiled at first use (cached in ~/.cache/linattn); "
+            "LINATTN_SOLVE_PARSER=python selects the pure Python parser."
+        ),
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from linattn.cli import UserError
+    text = solve(sys.stdin.buffer.read())
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `| head`: the reader left; no traceback for that
+        sys.stdout = None  # type: ignore[assignment]  # nothing left to flush at exit
+        return 1
+    return 0
 
-    raise UserError("not implemented yet")
+
+def solve(data: bytes, *, parser: str = "auto") -> str:
+    """The whole exercise: input bytes -> output text (N lines of ``%.6f``).
+
+    ``parser``: "auto" (compiled if a C compiler works, else Python), "c" or "python".
+    Raises :class:`UserError` on bad input."""
+    importer = _start_import()
+    n, d, pos = parse_header(data)
+    values = parse_values(data, pos, 3 * n * d, parser=parser)
+    del data
+    sums = row_sums(values.reshape(3, n, d), importer)
+    if not np.isfinite(sums).all():
+        i = int(np.flatnonzero(~np.isfinite(sums))[0])
+        raise UserError(
+            f"row {i + 1}: the result is not finite in float64 (values too large to sum)"
+        )
+    return format_lines(sums)
+
+
+def _start_import() -> threading.Thread | None:
+    """Import torch and the op in a thread while stdin is read and parsed (the C parser releases
+    the GIL), when nothing imported them yet. ``import torch`` takes about a second, as long as
+    the rest of the exercise; the ``linattn`` package imports it eagerly today, so this overlap
+    takes effect only once that import is lazy."""
+    if "torch" in sys.modules:
+        return None
+
+    def work() -> None:
+        try:
+            import linattn.ops.linear  # noqa: F401
+        except Exception:  # the main thread imports again and reports the real error
+            pass
+
+    thread = threading.Thread(target=work, name="linattn-import", daemon=True)
+    thread.start()
+    return thread
+
+
+def row_sums(qkv: np.ndarray, importer: threading.Thread | None = None) -> np.ndarray:
+    """Σ_c O_ic for qkv (3, N, d) float64 -> (N,) float64, through the library's op.
+
+    ``V·1`` (N, 1) stands for V: the row sums of O are linear in V, so this is exact and the
+    op's state shrinks from d×d to d×1."""
+    if importer is not None:
+        importer.join()
+    import torch
+
+    from linattn.ops.linear import linear_attention
+
+    q, k, v = torch.from_numpy(qkv)  # three (N, d) views, no copy
+    o = linear_attention(q, k, v.sum(-1, keepdim=True), feature_map="relu")
+    return o[:, 0].numpy()
+
+
+def format_lines(sums: np.ndarray) -> str:
+    """(N,) -> N lines of ``%.6f`` (the same correctly rounded digits as C's printf)."""
+    return "\n".join(map("{:.6f}".format, sums.tolist())) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Input
+
+
+def _show(token: bytes, limit: int = 40) -> str:
+    """A token as it is quoted in error messages: repr of its text, cut to ``limit`` chars."""
+    text = token.decode("utf-8", "backslashreplace")
+    if len(text) > limit:
+        return repr(text[:limit]) + "..."
+    return repr(text)
+
+
+def _line(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def _pieces(token: bytes) -> list[str] | None:
+    """The number texts in one byte token: its decoded text split at non-ASCII whitespace.
+    None if the bytes are not UTF-8."""
+    try:
+        return token.decode("utf-8").split()
+    except UnicodeDecodeError:
+        return None
+
+
+def parse_header(data: bytes) -> tuple[int, int, int]:
+    """``N d`` at the start of ``data`` -> (N, d, offset after the header)."""
+    pos = len(_BOM) if data.startswith(_BOM) else 0  # editors on Windows write one
+    found: list[tuple[int, str]] = []  # (byte offset, text) of the header's tokens
+    while len(found) < 2:
+        m = _TOKEN.search(data, pos)
+        if m is None:
+            break
+        pieces = _pieces(m.group())
+        if pieces is None:
+            raise UserError(f"line {_line(data, m.start())}: header: expected 'N d', got "
+                            f"{_show(m.group())}")
+        taken = pieces[: 2 - len(found)]
+        found += [(m.start(), p) for p in taken]
+        pos = m.end() if len(taken) == len(pieces) else m.start()
+        if len(taken) < len(pieces):  # 'N d' fused by non-ASCII whitespace, values follow
+            raise UserError(
+                f"line {_line(data, m.start())}: header: expected 'N d' separated from the "
+                f"values by ASCII whitespace, got {_show(m.group())}"
+            )
+    if not found:
+        raise UserError("empty input: expected a header 'N d' and 3·N·d values")
+    if len(found) == 1:
+        raise UserError(
+            f"line {_line(data, found[0][0])}: incomplete header: expected 'N d', "
+            f"got only {found[0][1]!r}"
+        )
+    dims = []
+    for (offset, text), name in zip(found, "Nd"):
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise UserError(
+                f"line {_line(data, offset)}: {name}: expected a positive integer, "
+                f"got {_show(text.encode())}"
+            )
+        dims.append(value)
+    return dims[0], dims[1], pos
+
+
+class _BadToken(Exception):
+    def __init__(self, offset: int, index: int, token: bytes, what: str) -> None:
+        self.offset, self.index, self.token, self.what = offset, index, token, what
+
+
+def _exact(data: bytes, m: re.Match, index: int) -> list[float]:
+    """The values of one byte token by ``float()`` itself; _BadToken if it holds anything else.
+
+    ``index`` is the position of its first value among all values (for the message)."""
+    pieces = _pieces(m.group())
+    if pieces is None:
+        raise _BadToken(m.start(), index, m.group(), "a number")
+    values = []
+    for piece in pieces:
+        try:
+            x = float(piece)
+        except ValueError:
+            raise _BadToken(m.start(), index + len(values), piece.encode(), "a number") from None
+        if x != x or x in (float("inf"), float("-inf")):
+            raise _BadToken(m.start(), index + len(values), piece.encode(), "a finite number")
+        values.append(x)
+    return values
+
+
+def _count_tokens(data: bytes, pos: int) -> int:
+    """How many number texts ``data[pos:]`` holds (str.split semantics), in bounded chunks."""
+    total = 0
+    while pos < len(data):
+        end = _chunk_end(data, pos)
+        total += len(data[pos:end].decode("utf-8", "replace").split())
+        pos = end
+    return total
+
+
+def _chunk_end(data: bytes, pos: int) -> int:
+    """About _CHUNK bytes on from ``pos``, moved to a whitespace byte so no token is cut."""
+    if len(data) - pos <= _CHUNK:
+        return len(data)
+    m = _CUT.search(data, pos + _CHUNK)
+    return len(data) if m is None else m.start()
+
+
+def _parse_python(data: bytes, pos: int, out: np.ndarray, start: int) -> tuple[int, int]:
+    """The fallback for the compiled parser, with its contract (see ``_solve_parse.parse``).
+
+    Chunk by chunk, ``bytes.split()`` and ``float(bytes)`` (ASCII only): a chunk where any
+    token fails or is not finite is walked token by token, stopping at that token."""
+    n = start
+    while pos < len(data):
+        end = _chunk_end(data, pos)
+        tokens = data[pos:end].split()
+        if n + len(tokens) <= out.size:
+            try:
+                vals = np.fromiter(map(float, tokens), np.float64, count=len(tokens))
+            except ValueError:
+                vals = None
+            if vals is not None and np.isfinite(vals).all():
+                out[n : n + len(tokens)] = vals
+                n += len(tokens)
+                pos = end
+                continue
+        for m in _TOKEN.finditer(data, pos, end):  # slow walk: find where to stop
+            if n == out.size:
+                return n - start, m.start() - 1 if m.start() > pos else pos
+            try:
+                x = float(m.group())
+            except ValueError:
+                return n - start, m.start()
+            if not np.isfinite(x):
+                return n - start, m.start()
+            out[n] = x
+            n += 1
+            pos = m.end()
+        pos = max(pos, end)
+    return n - start, len(data)
+
+
+def parse_values(data: bytes, pos: int, count: int, *, parser: str = "auto") -> np.ndarray:
+    """Exactly ``count`` finite numbers from ``data[pos:]`` -> (count,) float64.
+
+    Raises :class:`UserError` at the first token that is not one (with its line and its place
+    in Q, K or V), or when there are fewer or more than ``count``."""
+    if parser not in ("auto", "c", "python"):
+        raise ValueError(f"parser: expected 'auto', 'c' or 'python', got {parser!r}")
+    lib = None
+    if parser != "python":
+        from linattn.cli import _solve_parse
+
+        lib = _solve_parse.load()
+        if lib is None and parser == "c":
+            raise RuntimeError("the compiled parser is not available (no working C compiler)")
+
+    # Every value takes at least one byte and one separator: no more room than that is needed,
+    # so a header claiming huge N·d costs no huge allocation.
+    out = np.empty(min(count, (len(data) - pos + 1) // 2), dtype=np.float64)
+    n = 0
+    try:
+        while True:
+            if lib is not None:
+                from linattn.cli._solve_parse import parse
+
+                got, pos = parse(lib, data, pos, out, n)
+            else:
+                got, pos = _parse_python(data, pos, out, n)
+            n += got
+            if n == out.size or pos >= len(data):
+                break
+            # The fast parser stopped at a token it does not take: let float() judge it.
+            m = _TOKEN.match(data, pos)
+            assert m is not None, "a parser stopped on whitespace"
+            vals = _exact(data, m, n)
+            pos = m.end()
+            if n + len(vals) > out.size:
+                raise UserError(
+                    f"expected {count} values after the header, "
+                    f"got {n + len(vals) + _count_tokens(data, pos)}"
+                )
+            out[n : n + len(vals)] = vals
+            n += len(vals)
+    except _BadToken as bad:
+        per = count // 3
+        where = f"{'QKV'[bad.index // per]} row {bad.index % per // (per // (per and 1) or 1)}"
+        raise UserError(
+            f"line {_line(data, bad.offset)}: expected {bad.what}, got {_show(bad.token)}"
+            + _place(bad.index, count)
+        ) from None if where else None
+    total = n + (_count_tokens(data, pos) if n == out.size else 0)
+    if total != count:
+        raise UserError(f"expected {count} values after the header, got {total}")
+    return out

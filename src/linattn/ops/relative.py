@@ -199,4 +199,11 @@ def relative_linear_attention(
     positional = (
         _relative_direct(fq, fr, v1) if use_direct else _relative_fft(fq, fr, v1)
     )
-    return _split(content + positional, eps).to(q.dtype)
+    out = _split(content + positional, eps)
+    if keep is not None and not use_direct:
+        # A query that sees no unpadded key has a normaliser of exactly 0 and a zero output;
+        # the FFT leaves ~1e-17 of round-off there instead, so zero such rows explicitly.
+        kept = keep.to(out.dtype)
+        seen = kept.cumsum(-2) if is_causal else kept.sum(-2, keepdim=True)
+        out = torch.where(seen > 0, out, 0.0)
+    return out.to(q.dtype)

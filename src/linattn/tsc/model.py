@@ -1,0 +1,179 @@
+"""The FordA encoder: patch tokens → linear-attention encoder with relative positions → logits.
+
+There is no positional encoding at the input: the only positional information is the learned
+relative term ``φ(q_i)·φ(r_{j−i})`` inside each attention layer, so the model depends on where a
+pattern sits only through lags between tokens, which suits series that are not aligned in time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linattn.nn import EncoderBlock
+
+__all__ = ["ModelConfig", "FordATransformer", "num_tokens"]
+
+
+def num_tokens(length: int, patch: int) -> int:
+    """Tokens for a series of ``length`` samples: ``ceil(length / patch)`` (zero padded)."""
+    return max(1, math.ceil(length / patch))
+
+
+@dataclass
+class ModelConfig:
+    """Everything that defines the architecture (saved as JSON beside the weights).
+
+    ``stem``: ``"linear"`` (each patch of ``patch`` samples through one linear layer, the
+    reference recipe) or ``"conv"`` (two 1-D convolutions over the raw samples, then a strided
+    convolution with kernel and stride ``patch`` to ``d_model``). ``spectral``: also feed each
+    token the log-magnitude spectrum of a Hann window of ``2·patch`` samples centred on its patch.
+    """
+
+    length: int = 500
+    n_classes: int = 2
+    patch: int = 10
+    d_model: int = 64
+    depth: int = 3
+    heads: int = 4
+    head_dim: int = 16
+    mlp_dim: int = 128
+    dropout: float = 0.1
+    feature_map: str = "elu"
+    stem: str = "linear"
+    stem_channels: int = 32
+    spectral: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return num_tokens(self.length, self.patch)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"model config: unknown keys {unknown}")
+        cfg = cls(**d)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        for name in ("length", "n_classes", "patch", "d_model", "depth", "heads", "head_dim",
+                     "mlp_dim", "stem_channels"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"model config: {name} must be a positive integer, got {v!r}")
+        if self.n_classes < 2:
+            raise ValueError(f"model config: n_classes must be at least 2, got {self.n_classes}")
+        if self.stem not in ("linear", "conv"):
+            raise ValueError(f"model config: stem must be 'linear' or 'conv', got {self.stem!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model config: dropout must be in [0, 1), got {self.dropout!r}")
+
+
+class SpectralPatches(nn.Module):
+    """Per-token log-magnitude spectrum: (B, L_pad) -> (B, T, patch + 1).
+
+    Token t sees samples ``[t·p − p/2, t·p + 3p/2)`` (zero padded at the ends) under a Hann
+    window; ``log(|rfft|² + 1e-4) / 2``, so silence and scale changes stay finite."""
+
+    def __init__(self, patch: int) -> None:
+        super().__init__()
+        self.patch = patch
+        self.register_buffer("window", torch.hann_window(2 * patch, periodic=False),
+                             persistent=False)
+
+    @property
+    def out_features(self) -> int:
+        return self.patch + 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        p = self.patch
+        xp = F.pad(x, (p // 2, p - p // 2))
+        frames = xp.unfold(-1, 2 * p, p) * self.window  # (B, T, 2p)
+        spec = torch.fft.rfft(frames, dim=-1)
+        return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)[..., : p + 1]
+
+
+class FordATransformer(nn.Module):
+    """Encoder-only linear-attention classifier for univariate series.
+
+    ``(B, L) -> (B, n_classes)`` logits, L ≤ ``config.length`` (shorter series and a final
+    partial patch are zero padded to whole patches). Tokens ``T = ceil(length / patch)``; each of
+    ``depth`` pre-norm :class:`~linattn.nn.EncoderBlock` s has its own relative vectors
+    (``max_len = T``); mean over tokens, LayerNorm, linear to the logits.
+    """
+
+    def __init__(self, config: ModelConfig | None = None, **overrides) -> None:
+        super().__init__()
+        if config is None:
+            config = ModelConfig(**overrides)
+        elif overrides:
+            config = ModelConfig(**{**config.to_dict(), **overrides})
+        config.validate()
+        self.config = c = config
+        self.spectral = SpectralPatches(c.patch) if c.spectral else None
+        extra = self.spectral.out_features if self.spectral is not None else 0
+        if c.stem == "linear":
+            self.stem = None
+            self.embed = nn.Linear(c.patch + extra, c.d_model)
+        else:
+            ch = c.stem_channels
+            self.stem = nn.Sequential(
+                nn.Conv1d(1, ch, 7, padding=3),
+                nn.BatchNorm1d(ch),
+                nn.GELU(),
+                nn.Conv1d(ch, ch, 5, padding=2),
+                nn.BatchNorm1d(ch),
+                nn.GELU(),
+            )
+            self.embed = nn.Linear(ch * c.patch + extra, c.d_model)
+        self.blocks = nn.ModuleList(
+            EncoderBlock(c.d_model, c.heads, c.mlp_dim, head_dim=c.head_dim,
+                         feature_map=c.feature_map, max_len=c.tokens, dropout=c.dropout)
+            for _ in range(c.depth)
+        )
+        self.norm = nn.LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.n_classes)
+
+    def tokens(self, x: Tensor) -> Tensor:
+        """Token embeddings (B, T, d_model) of series x: (B, L)."""
+        c = self.config
+        if x.dim() != 2:
+            raise ValueError(f"x: expected shape (B, L), got {tuple(x.shape)}")
+        if x.shape[1] > c.tokens * c.patch:
+            raise ValueError(f"x: series length {x.shape[1]} exceeds the model's {c.length}")
+        x = F.pad(x, (0, c.tokens * c.patch - x.shape[1]))
+        B, T = x.shape[0], c.tokens
+        if self.stem is None:
+            feats = x.view(B, T, c.patch)
+        else:
+            h = self.stem(x.unsqueeze(1))  # (B, C, L)
+            feats = h.view(B, -1, T, c.patch).permute(0, 2, 1, 3).reshape(B, T, -1)
+        if self.spectral is not None:
+            feats = torch.cat([feats, self.spectral(x)], dim=-1)
+        return self.embed(feats)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.tokens(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h.mean(dim=1)))
+
+    def relative_kernels(self) -> Tensor:
+        """Per block and head, the mean positional feature strength ``mean_ℓ φ(r_m)`` over lags:
+        (depth, H, 2T−1) — what each head adds to a score per lag for an average query."""
+        out = []
+        for block in self.blocks:
+            attn = block.attn
+            fr = attn.feature_map.forward_keys(attn.rel.detach())
+            out.append(fr.mean(-1))
+        return torch.stack(out)

@@ -1,0 +1,68 @@
+"""Shared fixtures: a random q/k/v factory, the feature maps to sweep, dtype-scaled tolerances.
+
+Helpers are fixtures (not importable functions) so that tests work under any pytest import mode.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.feature_maps import FEATURE_MAPS, Polynomial, get_feature_map
+
+#: Every string shortcut, plus explicit instances that the shortcuts do not cover.
+MAP_PARAMS = [*sorted(FEATURE_MAPS), "polynomial-p1", "polynomial-p3"]
+
+
+def make_feature_map(name: str):
+    """A feature-map *instance* (shared by the fast path and the reference, so random maps agree)."""
+    if name.startswith("polynomial-p"):
+        return Polynomial(degree=int(name.removeprefix("polynomial-p")), c=1.0)
+    return get_feature_map(name)
+
+
+@pytest.fixture(params=MAP_PARAMS)
+def feature_map(request):
+    """Each feature map in turn, as an instance."""
+    return make_feature_map(request.param)
+
+
+@pytest.fixture
+def qkv():
+    """``qkv(*batch, T=..., D=..., Dv=..., Tk=None, dtype=float64, scale=0.5, seed=0)``.
+
+    Seeded normal q (..., T, D), k (..., Tk, D), v (..., Tk, Dv). The default scale keeps
+    odd-degree polynomial kernels (x·y + 1)^p positive, so normalisers stay away from 0."""
+
+    def make(*batch, T=7, D=4, Dv=3, Tk=None, dtype=torch.float64, scale=0.5, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        Tk = T if Tk is None else Tk
+        q = torch.randn(*batch, T, D, generator=g, dtype=torch.float64) * scale
+        k = torch.randn(*batch, Tk, D, generator=g, dtype=torch.float64) * scale
+        v = torch.randn(*batch, Tk, Dv, generator=g, dtype=torch.float64)
+        return q.to(dtype), k.to(dtype), v.to(dtype)
+
+    return make
+
+
+@pytest.fixture
+def assert_close():
+    """``assert_close(actual, expected, ulps=...)``: compare in float64 with a tolerance scaled by
+    ``actual``'s dtype: ``ulps`` machine epsilons, absolute at the size of ``expected`` (errors
+    of accumulated sums and of rounding the output scale with the largest value, not per entry).
+    float64 defaults to 1e-9 absolute and relative, the bar for matching the reference."""
+
+    def check(actual, expected, ulps: float = 4.0, atol: float | None = None):
+        assert actual.shape == expected.shape, (actual.shape, expected.shape)
+        assert torch.isfinite(actual).all(), "non-finite values"
+        a, e = actual.double(), expected.double()
+        if actual.dtype == torch.float64:
+            tol = 1e-9 if atol is None else atol
+            torch.testing.assert_close(a, e, rtol=tol, atol=tol)
+            return
+        eps = torch.finfo(actual.dtype).eps
+        scale = max(e.abs().max().item(), 1.0) if e.numel() else 1.0
+        tol = ulps * eps * scale if atol is None else atol
+        torch.testing.assert_close(a, e, rtol=0.0, atol=tol)
+
+    return check

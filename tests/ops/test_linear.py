@@ -1,0 +1,447 @@
+"""linattn.linear_attention (non-causal and chunked causal) against the quadratic reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import linattn
+from linattn import reference
+from linattn.feature_maps import FEATURE_MAPS
+from linattn.ops.linear import DEFAULT_CHUNK_SIZE
+
+SHAPES = [  # (batch dims, T, D, Dv)
+    ((2, 3), 1, 4, 3),  # T = 1
+    ((2, 3), 7, 4, 3),  # odd T, D != Dv
+    ((2,), 9, 3, 5),  # 3-D input
+    ((), 5, 4, 2),  # 2-D input (T, D)
+    ((2, 1, 2), 13, 2, 6),  # three leading batch dims
+    ((1, 2), 2 * DEFAULT_CHUNK_SIZE + 3, 3, 2),  # several default chunks plus a ragged tail
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# agreement with the reference
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("batch,T,D,Dv", SHAPES)
+def test_matches_reference_float64(feature_map, qkv, assert_close, is_causal, batch, T, D, Dv):
+    q, k, v = qkv(*batch, T=T, D=D, Dv=Dv)
+    out = linattn.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal)
+    ref = reference.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal)
+    assert out.dtype == torch.float64
+    assert out.shape == (*batch, T, Dv)
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("Tq,Tk", [(1, 6), (7, 3), (5, 11)])
+def test_non_causal_different_lengths(feature_map, qkv, assert_close, Tq, Tk):
+    q, k, v = qkv(2, 3, T=Tq, Tk=Tk, D=4, Dv=5)
+    out = linattn.linear_attention(q, k, v, feature_map=feature_map)
+    assert out.shape == (2, 3, Tq, 5)
+    assert_close(out, reference.linear_attention(q, k, v, feature_map=feature_map))
+
+
+@pytest.mark.parametrize("T", [1, 5, 17])
+def test_chunk_sizes_agree(feature_map, qkv, T):
+    q, k, v = qkv(2, 2, T=T, D=3, Dv=4)
+    ref = reference.linear_attention(q, k, v, feature_map=feature_map, is_causal=True)
+    for chunk in (1, 3, T, T + 5, None):
+        out = linattn.linear_attention(
+            q, k, v, feature_map=feature_map, is_causal=True, chunk_size=chunk
+        )
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12, msg=f"chunk_size={chunk}")
+
+
+def test_causal_ignores_the_future(qkv):
+    q, k, v = qkv(2, T=10, D=4, Dv=3)
+    out = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=4)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 6:] = torch.randn_like(k2[:, 6:]) * 3
+    v2[:, 6:] = 100.0
+    out2 = linattn.linear_attention(q, k2, v2, is_causal=True, chunk_size=4)
+    torch.testing.assert_close(out2[:, :6], out[:, :6], rtol=0, atol=1e-14)
+    assert not torch.allclose(out2[:, 6:], out[:, 6:])
+
+
+def test_eps_argument(qkv):
+    q, k, v = qkv(1, T=4, D=2, Dv=2)
+    big = linattn.linear_attention(q, k, v, eps=1e6)
+    ref = reference.linear_attention(q, k, v, eps=1e6)
+    torch.testing.assert_close(big, ref, rtol=1e-12, atol=1e-12)
+    # a huge eps dominates the normaliser: the output shrinks towards 0
+    assert big.abs().max() < 1e-3 * linattn.linear_attention(q, k, v).abs().max()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    T=st.integers(1, 20),
+    D=st.integers(1, 5),
+    Dv=st.integers(1, 5),
+    is_causal=st.booleans(),
+    chunk=st.one_of(st.none(), st.integers(1, 25)),
+    name=st.sampled_from(sorted(FEATURE_MAPS)),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_shapes_property(batch, T, D, Dv, is_causal, chunk, name, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(*batch, T, D, generator=g, dtype=torch.float64) * 0.5 for _ in range(2))
+    v = torch.randn(*batch, T, Dv, generator=g, dtype=torch.float64)
+    out = linattn.linear_attention(
+        q, k, v, feature_map=name, is_causal=is_causal, chunk_size=chunk
+    )
+    ref = reference.linear_attention(q, k, v, feature_map=name, is_causal=is_causal)
+    assert out.shape == (*batch, T, Dv)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_float32_close_to_float64(feature_map, qkv, assert_close, is_causal):
+    q, k, v = qkv(2, 3, T=70, D=8, Dv=5)  # scale 0.5: odd polynomial kernels stay positive
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    out = linattn.linear_attention(q32, k32, v32, feature_map=feature_map, is_causal=is_causal)
+    assert out.dtype == torch.float32
+    # compare with float64 on the same (rounded) inputs
+    ref = linattn.linear_attention(
+        q32.double(), k32.double(), v32.double(), feature_map=feature_map, is_causal=is_causal
+    )
+    assert_close(out, ref, ulps=64)
+
+
+HALF_MAPS = ["elu", "relu", "taylor", "polynomial"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("name", HALF_MAPS)
+@pytest.mark.parametrize("T", [1, 333, 4096])
+def test_half_inputs_large_values(assert_close, dtype, is_causal, name, T):
+    """Values up to |x| = 10, T up to 4096: sums run in float32, so the result is finite and within
+    a few output ulps of float64 on the same inputs (the rounding of the output dominates)."""
+    g = torch.Generator().manual_seed(T)
+    q, k, v = ((torch.rand(1, 2, T, 16, generator=g) * 20 - 10).to(dtype) for _ in range(3))
+    assert q.abs().max() > 9.5
+    out = linattn.linear_attention(q, k, v, feature_map=name, is_causal=is_causal)
+    assert out.dtype == dtype
+    # float64 on the same (rounded) inputs; the float64 fast path is held to the reference above
+    ref = linattn.linear_attention(
+        q.double(), k.double(), v.double(), feature_map=name, is_causal=is_causal
+    )
+    assert_close(out, ref, ulps=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_d64_taylor(assert_close, dtype):
+    """The largest kernel here: Taylor at d = 64, |x| up to 10, s²/2 up to ~3e5 per pair."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = ((torch.rand(1, 1, 4096, 64, generator=g) * 20 - 10).to(dtype) for _ in range(3))
+    for is_causal in (False, True):
+        out = linattn.linear_attention(q, k, v, feature_map="taylor", is_causal=is_causal)
+        ref = linattn.linear_attention(
+            q.double(), k.double(), v.double(), feature_map="taylor", is_causal=is_causal
+        )
+        assert_close(out, ref, ulps=2)
+
+
+def test_half_state_accumulates_in_float32(qkv):
+    q, k, v = qkv(2, T=9, D=4, Dv=3, dtype=torch.bfloat16)
+    out, state = linattn.linear_attention(q, k, v, is_causal=True, return_state=True)
+    assert out.dtype == torch.bfloat16
+    assert state.S.dtype == torch.float32 and state.z.dtype == torch.float32
+    _, state64 = linattn.linear_attention(
+        q.double(), k.double(), v.double(), is_causal=True, return_state=True
+    )
+    assert state64.S.dtype == torch.float64
+    torch.testing.assert_close(state.S.double(), state64.S, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# key padding
+
+
+def _garbage_like(x, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "random":
+        return torch.randn(x.shape, generator=g, dtype=x.dtype) * 1e3
+    return torch.full_like(x, {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}[kind])
+
+
+def _pad_mask(B, T, lengths):
+    return torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None]  # True = padding
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("kind", ["random", "inf", "-inf", "nan"])
+def test_padded_keys_change_nothing(feature_map, qkv, is_causal, kind):
+    B, H, T = 3, 2, 9
+    q, k, v = qkv(B, H, T=T, D=3, Dv=4)
+    mask = _pad_mask(B, T, [9, 5, 1])
+    out = linattn.linear_attention(
+        q, k, v, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask
+    )
+    keep = (~mask)[:, None, :, None]
+    k2 = torch.where(keep, k, _garbage_like(k, kind, 1))
+    v2 = torch.where(keep, v, _garbage_like(v, kind, 2))
+    out2 = linattn.linear_attention(
+        q, k2, v2, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask
+    )
+    assert torch.isfinite(out2).all()
+    torch.testing.assert_close(out2, out, rtol=0, atol=1e-12)
+    ref = reference.linear_attention(
+        q, k2, v2, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask
+    )
+    torch.testing.assert_close(ref, out, rtol=1e-9, atol=1e-9)
+    # each batch element equals attention over its unpadded keys alone (non-causal) / the
+    # first n rows equal the unpadded prefix (causal: later rows still see only the prefix)
+    for b, n in enumerate([9, 5, 1]):
+        alone = linattn.linear_attention(
+            q[b : b + 1, :, :n] if is_causal else q[b : b + 1],
+            k[b : b + 1, :, :n],
+            v[b : b + 1, :, :n],
+            feature_map=feature_map,
+            is_causal=is_causal,
+        )
+        torch.testing.assert_close(out[b : b + 1, :, : alone.shape[-2]], alone, rtol=1e-9, atol=1e-9)
+        if is_causal and n < T:  # rows from n on see exactly the n unpadded keys
+            rest = linattn.linear_attention(
+                q[b, :, n:], k[b, :, :n], v[b, :, :n], feature_map=feature_map
+            )
+            torch.testing.assert_close(out[b, :, n:], rest, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_all_but_one_padded(feature_map, qkv, is_causal):
+    B, T = 2, 6
+    q, k, v = qkv(B, 3, T=T, D=4, Dv=2)
+    only = [0, 4]  # the single kept key of each batch element
+    mask = torch.ones(B, T, dtype=torch.bool)
+    for b, j in enumerate(only):
+        mask[b, j] = False
+    out = linattn.linear_attention(
+        q, k, v, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask, chunk_size=4
+    )
+    assert torch.isfinite(out).all()
+    for b, j in enumerate(only):
+        rows = slice(j, T) if is_causal else slice(0, T)
+        want = v[b, :, j : j + 1].expand(-1, T - rows.start, -1)
+        torch.testing.assert_close(out[b, :, rows], want, rtol=1e-12, atol=1e-12)
+        if is_causal:  # rows before the only key see no key at all: zero output
+            assert (out[b, :, :j] == 0).all()
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_all_padded_gives_zero(qkv, is_causal):
+    q, k, v = qkv(2, 2, T=5, D=3, Dv=2)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    out = linattn.linear_attention(q, k, v, is_causal=is_causal, key_padding_mask=mask)
+    assert (out == 0).all()
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_mask_with_3d_and_2d_inputs(feature_map, qkv, is_causal):
+    q, k, v = qkv(3, T=8, D=4, Dv=3)
+    mask = _pad_mask(3, 8, [8, 3, 6])
+    out = linattn.linear_attention(
+        q, k, v, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask
+    )
+    ref = reference.linear_attention(
+        q, k, v, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask
+    )
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    # 2-D input takes a (T,) mask, and agrees with its batch row of the 3-D call
+    out1 = linattn.linear_attention(
+        q[1], k[1], v[1], feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask[1]
+    )
+    torch.testing.assert_close(out1, out[1], rtol=1e-12, atol=1e-12)
+
+
+def test_mask_broadcasts_over_heads_5d(qkv):
+    q, k, v = qkv(2, 2, 3, T=6, D=3, Dv=2)
+    mask = _pad_mask(2, 6, [6, 2])
+    out = linattn.linear_attention(q, k, v, key_padding_mask=mask)
+    ref = reference.linear_attention(q, k, v, key_padding_mask=mask)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        out[1], linattn.linear_attention(q[1], k[1, :, :, :2], v[1, :, :, :2]), rtol=1e-9, atol=1e-9
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# gradients
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gradcheck(feature_map, qkv, is_causal):
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, T=5, D=3, Dv=2))
+    mask = torch.tensor([[False, False, False, True, False]])
+
+    def f(q, k, v):
+        return linattn.linear_attention(
+            q,
+            k,
+            v,
+            feature_map=feature_map,
+            is_causal=is_causal,
+            key_padding_mask=mask,
+            chunk_size=2,
+        )
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+def test_gradcheck_through_initial_state(feature_map, qkv):
+    q, k, v = (t.requires_grad_() for t in qkv(2, T=4, D=2, Dv=2))
+    L = feature_map.num_features(2)
+    g = torch.Generator().manual_seed(5)
+    S = (torch.rand(2, L, 2, generator=g, dtype=torch.float64)).requires_grad_()
+    z = (torch.rand(2, L, generator=g, dtype=torch.float64) + 1.0).requires_grad_()
+
+    def f(q, k, v, S, z):
+        state = linattn.LinearAttentionState(S=S, z=z)
+        o, new = linattn.linear_attention(
+            q,
+            k,
+            v,
+            feature_map=feature_map,
+            is_causal=True,
+            initial_state=state,
+            return_state=True,
+            chunk_size=3,
+        )
+        return o, new.S, new.z
+
+    assert torch.autograd.gradcheck(f, (q, k, v, S, z))
+
+
+def test_gradients_match_reference(feature_map, qkv):
+    for is_causal in (False, True):
+        q, k, v = (t.requires_grad_() for t in qkv(2, 2, T=9, D=3, Dv=4))
+        w = torch.randn(2, 2, 9, 4, dtype=torch.float64)
+        grads = []
+        for fn in (linattn.linear_attention, reference.linear_attention):
+            kw = {"chunk_size": 4} if fn is linattn.linear_attention else {}
+            (fn(q, k, v, feature_map=feature_map, is_causal=is_causal, **kw) * w).sum().backward()
+            grads.append([t.grad.clone() for t in (q, k, v)])
+            for t in (q, k, v):
+                t.grad = None
+        for a, b in zip(*grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: nothing T×T
+
+
+_PEAK_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys, torch, linattn
+    torch.manual_seed(0)
+    T, D, causal = 2**17, 64, sys.argv[1] == "1"
+    q, k, v = (torch.randn(1, 1, T, D) for _ in range(3))
+    small = (t[..., :256, :].clone() for t in (q, k, v))
+    linattn.linear_attention(*small, is_causal=causal)  # load kernels before the baseline
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = linattn.linear_attention(q, k, v, is_causal=causal)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert out.shape == (1, 1, T, D) and bool(torch.isfinite(out).all())
+    print((after - before) * 1024)  # ru_maxrss is in KiB on Linux
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB is Linux's")
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_long_sequence_builds_nothing_quadratic(is_causal):
+    """T = 2^17, D = 64, float32: a T×T float32 matrix would be 64 GiB; inputs are 3 × 32 MiB.
+    Peak resident growth of one call, measured in a fresh process, must stay well under 1 GiB."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    res = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, "1" if is_causal else "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    growth = int(res.stdout.strip().splitlines()[-1])
+    assert 0 <= growth < 1 << 29, f"peak growth {growth / 2**20:.0f} MiB"  # < 512 MiB
+
+
+# ---------------------------------------------------------------------------------------------
+# bad arguments
+
+
+def test_bad_arguments(qkv):
+    q, k, v = qkv(2, 3, T=5, D=4, Dv=2)
+    la = linattn.linear_attention
+    with pytest.raises(ValueError, match="^k: last dimension"):
+        la(q, k[..., :3], v)
+    with pytest.raises(ValueError, match="^v: shape"):
+        la(q, k, v[..., :4, :])
+    with pytest.raises(ValueError, match="^k: batch dimensions"):
+        la(q, k[:1], v[:1])
+    with pytest.raises(ValueError, match="^k: causal"):
+        la(q, k[..., :4, :], v[..., :4, :], is_causal=True)
+    with pytest.raises(ValueError, match="^q: expected shape"):
+        la(q[0, 0, 0], k[0, 0, 0], v[0, 0, 0])
+    with pytest.raises(TypeError, match="^q: expected a floating-point"):
+        la(q.long(), k, v)
+    with pytest.raises(TypeError, match="^v: expected a floating-point"):
+        la(q, k, v.int())
+    with pytest.raises(TypeError, match="^k: expected a torch.Tensor"):
+        la(q, k.numpy(), v)
+    with pytest.raises(TypeError, match="q, k, v: expected one dtype"):
+        la(q, k.float(), v)
+    with pytest.raises(ValueError, match="^feature_map: unknown name 'softmax'"):
+        la(q, k, v, feature_map="softmax")
+    with pytest.raises(TypeError, match="^feature_map"):
+        la(q, k, v, feature_map=None)
+    with pytest.raises(ValueError, match="^chunk_size"):
+        la(q, k, v, is_causal=True, chunk_size=0)
+    with pytest.raises(ValueError, match="^chunk_size"):
+        la(q, k, v, is_causal=True, chunk_size=2.5)
+    with pytest.raises(ValueError, match="initial_state/return_state"):
+        la(q, k, v, return_state=True)
+
+
+def test_bad_masks(qkv):
+    q, k, v = qkv(2, 3, T=5, D=4, Dv=2)
+    la = linattn.linear_attention
+    ok = torch.zeros(2, 5, dtype=torch.bool)
+    for is_causal in (False, True):
+        with pytest.raises(ValueError, match=r"^key_padding_mask: expected shape \(2, 5\)"):
+            la(q, k, v, is_causal=is_causal, key_padding_mask=ok[:, :4])
+        with pytest.raises(ValueError, match="^key_padding_mask: expected shape"):
+            la(q, k, v, is_causal=is_causal, key_padding_mask=torch.zeros(2, 3, 5, dtype=torch.bool))
+        with pytest.raises(TypeError, match="^key_padding_mask: expected dtype torch.bool"):
+            la(q, k, v, is_causal=is_causal, key_padding_mask=ok.float())
+        with pytest.raises(TypeError, match="^key_padding_mask: expected a bool tensor"):
+            la(q, k, v, is_causal=is_causal, key_padding_mask=[[False] * 5] * 2)
+
+
+def test_bad_initial_state(qkv):
+    q, k, v = qkv(2, 3, T=5, D=4, Dv=2)
+    la = linattn.linear_attention
+    good = linattn.LinearAttentionState.zeros((2, 3), 4, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="initial_state/return_state"):
+        la(q, k, v, initial_state=good)
+    with pytest.raises(ValueError, match="^initial_state: expected S"):
+        la(q, k, v, is_causal=True, initial_state=linattn.LinearAttentionState.zeros((2, 3), 5, 2))
+    with pytest.raises(ValueError, match="^initial_state: expected S"):
+        la(q, k, v, is_causal=True, initial_state=linattn.LinearAttentionState.zeros((3,), 4, 2))
+    with pytest.raises(TypeError, match="^initial_state: expected a LinearAttentionState"):
+        la(q, k, v, is_causal=True, initial_state=(good.S, good.z))
