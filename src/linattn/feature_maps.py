@@ -30,6 +30,10 @@ __all__ = [
     "ReluPlusOne",
     "Taylor",
     "Polynomial",
+    "FavorPlus",
+    "RandomReLU",
+    "Hedgehog",
+    "fit_hedgehog",
     "get_feature_map",
     "FEATURE_MAPS",
 ]
@@ -178,6 +182,219 @@ class Polynomial(FeatureMap):
     def forward_features(self, x: Tensor) -> Tensor:
         ext = torch.cat([x, x.new_full((*x.shape[:-1], 1), math.sqrt(self.c))], dim=-1)
         return _monomials(ext, self.degree)
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(int(torch.randint(0, 2**62, ()).item()) if seed is None else seed)
+    return g
+
+
+def _check_dim(x: Tensor, head_dim: int, name: str) -> None:
+    if x.shape[-1] != head_dim:
+        raise ValueError(f"{name}: expected inputs of last dimension {head_dim}, got {x.shape[-1]}")
+
+
+def gaussian_orthogonal(num_rows: int, dim: int, generator: torch.Generator) -> Tensor:
+    """(num_rows, dim) rows orthogonal within each block of ``dim`` rows, each row rescaled to
+    the norm of an independent N(0, I_dim) vector (chi-distributed), so every row is marginally
+    N(0, I) while rows in a block are exactly orthogonal (lower-variance estimates)."""
+    blocks = []
+    for start in range(0, num_rows, dim):
+        g = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+        qmat, rmat = torch.linalg.qr(g)
+        # sign fix: makes Q Haar-distributed, so each row's direction is uniform (unbiased)
+        qmat = qmat * torch.sign(torch.diagonal(rmat)).unsqueeze(0)
+        blocks.append(qmat.T[: min(dim, num_rows - start)])
+    rows = torch.cat(blocks)
+    norms = torch.randn(num_rows, dim, generator=generator, dtype=torch.float64).norm(dim=1)
+    return rows * norms.unsqueeze(1)
+
+
+class FavorPlus(FeatureMap):
+    r"""Performer's positive orthogonal random features (FAVOR+) for the softmax kernel.
+
+    With :math:`x' = x/d^{1/4}` and rows :math:`w_r \sim N(0, I_d)` (orthogonal within blocks
+    of d, chi-distributed norms),
+
+    .. math:: \varphi(x) = \frac{1}{\sqrt m}\exp\bigl(W x' - \lVert x'\rVert^2/2 - c\bigr),
+              \qquad \mathbb E\bigl[\varphi(q)\cdot\varphi(k)\bigr]\,e^{c_q + c_k}
+              = \exp(q\cdot k/\sqrt d),
+
+    since :math:`\mathbb E_w[e^{w\cdot(a+b)}] = e^{\lVert a+b\rVert^2/2}`.
+
+    Stabiliser c (subtracted in the exponent, so ``exp`` never overflows):
+
+    * queries: the row's own maximum over features. A factor that depends on the query alone
+      multiplies numerator and normaliser of that row alike and cancels.
+    * keys (and relative vectors): the data-independent bound :math:`\max_r \lVert w_r\rVert^2/2`,
+      which is ≥ :math:`w\cdot x' - \lVert x'\rVert^2/2` for every x' (complete the square), so
+      key features lie in (0, 1/√m]. One constant for every key cancels between numerator
+      and normaliser, and since it uses no data it takes nothing from later tokens: the
+      causal, chunked and recurrent forms see exactly the same features.
+
+    ``redraw()`` draws a new W (a buffer: saved and restored with the model). ``num_features``
+    is m, whatever the head dimension.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_features: int = 256,
+        *,
+        orthogonal: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        if head_dim < 1 or num_features < 1:
+            raise ValueError(
+                f"head_dim, num_features: expected positive integers, got {head_dim}, "
+                f"{num_features}"
+            )
+        self.head_dim, self.m, self.orthogonal, self.seed = head_dim, num_features, orthogonal, seed
+        self._gen = _generator(seed)
+        self.register_buffer("W", torch.empty(num_features, head_dim))
+        self.redraw()
+
+    def config(self) -> dict:
+        return {
+            "head_dim": self.head_dim,
+            "num_features": self.m,
+            "orthogonal": self.orthogonal,
+            "seed": self.seed,
+        }
+
+    def num_features(self, head_dim: int) -> int:
+        return self.m
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        if self.orthogonal:
+            W = gaussian_orthogonal(self.m, self.head_dim, self._gen)
+        else:
+            W = torch.randn(self.m, self.head_dim, generator=self._gen, dtype=torch.float64)
+        self.W.copy_(W.to(self.W))
+
+    def _exponent(self, x: Tensor, name: str) -> Tensor:
+        _check_dim(x, self.head_dim, name)
+        x = x * self.head_dim**-0.25
+        return x @ self.W.to(x.dtype).T - 0.5 * x.square().sum(-1, keepdim=True)
+
+    def forward_queries(self, x: Tensor) -> Tensor:
+        h = self._exponent(x, "q")
+        return torch.exp(h - h.amax(-1, keepdim=True).detach()) * self.m**-0.5
+
+    def forward_keys(self, x: Tensor) -> Tensor:
+        h = self._exponent(x, "k")
+        bound = 0.5 * self.W.to(x.dtype).square().sum(-1).max()
+        return torch.exp(h - bound) * self.m**-0.5
+
+
+class RandomReLU(FeatureMap):
+    r"""Random ReLU features: :math:`\varphi(x) = \mathrm{relu}(W x')/\sqrt m`,
+    :math:`x' = x/d^{1/4}`, :math:`W_{rc} \sim N(0, 1)`.
+
+    :math:`\varphi(q)\cdot\varphi(k)` estimates the first-order arc-cosine kernel
+    :math:`\tfrac{1}{2\pi}\lVert q'\rVert\lVert k'\rVert(\sin\theta + (\pi-\theta)\cos\theta)`,
+    which is non-negative but, for a finite draw, can be exactly 0 for a query whose
+    projections are all negative. The normaliser is therefore guarded: ``eps`` = 1e-6 is added
+    to it by default (and a zero normaliser gives a zero output).
+    """
+
+    eps = 1e-6
+
+    def __init__(self, head_dim: int, num_features: int = 256, *, seed: int | None = None):
+        super().__init__()
+        self.head_dim, self.m, self.seed = head_dim, num_features, seed
+        self._gen = _generator(seed)
+        self.register_buffer("W", torch.empty(num_features, head_dim))
+        self.redraw()
+
+    def config(self) -> dict:
+        return {"head_dim": self.head_dim, "num_features": self.m, "seed": self.seed}
+
+    def num_features(self, head_dim: int) -> int:
+        return self.m
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        self.W.copy_(torch.randn(self.m, self.head_dim, generator=self._gen))
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        _check_dim(x, self.head_dim, "x")
+        x = x * self.head_dim**-0.25
+        return F.relu(x @ self.W.to(x.dtype).T) * self.m**-0.5
+
+
+class Hedgehog(FeatureMap):
+    r"""A learnable feature map in the style of Hedgehog (Zhang et al., 2024).
+
+    .. math:: \varphi(x) = \bigl[\mathrm{softmax}(W x' + b),\ \mathrm{softmax}(-(W x' + b))\bigr],
+              \qquad x' = x/d^{1/4},\ \ell = 2m.
+
+    Exponentials of a trainable projection can mimic softmax's spiky, monotone weights, which
+    1 + elu cannot; the ± pair keeps negative projections informative. Features are positive,
+    so the normaliser never vanishes. Train it with the task, or distil it first with
+    :func:`fit_hedgehog` to match softmax attention on sample queries and keys.
+    """
+
+    def __init__(self, head_dim: int, num_features: int | None = None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.m = head_dim if num_features is None else num_features
+        self.proj = nn.Linear(head_dim, self.m)
+        with torch.no_grad():
+            if self.m == head_dim:  # start at the identity: early training sees q·k structure
+                nn.init.eye_(self.proj.weight)
+            self.proj.bias.zero_()
+
+    def config(self) -> dict:
+        return {"head_dim": self.head_dim, "num_features": self.m}
+
+    def num_features(self, head_dim: int) -> int:
+        return 2 * self.m
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        _check_dim(x, self.head_dim, "x")
+        h = self.proj(x * self.head_dim**-0.25)
+        return torch.cat([h.softmax(-1), (-h).softmax(-1)], dim=-1)
+
+
+def softmax_attention_weights(q: Tensor, k: Tensor) -> Tensor:
+    """softmax(q kᵀ/√d) rows: (..., Tq, D), (..., Tk, D) -> (..., Tq, Tk)."""
+    return (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1)
+
+
+def linear_attention_weights(fmap: FeatureMap, q: Tensor, k: Tensor, eps: float = 1e-12) -> Tensor:
+    """The (Tq, Tk) weights φ(q_i)·φ(k_j) / Σ_j φ(q_i)·φ(k_j) that linear attention applies."""
+    sim = fmap.forward_queries(q) @ fmap.forward_keys(k).transpose(-1, -2)
+    return sim / (sim.sum(-1, keepdim=True) + eps)
+
+
+def fit_hedgehog(
+    fmap: Hedgehog,
+    q: Tensor,
+    k: Tensor,
+    *,
+    steps: int = 300,
+    lr: float = 1e-2,
+) -> list[float]:
+    """Distil ``fmap`` to mimic softmax attention: minimise the mean cross-entropy between the
+    rows of softmax(q kᵀ/√d) and of its linear-attention weights, with Adam.
+
+    q, k: (..., T, D) sample queries and keys (T small: the weights are T×T here — this is a
+    fitting tool, not a fast path). Returns the loss after each step."""
+    target = softmax_attention_weights(q, k).detach()
+    opt = torch.optim.Adam(fmap.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        pred = linear_attention_weights(fmap, q, k)
+        loss = -(target * pred.clamp_min(1e-12).log()).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
 
 
 #: The string shortcuts accepted wherever a feature map is taken.

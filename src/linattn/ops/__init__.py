@@ -1,6 +1,7 @@
 """Pure tensor functions: no module state. ``reference`` holds the quadratic ground truth."""
 
 from linattn.ops import reference
+from linattn.ops.cosformer import cosformer_attention
 from linattn.ops.linear import linear_attention
 from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
 from linattn.ops.relative import relative_linear_attention
@@ -11,4 +12,5 @@ __all__ = [
     "LinearAttentionState",
     "linear_attention_step",
     "relative_linear_attention",
+    "cosformer_attention",
 ]

@@ -6,6 +6,8 @@ memory by design: never call them on a fast path.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -19,7 +21,7 @@ from linattn.ops._common import (
     zero_padded,
 )
 
-__all__ = ["linear_attention", "relative_linear_attention"]
+__all__ = ["linear_attention", "relative_linear_attention", "cosformer_attention"]
 
 
 def _attend(sim: Tensor, v: Tensor, eps: float, is_causal: bool) -> Tensor:
@@ -78,3 +80,25 @@ def relative_linear_attention(
     if keep is not None:
         sim = sim * keep.squeeze(-1).unsqueeze(-2)
     return _attend(sim, zero_padded(v.to(fq.dtype), keep), eps, is_causal).to(q.dtype)
+
+
+def cosformer_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    is_causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    eps: float = 1e-6,
+) -> Tensor:
+    r"""sim(i, j) = relu(q_i)·relu(k_j)·cos(π/2 · (i − j)/T), built as an explicit T×T matrix.
+
+    q, k: (..., T, D), v: (..., T, Dv) -> (..., T, Dv)."""
+    check_qkv(q, k, v, same_length=True)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    keep = key_mask_for(key_padding_mask, k)
+    fk = zero_padded(torch.relu(k.to(acc)), keep)
+    T = q.shape[-2]
+    pos = torch.arange(T, device=q.device, dtype=acc)
+    cos = torch.cos(math.pi / 2 * (pos[:, None] - pos[None, :]) / T)
+    sim = (torch.relu(q.to(acc)) @ fk.transpose(-1, -2)) * cos
+    return _attend(sim, zero_padded(v.to(acc), keep), eps, is_causal).to(q.dtype)
