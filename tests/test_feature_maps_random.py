@@ -8,8 +8,14 @@ import pytest
 import torch
 
 import linattn
-from linattn.feature_maps import FavorPlus, Hedgehog, RandomReLU, fit_hedgehog
-from linattn.feature_maps import linear_attention_weights, softmax_attention_weights
+from linattn.feature_maps import (
+    FavorPlus,
+    Hedgehog,
+    RandomReLU,
+    fit_hedgehog,
+    linear_attention_weights,
+    softmax_attention_weights,
+)
 
 
 def _favor_unstabilised(f: FavorPlus, x: torch.Tensor) -> torch.Tensor:
@@ -21,7 +27,8 @@ def _favor_unstabilised(f: FavorPlus, x: torch.Tensor) -> torch.Tensor:
 def test_favor_is_unbiased_for_the_softmax_kernel():
     torch.manual_seed(0)
     d = 8
-    q, k = torch.randn(4, d, dtype=torch.float64) * 0.4, torch.randn(5, d, dtype=torch.float64) * 0.4
+    q = torch.randn(4, d, dtype=torch.float64) * 0.4
+    k = torch.randn(5, d, dtype=torch.float64) * 0.4
     f = FavorPlus(d, 64, seed=0).double()
     total = torch.zeros(4, 5, dtype=torch.float64)
     draws = 400
