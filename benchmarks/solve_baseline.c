@@ -49,7 +49,7 @@ int main(void) {
         fputs("bad header\n", stderr);
         return 2;
     }
-    double *q = malloc(sizeof(double) * n * d), *k = malloc(sizeof(double) * d);
+    double *q = malloc(sizeof(double) * n * d);
     double *a = calloc(d, sizeof(double)), *z = calloc(d, sizeof(double));
     for (long i = 0; i < n * d; i++) q[i] = phi(next(&p));
     /* K is read before V, so keep phi(K) until V's row sums arrive: a second pass over K's
@@ -64,7 +64,6 @@ int main(void) {
             z[l] += fk[j * d + l];
         }
     }
-    (void)k;
     for (long i = 0; i < n; i++) {
         double num = 0, den = 0;
         for (long l = 0; l < d; l++) {

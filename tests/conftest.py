@@ -66,3 +66,20 @@ def assert_close():
         torch.testing.assert_close(a, e, rtol=0.0, atol=tol)
 
     return check
+
+
+@pytest.fixture(params=["portable", "fused"])
+def linear_path(request, monkeypatch):
+    """Run the test once per implementation behind ``linattn.linear_attention``: the portable
+    whole-tensor form, and the fused chunked fast path forced on for every length (with small
+    blocks, so that short test sequences still span several blocks)."""
+    from linattn.ops import linear
+
+    if request.param == "fused":
+        if not hasattr(linear, "FUSED_MIN_T"):
+            pytest.skip("no fused path")
+        monkeypatch.setattr(linear, "FUSED_MIN_T", 1)
+        monkeypatch.setattr(linear, "FUSED_BLOCK_SIZE", 4)
+    elif hasattr(linear, "FUSED_MIN_T"):
+        monkeypatch.setattr(linear, "FUSED_MIN_T", 1 << 62)
+    return request.param

@@ -45,6 +45,9 @@ class FeatureMap(nn.Module):
 
     #: Added to the normaliser φ(q)·Σφ(k) by default; 0 when φ(q)·φ(k) > 0 always.
     eps: float = 0.0
+    #: True when the features of token t depend on token t alone (not on its position or on
+    #: other tokens): then a sequence may be mapped chunk by chunk (the fused fast path).
+    tokenwise: bool = True
 
     def num_features(self, head_dim: int) -> int:
         """ℓ, the number of features for inputs of last dimension ``head_dim``."""

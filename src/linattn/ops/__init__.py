@@ -2,6 +2,7 @@
 
 from linattn.ops import reference
 from linattn.ops.cosformer import cosformer_attention
+from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.linear import linear_attention
 from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
 from linattn.ops.relative import relative_linear_attention
@@ -13,4 +14,6 @@ __all__ = [
     "linear_attention_step",
     "relative_linear_attention",
     "cosformer_attention",
+    "decay_linear_attention",
+    "decay_linear_attention_step",
 ]

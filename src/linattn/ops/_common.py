@@ -116,3 +116,42 @@ def normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
     den = den + eps
     safe = torch.where(den == 0, torch.ones_like(den), den)
     return num / safe.unsqueeze(-1)
+
+
+def split_normalised(out: Tensor, eps: float) -> Tensor:
+    """(..., T, Dv + 1) of [numerator, normaliser] -> the normalised (..., T, Dv)."""
+    return normalise(out[..., :-1], out[..., -1], eps)
+
+
+def to_chunks(x: Tensor, chunk: int) -> Tensor:
+    """(..., T, F) -> (..., n, C, F), zero padded to whole chunks: padded positions have zero
+    features and zero values, so they add nothing to any sum."""
+    T = x.shape[-2]
+    n = -(-T // chunk)
+    if n * chunk != T:
+        x = F.pad(x, (0, 0, 0, n * chunk - T))
+    return x.reshape(*x.shape[:-2], n, chunk, x.shape[-1])
+
+
+def causal_chunked(
+    fq: Tensor, fk: Tensor, v1: Tensor, chunk: int, S0: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Chunked causal sums. fq, fk: (..., T, L), v1: (..., T, Dv+1), S0: (..., L, Dv+1) or None.
+
+    Returns ([numerator, normaliser]: (..., T, Dv+1), final state (..., L, Dv+1))."""
+    *batch, T, L = fq.shape
+    fq, fk, v1 = (to_chunks(x, chunk) for x in (fq, fk, v1))
+    n = fq.shape[-3]
+
+    states = fk.transpose(-1, -2) @ v1  # (..., n, L, Dv+1): each chunk's own contribution
+    prefix = states.cumsum(-3)
+    total = prefix[..., -1, :, :]
+    before = prefix - states  # exclusive prefix: the chunks strictly before
+    if S0 is not None:
+        before = before + S0.unsqueeze(-3)
+        total = total + S0
+    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
+    scores = (fq @ fk.transpose(-1, -2)) * mask  # (..., n, C, C), j <= i inside the chunk
+    out = scores @ v1 + fq @ before
+    out = out.reshape(*batch, n * chunk, -1)[..., :T, :]
+    return out, total

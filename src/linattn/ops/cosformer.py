@@ -35,6 +35,7 @@ class CosFormerFeatures(FeatureMap):
     the shift-free recurrent step."""
 
     eps = 1e-6
+    tokenwise = False  # a_t depends on t and T
 
     def num_features(self, head_dim: int) -> int:
         return 2 * head_dim

@@ -19,57 +19,30 @@ never one ℓ×Dv state per token.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
+    causal_chunked,
     check_qkv,
     features,
     key_mask_for,
-    normalise,
     resolve,
+    split_normalised,
     values_with_ones,
 )
+from linattn.ops.fused import fused_linear_attention, fused_supported
 from linattn.ops.recurrent import LinearAttentionState
 
-__all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE"]
+__all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE", "FUSED_MIN_T", "FUSED_BLOCK_SIZE"]
 
+#: Chunk length of the portable causal form.
 DEFAULT_CHUNK_SIZE = 64
-
-
-def _split(out: Tensor, eps: float) -> Tensor:
-    """(..., T, Dv + 1) of [numerator, normaliser] -> the normalised (..., T, Dv)."""
-    return normalise(out[..., :-1], out[..., -1], eps)
-
-
-def _causal_chunked(
-    fq: Tensor, fk: Tensor, v1: Tensor, chunk: int, S0: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """Chunked causal sums. fq, fk: (..., T, L), v1: (..., T, Dv+1), S0: (..., L, Dv+1) or None.
-
-    Returns ([numerator, normaliser]: (..., T, Dv+1), final state (..., L, Dv+1))."""
-    *batch, T, L = fq.shape
-    n = -(-T // chunk)
-    pad = n * chunk - T
-    if pad:  # zero features on padded positions contribute nothing to any sum
-        fq, fk, v1 = (F.pad(x, (0, 0, 0, pad)) for x in (fq, fk, v1))
-    fq = fq.reshape(*batch, n, chunk, L)
-    fk = fk.reshape(*batch, n, chunk, L)
-    v1 = v1.reshape(*batch, n, chunk, v1.shape[-1])
-
-    states = fk.transpose(-1, -2) @ v1  # (..., n, L, Dv+1): each chunk's own contribution
-    prefix = states.cumsum(-3)
-    total = prefix[..., -1, :, :]
-    before = prefix - states  # exclusive prefix: the chunks strictly before
-    if S0 is not None:
-        before = before + S0.unsqueeze(-3)
-        total = total + S0
-    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
-    scores = (fq @ fk.transpose(-1, -2)) * mask  # (..., n, C, C), j <= i inside the chunk
-    out = scores @ v1 + fq @ before
-    out = out.reshape(*batch, n * chunk, -1)[..., :T, :]
-    return out, total
+#: Sequences of at least this many tokens take the fused chunked path (ops/fused.py) where it
+#: applies; shorter ones are cheaper in a few whole-tensor operations.
+FUSED_MIN_T = 2048
+#: Tokens mapped and processed per step of the fused path (measured by benchmarks/ops.py).
+FUSED_BLOCK_SIZE = 1024
 
 
 def linear_attention(
@@ -107,19 +80,10 @@ def linear_attention(
     check_qkv(q, k, v, same_length=is_causal)
     if not is_causal and (initial_state is not None or return_state):
         raise ValueError("initial_state/return_state: only defined for is_causal=True")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
     fmap, eps = resolve(feature_map, eps)
     keep = key_mask_for(key_padding_mask, k)
-    fq, fk = features(fmap, q, k, keep)
-    v1 = values_with_ones(v, fq.dtype, keep)
-
-    if not is_causal:
-        out = fq @ (fk.transpose(-1, -2) @ v1)
-        return _split(out, eps).to(q.dtype)
-
-    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
-    chunk = min(chunk, q.shape[-2]) or 1
     S0 = None
     if initial_state is not None:
         if not isinstance(initial_state, LinearAttentionState):
@@ -127,10 +91,25 @@ def linear_attention(
                 "initial_state: expected a LinearAttentionState, "
                 f"got {type(initial_state).__name__}"
             )
-        initial_state.check("initial_state", tuple(q.shape[:-2]), fq.shape[-1], v.shape[-1])
-        S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1).to(fq.dtype)
-    out, total = _causal_chunked(fq, fk, v1, chunk, S0)
-    o = _split(out, eps).to(q.dtype)
+        L = fmap.num_features(q.shape[-1])
+        initial_state.check("initial_state", tuple(q.shape[:-2]), L, v.shape[-1])
+        S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
+
+    if q.shape[-2] >= FUSED_MIN_T and fused_supported(fmap, q):
+        chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+        block = max(chunk, FUSED_BLOCK_SIZE // chunk * chunk)  # whole chunks per block
+        o, total = fused_linear_attention(
+            q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps, chunk=chunk, block=block,
+            S0=S0,
+        )
+    else:
+        fq, fk = features(fmap, q, k, keep)
+        v1 = values_with_ones(v, fq.dtype, keep)
+        if not is_causal:
+            return split_normalised(fq @ (fk.transpose(-1, -2) @ v1), eps).to(q.dtype)
+        chunk = min(DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size, q.shape[-2]) or 1
+        out, total = causal_chunked(fq, fk, v1, chunk, None if S0 is None else S0.to(fq.dtype))
+        o = split_normalised(out, eps).to(q.dtype)
     if return_state:
         return o, LinearAttentionState(S=total[..., :-1], z=total[..., -1])
     return o

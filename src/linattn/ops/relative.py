@@ -40,8 +40,16 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops._common import check_qkv, features, key_mask_for, resolve, values_with_ones
-from linattn.ops.linear import DEFAULT_CHUNK_SIZE, _causal_chunked, _split
+from linattn.ops._common import (
+    causal_chunked,
+    check_qkv,
+    features,
+    key_mask_for,
+    resolve,
+    split_normalised,
+    values_with_ones,
+)
+from linattn.ops.linear import DEFAULT_CHUNK_SIZE
 
 __all__ = ["relative_linear_attention", "DIRECT_MAX_T", "FFT_BLOCK_BYTES"]
 
@@ -192,14 +200,14 @@ def relative_linear_attention(
     T = q.shape[-2]
     if is_causal:
         chunk = min(chunk_size or DEFAULT_CHUNK_SIZE, T)
-        content, _ = _causal_chunked(fq, fk, v1, chunk, None)
+        content, _ = causal_chunked(fq, fk, v1, chunk, None)
     else:
         content = fq @ (fk.transpose(-1, -2) @ v1)
     use_direct = method == "direct" or (method == "auto" and T <= DIRECT_MAX_T)
     positional = (
         _relative_direct(fq, fr, v1) if use_direct else _relative_fft(fq, fr, v1)
     )
-    out = _split(content + positional, eps)
+    out = split_normalised(content + positional, eps)
     if keep is not None and not use_direct:
         # A query that sees no unpadded key has a normaliser of exactly 0 and a zero output;
         # the FFT leaves ~1e-17 of round-off there instead, so zero such rows explicitly.

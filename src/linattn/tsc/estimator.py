@@ -29,7 +29,7 @@ __all__ = ["LinearAttentionClassifier", "FORMAT"]
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
 
 _MODEL_PARAMS = ("patch", "d_model", "depth", "heads", "head_dim", "mlp_dim", "dropout",
-                 "feature_map", "stem", "stem_channels", "spectral")
+                 "feature_map", "stem", "stem_channels", "spectral", "spectrum_tokens")
 _TRAIN_PARAMS = ("epochs", "batch_size", "lr", "weight_decay", "pct_start", "label_smoothing",
                  "clip", "shift", "scale_low", "scale_high")
 
@@ -78,6 +78,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         stem: str = "linear",
         stem_channels: int = 32,
         spectral: bool = False,
+        spectrum_tokens: int = 0,
         epochs: int = 80,
         batch_size: int = 64,
         lr: float = 1e-3,
@@ -96,7 +97,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.patch, self.d_model, self.depth, self.heads = patch, d_model, depth, heads
         self.head_dim, self.mlp_dim, self.dropout = head_dim, mlp_dim, dropout
         self.feature_map, self.stem, self.stem_channels = feature_map, stem, stem_channels
-        self.spectral = spectral
+        self.spectral, self.spectrum_tokens = spectral, spectrum_tokens
         self.epochs, self.batch_size, self.lr = epochs, batch_size, lr
         self.weight_decay, self.pct_start = weight_decay, pct_start
         self.label_smoothing, self.clip = label_smoothing, clip
@@ -104,7 +105,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.tta, self.random_state, self.n_threads = tta, random_state, n_threads
         self.verbose = verbose
 
-    # -- configuration ---------------------------------------------------------------------------
+    # -- configuration --------
     def model_config(self, length: int, n_classes: int) -> ModelConfig:
         cfg = ModelConfig(length=int(length), n_classes=int(n_classes),
                           **{k: getattr(self, k) for k in _MODEL_PARAMS})
@@ -127,7 +128,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         L = self.n_features_in_
         return tuple(sorted({round(i * L / k) for i in range(k)}))
 
-    # -- scikit-learn API ----------------------------------------------------------------------------
+    # -- scikit-learn API --------
     def fit(self, X, y, **trainer_kwargs):
         """Train on X: (n, length), y: (n,). Extra keyword arguments go to
         :class:`~linattn.tsc.training.Trainer` (``X_val``, ``checkpoint_dir``, ``progress`` …)."""
@@ -169,14 +170,15 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
 
     def predict(self, X) -> np.ndarray:
         """Predicted labels, in the encoding of the ``y`` given to :meth:`fit`."""
-        return self.classes_[self._logits(X).argmax(-1).numpy()]
+        codes = self._logits(X).argmax(-1).numpy()
+        return self.classes_[codes]
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         return tags
 
-    # -- persistence -----------------------------------------------------------------------------
+    # -- persistence --------
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into folder ``path`` (created)."""
         from safetensors.torch import save_file

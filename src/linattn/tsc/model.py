@@ -32,6 +32,8 @@ class ModelConfig:
     reference recipe) or ``"conv"`` (two 1-D convolutions over the raw samples, then a strided
     convolution with kernel and stride ``patch`` to ``d_model``). ``spectral``: also feed each
     token the log-magnitude spectrum of a Hann window of ``2·patch`` samples centred on its patch.
+    ``spectrum_tokens``: append this many tokens made from the log-magnitude spectrum of the
+    whole series, split into as many contiguous frequency bands (each band its own linear map).
     """
 
     length: int = 500
@@ -47,10 +49,17 @@ class ModelConfig:
     stem: str = "linear"
     stem_channels: int = 32
     spectral: bool = False
+    spectrum_tokens: int = 0
 
     @property
     def tokens(self) -> int:
+        """Time tokens (patches)."""
         return num_tokens(self.length, self.patch)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens the encoder sees: the patches, then the spectrum tokens."""
+        return self.tokens + self.spectrum_tokens
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,6 +82,9 @@ class ModelConfig:
                 raise ValueError(f"model config: {name} must be a positive integer, got {v!r}")
         if self.n_classes < 2:
             raise ValueError(f"model config: n_classes must be at least 2, got {self.n_classes}")
+        if not isinstance(self.spectrum_tokens, int) or self.spectrum_tokens < 0:
+            raise ValueError("model config: spectrum_tokens must be a non-negative integer, "
+                             f"got {self.spectrum_tokens!r}")
         if self.stem not in ("linear", "conv"):
             raise ValueError(f"model config: stem must be 'linear' or 'conv', got {self.stem!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -103,13 +115,37 @@ class SpectralPatches(nn.Module):
         return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)[..., : p + 1]
 
 
+class SpectrumTokens(nn.Module):
+    """Global log-magnitude spectrum as k band tokens: (B, L_pad) -> (B, k, d_model).
+
+    ``log(|rfft(x)| + 1e-3)``, standardised by a LayerNorm over all bins (invariant to circular
+    shifts and to the amplitude scale), zero padded to k equal bands; band b has its own
+    (band, d_model) weights and bias."""
+
+    def __init__(self, length: int, k: int, d_model: int) -> None:
+        super().__init__()
+        self.bins = length // 2 + 1
+        self.k, self.band = k, math.ceil(self.bins / k)
+        self.norm = nn.LayerNorm(self.bins)
+        self.weight = nn.Parameter(torch.randn(k, self.band, d_model) / math.sqrt(self.band))
+        self.bias = nn.Parameter(torch.zeros(k, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        spec = torch.log(torch.fft.rfft(x, dim=-1).abs() + 1e-3)
+        spec = F.pad(self.norm(spec), (0, self.k * self.band - self.bins))
+        bands = spec.view(x.shape[0], self.k, self.band)
+        return torch.einsum("bkn,knd->bkd", bands, self.weight) + self.bias
+
+
 class FordATransformer(nn.Module):
     """Encoder-only linear-attention classifier for univariate series.
 
     ``(B, L) -> (B, n_classes)`` logits, L ≤ ``config.length`` (shorter series and a final
     partial patch are zero padded to whole patches). Tokens ``T = ceil(length / patch)``; each of
     ``depth`` pre-norm :class:`~linattn.nn.EncoderBlock` s has its own relative vectors
-    (``max_len = T``); mean over tokens, LayerNorm, linear to the logits.
+    (``max_len`` = tokens); mean over tokens, LayerNorm, linear to the logits. Optional
+    variants (see :class:`ModelConfig`): a convolutional stem, per-patch spectra, and tokens of
+    the global spectrum appended after the patches.
     """
 
     def __init__(self, config: ModelConfig | None = None, **overrides) -> None:
@@ -136,16 +172,19 @@ class FordATransformer(nn.Module):
                 nn.GELU(),
             )
             self.embed = nn.Linear(ch * c.patch + extra, c.d_model)
+        self.spectrum = None
+        if c.spectrum_tokens:
+            self.spectrum = SpectrumTokens(c.tokens * c.patch, c.spectrum_tokens, c.d_model)
         self.blocks = nn.ModuleList(
             EncoderBlock(c.d_model, c.heads, c.mlp_dim, head_dim=c.head_dim,
-                         feature_map=c.feature_map, max_len=c.tokens, dropout=c.dropout)
+                         feature_map=c.feature_map, max_len=c.seq_len, dropout=c.dropout)
             for _ in range(c.depth)
         )
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.n_classes)
 
     def tokens(self, x: Tensor) -> Tensor:
-        """Token embeddings (B, T, d_model) of series x: (B, L)."""
+        """Token embeddings (B, seq_len, d_model) of series x: (B, L)."""
         c = self.config
         if x.dim() != 2:
             raise ValueError(f"x: expected shape (B, L), got {tuple(x.shape)}")
@@ -160,7 +199,10 @@ class FordATransformer(nn.Module):
             feats = h.view(B, -1, T, c.patch).permute(0, 2, 1, 3).reshape(B, T, -1)
         if self.spectral is not None:
             feats = torch.cat([feats, self.spectral(x)], dim=-1)
-        return self.embed(feats)
+        h = self.embed(feats)
+        if self.spectrum is not None:
+            h = torch.cat([h, self.spectrum(x)], dim=1)
+        return h
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.tokens(x)

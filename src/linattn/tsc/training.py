@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shutil
 import signal
 import tempfile
@@ -162,7 +163,7 @@ class Trainer:
         self.history: list[dict] = []
         self._stop = False
 
-    # -- stopping ------------------------------------------------------------------------------
+    # -- stopping --------
     def request_stop(self) -> None:
         """Finish the current optimiser step, save a checkpoint, raise KeyboardInterrupt."""
         self._stop = True
@@ -171,7 +172,7 @@ class Trainer:
         self._stop = True
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is immediate
 
-    # -- one epoch's plan ----------------------------------------------------------------------
+    # -- one epoch's plan --------
     def _plan(self, epoch: int):
         c, n = self.config, len(self.X)
         g = epoch_generator(c.seed, epoch)
@@ -261,6 +262,7 @@ class Trainer:
         self.epoch += 1
         self.batch, self.loss_sum, self.n_seen = 0, 0.0, 0
         if self.metrics_path is not None:
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
         if self.checkpoint_dir is not None:
@@ -268,7 +270,7 @@ class Trainer:
         if self._stop:
             raise KeyboardInterrupt
 
-    # -- checkpoints ---------------------------------------------------------------------------
+    # -- checkpoints --------
     def save_checkpoint(self) -> Path:
         from safetensors.torch import save_file
 
@@ -323,8 +325,10 @@ class Trainer:
             saved = json.loads((d / "config.json").read_text())
             weights = load_file(str(d / "model.safetensors"))
             state = torch.load(d / "state.pt", weights_only=True)
-        except (OSError, ValueError, SafetensorError, RuntimeError) as err:
-            raise CheckpointError(f"{d}: unreadable checkpoint ({err})") from None
+        except (OSError, ValueError, SafetensorError, RuntimeError, EOFError,
+                pickle.UnpicklingError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CheckpointError(f"{d}: unreadable checkpoint ({first})") from None
         if saved.get("model") != self.model.config.to_dict() or \
                 saved.get("train") != self.config.to_dict():
             raise CheckpointError(

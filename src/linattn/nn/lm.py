@@ -1,0 +1,306 @@
+r"""A causal linear-attention language model that decodes in O(1) per token.
+
+Positions: a per-head exponential decay of the state
+------------------------------------------------------
+Each head h attends with weights ``γ_h^{i−j} φ(q_i)·φ(k_j)`` (j ≤ i), see
+:mod:`linattn.ops.decay`. Why this and not something else:
+
+* It is a *relative* position: the weight depends on the lag ``i − j`` only, so the model is the
+  same at position 10 and position 10⁶ and needs no maximum length.
+* A recurrence carries it for free — ``S ← γ_h S + φ(k)vᵀ`` — so a decoding step costs the same
+  O(H·ℓ·d) at every context length, and the state has a fixed size (per layer ``H·ℓ·(d+1)``
+  numbers). Absolute embeddings would cap the length; learned relative vectors
+  (:mod:`linattn.ops.relative`) or RoPE-style rotations of φ need the position inside the
+  recurrence or a growing state; token shift gives only a one-token window.
+* Heads get a fixed geometric spread ``γ_h = 1 − 2^{−(2 … 9)}`` (0.75 … 0.998, RetNet-style):
+  some heads look a few characters back, others hundreds. Plain linear attention (γ = 1) has
+  no notion of order beyond causality and its state keeps every token at equal weight, which
+  blurs the recent past that language modelling depends on most.
+
+The softmax baseline (``attention="softmax"``) runs the same code with
+``scaled_dot_product_attention`` and the same decays as an additive ALiBi bias ``(j − i)·log γ_h``
+— the exact softmax analogue — with a KV cache as its state, which grows by one (k, v) per token.
+
+Shapes: ids (B, T) integers in [0, vocab_size) → logits (B, T, vocab_size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linattn.feature_maps import FeatureMap
+from linattn.nn.attention import MultiheadLinearAttention
+from linattn.nn.encoder import EncoderBlock
+from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+from linattn.ops.recurrent import LinearAttentionState
+
+__all__ = ["LinearTransformerLM", "LMState", "KVCache", "DecayedMultiheadAttention",
+           "DecoderBlock", "default_decays"]
+
+ATTENTION_KINDS = ("linear", "softmax")
+
+
+def default_decays(num_heads: int) -> Tensor:
+    """``γ_h = 1 − 2^{−e_h}`` with e spread evenly over [2, 9]: (H,) float32, 0.75 … 0.998."""
+    return 1.0 - torch.pow(2.0, -torch.linspace(2.0, 9.0, num_heads))
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """The softmax baseline's per-layer state: k, v of every token so far, (B, H, T, d) each."""
+
+    k: Tensor
+    v: Tensor
+
+
+@dataclass
+class LMState:
+    """Per-layer decoding state of :class:`LinearTransformerLM`.
+
+    ``layers[i]`` is a :class:`~linattn.ops.recurrent.LinearAttentionState` (S: (B, H, ℓ, d),
+    z: (B, H, ℓ)) for linear attention — the same size after 1 token or 1 million — or a
+    :class:`KVCache` for the softmax baseline. ``position`` counts the tokens seen (the softmax
+    bias needs it; the linear model does not). Save/restore with :meth:`to_dict` /
+    :meth:`from_dict` (a flat dict of tensors, e.g. for ``safetensors``)."""
+
+    layers: list = field(default_factory=list)
+    position: int = 0
+
+    def to_dict(self) -> dict[str, Tensor]:
+        out = {"position": torch.tensor(self.position, dtype=torch.int64)}
+        for i, st in enumerate(self.layers):
+            for name in ("S", "z") if isinstance(st, LinearAttentionState) else ("k", "v"):
+                out[f"layers.{i}.{name}"] = getattr(st, name).detach().clone()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Tensor]) -> LMState:
+        try:
+            layers, i = [], 0
+            while f"layers.{i}.S" in d or f"layers.{i}.k" in d:
+                if f"layers.{i}.S" in d:
+                    layers.append(LinearAttentionState(d[f"layers.{i}.S"], d[f"layers.{i}.z"]))
+                else:
+                    layers.append(KVCache(d[f"layers.{i}.k"], d[f"layers.{i}.v"]))
+                i += 1
+            return cls(layers, int(d["position"]))
+        except KeyError as err:
+            raise ValueError(f"state dict: missing entry {err}") from None
+
+    def nbytes(self) -> int:
+        """Bytes held by the state (what decoding keeps in memory besides the weights)."""
+        return sum(t.numel() * t.element_size() for t in self.to_dict().values()
+                   if t.dim() > 0)
+
+
+class DecayedMultiheadAttention(MultiheadLinearAttention):
+    """Causal multi-head attention with per-head decays γ_h and a state: (B, T, E) -> (B, T, E).
+
+    ``attention="linear"``: :func:`~linattn.ops.decay.decay_linear_attention` (a chunk of T > 1
+    tokens, chunked parallel form) or its recurrent step (T = 1 with a state).
+    ``attention="softmax"``: SDPA with the ALiBi bias ``(j − i)·log γ_h`` and a KV cache.
+    Projections and parameter count are those of :class:`MultiheadLinearAttention`; the decays
+    are a fixed buffer, not parameters."""
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        *,
+        feature_map: str | FeatureMap = "elu",
+        attention: str = "linear",
+        decay: Tensor | None = None,
+        chunk_size: int = 64,
+        bias: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__(embed_dim, num_heads, head_dim, feature_map=feature_map,
+                         is_causal=True, bias=bias, dropout=dropout)
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention: expected one of {ATTENTION_KINDS}, got {attention!r}")
+        self.attention, self.chunk_size = attention, chunk_size
+        decay = default_decays(num_heads) if decay is None else torch.as_tensor(decay).float()
+        if decay.shape != (num_heads,) or (decay <= 0).any() or (decay > 1).any():
+            raise ValueError(f"decay: expected {num_heads} values in (0, 1], got {decay}")
+        self.register_buffer("decay", decay)
+
+    def forward(
+        self, x: Tensor, state: LinearAttentionState | KVCache | None = None,
+        position: int = 0,
+    ) -> tuple[Tensor, LinearAttentionState | KVCache]:
+        """x: (B, T, E); ``state`` after ``position`` earlier tokens. Returns (out, new state)."""
+        B, T, _ = x.shape
+        q, k, v = (self._heads(p(x)) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.attention == "linear":
+            g = self.decay.to(q.dtype)
+            if T == 1 and state is not None:  # a decoding step: the recurrence, O(ℓ·d) per head
+                o, new = decay_linear_attention_step(
+                    q[:, :, 0], k[:, :, 0], v[:, :, 0], g, state, feature_map=self.feature_map)
+                o = o.unsqueeze(2)
+            else:
+                o, new = decay_linear_attention(
+                    q, k, v, g, feature_map=self.feature_map, chunk_size=self.chunk_size,
+                    initial_state=state, return_state=True)
+        else:
+            if state is not None:
+                if not isinstance(state, KVCache):
+                    raise TypeError(f"state: expected a KVCache, got {type(state).__name__}")
+                k, v = torch.cat([state.k, k], 2), torch.cat([state.v, v], 2)
+            new = KVCache(k, v)
+            qpos = torch.arange(position, position + T, device=x.device)
+            lag = (torch.arange(k.shape[2], device=x.device)[None, :] - qpos[:, None]).to(q.dtype)
+            logg = self.decay.to(q.dtype).log()[:, None, None]  # (H, 1, 1), ≤ 0
+            # ALiBi: (j − i)·log γ ≥ 0 never; the future (j > i) is masked out
+            bias = torch.where(lag <= 0, lag * logg, torch.tensor(-math.inf, dtype=q.dtype))
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        return self.dropout(self.out_proj(o)), new
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", attention={self.attention!r}"
+
+
+class DecoderBlock(EncoderBlock):
+    """Pre-norm causal block (the :class:`EncoderBlock` layout) whose attention is
+    :class:`DecayedMultiheadAttention`: x (B, T, E) -> (x, new state)."""
+
+    def __init__(self, d_model: int, num_heads: int, mlp_dim: int | None = None, *,
+                 feature_map: str | FeatureMap = "elu", attention: str = "linear",
+                 decay: Tensor | None = None, chunk_size: int = 64,
+                 dropout: float = 0.0) -> None:
+        super().__init__(d_model, num_heads, mlp_dim, feature_map=feature_map, is_causal=True,
+                         dropout=dropout)
+        self.attn = DecayedMultiheadAttention(
+            d_model, num_heads, feature_map=feature_map, attention=attention, decay=decay,
+            chunk_size=chunk_size, dropout=dropout)
+
+    def forward(self, x: Tensor, state=None, position: int = 0):  # type: ignore[override]
+        a, new = self.attn(self.norm1(x), state, position)
+        x = x + a
+        return x + self.mlp(self.norm2(x)), new
+
+
+class LinearTransformerLM(nn.Module):
+    """Causal pre-norm decoder: token embedding → ``num_layers`` × :class:`DecoderBlock` →
+    LayerNorm → tied output projection. See the module docstring for the position scheme.
+
+    ``logits = model(ids)``; ``logits, state = model(ids, state, return_state=True)`` for a chunk
+    of any length after the tokens summarised by ``state`` (1 token: the O(1) recurrent step;
+    more: the chunked parallel form, a prefill); :meth:`generate` = prefill, then steps.
+
+    Args:
+        vocab_size: V. d_model: E. num_layers, num_heads: depth and H (head dim E / H).
+        feature_map: φ of every layer (linear attention only).
+        dropout: after the embedding, the attention output and in the MLPs.
+        mlp_dim: hidden width of the MLPs (default 4E).
+        attention: ``"linear"`` (this model) or ``"softmax"`` (the SDPA + KV-cache baseline,
+            same parameters, same code).
+        decay: (H,) per-head decays in (0, 1] (default :func:`default_decays`).
+        chunk_size: C of the chunked parallel form.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int, *,
+                 feature_map: str = "elu", dropout: float = 0.0, mlp_dim: int | None = None,
+                 attention: str = "linear", decay: list[float] | None = None,
+                 chunk_size: int = 64) -> None:
+        super().__init__()
+        for name, val in (("vocab_size", vocab_size), ("d_model", d_model),
+                          ("num_layers", num_layers), ("num_heads", num_heads)):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {val!r}")
+        self.config = dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers,
+                           num_heads=num_heads, feature_map=feature_map, dropout=dropout,
+                           mlp_dim=mlp_dim, attention=attention,
+                           decay=None if decay is None else [float(g) for g in decay],
+                           chunk_size=chunk_size)
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)  # tied with the output: small logits at init
+        self.drop = nn.Dropout(dropout)
+        g = None if decay is None else torch.tensor(decay, dtype=torch.float32)
+        self.blocks = nn.ModuleList(
+            DecoderBlock(d_model, num_heads, mlp_dim, feature_map=feature_map,
+                         attention=attention, decay=g, chunk_size=chunk_size, dropout=dropout)
+            for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.head.weight = self.embed.weight
+
+    def check_ids(self, ids: Tensor) -> None:
+        """ValueError unless ids is an integer (B, T) tensor, T ≥ 1, with 0 ≤ id < vocab_size."""
+        if not isinstance(ids, Tensor):
+            raise ValueError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
+        if ids.dtype in (torch.bool,) or ids.is_floating_point() or ids.is_complex():
+            raise ValueError(f"ids: expected an integer tensor, got dtype {ids.dtype}")
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {tuple(ids.shape)}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"ids: values must lie in [0, {self.vocab_size}), got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+
+    def forward(self, ids: Tensor, state: LMState | None = None, return_state: bool = False):
+        """ids: (B, T) -> logits (B, T, V) [and the new :class:`LMState`]."""
+        self.check_ids(ids)
+        if state is not None:
+            if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
+                raise ValueError(f"state: expected an LMState with {len(self.blocks)} layers")
+        h = self.drop(self.embed(ids.long()))
+        pos = 0 if state is None else state.position
+        new = []
+        for i, block in enumerate(self.blocks):
+            h, st = block(h, None if state is None else state.layers[i], pos)
+            new.append(st)
+        logits = self.head(self.norm(h))
+        if return_state:
+            return logits, LMState(new, pos + ids.shape[1])
+        return logits
+
+    @torch.no_grad()
+    def stream(self, ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
+               top_k: int | None = None, generator: torch.Generator | None = None,
+               state: LMState | None = None) -> Iterator[Tensor]:
+        """Prefill ``ids`` (B, T), then yield each new token (B,) as soon as it is sampled.
+
+        ``temperature`` 0 is greedy; ``top_k`` keeps the k most likely tokens; ``generator``
+        makes sampling reproducible."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature: expected >= 0, got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k: expected a positive integer, got {top_k}")
+        was = self.training
+        self.eval()
+        try:
+            logits, state = self(ids, state, return_state=True)
+            for i in range(max_new_tokens):
+                last = logits[:, -1].float()
+                if temperature == 0:
+                    nxt = last.argmax(-1)
+                else:
+                    last = last / temperature
+                    if top_k is not None and top_k < last.shape[-1]:
+                        kth = last.topk(top_k, -1).values[:, -1:]
+                        last = last.masked_fill(last < kth, -math.inf)
+                    nxt = torch.multinomial(last.softmax(-1), 1, generator=generator)[:, 0]
+                yield nxt
+                if i + 1 < max_new_tokens:
+                    logits, state = self(nxt[:, None], state, return_state=True)
+        finally:
+            self.train(was)
+
+    def generate(self, ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """ids (B, T) followed by ``max_new_tokens`` sampled tokens: (B, T + max_new_tokens)."""
+        new = list(self.stream(ids, max_new_tokens, temperature, top_k, generator))
+        return torch.cat([ids.long(), *(t[:, None] for t in new)], dim=1)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

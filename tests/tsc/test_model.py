@@ -1,0 +1,62 @@
+"""FordATransformer: the reference size, padding to whole patches, variants; metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linattn.nn import MultiheadLinearAttention
+from linattn.tsc import FordATransformer, ModelConfig
+from linattn.tsc.metrics import confusion_matrix, macro_f1, roc_auc
+
+
+def test_reference_recipe_size_and_structure():
+    m = FordATransformer()
+    n = sum(p.numel() for p in m.parameters())
+    assert 110_000 <= n <= 130_000  # "about 120k parameters"
+    attn = [mod for mod in m.modules() if isinstance(mod, MultiheadLinearAttention)]
+    assert len(attn) == 3
+    assert all(a.num_heads == 4 and a.head_dim == 16 and a.max_len == 50 for a in attn)
+    # the only positional parameters are the relative vectors r_{j-i} inside attention
+    pos = [k for k, _ in m.named_parameters() if "rel" in k or "pos" in k]
+    assert pos == [f"blocks.{i}.attn.rel" for i in range(3)]
+    out = m(torch.randn(5, 500))
+    assert out.shape == (5, 2)
+    assert m.relative_kernels().shape == (3, 4, 99)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(stem="conv"), dict(spectral=True)])
+def test_padding_to_whole_patches(kw):
+    torch.manual_seed(0)
+    m = FordATransformer(ModelConfig(length=23, n_classes=3, patch=5, d_model=8, depth=1,
+                                     heads=2, head_dim=4, mlp_dim=8, **kw)).eval()
+    assert m.config.tokens == 5
+    x = torch.randn(4, 23)
+    padded = torch.cat([x, torch.zeros(4, 2)], 1)
+    torch.testing.assert_close(m(x), m(padded))
+    with pytest.raises(ValueError, match="exceeds"):
+        m(torch.randn(2, 26))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="stem"):
+        ModelConfig(stem="lstm").validate()
+    with pytest.raises(ValueError, match="unknown keys"):
+        ModelConfig.from_dict({"d_model": 8, "colour": 1})
+
+
+def test_metrics_match_sklearn():
+    sk = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 200)
+    pred = np.where(rng.random(200) < 0.7, y, rng.integers(0, 3, 200))
+    assert macro_f1(y, pred, 3) == pytest.approx(sk.f1_score(y, pred, average="macro"))
+    np.testing.assert_array_equal(confusion_matrix(y, pred, 3), sk.confusion_matrix(y, pred))
+    proba = rng.dirichlet(np.ones(3), 200)
+    proba[np.arange(200), y] += 0.3
+    proba = np.round(proba / proba.sum(1, keepdims=True), 2)  # with ties
+    proba /= proba.sum(1, keepdims=True)
+    assert roc_auc(y, proba) == pytest.approx(sk.roc_auc_score(y, proba, multi_class="ovr"))
+    yb = (y > 0).astype(int)
+    assert roc_auc(yb, proba[:, :2]) == pytest.approx(sk.roc_auc_score(yb, proba[:, 1]))
