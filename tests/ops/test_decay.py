@@ -1,4 +1,4 @@
-"""The decayed causal linear attention: chunked form, recurrent step and quadratic reference agree."""
+"""Decayed causal linear attention: chunked form, recurrent step and quadratic reference agree."""
 
 from __future__ import annotations
 

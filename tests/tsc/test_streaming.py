@@ -60,7 +60,7 @@ def test_save_restore_mid_stream_continues_identically():
     rest_a = list(m.stream([x[:, 23:]], st))
     rest_b = list(m.stream([x[:, 23:]], StreamState.from_dict(saved)))
     assert len(first) == 4 and len(rest_a) == len(rest_b) == 6
-    for a, b in zip(rest_a, rest_b):
+    for a, b in zip(rest_a, rest_b, strict=True):
         assert torch.equal(a, b)
     with torch.no_grad():
         torch.testing.assert_close(torch.stack(first + rest_a, 1), m(x), rtol=1e-4, atol=1e-5)

@@ -210,7 +210,7 @@ def train(args: argparse.Namespace) -> int:
             dt = time.perf_counter() - t0
             elapsed += dt
             loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-            bar.update(dt if timed else 1)
+            bar.update(int(elapsed) - bar.n if timed else 1)  # whole seconds on the bar
             bar.set_postfix(bpc=f"{loss_ema / math.log(2):.3f}", step=step, refresh=False)
             if step % args.eval_every == 0:
                 bpc = evaluate(model, val_ids, args.context, args.val_tokens)
@@ -219,7 +219,7 @@ def train(args: argparse.Namespace) -> int:
                 with open(out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(history[-1]) + "\n")
                 bar.write(f"step {step} ({elapsed:.0f} s): val {bpc:.4f} bits/byte")
-            if stop.is_set():
+            if stop.is_set() or step == args.stop_after:  # Ctrl-C (or its test stand-in)
                 interrupted = True
                 break
             if time.perf_counter() - last_save > args.checkpoint_every:
@@ -294,6 +294,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: Ctrl-C at step N
     t.set_defaults(func=train)
     g = actions.add_parser("generate", help="stream sampled text from a trained model")
     g.add_argument("--model", default=DEFAULT_OUT, help="run folder (default: %(default)s)")

@@ -123,6 +123,14 @@ def split_normalised(out: Tensor, eps: float) -> Tensor:
     return normalise(out[..., :-1], out[..., -1], eps)
 
 
+def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
+    """Bool (n, n), True where j ≤ i. Built by comparison rather than ``tril``: tril opens a
+    thread-parallel region however small the matrix, which costs milliseconds when the
+    cores are busy."""
+    pos = torch.arange(n, device=device)
+    return pos.unsqueeze(1) >= pos.unsqueeze(0)
+
+
 def to_chunks(x: Tensor, chunk: int) -> Tensor:
     """(..., T, F) -> (..., n, C, F), zero padded to whole chunks: padded positions have zero
     features and zero values, so they add nothing to any sum."""
@@ -138,20 +146,23 @@ def causal_chunked(
 ) -> tuple[Tensor, Tensor]:
     """Chunked causal sums. fq, fk: (..., T, L), v1: (..., T, Dv+1), S0: (..., L, Dv+1) or None.
 
-    Returns ([numerator, normaliser]: (..., T, Dv+1), final state (..., L, Dv+1))."""
+    Inside each chunk of C tokens a dense masked (C, C) block; across chunks the exclusive
+    prefix of the chunk states φ(k)ᵀ[v, 1]. Returns ([numerator, normaliser]: (..., T, Dv+1),
+    final state (..., L, Dv+1)). Products go through 3-D ``bmm`` so transposed operands reach
+    BLAS as flags instead of being copied (``matmul`` on 4-D operands would copy them)."""
     *batch, T, L = fq.shape
+    Dv1 = v1.shape[-1]
     fq, fk, v1 = (to_chunks(x, chunk) for x in (fq, fk, v1))
     n = fq.shape[-3]
+    fq3, fk3, v13 = fq.reshape(-1, chunk, L), fk.reshape(-1, chunk, L), v1.reshape(-1, chunk, Dv1)
 
-    states = fk.transpose(-1, -2) @ v1  # (..., n, L, Dv+1): each chunk's own contribution
-    prefix = states.cumsum(-3)
-    total = prefix[..., -1, :, :]
-    before = prefix - states  # exclusive prefix: the chunks strictly before
+    states = torch.bmm(fk3.transpose(1, 2), v13).view(*batch, n, L, Dv1)  # each chunk's own
+    total = states.sum(-3)
+    before = states.cumsum(-3).sub_(states)  # exclusive prefix: the chunks strictly before
     if S0 is not None:
         before = before + S0.unsqueeze(-3)
         total = total + S0
-    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
-    scores = (fq @ fk.transpose(-1, -2)) * mask  # (..., n, C, C), j <= i inside the chunk
-    out = scores @ v1 + fq @ before
-    out = out.reshape(*batch, n * chunk, -1)[..., :T, :]
+    scores = torch.bmm(fq3, fk3.transpose(1, 2)).mul_(causal_mask(chunk, fq.device))
+    out = torch.baddbmm(torch.bmm(fq3, before.reshape(-1, L, Dv1)), scores, v13)
+    out = out.view(*batch, n * chunk, Dv1)[..., :T, :]
     return out, total

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops._common import causal_chunked, to_chunks
+from linattn.ops._common import causal_chunked, causal_mask, to_chunks
 
 __all__ = ["fused_linear_attention", "fused_supported"]
 
@@ -107,7 +107,7 @@ def _causal_block_backward(
     S = S_in.unsqueeze(1) + P.cumsum(1) - P  # state before each chunk
     Q = fq.transpose(-1, -2) @ dO1  # each chunk's gradient contribution to earlier states
     G = G_out.unsqueeze(1) + Q.flip(1).cumsum(1).flip(1) - Q  # ∂L/∂(state after each chunk)
-    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
+    mask = causal_mask(chunk, fq.device)
     A = (fq @ fk.transpose(-1, -2)) * mask
     dA = (dO1 @ v1.transpose(-1, -2)) * mask
     d_fq = dA @ fk + dO1 @ S.transpose(-1, -2)

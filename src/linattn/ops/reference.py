@@ -13,6 +13,7 @@ from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
+    causal_mask,
     check_qkv,
     features,
     key_mask_for,
@@ -28,7 +29,7 @@ def _attend(sim: Tensor, v: Tensor, eps: float, is_causal: bool) -> Tensor:
     """o_i = Σ_j sim_ij v_j / Σ_j sim_ij (j ≤ i if causal). sim: (..., Tq, Tk), v: (..., Tk, Dv)."""
     if is_causal:
         T = sim.shape[-1]
-        sim = sim * torch.ones(T, T, dtype=torch.bool, device=sim.device).tril()
+        sim = sim * causal_mask(T, sim.device)
     return normalise(sim @ v, sim.sum(-1), eps)
 
 

@@ -104,7 +104,7 @@ class StreamingClassifier(nn.Module):
         h = self.embed(patches)
         layers = state.layers.layers if state.layers is not None else [None] * len(self.blocks)
         new = []
-        for block, st in zip(self.blocks, layers):
+        for block, st in zip(self.blocks, layers, strict=True):
             h, s = block(h, st)
             new.append(s)
         prev = h.new_zeros(h.shape[0], 1, h.shape[-1]) if state.total is None \

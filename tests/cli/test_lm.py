@@ -1,0 +1,61 @@
+"""``linattn lm``: a tiny train run, checkpoint + resume to the identical result, generate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from linattn.cli import main
+from linattn.cli.lm import load_model, stdlib_corpus
+
+TINY = ["--d-model", "16", "--layers", "1", "--heads", "2", "--context", "32",
+        "--batch-size", "4", "--corpus-bytes", "300000", "--val-tokens", "512",
+        "--eval-every", "2", "--threads", "1", "--quiet", "--warmup", "2"]
+
+
+def test_corpus_is_the_stdlib_split_by_file():
+    tr, va, info = stdlib_corpus(300_000)
+    assert 0 < len(va) < len(tr) and len(tr) + len(va) <= 300_000
+    assert b"def " in tr and info["files"] > 1
+
+
+def test_train_interrupt_resume_matches_uninterrupted(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["lm", "train", "--out", str(a), "--steps", "4", *TINY]) == 0
+    result = json.loads((a / "result.json").read_text())
+    assert result["steps"] == 4 and result["val_bpc"] > 0
+    assert main(["lm", "train", "--out", str(b), "--steps", "4", "--stop-after", "2",
+                 *TINY]) == 130  # the Ctrl-C path: checkpoint saved, clean exit
+    assert torch.load(b / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert main(["lm", "train", "--out", str(b), "--steps", "4", *TINY]) == 2  # not --resume
+    assert main(["lm", "train", "--out", str(b), "--steps", "4", "--resume", *TINY]) == 0
+    ma, mb = load_model(a)[0], load_model(b)[0]
+    for (k, va), vb in zip(ma.state_dict().items(), mb.state_dict().values(), strict=True):
+        assert torch.equal(va, vb), k
+    assert json.loads((b / "result.json").read_text())["val_bpc"] == result["val_bpc"]
+    capsys.readouterr()
+    assert main(["lm", "generate", "--model", str(a), "--prompt", "def ", "--max-new-tokens",
+                 "12", "--seed", "1", "--threads", "1"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("def ")
+    main(["lm", "generate", "--model", str(a), "--prompt", "def ", "--max-new-tokens", "12",
+          "--seed", "1", "--threads", "1"])
+    assert capsys.readouterr().out == first
+
+
+def test_user_errors(tmp_path):
+    assert main(["lm", "train", "--out", str(tmp_path / "x"), *TINY]) == 2  # no budget
+    assert main(["lm", "train", "--out", str(tmp_path / "y"), "--resume", "--steps", "1",
+                 *TINY]) == 2
+    assert main(["lm", "generate", "--model", str(tmp_path / "none"), "--prompt", "a"]) == 2
+
+
+@pytest.mark.parametrize("argv", [["lm"], ["lm", "--help"]])
+def test_help(argv, capsys):
+    try:
+        assert main(argv) == 0
+    except SystemExit as e:
+        assert e.code == 0
+    assert "lm" in capsys.readouterr().out
