@@ -83,3 +83,14 @@ def linear_path(request, monkeypatch):
     elif hasattr(linear, "FUSED_MIN_T"):
         monkeypatch.setattr(linear, "FUSED_MIN_T", 1 << 62)
     return request.param
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for a module of tiny-tensor tests: they gain nothing from a second
+    thread, and on a busy shared machine OpenMP's spinning makes them several times slower.
+    Use with ``pytestmark = pytest.mark.usefixtures("single_thread")``; restores the setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -19,6 +19,8 @@ from linattn.feature_maps import (
     get_feature_map,
 )
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 @pytest.mark.parametrize("d", [1, 2, 5, 16])
 def test_num_features_matches_output(feature_map, d):

@@ -17,6 +17,8 @@ from linattn import reference
 from linattn.feature_maps import FEATURE_MAPS
 from linattn.ops.linear import DEFAULT_CHUNK_SIZE
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 SHAPES = [  # (batch dims, T, D, Dv)
     ((2, 3), 1, 4, 3),  # T = 1
     ((2, 3), 7, 4, 3),  # odd T, D != Dv

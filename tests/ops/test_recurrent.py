@@ -8,6 +8,8 @@ import torch
 import linattn
 from linattn import LinearAttentionState, linear_attention_step
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 def _run_steps(q, k, v, state, feature_map):
     outs = []

@@ -7,6 +7,8 @@ import torch
 
 from linattn import reference
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 def _loop_attention(fmap, q, k, v, is_causal, pad=None):
     """o_i = Σ_j w_ij v_j / Σ_j w_ij, w_ij = φ(q_i)·φ(k_j), over unpadded j (≤ i when causal)."""
