@@ -5,26 +5,68 @@ Helpers are fixtures (not importable functions) so that tests work under any pyt
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from linattn.feature_maps import FEATURE_MAPS, Polynomial, get_feature_map
+from linattn.feature_maps import (
+    FEATURE_MAPS,
+    FavorPlus,
+    Hedgehog,
+    Polynomial,
+    RandomReLU,
+    get_feature_map,
+)
 
-#: Every string shortcut, plus explicit instances that the shortcuts do not cover.
-MAP_PARAMS = [*sorted(FEATURE_MAPS), "polynomial-p1", "polynomial-p3"]
+#: Every string shortcut, explicit instances the shortcuts do not cover, and the random and
+#: learnable maps (built per head dimension, seeded).
+MAP_PARAMS = [
+    *sorted(FEATURE_MAPS),
+    "polynomial-p1",
+    "polynomial-p3",
+    "favor+",
+    "random-relu",
+    "hedgehog",
+]
 
 
-def make_feature_map(name: str):
-    """A feature-map *instance*, shared by the fast path and the reference (random maps agree)."""
+def build_feature_map(name: str, head_dim: int, dtype: torch.dtype = torch.float64):
+    """A seeded feature-map *instance* for inputs (..., head_dim) of ``dtype``: pass the same
+    instance to the fast path and to the reference, so random maps agree. The same arguments
+    always give the same map, and maps built for different dtypes hold the same numbers."""
     if name.startswith("polynomial-p"):
-        return Polynomial(degree=int(name.removeprefix("polynomial-p")), c=1.0)
-    return get_feature_map(name)
+        fmap = Polynomial(degree=int(name.removeprefix("polynomial-p")), c=1.0)
+    elif name == "favor+":
+        fmap = FavorPlus(head_dim, num_features=16, seed=0)
+    elif name == "random-relu":
+        fmap = RandomReLU(head_dim, num_features=16, seed=0)
+    elif name == "hedgehog":
+        fmap = Hedgehog(head_dim, num_features=3)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in fmap.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    else:
+        fmap = get_feature_map(name)
+    return fmap.to(dtype)
 
 
 @pytest.fixture(params=MAP_PARAMS)
-def feature_map(request):
-    """Each feature map in turn, as an instance."""
-    return make_feature_map(request.param)
+def make_map(request):
+    """Each feature map in turn, as a factory ``make_map(head_dim, dtype=torch.float64)``."""
+    return functools.partial(build_feature_map, request.param)
+
+
+@pytest.fixture(scope="session")
+def build_map():
+    """``build_map(name, head_dim, dtype=torch.float64)`` (session-scoped: fits hypothesis)."""
+    return build_feature_map
+
+
+@pytest.fixture(scope="session")
+def map_names():
+    return list(MAP_PARAMS)
 
 
 @pytest.fixture

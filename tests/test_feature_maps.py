@@ -23,8 +23,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.mark.parametrize("d", [1, 2, 5, 16])
-def test_num_features_matches_output(feature_map, d):
+def test_num_features_matches_output(make_map, d):
     x = torch.randn(2, 3, 7, d, dtype=torch.float64)
+    feature_map = make_map(d)
     ell = feature_map.num_features(d)
     assert feature_map.forward_queries(x).shape == (2, 3, 7, ell)
     assert feature_map.forward_keys(x).shape == (2, 3, 7, ell)
@@ -133,7 +134,8 @@ def test_polynomial_bad_arguments():
         Polynomial(c=-1.0)
 
 
-def test_config_rebuilds_and_redraw_is_noop(feature_map):
+def test_config_rebuilds_and_redraw_is_noop(make_map):
+    feature_map = make_map(5)
     fresh = feature_map.new_feature_map()
     assert type(fresh) is type(feature_map)
     assert fresh.config() == feature_map.config()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import linattn
 from linattn import reference
-from linattn.feature_maps import FEATURE_MAPS
+from linattn.ops import linear as linear_ops
 from linattn.ops.linear import DEFAULT_CHUNK_SIZE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -36,9 +36,10 @@ SHAPES = [  # (batch dims, T, D, Dv)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("batch,T,D,Dv", SHAPES)
 def test_matches_reference_float64(
-    linear_path, feature_map, qkv, assert_close, is_causal, batch, T, D, Dv
+    linear_path, make_map, qkv, assert_close, is_causal, batch, T, D, Dv
 ):
     q, k, v = qkv(*batch, T=T, D=D, Dv=Dv)
+    feature_map = make_map(D)
     out = linattn.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal)
     ref = reference.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal)
     assert out.dtype == torch.float64
@@ -47,16 +48,18 @@ def test_matches_reference_float64(
 
 
 @pytest.mark.parametrize("Tq,Tk", [(1, 6), (7, 3), (5, 11)])
-def test_non_causal_different_lengths(linear_path, feature_map, qkv, assert_close, Tq, Tk):
+def test_non_causal_different_lengths(linear_path, make_map, qkv, assert_close, Tq, Tk):
     q, k, v = qkv(2, 3, T=Tq, Tk=Tk, D=4, Dv=5)
+    feature_map = make_map(4)
     out = linattn.linear_attention(q, k, v, feature_map=feature_map)
     assert out.shape == (2, 3, Tq, 5)
     assert_close(out, reference.linear_attention(q, k, v, feature_map=feature_map))
 
 
 @pytest.mark.parametrize("T", [1, 5, 17])
-def test_chunk_sizes_agree(linear_path, feature_map, qkv, T):
+def test_chunk_sizes_agree(linear_path, make_map, qkv, T):
     q, k, v = qkv(2, 2, T=T, D=3, Dv=4)
+    feature_map = make_map(3)
     ref = reference.linear_attention(q, k, v, feature_map=feature_map, is_causal=True)
     for chunk in (1, 3, T, T + 5, None):
         out = linattn.linear_attention(
@@ -93,17 +96,25 @@ def test_eps_argument(qkv):
     Dv=st.integers(1, 5),
     is_causal=st.booleans(),
     chunk=st.one_of(st.none(), st.integers(1, 25)),
-    name=st.sampled_from(sorted(FEATURE_MAPS)),
+    fused=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
+    data=st.data(),
 )
-def test_shapes_property(batch, T, D, Dv, is_causal, chunk, name, seed):
+def test_shapes_property(
+    build_map, map_names, batch, T, D, Dv, is_causal, chunk, fused, seed, data
+):
+    name = data.draw(st.sampled_from(map_names), label="feature_map")
+    fmap = build_map(name, D)
     g = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(*batch, T, D, generator=g, dtype=torch.float64) * 0.5 for _ in range(2))
     v = torch.randn(*batch, T, Dv, generator=g, dtype=torch.float64)
-    out = linattn.linear_attention(
-        q, k, v, feature_map=name, is_causal=is_causal, chunk_size=chunk
-    )
-    ref = reference.linear_attention(q, k, v, feature_map=name, is_causal=is_causal)
+    with pytest.MonkeyPatch.context() as mp:  # force the fused or the portable path
+        mp.setattr(linear_ops, "FUSED_MIN_T", 1 if fused else 1 << 62)
+        mp.setattr(linear_ops, "FUSED_BLOCK_SIZE", 4)
+        out = linattn.linear_attention(
+            q, k, v, feature_map=fmap, is_causal=is_causal, chunk_size=chunk
+        )
+    ref = reference.linear_attention(q, k, v, feature_map=fmap, is_causal=is_causal)
     assert out.shape == (*batch, T, Dv)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
 
@@ -113,14 +124,15 @@ def test_shapes_property(batch, T, D, Dv, is_causal, chunk, name, seed):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_float32_close_to_float64(linear_path, feature_map, qkv, assert_close, is_causal):
+def test_float32_close_to_float64(linear_path, make_map, qkv, assert_close, is_causal):
     q, k, v = qkv(2, 3, T=70, D=8, Dv=5)  # scale 0.5: odd polynomial kernels stay positive
     q32, k32, v32 = (t.float() for t in (q, k, v))
-    out = linattn.linear_attention(q32, k32, v32, feature_map=feature_map, is_causal=is_causal)
+    fmap32, fmap64 = make_map(8, torch.float32), make_map(8, torch.float64)
+    out = linattn.linear_attention(q32, k32, v32, feature_map=fmap32, is_causal=is_causal)
     assert out.dtype == torch.float32
-    # compare with float64 on the same (rounded) inputs
+    # compare with float64 on the same (rounded) inputs and the same map
     ref = linattn.linear_attention(
-        q32.double(), k32.double(), v32.double(), feature_map=feature_map, is_causal=is_causal
+        q32.double(), k32.double(), v32.double(), feature_map=fmap64, is_causal=is_causal
     )
     assert_close(out, ref, ulps=64)
 
@@ -190,9 +202,10 @@ def _pad_mask(B, T, lengths):
 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("kind", ["random", "inf", "-inf", "nan"])
-def test_padded_keys_change_nothing(linear_path, feature_map, qkv, is_causal, kind):
+def test_padded_keys_change_nothing(linear_path, make_map, qkv, is_causal, kind):
     B, H, T = 3, 2, 9
     q, k, v = qkv(B, H, T=T, D=3, Dv=4)
+    feature_map = make_map(3)
     mask = _pad_mask(B, T, [9, 5, 1])
     out = linattn.linear_attention(
         q, k, v, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask
@@ -229,9 +242,10 @@ def test_padded_keys_change_nothing(linear_path, feature_map, qkv, is_causal, ki
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_all_but_one_padded(linear_path, feature_map, qkv, is_causal):
+def test_all_but_one_padded(linear_path, make_map, qkv, is_causal):
     B, T = 2, 6
     q, k, v = qkv(B, 3, T=T, D=4, Dv=2)
+    feature_map = make_map(4)
     only = [0, 4]  # the single kept key of each batch element
     mask = torch.ones(B, T, dtype=torch.bool)
     for b, j in enumerate(only):
@@ -242,8 +256,15 @@ def test_all_but_one_padded(linear_path, feature_map, qkv, is_causal):
     assert torch.isfinite(out).all()
     for b, j in enumerate(only):
         rows = slice(j, T) if is_causal else slice(0, T)
-        want = v[b, :, j : j + 1].expand(-1, T - rows.start, -1)
+        # one key: o_i = w/(w + eps) v_j, w = φ(q_i)·φ(k_j) (v_j when eps = 0); 0 if w + eps = 0
+        fk = feature_map.forward_keys(k[b, :, j : j + 1]).transpose(-1, -2)
+        w = feature_map.forward_queries(q[b, :, rows]) @ fk  # (H, rows, 1)
+        den = w + feature_map.eps
+        gain = torch.where(den == 0, 0.0, w / torch.where(den == 0, 1.0, den))
+        want = gain * v[b, :, j : j + 1]
         torch.testing.assert_close(out[b, :, rows], want, rtol=1e-12, atol=1e-12)
+        if feature_map.eps == 0:
+            assert (gain[den != 0] == 1).all()
         if is_causal:  # rows before the only key see no key at all: zero output
             assert (out[b, :, :j] == 0).all()
 
@@ -257,8 +278,9 @@ def test_all_padded_gives_zero(linear_path, qkv, is_causal):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_mask_with_3d_and_2d_inputs(linear_path, feature_map, qkv, is_causal):
+def test_mask_with_3d_and_2d_inputs(linear_path, make_map, qkv, is_causal):
     q, k, v = qkv(3, T=8, D=4, Dv=3)
+    feature_map = make_map(4)
     mask = _pad_mask(3, 8, [8, 3, 6])
     out = linattn.linear_attention(
         q, k, v, feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask
@@ -290,8 +312,9 @@ def test_mask_broadcasts_over_heads_5d(linear_path, qkv):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_gradcheck(linear_path, feature_map, qkv, is_causal):
+def test_gradcheck(linear_path, make_map, qkv, is_causal):
     q, k, v = (t.requires_grad_() for t in qkv(2, T=5, D=2, Dv=2))
+    feature_map = make_map(2)
     mask = torch.tensor([[False, False, False, True, False], [True, False, False, False, False]])
 
     def f(q, k, v):
@@ -308,8 +331,9 @@ def test_gradcheck(linear_path, feature_map, qkv, is_causal):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
-def test_gradcheck_through_initial_state(linear_path, feature_map, qkv):
+def test_gradcheck_through_initial_state(linear_path, make_map, qkv):
     q, k, v = (t.requires_grad_() for t in qkv(T=4, D=2, Dv=2))
+    feature_map = make_map(2)
     L = feature_map.num_features(2)
     g = torch.Generator().manual_seed(5)
     S = (torch.rand(L, 2, generator=g, dtype=torch.float64)).requires_grad_()
@@ -332,7 +356,8 @@ def test_gradcheck_through_initial_state(linear_path, feature_map, qkv):
     assert torch.autograd.gradcheck(f, (q, k, v, S, z))
 
 
-def test_gradients_match_reference(linear_path, feature_map, qkv):
+def test_gradients_match_reference(linear_path, make_map, qkv):
+    feature_map = make_map(3)
     for is_causal in (False, True):
         q, k, v = (t.requires_grad_() for t in qkv(2, 2, T=9, D=3, Dv=4))
         w = torch.randn(2, 2, 9, 4, dtype=torch.float64)

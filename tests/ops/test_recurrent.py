@@ -22,8 +22,9 @@ def _run_steps(q, k, v, state, feature_map):
 
 
 @pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
-def test_steps_equal_causal_parallel(linear_path, feature_map, qkv, assert_close, batch):
+def test_steps_equal_causal_parallel(linear_path, make_map, qkv, assert_close, batch):
     T, D, Dv = 11, 3, 4
+    feature_map = make_map(D)
     q, k, v = qkv(*batch, T=T, D=D, Dv=Dv)
     state0 = LinearAttentionState.zeros(batch, feature_map.num_features(D), Dv, dtype=q.dtype)
     stepped, state = _run_steps(q, k, v, state0, feature_map)
@@ -43,8 +44,9 @@ def test_steps_equal_causal_parallel(linear_path, feature_map, qkv, assert_close
 
 
 @pytest.mark.parametrize("split", [1, 5, 12])
-def test_prefill_then_continue_equals_whole(linear_path, feature_map, qkv, assert_close, split):
+def test_prefill_then_continue_equals_whole(linear_path, make_map, qkv, assert_close, split):
     T, D, Dv = 13, 3, 2
+    feature_map = make_map(D)
     q, k, v = qkv(2, 2, T=T, D=D, Dv=Dv)
     whole, whole_state = linattn.linear_attention(
         q, k, v, feature_map=feature_map, is_causal=True, return_state=True
@@ -106,7 +108,8 @@ def test_zeros_float64_and_shapes():
     assert s.S.dtype == torch.float64
 
 
-def test_gradcheck_step(feature_map, qkv):
+def test_gradcheck_step(make_map, qkv):
+    feature_map = make_map(2)
     q, k, v = (t.requires_grad_() for t in qkv(2, T=1, D=2, Dv=2))
     L = feature_map.num_features(2)
     g = torch.Generator().manual_seed(3)

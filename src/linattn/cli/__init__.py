@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from linattn import __version__
 
 # Subcommand modules, in the order they are listed by --help.
-SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "lm")
+SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm")
 
 
 class UserError(Exception):

@@ -100,22 +100,26 @@ def _causal_block_backward(
     """Gradients of one block of the chunked causal form, all its chunks at once.
 
     fq, fk: (N, Tb, L); v1, dO1: (N, Tb, Dv+1); S_in: state before the block; G_out: ∂L/∂(state
-    after the block), both (N, L, Dv+1). Returns dφ(q), dφ(k), d[v, 1] and ∂L/∂S_in."""
-    Tb = fq.shape[1]
-    fq, fk, v1, dO1 = (to_chunks(x, chunk) for x in (fq, fk, v1, dO1))
-    P = fk.transpose(-1, -2) @ v1  # (N, n, L, Dv+1): each chunk's own state contribution
-    S = S_in.unsqueeze(1) + P.cumsum(1) - P  # state before each chunk
-    Q = fq.transpose(-1, -2) @ dO1  # each chunk's gradient contribution to earlier states
-    G = G_out.unsqueeze(1) + Q.flip(1).cumsum(1).flip(1) - Q  # ∂L/∂(state after each chunk)
+    after the block), both (N, L, Dv+1). Returns dφ(q), dφ(k), d[v, 1] and ∂L/∂S_in. Products
+    run as 3-D ``bmm`` over (N·n) chunks, transposes as free views."""
+    N, Tb, L = fq.shape
+    Dv1 = v1.shape[-1]
+    fq, fk, v1, dO1 = (to_chunks(x, chunk).reshape(-1, chunk, x.shape[-1])
+                       for x in (fq, fk, v1, dO1))
+    n = fq.shape[0] // N
+    P = torch.bmm(fk.transpose(1, 2), v1).view(N, n, L, Dv1)  # each chunk's own state
+    S = (P.cumsum(1) - P + S_in.unsqueeze(1)).view(-1, L, Dv1)  # state before each chunk
+    Q = torch.bmm(fq.transpose(1, 2), dO1).view(N, n, L, Dv1)  # ∂L/∂S from each chunk
+    G = (Q.flip(1).cumsum(1).flip(1) - Q + G_out.unsqueeze(1)).view(-1, L, Dv1)
     mask = causal_mask(chunk, fq.device)
-    A = (fq @ fk.transpose(-1, -2)) * mask
-    dA = (dO1 @ v1.transpose(-1, -2)) * mask
-    d_fq = dA @ fk + dO1 @ S.transpose(-1, -2)
-    d_fk = dA.transpose(-1, -2) @ fq + v1 @ G.transpose(-1, -2)
-    d_v1 = A.transpose(-1, -2) @ dO1 + fk @ G
+    A = torch.bmm(fq, fk.transpose(1, 2)).mul_(mask)
+    dA = torch.bmm(dO1, v1.transpose(1, 2)).mul_(mask)
+    d_fq = torch.baddbmm(torch.bmm(dA, fk), dO1, S.transpose(1, 2))
+    d_fk = torch.baddbmm(torch.bmm(dA.transpose(1, 2), fq), v1, G.transpose(1, 2))
+    d_v1 = torch.baddbmm(torch.bmm(A.transpose(1, 2), dO1), fk, G)
 
     def unchunk(x: Tensor) -> Tensor:
-        return x.reshape(x.shape[0], -1, x.shape[-1])[:, :Tb]
+        return x.reshape(N, -1, x.shape[-1])[:, :Tb]
 
     return unchunk(d_fq), unchunk(d_fk), unchunk(d_v1), G_out + Q.sum(1)
 

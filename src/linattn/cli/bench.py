@@ -1,0 +1,204 @@
+"""``linattn bench``: how close linear attention runs to the machine's matmul throughput.
+
+Efficiency = useful FLOPs / time / roofline, where the roofline is the GFLOP/s of a 2048×2048
+matmul in the same dtype measured in the same process, and the useful FLOPs of a forward are
+4·B·H·T·ℓ·Dv (φ(K)ᵀV and φ(Q)·state), three times that for forward+backward. Rows for the
+portable path (``FUSED_MIN_T`` raised out of reach) show the "before". Then, over a range of
+T, the times of linear and softmax attention (SDPA), the crossover and a log-log plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure linear attention against the matmul roofline")
+    p.add_argument("-T", type=int, default=65536, help="sequence length (default 65536)")
+    p.add_argument("-B", type=int, default=1)
+    p.add_argument("-H", type=int, default=8)
+    p.add_argument("-d", type=int, default=64, help="head dimension, also Dv")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--feature-map", default="elu")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--no-portable", action="store_true", help="skip the portable-path rows")
+    p.add_argument("--crossover", type=int, nargs="*", default=None, metavar="T",
+                   help="sequence lengths for the SDPA comparison (default 256 … 16384)")
+    p.add_argument("--no-crossover", action="store_true")
+    p.add_argument("--plot", default="bench.png", help="log-log plot of the crossover (PNG)")
+    p.set_defaults(func=run)
+
+
+def _inputs(B, H, T, d, dtype, grad=False):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(B, H, T, d, generator=g).to(dtype).requires_grad_(grad) for _ in range(3)]
+
+
+def _forward(fn, q, k, v, is_causal):
+    with torch.no_grad():
+        return fn(q, k, v, is_causal)
+
+
+def _forward_backward(fn, q, k, v, is_causal):
+    for t in (q, k, v):
+        t.grad = None
+    fn(q, k, v, is_causal).sum().backward()
+
+
+def _linear(feature_map):
+    from linattn import linear_attention
+
+    return lambda q, k, v, c: linear_attention(q, k, v, feature_map=feature_map, is_causal=c)
+
+
+def _sdpa(q, k, v, c):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=c)
+
+
+def _cell(spec: dict) -> tuple[float, int | None]:
+    """One efficiency cell, run in a fresh process so its peak memory is its own: memory freed
+    by an earlier call stays resident and would hide a later call's growth."""
+    from linattn.ops import linear as linear_mod
+    from linattn.profiling import PeakMemory, median_time
+
+    torch.set_num_threads(spec["threads"])
+    if spec["portable"]:
+        linear_mod.FUSED_MIN_T = 10**12
+    runner = _forward_backward if spec["backward"] else _forward
+    fn = _linear(spec["feature_map"])
+    q, k, v = _inputs(*spec["shape"], DTYPES[spec["dtype"]], spec["backward"])
+    with PeakMemory() as mem:
+        runner(fn, q, k, v, spec["causal"])
+    t = median_time(partial(runner, fn, q, k, v, spec["causal"]), spec["repeats"], warmup=0)
+    return t, mem.extra_bytes
+
+
+def efficiency_table(args, dtype) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from linattn.feature_maps import get_feature_map
+    from linattn.profiling import matmul_gflops
+
+    roof = matmul_gflops(dtype=dtype)
+    B, H, T, d = args.B, args.H, args.T, args.d
+    ell = get_feature_map(args.feature_map).num_features(d)
+    useful = 4 * B * H * T * ell * d / 1e9
+    io_bytes = 4 * B * H * T * d * torch.finfo(dtype).bits // 8  # q, k, v and the output
+    print(f"roofline: {roof:.0f} GFLOP/s ({args.dtype} 2048×2048 matmul, "
+          f"{torch.get_num_threads()} thread(s))")
+    print(f"shape: B={B} H={H} T={T} d=Dv={d} ℓ={ell}, {args.dtype}, map {args.feature_map}; "
+          f"q, k, v, o = {io_bytes / 2**20:.0f} MiB\n")
+    print("| path | form | pass | median time | useful GFLOP | efficiency | peak extra "
+          "| peak / (q,k,v,o) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for path in ("fused",) + (() if args.no_portable else ("portable",)):
+        for causal in (False, True):
+            for name, mult in (("forward", 1), ("fwd+bwd", 3)):
+                spec = {"threads": torch.get_num_threads(), "portable": path == "portable",
+                        "backward": mult == 3, "feature_map": args.feature_map,
+                        "shape": (B, H, T, d), "dtype": args.dtype, "causal": causal,
+                        "repeats": args.repeats}
+                with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+                    t, extra = pool.submit(_cell, spec).result()
+                eff = mult * useful / t / roof
+                peak, ratio = "n/a", "n/a"
+                if extra is not None:
+                    peak, ratio = f"{extra / 2**20:.0f} MiB", f"{extra / io_bytes:.2f}"
+                print(f"| {path} | {'causal' if causal else 'non-causal'} | {name} | "
+                      f"{t * 1e3:.0f} ms | {mult * useful:.1f} | {eff:.2f} | {peak} | {ratio} |",
+                      flush=True)
+
+
+def crossover(args, dtype, lengths) -> dict:
+    from linattn.profiling import median_time
+
+    fn = _linear(args.feature_map)
+    print(f"\nLinear vs softmax (SDPA): B={args.B} H={args.H} d={args.d}, {args.dtype}\n")
+    print("| T | pass | form | linattn | SDPA | SDPA / linattn |")
+    print("|---|---|---|---|---|---|")
+    results: dict = {}
+    for T in lengths:
+        for name, runner, grad in (("forward", _forward, False),
+                                   ("fwd+bwd", _forward_backward, True)):
+            for causal in (False, True):
+                q, k, v = _inputs(args.B, args.H, T, args.d, dtype, grad)
+                tl = median_time(partial(runner, fn, q, k, v, causal), args.repeats)
+                ts = median_time(partial(runner, _sdpa, q, k, v, causal), args.repeats)
+                form = "causal" if causal else "non-causal"
+                results.setdefault((name, form), []).append((T, tl, ts))
+                print(f"| {T} | {name} | {form} | {tl * 1e3:.1f} ms | {ts * 1e3:.1f} ms "
+                      f"| {ts / tl:.2f} |", flush=True)
+    print()
+    for (name, form), rows in results.items():
+        wins = [T for T, tl, ts in rows if tl < ts]
+        first = f"T = {wins[0]}" if wins else f"not within T ≤ {lengths[-1]}"
+        print(f"crossover, {name} {form}: linattn faster from {first}")
+    return results
+
+
+def plot(results: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot; pip install 'linattn[plot]')")
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, name in zip(axes, ("forward", "fwd+bwd"), strict=True):
+        for (n, form), rows in results.items():
+            if n != name:
+                continue
+            Ts = [r[0] for r in rows]
+            ax.plot(Ts, [r[1] for r in rows], "o-", label=f"linattn {form}")
+            ax.plot(Ts, [r[2] for r in rows], "s--", label=f"SDPA {form}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("sequence length T")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("time per call (s)")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"plot: {path}")
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    from linattn.cli import UserError
+
+    for name in ("T", "B", "H", "d", "repeats"):
+        if getattr(args, name) < 1:
+            raise UserError(f"-{name if len(name) == 1 else '-' + name}: expected a positive "
+                            f"integer, got {getattr(args, name)}")
+    out = Path(args.plot)
+    if not args.no_crossover and not out.parent.is_dir():
+        raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    efficiency_table(args, dtype)
+    if not args.no_crossover:
+        lengths = args.crossover or [256, 512, 1024, 2048, 4096, 8192, 16384]
+        plot(crossover(args, dtype, sorted(lengths)), out)
+    return 0
