@@ -1,0 +1,40 @@
+"""One rank of a sequence-parallel check, run as a script by test_sequence_parallel.py.
+
+argv[1]: JSON with rank, world, port, T, causal, seed, out (a .pt path), fail_rank, mask.
+Builds the same global q, k, v on every rank (float64), keeps its slice, runs
+sequence_parallel_linear_attention, backpropagates a fixed weighted sum and saves its output
+slice and the gradients of its slices."""
+
+import json
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from linattn.distributed import sequence_parallel_linear_attention
+
+cfg = json.loads(sys.argv[1])
+dist.init_process_group(
+    "gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
+    world_size=cfg["world"], timeout=timedelta(seconds=cfg.get("timeout", 30)),
+)
+if cfg["rank"] == cfg.get("fail_rank"):
+    raise SystemExit("rank failed on purpose before the collective")
+g = torch.Generator().manual_seed(cfg["seed"])
+T, B, H, D, Dv = cfg["T"], 2, 2, 3, 4
+q, k = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(2))
+v = torch.randn(B, H, T, Dv, generator=g, dtype=torch.float64)
+w = torch.randn(B, H, T, Dv, generator=g, dtype=torch.float64)
+mask = torch.rand(B, T, generator=g) < 0.2 if cfg.get("mask") else None
+bounds = [T * r // cfg["world"] for r in range(cfg["world"] + 1)]
+lo, hi = bounds[cfg["rank"]], bounds[cfg["rank"] + 1]
+ql, kl, vl = (t[..., lo:hi, :].clone().requires_grad_(True) for t in (q, k, v))
+out = sequence_parallel_linear_attention(
+    ql, kl, vl, is_causal=cfg["causal"],
+    key_padding_mask=None if mask is None else mask[:, lo:hi],
+)
+(out * w[..., lo:hi, :]).sum().backward()
+torch.save({"out": out.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad, "lo": lo, "hi": hi},
+           cfg["out"])
+dist.destroy_process_group()

@@ -1,0 +1,86 @@
+"""sequence_parallel_linear_attention on gloo (127.0.0.1): outputs and gradients of q, k, v
+equal the single-process result; a failing rank makes the others exit instead of hanging."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import linattn
+
+WORKER = Path(__file__).with_name("_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(world: int, tmp_path: Path, **cfg) -> list[subprocess.Popen]:
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = []
+    for rank in range(world):
+        c = {"rank": rank, "world": world, "port": port, "out": str(tmp_path / f"r{rank}.pt"),
+             **cfg}
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(c)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _single_process(T, causal, seed, mask):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(2, 2, T, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
+    m = torch.rand(2, T, generator=g) < 0.2 if mask else None
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = linattn.linear_attention(q, k, v, is_causal=causal, key_padding_mask=m)
+    (out * w).sum().backward()
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize(
+    "world, causal, mask",
+    [(2, False, False), (2, True, False), (2, False, True), (2, True, True),
+     (4, False, False), (4, True, True)],
+)
+def test_matches_single_process(tmp_path, world, causal, mask):
+    T, seed = 21, 7  # uneven slices on purpose
+    procs = _launch(world, tmp_path, T=T, causal=causal, seed=seed, mask=mask)
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    out, dq, dk, dv = _single_process(T, causal, seed, mask)
+    for rank in range(world):
+        r = torch.load(tmp_path / f"r{rank}.pt")
+        sl = slice(r["lo"], r["hi"])
+        torch.testing.assert_close(r["out"], out[..., sl, :], rtol=1e-9, atol=1e-9)
+        for name, full in (("dq", dq), ("dk", dk), ("dv", dv)):
+            torch.testing.assert_close(r[name], full[..., sl, :], rtol=1e-9, atol=1e-9,
+                                       msg=f"{name} on rank {rank}")
+
+
+def test_failing_rank_makes_the_others_exit(tmp_path):
+    procs = _launch(2, tmp_path, T=8, causal=True, seed=0, fail_rank=1, timeout=20)
+    errs = [p.communicate(timeout=120)[1] for p in procs]  # a hang would time out here
+    assert [p.returncode != 0 for p in procs] == [True, True]
+    assert "failed on purpose" in errs[1]
+    assert "Error" in errs[0]  # the survivor reports the broken collective, then exits
+    assert not (tmp_path / "r0.pt").exists()
+
+
+def test_needs_an_initialised_group():
+    q = torch.randn(1, 4, 2)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        from linattn.distributed import sequence_parallel_linear_attention
+
+        sequence_parallel_linear_attention(q, q, q)
