@@ -118,10 +118,14 @@ def peak_child(impl: str, B: int, H: int, T: int, D: int) -> None:
     print(after - before)
 
 
-def peak_bytes(impl: str, B: int, H: int, T: int, D: int) -> int:
+def peak_bytes(impl: str, B: int, H: int, T: int, D: int) -> int | None:
+    """Peak extra bytes of one call, from a child process; None (reported) if the child fails."""
     script = os.path.abspath(__file__)
     cmd = [sys.executable, script, "--child", impl, *map(str, (B, H, T, D))]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"memory child for {impl} T={T} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+        return None
     return int(res.stdout.strip().splitlines()[-1])
 
 
@@ -146,7 +150,7 @@ def fmt_ms(t: float | None) -> str:
 
 def fmt_mib(b: int | None) -> str:
     if b is None:
-        return "skipped"
+        return "–"
     return f"{b / 2**20:,.0f}" if b >= 10 * 2**20 else f"{b / 2**20:.1f}"
 
 

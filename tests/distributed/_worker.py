@@ -29,6 +29,19 @@ w = torch.randn(B, H, T, Dv, generator=g, dtype=torch.float64)
 mask = torch.rand(B, T, generator=g) < 0.2 if cfg.get("mask") else None
 bounds = [T * r // cfg["world"] for r in range(cfg["world"] + 1)]
 lo, hi = bounds[cfg["rank"]], bounds[cfg["rank"] + 1]
+if cfg.get("module"):  # an encoder whose attention spans the ranks
+    from linattn.nn import LinearTransformerEncoder
+
+    torch.manual_seed(0)  # the same weights on every rank
+    enc = LinearTransformerEncoder(2, 8, 2, mlp_dim=16, is_causal=cfg["causal"],
+                                   sequence_parallel_group=dist.group.WORLD).double()
+    x = torch.randn(B, T, 8, generator=g, dtype=torch.float64)
+    xl = x[:, lo:hi].clone().requires_grad_(True)
+    y = enc(xl)
+    (y * w[:, 0, lo:hi, :1]).sum().backward()
+    torch.save({"out": y.detach(), "dx": xl.grad, "lo": lo, "hi": hi}, cfg["out"])
+    dist.destroy_process_group()
+    raise SystemExit(0)
 ql, kl, vl = (t[..., lo:hi, :].clone().requires_grad_(True) for t in (q, k, v))
 out = sequence_parallel_linear_attention(
     ql, kl, vl, is_causal=cfg["causal"],

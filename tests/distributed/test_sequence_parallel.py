@@ -69,6 +69,34 @@ def test_matches_single_process(tmp_path, world, causal, mask):
                                        msg=f"{name} on rank {rank}")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_encoder_with_sequence_parallel_group_matches_single_process(tmp_path, causal):
+    T, seed = 13, 3
+    procs = _launch(2, tmp_path, T=T, causal=causal, seed=seed, module=True)
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    g = torch.Generator().manual_seed(seed)  # draw q, k, v, w in the worker's order
+    _q, _k = (torch.randn(2, 2, T, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    _v = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
+    torch.manual_seed(0)
+    enc = linattn.nn.LinearTransformerEncoder(2, 8, 2, mlp_dim=16, is_causal=causal).double()
+    x = torch.randn(2, T, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    y = enc(x)
+    (y * w[:, 0, :, :1]).sum().backward()
+    for rank in range(2):
+        r = torch.load(tmp_path / f"r{rank}.pt")
+        sl = slice(r["lo"], r["hi"])
+        torch.testing.assert_close(r["out"], y.detach()[:, sl], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(r["dx"], x.grad[:, sl], rtol=1e-9, atol=1e-9)
+
+
+def test_sequence_parallel_module_rejects_relative_positions():
+    with pytest.raises(ValueError, match="sequence_parallel_group"):
+        linattn.nn.MultiheadLinearAttention(8, 2, max_len=4, sequence_parallel_group=object())
+
+
 def test_failing_rank_makes_the_others_exit(tmp_path):
     procs = _launch(2, tmp_path, T=8, causal=True, seed=0, fail_rank=1, timeout=20)
     errs = [p.communicate(timeout=120)[1] for p in procs]  # a hang would time out here

@@ -57,12 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=train)
 
     e = actions.add_parser("evaluate", help="test metrics, baselines and report.md")
-    e.add_argument(
-        "--model",
-        required=True,
-        metavar="DIR",
-        help="a run folder (from train) or a saved model folder",
-    )
+    e.add_argument("--model", required=True, metavar="DIR", action="append",
+                   help="a run folder (from train) or a saved model folder; repeat it to "
+                        "evaluate the ensemble (mean class probabilities)")
+    e.add_argument("--split", choices=("test", "val"), default="test",
+                   help="test set, or the validation split with the val-stage models of run "
+                        "folders (default: %(default)s)")
     e.add_argument("--report-dir", metavar="DIR", help="where report.md goes (default: --model)")
     e.add_argument("--no-baselines", action="store_true", help="skip the logistic regressions")
     _common(e)
@@ -198,8 +198,6 @@ def train(args) -> int:
                 "desc": stage,
                 "resume": args.resume,
             }
-            if not args.resume and (sdir / "metrics.jsonl").exists():
-                (sdir / "metrics.jsonl").unlink()
             if stage == "val":
                 from linattn.tsc.data import encode_labels
 
@@ -252,9 +250,22 @@ def train(args) -> int:
     return 0
 
 
+def _model_dir(root: Path, split: str) -> Path:
+    if not root.is_dir():
+        raise UserError(f"--model: {root}: no such folder")
+    if split == "val":
+        d = root / "val" / "model"
+        if not d.is_dir():
+            raise UserError(f"--model: {root}: no validation-stage model (val/model); --split "
+                            "val needs a run folder from `linattn forda train`")
+        return d
+    return root / "model" if (root / "model").is_dir() else root
+
+
 def evaluate(args) -> int:
     import numpy as np
 
+    from linattn.tsc.data import encode_labels, stratified_split
     from linattn.tsc.estimator import LinearAttentionClassifier
     from linattn.tsc.evaluation import (
         baselines,
@@ -265,15 +276,19 @@ def evaluate(args) -> int:
     from linattn.tsc.training import CheckpointError
 
     _setup(args)
-    root = Path(args.model)
-    if not root.is_dir():
-        raise UserError(f"--model: {root}: no such folder")
-    model_dir = root / "model" if (root / "model").is_dir() else root
+    roots = [Path(m) for m in args.model]
+    dirs = [_model_dir(r, args.split) for r in roots]
     try:
-        est = LinearAttentionClassifier.load(model_dir)
+        ests = [LinearAttentionClassifier.load(d) for d in dirs]
     except CheckpointError as err:
         raise UserError(str(err)) from None
+    est = ests[0]
+    for d, other in zip(dirs[1:], ests[1:], strict=True):
+        if other.n_features_in_ != est.n_features_in_ or \
+                not np.array_equal(other.classes_, est.classes_):
+            raise UserError(f"--model: {d} has other classes or series length than {dirs[0]}")
     X_train, y_train, X_test, y_test = _load_data(args)
+    root = roots[0]
     run = {}
     if (root / "run.json").is_file():
         run = json.loads((root / "run.json").read_text())
@@ -281,38 +296,33 @@ def evaluate(args) -> int:
             X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
             X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
     if X_test.shape[1] != est.n_features_in_:
-        raise UserError(
-            f"--model: {model_dir} expects series of length {est.n_features_in_}, "
-            f"FordA has {X_test.shape[1]}"
-        )
-    test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
+        raise UserError(f"--model: {dirs[0]} expects series of length {est.n_features_in_}, "
+                        f"FordA has {X_test.shape[1]}")
+    if args.split == "val":
+        _, va = stratified_split(encode_labels(y_train)[1], 0.2, seed=0)
+        X_eval, y_eval = X_train[va], y_train[va]
+    else:
+        X_eval, y_eval = X_test, y_test
+    # one model, or the mean of the models' class probabilities (a seed ensemble)
+    proba = np.mean([e.predict_proba(X_eval) for e in ests], axis=0)
+    result = classification_metrics(est.classes_, y_eval, proba)
     base = {} if args.no_baselines else baselines(X_train, y_train, X_test, y_test)
-    run.update(model_dir=str(model_dir), n_params=sum(p.numel() for p in est.model_.parameters()))
+    run.update(model_dir=", ".join(str(d) for d in dirs),
+               n_params=sum(p.numel() for p in est.model_.parameters()) * len(ests))
     stages = {s: read_metrics(root / s / "metrics.jsonl") for s in STAGES}
     report_dir = Path(args.report_dir) if args.report_dir else root
     if not os.access(report_dir if report_dir.exists() else report_dir.parent, os.W_OK):
         raise UserError(f"--report-dir: {report_dir}: not writable")
-    path = write_report(
-        report_dir,
-        run=run,
-        test=test,
-        base=base,
-        stages=stages,
-        kernels=est.model_.relative_kernels().numpy(),
-        patch=est.model_.config.patch,
-    )
-    print(
-        f"accuracy {test['accuracy']:.4f}  macro F1 {test['macro_f1']:.4f}  "
-        f"ROC AUC {test['roc_auc']:.4f}"
-    )
-    print(
-        f"confusion matrix (rows true {test['classes']}, columns predicted): "
-        f"{np.asarray(test['confusion_matrix']).tolist()}"
-    )
+    path = write_report(report_dir, run=run, test=result, base=base, stages=stages,
+                        kernels=est.model_.relative_kernels().numpy(),
+                        patch=est.model_.config.patch, split=args.split)
+    print(f"{args.split} ({len(ests)} model{'s' if len(ests) > 1 else ''}): "
+          f"accuracy {result['accuracy']:.4f}  macro F1 {result['macro_f1']:.4f}  "
+          f"ROC AUC {result['roc_auc']:.4f}")
+    print(f"confusion matrix (rows true {result['classes']}, columns predicted): "
+          f"{np.asarray(result['confusion_matrix']).tolist()}")
     for name, row in base.items():
-        print(
-            f"baseline logistic regression on {name}: validation F1 {row['val_f1']:.4f}, "
-            f"test F1 {row.get('test_f1', float('nan')):.4f}"
-        )
+        print(f"baseline logistic regression on {name}: validation F1 {row['val_f1']:.4f}, "
+              f"test F1 {row.get('test_f1', float('nan')):.4f}")
     print(f"report: {path}")
     return 0

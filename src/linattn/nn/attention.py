@@ -37,6 +37,10 @@ class MultiheadLinearAttention(nn.Module):
         max_len: longest sequence; set it to learn relative positions.
         bias: biases in the four projections.
         dropout: dropout on the output projection (there is no attention matrix to drop from).
+        sequence_parallel_group: a ``torch.distributed`` group across which the sequence is
+            split (each rank holds a contiguous slice, in rank order); attention then runs
+            through :func:`linattn.distributed.sequence_parallel_linear_attention`. Not with
+            ``max_len``: lag terms would need the other ranks' values.
     """
 
     def __init__(
@@ -50,8 +54,15 @@ class MultiheadLinearAttention(nn.Module):
         max_len: int | None = None,
         bias: bool = False,
         dropout: float = 0.0,
+        sequence_parallel_group=None,
     ) -> None:
         super().__init__()
+        if sequence_parallel_group is not None and max_len is not None:
+            raise ValueError(
+                "sequence_parallel_group: relative positions (max_len) need the whole sequence "
+                "on one rank"
+            )
+        self.sequence_parallel_group = sequence_parallel_group
         if head_dim is None:
             if embed_dim % num_heads:
                 raise ValueError(
@@ -115,6 +126,12 @@ class MultiheadLinearAttention(nn.Module):
         )
         if self.rel is not None:
             o = relative_linear_attention(q, k, v, self.relative_vectors(T), **kwargs)
+        elif self.sequence_parallel_group is not None:
+            from linattn.distributed import sequence_parallel_linear_attention
+
+            o = sequence_parallel_linear_attention(
+                q, k, v, group=self.sequence_parallel_group, **kwargs
+            )
         else:
             o = linear_attention(q, k, v, **kwargs)
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)

@@ -14,7 +14,9 @@ class EncoderBlock(nn.Module):
     """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``.
 
     The MLP is ``Linear(E, mlp_dim) → GELU → Dropout → Linear(mlp_dim, E) → Dropout``.
-    x: (B, T, E) -> (B, T, E). Extra keyword arguments go to :class:`MultiheadLinearAttention`.
+    x: (B, T, E) -> (B, T, E). Attention arguments are those of
+    :class:`MultiheadLinearAttention`; with ``sequence_parallel_group`` x is this rank's slice
+    of the sequence (LayerNorm and MLP act per token, so they need nothing from other ranks).
     """
 
     def __init__(
@@ -29,6 +31,7 @@ class EncoderBlock(nn.Module):
         max_len: int | None = None,
         dropout: float = 0.0,
         bias: bool = False,
+        sequence_parallel_group=None,
     ) -> None:
         super().__init__()
         mlp_dim = 4 * d_model if mlp_dim is None else mlp_dim
@@ -42,6 +45,7 @@ class EncoderBlock(nn.Module):
             max_len=max_len,
             bias=bias,
             dropout=dropout,
+            sequence_parallel_group=sequence_parallel_group,
         )
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(

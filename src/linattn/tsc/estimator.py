@@ -141,16 +141,21 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         config = self.model_config(X.shape[1], len(classes))
         tcfg = self.train_config()
         resume = trainer_kwargs.pop("resume", False)
-        if "y_val" in trainer_kwargs and trainer_kwargs["y_val"] is not None:
+        if trainer_kwargs.get("y_val") is not None:
             yv = np.asarray(trainer_kwargs["y_val"])
+            unseen = np.setdiff1d(yv, classes)
+            if len(unseen):
+                raise ValueError(f"y_val: labels not in y: {unseen[:5].tolist()}")
             trainer_kwargs["y_val"] = np.searchsorted(classes, yv)
         with _ThreadLimit(self.n_threads):
             torch.manual_seed(tcfg.seed)
             self.model_ = FordATransformer(config)
             trainer = Trainer(self.model_, X, codes, tcfg, progress=self.verbose,
                               **trainer_kwargs)
-            if resume:
-                trainer.load_checkpoint()
+            resumed = trainer.load_checkpoint() if resume else False
+            metrics = trainer.metrics_path
+            if not resumed and metrics is not None and metrics.exists():
+                metrics.unlink()  # a fresh start logs from epoch 1
             self.history_ = trainer.run()
         self.model_.eval()
         return self

@@ -109,7 +109,7 @@ def plot_confusion(cm: list[list[int]], classes: list, path: Path) -> Path:
                     color="white" if cm[i, j] > cm.max() / 2 else "black")
     ax.set_xticks(range(len(classes)), [str(c) for c in classes])
     ax.set_yticks(range(len(classes)), [str(c) for c in classes])
-    ax.set_xlabel("predicted"), ax.set_ylabel("true"), ax.set_title("test confusion matrix")
+    ax.set_xlabel("predicted"), ax.set_ylabel("true"), ax.set_title("confusion matrix")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -142,7 +142,7 @@ def _fmt(x) -> str:
 
 
 def write_report(out: Path, *, run: dict, test: dict, base: dict, stages: dict[str, list[dict]],
-                 kernels: np.ndarray, patch: int) -> Path:
+                 kernels: np.ndarray, patch: int, split: str = "test") -> Path:
     """report.md with its plots in folder ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     curves = plot_curves(stages, out / "training_curves.png")
@@ -153,13 +153,14 @@ def write_report(out: Path, *, run: dict, test: dict, base: dict, stages: dict[s
         "# FordA: linear-attention transformer", "",
         f"Model: `{run.get('model_dir', '')}` — recipe `{run.get('recipe', '?')}`, "
         f"seed {run.get('seed', '?')}, {run.get('n_params', '?')} parameters.", "",
-        "## Test set (evaluated once for this configuration)", "",
+        ("## Test set (evaluated once for this configuration)" if split == "test" else
+         "## Validation split (stratified 20% of TRAIN), validation-stage model(s)"), "",
         "| metric | value |", "| --- | --- |",
         f"| accuracy | {test['accuracy']:.4f} |",
         f"| macro F1 | {test['macro_f1']:.4f} |",
         f"| ROC AUC | {test['roc_auc']:.4f} |",
         f"| series | {test['n']} |", "",
-        "Confusion matrix (rows true, columns predicted, classes "
+        f"Confusion matrix on {split} (rows true, columns predicted, classes "
         f"{', '.join(str(c) for c in test['classes'])}): `{cm}`", "",
         "![confusion matrix](confusion_matrix.png)", "",
     ]
