@@ -11,6 +11,9 @@ float32. For each context length L (1k … 128k):
   on the values; prefilling 128k tokens through softmax would take O(L²)), then decoding steps
   through SDPA over the whole cache. The cache grows by ``torch.cat`` each step, as in
   :class:`linattn.nn.lm.KVCache`; a preallocated cache would copy less but still read O(L).
+  The column "SDPA floor" times only the attention kernels of one step (one query against the
+  L cached keys/values in every layer, no copy, no projections): what no KV-cache
+  implementation can go below.
 
 Latency is the median of ``--steps`` single-token steps. Memory is the bytes of decoding state
 (LMState.nbytes: S and z per layer, or K and V per layer). Prints a markdown table and writes
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from linattn.nn import LinearTransformerLM, LMState
 from linattn.nn.lm import KVCache
@@ -78,7 +82,15 @@ def main() -> None:
                                      torch.randn(1, H, L, d, generator=gen))
                              for _ in range(args.layers)], L)
             soft_s, _ = _time_steps(soft, cache, args.steps, gen)
+            q = torch.randn(1, H, 1, d, generator=gen)
+            floor = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                for st in cache.layers:
+                    F.scaled_dot_product_attention(q, st.k, st.v)
+                floor.append(time.perf_counter() - t0)
             rows.append({"context": L, "linear_ms": lin_s * 1e3, "softmax_ms": soft_s * 1e3,
+                         "sdpa_floor_ms": statistics.median(floor) * 1e3,
                          "linear_state_bytes": state.nbytes(),
                          "kv_cache_bytes": cache.nbytes()})
             r = rows[-1]
@@ -88,10 +100,12 @@ def main() -> None:
 
     print(f"\nd_model {args.d_model}, {args.layers} layers, {args.heads} heads, batch 1, "
           f"float32, {args.threads} thread(s), median of {args.steps} steps\n")
-    print("| context | linear ms/token | softmax+KV ms/token | linear state | KV cache |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| context | linear ms/token | softmax+KV ms/token | SDPA floor ms | linear state "
+          "| KV cache |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['context']:,} | {r['linear_ms']:.2f} | {r['softmax_ms']:.2f} | "
+              f"{r['sdpa_floor_ms']:.2f} | "
               f"{r['linear_state_bytes'] / 2**10:.0f} KiB | "
               f"{r['kv_cache_bytes'] / 2**20:.1f} MiB |")
 
@@ -104,6 +118,7 @@ def main() -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     a.plot(xs, [r["linear_ms"] for r in rows], "o-", label="linear attention, recurrent state")
     a.plot(xs, [r["softmax_ms"] for r in rows], "s-", label="softmax (SDPA) + KV cache")
+    a.plot(xs, [r["sdpa_floor_ms"] for r in rows], "^:", label="SDPA over the cache only")
     a.set(xscale="log", yscale="log", xlabel="context length (tokens)",
           ylabel="ms per generated token", title="Decoding latency")
     b.plot(xs, [r["linear_state_bytes"] for r in rows], "o-", label="linear state (S, z)")
