@@ -36,10 +36,16 @@ import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+# Idle OpenMP threads sleep rather than spin (set before torch loads libgomp; children inherit
+# it). On a shared, busy machine spinning makes every small parallel region wait for a
+# descheduled partner thread: one 64k-token linattn call measured 0.6 s passive vs 9 s spinning
+# at load 6. It is the same for every implementation; override by setting the variable.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import linattn
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import linattn  # noqa: E402
 
 IMPLS = {  # name -> (label, is_causal, quadratic)
     "linear": ("linattn non-causal", False, False),
@@ -136,9 +142,11 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (
         f"{cpu}, {os.cpu_count()} CPUs visible, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), Python {platform.python_version()}"
+        f"({torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
+        f"Python {platform.python_version()}; load average at start {load}"
     )
 
 
@@ -228,6 +236,7 @@ def main(argv=None) -> int:
             row += [fmt_mib(mems[i][n]) for i in args.impls]
         print("| " + " | ".join(row) + " |")
     print()
+    print(f"load average at end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print("Growth per doubling of T (largest two measured T; log-log slope over the upper half):")
     for impl in args.impls:
         line = f"- {IMPLS[impl][0]}: time {growth(args.ts, times[impl])}"

@@ -4,10 +4,11 @@ Prints markdown tables for docs/benchmarks.md:
 
 1. end to end, stdin from a file, stdout to a file: the C baseline (``solve_baseline.c``, built
    with ``cc -O2``: fread + strtod), ``linattn solve`` with the compiled and the pure Python
-   parser, the cost of starting Python and importing torch alone, and ``linattn solve`` as it
-   would run if the ``linattn`` package imported torch lazily (simulated: then torch is imported
-   in a thread while the input is parsed). Wall time (median of --repeat runs, interleaved so
-   that a busy machine slows every row alike) and peak resident memory of each process.
+   parser, the cost of starting Python and importing torch alone, and two designs measured for
+   comparison: ``linattn solve`` as it would run if the ``linattn`` package imported torch
+   lazily (simulated: then torch is imported in a thread while the input is parsed), and the
+   same with the sums in plain numpy, never importing torch. Wall time (median of --repeat
+   runs, interleaved so that a busy machine slows every row alike) and peak resident memory.
 2. in process, stage by stage: reading stdin, each parser (the compiled one, the fallback,
    numpy's ``fromstring``, pyarrow's and polars' CSV readers where installed), the computation
    through the library's op and with plain numpy, and formatting the output.
@@ -27,6 +28,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,22 @@ sys.modules["linattn"] = pkg
 from linattn.cli import main
 sys.exit(main(["solve"]))
 """
+
+# Same package stub, and plain numpy for the O(N·d) sums instead of the library's torch op: what
+# the command would cost without importing torch at all (for comparison, not shipped).
+NUMPY_SOLVE = (
+    LAZY_SOLVE.split("from linattn.cli import main")[0]
+    + """
+import numpy as np
+from linattn.cli import solve
+assert "torch" not in sys.modules
+data = sys.stdin.buffer.read()
+n, d, pos = solve.parse_header(data)
+q, k, v = solve.parse_values(data, pos, n, d).reshape(3, n, d)
+fq, fk = np.maximum(q, 0) + 1, np.maximum(k, 0) + 1
+sys.stdout.write(solve.format_lines(fq @ (fk.T @ v.sum(1)) / (fq @ fk.sum(0))))
+"""
+)
 
 
 def generate(n: int, d: int, seed: int = 0) -> bytes:
@@ -114,6 +132,7 @@ def end_to_end(inp: Path, repeat: int, workdir: Path) -> list[tuple[str, float, 
             {**env, "LINATTN_SOLVE_PARSER": "python"},
         ),
         "`linattn solve`, lazy `linattn` package (simulated)": ([py, "-c", LAZY_SOLVE], env),
+        "same, numpy instead of torch for the sums (simulated)": ([py, "-c", NUMPY_SOLVE], env),
         "python -c 'import torch' (no input read)": ([py, "-c", "import torch"], env),
         "python -c 'import numpy' (no input read)": ([py, "-c", "import numpy"], env),
     }
@@ -209,7 +228,16 @@ def stages(inp: Path, repeat: int) -> list[tuple[str, float, str]]:
 
     qkv = ref.reshape(3, n, d)
     t, sums = timed(lambda: row_sums(qkv), repeat)
-    rows.append(("compute: linattn.linear_attention, relu, float64", t, f"{torch.__version__}"))
+    rows.append(("compute: linattn.linear_attention, relu, float64, 1 thread (chosen)", t, ""))
+
+    def op_default_threads() -> None:
+        from linattn.ops.linear import linear_attention
+
+        q, k, v = torch.from_numpy(qkv)
+        linear_attention(q, k, v.sum(-1, keepdim=True), feature_map="relu")
+
+    t, _ = timed(op_default_threads, repeat)
+    rows.append((f"compute: the same op, {torch.get_num_threads()} threads (torch default)", t, ""))
 
     def numpy_sums() -> np.ndarray:
         q, k, v = qkv
@@ -240,8 +268,9 @@ def main() -> None:
             code += f"open({str(inp)!r}, 'wb').write(generate({args.n}, {args.d}))"
             subprocess.run([sys.executable, "-c", code], check=True)
         size = inp.stat().st_size / 1e6
+        versions = f"torch {metadata.version('torch')}, numpy {np.__version__}"
         print(
-            f"input: N={args.n}, d={args.d}, {size:.0f} MB; {os.cpu_count()} CPUs, "
+            f"input: N={args.n}, d={args.d}, {size:.0f} MB; {versions}; {os.cpu_count()} CPUs, "
             f"load average {os.getloadavg()[0]:.1f} at start; median of {args.repeat}\n"
         )
         print("| end to end | wall s | × C | peak RSS MiB |\n| --- | ---: | ---: | ---: |")

@@ -6,9 +6,15 @@ Helpers are fixtures (not importable functions) so that tests work under any pyt
 from __future__ import annotations
 
 import functools
+import os
 
-import pytest
-import torch
+# Idle OpenMP threads sleep instead of spinning. Must be set before torch loads libgomp. On a
+# busy shared machine a spinning partner thread turns every small parallel op into a wait for
+# a descheduled core (measured here: 0.6 s -> 9 s for one 64k-token call at load 6).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from linattn.feature_maps import (
     FEATURE_MAPS,

@@ -114,7 +114,15 @@ def row_sums(qkv: np.ndarray, importer: threading.Thread | None = None) -> np.nd
     from linattn.ops.linear import linear_attention
 
     q, k, v = torch.from_numpy(qkv)  # three (N, d) views, no copy
-    o = linear_attention(q, k, v.sum(-1, keepdim=True), feature_map="relu")
+    # One thread: at N = 10^5 the op takes ~0.06 s on one core, while with two threads on a
+    # machine whose cores are busy each of its ~200 chunk steps can stall a scheduler tick
+    # waiting for the other thread (measured 3-11 s; see docs/benchmarks.md).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        o = linear_attention(q, k, v.sum(-1, keepdim=True), feature_map="relu")
+    finally:
+        torch.set_num_threads(threads)
     return o[:, 0].numpy()
 
 
