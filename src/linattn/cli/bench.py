@@ -83,14 +83,26 @@ def _cell(spec: dict) -> tuple[float, int | None]:
     return t, mem.extra_bytes
 
 
-def efficiency_table(args, dtype) -> None:
+def _roofline(spec: dict) -> float:
+    from linattn.profiling import matmul_gflops
+
+    torch.set_num_threads(spec["threads"])
+    return matmul_gflops(dtype=DTYPES[spec["dtype"]])
+
+
+def _in_child(fn, spec: dict):
+    """fn(spec) in a fresh spawned process (its own peak memory and thread settings)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from linattn.feature_maps import get_feature_map
-    from linattn.profiling import matmul_gflops
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, spec).result()
 
-    roof = matmul_gflops(dtype=dtype)
+
+def efficiency_table(args, dtype) -> None:
+    from linattn.feature_maps import get_feature_map
+
+    roof = _in_child(_roofline, {"threads": torch.get_num_threads(), "dtype": args.dtype})
     B, H, T, d = args.B, args.H, args.T, args.d
     ell = get_feature_map(args.feature_map).num_features(d)
     useful = 4 * B * H * T * ell * d / 1e9
@@ -109,8 +121,7 @@ def efficiency_table(args, dtype) -> None:
                         "backward": mult == 3, "feature_map": args.feature_map,
                         "shape": (B, H, T, d), "dtype": args.dtype, "causal": causal,
                         "repeats": args.repeats}
-                with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-                    t, extra = pool.submit(_cell, spec).result()
+                t, extra = _in_child(_cell, spec)
                 eff = mult * useful / t / roof
                 peak, ratio = "n/a", "n/a"
                 if extra is not None:
@@ -196,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
     if args.threads:
         torch.set_num_threads(args.threads)
+    # Measuring children inherit this: idle OpenMP threads that spin instead of sleeping make
+    # small parallel regions crawl when other work shares the cores (set it to override).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     dtype = DTYPES[args.dtype]
     efficiency_table(args, dtype)
     if not args.no_crossover:
