@@ -1,14 +1,27 @@
-"""linattn: linear attention for PyTorch."""
+"""linattn: linear attention for PyTorch.
+
+Names are imported on first use (PEP 562), so ``import linattn`` and the light commands
+(``linattn solve``, ``linattn --help``) do not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# The version is defined before the submodules, which read it (the CLI prints it).
-from linattn import feature_maps, nn  # noqa: E402
-from linattn.ops import reference  # noqa: E402
-from linattn.ops.cosformer import cosformer_attention  # noqa: E402
-from linattn.ops.linear import linear_attention  # noqa: E402
-from linattn.ops.recurrent import LinearAttentionState, linear_attention_step  # noqa: E402
-from linattn.ops.relative import relative_linear_attention  # noqa: E402
+#: public name -> (module, attribute or None for the module itself)
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "feature_maps": ("linattn.feature_maps", None),
+    "nn": ("linattn.nn", None),
+    "reference": ("linattn.ops.reference", None),
+    "linear_attention": ("linattn.ops.linear", "linear_attention"),
+    "LinearAttentionState": ("linattn.ops.recurrent", "LinearAttentionState"),
+    "linear_attention_step": ("linattn.ops.recurrent", "linear_attention_step"),
+    "relative_linear_attention": ("linattn.ops.relative", "relative_linear_attention"),
+    "cosformer_attention": ("linattn.ops.cosformer", "cosformer_attention"),
+}
 
 __all__ = [
     "__version__",
@@ -21,3 +34,27 @@ __all__ = [
     "relative_linear_attention",
     "cosformer_attention",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
+    from linattn import feature_maps, nn
+    from linattn.ops import reference
+    from linattn.ops.cosformer import cosformer_attention
+    from linattn.ops.linear import linear_attention
+    from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
+    from linattn.ops.relative import relative_linear_attention
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'linattn' has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

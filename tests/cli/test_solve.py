@@ -312,3 +312,25 @@ def test_full_size_1e5_by_64(parser: str) -> None:
     got = numbers(done.stdout.decode())
     q, k, v = x.reshape(3, n, d)
     assert np.abs(got - o_n_sums(q, k, v)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_numpy_engine_matches_the_library_op(seed):
+    """The default engine (NumPy, no torch import) against linattn.linear_attention."""
+    from linattn.cli.solve import row_sums, row_sums_numpy
+
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 400)), int(rng.integers(1, 65))
+    scale = [1.0, 10.0, 1e3][seed % 3]
+    qkv = rng.uniform(-scale, scale, size=(3, n, d))
+    np.testing.assert_allclose(row_sums_numpy(qkv), row_sums(qkv), rtol=1e-12, atol=1e-12)
+
+
+def test_engines_print_the_same_text():
+    from linattn.cli.solve import solve
+
+    rng = np.random.default_rng(0)
+    n, d = 50, 7
+    body = "\n".join(" ".join(f"{x:.5f}" for x in row) for row in rng.normal(size=(3 * n, d)))
+    data = f"{n} {d}\n{body}\n".encode()
+    assert solve(data, engine="numpy") == solve(data, engine="torch")

@@ -129,3 +129,29 @@ def test_gradients_flow_through_training_forward():
     loss = torch.nn.functional.cross_entropy(m(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_decay_weights_recent_tokens_more(attention):
+    """Against an explicit computation: weights ∝ γ^(i−j)·k(q_i, k_j), so a tiny γ attends to
+    the current token only and γ = 1 is undecayed attention."""
+    from linattn.nn.lm import DecayedMultiheadAttention
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 16)
+    m = DecayedMultiheadAttention(16, 2, attention=attention, decay=[1e-6, 1.0])
+    with torch.no_grad():
+        out, _ = m(x)
+        q, k, v = (m._heads(p(x)) for p in (m.q_proj, m.k_proj, m.v_proj))
+        if attention == "softmax":
+            s = (q @ k.transpose(-1, -2) / 8**0.5).exp()
+        else:
+            fq, fk = 1 + torch.nn.functional.elu(q), 1 + torch.nn.functional.elu(k)
+            s = fq @ fk.transpose(-1, -2)
+        lag = torch.arange(9)[:, None] - torch.arange(9)[None, :]
+        gamma = torch.tensor([1e-6, 1.0])[:, None, None]
+        w = s * torch.where(lag >= 0, gamma ** lag.clamp(min=0), torch.zeros(()))
+        o = (w / w.sum(-1, keepdim=True)) @ v
+        torch.testing.assert_close(o[:, 0], v[:, 0], rtol=1e-4, atol=1e-4)  # γ≈0: itself
+        want = m.out_proj(o.transpose(1, 2).reshape(2, 9, 16))
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)

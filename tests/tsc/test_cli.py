@@ -78,6 +78,7 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
         assert not (out / stage / "checkpoint").exists()  # removed once the stage is complete
     test = json.loads((out / "test.json").read_text())
     assert test["n"] == 160 and sum(map(sum, test["confusion_matrix"])) == 160
+    assert json.loads((tmp_path / "export" / "test.json").read_text()) == test
     shipped = LinearAttentionClassifier.load(tmp_path / "export")
     assert shipped.get_params()["d_model"] == 16
 
@@ -94,3 +95,20 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
     report = (out / "report.md").read_text()
     for png in ("training_curves.png", "confusion_matrix.png", "relative_kernels.png"):
         assert (out / png).stat().st_size > 1000 and png in report
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "forda"
+
+
+@needs_forda
+@pytest.mark.skipif(not (SHIPPED / "test.json").is_file(), reason="no shipped model")
+def test_shipped_model_reproduces_its_reported_score():
+    from linattn.datasets import load_ucr
+    from linattn.tsc.metrics import macro_f1
+
+    _, _, X_test, y_test = load_ucr("FordA", data_dir=SHARED)
+    reported = json.loads((SHIPPED / "test.json").read_text())
+    pred = LinearAttentionClassifier.load(SHIPPED).predict(X_test)
+    assert macro_f1((y_test > 0).astype(int), (pred > 0).astype(int), 2) == pytest.approx(
+        reported["macro_f1"], abs=1e-6)
+    assert float(np.mean(pred == y_test)) == pytest.approx(reported["accuracy"], abs=1e-6)

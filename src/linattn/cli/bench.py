@@ -15,10 +15,9 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DTYPES = ("float32", "bfloat16", "float64")
+# torch is imported inside the functions: registering this command must stay cheap, since
+# every `linattn` invocation (`linattn solve` included) builds all the subcommand parsers.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,11 +39,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _inputs(B, H, T, d, dtype, grad=False):
+    import torch
+
     g = torch.Generator().manual_seed(0)
     return [torch.randn(B, H, T, d, generator=g).to(dtype).requires_grad_(grad) for _ in range(3)]
 
 
 def _forward(fn, q, k, v, is_causal):
+    import torch
+
     with torch.no_grad():
         return fn(q, k, v, is_causal)
 
@@ -62,12 +65,16 @@ def _linear(feature_map):
 
 
 def _sdpa(q, k, v, c):
+    import torch.nn.functional as F
+
     return F.scaled_dot_product_attention(q, k, v, is_causal=c)
 
 
 def _cell(spec: dict) -> tuple[float, int | None]:
     """One efficiency cell, run in a fresh process so its peak memory is its own: memory freed
     by an earlier call stays resident and would hide a later call's growth."""
+    import torch
+
     from linattn.ops import linear as linear_mod
     from linattn.profiling import PeakMemory, median_time
 
@@ -76,7 +83,7 @@ def _cell(spec: dict) -> tuple[float, int | None]:
         linear_mod.FUSED_MIN_T = 10**12
     runner = _forward_backward if spec["backward"] else _forward
     fn = _linear(spec["feature_map"])
-    q, k, v = _inputs(*spec["shape"], DTYPES[spec["dtype"]], spec["backward"])
+    q, k, v = _inputs(*spec["shape"], getattr(torch, spec["dtype"]), spec["backward"])
     with PeakMemory() as mem:
         runner(fn, q, k, v, spec["causal"])
     t = median_time(partial(runner, fn, q, k, v, spec["causal"]), spec["repeats"], warmup=0)
@@ -84,10 +91,12 @@ def _cell(spec: dict) -> tuple[float, int | None]:
 
 
 def _roofline(spec: dict) -> float:
+    import torch
+
     from linattn.profiling import matmul_gflops
 
     torch.set_num_threads(spec["threads"])
-    return matmul_gflops(dtype=DTYPES[spec["dtype"]])
+    return matmul_gflops(dtype=getattr(torch, spec["dtype"]))
 
 
 def _in_child(fn, spec: dict):
@@ -100,6 +109,8 @@ def _in_child(fn, spec: dict):
 
 
 def efficiency_table(args, dtype) -> None:
+    import torch
+
     from linattn.feature_maps import get_feature_map
 
     roof = _in_child(_roofline, {"threads": torch.get_num_threads(), "dtype": args.dtype})
@@ -206,11 +217,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_crossover and not out.parent.is_dir():
         raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
     if args.threads:
+        import torch
+
         torch.set_num_threads(args.threads)
     # Measuring children inherit this: idle OpenMP threads that spin instead of sleeping make
     # small parallel regions crawl when other work shares the cores (set it to override).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    dtype = DTYPES[args.dtype]
+    import torch
+
+    dtype = getattr(torch, args.dtype)
     efficiency_table(args, dtype)
     if not args.no_crossover:
         lengths = args.crossover or [256, 512, 1024, 2048, 4096, 8192, 16384]

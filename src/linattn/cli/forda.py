@@ -244,6 +244,7 @@ def train(args) -> int:
             export.mkdir(parents=True, exist_ok=True)
             for name in ("config.json", "model.safetensors"):
                 shutil.copyfile(out / "model" / name, export / name)
+            shutil.copyfile(out / "test.json", export / "test.json")
             print(f"forda train: model exported to {export}")
     write_json(run_path, run)
     print(f"forda train: done in {run['wall_s']:.0f} s; results in {out}")

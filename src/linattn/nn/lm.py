@@ -18,7 +18,7 @@ Each head h attends with weights ``γ_h^{i−j} φ(q_i)·φ(k_j)`` (j ≤ i), se
   blurs the recent past that language modelling depends on most.
 
 The softmax baseline (``attention="softmax"``) runs the same code with
-``scaled_dot_product_attention`` and the same decays as an additive ALiBi bias ``(j − i)·log γ_h``
+``scaled_dot_product_attention`` and the same decays as an additive ALiBi bias ``(i − j)·log γ_h``
 — the exact softmax analogue — with a KV cache as its state, which grows by one (k, v) per token.
 
 Shapes: ids (B, T) integers in [0, vocab_size) → logits (B, T, vocab_size).
@@ -104,7 +104,7 @@ class DecayedMultiheadAttention(MultiheadLinearAttention):
 
     ``attention="linear"``: :func:`~linattn.ops.decay.decay_linear_attention` (a chunk of T > 1
     tokens, chunked parallel form) or its recurrent step (T = 1 with a state).
-    ``attention="softmax"``: SDPA with the ALiBi bias ``(j − i)·log γ_h`` and a KV cache.
+    ``attention="softmax"``: SDPA with the ALiBi bias ``(i − j)·log γ_h`` (≤ 0) and a KV cache.
     Projections and parameter count are those of :class:`MultiheadLinearAttention`; the decays
     are a fixed buffer, not parameters."""
 
@@ -155,10 +155,10 @@ class DecayedMultiheadAttention(MultiheadLinearAttention):
                 k, v = torch.cat([state.k, k], 2), torch.cat([state.v, v], 2)
             new = KVCache(k, v)
             qpos = torch.arange(position, position + T, device=x.device)
-            lag = (torch.arange(k.shape[2], device=x.device)[None, :] - qpos[:, None]).to(q.dtype)
+            lag = (qpos[:, None] - torch.arange(k.shape[2], device=x.device)[None, :]).to(q.dtype)
             logg = self.decay.to(q.dtype).log()[:, None, None]  # (H, 1, 1), ≤ 0
-            # ALiBi: (j − i)·log γ ≥ 0 never; the future (j > i) is masked out
-            bias = torch.where(lag <= 0, lag * logg, torch.tensor(-math.inf, dtype=q.dtype))
+            # ALiBi: weight × γ^(i−j), i.e. bias (i − j)·log γ ≤ 0; the future (j > i) masked out
+            bias = torch.where(lag >= 0, lag * logg, torch.tensor(-math.inf, dtype=q.dtype))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         return self.dropout(self.out_proj(o)), new

@@ -70,6 +70,10 @@ class TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def write_json(path: Path, obj) -> None:
     """Write JSON atomically (temp file in the same folder + os.replace)."""
     write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
@@ -81,6 +85,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
