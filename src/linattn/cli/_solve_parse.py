@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from linattn._io import atomic_path
+
 SOURCE = Path(__file__).with_name("_solve_parse.c")
 
 _lib: ctypes.CDLL | None = None
@@ -41,6 +43,10 @@ def _compiler() -> str | None:
     return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
 
 
+class _BuildFailed(Exception):
+    """The compiler ran and refused the source."""
+
+
 def _build(src: bytes, target: Path) -> bool:
     """Compile ``src`` into the shared library ``target``; False if that fails for any reason."""
     cc = _compiler()
@@ -49,22 +55,16 @@ def _build(src: bytes, target: Path) -> bool:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         # Compile beside the target, then rename: concurrent first runs never load half a file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
+        with atomic_path(target, suffix=".so") as tmp:
             done = subprocess.run(
-                [cc, "-O2", "-shared", "-fPIC", "-o", tmp, "-x", "c", "-"],
+                [cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), "-x", "c", "-"],
                 input=src,
                 capture_output=True,
                 timeout=120,
             )
             if done.returncode != 0:
-                return False
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except (OSError, subprocess.SubprocessError):
+                raise _BuildFailed
+    except (OSError, subprocess.SubprocessError, _BuildFailed):
         return False
     return True
 

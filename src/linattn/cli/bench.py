@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from functools import partial
 from pathlib import Path
+
+from linattn._io import atomic_path
 
 DTYPES = ("float32", "bfloat16", "float64")
 # torch is imported inside the functions: registering this command must stay cheap, since
@@ -194,14 +195,8 @@ def plot(results: dict, path: Path) -> Path | None:
     axes[0].set_ylabel("time per call (s)")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     print(f"plot: {path}")
     return path
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
+
+from linattn._io import atomic_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,15 +29,8 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UserError(f"--output: folder {str(out.parent)!r} does not exist")
     fig = feature_maps_figure(plt)
-    # write beside the target, then rename: no half-written PNG if interrupted
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out, suffix=".png") as tmp:  # no half-written PNG if interrupted
         fig.savefig(tmp, dpi=120)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     print(out)
     return 0
 
