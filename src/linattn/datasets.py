@@ -20,12 +20,13 @@ import gzip
 import hashlib
 import importlib.util
 import os
-import tempfile
 import urllib.request
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from linattn._io import atomic_path
 
 __all__ = ["load_ucr", "read_ucr_tsv", "UCRFormatError", "SHA256", "SHAPES", "UCR_URL",
            "cache_dir"]
@@ -157,18 +158,14 @@ def _download(name: str, file: str, dest_dir: Path) -> Path:
     url = UCR_URL.format(name=name, file=file)
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / file
-    fd, tmp = tempfile.mkstemp(prefix=f".{file}.", suffix=".part", dir=dest_dir)
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
-            while chunk := resp.read(1 << 20):
-                out.write(chunk)
-        read_ucr_tsv(tmp, known_as=file)  # verify before it takes the real name
-        os.replace(tmp, dest)
+        with atomic_path(dest, suffix=".part") as tmp:  # renamed only once complete and valid
+            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
+                while chunk := resp.read(1 << 20):
+                    out.write(chunk)
+            read_ucr_tsv(tmp, known_as=file)
     except OSError as err:
         raise UCRFormatError(f"{url}: download failed ({err})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return dest
 
 

@@ -19,6 +19,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from linattn._io import atomic_path
 from linattn.tsc.data import encode_labels
 from linattn.tsc.model import FordATransformer, ModelConfig
 from linattn.tsc.training import CheckpointError, TrainConfig, Trainer, predict_logits, write_json
@@ -192,9 +193,8 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         weights = {k: v.detach().contiguous() for k, v in self.model_.state_dict().items()}
-        tmp = path / ".model.safetensors.tmp"
-        save_file(weights, str(tmp))
-        os.replace(tmp, path / "model.safetensors")
+        with atomic_path(path / "model.safetensors") as tmp:
+            save_file(weights, str(tmp))
         classes = self.classes_.tolist()
         write_json(path / "config.json", {
             "format": FORMAT,

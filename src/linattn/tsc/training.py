@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linattn._io import write_atomic
 from linattn.tsc.data import augment, epoch_generator
 from linattn.tsc.metrics import accuracy, macro_f1
 
@@ -70,27 +71,9 @@ class TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
 def write_json(path: Path, obj) -> None:
     """Write JSON atomically (temp file in the same folder + os.replace)."""
     write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 @torch.no_grad()
