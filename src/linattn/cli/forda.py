@@ -138,7 +138,42 @@ def _params(args) -> dict:
     return params
 
 
+def _init_distributed() -> int:
+    """Join the process group torchrun describes (WORLD_SIZE > 1 in the environment), with a
+    timeout so that a rank that dies makes the others fail instead of hang. Returns the rank."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    return dist.get_rank()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def train(args) -> int:
+    rank = _init_distributed()
+    try:
+        return _train(args, main=rank == 0)
+    finally:
+        if rank or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _train(args, main: bool) -> int:
+    """The train command; with several ranks (``main`` False on all but rank 0) every rank
+    trains its share of each batch and rank 0 alone writes and reports."""
     from linattn.tsc.data import stratified_split
     from linattn.tsc.estimator import LinearAttentionClassifier
     from linattn.tsc.evaluation import classification_metrics
@@ -179,8 +214,10 @@ def train(args) -> int:
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(run_path, run)
+    _barrier()  # every rank has checked --out before rank 0 writes into it
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(run_path, run)
     t_start = time.perf_counter()
     wall0 = run.get("wall_s", 0.0)
     est = None
@@ -190,8 +227,8 @@ def train(args) -> int:
             if (sdir / "model" / "config.json").is_file():
                 print(f"forda train: stage {stage} already complete, skipped")
                 continue
-            sdir.mkdir(exist_ok=True)
-            est = LinearAttentionClassifier(**run["params"], verbose=not args.quiet)
+            sdir.mkdir(parents=True, exist_ok=True)
+            est = LinearAttentionClassifier(**run["params"], verbose=not args.quiet and main)
             kw = {
                 "checkpoint_dir": sdir / "checkpoint",
                 "metrics_path": sdir / "metrics.jsonl",
@@ -206,6 +243,8 @@ def train(args) -> int:
             else:
                 est.fit(X_train, y_train, **kw)
             est.verbose = False
+            if not main:
+                continue
             est.save(sdir / "model")
             shutil.rmtree(sdir / "checkpoint", ignore_errors=True)
             if stage == "val":
@@ -217,6 +256,8 @@ def train(args) -> int:
     except CheckpointError as err:
         raise UserError(str(err)) from None
     except KeyboardInterrupt:
+        if not main:
+            raise
         run["wall_s"] = wall0 + time.perf_counter() - t_start
         write_json(run_path, run)
         print(
@@ -226,6 +267,8 @@ def train(args) -> int:
         )
         raise
     run["wall_s"] = wall0 + time.perf_counter() - t_start
+    if not main:
+        return 0
     if "full" in run["stages"]:
         est = LinearAttentionClassifier.load(out / "full" / "model")
         if est.n_threads is None and args.threads:

@@ -13,6 +13,16 @@ previous checkpoint intact)::
     DIR/e0012-b0000/model.safetensors   weights
     DIR/e0012-b0000/config.json         model + training configuration
     DIR/e0012-b0000/state.pt            optimiser, scheduler, RNG state, progress, history
+
+Data parallelism: when ``torch.distributed`` is initialised with more than one rank (e.g.
+``torchrun --nproc_per_node N -m linattn forda train``) the model is wrapped in
+``DistributedDataParallel`` and every global batch of ``batch_size`` series is split across
+the ranks the way ``DistributedSampler`` splits an epoch (one shared seeded permutation, strided
+by rank). Each rank's loss is weighted by its share of the batch, so DDP's gradient average is
+exactly the single-process gradient of the whole batch and the schedule is unchanged. Rank 0
+alone shows progress, writes metrics and checkpoints; a Ctrl-C on any rank stops all of them
+at the same step. Resuming continues with the same weights, optimiser and data order; only the
+dropout streams of ranks above 0 are not restored.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -127,6 +138,15 @@ class Trainer:
         on_step: Callable[[Trainer, int, int], None] | None = None,
     ) -> None:
         self.model, self.config = model, config
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world = dist.get_world_size() if distributed else 1
+        if self.world > config.batch_size:
+            raise ValueError(f"batch_size: {config.batch_size} is smaller than the "
+                             f"{self.world} ranks")
+        # the module that runs forward passes: DDP all-reduces gradients across ranks
+        self.net = nn.parallel.DistributedDataParallel(model) if self.world > 1 else model
+        progress = progress and self.rank == 0
         self.X = torch.as_tensor(np.asarray(X, dtype=np.float32))
         self.y = torch.as_tensor(np.asarray(y, dtype=np.int64))
         if len(self.X) == 0:
@@ -135,6 +155,7 @@ class Trainer:
         self.y_val = None if y_val is None else np.asarray(y_val, dtype=np.int64)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.metrics_path = None if metrics_path is None else Path(metrics_path)
+        self.writes = self.rank == 0  # only rank 0 writes metrics and checkpoints
         self.progress, self.desc, self.on_step = progress, desc, on_step
         c = config
         self.steps_per_epoch = math.ceil(len(self.X) / c.batch_size)
@@ -209,13 +230,15 @@ class Trainer:
         model.train()
         try:
             while self.batch < self.steps_per_epoch:
-                idx = perm[self.batch * c.batch_size : (self.batch + 1) * c.batch_size]
+                batch_idx = perm[self.batch * c.batch_size : (self.batch + 1) * c.batch_size]
+                idx = batch_idx[self.rank :: self.world]  # this rank's share of the batch
                 xb = augment(self.X[idx], None if shifts is None else shifts[idx],
                              None if scales is None else scales[idx])
-                logits = model(xb)
+                logits = self.net(xb)
                 loss = F.cross_entropy(logits, self.y[idx], label_smoothing=c.label_smoothing)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                # weight by the share: DDP's mean over ranks is then the whole batch's mean
+                (loss * (self.world * len(idx) / len(batch_idx))).backward()
                 if c.clip:
                     nn.utils.clip_grad_norm_(model.parameters(), c.clip)
                 self.optimizer.step()
@@ -228,14 +251,16 @@ class Trainer:
                     bar.set_postfix(loss=f"{self.loss_sum / self.n_seen:.4f}", refresh=False)
                 if self.on_step is not None:
                     self.on_step(self, self.epoch, self.batch)
+                self._agree_on_stop()
                 if self._stop and self.batch < self.steps_per_epoch:
                     self.elapsed += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     self.save_checkpoint()
                     raise KeyboardInterrupt
             self.elapsed += time.perf_counter() - t0
+            loss_sum, n_seen = self._summed(self.loss_sum, self.n_seen)
             record = {"stage": self.desc, "epoch": self.epoch + 1,
-                      "train_loss": self.loss_sum / max(1, self.n_seen),
+                      "train_loss": loss_sum / max(1, n_seen),
                       "lr": self.scheduler.get_last_lr()[0], **self.evaluate(),
                       "time_s": round(self.elapsed, 3)}
             if bar is not None:
@@ -249,7 +274,7 @@ class Trainer:
         self.history.append(record)
         self.epoch += 1
         self.batch, self.loss_sum, self.n_seen = 0, 0.0, 0
-        if self.metrics_path is not None:
+        if self.metrics_path is not None and self.writes:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
@@ -258,10 +283,30 @@ class Trainer:
         if self._stop:
             raise KeyboardInterrupt
 
+    # -- data parallelism --------
+    def _agree_on_stop(self) -> None:
+        """With several ranks, stop everywhere if any rank was asked to (a rank that stopped
+        alone would leave the others waiting in the next all-reduce)."""
+        if self.world > 1:
+            flag = torch.tensor([float(self._stop)])
+            dist.all_reduce(flag)
+            self._stop = bool(flag.item())
+
+    def _summed(self, *values: float) -> tuple[float, ...]:
+        """Sums over the ranks (the values themselves with one rank)."""
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t)
+        return tuple(t.tolist())
+
     # -- checkpoints --------
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
+        """Write a checkpoint (rank 0 only; other ranks return None)."""
         from safetensors.torch import save_file
 
+        if not self.writes:
+            return None
         root = self.checkpoint_dir
         assert root is not None
         root.mkdir(parents=True, exist_ok=True)
@@ -330,7 +375,7 @@ class Trainer:
         self.loss_sum, self.n_seen = state["loss_sum"], state["n_seen"]
         self.elapsed = state["elapsed"]
         self.history = json.loads(state["history"])
-        if self.metrics_path is not None:  # drop lines written after this checkpoint
+        if self.metrics_path is not None and self.writes:  # drop lines after this checkpoint
             lines = "".join(json.dumps(r) + "\n" for r in self.history)
             write_atomic(self.metrics_path, lines.encode())
         return True

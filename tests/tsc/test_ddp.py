@@ -1,0 +1,51 @@
+"""Data-parallel FordA training: ``torchrun --nproc_per_node 2 -m linattn forda train`` on
+gloo reaches the weights of the single-process run (dropout off, same global batches)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "FordA"
+pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/data/FordA")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(out: Path, nproc: int) -> subprocess.CompletedProcess:
+    args = ["forda", "train", "--subset", "192", "--epochs", "2", "--stages", "full",
+            "--set", "dropout=0", "--out", str(out), "--data-dir", str(SHARED), "--threads",
+            "1", "--quiet"]
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "linattn", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(_port()), "-m", "linattn",
+               *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_two_ranks_match_one_process(tmp_path):
+    from safetensors.torch import load_file
+
+    one, two = _train(tmp_path / "one", 1), _train(tmp_path / "two", 2)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("TEST macro F1") == 1  # rank 0 alone reports
+    a = load_file(str(tmp_path / "one" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, worst
+    lines = (tmp_path / "two" / "full" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # one line per epoch, written once
