@@ -18,19 +18,22 @@ import codecs
 import hashlib
 import json
 import math
-import os
 import signal
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-
+from linattn._io import atomic_path
 from linattn.cli import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions: every `linattn` command builds this parser, and the
+# light ones (`linattn solve`, `--help`) should not pay for importing torch.
 
 DEFAULT_OUT = "runs/lm"
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "__pycache__"}
@@ -64,25 +67,24 @@ def stdlib_corpus(max_bytes: int = 4_000_000, root: str | None = None) -> tuple[
 
 
 def _tensor(b: bytes) -> torch.Tensor:
+    import torch
+
     return torch.frombuffer(bytearray(b), dtype=torch.uint8).long()
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
 def save_atomic(obj: dict, path: Path) -> None:
-    """torch.save into a temp file in the same folder, then os.replace (never half-written)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    """torch.save into a temp file in the same folder, then rename (never half-written)."""
+    import torch
+
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def load_model(path: Path):
     """The model stored in a run folder (or a checkpoint file), in eval mode."""
+    import torch
+
     from linattn.nn import LinearTransformerLM
 
     f = path / "checkpoint.pt" if path.is_dir() else path
@@ -95,10 +97,19 @@ def load_model(path: Path):
     return model.eval(), ck
 
 
-@torch.no_grad()
 def evaluate(model, val: torch.Tensor, context: int, max_tokens: int, batch: int = 32) -> float:
     """Bits per byte over non-overlapping windows of ``context`` targets (first ``max_tokens``
     of the validation text); every window starts from an empty state, as in training."""
+    import torch
+
+    with torch.no_grad():
+        return _evaluate(model, val, context, max_tokens, batch)
+
+
+def _evaluate(model, val: torch.Tensor, context: int, max_tokens: int, batch: int) -> float:
+    import torch
+    import torch.nn.functional as F
+
     was = model.training
     model.eval()
     n = max(1, min(len(val) - 1, max_tokens) // context)
@@ -116,6 +127,8 @@ def evaluate(model, val: torch.Tensor, context: int, max_tokens: int, batch: int
 
 # -- train ---------------------------------------------------------------------------------------
 def train(args: argparse.Namespace) -> int:
+    import torch
+    import torch.nn.functional as F
     from tqdm.auto import tqdm
 
     from linattn.nn import LinearTransformerLM
@@ -247,6 +260,8 @@ def train(args: argparse.Namespace) -> int:
 
 # -- generate ------------------------------------------------------------------------------------
 def generate(args: argparse.Namespace) -> int:
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
     model, _ = load_model(Path(args.model))
