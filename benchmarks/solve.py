@@ -3,12 +3,11 @@
 Prints markdown tables for docs/benchmarks.md:
 
 1. end to end, stdin from a file, stdout to a file: the C baseline (``solve_baseline.c``, built
-   with ``cc -O2``: fread + strtod), ``linattn solve`` with the compiled and the pure Python
-   parser, the cost of starting Python and importing torch alone, and two designs measured for
-   comparison: ``linattn solve`` as it would run if the ``linattn`` package imported torch
-   lazily (simulated: then torch is imported in a thread while the input is parsed), and the
-   same with the sums in plain numpy, never importing torch. Wall time (median of --repeat
-   runs, interleaved so that a busy machine slows every row alike) and peak resident memory.
+   with ``cc -O2``: fread + strtod), ``linattn solve`` as shipped (compiled parser, numpy
+   engine: torch is never imported), with ``--engine torch`` (the library's op), with the pure
+   Python parser, and the cost of starting Python and importing torch or numpy alone. Wall time
+   (median of --repeat runs, interleaved so that a busy machine slows every row alike) and peak
+   resident memory.
 2. in process, stage by stage: reading stdin, each parser (the compiled one, the fallback,
    numpy's ``fromstring``, pyarrow's and polars' CSV readers where installed), the computation
    through the library's op and with plain numpy, and formatting the output.
@@ -34,36 +33,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-
-# `linattn` with a package object that does not import torch: what a lazy (PEP 562)
-# linattn/__init__.py would give. Used for one row only, to measure that option.
-LAZY_SOLVE = """
-import importlib.util, sys, types
-spec = importlib.util.find_spec("linattn")
-pkg = types.ModuleType("linattn")
-pkg.__path__ = list(spec.submodule_search_locations)
-pkg.__version__ = "lazy"
-sys.modules["linattn"] = pkg
-from linattn.cli import main
-sys.exit(main(["solve"]))
-"""
-
-# Same package stub, and plain numpy for the O(N·d) sums instead of the library's torch op: what
-# the command would cost without importing torch at all (for comparison, not shipped).
-NUMPY_SOLVE = (
-    LAZY_SOLVE.split("from linattn.cli import main")[0]
-    + """
-import numpy as np
-from linattn.cli import solve
-assert "torch" not in sys.modules
-data = sys.stdin.buffer.read()
-n, d, pos = solve.parse_header(data)
-q, k, v = solve.parse_values(data, pos, n, d).reshape(3, n, d)
-fq, fk = np.maximum(q, 0) + 1, np.maximum(k, 0) + 1
-sys.stdout.write(solve.format_lines(fq @ (fk.T @ v.sum(1)) / (fq @ fk.sum(0))))
-"""
-)
-
 
 def generate(n: int, d: int, seed: int = 0) -> bytes:
     """The judge's input: uniform values in (-10, 10) with 4 decimals ('-3.1416'), a row a line.
@@ -126,17 +95,19 @@ def end_to_end(inp: Path, repeat: int, workdir: Path) -> list[tuple[str, float, 
     py = sys.executable
     rows: dict[str, tuple[list[str], dict[str, str]]] = {
         "C baseline (cc -O2, fread + strtod)": ([str(baseline)], env),
-        "`linattn solve` (compiled parser)": ([py, "-m", "linattn", "solve"], env),
+        "`linattn solve` (default: compiled parser, numpy engine)": (
+            [py, "-m", "linattn", "solve"], env),
+        "`linattn solve --engine torch` (the library's op)": (
+            [py, "-m", "linattn", "solve", "--engine", "torch"], env),
         "`linattn solve` (LINATTN_SOLVE_PARSER=python)": (
             [py, "-m", "linattn", "solve"],
             {**env, "LINATTN_SOLVE_PARSER": "python"},
         ),
-        "`linattn solve`, lazy `linattn` package (simulated)": ([py, "-c", LAZY_SOLVE], env),
-        "same, numpy instead of torch for the sums (simulated)": ([py, "-c", NUMPY_SOLVE], env),
         "python -c 'import torch' (no input read)": ([py, "-c", "import torch"], env),
         "python -c 'import numpy' (no input read)": ([py, "-c", "import numpy"], env),
     }
-    run_process(rows["`linattn solve` (compiled parser)"][0], inp, env)  # build the parser cache
+    default = rows["`linattn solve` (default: compiled parser, numpy engine)"][0]
+    run_process(default, inp, env)  # build the parser cache
     walls: dict[str, list[float]] = {k: [] for k in rows}
     rss: dict[str, float] = dict.fromkeys(rows, 0.0)
     ref_out: bytes | None = None
