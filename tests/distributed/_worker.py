@@ -40,6 +40,7 @@ if cfg.get("module"):  # an encoder whose attention spans the ranks
     y = enc(xl)
     (y * w[:, 0, lo:hi, :1]).sum().backward()
     torch.save({"out": y.detach(), "dx": xl.grad, "lo": lo, "hi": hi}, cfg["out"])
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
     raise SystemExit(0)
 ql, kl, vl = (t[..., lo:hi, :].clone().requires_grad_(True) for t in (q, k, v))
@@ -50,4 +51,5 @@ out = sequence_parallel_linear_attention(
 (out * w[..., lo:hi, :]).sum().backward()
 torch.save({"out": out.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad, "lo": lo, "hi": hi},
            cfg["out"])
+dist.barrier()
 dist.destroy_process_group()

@@ -418,7 +418,10 @@ def test_long_sequence_builds_nothing_quadratic():
     Peak resident growth of one call, measured in a fresh process for both forms and both
     implementations, must stay well under 1 GiB (and be at least the 32 MiB output, or the
     measurement saw nothing)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # memory, not speed: robust to a busy machine
+    # One thread: memory, not speed, so robust to a busy machine. A fixed mmap threshold: glibc
+    # otherwise raises it after the first large free and serves later buffers from memory that
+    # is still resident, which would hide their growth from the counter.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
     res = subprocess.run(
         [sys.executable, "-c", _PEAK_SCRIPT], capture_output=True, text=True, timeout=300, env=env
     )
