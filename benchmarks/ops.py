@@ -30,7 +30,6 @@ import argparse
 import math
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -84,44 +83,20 @@ def time_cell(impl, q, k, v, warm_up=True, min_repeats=3, max_repeats=11, budget
             return statistics.median(times)
 
 
-def _hwm_bytes() -> int | None:
-    """This process's peak resident set (VmHWM), or None where /proc is missing."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-
-
-def _reset_hwm() -> None:
-    """Reset the peak to the current RSS (Linux >= 4.0); harmless where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _maxrss_bytes() -> int:
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
 def peak_child(impl: str, B: int, H: int, T: int, D: int) -> None:
-    """In a fresh process: print the peak extra resident bytes of one call.
+    """In a fresh process: print the peak extra resident bytes of one call ("None" where the
+    Linux counters are missing). ``linattn.profiling.PeakMemory`` reads this process's own
+    high-water mark (VmHWM, reset at entry), not ru_maxrss: an exec'd child's ru_maxrss starts
+    at its *parent's* resident size, which would hide any growth smaller than the benchmark
+    process itself."""
+    from linattn.profiling import PeakMemory
 
-    Reads VmHWM (this process's own high-water mark), not ru_maxrss: an exec'd child's
-    ru_maxrss starts at its *parent's* resident size, which would hide any growth smaller
-    than the benchmark process itself. ru_maxrss is the fallback where /proc is missing."""
     q, k, v = inputs(B, H, T, D)
     call(impl, *(t[..., :128, :].contiguous() for t in (q, k, v)))  # load kernels, not measured
-    _reset_hwm()
-    peak = _hwm_bytes if _hwm_bytes() is not None else _maxrss_bytes
-    before = peak()
-    out = call(impl, q, k, v)
-    after = peak()
+    with PeakMemory() as mem:
+        out = call(impl, q, k, v)
     assert out.shape == (B, H, T, D)
-    print(after - before)
+    print(mem.extra_bytes)
 
 
 def peak_bytes(impl: str, B: int, H: int, T: int, D: int) -> int | None:
@@ -132,7 +107,8 @@ def peak_bytes(impl: str, B: int, H: int, T: int, D: int) -> int | None:
     if res.returncode != 0:
         print(f"memory child for {impl} T={T} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
         return None
-    return int(res.stdout.strip().splitlines()[-1])
+    last = res.stdout.strip().splitlines()[-1]
+    return None if last == "None" else int(last)
 
 
 def machine() -> str:

@@ -8,7 +8,8 @@ Prints two tables (Markdown):
    forward+backward), which sets ``linattn.ops.relative.DIRECT_MAX_T``.
 
 Each configuration runs in a fresh child process, so the peak-memory figure (growth of the
-peak resident set during the call) belongs to that call alone. Times are medians.
+peak resident set during its first call, ``linattn.profiling.PeakMemory``) belongs to that
+call alone. Times are medians.
 
     python benchmarks/relative.py [--threads N] [--repeats 3] [--max-T 65536]
 """
@@ -22,7 +23,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 import linattn
@@ -43,12 +44,13 @@ def call():
     out = fn()
     if grad:
         out.sum().backward()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-call()  # warm-up: thread pools, allocator and FFT plans; counted in the peak, not the time
+from linattn.profiling import PeakMemory
+with PeakMemory() as mem:  # warm-up: thread pools, allocator, FFT plans; the peak, not the time
+    call()
 times = []
 for _ in range(cfg["repeats"]):
     t0 = time.perf_counter(); call(); times.append(time.perf_counter() - t0)
-peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+peak = mem.extra_bytes
 times.sort()
 print(json.dumps({"time": times[len(times) // 2], "peak": peak}))
 """

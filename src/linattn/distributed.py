@@ -29,12 +29,13 @@ from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
+    accumulation_dtype,
     check_qkv,
-    features,
     key_mask_for,
     resolve,
     split_normalised,
     values_with_ones,
+    zero_padded,
 )
 from linattn.ops.linear import linear_attention
 from linattn.ops.recurrent import LinearAttentionState
@@ -114,10 +115,14 @@ def sequence_parallel_linear_attention(
         raise RuntimeError("group: torch.distributed is not initialised (init_process_group)")
     fmap, eps = resolve(feature_map, eps)
     keep = key_mask_for(key_padding_mask, k)
-    fq, fk = features(fmap, q, k, keep)
-    local = fk.transpose(-1, -2) @ values_with_ones(v, fq.dtype, keep)  # (..., L, Dv+1)
+    acc = accumulation_dtype(q.dtype)
+    fk = zero_padded(fmap.forward_keys(k.to(acc)), keep)
+    local = fk.transpose(-1, -2) @ values_with_ones(v, acc, keep)  # (..., L, Dv+1)
     if not is_causal:
+        fq = fmap.forward_queries(q.to(acc))
         return split_normalised(fq @ all_reduce_sum(local, group), eps).to(q.dtype)
+    # Causal: the local pass below maps the keys again; that costs one elementwise pass and
+    # lets it take linear_attention's fast path with the gathered prefix as initial state.
     states = all_gather_stack(local, group)  # (P, ..., L, Dv+1)
     prefix = states[: dist.get_rank(group)].sum(0)  # the lower ranks: an exclusive prefix
     init = LinearAttentionState(S=prefix[..., :-1], z=prefix[..., -1])

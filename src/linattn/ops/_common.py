@@ -113,9 +113,14 @@ def normalise(num: Tensor, den: Tensor, eps: float) -> Tensor:
     """num / (den + eps) with a zero normaliser (every key padded) giving a zero output.
 
     num: (..., T, Dv), den: (..., T)."""
+    return num / guarded(den, eps).unsqueeze(-1)
+
+
+def guarded(den: Tensor, eps: float) -> Tensor:
+    """den + eps, with exact zeros (no key to attend to) replaced by 1 so that they give a zero
+    output rather than 0/0."""
     den = den + eps
-    safe = torch.where(den == 0, torch.ones_like(den), den)
-    return num / safe.unsqueeze(-1)
+    return torch.where(den == 0, torch.ones_like(den), den)
 
 
 def split_normalised(out: Tensor, eps: float) -> Tensor:

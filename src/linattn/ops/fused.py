@@ -32,7 +32,15 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops._common import causal_chunked, causal_mask, to_chunks
+from linattn.ops._common import (
+    causal_chunked,
+    causal_mask,
+    guarded,
+    split_normalised,
+    to_chunks,
+    values_with_ones,
+    zero_padded,
+)
 
 __all__ = ["fused_linear_attention", "fused_supported"]
 
@@ -47,16 +55,9 @@ def fused_supported(fmap: FeatureMap, q: Tensor) -> bool:
 
 
 def _split(o1: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """[n, s] -> (n / s, s) with s + eps, and a zero output where that is exactly zero."""
-    s = o1[..., -1:] + eps
-    s = torch.where(s == 0, torch.ones_like(s), s)
+    """[n, s] -> (n / s, s): the output and the guarded normaliser the backward needs."""
+    s = guarded(o1[..., -1:], eps)
     return o1[..., :-1] / s, s
-
-
-def _with_ones(v: Tensor, keep: Tensor | None) -> Tensor:
-    """[v, 1] (zeroed on padded rows): (N, C, Dv) -> (N, C, Dv + 1)."""
-    v1 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
-    return v1 if keep is None else torch.where(keep, v1, 0.0)
 
 
 def _grad_o1(g: Tensor, o: Tensor, s: Tensor) -> Tensor:
@@ -84,11 +85,10 @@ class _Chunks:
 
     def phi_k(self, t0, t1, x=None):
         fk = self.fmap.forward_keys(self.k[:, t0:t1].to(self.acc) if x is None else x)
-        keep = self.keep_at(t0, t1)
-        return fk if keep is None else torch.where(keep, fk, 0.0)
+        return zero_padded(fk, self.keep_at(t0, t1))
 
     def v1(self, t0, t1):
-        return _with_ones(self.v[:, t0:t1].to(self.acc), self.keep_at(t0, t1))
+        return values_with_ones(self.v[:, t0:t1], self.acc, self.keep_at(t0, t1))
 
     def leaf(self, x: Tensor, t0, t1) -> Tensor:
         return x[:, t0:t1].detach().to(self.acc).requires_grad_(True)
@@ -138,7 +138,7 @@ class _FusedLinearAttention(torch.autograd.Function):
                 for t0, t1 in ch.ranges(k):
                     S.baddbmm_(ch.phi_k(t0, t1).transpose(1, 2), ch.v1(t0, t1))
                 for t0, t1 in ch.ranges(q):
-                    out[:, t0:t1] = _split(ch.phi_q(t0, t1) @ S, eps)[0]
+                    out[:, t0:t1] = split_normalised(ch.phi_q(t0, t1) @ S, eps)
                 states = S.unsqueeze(0)
             else:
                 blocks = ch.ranges(q)
@@ -148,7 +148,7 @@ class _FusedLinearAttention(torch.autograd.Function):
                     o1, S = causal_chunked(
                         ch.phi_q(t0, t1), ch.phi_k(t0, t1), ch.v1(t0, t1), chunk, S
                     )
-                    out[:, t0:t1] = _split(o1, eps)[0]
+                    out[:, t0:t1] = split_normalised(o1, eps)
         ctx.save_for_backward(q, k, v, keep, states)
         ctx.fmap, ctx.eps, ctx.block, ctx.chunk, ctx.is_causal = fmap, eps, block, chunk, is_causal
         return out, S
@@ -179,7 +179,7 @@ class _FusedLinearAttention(torch.autograd.Function):
                     fk = ch.phi_k(t0, t1, xk)
                 v1 = ch.v1(t0, t1)
                 (dk[:, t0:t1],) = torch.autograd.grad(fk, xk, v1 @ G.transpose(1, 2))
-                dv[:, t0:t1] = _masked(fk.detach() @ G, ch.keep_at(t0, t1))[..., :-1]
+                dv[:, t0:t1] = zero_padded(fk.detach() @ G, ch.keep_at(t0, t1))[..., :-1]
             return dq, dk, dv, None, None, None, None, None, None, None
         for b, (t0, t1) in reversed(list(enumerate(ch.ranges(q)))):
             xq, xk = ch.leaf(q, t0, t1), ch.leaf(k, t0, t1)
@@ -193,12 +193,8 @@ class _FusedLinearAttention(torch.autograd.Function):
                 fqd, fkd, v1, dO1, states[b], G, ctx.chunk
             )
             dq[:, t0:t1], dk[:, t0:t1] = torch.autograd.grad((fq, fk), (xq, xk), (d_fq, d_fk))
-            dv[:, t0:t1] = _masked(d_v1, ch.keep_at(t0, t1))[..., :-1]
+            dv[:, t0:t1] = zero_padded(d_v1, ch.keep_at(t0, t1))[..., :-1]
         return dq, dk, dv, G, None, None, None, None, None, None
-
-
-def _masked(x: Tensor, keep: Tensor | None) -> Tensor:
-    return x if keep is None else torch.where(keep, x, 0.0)
 
 
 def fused_linear_attention(

@@ -114,10 +114,10 @@ def fft_size(m: int) -> int:
         n += 1
 
 
-def _fft_block(fq: Tensor, fr: Tensor, W: Tensor, n: int) -> Tensor:
-    """One block: fq (b, T, l), fr (b, 2T−1, l), W = rfft of reversed v1 (b, F, C) -> (b, T, C)."""
+def _fft_block(fq: Tensor, A: Tensor, W: Tensor, n: int) -> Tensor:
+    """One block: fq (b, T, l), A = rfft of the lag features (b, F, l), W = rfft of reversed v1
+    (b, F, C) -> (b, T, C)."""
     T = fq.shape[-2]
-    A = torch.fft.rfft(fr, n=n, dim=-2)  # (b, F, l)
     conv = torch.fft.irfft(A.unsqueeze(-1) * W.unsqueeze(-2), n=n, dim=-3)  # (b, n, l, C)
     S = conv[:, T - 1 : 2 * T - 1].flip(1)  # S_i = conv[2T - 2 - i]: (b, T, l, C)
     return torch.einsum("btl,btlc->btc", fq, S)
@@ -131,24 +131,26 @@ def _relative_fft(fq: Tensor, fr: Tensor, v1: Tensor) -> Tensor:
     C = v1.shape[-1]
     batch = torch.broadcast_shapes(fq.shape[:-2], fr.shape[:-2])
     fq = fq.expand(*batch, T, L).reshape(-1, T, L)
-    fr = fr.expand(*batch, 2 * T - 1, L).reshape(-1, 2 * T - 1, L)
     v1 = v1.expand(*batch, T, C).reshape(-1, T, C)
     n = fft_size(2 * T - 1)
+    # the lag spectrum once per head (r is shared by the batch), then broadcast to the rows
+    A = torch.fft.rfft(fr, n=n, dim=-2)
+    F_ = A.shape[-2]
+    A = A.expand(*batch, F_, L).reshape(-1, F_, L)  # (N, F, L)
     W = torch.fft.rfft(v1.flip(-2), n=n, dim=-2)  # (N, F, C)
-    F_ = W.shape[-2]
     # One (batch row, feature) column of the product costs F·C complex + n·C real numbers.
     per_col = (F_ * C * 2 + n * C) * fq.element_size()
     cols = max(1, FFT_BLOCK_BYTES // per_col)
     rows = max(1, min(fq.shape[0], cols // L))
     feats = L if rows > 1 else min(L, cols)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (fq, fr, v1))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (fq, A, v1))
     row_blocks = []
     for b0 in range(0, fq.shape[0], rows):
         b1 = min(b0 + rows, fq.shape[0])
         acc = None
         for l0 in range(0, L, feats):
             l1 = min(l0 + feats, L)
-            args = (fq[b0:b1, :, l0:l1], fr[b0:b1, :, l0:l1], W[b0:b1], n)
+            args = (fq[b0:b1, :, l0:l1], A[b0:b1, :, l0:l1], W[b0:b1], n)
             if grad:  # recompute the block in backward rather than keep every spectrum
                 part = checkpoint(_fft_block, *args, use_reentrant=False)
             else:
