@@ -164,11 +164,10 @@ def train(args) -> int:
     try:
         return _train(args, main=rank == 0)
     finally:
-        if rank or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            import torch.distributed as dist
+        import torch.distributed as dist
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _train(args, main: bool) -> int:
