@@ -98,6 +98,24 @@ def test_save_load_round_trip(tmp_path):
     assert back.predict(X).dtype == y.dtype and set(back.classes_) == {-7, 3, 13}
 
 
+def test_variants_round_trip(tmp_path):
+    X, y = toy(n=40, length=32, n_classes=2)
+    clf = LinearAttentionClassifier(**TINY, stem="inception", stem_channels=8, window=6,
+                                    mixup=0.2).fit(X, y)
+    clf.save(tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["model"]["stem"] == "inception" and cfg["model"]["window"] == 6
+    assert cfg["params"]["mixup"] == 0.2
+    back = LinearAttentionClassifier.load(tmp_path / "m")
+    assert back.get_params() == clf.get_params()
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+    LinearAttentionClassifier(**TINY, cutmix=0.5).fit(X, y)
+    with pytest.raises(ValueError, match="at most one"):
+        LinearAttentionClassifier(**TINY, mixup=0.2, cutmix=0.2).fit(X, y)
+    with pytest.raises(ValueError, match="mixup"):
+        LinearAttentionClassifier(**TINY, mixup=-1).fit(X, y)
+
+
 def test_load_errors(tmp_path):
     with pytest.raises(CheckpointError, match="no such model folder"):
         LinearAttentionClassifier.load(tmp_path / "absent")

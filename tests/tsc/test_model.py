@@ -26,7 +26,9 @@ def test_reference_recipe_size_and_structure():
     assert m.relative_kernels().shape == (3, 4, 99)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(stem="conv"), dict(spectral=True)])
+@pytest.mark.parametrize("kw", [dict(), dict(stem="conv"), dict(spectral=True),
+                                dict(stem="inception", stem_channels=8), dict(window=8),
+                                dict(stem="inception", stem_channels=8, window=9)])
 def test_padding_to_whole_patches(kw):
     torch.manual_seed(0)
     m = FordATransformer(ModelConfig(length=23, n_classes=3, patch=5, d_model=8, depth=1,
@@ -39,9 +41,28 @@ def test_padding_to_whole_patches(kw):
         m(torch.randn(2, 26))
 
 
+def test_overlapping_window_sees_the_neighbouring_patches():
+    torch.manual_seed(0)
+    m = FordATransformer(ModelConfig(length=20, patch=5, d_model=8, depth=1, heads=2,
+                                     head_dim=4, mlp_dim=8, window=9)).eval()
+    x = torch.zeros(1, 20)
+    # token t sees samples [5t - 2, 5t + 7): sample 11 is in the windows of tokens 1 and 2
+    x[0, 11] = 1.0
+    base = m.embed(torch.zeros(9))
+    h = m.tokens(x)[0]
+    changed = [t for t in range(4) if not torch.allclose(h[t], base)]
+    assert changed == [1, 2]
+    # window = patch is the disjoint-patch embedding
+    assert FordATransformer(ModelConfig(window=10)).embed.in_features == 10
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="stem"):
         ModelConfig(stem="lstm").validate()
+    with pytest.raises(ValueError, match="window"):
+        ModelConfig(patch=10, window=6).validate()
+    with pytest.raises(ValueError, match="divisible by 4"):
+        ModelConfig(stem="inception", stem_channels=6).validate()
     with pytest.raises(ValueError, match="unknown keys"):
         ModelConfig.from_dict({"d_model": 8, "colour": 1})
 

@@ -126,3 +126,47 @@ def test_augment_shift_and_scale():
     a = torch.rand(3, generator=epoch_generator(5, 7))
     b = torch.rand(3, generator=epoch_generator(5, 7))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mix", [dict(mixup=0.4), dict(cutmix=1.0)])
+def test_mixing_trains_and_resumes_identically(tmp_path, mix):
+    torch.set_num_threads(1)
+    cfg = TrainConfig(epochs=2, batch_size=16, lr=3e-3, seed=1, **mix)
+    ref = make(tmp_path / "a", cfg=cfg)
+    hist = ref.run()
+    plain = make(tmp_path / "p")
+    plain.run()
+    assert strip_time(hist) != strip_time(plain.history)  # mixing changed the training
+    assert np.isfinite(hist[-1]["train_loss"])
+
+    def stop_mid_epoch_2(tr, epoch, batch):
+        if epoch == 1 and batch == 2:
+            tr.request_stop()
+
+    part = make(tmp_path / "b", cfg=cfg, on_step=stop_mid_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        part.run()
+    resumed = make(tmp_path / "b", cfg=cfg)
+    assert resumed.load_checkpoint() and (resumed.epoch, resumed.batch) == (1, 2)
+    resumed.run()
+    assert strip_time(resumed.history) == strip_time(hist)
+    for k, v in weights(ref).items():
+        torch.testing.assert_close(weights(resumed)[k], v, rtol=0, atol=0)
+
+
+def test_cutmix_replaces_a_circular_segment():
+    X, y = data(n=4, length=10)
+    tr = Trainer(FordATransformer(ModelConfig(length=10, patch=5, d_model=8, depth=1, heads=2,
+                                              head_dim=4, mlp_dim=8)),
+                 X, y, TrainConfig(epochs=1, batch_size=4, cutmix=1.0, seed=3))
+    lam, starts, cut = tr._mix_plan(0)
+    assert torch.allclose(lam, 1 - cut.float() / 10)
+    seen = {}
+    tr.net = lambda xb: seen.setdefault("x", xb) @ torch.zeros(10, 2)
+    tr._mixed_loss(torch.as_tensor(X), torch.as_tensor(y), (lam, starts, cut), torch.arange(4))
+    xb = seen["x"]
+    for b in range(4):
+        inside = (torch.arange(10) - starts[b]) % 10 < cut[b]
+        assert int(inside.sum()) == int(cut[b])
+        torch.testing.assert_close(xb[b][inside], torch.as_tensor(X[3 - b])[inside])
+        torch.testing.assert_close(xb[b][~inside], torch.as_tensor(X[b])[~inside])

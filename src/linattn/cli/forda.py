@@ -205,7 +205,9 @@ def _train(args, main: bool) -> int:
             "wall_s": 0.0,
         }
     try:
-        LinearAttentionClassifier(**run["params"]).model_config(1, 2)
+        probe = LinearAttentionClassifier(**run["params"])
+        probe.model_config(1, 2)
+        probe.train_config()
     except (TypeError, ValueError) as err:
         raise UserError(f"--set: {err}") from None
     run["threads"] = args.threads

@@ -30,9 +30,9 @@ __all__ = ["LinearAttentionClassifier", "FORMAT"]
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
 
 _MODEL_PARAMS = ("patch", "d_model", "depth", "heads", "head_dim", "mlp_dim", "dropout",
-                 "feature_map", "stem", "stem_channels", "spectral", "spectrum_tokens")
+                 "feature_map", "stem", "stem_channels", "spectral", "spectrum_tokens", "window")
 _TRAIN_PARAMS = ("epochs", "batch_size", "lr", "weight_decay", "pct_start", "label_smoothing",
-                 "clip", "shift", "scale_low", "scale_high")
+                 "clip", "shift", "scale_low", "scale_high", "mixup", "cutmix")
 
 
 class _ThreadLimit:
@@ -58,7 +58,10 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     blocks of 4-head linear attention (d = 16, 1+elu, relative positions, no input positions),
     MLP 128, dropout 0.1, mean pooling; AdamW (wd 0.05), one-cycle LR to 1e-3, batch 64, label
     smoothing 0.05, clipping at 1, 80 epochs, random circular shifts and amplitude scaling
-    U(0.8, 1.2).
+    U(0.8, 1.2). Variants (off by default): ``stem`` "conv" / "inception", ``window`` (overlapping
+    patch embedding), ``spectral``, ``spectrum_tokens`` (see
+    :class:`~linattn.tsc.model.ModelConfig`); ``mixup`` / ``cutmix`` (see
+    :class:`~linattn.tsc.training.TrainConfig`).
 
     ``tta``: number of circular shifts averaged at prediction time (1 = none), spread evenly over
     the series. ``random_state``: seeds initialisation, shuffling, augmentation and dropout.
@@ -80,6 +83,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         stem_channels: int = 32,
         spectral: bool = False,
         spectrum_tokens: int = 0,
+        window: int = 0,
         epochs: int = 80,
         batch_size: int = 64,
         lr: float = 1e-3,
@@ -90,6 +94,8 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         shift: bool = True,
         scale_low: float = 0.8,
         scale_high: float = 1.2,
+        mixup: float = 0.0,
+        cutmix: float = 0.0,
         tta: int = 1,
         random_state: int = 0,
         n_threads: int | None = None,
@@ -98,11 +104,12 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.patch, self.d_model, self.depth, self.heads = patch, d_model, depth, heads
         self.head_dim, self.mlp_dim, self.dropout = head_dim, mlp_dim, dropout
         self.feature_map, self.stem, self.stem_channels = feature_map, stem, stem_channels
-        self.spectral, self.spectrum_tokens = spectral, spectrum_tokens
+        self.spectral, self.spectrum_tokens, self.window = spectral, spectrum_tokens, window
         self.epochs, self.batch_size, self.lr = epochs, batch_size, lr
         self.weight_decay, self.pct_start = weight_decay, pct_start
         self.label_smoothing, self.clip = label_smoothing, clip
         self.shift, self.scale_low, self.scale_high = shift, scale_low, scale_high
+        self.mixup, self.cutmix = mixup, cutmix
         self.tta, self.random_state, self.n_threads = tta, random_state, n_threads
         self.verbose = verbose
 
@@ -120,6 +127,12 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         if not isinstance(seed, (int, np.integer)):
             raise ValueError("random_state: expected an int (a RandomState instance is not "
                              f"supported), got {type(seed).__name__}")
+        for name in ("mixup", "cutmix"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"{name}: expected a number >= 0 (0 = off), got {v!r}")
+        if self.mixup and self.cutmix:
+            raise ValueError("mixup and cutmix: use at most one of them")
         return TrainConfig(seed=int(seed), **{k: getattr(self, k) for k in _TRAIN_PARAMS})
 
     def _tta_shifts(self) -> tuple[int, ...]:

@@ -18,6 +18,8 @@ from linattn.nn import EncoderBlock
 
 __all__ = ["ModelConfig", "FordATransformer", "num_tokens"]
 
+STEMS = ("linear", "conv", "inception")
+
 
 def num_tokens(length: int, patch: int) -> int:
     """Tokens for a series of ``length`` samples: ``ceil(length / patch)`` (zero padded)."""
@@ -29,8 +31,13 @@ class ModelConfig:
     """Everything that defines the architecture (saved as JSON beside the weights).
 
     ``stem``: ``"linear"`` (each patch of ``patch`` samples through one linear layer, the
-    reference recipe) or ``"conv"`` (two 1-D convolutions over the raw samples, then a strided
-    convolution with kernel and stride ``patch`` to ``d_model``). ``spectral``: also feed each
+    reference recipe), ``"conv"`` (two 1-D convolutions over the raw samples, then a strided
+    convolution with kernel and stride ``patch`` to ``d_model``) or ``"inception"`` (parallel
+    1-D convolutions with kernels 9, 19 and 39 and a max-pool + 1×1 branch, ``stem_channels / 4``
+    channels each, batch norm and GELU, then the patch embedding over all channels).
+    ``window``: samples (per channel) each token's embedding sees: 0 = ``patch`` (disjoint
+    patches, the reference); a larger window overlaps the neighbouring patches, centred on the
+    token's patch (zero padded at the ends), stride ``patch``. ``spectral``: also feed each
     token the log-magnitude spectrum of a Hann window of ``2·patch`` samples centred on its patch.
     ``spectrum_tokens``: append this many tokens made from the log-magnitude spectrum of the
     whole series, split into as many contiguous frequency bands (each band its own linear map).
@@ -50,6 +57,7 @@ class ModelConfig:
     stem_channels: int = 32
     spectral: bool = False
     spectrum_tokens: int = 0
+    window: int = 0
 
     @property
     def tokens(self) -> int:
@@ -85,8 +93,16 @@ class ModelConfig:
         if not isinstance(self.spectrum_tokens, int) or self.spectrum_tokens < 0:
             raise ValueError("model config: spectrum_tokens must be a non-negative integer, "
                              f"got {self.spectrum_tokens!r}")
-        if self.stem not in ("linear", "conv"):
-            raise ValueError(f"model config: stem must be 'linear' or 'conv', got {self.stem!r}")
+        if self.stem not in STEMS:
+            raise ValueError(f"model config: stem must be one of {', '.join(STEMS)}, "
+                             f"got {self.stem!r}")
+        if self.stem == "inception" and self.stem_channels % 4:
+            raise ValueError("model config: the inception stem needs stem_channels divisible "
+                             f"by 4, got {self.stem_channels}")
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or \
+                (self.window and self.window < self.patch):
+            raise ValueError("model config: window must be 0 or an integer >= patch, "
+                             f"got {self.window!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model config: dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -137,6 +153,28 @@ class SpectrumTokens(nn.Module):
         return torch.einsum("bkn,knd->bkd", bands, self.weight) + self.bias
 
 
+class InceptionStem(nn.Module):
+    """One InceptionTime-style module on the raw series: (B, 1, L) -> (B, channels, L).
+
+    Convolutions with kernels 9, 19 and 39 (same padding) and a max-pool (3) + 1×1 convolution,
+    ``channels / 4`` each, concatenated, then batch norm and GELU."""
+
+    KERNELS = (9, 19, 39)
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        ch = channels // 4
+        self.convs = nn.ModuleList(nn.Conv1d(1, ch, k, padding=k // 2, bias=False)
+                                   for k in self.KERNELS)
+        self.pool = nn.Sequential(nn.MaxPool1d(3, stride=1, padding=1),
+                                  nn.Conv1d(1, ch, 1, bias=False))
+        self.norm = nn.BatchNorm1d(4 * ch)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.cat([conv(x) for conv in self.convs] + [self.pool(x)], dim=1)
+        return F.gelu(self.norm(h))
+
+
 class FordATransformer(nn.Module):
     """Encoder-only linear-attention classifier for univariate series.
 
@@ -158,9 +196,13 @@ class FordATransformer(nn.Module):
         self.config = c = config
         self.spectral = SpectralPatches(c.patch) if c.spectral else None
         extra = self.spectral.out_features if self.spectral is not None else 0
+        self.window = c.window or c.patch
         if c.stem == "linear":
             self.stem = None
-            self.embed = nn.Linear(c.patch + extra, c.d_model)
+            self.embed = nn.Linear(self.window + extra, c.d_model)
+        elif c.stem == "inception":
+            self.stem = InceptionStem(c.stem_channels)
+            self.embed = nn.Linear(c.stem_channels * self.window + extra, c.d_model)
         else:
             ch = c.stem_channels
             self.stem = nn.Sequential(
@@ -171,7 +213,7 @@ class FordATransformer(nn.Module):
                 nn.BatchNorm1d(ch),
                 nn.GELU(),
             )
-            self.embed = nn.Linear(ch * c.patch + extra, c.d_model)
+            self.embed = nn.Linear(ch * self.window + extra, c.d_model)
         self.spectrum = None
         if c.spectrum_tokens:
             self.spectrum = SpectrumTokens(c.tokens * c.patch, c.spectrum_tokens, c.d_model)
@@ -191,12 +233,15 @@ class FordATransformer(nn.Module):
         if x.shape[1] > c.tokens * c.patch:
             raise ValueError(f"x: series length {x.shape[1]} exceeds the model's {c.length}")
         x = F.pad(x, (0, c.tokens * c.patch - x.shape[1]))
-        B, T = x.shape[0], c.tokens
-        if self.stem is None:
-            feats = x.view(B, T, c.patch)
-        else:
-            h = self.stem(x.unsqueeze(1))  # (B, C, L)
-            feats = h.view(B, -1, T, c.patch).permute(0, 2, 1, 3).reshape(B, T, -1)
+        B, T, w = x.shape[0], c.tokens, self.window
+        h = x.unsqueeze(1) if self.stem is None else self.stem(x.unsqueeze(1))  # (B, C, L)
+        if w == c.patch:
+            feats = h.reshape(B, -1, T, c.patch)
+        else:  # overlapping windows centred on the patches: (B, C, T, w)
+            left = (w - c.patch) // 2
+            h = F.pad(h, (left, w - c.patch - left))
+            feats = h.unfold(-1, w, c.patch)
+        feats = feats.permute(0, 2, 1, 3).reshape(B, T, -1)
         if self.spectral is not None:
             feats = torch.cat([feats, self.spectral(x)], dim=-1)
         h = self.embed(feats)

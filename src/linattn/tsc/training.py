@@ -59,7 +59,15 @@ class CheckpointError(ValueError):
 
 @dataclass
 class TrainConfig:
-    """Training hyper-parameters (the reference recipe's defaults)."""
+    """Training hyper-parameters (the reference recipe's defaults).
+
+    ``mixup`` / ``cutmix``: Beta(α, α) parameter of mixing each training series with a partner
+    from its batch (the batch in reverse order); 0 = off (the reference), at most one of them.
+    Mixup takes ``λ·x + (1 − λ)·x'``; cutmix (along time) replaces a circular segment of
+    ``round((1 − λ)·L)`` samples at a random start by the partner's; the loss is
+    ``λ·CE(y) + (1 − λ)·CE(y')`` with λ per series. Drawn from a generator of (seed, epoch), so
+    resuming stays exact.
+    """
 
     epochs: int = 80
     batch_size: int = 64
@@ -71,6 +79,8 @@ class TrainConfig:
     shift: bool = True
     scale_low: float = 0.8
     scale_high: float = 1.2
+    mixup: float = 0.0
+    cutmix: float = 0.0
     seed: int = 0
 
     def to_dict(self) -> dict:
@@ -192,6 +202,39 @@ class Trainer:
             scales = c.scale_low + (c.scale_high - c.scale_low) * torch.rand(n, generator=g)
         return perm, shifts, scales
 
+    def _mix_plan(self, epoch: int):
+        """Per-series λ (and cut starts) of an epoch, or None without mixing."""
+        c, (n, L) = self.config, self.X.shape
+        alpha = c.mixup or c.cutmix
+        if not alpha:
+            return None
+        g = np.random.default_rng([c.seed, epoch, 0x6D6978])
+        lam = torch.as_tensor(g.beta(alpha, alpha, n), dtype=torch.float32)
+        starts = torch.as_tensor(g.integers(0, L, n))
+        if c.cutmix:
+            cut = torch.round((1 - lam) * L).long()
+            lam = 1 - cut.float() / L
+            return lam, starts, cut
+        return lam, None, None
+
+    def _mixed_loss(self, xb, yb, mix, pos):
+        """Mix the batch xb (positions ``pos`` of the epoch's order) with its reverse; the
+        mixed logits' loss."""
+        c = self.config
+        lam, starts, cut = (None if m is None else m[pos] for m in mix)
+        rev = torch.arange(len(xb) - 1, -1, -1)
+        if cut is None:
+            xb = lam[:, None] * xb + (1 - lam[:, None]) * xb[rev]
+        else:
+            L = xb.shape[1]
+            inside = (torch.arange(L)[None, :] - starts[:, None]) % L < cut[:, None]
+            xb = torch.where(inside, xb[rev], xb)
+        logits = self.net(xb)
+        ce = F.cross_entropy(logits, yb, label_smoothing=c.label_smoothing, reduction="none")
+        ce2 = F.cross_entropy(logits, yb[rev], label_smoothing=c.label_smoothing,
+                              reduction="none")
+        return (lam * ce + (1 - lam) * ce2).mean()
+
     def evaluate(self) -> dict:
         if self.X_val is None:
             return {}
@@ -219,6 +262,7 @@ class Trainer:
     def _run_epoch(self) -> None:
         c, model = self.config, self.model
         perm, shifts, scales = self._plan(self.epoch)
+        mix = self._mix_plan(self.epoch)
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -234,8 +278,12 @@ class Trainer:
                 idx = batch_idx[self.rank :: self.world]  # this rank's share of the batch
                 xb = augment(self.X[idx], None if shifts is None else shifts[idx],
                              None if scales is None else scales[idx])
-                logits = self.net(xb)
-                loss = F.cross_entropy(logits, self.y[idx], label_smoothing=c.label_smoothing)
+                if mix is None:
+                    logits = self.net(xb)
+                    loss = F.cross_entropy(logits, self.y[idx],
+                                           label_smoothing=c.label_smoothing)
+                else:
+                    loss = self._mixed_loss(xb, self.y[idx], mix, idx)
                 self.optimizer.zero_grad(set_to_none=True)
                 # weight by the share: DDP's mean over ranks is then the whole batch's mean
                 (loss * (self.world * len(idx) / len(batch_idx))).backward()
