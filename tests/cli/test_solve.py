@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import linattn
+from linattn import _cbuild
 from linattn.cli import UserError, _solve_parse, main
 from linattn.cli.solve import parse_header, parse_values, solve
 
@@ -268,7 +269,7 @@ def test_parse_header_offset() -> None:
 def test_fallback_when_no_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(_solve_parse, "_tried", False)
     monkeypatch.setattr(_solve_parse, "_lib", None)
-    monkeypatch.setattr(_solve_parse, "_compiler", lambda: None)
+    monkeypatch.setattr(_cbuild, "compiler", lambda: None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert _solve_parse.load() is None
     assert solve(EXAMPLE_1.encode()) == "0.951613\n0.534483\n0.622449\n"  # "auto" falls back

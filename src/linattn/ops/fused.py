@@ -23,7 +23,9 @@ backward
 
 Used by :func:`linattn.linear_attention` for long sequences on CPU when the feature map is
 token-wise and has no trainable parameters (their gradients would need autograd's own graph);
-everything else takes the portable path. Both agree to rounding, tested in float64.
+everything else takes the portable path. Both agree to rounding, tested in float64. float32
+with 1 + elu or 1 + relu goes on to :mod:`linattn.ops.native` (compiled element-wise passes)
+where that is available.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from linattn.ops._common import (
     values_with_ones,
     zero_padded,
 )
+from linattn.ops.native import native_linear_attention, native_supported
 
 __all__ = ["fused_linear_attention", "fused_supported"]
 
@@ -215,6 +218,10 @@ def fused_linear_attention(
 
     Returns the output (..., Tq, Dv) in q's dtype and the final state (..., ℓ, Dv + 1) in the
     accumulation dtype (for non-causal: Σ φ(k)ᵀ[v, 1])."""
+    if native_supported(fmap, q):
+        return native_linear_attention(
+            q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps, chunk=chunk, block=block, S0=S0
+        )
     batch = q.shape[:-2]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     L = fmap.num_features(q.shape[-1])

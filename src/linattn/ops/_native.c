@@ -1,0 +1,234 @@
+/* Element-wise passes of the CPU fast path (linattn.ops.native), float32.
+ *
+ * The matrix products of linear attention run through torch (MKL reaches the matmul roofline
+ * on 64-wide blocks); what torch does slowly is everything between them: 1 + elu (torch's exp
+ * costs ~0.6 ns per element here), the normaliser and the normalisation, and the gradient of
+ * phi. Each function below makes one pass over a block that is still in cache.
+ *
+ * Layout: a block holds N heads x T tokens. Rows (one token of one head) are contiguous; a
+ * "head stride" (xs, os, ...) in elements says where head n starts, so a view x[:, t0:t1] of a
+ * (N, T_total, D) tensor is passed without a copy. Outputs without a stride are contiguous.
+ *
+ * Vectors use GCC/clang vector extensions (16 floats): AVX-512 with -march=native where the
+ * CPU has it, split by the compiler into narrower registers where it does not.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+typedef float vf __attribute__((vector_size(64)));
+typedef int vi __attribute__((vector_size(64)));
+#define W 16
+
+enum { PHI_ELU = 0, PHI_RELU = 1 };
+
+static inline vf vload(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
+static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vsplat(float a) { return (vf){0} + a; }
+static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+
+/* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): 2^n * p(r) with
+ * n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7 minimax polynomial of
+ * exp on |r| <= ln2 / 2 (error ~1 ulp). Below -87 the result is flushed to 0 (exp(-87) is
+ * already within 2^-126 of 0). */
+static inline vf vexp_nonpos(vf x) {
+    const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    vf t = x * 1.44269504088896341f + magic;
+    vf n = t - magic;
+    vf r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    vf p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+    vf e = p * (vf)bits;
+    return vselect(x < -87.0f, vsplat(0.0f), e);
+}
+
+static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
+
+/* phi(x); NaN propagates (x <= 0 is false for NaN, which takes the x + 1 branch). */
+static inline vf vphi(int kind, vf x) {
+    vi nonpos = x <= 0.0f;
+    vf low = kind == PHI_ELU ? vexp_nonpos(x) : vsplat(1.0f);
+    return vselect(nonpos, low, x + 1.0f);
+}
+
+static inline float sphi(int kind, float x) {
+    if (x <= 0.0f) return kind == PHI_ELU ? sexp_nonpos(x) : 1.0f;
+    return x + 1.0f;
+}
+
+/* phi'(x) from f = phi(x): 1 + elu has phi' = min(f, 1) (f = exp(x) <= 1 on x <= 0, and 1 on
+ * x > 0); 1 + relu has phi' = [f > 1] (torch's relu has gradient 0 at 0). */
+static inline vf vdphi(int kind, vf f) {
+    if (kind == PHI_ELU) return vselect(f > 1.0f, vsplat(1.0f), f);
+    return vselect(f > 1.0f, vsplat(1.0f), vsplat(0.0f));
+}
+
+static inline float sdphi(int kind, float f) {
+    if (kind == PHI_ELU) return f > 1.0f ? 1.0f : f;
+    return f > 1.0f ? 1.0f : 0.0f;
+}
+
+static inline float dot(const float *a, const float *b, long n) {
+    vf acc = vsplat(0.0f);
+    long j = 0;
+    for (; j + W <= n; j += W) acc += vload(a + j) * vload(b + j);
+    float s = 0.0f;
+    for (int i = 0; i < W; ++i) s += acc[i];
+    for (; j < n; ++j) s += a[j] * b[j];
+    return s;
+}
+
+/* out[n, t] = phi(x[n, t]) for t < T (rows of D), zero where keep[n, t] == 0; z[n] += sum_t
+ * out[n, t] when z is not NULL. keep: NULL or bytes with head stride ks. */
+void la_phi(int kind, const float *x, long N, long T, long D, long xs, float *out, long R,
+            float *z, const unsigned char *keep, long ks) {
+    for (long n = 0; n < N; ++n) {
+        const float *xn = x + n * xs;
+        float *on = out + n * R * D;
+        for (long t = 0; t < T; ++t) {
+            const float *row = xn + t * D;
+            float *dst = on + t * D;
+            if (keep && !keep[n * ks + t]) {
+                memset(dst, 0, (size_t)D * sizeof(float));
+                continue;
+            }
+            long j = 0;
+            for (; j + W <= D; j += W) vstore(dst + j, vphi(kind, vload(row + j)));
+            for (; j < D; ++j) dst[j] = sphi(kind, row[j]);
+        }
+        if (z) {
+            /* Column sums of this head's block, one vector of columns at a time. */
+            float *zn = z + n * D;
+            long j = 0;
+            for (; j + W <= D; j += W) {
+                vf acc = vsplat(0.0f);
+                for (long t = 0; t < T; ++t) acc += vload(on + t * D + j);
+                vstore(zn + j, vload(zn + j) + acc);
+            }
+            for (; j < D; ++j) {
+                float acc = 0.0f;
+                for (long t = 0; t < T; ++t) acc += on[t * D + j];
+                zn[j] += acc;
+            }
+        }
+    }
+}
+
+/* den + eps with exact zeros (no key to attend to) replaced by 1: a zero output, not 0/0. */
+static inline float guarded(float den, float eps) {
+    den += eps;
+    return den == 0.0f ? 1.0f : den;
+}
+
+/* Per-row vectors shared by groups of rows: z (N, nz, L) with nz = ceil(R / zrows), row t of
+ * head n reads z[n, t / zrows] (zrows = R: one per head; zrows = C: one per causal chunk). */
+static inline const float *group_row(const float *z, long zrows, long n, long t, long R, long L) {
+    long nz = (R + zrows - 1) / zrows;
+    return z + (n * nz + t / zrows) * L;
+}
+
+/* The normaliser of row t of head n before eps: fq . z (+ sx[n, t] where sx is not NULL). */
+static inline float den_of(const float *fq, const float *z, long zrows, const float *sx, long n,
+                           long t, long R, long L) {
+    float d = dot(fq + (n * R + t) * L, group_row(z, zrows, n, t, R, L), L);
+    return sx ? d + sx[n * R + t] : d;
+}
+
+/* Buffers below are contiguous (N, R, F) (R >= T rows per head, the first T used); per-row
+ * scalars (sx, ds, coef) are (N, R); out, g and dx are views with head strides os, gs, dxs. */
+
+/* out[n, t] = num[n, t] / guarded(den). */
+void la_normalise(const float *num, const float *fq, const float *z, long zrows, const float *sx,
+                  long N, long T, long R, long L, long Dv, float eps, float *out, long os) {
+    for (long n = 0; n < N; ++n)
+        for (long t = 0; t < T; ++t) {
+            float inv = 1.0f / guarded(den_of(fq, z, zrows, sx, n, t, R, L), eps);
+            const float *src = num + (n * R + t) * Dv;
+            float *dst = out + n * os + t * Dv;
+            long j = 0;
+            for (; j + W <= Dv; j += W) vstore(dst + j, vload(src + j) * inv);
+            for (; j < Dv; ++j) dst[j] = src[j] * inv;
+        }
+}
+
+/* Gradient of o = num / s, s = guarded(den), given g = dL/do: dnum = g / s and
+ * ds = -(g . o) / s, or 0 where den + eps == 0 (the guard's constant branch). */
+void la_norm_grad(const float *num, const float *fq, const float *z, long zrows, const float *sx,
+                  const float *g, long gs, long N, long T, long R, long L, long Dv, float eps,
+                  float *dnum, float *ds) {
+    for (long n = 0; n < N; ++n)
+        for (long t = 0; t < T; ++t) {
+            float den = den_of(fq, z, zrows, sx, n, t, R, L) + eps;
+            float inv = den == 0.0f ? 1.0f : 1.0f / den;
+            const float *gr = g + n * gs + t * Dv;
+            const float *nr = num + (n * R + t) * Dv;
+            float *dr = dnum + (n * R + t) * Dv;
+            long j = 0;
+            for (; j + W <= Dv; j += W) vstore(dr + j, vload(gr + j) * inv);
+            for (; j < Dv; ++j) dr[j] = gr[j] * inv;
+            ds[n * R + t] = den == 0.0f ? 0.0f : -dot(gr, nr, Dv) * inv * inv;
+        }
+}
+
+/* dx[n, t] = (dphi[n, t] + c * vec[n, t / vrows]) * phi'(f[n, t]) with c = coef[n, t] (1 where
+ * coef is NULL; no term where vec is NULL); zero where keep[n, t] == 0. */
+void la_grad_phi(int kind, const float *dphi, const float *f, const float *coef, const float *vec,
+                 long vrows, long N, long T, long R, long L, const unsigned char *keep, long ks,
+                 float *dx, long dxs) {
+    for (long n = 0; n < N; ++n)
+        for (long t = 0; t < T; ++t) {
+            float *dst = dx + n * dxs + t * L;
+            if (keep && !keep[n * ks + t]) {
+                memset(dst, 0, (size_t)L * sizeof(float));
+                continue;
+            }
+            const float *dr = dphi + (n * R + t) * L;
+            const float *fr = f + (n * R + t) * L;
+            const float *vr = vec ? group_row(vec, vrows, n, t, R, L) : NULL;
+            float c = coef ? coef[n * R + t] : 1.0f;
+            long j = 0;
+            for (; j + W <= L; j += W) {
+                vf d = vload(dr + j);
+                if (vr) d += c * vload(vr + j);
+                vstore(dst + j, d * vdphi(kind, vload(fr + j)));
+            }
+            for (; j < L; ++j) {
+                float d = dr[j] + (vr ? c * vr[j] : 0.0f);
+                dst[j] = d * sdphi(kind, fr[j]);
+            }
+        }
+}
+
+/* Causal chunks: A (B, C, C) loses its strictly upper triangle (j > i) in place, and
+ * rs[b, i] = sum_{j <= i} A[b, i, j] when rs is not NULL. */
+void la_mask_rowsum(float *A, long B, long C, float *rs) {
+    for (long b = 0; b < B; ++b)
+        for (long i = 0; i < C; ++i) {
+            float *row = A + (b * C + i) * C;
+            memset(row + i + 1, 0, (size_t)(C - i - 1) * sizeof(float));
+            if (rs) {
+                float s = 0.0f;
+                for (long j = 0; j <= i; ++j) s += row[j];
+                rs[b * C + i] = s;
+            }
+        }
+}
+
+/* The gradient of the masked scores: A[b, i, j] = A[b, i, j] + ds[b, i] for j <= i, else 0
+ * (ds: the normaliser's gradient, as every kept score adds to the row's normaliser). */
+void la_mask_add(float *A, long B, long C, const float *ds) {
+    for (long b = 0; b < B; ++b)
+        for (long i = 0; i < C; ++i) {
+            float *row = A + (b * C + i) * C;
+            float d = ds[b * C + i];
+            for (long j = 0; j <= i; ++j) row[j] += d;
+            memset(row + i + 1, 0, (size_t)(C - i - 1) * sizeof(float));
+        }
+}

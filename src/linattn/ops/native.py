@@ -1,0 +1,377 @@
+r"""The float32 CPU fast path: torch matmuls on 64-wide blocks, compiled element-wise passes.
+
+Measured on this project's CPU (docs/benchmarks.md), the chunked torch path spends most of its
+time outside the matrix products: 1 + elu costs ~0.8 ns per element in torch, the [V, 1]
+column makes every product 65 wide where MKL is 15–20 % slower than at 64, and the backward
+differentiates φ through autograd. Here:
+
+* the normaliser is kept apart from the numerator: state (S, z) with S = Σ φ(k)ᵀ v (ℓ×Dv)
+  and z = Σ φ(k) (ℓ), so every matmul has the operands' own widths;
+* φ (1 + elu or 1 + relu), the column sums z, the normaliser dot products, the division and
+  the gradient of φ are one compiled pass each over a block still in cache (``_native.c``;
+  φ' comes from φ itself: min(φ, 1) for 1 + elu, [φ > 1] for 1 + relu);
+* per block of tokens, with A = φ(q)φ(k)ᵀ masked to j ≤ i inside each causal chunk:
+
+  non-causal   S += φ(k)ᵀ v,  z += Σ φ(k);   o = φ(q) S / (φ(q)·z)
+  causal       o_c = (A v_c + φ(q_c) S_c) / (rowsum A + φ(q_c)·z_c), (S, z) += chunk's own
+
+* the backward recomputes φ and the chunk states; it keeps one (S, z) per block, never one
+  per token. With s the normaliser and dnum = g / s, ds = −(g·o) / s:
+
+  non-causal   G = Σ φ(q)ᵀ dnum, g_z = Σ φ(q) ds;  dφ(q) = dnum Sᵀ + ds zᵀ,
+               dφ(k) = v Gᵀ + g_z,  dv = φ(k) G
+  causal       dA = mask(dnum vᵀ + ds), dφ(q) = dA φ(k) + dnum S_cᵀ + ds z_cᵀ,
+               dφ(k) = dAᵀ φ(q) + v G_cᵀ + g_z,c,  dv = Aᵀ dnum + φ(k) G_c, with G_c, g_z,c
+               the gradients of the state after chunk c (a reverse prefix sum).
+
+The compiled library is built on first use (:mod:`linattn._cbuild`); without a C compiler, or
+with ``LINATTN_NATIVE=0``, :func:`native_supported` is False and the torch paths run instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from linattn import _cbuild
+from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
+
+__all__ = ["native_supported", "native_linear_attention", "load", "phi"]
+
+SOURCE = Path(__file__).with_name("_native.c")
+_KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+_P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+_SIGNATURES = {
+    "la_phi": [ctypes.c_int, _P, _L, _L, _L, _L, _P, _L, _P, _P, _L],
+    "la_normalise": [_P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _L],
+    "la_norm_grad": [_P, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P],
+    "la_grad_phi": [ctypes.c_int, _P, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L],
+    "la_mask_rowsum": [_P, _L, _L, _P],
+    "la_mask_add": [_P, _L, _L, _P],
+}
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels (built on first use), or None where that is not possible."""
+    global _lib, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("LINATTN_NATIVE", "1") != "0":
+            for flags in (["-O3", "-march=native", "-fno-math-errno"], ["-O3"]):
+                lib = _cbuild.load_library(SOURCE, "native", flags)
+                if lib is not None:
+                    for name, args in _SIGNATURES.items():
+                        fn = getattr(lib, name)
+                        fn.argtypes, fn.restype = args, None
+                    _lib = lib
+                    break
+    return _lib
+
+
+def native_supported(fmap: FeatureMap, q: Tensor) -> bool:
+    """Whether this call can take the native path: float32 on CPU, 1 + elu or 1 + relu."""
+    return (
+        type(fmap) in _KINDS
+        and q.dtype == torch.float32
+        and q.device.type == "cpu"
+        and load() is not None
+    )
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc() if sys.platform == "linux" else None
+_MADV_HUGEPAGE, _HUGE = 14, 1 << 21
+
+
+def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
+    """An uninitialised float32 tensor whose pages the kernel backs with 2 MiB pages.
+
+    A fresh (8, 65536, 64) output is 128 MiB of untouched memory: filling it costs 32768 page
+    faults, ~50 ms here, a third of the whole forward. With transparent huge pages in
+    "madvise" mode (common), MADV_HUGEPAGE makes that 64 faults. Advice only: where it is not
+    available nothing changes."""
+    t = like.new_empty(*shape)
+    nbytes = t.numel() * t.element_size()
+    if _LIBC is not None and nbytes >= 4 * _HUGE:
+        start = (t.data_ptr() + _HUGE - 1) & ~(_HUGE - 1)
+        end = (t.data_ptr() + nbytes) & ~(_HUGE - 1)
+        _LIBC.madvise(start, end - start, _MADV_HUGEPAGE)
+    return t
+
+
+def _ptr(x: Tensor | None) -> int | None:
+    return None if x is None else x.data_ptr()
+
+
+def _head_stride(x: Tensor) -> int:
+    """Elements from one head to the next of a (N, T, F) view whose rows are contiguous."""
+    if x.stride(-1) != 1 or (x.shape[1] > 1 and x.stride(1) != x.shape[2]):
+        raise ValueError(f"native pass: rows must be contiguous, got strides {x.stride()}")
+    return x.stride(0)
+
+
+# ------------------------------------------------------------------------- element-wise passes
+# Buffers are contiguous (N, R, F), R >= T rows per head (R > T: a block padded to whole causal
+# chunks); the inputs, outputs and gradients are (N, T, F) views with any head stride. Vectors
+# shared by groups of rows (z per head or per chunk) are (N, R // rows, L).
+
+
+def phi(kind: int, x: Tensor, out: Tensor, z: Tensor | None = None, keep: Tensor | None = None):
+    """out[:, :T] = φ(x), zero rows where keep is False; z += Σ_t out[:, t] when z is given.
+
+    x: (N, T, D) view; out: contiguous (N, R, D); z: contiguous (N, D); keep: bool (N, T)."""
+    N, T, D = x.shape
+    if not out.is_contiguous() or out.shape[1] < T:
+        raise ValueError("native phi: out must be a contiguous (N, R >= T, D) buffer")
+    ks = 0 if keep is None else keep.stride(0)
+    load().la_phi(kind, x.data_ptr(), N, T, D, _head_stride(x), out.data_ptr(), out.shape[1],
+                  _ptr(z), _ptr(keep), ks)
+
+
+def _normalise(num, fq, z, zrows, sx, eps, out):
+    N, R, Dv = num.shape
+    load().la_normalise(num.data_ptr(), fq.data_ptr(), z.data_ptr(), zrows, _ptr(sx), N,
+                        out.shape[1], R, fq.shape[2], Dv, eps, out.data_ptr(), _head_stride(out))
+
+
+def _norm_grad(num, fq, z, zrows, sx, g, eps, dnum, ds):
+    N, R, Dv = num.shape
+    load().la_norm_grad(num.data_ptr(), fq.data_ptr(), z.data_ptr(), zrows, _ptr(sx),
+                        g.data_ptr(), _head_stride(g), N, g.shape[1], R, fq.shape[2], Dv, eps,
+                        dnum.data_ptr(), ds.data_ptr())
+
+
+def _grad_phi(kind, dphi, f, coef, vec, vrows, keep, dx):
+    N, R, L = dphi.shape
+    ks = 0 if keep is None else keep.stride(0)
+    load().la_grad_phi(kind, dphi.data_ptr(), f.data_ptr(), _ptr(coef), _ptr(vec), vrows, N,
+                       dx.shape[1], R, L, _ptr(keep), ks, dx.data_ptr(), _head_stride(dx))
+
+
+# ---------------------------------------------------------------------------------- the passes
+
+
+class _Block:
+    """The inputs (N, T, ·) and reusable contiguous block buffers."""
+
+    def __init__(self, kind, q, k, v, keep):
+        self.kind, self.q, self.k, self.v, self.keep = kind, q, k, v, keep
+        self.L, self.Dv, self.N = q.shape[2], v.shape[2], q.shape[0]
+        self._bufs: dict[tuple, Tensor] = {}
+
+    def buf(self, name: str, *shape: int) -> Tensor:
+        """A contiguous (N, *shape) float32 buffer, allocated once per name and shape."""
+        key = (name, shape)
+        if key not in self._bufs:
+            self._bufs[key] = self.q.new_empty(self.N, *shape)
+        return self._bufs[key]
+
+    def keep_at(self, t0, t1):
+        return None if self.keep is None else self.keep[:, t0:t1]
+
+    def values(self, t0, t1, R):
+        """v[:, t0:t1] as (N, R, Dv), padded keys and rows zeroed: the view itself where nothing
+        is padded (bmm takes any head stride at full speed), else a contiguous buffer."""
+        T = t1 - t0
+        src = self.v[:, t0:t1]
+        if self.keep is None and R == T:
+            return src
+        vb = self.buf("v", R, self.Dv)
+        if self.keep is not None:
+            src = torch.where(self.keep[:, t0:t1].unsqueeze(-1), src, src.new_zeros(()))
+        vb[:, :T].copy_(src)
+        vb[:, T:].zero_()
+        return vb
+
+    def features(self, which, t0, t1, R, z=None):
+        """φ of q or k on [t0, t1) into a (N, R, ℓ) buffer (rows from t1 - t0 on zeroed)."""
+        out = self.buf("f" + which, R, self.L)
+        x, keep = (self.q, None) if which == "q" else (self.k, self.keep_at(t0, t1))
+        phi(self.kind, x[:, t0:t1], out, z, keep)
+        out[:, t1 - t0:].zero_()
+        return out
+
+
+def _ranges(T: int, block: int):
+    return [(t0, min(t0 + block, T)) for t0 in range(0, T, block)]
+
+
+def _noncausal_forward(b: _Block, S, z, eps, block, out):
+    for t0, t1 in _ranges(b.k.shape[1], block):
+        fk = b.features("k", t0, t1, t1 - t0, z=z)
+        S.baddbmm_(fk.transpose(1, 2), b.values(t0, t1, t1 - t0))
+    for t0, t1 in _ranges(b.q.shape[1], block):
+        T = t1 - t0
+        fq = b.features("q", t0, t1, T)
+        num = torch.bmm(fq, S, out=b.buf("num", T, b.Dv))
+        _normalise(num, fq, z, T, None, eps, out[:, t0:t1])
+
+
+def _causal_block(b: _Block, t0, t1, chunk, S, z):
+    """Features, chunk states, masked scores and numerators of one causal block (shared by the
+    forward and the backward). Returns the pieces as a dict; 3-D views are (N·n, C, ·)."""
+    N, L, Dv = b.N, b.L, b.Dv
+    n = -(-(t1 - t0) // chunk)
+    R = n * chunk
+    fq, fk, vb = b.features("q", t0, t1, R), b.features("k", t0, t1, R), b.values(t0, t1, R)
+    fq3, fk3, v3 = fq.view(N * n, chunk, L), fk.view(N * n, chunk, L), vb.view(N * n, chunk, Dv)
+    P = torch.bmm(fk3.transpose(1, 2), v3).view(N, n, L, Dv)  # each chunk's own state
+    zc = fk.view(N, n, chunk, L).sum(2)
+    S_before = P.cumsum(1).sub_(P).add_(S.unsqueeze(1))  # exclusive prefix over chunks
+    z_before = zc.cumsum(1).sub_(zc).add_(z.unsqueeze(1))
+    A = torch.bmm(fq3, fk3.transpose(1, 2))
+    rs = b.buf("rs", R)
+    load().la_mask_rowsum(A.data_ptr(), N * n, chunk, rs.data_ptr())
+    num = torch.bmm(fq3, S_before.view(N * n, L, Dv), out=b.buf("num", R, Dv).view(-1, chunk, Dv))
+    num.baddbmm_(A, v3)
+    return dict(n=n, R=R, fq=fq, fk=fk, fq3=fq3, fk3=fk3, v3=v3, P=P, zc=zc, S_before=S_before,
+                z_before=z_before, A=A, rs=rs, num=num.view(N, R, Dv))
+
+
+def _causal_forward(b: _Block, S, z, eps, block, chunk, out, states):
+    for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
+        states[i, :, :, :-1], states[i, :, :, -1] = S, z
+        c = _causal_block(b, t0, t1, chunk, S, z)
+        _normalise(c["num"], c["fq"], c["z_before"], chunk, c["rs"], eps, out[:, t0:t1])
+        S += c["P"].sum(1)
+        z += c["zc"].sum(1)
+
+
+def _noncausal_backward(b: _Block, states, g_out, G, Gz, eps, block, dq, dk, dv):
+    S, z = states[0, :, :, :-1], states[0, :, :, -1].contiguous()
+    kind, Dv, L = b.kind, b.Dv, b.L
+    for t0, t1 in _ranges(b.q.shape[1], block):  # queries: dq, and the state's gradient
+        T = t1 - t0
+        fq = b.features("q", t0, t1, T)
+        num = torch.bmm(fq, S, out=b.buf("num", T, Dv))
+        dn, ds = b.buf("dnum", T, Dv), b.buf("ds", T)
+        _norm_grad(num, fq, z, T, None, g_out[:, t0:t1], eps, dn, ds)
+        G.baddbmm_(fq.transpose(1, 2), dn)
+        Gz.unsqueeze(1).baddbmm_(ds.unsqueeze(1), fq)
+        d = torch.bmm(dn, S.transpose(1, 2), out=b.buf("dphi", T, L))
+        _grad_phi(kind, d, fq, ds, z, T, None, dq[:, t0:t1])
+    for t0, t1 in _ranges(b.k.shape[1], block):  # keys and values
+        T = t1 - t0
+        fk = b.features("k", t0, t1, T)
+        d = torch.bmm(b.values(t0, t1, T), G.transpose(1, 2), out=b.buf("dphi", T, L))
+        _grad_phi(kind, d, fk, None, Gz, T, b.keep_at(t0, t1), dk[:, t0:t1])
+        dv[:, t0:t1] = torch.bmm(fk, G, out=b.buf("dnum", T, Dv))
+
+
+def _causal_backward(b: _Block, states, g_out, G, Gz, eps, block, chunk, dq, dk, dv):
+    kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
+    for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
+        T = t1 - t0
+        c = _causal_block(b, t0, t1, chunk, states[i, :, :, :-1], states[i, :, :, -1])
+        n, R = c["n"], c["R"]
+        dn, ds = b.buf("dnum", R, Dv), b.buf("ds", R)
+        dn[:, T:].zero_()
+        ds[:, T:].zero_()
+        _norm_grad(c["num"], c["fq"], c["z_before"], chunk, c["rs"], g_out[:, t0:t1], eps, dn, ds)
+        dn3, ds3 = dn.view(N * n, chunk, Dv), ds.view(N * n, chunk)
+        # Gradient of the state after each chunk: G (after the block) plus what later chunks
+        # of the block read from it.
+        Q = torch.bmm(c["fq3"].transpose(1, 2), dn3).view(N, n, L, Dv)
+        Qz = torch.bmm(ds3.unsqueeze(1), c["fq3"]).view(N, n, L)
+        G_after = Q.flip(1).cumsum(1).flip(1).sub_(Q).add_(G.unsqueeze(1))
+        Gz_after = Qz.flip(1).cumsum(1).flip(1).sub_(Qz).add_(Gz.unsqueeze(1))
+        dA = torch.bmm(dn3, c["v3"].transpose(1, 2))
+        load().la_mask_add(dA.data_ptr(), N * n, chunk, ds3.data_ptr())
+        dphi = b.buf("dphi", R, L)
+        d = torch.bmm(dA, c["fk3"], out=dphi.view(N * n, chunk, L))
+        d.baddbmm_(dn3, c["S_before"].view(N * n, L, Dv).transpose(1, 2))
+        _grad_phi(kind, dphi, c["fq"], ds, c["z_before"], chunk, None, dq[:, t0:t1])
+        d = torch.bmm(dA.transpose(1, 2), c["fq3"], out=dphi.view(N * n, chunk, L))
+        d.baddbmm_(c["v3"], G_after.view(N * n, L, Dv).transpose(1, 2))
+        _grad_phi(kind, dphi, c["fk"], None, Gz_after, chunk, b.keep_at(t0, t1), dk[:, t0:t1])
+        dvb = torch.bmm(c["A"].transpose(1, 2), dn3, out=b.buf("dv", R, Dv).view(-1, chunk, Dv))
+        dvb = dvb.baddbmm_(c["fk3"], G_after.view(N * n, L, Dv)).view(N, R, Dv)[:, :T]
+        if b.keep is not None:
+            dvb = torch.where(b.keep[:, t0:t1].unsqueeze(-1), dvb, dvb.new_zeros(()))
+        dv[:, t0:t1] = dvb
+        G += Q.sum(1)
+        Gz += Qz.sum(1)
+
+
+class _NativeLinearAttention(torch.autograd.Function):
+    """Inputs flattened to (N, T, ·) with contiguous rows, float32. Returns (output, S, z)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, S0, z0, keep, kind, eps, block, chunk, is_causal):
+        N, Tq, L = q.shape
+        Dv = v.shape[2]
+        out = empty_hugepage(q, N, Tq, Dv)
+        b = _Block(kind, q, k, v, keep)
+        S, z = S0.clone(), z0.clone()
+        with torch.no_grad():
+            if not is_causal:
+                _noncausal_forward(b, S, z, eps, block, out)
+                states = torch.cat([S, z.unsqueeze(-1)], -1).unsqueeze(0)
+            else:
+                states = q.new_empty(len(_ranges(Tq, block)), N, L, Dv + 1)
+                _causal_forward(b, S, z, eps, block, chunk, out, states)
+        ctx.save_for_backward(q, k, v, keep, states)
+        ctx.cfg = (kind, eps, block, chunk, is_causal)
+        return out, S, z
+
+    @staticmethod
+    def backward(ctx, g_out, g_S, g_z):
+        q, k, v, keep, states = ctx.saved_tensors
+        kind, eps, block, chunk, is_causal = ctx.cfg
+        N, Tq, L = q.shape
+        Dv = v.shape[2]
+        b = _Block(kind, q, k, v, keep)
+        dq, dk, dv = (empty_hugepage(x, *x.shape) for x in (q, k, v))
+        G = q.new_zeros(N, L, Dv) if g_S is None else g_S.contiguous().clone()
+        Gz = q.new_zeros(N, L) if g_z is None else g_z.contiguous().clone()
+        if g_out is None:
+            g_out = q.new_zeros(N, Tq, Dv)
+        elif g_out.stride(-1) != 1 or (Tq > 1 and g_out.stride(1) != Dv):
+            g_out = g_out.contiguous()
+        if is_causal:
+            _causal_backward(b, states, g_out, G, Gz, eps, block, chunk, dq, dk, dv)
+        else:
+            _noncausal_backward(b, states, g_out, G, Gz, eps, block, dq, dk, dv)
+        return dq, dk, dv, G, Gz, None, None, None, None, None, None
+
+
+def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0=None):
+    """Same contract as :func:`linattn.ops.fused.fused_linear_attention` (float32 only):
+    q (..., Tq, D), k (..., T, D), v (..., T, Dv), keep bool broadcastable to (..., T, 1) or
+    None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
+    (..., ℓ, Dv + 1)."""
+    batch = q.shape[:-2]
+    L, Dv = q.shape[-1], v.shape[-1]
+    flat = []
+    for x in (q, k, v):
+        x = x.reshape(-1, *x.shape[-2:])
+        flat.append(x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous())
+    N = flat[0].shape[0]
+    if keep is not None:
+        keep = keep.expand(*batch, k.shape[-2], 1).reshape(N, k.shape[-2]).contiguous()
+    if S0 is None:
+        S0, z0 = q.new_zeros(N, L, Dv), q.new_zeros(N, L)
+    else:
+        S0 = S0.to(torch.float32).reshape(N, L, Dv + 1)
+        S0, z0 = S0[..., :-1].contiguous(), S0[..., -1].contiguous()
+    out, S, z = _NativeLinearAttention.apply(
+        *flat, S0, z0, keep, _KINDS[type(fmap)], float(eps), block, chunk, is_causal
+    )
+    state = torch.cat([S, z.unsqueeze(-1)], -1)
+    return out.reshape(*batch, *out.shape[-2:]), state.reshape(*batch, L, Dv + 1)
