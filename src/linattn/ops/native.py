@@ -185,12 +185,13 @@ class _Block:
     def keep_at(self, t0, t1):
         return None if self.keep is None else self.keep[:, t0:t1]
 
-    def values(self, t0, t1, R):
-        """v[:, t0:t1] as (N, R, Dv), padded keys and rows zeroed: the view itself where nothing
-        is padded (bmm takes any head stride at full speed), else a contiguous buffer."""
+    def values(self, t0, t1, R, view_ok=False):
+        """v[:, t0:t1] as (N, R, Dv), padded keys and rows zeroed: with ``view_ok`` the view
+        itself where nothing is padded (bmm takes any head stride at full speed), else a
+        contiguous buffer."""
         T = t1 - t0
         src = self.v[:, t0:t1]
-        if self.keep is None and R == T:
+        if view_ok and self.keep is None and R == T:
             return src
         vb = self.buf("v", R, self.Dv)
         if self.keep is not None:
@@ -215,7 +216,7 @@ def _ranges(T: int, block: int):
 def _noncausal_forward(b: _Block, S, z, eps, block, out):
     for t0, t1 in _ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
-        S.baddbmm_(fk.transpose(1, 2), b.values(t0, t1, t1 - t0))
+        S.baddbmm_(fk.transpose(1, 2), b.values(t0, t1, t1 - t0, view_ok=True))
     for t0, t1 in _ranges(b.q.shape[1], block):
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
@@ -269,7 +270,7 @@ def _noncausal_backward(b: _Block, states, g_out, G, Gz, eps, block, dq, dk, dv)
     for t0, t1 in _ranges(b.k.shape[1], block):  # keys and values
         T = t1 - t0
         fk = b.features("k", t0, t1, T)
-        d = torch.bmm(b.values(t0, t1, T), G.transpose(1, 2), out=b.buf("dphi", T, L))
+        d = torch.bmm(b.values(t0, t1, T, view_ok=True), G.transpose(1, 2), out=b.buf("dphi", T, L))
         _grad_phi(kind, d, fk, None, Gz, T, b.keep_at(t0, t1), dk[:, t0:t1])
         dv[:, t0:t1] = torch.bmm(fk, G, out=b.buf("dnum", T, Dv))
 
