@@ -158,22 +158,22 @@ void la_normalise(const float *num, const float *fq, const float *z, long zrows,
         }
 }
 
-/* Gradient of o = num / s, s = guarded(den), given g = dL/do: dnum = g / s and
- * ds = -(g . o) / s, or 0 where den + eps == 0 (the guard's constant branch). */
-void la_norm_grad(const float *num, const float *fq, const float *z, long zrows, const float *sx,
-                  const float *g, long gs, long N, long T, long R, long L, long Dv, float eps,
-                  float *dnum, float *ds) {
+/* Gradient of o = num / s, s = guarded(den), given g = dL/do and the output o itself:
+ * dnum = g / s and ds = -(g . o) / s (= -(g . num) / s^2), or 0 where den + eps == 0 (the
+ * guard's constant branch). o and g are views with head strides os and gs. */
+void la_norm_grad(const float *o, long os, const float *fq, const float *z, long zrows,
+                  const float *sx, const float *g, long gs, long N, long T, long R, long L,
+                  long Dv, float eps, float *dnum, float *ds) {
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t) {
             float den = den_of(fq, z, zrows, sx, n, t, R, L) + eps;
             float inv = den == 0.0f ? 1.0f : 1.0f / den;
             const float *gr = g + n * gs + t * Dv;
-            const float *nr = num + (n * R + t) * Dv;
             float *dr = dnum + (n * R + t) * Dv;
             long j = 0;
             for (; j + W <= Dv; j += W) vstore(dr + j, vload(gr + j) * inv);
             for (; j < Dv; ++j) dr[j] = gr[j] * inv;
-            ds[n * R + t] = den == 0.0f ? 0.0f : -dot(gr, nr, Dv) * inv * inv;
+            ds[n * R + t] = den == 0.0f ? 0.0f : -dot(gr, o + n * os + t * Dv, Dv) * inv;
         }
 }
 
@@ -231,4 +231,34 @@ void la_mask_add(float *A, long B, long C, const float *ds) {
             for (long j = 0; j <= i; ++j) row[j] += d;
             memset(row + i + 1, 0, (size_t)(C - i - 1) * sizeof(float));
         }
+}
+
+/* Exclusive prefix sums over chunks, in place: P (N, n, F) of per-chunk sums becomes, chunk by
+ * chunk, S0[h] + the sum of the chunks before it (after it, with reverse), and S1[h] (N, F)
+ * receives the total S0[h] + all chunks. S1 may be S0. */
+void la_prefix(float *P, long N, long n, long F, const float *S0, float *S1, int reverse) {
+    for (long h = 0; h < N; ++h) {
+        float *Ph = P + h * n * F;
+        long j = 0;
+        for (; j + W <= F; j += W) {
+            vf run = vload(S0 + h * F + j);
+            for (long i = 0; i < n; ++i) {
+                float *p = Ph + (reverse ? n - 1 - i : i) * F + j;
+                vf own = vload(p);
+                vstore(p, run);
+                run += own;
+            }
+            vstore(S1 + h * F + j, run);
+        }
+        for (; j < F; ++j) {
+            float run = S0[h * F + j];
+            for (long i = 0; i < n; ++i) {
+                float *p = Ph + (reverse ? n - 1 - i : i) * F + j;
+                float own = *p;
+                *p = run;
+                run += own;
+            }
+            S1[h * F + j] = run;
+        }
+    }
 }

@@ -52,10 +52,11 @@ _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 _SIGNATURES = {
     "la_phi": [ctypes.c_int, _P, _L, _L, _L, _L, _P, _L, _P, _P, _L],
     "la_normalise": [_P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _L],
-    "la_norm_grad": [_P, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P],
+    "la_norm_grad": [_P, _L, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P],
     "la_grad_phi": [ctypes.c_int, _P, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L],
     "la_mask_rowsum": [_P, _L, _L, _P],
     "la_mask_add": [_P, _L, _L, _P],
+    "la_prefix": [_P, _L, _L, _L, _P, _P, ctypes.c_int],
 }
 
 
@@ -150,11 +151,20 @@ def _normalise(num, fq, z, zrows, sx, eps, out):
                         out.shape[1], R, fq.shape[2], Dv, eps, out.data_ptr(), _head_stride(out))
 
 
-def _norm_grad(num, fq, z, zrows, sx, g, eps, dnum, ds):
-    N, R, Dv = num.shape
-    load().la_norm_grad(num.data_ptr(), fq.data_ptr(), z.data_ptr(), zrows, _ptr(sx),
-                        g.data_ptr(), _head_stride(g), N, g.shape[1], R, fq.shape[2], Dv, eps,
-                        dnum.data_ptr(), ds.data_ptr())
+def _norm_grad(o, fq, z, zrows, sx, g, eps, dnum, ds):
+    N, R, L = fq.shape
+    load().la_norm_grad(o.data_ptr(), _head_stride(o), fq.data_ptr(), z.data_ptr(), zrows,
+                        _ptr(sx), g.data_ptr(), _head_stride(g), N, g.shape[1], R, L,
+                        dnum.shape[2], eps, dnum.data_ptr(), ds.data_ptr())
+
+
+def _prefix(P: Tensor, S0: Tensor, S1: Tensor, reverse: bool = False) -> Tensor:
+    """In place: P (N, n, ...) of per-chunk sums -> S0 + the chunks before each (after it if
+    ``reverse``); S1 (may be S0) <- S0 + all chunks. All contiguous."""
+    N, n = P.shape[:2]
+    F = P[0, 0].numel()
+    load().la_prefix(P.data_ptr(), N, n, F, S0.data_ptr(), S1.data_ptr(), int(reverse))
+    return P
 
 
 def _grad_phi(kind, dphi, f, coef, vec, vrows, keep, dx):
@@ -213,6 +223,15 @@ def _ranges(T: int, block: int):
     return [(t0, min(t0 + block, T)) for t0 in range(0, T, block)]
 
 
+def _row_view(b: _Block, g: Tensor, t0: int, t1: int) -> Tensor:
+    """g[:, t0:t1] with contiguous rows, copied into a block buffer only where it has not (the
+    gradient of a ``.sum()`` arrives expanded, with stride 0)."""
+    x = g[:, t0:t1]
+    if x.stride(-1) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2]):
+        return x
+    return b.buf("g", *x.shape[1:]).copy_(x)
+
+
 def _noncausal_forward(b: _Block, S, z, eps, block, out):
     for t0, t1 in _ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
@@ -224,45 +243,48 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
         _normalise(num, fq, z, T, None, eps, out[:, t0:t1])
 
 
-def _causal_block(b: _Block, t0, t1, chunk, S, z):
-    """Features, chunk states, masked scores and numerators of one causal block (shared by the
-    forward and the backward). Returns the pieces as a dict; 3-D views are (N·n, C, ·)."""
+def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, numerator=True):
+    """Features, chunk states and masked scores of one causal block (and, with ``numerator``,
+    the numerators), shared by the forward and the backward. S, z: the state before the block;
+    S_next, z_next (may be S, z) receive the state after it. Returns the pieces as a dict;
+    3-D views are (N·n, C, ·)."""
     N, L, Dv = b.N, b.L, b.Dv
     n = -(-(t1 - t0) // chunk)
     R = n * chunk
     fq, fk, vb = b.features("q", t0, t1, R), b.features("k", t0, t1, R), b.values(t0, t1, R)
     fq3, fk3, v3 = fq.view(N * n, chunk, L), fk.view(N * n, chunk, L), vb.view(N * n, chunk, Dv)
-    P = torch.bmm(fk3.transpose(1, 2), v3).view(N, n, L, Dv)  # each chunk's own state
-    zc = fk.view(N, n, chunk, L).sum(2)
-    S_before = P.cumsum(1).sub_(P).add_(S.unsqueeze(1))  # exclusive prefix over chunks
-    z_before = zc.cumsum(1).sub_(zc).add_(z.unsqueeze(1))
-    A = torch.bmm(fq3, fk3.transpose(1, 2))
+    # Each chunk's own state, turned in place into the state before the chunk.
+    S_before = torch.bmm(fk3.transpose(1, 2), v3, out=b.buf("S", n, L, Dv).view(-1, L, Dv))
+    S_before = _prefix(S_before.view(N, n, L, Dv), S, S if S_next is None else S_next)
+    z_before = torch.sum(fk.view(N, n, chunk, L), 2, out=b.buf("z", n, L))
+    z_before = _prefix(z_before, z, z if z_next is None else z_next)
+    A = b.buf("A", n, chunk, chunk).view(-1, chunk, chunk)
+    A = torch.bmm(fq3, fk3.transpose(1, 2), out=A)
     rs = b.buf("rs", R)
     load().la_mask_rowsum(A.data_ptr(), N * n, chunk, rs.data_ptr())
-    num = torch.bmm(fq3, S_before.view(N * n, L, Dv), out=b.buf("num", R, Dv).view(-1, chunk, Dv))
-    num.baddbmm_(A, v3)
-    return dict(n=n, R=R, fq=fq, fk=fk, fq3=fq3, fk3=fk3, v3=v3, P=P, zc=zc, S_before=S_before,
-                z_before=z_before, A=A, rs=rs, num=num.view(N, R, Dv))
+    c = dict(n=n, R=R, fq=fq, fk=fk, fq3=fq3, fk3=fk3, v3=v3, S_before=S_before,
+             z_before=z_before, A=A, rs=rs)
+    if numerator:
+        num = torch.bmm(fq3, S_before.view(N * n, L, Dv),
+                        out=b.buf("num", R, Dv).view(-1, chunk, Dv))
+        c["num"] = num.baddbmm_(A, v3).view(N, R, Dv)
+    return c
 
 
-def _causal_forward(b: _Block, S, z, eps, block, chunk, out, states):
+def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
     for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
-        states[i, :, :, :-1], states[i, :, :, -1] = S, z
-        c = _causal_block(b, t0, t1, chunk, S, z)
+        S_states[i], z_states[i] = S, z
+        c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], S, z)
         _normalise(c["num"], c["fq"], c["z_before"], chunk, c["rs"], eps, out[:, t0:t1])
-        S += c["P"].sum(1)
-        z += c["zc"].sum(1)
 
 
-def _noncausal_backward(b: _Block, states, g_out, G, Gz, eps, block, dq, dk, dv):
-    S, z = states[0, :, :, :-1], states[0, :, :, -1].contiguous()
+def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, dv):
     kind, Dv, L = b.kind, b.Dv, b.L
     for t0, t1 in _ranges(b.q.shape[1], block):  # queries: dq, and the state's gradient
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
-        num = torch.bmm(fq, S, out=b.buf("num", T, Dv))
         dn, ds = b.buf("dnum", T, Dv), b.buf("ds", T)
-        _norm_grad(num, fq, z, T, None, g_out[:, t0:t1], eps, dn, ds)
+        _norm_grad(out[:, t0:t1], fq, z, T, None, _row_view(b, g_out, t0, t1), eps, dn, ds)
         G.baddbmm_(fq.transpose(1, 2), dn)
         Gz.unsqueeze(1).baddbmm_(ds.unsqueeze(1), fq)
         d = torch.bmm(dn, S.transpose(1, 2), out=b.buf("dphi", T, L))
@@ -270,29 +292,34 @@ def _noncausal_backward(b: _Block, states, g_out, G, Gz, eps, block, dq, dk, dv)
     for t0, t1 in _ranges(b.k.shape[1], block):  # keys and values
         T = t1 - t0
         fk = b.features("k", t0, t1, T)
-        d = torch.bmm(b.values(t0, t1, T, view_ok=True), G.transpose(1, 2), out=b.buf("dphi", T, L))
+        vb = b.values(t0, t1, T, view_ok=True)
+        d = torch.bmm(vb, G.transpose(1, 2), out=b.buf("dphi", T, L))
         _grad_phi(kind, d, fk, None, Gz, T, b.keep_at(t0, t1), dk[:, t0:t1])
         dv[:, t0:t1] = torch.bmm(fk, G, out=b.buf("dnum", T, Dv))
 
 
-def _causal_backward(b: _Block, states, g_out, G, Gz, eps, block, chunk, dq, dk, dv):
+def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
+                     dq, dk, dv):
     kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
     for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
         T = t1 - t0
-        c = _causal_block(b, t0, t1, chunk, states[i, :, :, :-1], states[i, :, :, -1])
+        c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], numerator=False)
         n, R = c["n"], c["R"]
         dn, ds = b.buf("dnum", R, Dv), b.buf("ds", R)
         dn[:, T:].zero_()
         ds[:, T:].zero_()
-        _norm_grad(c["num"], c["fq"], c["z_before"], chunk, c["rs"], g_out[:, t0:t1], eps, dn, ds)
+        _norm_grad(out[:, t0:t1], c["fq"], c["z_before"], chunk, c["rs"],
+                   _row_view(b, g_out, t0, t1), eps, dn, ds)
         dn3, ds3 = dn.view(N * n, chunk, Dv), ds.view(N * n, chunk)
-        # Gradient of the state after each chunk: G (after the block) plus what later chunks
-        # of the block read from it.
-        Q = torch.bmm(c["fq3"].transpose(1, 2), dn3).view(N, n, L, Dv)
-        Qz = torch.bmm(ds3.unsqueeze(1), c["fq3"]).view(N, n, L)
-        G_after = Q.flip(1).cumsum(1).flip(1).sub_(Q).add_(G.unsqueeze(1))
-        Gz_after = Qz.flip(1).cumsum(1).flip(1).sub_(Qz).add_(Gz.unsqueeze(1))
-        dA = torch.bmm(dn3, c["v3"].transpose(1, 2))
+        # Gradient of the state after each chunk: G (after the block) plus what the later
+        # chunks of the block read from it; G, Gz become the gradient before the block.
+        G_after = b.buf("G", n, L, Dv).view(-1, L, Dv)
+        G_after = torch.bmm(c["fq3"].transpose(1, 2), dn3, out=G_after)
+        G_after = _prefix(G_after.view(N, n, L, Dv), G, G, reverse=True)
+        Gz_after = torch.bmm(ds3.unsqueeze(1), c["fq3"], out=b.buf("Gz", n, L).view(-1, 1, L))
+        Gz_after = _prefix(Gz_after.view(N, n, L), Gz, Gz, reverse=True)
+        dA = b.buf("dA", n, chunk, chunk).view(-1, chunk, chunk)
+        dA = torch.bmm(dn3, c["v3"].transpose(1, 2), out=dA)
         load().la_mask_add(dA.data_ptr(), N * n, chunk, ds3.data_ptr())
         dphi = b.buf("dphi", R, L)
         d = torch.bmm(dA, c["fk3"], out=dphi.view(N * n, chunk, L))
@@ -306,8 +333,6 @@ def _causal_backward(b: _Block, states, g_out, G, Gz, eps, block, chunk, dq, dk,
         if b.keep is not None:
             dvb = torch.where(b.keep[:, t0:t1].unsqueeze(-1), dvb, dvb.new_zeros(()))
         dv[:, t0:t1] = dvb
-        G += Q.sum(1)
-        Gz += Qz.sum(1)
 
 
 class _NativeLinearAttention(torch.autograd.Function):
@@ -323,17 +348,18 @@ class _NativeLinearAttention(torch.autograd.Function):
         with torch.no_grad():
             if not is_causal:
                 _noncausal_forward(b, S, z, eps, block, out)
-                states = torch.cat([S, z.unsqueeze(-1)], -1).unsqueeze(0)
+                S_states, z_states = S.unsqueeze(0), z.unsqueeze(0)
             else:
-                states = q.new_empty(len(_ranges(Tq, block)), N, L, Dv + 1)
-                _causal_forward(b, S, z, eps, block, chunk, out, states)
-        ctx.save_for_backward(q, k, v, keep, states)
+                nb = len(_ranges(Tq, block))
+                S_states, z_states = q.new_empty(nb, N, L, Dv), q.new_empty(nb, N, L)
+                _causal_forward(b, S, z, eps, block, chunk, out, S_states, z_states)
+        ctx.save_for_backward(q, k, v, keep, S_states, z_states, out)
         ctx.cfg = (kind, eps, block, chunk, is_causal)
         return out, S, z
 
     @staticmethod
     def backward(ctx, g_out, g_S, g_z):
-        q, k, v, keep, states = ctx.saved_tensors
+        q, k, v, keep, S_states, z_states, out = ctx.saved_tensors
         kind, eps, block, chunk, is_causal = ctx.cfg
         N, Tq, L = q.shape
         Dv = v.shape[2]
@@ -342,13 +368,13 @@ class _NativeLinearAttention(torch.autograd.Function):
         G = q.new_zeros(N, L, Dv) if g_S is None else g_S.contiguous().clone()
         Gz = q.new_zeros(N, L) if g_z is None else g_z.contiguous().clone()
         if g_out is None:
-            g_out = q.new_zeros(N, Tq, Dv)
-        elif g_out.stride(-1) != 1 or (Tq > 1 and g_out.stride(1) != Dv):
-            g_out = g_out.contiguous()
+            g_out = q.new_zeros(()).expand(N, Tq, Dv)
         if is_causal:
-            _causal_backward(b, states, g_out, G, Gz, eps, block, chunk, dq, dk, dv)
+            _causal_backward(b, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
+                             dq, dk, dv)
         else:
-            _noncausal_backward(b, states, g_out, G, Gz, eps, block, dq, dk, dv)
+            _noncausal_backward(b, S_states[0], z_states[0], out, g_out, G, Gz, eps, block,
+                                dq, dk, dv)
         return dq, dk, dv, G, Gz, None, None, None, None, None, None
 
 

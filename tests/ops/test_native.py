@@ -1,0 +1,220 @@
+"""The compiled float32 path (ops/native.py, ops/_native.c) against the float64 reference.
+
+``FUSED_MIN_T = 0`` sends every length to the fast path and a tiny ``FUSED_BLOCK_SIZE`` makes
+short sequences span several blocks (and partial causal chunks), so every hand-over of the
+state (S, z) between blocks and chunks is exercised, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import linattn
+from linattn import _cbuild
+from linattn.ops import linear as linear_mod
+from linattn.ops import native
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
+
+
+@pytest.fixture
+def native_on(monkeypatch):
+    """Force the fast path; count the calls that really took the native route."""
+    monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 0)
+    monkeypatch.setattr(linear_mod, "FUSED_BLOCK_SIZE", 8)
+    calls = []
+    real = native.native_linear_attention
+    monkeypatch.setattr(
+        "linattn.ops.fused.native_linear_attention",
+        lambda *a, **kw: calls.append(1) or real(*a, **kw),
+    )
+    return calls
+
+
+def _qkv(*batch, T, D, Dv, seed=0, Tq=None):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, Tq or T, D, generator=g) * 0.8
+    k, v = torch.randn(*batch, T, D, generator=g) * 0.8, torch.randn(*batch, T, Dv, generator=g)
+    return q, k, v
+
+
+def _grads(fn, inputs, g):
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    out.backward(g.to(out.dtype))
+    return out.detach(), [x.grad for x in leaves]
+
+
+def _assert_matches_reference(q, k, v, chunk_size=None, **kw):
+    """Output and input gradients of the fast path (float32) against the reference in float64,
+    to float32 rounding: outputs to 2e-5, gradients to 2e-5 of their largest entry."""
+    g = torch.randn(*q.shape[:-1], v.shape[-1], generator=torch.Generator().manual_seed(9))
+    got, got_g = _grads(
+        lambda *x: linattn.linear_attention(*x, chunk_size=chunk_size, **kw), (q, k, v), g
+    )
+    want, want_g = _grads(
+        lambda *x: linattn.reference.linear_attention(*x, **kw),
+        (q.double(), k.double(), v.double()),
+        g.double(),
+    )
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
+    for name, a, b in zip("qkv", got_g, want_g, strict=False):
+        scale = max(b.abs().max().item(), 1e-2)  # T = 1: dq is exactly 0
+        err = (a.double() - b).abs().max().item() / scale
+        assert err < 2e-5, f"d{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize(
+    "T, D, Dv, chunk_size",
+    [(23, 5, 4, 3), (40, 16, 16, 4), (64, 64, 64, None), (47, 20, 33, 5), (1, 3, 2, None)],
+)
+def test_matches_reference(native_on, feature_map, is_causal, T, D, Dv, chunk_size):
+    q, k, v = _qkv(2, 3, T=T, D=D, Dv=Dv)
+    _assert_matches_reference(q, k, v, feature_map=feature_map, is_causal=is_causal,
+                              chunk_size=chunk_size)
+    assert native_on, "the native path was not taken"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_padding_mask_and_non_finite_padded_keys(native_on, is_causal):
+    q, k, v = _qkv(2, 3, T=29, D=6, Dv=5)
+    mask = torch.rand(2, 29, generator=torch.Generator().manual_seed(1)) < 0.3
+    mask[:, 0] = False
+    _assert_matches_reference(q, k, v, is_causal=is_causal, key_padding_mask=mask, chunk_size=4)
+    # Whatever a padded key or value holds contributes nothing, its gradient is zero.
+    k2, v2 = k.clone(), v.clone()
+    per_head = mask[:, None].expand(2, 3, 29)
+    k2[per_head], v2[per_head] = float("nan"), float("inf")
+    k2, v2 = k2.requires_grad_(True), v2.requires_grad_(True)
+    out = linattn.linear_attention(q, k2, v2, is_causal=is_causal, key_padding_mask=mask)
+    torch.testing.assert_close(
+        out, linattn.linear_attention(q, k, v, is_causal=is_causal, key_padding_mask=mask)
+    )
+    out.sum().backward()
+    assert torch.isfinite(k2.grad).all() and torch.isfinite(v2.grad).all()
+    assert (k2.grad[per_head] == 0).all() and (v2.grad[per_head] == 0).all()
+
+
+def test_every_key_padded_gives_zero_output(native_on):
+    q, k, v = (x.requires_grad_(True) for x in _qkv(1, 2, T=10, D=4, Dv=3))
+    out = linattn.linear_attention(q, k, v, key_padding_mask=torch.ones(1, 10, dtype=torch.bool))
+    assert (out == 0).all()
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_cross_lengths(native_on):
+    q, k, v = _qkv(2, T=37, D=8, Dv=7, Tq=13)
+    _assert_matches_reference(q, k, v)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+def test_state_in_and_out_with_gradients(native_on, feature_map):
+    """initial_state / return_state: values and gradients (through S and z) as the portable
+    path computes them in float64."""
+    q, k, v = _qkv(2, 2, T=19, D=6, Dv=5)
+    S0 = torch.rand(2, 2, 6, 5, generator=torch.Generator().manual_seed(3))
+    z0 = torch.rand(2, 2, 6, generator=torch.Generator().manual_seed(4)) + 1
+
+    def run(q, k, v, S0, z0):
+        st = linattn.LinearAttentionState(S=S0, z=z0)
+        o, st = linattn.linear_attention(q, k, v, feature_map=feature_map, is_causal=True,
+                                         chunk_size=4, initial_state=st, return_state=True)
+        return o.sum() + (st.S * 0.3).sum() + (st.z * 0.7).sum()
+
+    got = [x.clone().requires_grad_(True) for x in (q, k, v, S0, z0)]
+    run(*got).backward()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linear_mod, "FUSED_MIN_T", 1 << 62)
+        want = [x.double().requires_grad_(True) for x in (q, k, v, S0, z0)]
+        run(*want).backward()
+    for a, b in zip(got, want, strict=False):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_prefill_then_step_continues_exactly(native_on):
+    q, k, v = _qkv(1, 2, T=21, D=5, Dv=4)
+    full = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=4)
+    head, st = linattn.linear_attention(q[..., :20, :], k[..., :20, :], v[..., :20, :],
+                                        is_causal=True, chunk_size=4, return_state=True)
+    last, _ = linattn.linear_attention_step(q[..., 20, :], k[..., 20, :], v[..., 20, :], st)
+    torch.testing.assert_close(torch.cat([head, last.unsqueeze(-2)], -2), full)
+
+
+def test_default_sizes_long_sequence():
+    """The shipped block and chunk sizes, above FUSED_MIN_T, with a non-contiguous input."""
+    q, k, v = _qkv(1, 2, T=linear_mod.FUSED_MIN_T + 77, D=16, Dv=12)
+    q = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, column-major rows
+    for is_causal in (False, True):
+        _assert_matches_reference(q, k, v, is_causal=is_causal)
+
+
+# ------------------------------------------------------------------------ the compiled passes
+
+
+def _phi(kind: int, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    native.phi(kind, x, out)
+    return out
+
+
+def _exact_elu1(x: torch.Tensor) -> torch.Tensor:
+    """1 + elu(x) from float64 (float32's elu(x) + 1 cancels: exp(-20) comes out 0)."""
+    xd = x.double()
+    return torch.where(xd > 0, xd + 1, torch.exp(xd)).float()
+
+
+def test_phi_matches_exact_values_to_a_few_ulp():
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(3, 1000, 16, generator=g) * s for s in (0.1, 1, 10, 40)], 1)
+    torch.testing.assert_close(_phi(0, x), _exact_elu1(x), rtol=3e-7, atol=2e-38)
+    torch.testing.assert_close(_phi(1, x), F.relu(x) + 1, rtol=0, atol=0)
+
+
+def test_phi_special_values():
+    x = torch.tensor([[[-float("inf"), -1e30, -100.0, -87.5, -0.0, 0.0, 1e-30, 1e30,
+                        float("inf"), float("nan"), -1.0, 2.0, -5.0, 0.5, -20.0, 3.0, -0.25]]])
+    elu, relu = _phi(0, x), _phi(1, x)
+    want_elu, want_relu = _exact_elu1(x), F.relu(x) + 1
+    torch.testing.assert_close(elu, want_elu, rtol=3e-7, atol=2e-38, equal_nan=True)
+    torch.testing.assert_close(relu, want_relu, equal_nan=True)
+    assert torch.isnan(elu[0, 0, 9]) and torch.isnan(relu[0, 0, 9])  # NaN propagates
+
+
+def test_phi_keep_mask_and_column_sums():
+    x = torch.randn(2, 9, 20)
+    keep = torch.rand(2, 9) < 0.6
+    out, z = torch.empty(2, 9, 20), torch.full((2, 20), 0.5)
+    native.phi(0, x, out, z, keep)
+    want = torch.where(keep.unsqueeze(-1), _exact_elu1(x), 0.0)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(z, 0.5 + want.sum(1))
+
+
+def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
+    q, k, v = _qkv(1, T=30, D=4, Dv=3)
+    monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 0)
+    want = linattn.linear_attention(q, k, v, is_causal=True)
+    for setup in ({"env": "0"}, {"compiler": None}):
+        monkeypatch.setattr(native, "_tried", False)
+        monkeypatch.setattr(native, "_lib", None)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
+        if "env" in setup:
+            monkeypatch.setenv("LINATTN_NATIVE", "0")
+        else:
+            monkeypatch.delenv("LINATTN_NATIVE", raising=False)
+            monkeypatch.setattr(_cbuild, "compiler", lambda: None)
+        assert not native.native_supported(linattn.feature_maps.EluPlusOne(), q)
+        torch.testing.assert_close(linattn.linear_attention(q, k, v, is_causal=True), want)
+    monkeypatch.setattr(native, "_tried", False)  # later tests load the real library again
+
+
+def test_not_taken_for_other_dtypes_and_maps(native_on):
+    q, k, v = _qkv(1, T=12, D=4, Dv=3)
+    linattn.linear_attention(q.double(), k.double(), v.double())
+    linattn.linear_attention(q, k, v, feature_map="taylor")
+    assert not native_on
