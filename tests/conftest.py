@@ -120,7 +120,8 @@ def assert_close():
 def linear_path(request, monkeypatch):
     """Run the test once per implementation behind ``linattn.linear_attention``: the portable
     whole-tensor form, and the fused chunked fast path forced on for every length (with small
-    blocks, so that short test sequences still span several blocks)."""
+    blocks, so that short test sequences still span several blocks): float32 with 1 + elu or
+    1 + relu takes the compiled path (ops/native.py) there, the rest the torch chunked one."""
     from linattn.ops import linear
 
     if request.param == "fused":
@@ -130,6 +131,7 @@ def linear_path(request, monkeypatch):
         monkeypatch.setattr(linear, "FUSED_BLOCK_SIZE", 4)
     elif hasattr(linear, "FUSED_MIN_T"):
         monkeypatch.setattr(linear, "FUSED_MIN_T", 1 << 62)
+        monkeypatch.setattr(linear, "NATIVE_MIN_T", 1 << 62)
     return request.param
 
 

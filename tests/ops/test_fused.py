@@ -117,8 +117,10 @@ def test_low_precision_matches_portable_path(monkeypatch, dtype, is_causal):
     g = torch.Generator().manual_seed(0)
     q, k, v = ((torch.rand(1, 2, 3000, 16, generator=g) * 20 - 10).to(dtype) for _ in range(3))
     monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 10**9)
+    monkeypatch.setattr(linear_mod, "NATIVE_MIN_T", 10**9)
     portable = linattn.linear_attention(q, k, v, is_causal=is_causal)
     monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 0)
+    monkeypatch.setattr(linear_mod, "NATIVE_MIN_T", 0)
     fused = linattn.linear_attention(q, k, v, is_causal=is_causal)
     assert fused.dtype == dtype and torch.isfinite(fused).all()
     tol = 1e-4 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * 10

@@ -111,6 +111,7 @@ def test_shapes_property(
     v = torch.randn(*batch, T, Dv, generator=g, dtype=torch.float64)
     with pytest.MonkeyPatch.context() as mp:  # force the fused or the portable path
         mp.setattr(linear_ops, "FUSED_MIN_T", 1 if fused else 1 << 62)
+        mp.setattr(linear_ops, "NATIVE_MIN_T", 1 if fused else 1 << 62)
         mp.setattr(linear_ops, "FUSED_BLOCK_SIZE", 4)
         out = linattn.linear_attention(
             q, k, v, feature_map=fmap, is_causal=is_causal, chunk_size=chunk
@@ -397,6 +398,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     growth = {}
     for path, min_t in (("portable", 1 << 62), ("fused", getattr(linear, "FUSED_MIN_T", 0))):
         linear.FUSED_MIN_T = min_t
+        linear.NATIVE_MIN_T = min_t
         for causal in (False, True):
             small = (t[..., :4096, :].clone() for t in (q, k, v))
             linattn.linear_attention(*small, is_causal=causal)  # load kernels first

@@ -1,6 +1,6 @@
 """The compiled float32 path (ops/native.py, ops/_native.c) against the float64 reference.
 
-``FUSED_MIN_T = 0`` sends every length to the fast path and a tiny ``FUSED_BLOCK_SIZE`` makes
+The native path takes every length (``NATIVE_MIN_T = 1``); a tiny ``FUSED_BLOCK_SIZE`` makes
 short sequences span several blocks (and partial causal chunks), so every hand-over of the
 state (S, z) between blocks and chunks is exercised, forward and backward."""
 
@@ -130,6 +130,7 @@ def test_state_in_and_out_with_gradients(native_on, feature_map):
     run(*got).backward()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(linear_mod, "FUSED_MIN_T", 1 << 62)
+        mp.setattr(linear_mod, "NATIVE_MIN_T", 1 << 62)
         want = [x.double().requires_grad_(True) for x in (q, k, v, S0, z0)]
         run(*want).backward()
     for a, b in zip(got, want, strict=False):
@@ -146,8 +147,8 @@ def test_prefill_then_step_continues_exactly(native_on):
 
 
 def test_default_sizes_long_sequence():
-    """The shipped block and chunk sizes, above FUSED_MIN_T, with a non-contiguous input."""
-    q, k, v = _qkv(1, 2, T=linear_mod.FUSED_MIN_T + 77, D=16, Dv=12)
+    """The shipped block and chunk sizes over several blocks, with a non-contiguous input."""
+    q, k, v = _qkv(1, 2, T=2 * linear_mod.FUSED_BLOCK_SIZE + 77, D=16, Dv=12)
     q = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, column-major rows
     for is_causal in (False, True):
         _assert_matches_reference(q, k, v, is_causal=is_causal)

@@ -81,7 +81,7 @@ def _cell(spec: dict) -> tuple[float, int | None]:
 
     torch.set_num_threads(spec["threads"])
     if spec["portable"]:
-        linear_mod.FUSED_MIN_T = 10**12
+        linear_mod.FUSED_MIN_T = linear_mod.NATIVE_MIN_T = 10**12
     runner = _forward_backward if spec["backward"] else _forward
     fn = _linear(spec["feature_map"])
     q, k, v = _inputs(*spec["shape"], getattr(torch, spec["dtype"]), spec["backward"])

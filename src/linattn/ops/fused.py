@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
@@ -157,6 +158,7 @@ class _FusedLinearAttention(torch.autograd.Function):
         return out, S
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a clear error if asked
     def backward(ctx, g_out, g_state):
         q, k, v, keep, states = ctx.saved_tensors
         acc = states.dtype

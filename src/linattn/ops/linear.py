@@ -32,15 +32,21 @@ from linattn.ops._common import (
     values_with_ones,
 )
 from linattn.ops.fused import fused_linear_attention, fused_supported
+from linattn.ops.native import native_supported
 from linattn.ops.recurrent import LinearAttentionState
 
-__all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE", "FUSED_MIN_T", "FUSED_BLOCK_SIZE"]
+__all__ = [
+    "linear_attention", "DEFAULT_CHUNK_SIZE", "FUSED_MIN_T", "NATIVE_MIN_T", "FUSED_BLOCK_SIZE"
+]
 
 #: Chunk length of the portable causal form.
 DEFAULT_CHUNK_SIZE = 64
 #: Sequences of at least this many tokens take the fused chunked path (ops/fused.py) where it
 #: applies; shorter ones are cheaper in a few whole-tensor operations.
 FUSED_MIN_T = 2048
+#: The compiled float32 path (ops/native.py, 1 + elu and 1 + relu) is faster than the portable
+#: form from T = 64 up, forward and backward (docs/benchmarks.md), so it takes every length.
+NATIVE_MIN_T = 1
 #: Tokens mapped and processed per step of the fused path: 512 keeps a block's features of
 #: 8 heads in L2 (measured with ``linattn bench``: 512 beat 256 and 1024 on every row).
 FUSED_BLOCK_SIZE = 512
@@ -96,7 +102,10 @@ def linear_attention(
         initial_state.check("initial_state", tuple(q.shape[:-2]), L, v.shape[-1])
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
-    if q.shape[-2] >= FUSED_MIN_T and fused_supported(fmap, q):
+    T = q.shape[-2]
+    if (T >= NATIVE_MIN_T and native_supported(fmap, q)) or (
+        T >= FUSED_MIN_T and fused_supported(fmap, q)
+    ):
         chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
         block = max(chunk, FUSED_BLOCK_SIZE // chunk * chunk)  # whole chunks per block
         o, total = fused_linear_attention(

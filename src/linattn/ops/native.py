@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from linattn import _cbuild
 from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
@@ -358,6 +359,7 @@ class _NativeLinearAttention(torch.autograd.Function):
         return out, S, z
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a clear error if asked
     def backward(ctx, g_out, g_S, g_z):
         q, k, v, keep, S_states, z_states, out = ctx.saved_tensors
         kind, eps, block, chunk, is_causal = ctx.cfg
