@@ -209,7 +209,7 @@ def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
         else:
             monkeypatch.delenv("LINATTN_NATIVE", raising=False)
             monkeypatch.setattr(_cbuild, "compiler", lambda: None)
-        assert not native.native_supported(linattn.feature_maps.EluPlusOne(), q)
+        assert not native.native_supported(linattn.feature_maps.EluPlusOne(), q, k, v)
         torch.testing.assert_close(linattn.linear_attention(q, k, v, is_causal=True), want)
     monkeypatch.setattr(native, "_tried", False)  # later tests load the real library again
 
@@ -219,3 +219,51 @@ def test_not_taken_for_other_dtypes_and_maps(native_on):
     linattn.linear_attention(q.double(), k.double(), v.double())
     linattn.linear_attention(q, k, v, feature_map="taylor")
     assert not native_on
+
+
+# --------------------------------------------------------------------------------- bfloat16
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
+    """bfloat16 without gradients: products on bfloat16 blocks, sums and states in float32.
+    The output is within a few bfloat16 rounding steps of the exact result for the same
+    (rounded) inputs."""
+    q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=45, D=20, Dv=33))
+    mask = torch.rand(2, 45, generator=torch.Generator().manual_seed(1)) < 0.3
+    mask[:, 0] = False
+    kw = dict(feature_map=feature_map, is_causal=is_causal, key_padding_mask=mask)
+    with torch.no_grad():
+        got = linattn.linear_attention(q, k, v, chunk_size=4, **kw)
+    want = linattn.reference.linear_attention(q.double(), k.double(), v.double(), **kw)
+    assert got.dtype == torch.bfloat16 and native_on
+    eps = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(got.double(), want, rtol=4 * eps, atol=4 * eps)
+
+
+def test_bfloat16_with_gradients_takes_the_float32_sums(native_on):
+    q, k, v = (x.bfloat16().requires_grad_(True) for x in _qkv(1, 2, T=30, D=8, Dv=6))
+    out = linattn.linear_attention(q, k, v, is_causal=True)
+    assert not native_on  # the torch chunked path, which differentiates
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad).all()
+
+
+def test_phi_bfloat16_in_and_out():
+    x = torch.randn(2, 50, 40) * 5
+    xb = x.bfloat16()
+    want = _exact_elu1(xb.float())
+    eps = torch.finfo(torch.bfloat16).eps
+    for src, dst_dtype in ((xb, torch.bfloat16), (xb, torch.float32), (x, torch.bfloat16)):
+        out = torch.empty(x.shape, dtype=dst_dtype)
+        native.phi(0, src, out)
+        ref = _exact_elu1(src.float()).to(dst_dtype)
+        torch.testing.assert_close(out.float(), ref.float(), rtol=eps, atol=1e-37)
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    native.phi(0, xb, out)
+    torch.testing.assert_close(out.float(), want, rtol=eps, atol=1e-37)
+    nan = torch.full((1, 1, 17), float("nan"), dtype=torch.bfloat16)
+    out = torch.empty_like(nan)
+    native.phi(0, nan, out)
+    assert torch.isnan(out).all()

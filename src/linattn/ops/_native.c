@@ -15,6 +15,10 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_CVTNEPS2BF16 1 /* one instruction rounds 16 floats to bfloat16 */
+#endif
 
 typedef float vf __attribute__((vector_size(64)));
 typedef int vi __attribute__((vector_size(64)));
@@ -26,6 +30,47 @@ static inline vf vload(const float *p) { vf r; memcpy(&r, p, sizeof r); return r
 static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf vsplat(float a) { return (vf){0} + a; }
 static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+
+/* bfloat16 <-> float32. A bfloat16 is the high half of a float32; rounding to it is to nearest,
+ * ties to even, NaN kept a (quiet) NaN. Buffers flagged "bf" hold bfloat16, others float32;
+ * indices below are in elements. */
+typedef unsigned short u16;
+typedef u16 vh __attribute__((vector_size(32)));
+typedef unsigned vu __attribute__((vector_size(64)));
+
+static inline float bf2f(u16 h) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline u16 f2bf(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    if (f != f) return (u16)((u >> 16) | 0x40);
+    return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline vf vload_any(const void *p, long i, int bf) {
+    if (!bf) return vload((const float *)p + i);
+    vh h;
+    memcpy(&h, (const u16 *)p + i, sizeof h);
+    return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+static inline void vstore_any(void *p, long i, vf x, int bf) {
+    if (!bf) { vstore((float *)p + i, x); return; }
+#ifdef HAVE_CVTNEPS2BF16
+    __m256bh b = _mm512_cvtneps_pbh((__m512)x);
+    memcpy((u16 *)p + i, &b, sizeof b);
+#else
+    vu u = (vu)x;
+    vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    r = (vu)vselect(x != x, (vf)((u >> 16) | 0x40u), (vf)r);
+    vh h = __builtin_convertvector(r, vh);
+    memcpy((u16 *)p + i, &h, sizeof h);
+#endif
+}
+static inline float load_any(const void *p, long i, int bf) {
+    return bf ? bf2f(((const u16 *)p)[i]) : ((const float *)p)[i];
+}
+static inline void store_any(void *p, long i, float x, int bf) {
+    if (bf) ((u16 *)p)[i] = f2bf(x);
+    else ((float *)p)[i] = x;
+}
 
 /* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): 2^n * p(r) with
  * n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7 minimax polynomial of
@@ -75,6 +120,17 @@ static inline float sdphi(int kind, float f) {
     return f > 1.0f ? 1.0f : 0.0f;
 }
 
+/* a . b with a float32 or bfloat16 (abf), b float32. */
+static inline float dot_any(const void *a, long ai, int abf, const float *b, long n) {
+    vf acc = vsplat(0.0f);
+    long j = 0;
+    for (; j + W <= n; j += W) acc += vload_any(a, ai + j, abf) * vload(b + j);
+    float s = 0.0f;
+    for (int i = 0; i < W; ++i) s += acc[i];
+    for (; j < n; ++j) s += load_any(a, ai + j, abf) * b[j];
+    return s;
+}
+
 static inline float dot(const float *a, const float *b, long n) {
     vf acc = vsplat(0.0f);
     long j = 0;
@@ -86,22 +142,22 @@ static inline float dot(const float *a, const float *b, long n) {
 }
 
 /* out[n, t] = phi(x[n, t]) for t < T (rows of D), zero where keep[n, t] == 0; z[n] += sum_t
- * out[n, t] when z is not NULL. keep: NULL or bytes with head stride ks. */
-void la_phi(int kind, const float *x, long N, long T, long D, long xs, float *out, long R,
-            float *z, const unsigned char *keep, long ks) {
+ * out[n, t] (as stored, i.e. after rounding to bfloat16) when z is not NULL. x and out are
+ * float32 or bfloat16 (xbf, obf); keep: NULL or bytes with head stride ks. */
+void la_phi(int kind, const void *x, int xbf, long N, long T, long D, long xs, void *out, int obf,
+            long R, float *z, const unsigned char *keep, long ks) {
     for (long n = 0; n < N; ++n) {
-        const float *xn = x + n * xs;
-        float *on = out + n * R * D;
+        long xn = n * xs, on = n * R * D;
         for (long t = 0; t < T; ++t) {
-            const float *row = xn + t * D;
-            float *dst = on + t * D;
+            long row = xn + t * D, dst = on + t * D;
             if (keep && !keep[n * ks + t]) {
-                memset(dst, 0, (size_t)D * sizeof(float));
+                memset((char *)out + dst * (obf ? 2 : 4), 0, (size_t)D * (obf ? 2 : 4));
                 continue;
             }
             long j = 0;
-            for (; j + W <= D; j += W) vstore(dst + j, vphi(kind, vload(row + j)));
-            for (; j < D; ++j) dst[j] = sphi(kind, row[j]);
+            for (; j + W <= D; j += W)
+                vstore_any(out, dst + j, vphi(kind, vload_any(x, row + j, xbf)), obf);
+            for (; j < D; ++j) store_any(out, dst + j, sphi(kind, load_any(x, row + j, xbf)), obf);
         }
         if (z) {
             /* Column sums of this head's block, one vector of columns at a time. */
@@ -109,12 +165,12 @@ void la_phi(int kind, const float *x, long N, long T, long D, long xs, float *ou
             long j = 0;
             for (; j + W <= D; j += W) {
                 vf acc = vsplat(0.0f);
-                for (long t = 0; t < T; ++t) acc += vload(on + t * D + j);
+                for (long t = 0; t < T; ++t) acc += vload_any(out, on + t * D + j, obf);
                 vstore(zn + j, vload(zn + j) + acc);
             }
             for (; j < D; ++j) {
                 float acc = 0.0f;
-                for (long t = 0; t < T; ++t) acc += on[t * D + j];
+                for (long t = 0; t < T; ++t) acc += load_any(out, on + t * D + j, obf);
                 zn[j] += acc;
             }
         }
@@ -134,27 +190,34 @@ static inline const float *group_row(const float *z, long zrows, long n, long t,
     return z + (n * nz + t / zrows) * L;
 }
 
-/* The normaliser of row t of head n before eps: fq . z (+ sx[n, t] where sx is not NULL). */
+/* The normaliser of row t of head n before eps: fq . z (+ sx[n, t] where sx is not NULL);
+ * fq float32 or bfloat16 (fbf). */
+static inline float den_any(const void *fq, int fbf, const float *z, long zrows, const float *sx,
+                            long n, long t, long R, long L) {
+    float d = dot_any(fq, (n * R + t) * L, fbf, group_row(z, zrows, n, t, R, L), L);
+    return sx ? d + sx[n * R + t] : d;
+}
+
 static inline float den_of(const float *fq, const float *z, long zrows, const float *sx, long n,
                            long t, long R, long L) {
-    float d = dot(fq + (n * R + t) * L, group_row(z, zrows, n, t, R, L), L);
-    return sx ? d + sx[n * R + t] : d;
+    return den_any(fq, 0, z, zrows, sx, n, t, R, L);
 }
 
 /* Buffers below are contiguous (N, R, F) (R >= T rows per head, the first T used); per-row
  * scalars (sx, ds, coef) are (N, R); out, g and dx are views with head strides os, gs, dxs. */
 
-/* out[n, t] = num[n, t] / guarded(den). */
-void la_normalise(const float *num, const float *fq, const float *z, long zrows, const float *sx,
-                  long N, long T, long R, long L, long Dv, float eps, float *out, long os) {
+/* out[n, t] = num[n, t] / guarded(den); num, fq and out float32 or bfloat16 (nbf, fbf, obf). */
+void la_normalise(const void *num, int nbf, const void *fq, int fbf, const float *z, long zrows,
+                  const float *sx, long N, long T, long R, long L, long Dv, float eps, void *out,
+                  int obf, long os) {
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t) {
-            float inv = 1.0f / guarded(den_of(fq, z, zrows, sx, n, t, R, L), eps);
-            const float *src = num + (n * R + t) * Dv;
-            float *dst = out + n * os + t * Dv;
+            float inv = 1.0f / guarded(den_any(fq, fbf, z, zrows, sx, n, t, R, L), eps);
+            long src = (n * R + t) * Dv, dst = n * os + t * Dv;
             long j = 0;
-            for (; j + W <= Dv; j += W) vstore(dst + j, vload(src + j) * inv);
-            for (; j < Dv; ++j) dst[j] = src[j] * inv;
+            for (; j + W <= Dv; j += W)
+                vstore_any(out, dst + j, vload_any(num, src + j, nbf) * inv, obf);
+            for (; j < Dv; ++j) store_any(out, dst + j, load_any(num, src + j, nbf) * inv, obf);
         }
 }
 
@@ -206,16 +269,17 @@ void la_grad_phi(int kind, const float *dphi, const float *f, const float *coef,
         }
 }
 
-/* Causal chunks: A (B, C, C) loses its strictly upper triangle (j > i) in place, and
- * rs[b, i] = sum_{j <= i} A[b, i, j] when rs is not NULL. */
-void la_mask_rowsum(float *A, long B, long C, float *rs) {
+/* Causal chunks: A (B, C, C), float32 or bfloat16 (abf), loses its strictly upper triangle
+ * (j > i) in place, and rs[b, i] = sum_{j <= i} A[b, i, j] (float32) when rs is not NULL. */
+void la_mask_rowsum(void *A, int abf, long B, long C, float *rs) {
+    size_t es = abf ? 2 : 4;
     for (long b = 0; b < B; ++b)
         for (long i = 0; i < C; ++i) {
-            float *row = A + (b * C + i) * C;
-            memset(row + i + 1, 0, (size_t)(C - i - 1) * sizeof(float));
+            long row = (b * C + i) * C;
+            memset((char *)A + (row + i + 1) * es, 0, (size_t)(C - i - 1) * es);
             if (rs) {
                 float s = 0.0f;
-                for (long j = 0; j <= i; ++j) s += row[j];
+                for (long j = 0; j <= i; ++j) s += load_any(A, row + j, abf);
                 rs[b * C + i] = s;
             }
         }

@@ -103,7 +103,7 @@ def linear_attention(
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
     T = q.shape[-2]
-    if (T >= NATIVE_MIN_T and native_supported(fmap, q)) or (
+    if (T >= NATIVE_MIN_T and native_supported(fmap, q, k, v)) or (
         T >= FUSED_MIN_T and fused_supported(fmap, q)
     ):
         chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size

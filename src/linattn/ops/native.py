@@ -49,13 +49,13 @@ _KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
 _lib: ctypes.CDLL | None = None
 _tried = False
 
-_P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+_P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
-    "la_phi": [ctypes.c_int, _P, _L, _L, _L, _L, _P, _L, _P, _P, _L],
-    "la_normalise": [_P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _L],
+    "la_phi": [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _P, _L],
+    "la_normalise": [_P, _I, _P, _I, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _I, _L],
     "la_norm_grad": [_P, _L, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P],
     "la_grad_phi": [ctypes.c_int, _P, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L],
-    "la_mask_rowsum": [_P, _L, _L, _P],
+    "la_mask_rowsum": [_P, _I, _L, _L, _P],
     "la_mask_add": [_P, _L, _L, _P],
     "la_prefix": [_P, _L, _L, _L, _P, _P, ctypes.c_int],
 }
@@ -78,14 +78,15 @@ def load() -> ctypes.CDLL | None:
     return _lib
 
 
-def native_supported(fmap: FeatureMap, q: Tensor) -> bool:
-    """Whether this call can take the native path: float32 on CPU, 1 + elu or 1 + relu."""
-    return (
-        type(fmap) in _KINDS
-        and q.dtype == torch.float32
-        and q.device.type == "cpu"
-        and load() is not None
-    )
+def native_supported(fmap: FeatureMap, q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether this call can take the native path: 1 + elu or 1 + relu on CPU, float32, or
+    bfloat16 without gradients (a forward on the CPU's bfloat16 dot-product units)."""
+    if type(fmap) not in _KINDS or q.device.type != "cpu":
+        return False
+    if q.dtype == torch.bfloat16:
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return not needs_grad and load() is not None
+    return q.dtype == torch.float32 and load() is not None
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -142,14 +143,20 @@ def phi(kind: int, x: Tensor, out: Tensor, z: Tensor | None = None, keep: Tensor
     if not out.is_contiguous() or out.shape[1] < T:
         raise ValueError("native phi: out must be a contiguous (N, R >= T, D) buffer")
     ks = 0 if keep is None else keep.stride(0)
-    load().la_phi(kind, x.data_ptr(), N, T, D, _head_stride(x), out.data_ptr(), out.shape[1],
-                  _ptr(z), _ptr(keep), ks)
+    load().la_phi(kind, x.data_ptr(), _bf(x), N, T, D, _head_stride(x), out.data_ptr(), _bf(out),
+                  out.shape[1], _ptr(z), _ptr(keep), ks)
+
+
+def _bf(x: Tensor) -> int:
+    """The compiled passes' dtype flag: 1 for bfloat16, 0 for float32."""
+    return int(x.dtype == torch.bfloat16)
 
 
 def _normalise(num, fq, z, zrows, sx, eps, out):
     N, R, Dv = num.shape
-    load().la_normalise(num.data_ptr(), fq.data_ptr(), z.data_ptr(), zrows, _ptr(sx), N,
-                        out.shape[1], R, fq.shape[2], Dv, eps, out.data_ptr(), _head_stride(out))
+    load().la_normalise(num.data_ptr(), _bf(num), fq.data_ptr(), _bf(fq), z.data_ptr(), zrows,
+                        _ptr(sx), N, out.shape[1], R, fq.shape[2], Dv, eps, out.data_ptr(),
+                        _bf(out), _head_stride(out))
 
 
 def _norm_grad(o, fq, z, zrows, sx, g, eps, dnum, ds):
@@ -186,11 +193,13 @@ class _Block:
         self.L, self.Dv, self.N = q.shape[2], v.shape[2], q.shape[0]
         self._bufs: dict[tuple, Tensor] = {}
 
-    def buf(self, name: str, *shape: int) -> Tensor:
-        """A contiguous (N, *shape) float32 buffer, allocated once per name and shape."""
+    def buf(self, name: str, *shape: int, acc: bool = False) -> Tensor:
+        """A contiguous (N, *shape) buffer, allocated once per name and shape: in the inputs'
+        dtype (what the matmuls read), or float32 with ``acc`` (sums and states)."""
         key = (name, shape)
         if key not in self._bufs:
-            self._bufs[key] = self.q.new_empty(self.N, *shape)
+            dtype = torch.float32 if acc else self.q.dtype
+            self._bufs[key] = self.q.new_empty(self.N, *shape, dtype=dtype)
         return self._bufs[key]
 
     def keep_at(self, t0, t1):
@@ -234,13 +243,19 @@ def _row_view(b: _Block, g: Tensor, t0: int, t1: int) -> Tensor:
 
 
 def _noncausal_forward(b: _Block, S, z, eps, block, out):
+    bf16 = b.q.dtype == torch.bfloat16  # block products in bfloat16, S summed in float32
     for t0, t1 in _ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
-        S.baddbmm_(fk.transpose(1, 2), b.values(t0, t1, t1 - t0, view_ok=True))
+        vb = b.values(t0, t1, t1 - t0, view_ok=True)
+        if bf16:
+            S += torch.bmm(fk.transpose(1, 2), vb)
+        else:
+            S.baddbmm_(fk.transpose(1, 2), vb)
+    Sm = S.to(b.q.dtype)
     for t0, t1 in _ranges(b.q.shape[1], block):
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
-        num = torch.bmm(fq, S, out=b.buf("num", T, b.Dv))
+        num = torch.bmm(fq, Sm, out=b.buf("num", T, b.Dv))
         _normalise(num, fq, z, T, None, eps, out[:, t0:t1])
 
 
@@ -254,20 +269,25 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
     R = n * chunk
     fq, fk, vb = b.features("q", t0, t1, R), b.features("k", t0, t1, R), b.values(t0, t1, R)
     fq3, fk3, v3 = fq.view(N * n, chunk, L), fk.view(N * n, chunk, L), vb.view(N * n, chunk, Dv)
-    # Each chunk's own state, turned in place into the state before the chunk.
-    S_before = torch.bmm(fk3.transpose(1, 2), v3, out=b.buf("S", n, L, Dv).view(-1, L, Dv))
+    # Each chunk's own state, turned in place into the state before the chunk (float32).
+    S_before = b.buf("S", n, L, Dv, acc=True).view(-1, L, Dv)
+    if fq.dtype == torch.float32:
+        torch.bmm(fk3.transpose(1, 2), v3, out=S_before)
+    else:
+        S_before.copy_(torch.bmm(fk3.transpose(1, 2), v3))
     S_before = _prefix(S_before.view(N, n, L, Dv), S, S if S_next is None else S_next)
-    z_before = torch.sum(fk.view(N, n, chunk, L), 2, out=b.buf("z", n, L))
+    z_before = torch.sum(fk.view(N, n, chunk, L), 2, dtype=torch.float32,
+                         out=b.buf("z", n, L, acc=True))
     z_before = _prefix(z_before, z, z if z_next is None else z_next)
     A = b.buf("A", n, chunk, chunk).view(-1, chunk, chunk)
     A = torch.bmm(fq3, fk3.transpose(1, 2), out=A)
-    rs = b.buf("rs", R)
-    load().la_mask_rowsum(A.data_ptr(), N * n, chunk, rs.data_ptr())
+    rs = b.buf("rs", R, acc=True)
+    load().la_mask_rowsum(A.data_ptr(), _bf(A), N * n, chunk, rs.data_ptr())
     c = dict(n=n, R=R, fq=fq, fk=fk, fq3=fq3, fk3=fk3, v3=v3, S_before=S_before,
              z_before=z_before, A=A, rs=rs)
     if numerator:
-        num = torch.bmm(fq3, S_before.view(N * n, L, Dv),
-                        out=b.buf("num", R, Dv).view(-1, chunk, Dv))
+        Sm = S_before if fq.dtype == torch.float32 else S_before.to(fq.dtype)
+        num = torch.bmm(fq3, Sm.view(N * n, L, Dv), out=b.buf("num", R, Dv).view(-1, chunk, Dv))
         c["num"] = num.baddbmm_(A, v3).view(N, R, Dv)
     return c
 
@@ -352,7 +372,8 @@ class _NativeLinearAttention(torch.autograd.Function):
                 S_states, z_states = S.unsqueeze(0), z.unsqueeze(0)
             else:
                 nb = len(_ranges(Tq, block))
-                S_states, z_states = q.new_empty(nb, N, L, Dv), q.new_empty(nb, N, L)
+                S_states = S0.new_empty(nb, N, L, Dv)
+                z_states = S0.new_empty(nb, N, L)
                 _causal_forward(b, S, z, eps, block, chunk, out, S_states, z_states)
         ctx.save_for_backward(q, k, v, keep, S_states, z_states, out)
         ctx.cfg = (kind, eps, block, chunk, is_causal)
@@ -381,7 +402,8 @@ class _NativeLinearAttention(torch.autograd.Function):
 
 
 def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0=None):
-    """Same contract as :func:`linattn.ops.fused.fused_linear_attention` (float32 only):
+    """Same contract as :func:`linattn.ops.fused.fused_linear_attention` (float32, or bfloat16
+    without gradients):
     q (..., Tq, D), k (..., T, D), v (..., T, Dv), keep bool broadcastable to (..., T, 1) or
     None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
     (..., ℓ, Dv + 1)."""
@@ -392,10 +414,11 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
         x = x.reshape(-1, *x.shape[-2:])
         flat.append(x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous())
     N = flat[0].shape[0]
+    acc = torch.float32
     if keep is not None:
         keep = keep.expand(*batch, k.shape[-2], 1).reshape(N, k.shape[-2]).contiguous()
     if S0 is None:
-        S0, z0 = q.new_zeros(N, L, Dv), q.new_zeros(N, L)
+        S0, z0 = q.new_zeros(N, L, Dv, dtype=acc), q.new_zeros(N, L, dtype=acc)
     else:
         S0 = S0.to(torch.float32).reshape(N, L, Dv + 1)
         S0, z0 = S0[..., :-1].contiguous(), S0[..., -1].contiguous()
