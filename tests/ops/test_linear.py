@@ -184,7 +184,10 @@ def test_half_state_accumulates_in_float32(linear_path, qkv):
         q.double(), k.double(), v.double(), is_causal=True, return_state=True
     )
     assert state64.S.dtype == torch.float64
-    torch.testing.assert_close(state.S.double(), state64.S, rtol=1e-6, atol=1e-6)
+    # The compiled path (taken by "fused" here: bfloat16 without gradients) multiplies on the
+    # bfloat16 units, which round each chunk's φ(k)ᵀv to bfloat16 before the float32 sum.
+    tol = torch.finfo(torch.bfloat16).eps if linear_path == "fused" else 1e-6
+    torch.testing.assert_close(state.S.double(), state64.S, rtol=tol, atol=tol)
 
 
 # ---------------------------------------------------------------------------------------------

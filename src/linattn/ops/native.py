@@ -24,6 +24,11 @@ differentiates φ through autograd. Here:
                dφ(k) = dAᵀ φ(q) + v G_cᵀ + g_z,c,  dv = Aᵀ dnum + φ(k) G_c, with G_c, g_z,c
                the gradients of the state after chunk c (a reverse prefix sum).
 
+bfloat16 inputs without gradients run the same forward with the matrix products on bfloat16
+blocks (the CPU's bf16 dot-product units; sums inside a product in float32, its result rounded
+to bfloat16 once) and φ, the states, the normaliser and the division in float32. bfloat16 with
+gradients takes the torch chunked path (float32 throughout).
+
 The compiled library is built on first use (:mod:`linattn._cbuild`); without a C compiler, or
 with ``LINATTN_NATIVE=0``, :func:`native_supported` is False and the torch paths run instead.
 """
