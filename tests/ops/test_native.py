@@ -70,7 +70,10 @@ def _assert_matches_reference(q, k, v, chunk_size=None, **kw):
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize(
     "T, D, Dv, chunk_size",
-    [(23, 5, 4, 3), (40, 16, 16, 4), (64, 64, 64, None), (47, 20, 33, 5), (1, 3, 2, None)],
+    [(23, 5, 4, 3), (40, 16, 16, 4), (64, 64, 64, None), (47, 20, 33, 5), (1, 3, 2, None),
+     # widths and chunks that are multiples of 16: the one-pass compiled causal forward, with
+     # several chunks per block, several blocks and a partial last chunk
+     (150, 16, 32, 16), (100, 32, 16, 32), (200, 64, 64, None)],
 )
 def test_matches_reference(native_on, feature_map, is_causal, T, D, Dv, chunk_size):
     q, k, v = _qkv(2, 3, T=T, D=D, Dv=Dv)
@@ -105,6 +108,22 @@ def test_every_key_padded_gives_zero_output(native_on):
     assert (out == 0).all()
     out.sum().backward()
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch):
+    """The compiled one-pass causal forward against the chunked torch products (same inputs):
+    equal to float32 rounding, with a last chunk of 1 token and one of 15."""
+    calls = []
+    monkeypatch.setattr(native, "_single_pass", lambda b, c: calls.append(1) or True)
+    for T in (129, 143):
+        q, k, v = _qkv(1, 2, T=T, D=16, Dv=32)
+        with torch.no_grad():
+            got = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
+            monkeypatch.setattr(native, "_single_pass", lambda b, c: False)
+            want = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
+            monkeypatch.setattr(native, "_single_pass", lambda b, c: calls.append(1) or True)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert calls
 
 
 def test_cross_lengths(native_on):

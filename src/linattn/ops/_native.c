@@ -338,3 +338,123 @@ void la_prefix(float *P, long N, long n, long F, const float *S0, float *S1, int
         }
     }
 }
+
+/* ------------------------------------------------------------------ causal forward, float32
+ * One pass over chunks of C tokens that keeps every operand of a chunk in L1/L2 and skips the
+ * zero half of the causal score block: per chunk
+ *     num = phi(q) S + tril(phi(q) phi(k)^T) v,   den = phi(q) . z + rowsum(tril(...)),
+ *     o = num / guarded(den + eps),   S += phi(k)^T v,   z += sum phi(k).
+ * The products run through one register-blocked kernel, MR rows x NV vectors of 16 columns. */
+
+#define MR 6
+#define NV 4
+
+/* C[i, 0:16 nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:16 nv] for i < mr. */
+static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, const float *A,
+                                                       long lda, long ak, const float *B,
+                                                       long ldb, float *C, long ldc, int add) {
+    vf acc[MR][NV];
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j)
+            acc[i][j] = add ? vload(C + i * ldc + j * W) : vsplat(0.0f);
+    for (long k = 0; k < K; ++k) {
+        vf b[NV];
+        for (int j = 0; j < nv; ++j) b[j] = vload(B + k * ldb + j * W);
+        for (int i = 0; i < mr; ++i) {
+            vf a = vsplat(A[i * lda + k * ak]);
+            for (int j = 0; j < nv; ++j) acc[i][j] += a * b[j];
+        }
+    }
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j) vstore(C + i * ldc + j * W, acc[i][j]);
+}
+
+/* Dispatch to a tile specialised for (mr, nv): constant sizes keep the accumulators in
+ * registers. */
+static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, const float *B,
+                     long ldb, float *C, long ldc, int add) {
+#define T_(r, c) case r * 8 + c: tile(r, c, K, A, lda, ak, B, ldb, C, ldc, add); break;
+#define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
+    switch (mr * 8 + nv) {
+        ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
+        default: break;
+    }
+#undef ROW_
+#undef T_
+}
+
+/* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak] (k < K, or k <= last row of the tile
+ * when tri: A lower triangular) and B rows of Nc (a multiple of 16). */
+static void gemm(long M, long Nc, long K, const float *A, long lda, long ak, const float *B,
+                 long ldb, float *C, long ldc, int add, int tri) {
+    for (long i0 = 0; i0 < M; i0 += MR) {
+        int mr = M - i0 < MR ? (int)(M - i0) : MR;
+        long k_end = tri ? (i0 + mr < K ? i0 + mr : K) : K;
+        for (long j0 = 0; j0 < Nc; j0 += NV * W) {
+            int nv = (Nc - j0) / W < NV ? (int)((Nc - j0) / W) : NV;
+            tile_any(mr, nv, k_end, A + i0 * lda, lda, ak, B + j0, ldb, C + i0 * ldc + j0, ldc,
+                     add);
+        }
+    }
+}
+
+/* Scores of a chunk of Cn <= C rows: Acc[i, j] = fq_i . fk_j for j <= i, 0 above (fkT: L x C,
+ * the keys' features transposed, zero beyond Cn; Acc rows of C); only the column vectors a row
+ * tile can reach are computed. */
+static void scores(long Cn, long C, long L, const float *fq, const float *fkT, float *Acc) {
+    for (long i0 = 0; i0 < Cn; i0 += MR) {
+        int mr = Cn - i0 < MR ? (int)(Cn - i0) : MR;
+        long reach = i0 + mr; /* columns 0 .. reach-1 */
+        for (long j0 = 0; j0 < reach; j0 += NV * W) {
+            long left = (reach - j0 + W - 1) / W;
+            int nv = left < NV ? (int)left : NV;
+            tile_any(mr, nv, L, fq + i0 * L, L, 1, fkT + j0, C, Acc + i0 * C + j0, C, 0);
+        }
+        for (int i = 0; i < mr; ++i) /* the causal mask inside the diagonal tile */
+            for (long j = i0 + i + 1; j < C; ++j) Acc[(i0 + i) * C + j] = 0.0f;
+    }
+}
+
+/* The causal forward over T tokens of N heads, chunks of C (a multiple of 16; L and Dv
+ * multiples of 16 too). q, k: rows of L with head strides qs, ks; v: rows of Dv, stride vs;
+ * out: rows of Dv, stride os. S (N, L, Dv) and z (N, L): the state before, updated in place to
+ * the state after. work: 2 C L + L C + C C + C Dv floats. Returns 0, or -1 on bad sizes. */
+int la_causal_forward(int kind, const float *q, long qs, const float *k, long ks, const float *v,
+                      long vs, long N, long T, long L, long Dv, long C, float eps, float *S,
+                      float *z, float *out, long os, float *work) {
+    if (C % W || L % W || Dv % W) return -1;
+    float *fq = work, *fk = fq + C * L, *fkT = fk + C * L, *A = fkT + L * C, *num = A + C * C;
+    for (long n = 0; n < N; ++n) {
+        float *Sn = S + n * L * Dv, *zn = z + n * L;
+        for (long t0 = 0; t0 < T; t0 += C) {
+            long Cn = T - t0 < C ? T - t0 : C;
+            const float *qc = q + n * qs + t0 * L, *kc = k + n * ks + t0 * L;
+            const float *vc = v + n * vs + t0 * Dv;
+            for (long i = 0; i < Cn * L; i += W) {
+                vstore(fq + i, vphi(kind, vload(qc + i)));
+                vstore(fk + i, vphi(kind, vload(kc + i)));
+            }
+            if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
+                memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+            for (long t = 0; t < C; ++t) /* fkT[l, t] = fk[t, l] */
+                for (long l = 0; l < L; ++l) fkT[l * C + t] = fk[t * L + l];
+            gemm(Cn, Dv, L, fq, L, 1, Sn, Dv, num, Dv, 0, 0);  /* phi(q) S */
+            scores(Cn, C, L, fq, fkT, A);                        /* tril(phi(q) phi(k)^T) */
+            gemm(Cn, Dv, Cn, A, C, 1, vc, Dv, num, Dv, 1, 1);  /* + A v */
+            for (long i = 0; i < Cn; ++i) {
+                float den = dot(fq + i * L, zn, L);
+                for (long j = 0; j <= i; ++j) den += A[i * C + j];
+                float inv = 1.0f / guarded(den, eps);
+                float *o = out + n * os + (t0 + i) * Dv;
+                for (long j = 0; j < Dv; j += W) vstore(o + j, vload(num + i * Dv + j) * inv);
+            }
+            gemm(L, Dv, Cn, fk, 1, L, vc, Dv, Sn, Dv, 1, 0);   /* S += phi(k)^T v */
+            for (long l = 0; l < L; l += W) {
+                vf acc = vload(zn + l);
+                for (long t = 0; t < Cn; ++t) acc += vload(fk + t * L + l);
+                vstore(zn + l, acc);
+            }
+        }
+    }
+    return 0;
+}

@@ -63,7 +63,9 @@ _SIGNATURES = {
     "la_mask_rowsum": [_P, _I, _L, _L, _P],
     "la_mask_add": [_P, _L, _L, _P],
     "la_prefix": [_P, _L, _L, _L, _P, _P, ctypes.c_int],
+    "la_causal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P, _L, _P],
 }
+_RETURNS_INT = {"la_causal_forward"}
 
 
 def load() -> ctypes.CDLL | None:
@@ -77,7 +79,8 @@ def load() -> ctypes.CDLL | None:
                 if lib is not None:
                     for name, args in _SIGNATURES.items():
                         fn = getattr(lib, name)
-                        fn.argtypes, fn.restype = args, None
+                        fn.argtypes = args
+                        fn.restype = ctypes.c_int if name in _RETURNS_INT else None
                     _lib = lib
                     break
     return _lib
@@ -297,7 +300,26 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
     return c
 
 
+def _single_pass(b: _Block, chunk: int) -> bool:
+    """Whether the one-pass compiled causal forward applies: float32, no padding, chunk and
+    widths multiples of 16 (its vector tiles)."""
+    return (b.q.dtype == torch.float32 and b.keep is None
+            and chunk % 16 == 0 and b.L % 16 == 0 and b.Dv % 16 == 0)
+
+
 def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
+    if _single_pass(b, chunk):
+        L, Dv = b.L, b.Dv
+        work = b.q.new_empty(2 * chunk * L + L * chunk + chunk * chunk + chunk * Dv)
+        for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
+            S_states[i], z_states[i] = S, z
+            q, k, v, o = (x[:, t0:t1] for x in (b.q, b.k, b.v, out))
+            rc = load().la_causal_forward(
+                b.kind, q.data_ptr(), _head_stride(q), k.data_ptr(), _head_stride(k),
+                v.data_ptr(), _head_stride(v), b.N, t1 - t0, L, Dv, chunk, eps, S.data_ptr(),
+                z.data_ptr(), o.data_ptr(), _head_stride(o), work.data_ptr())
+            assert rc == 0
+        return
     for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
         S_states[i], z_states[i] = S, z
         c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], S, z)
