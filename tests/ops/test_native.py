@@ -165,12 +165,15 @@ def test_prefill_then_step_continues_exactly(native_on):
     torch.testing.assert_close(torch.cat([head, last.unsqueeze(-2)], -2), full)
 
 
-def test_default_sizes_long_sequence():
-    """The shipped block and chunk sizes over several blocks, with a non-contiguous input."""
-    q, k, v = _qkv(1, 2, T=2 * linear_mod.FUSED_BLOCK_SIZE + 77, D=16, Dv=12)
+@pytest.mark.parametrize("Dv, chunk_size", [(12, None), (32, None), (16, 16)])
+def test_default_sizes_long_sequence(Dv, chunk_size):
+    """The shipped block size over several blocks of many chunks (Dv = 32, 16: the one-pass
+    compiled causal forward and backward; Dv = 12: the chunked torch products), with a
+    non-contiguous input."""
+    q, k, v = _qkv(1, 2, T=2 * linear_mod.FUSED_BLOCK_SIZE + 77, D=16, Dv=Dv)
     q = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, column-major rows
     for is_causal in (False, True):
-        _assert_matches_reference(q, k, v, is_causal=is_causal)
+        _assert_matches_reference(q, k, v, is_causal=is_causal, chunk_size=chunk_size)
 
 
 # ------------------------------------------------------------------------ the compiled passes

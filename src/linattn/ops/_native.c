@@ -385,17 +385,29 @@ static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, 
 
 /* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak] (k < K, or k <= last row of the tile
  * when tri: A lower triangular) and B rows of Nc (a multiple of 16). */
+enum { FULL = 0, LOWER = 1, UPPER = 2 };
+
+/* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak], k < K, and B rows of Nc (a multiple
+ * of 16). tri = LOWER: A is lower triangular, a row tile needs k <= its last row only;
+ * UPPER: upper triangular, k >= its first row only. */
 static void gemm(long M, long Nc, long K, const float *A, long lda, long ak, const float *B,
                  long ldb, float *C, long ldc, int add, int tri) {
     for (long i0 = 0; i0 < M; i0 += MR) {
         int mr = M - i0 < MR ? (int)(M - i0) : MR;
-        long k_end = tri ? (i0 + mr < K ? i0 + mr : K) : K;
+        long k0 = tri == UPPER ? (i0 < K ? i0 : K) : 0;
+        long k1 = tri == LOWER ? (i0 + mr < K ? i0 + mr : K) : K;
         for (long j0 = 0; j0 < Nc; j0 += NV * W) {
             int nv = (Nc - j0) / W < NV ? (int)((Nc - j0) / W) : NV;
-            tile_any(mr, nv, k_end, A + i0 * lda, lda, ak, B + j0, ldb, C + i0 * ldc + j0, ldc,
-                     add);
+            tile_any(mr, nv, k1 - k0, A + i0 * lda + k0 * ak, lda, ak, B + k0 * ldb + j0, ldb,
+                     C + i0 * ldc + j0, ldc, add);
         }
     }
+}
+
+/* dst (cols x rows) = src (rows x cols)^T, both dense. */
+static void transpose(long rows, long cols, const float *src, float *dst) {
+    for (long r = 0; r < rows; ++r)
+        for (long c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
 /* Scores of a chunk of Cn <= C rows: Acc[i, j] = fq_i . fk_j for j <= i, 0 above (fkT: L x C,
@@ -438,9 +450,9 @@ int la_causal_forward(int kind, const float *q, long qs, const float *k, long ks
                 memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
             for (long t = 0; t < C; ++t) /* fkT[l, t] = fk[t, l] */
                 for (long l = 0; l < L; ++l) fkT[l * C + t] = fk[t * L + l];
-            gemm(Cn, Dv, L, fq, L, 1, Sn, Dv, num, Dv, 0, 0);  /* phi(q) S */
-            scores(Cn, C, L, fq, fkT, A);                        /* tril(phi(q) phi(k)^T) */
-            gemm(Cn, Dv, Cn, A, C, 1, vc, Dv, num, Dv, 1, 1);  /* + A v */
+            gemm(Cn, Dv, L, fq, L, 1, Sn, Dv, num, Dv, 0, FULL);   /* phi(q) S */
+            scores(Cn, C, L, fq, fkT, A);                          /* tril(phi(q) phi(k)^T) */
+            gemm(Cn, Dv, Cn, A, C, 1, vc, Dv, num, Dv, 1, LOWER);  /* + A v */
             for (long i = 0; i < Cn; ++i) {
                 float den = dot(fq + i * L, zn, L);
                 for (long j = 0; j <= i; ++j) den += A[i * C + j];
@@ -448,11 +460,117 @@ int la_causal_forward(int kind, const float *q, long qs, const float *k, long ks
                 float *o = out + n * os + (t0 + i) * Dv;
                 for (long j = 0; j < Dv; j += W) vstore(o + j, vload(num + i * Dv + j) * inv);
             }
-            gemm(L, Dv, Cn, fk, 1, L, vc, Dv, Sn, Dv, 1, 0);   /* S += phi(k)^T v */
+            gemm(L, Dv, Cn, fk, 1, L, vc, Dv, Sn, Dv, 1, FULL);   /* S += phi(k)^T v */
             for (long l = 0; l < L; l += W) {
                 vf acc = vload(zn + l);
                 for (long t = 0; t < Cn; ++t) acc += vload(fk + t * L + l);
                 vstore(zn + l, acc);
+            }
+        }
+    }
+    return 0;
+}
+
+/* The causal backward over one block of T tokens (chunks of C; the same size rules as the
+ * forward), all in one pass per head: the block's chunk states are recomputed from the state
+ * before the block (S_in, z_in), then the chunks are walked in reverse with G, Gz = dL/d(state
+ * after the chunk):
+ *     dA = tril(dn v^T + ds),   dphi(q) = dA phi(k) + dn S_c^T + ds z_c,
+ *     dphi(k) = dA^T phi(q) + v G^T + Gz,   dv = A^T dn + phi(k) G,
+ *     G += phi(q)^T dn,   Gz += phi(q)^T ds,
+ * with dn = g / s, ds = -(g . o) / s from the output o and its gradient g. G and Gz leave as
+ * the gradient of the state before the block. dq, dk, dv: rows with head strides. work:
+ * nc (2 C L + L Dv + L) + 2 C C + Dv C + 2 Dv L + 2 C L + C Dv + C floats, nc = ceil(T / C). */
+int la_causal_backward(int kind, const float *q, long qs, const float *k, long ks,
+                       const float *v, long vs, const float *o, long os, const float *g, long gs,
+                       long N, long T, long L, long Dv, long C, float eps, const float *S_in,
+                       const float *z_in, float *G, float *Gz, float *dq, long dqs, float *dk,
+                       long dks, float *dv, long dvs, float *work) {
+    if (C % W || L % W || Dv % W) return -1;
+    long nc = (T + C - 1) / C;
+    float *FQ = work, *FK = FQ + nc * C * L, *SB = FK + nc * C * L, *ZB = SB + nc * L * Dv;
+    float *A = ZB + nc * L, *dA = A + C * C, *vT = dA + C * C, *ST = vT + Dv * C;
+    float *GT = ST + Dv * L, *fkT = GT + Dv * L, *dphi = fkT + L * C, *dn = dphi + C * L;
+    float *ds = dn + C * Dv;
+    for (long n = 0; n < N; ++n) {
+        float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
+        /* Recompute the features and the state before each chunk. */
+        memcpy(SB, S_in + n * L * Dv, (size_t)(L * Dv) * sizeof(float));
+        memcpy(ZB, z_in + n * L, (size_t)L * sizeof(float));
+        for (long c = 0; c < nc; ++c) {
+            long t0 = c * C, Cn = T - t0 < C ? T - t0 : C;
+            float *fq = FQ + c * C * L, *fk = FK + c * C * L;
+            const float *qc = q + n * qs + t0 * L, *kc = k + n * ks + t0 * L;
+            for (long i = 0; i < Cn * L; i += W) {
+                vstore(fq + i, vphi(kind, vload(qc + i)));
+                vstore(fk + i, vphi(kind, vload(kc + i)));
+            }
+            if (Cn < C) {
+                memset(fq + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+                memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+            }
+            if (c + 1 < nc) {
+                float *Sn = SB + (c + 1) * L * Dv, *zn = ZB + (c + 1) * L;
+                memcpy(Sn, SB + c * L * Dv, (size_t)(L * Dv) * sizeof(float));
+                gemm(L, Dv, Cn, fk, 1, L, v + n * vs + t0 * Dv, Dv, Sn, Dv, 1, FULL);
+                for (long l = 0; l < L; l += W) {
+                    vf acc = vload(ZB + c * L + l);
+                    for (long t = 0; t < Cn; ++t) acc += vload(fk + t * L + l);
+                    vstore(zn + l, acc);
+                }
+            }
+        }
+        for (long c = nc - 1; c >= 0; --c) {
+            long t0 = c * C, Cn = T - t0 < C ? T - t0 : C;
+            const float *fq = FQ + c * C * L, *fk = FK + c * C * L;
+            const float *Sb = SB + c * L * Dv, *zb = ZB + c * L;
+            const float *vc = v + n * vs + t0 * Dv;
+            transpose(C, L, fk, fkT);
+            scores(Cn, C, L, fq, fkT, A);
+            for (long i = 0; i < Cn; ++i) { /* the normaliser's and the output's gradients */
+                float den = dot(fq + i * L, zb, L) + eps;
+                for (long j = 0; j <= i; ++j) den += A[i * C + j];
+                const float *gi = g + n * gs + (t0 + i) * Dv;
+                float inv = den == 0.0f ? 1.0f : 1.0f / den;
+                ds[i] = den == 0.0f ? 0.0f : -dot(gi, o + n * os + (t0 + i) * Dv, Dv) * inv;
+                for (long j = 0; j < Dv; j += W) vstore(dn + i * Dv + j, vload(gi + j) * inv);
+            }
+            for (long d = 0; d < Dv; ++d) /* vT[d, t] = v[t, d], zero beyond the chunk */
+                for (long t = 0; t < C; ++t) vT[d * C + t] = t < Cn ? vc[t * Dv + d] : 0.0f;
+            scores(Cn, C, Dv, dn, vT, dA);
+            for (long i = 0; i < Cn; ++i)
+                for (long j = 0; j <= i; ++j) dA[i * C + j] += ds[i];
+            /* dq */
+            transpose(L, Dv, Sb, ST);
+            gemm(Cn, L, Cn, dA, C, 1, fk, L, dphi, L, 0, LOWER);
+            gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dphi, L, 1, FULL);
+            for (long i = 0; i < Cn; ++i) {
+                float *dst = dq + n * dqs + (t0 + i) * L;
+                vf dsi = vsplat(ds[i]);
+                for (long l = 0; l < L; l += W)
+                    vstore(dst + l, (vload(dphi + i * L + l) + dsi * vload(zb + l))
+                                        * vdphi(kind, vload(fq + i * L + l)));
+            }
+            /* dk */
+            transpose(L, Dv, Gn, GT);
+            gemm(Cn, L, Cn, dA, 1, C, fq, L, dphi, L, 0, UPPER);
+            gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 1, FULL);
+            for (long i = 0; i < Cn; ++i) {
+                float *dst = dk + n * dks + (t0 + i) * L;
+                for (long l = 0; l < L; l += W)
+                    vstore(dst + l, (vload(dphi + i * L + l) + vload(Gzn + l))
+                                        * vdphi(kind, vload(fk + i * L + l)));
+            }
+            /* dv, written in place */
+            float *dvc = dv + n * dvs + t0 * Dv;
+            gemm(Cn, Dv, Cn, A, 1, C, dn, Dv, dvc, Dv, 0, UPPER);
+            gemm(Cn, Dv, L, fk, L, 1, Gn, Dv, dvc, Dv, 1, FULL);
+            /* the state's gradient, before this chunk */
+            gemm(L, Dv, Cn, fq, 1, L, dn, Dv, Gn, Dv, 1, FULL);
+            for (long l = 0; l < L; l += W) {
+                vf acc = vload(Gzn + l);
+                for (long i = 0; i < Cn; ++i) acc += ds[i] * vload(fq + i * L + l);
+                vstore(Gzn + l, acc);
             }
         }
     }

@@ -64,8 +64,10 @@ _SIGNATURES = {
     "la_mask_add": [_P, _L, _L, _P],
     "la_prefix": [_P, _L, _L, _L, _P, _P, ctypes.c_int],
     "la_causal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P, _L, _P],
+    "la_causal_backward": [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F,
+                           _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
 }
-_RETURNS_INT = {"la_causal_forward"}
+_RETURNS_INT = {"la_causal_forward", "la_causal_backward"}
 
 
 def load() -> ctypes.CDLL | None:
@@ -349,6 +351,21 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
 def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
                      dq, dk, dv):
     kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
+    if _single_pass(b, chunk):
+        nc = -(-block // chunk)
+        work = b.q.new_empty(nc * (2 * chunk * L + L * Dv + L) + 2 * chunk * chunk
+                             + Dv * chunk + 2 * Dv * L + 2 * chunk * L + chunk * Dv + chunk)
+        for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
+            v = [x[:, t0:t1] for x in (b.q, b.k, b.v, out)]
+            v.append(_row_view(b, g_out, t0, t1))
+            grads = [x[:, t0:t1] for x in (dq, dk, dv)]
+            rc = load().la_causal_backward(
+                kind, *(a for x in v for a in (x.data_ptr(), _head_stride(x))), N, t1 - t0, L,
+                Dv, chunk, eps, S_states[i].data_ptr(), z_states[i].data_ptr(), G.data_ptr(),
+                Gz.data_ptr(), *(a for x in grads for a in (x.data_ptr(), _head_stride(x))),
+                work.data_ptr())
+            assert rc == 0
+        return
     for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
         T = t1 - t0
         c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], numerator=False)
