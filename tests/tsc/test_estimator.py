@@ -101,10 +101,11 @@ def test_save_load_round_trip(tmp_path):
 def test_variants_round_trip(tmp_path):
     X, y = toy(n=40, length=32, n_classes=2)
     clf = LinearAttentionClassifier(**TINY, stem="inception", stem_channels=8, window=6,
-                                    mixup=0.2).fit(X, y)
+                                    spectral=True, spectral_window=10, mixup=0.2).fit(X, y)
     clf.save(tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert cfg["model"]["stem"] == "inception" and cfg["model"]["window"] == 6
+    assert cfg["model"]["spectral_window"] == 10
     assert cfg["params"]["mixup"] == 0.2
     back = LinearAttentionClassifier.load(tmp_path / "m")
     assert back.get_params() == clf.get_params()

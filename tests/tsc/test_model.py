@@ -28,7 +28,8 @@ def test_reference_recipe_size_and_structure():
 
 @pytest.mark.parametrize("kw", [dict(), dict(stem="conv"), dict(spectral=True),
                                 dict(stem="inception", stem_channels=8), dict(window=8),
-                                dict(stem="inception", stem_channels=8, window=9)])
+                                dict(stem="inception", stem_channels=8, window=9),
+                                dict(spectral=True, spectral_window=13)])
 def test_padding_to_whole_patches(kw):
     torch.manual_seed(0)
     m = FordATransformer(ModelConfig(length=23, n_classes=3, patch=5, d_model=8, depth=1,
@@ -52,6 +53,9 @@ def test_overlapping_window_sees_the_neighbouring_patches():
     h = m.tokens(x)[0]
     changed = [t for t in range(4) if not torch.allclose(h[t], base)]
     assert changed == [1, 2]
+    spec = FordATransformer(ModelConfig(length=20, patch=5, spectral=True, spectral_window=12))
+    assert spec.tokens(torch.randn(2, 20)).shape == (2, 4, 64)
+    assert spec.spectral.out_features == 7 and spec.embed.in_features == 5 + 7
     # window = patch is the disjoint-patch embedding
     assert FordATransformer(ModelConfig(window=10)).embed.in_features == 10
 
@@ -61,6 +65,8 @@ def test_config_validation():
         ModelConfig(stem="lstm").validate()
     with pytest.raises(ValueError, match="window"):
         ModelConfig(patch=10, window=6).validate()
+    with pytest.raises(ValueError, match="spectral_window"):
+        ModelConfig(patch=10, spectral_window=4).validate()
     with pytest.raises(ValueError, match="divisible by 4"):
         ModelConfig(stem="inception", stem_channels=6).validate()
     with pytest.raises(ValueError, match="unknown keys"):

@@ -30,7 +30,8 @@ __all__ = ["LinearAttentionClassifier", "FORMAT"]
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
 
 _MODEL_PARAMS = ("patch", "d_model", "depth", "heads", "head_dim", "mlp_dim", "dropout",
-                 "feature_map", "stem", "stem_channels", "spectral", "spectrum_tokens", "window")
+                 "feature_map", "stem", "stem_channels", "spectral", "spectrum_tokens", "window",
+                 "spectral_window")
 _TRAIN_PARAMS = ("epochs", "batch_size", "lr", "weight_decay", "pct_start", "label_smoothing",
                  "clip", "shift", "scale_low", "scale_high", "mixup", "cutmix")
 
@@ -59,7 +60,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     MLP 128, dropout 0.1, mean pooling; AdamW (wd 0.05), one-cycle LR to 1e-3, batch 64, label
     smoothing 0.05, clipping at 1, 80 epochs, random circular shifts and amplitude scaling
     U(0.8, 1.2). Variants (off by default): ``stem`` "conv" / "inception", ``window`` (overlapping
-    patch embedding), ``spectral``, ``spectrum_tokens`` (see
+    patch embedding), ``spectral`` (with ``spectral_window``), ``spectrum_tokens`` (see
     :class:`~linattn.tsc.model.ModelConfig`); ``mixup`` / ``cutmix`` (see
     :class:`~linattn.tsc.training.TrainConfig`).
 
@@ -84,6 +85,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         spectral: bool = False,
         spectrum_tokens: int = 0,
         window: int = 0,
+        spectral_window: int = 0,
         epochs: int = 80,
         batch_size: int = 64,
         lr: float = 1e-3,
@@ -105,6 +107,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.head_dim, self.mlp_dim, self.dropout = head_dim, mlp_dim, dropout
         self.feature_map, self.stem, self.stem_channels = feature_map, stem, stem_channels
         self.spectral, self.spectrum_tokens, self.window = spectral, spectrum_tokens, window
+        self.spectral_window = spectral_window
         self.epochs, self.batch_size, self.lr = epochs, batch_size, lr
         self.weight_decay, self.pct_start = weight_decay, pct_start
         self.label_smoothing, self.clip = label_smoothing, clip

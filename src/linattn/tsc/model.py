@@ -38,7 +38,8 @@ class ModelConfig:
     ``window``: samples (per channel) each token's embedding sees: 0 = ``patch`` (disjoint
     patches, the reference); a larger window overlaps the neighbouring patches, centred on the
     token's patch (zero padded at the ends), stride ``patch``. ``spectral``: also feed each
-    token the log-magnitude spectrum of a Hann window of ``2·patch`` samples centred on its patch.
+    token the log-magnitude spectrum of a Hann window of ``spectral_window`` samples
+    (0 = ``2·patch``) centred on its patch.
     ``spectrum_tokens``: append this many tokens made from the log-magnitude spectrum of the
     whole series, split into as many contiguous frequency bands (each band its own linear map).
     """
@@ -58,6 +59,7 @@ class ModelConfig:
     spectral: bool = False
     spectrum_tokens: int = 0
     window: int = 0
+    spectral_window: int = 0
 
     @property
     def tokens(self) -> int:
@@ -103,32 +105,39 @@ class ModelConfig:
                 (self.window and self.window < self.patch):
             raise ValueError("model config: window must be 0 or an integer >= patch, "
                              f"got {self.window!r}")
+        if not isinstance(self.spectral_window, int) or isinstance(self.spectral_window, bool) \
+                or (self.spectral_window and self.spectral_window < self.patch):
+            raise ValueError("model config: spectral_window must be 0 or an integer >= patch, "
+                             f"got {self.spectral_window!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model config: dropout must be in [0, 1), got {self.dropout!r}")
 
 
 class SpectralPatches(nn.Module):
-    """Per-token log-magnitude spectrum: (B, L_pad) -> (B, T, patch + 1).
+    """Per-token log-magnitude spectrum: (B, L_pad) -> (B, T, window // 2 + 1).
 
-    Token t sees samples ``[t·p − p/2, t·p + 3p/2)`` (zero padded at the ends) under a Hann
-    window; ``log(|rfft|² + 1e-4) / 2``, so silence and scale changes stay finite."""
+    Token t sees ``window`` samples (default ``2·patch``) centred on its patch, i.e.
+    ``[t·p − (w − p)/2, t·p + p + (w − p)/2)`` (zero padded at the ends), under a Hann window;
+    ``log(|rfft|² + 1e-4) / 2``, so silence and scale changes stay finite."""
 
-    def __init__(self, patch: int) -> None:
+    def __init__(self, patch: int, window: int = 0) -> None:
         super().__init__()
         self.patch = patch
-        self.register_buffer("window", torch.hann_window(2 * patch, periodic=False),
+        self.size = window or 2 * patch
+        self.register_buffer("window", torch.hann_window(self.size, periodic=False),
                              persistent=False)
 
     @property
     def out_features(self) -> int:
-        return self.patch + 1
+        return self.size // 2 + 1
 
     def forward(self, x: Tensor) -> Tensor:
-        p = self.patch
-        xp = F.pad(x, (p // 2, p - p // 2))
-        frames = xp.unfold(-1, 2 * p, p) * self.window  # (B, T, 2p)
+        p, w = self.patch, self.size
+        left = (w - p) // 2
+        xp = F.pad(x, (left, w - p - left))
+        frames = xp.unfold(-1, w, p) * self.window  # (B, T, w)
         spec = torch.fft.rfft(frames, dim=-1)
-        return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)[..., : p + 1]
+        return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
 
 
 class SpectrumTokens(nn.Module):
@@ -194,7 +203,7 @@ class FordATransformer(nn.Module):
             config = ModelConfig(**{**config.to_dict(), **overrides})
         config.validate()
         self.config = c = config
-        self.spectral = SpectralPatches(c.patch) if c.spectral else None
+        self.spectral = SpectralPatches(c.patch, c.spectral_window) if c.spectral else None
         extra = self.spectral.out_features if self.spectral is not None else 0
         self.window = c.window or c.patch
         if c.stem == "linear":
