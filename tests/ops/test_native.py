@@ -126,6 +126,23 @@ def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch):
     assert calls
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_threads_split_heads(monkeypatch, is_causal):
+    """With several torch threads the compiled passes run on groups of heads in parallel:
+    5 heads over 3 threads (uneven groups) give what one thread gives, forward and backward."""
+    q, k, v = _qkv(1, 5, T=300, D=16, Dv=16)
+    g = torch.randn(1, 5, 300, 16)
+    results = []
+    for threads in (1, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda n=threads: n)
+        results.append(_grads(lambda *x: linattn.linear_attention(*x, is_causal=is_causal),
+                              (q, k, v), g))
+    (o1, g1), (o3, g3) = results
+    torch.testing.assert_close(o3, o1, rtol=0, atol=0)
+    for a, b in zip(g3, g1, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_cross_lengths(native_on):
     q, k, v = _qkv(2, T=37, D=8, Dv=7, Tq=13)
     _assert_matches_reference(q, k, v)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -302,6 +303,33 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
     return c
 
 
+def _ptrs(*views: Tensor) -> list[int]:
+    """(data pointer, head stride) of each (N, T, F) view, flattened: the compiled passes'
+    argument pairs."""
+    return [a for x in views for a in (x.data_ptr(), _head_stride(x))]
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _over_heads(b: _Block, size: int, fn) -> None:
+    """fn(h0, h1, work) over groups of heads, one group per torch thread: the compiled passes
+    are single-threaded and heads are independent. ctypes releases the GIL during the call,
+    so Python threads run them in parallel. work: a float32 scratch buffer of ``size``."""
+    global _POOL
+    groups = min(torch.get_num_threads(), b.N)
+    bounds = [b.N * g // groups for g in range(groups + 1)]
+    works = [b.q.new_empty(size, dtype=torch.float32) for _ in range(groups)]
+    if groups == 1:
+        fn(0, b.N, works[0])
+        return
+    if _POOL is None or _POOL._max_workers < groups:
+        _POOL = ThreadPoolExecutor(groups, thread_name_prefix="linattn")
+    jobs = [_POOL.submit(fn, bounds[g], bounds[g + 1], works[g]) for g in range(groups)]
+    for job in jobs:
+        job.result()
+
+
 def _single_pass(b: _Block, chunk: int) -> bool:
     """Whether the one-pass compiled causal forward applies: float32, no padding, chunk and
     widths multiples of 16 (its vector tiles)."""
@@ -312,16 +340,18 @@ def _single_pass(b: _Block, chunk: int) -> bool:
 def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
     if _single_pass(b, chunk):
         L, Dv = b.L, b.Dv
-        work = b.q.new_empty(2 * chunk * L + L * chunk + chunk * chunk + chunk * Dv)
-        for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
-            S_states[i], z_states[i] = S, z
-            q, k, v, o = (x[:, t0:t1] for x in (b.q, b.k, b.v, out))
-            rc = load().la_causal_forward(
-                b.kind, q.data_ptr(), _head_stride(q), k.data_ptr(), _head_stride(k),
-                v.data_ptr(), _head_stride(v), b.N, t1 - t0, L, Dv, chunk, eps, S.data_ptr(),
-                z.data_ptr(), o.data_ptr(), _head_stride(o), work.data_ptr())
-            assert rc == 0
-        return
+        size = 2 * chunk * L + L * chunk + chunk * chunk + chunk * Dv
+
+        def heads(h0, h1, work):
+            for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
+                S_states[i, h0:h1], z_states[i, h0:h1] = S[h0:h1], z[h0:h1]
+                q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
+                rc = load().la_causal_forward(
+                    b.kind, *_ptrs(q, k, v), h1 - h0, t1 - t0, L, Dv, chunk, eps,
+                    S[h0].data_ptr(), z[h0].data_ptr(), *_ptrs(o), work.data_ptr())
+                assert rc == 0
+
+        return _over_heads(b, size, heads)
     for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
         S_states[i], z_states[i] = S, z
         c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], S, z)
@@ -353,19 +383,25 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
     kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
     if _single_pass(b, chunk):
         nc = -(-block // chunk)
-        work = b.q.new_empty(nc * (2 * chunk * L + L * Dv + L) + 2 * chunk * chunk
-                             + Dv * chunk + 2 * Dv * L + 2 * chunk * L + chunk * Dv + chunk)
-        for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
-            v = [x[:, t0:t1] for x in (b.q, b.k, b.v, out)]
-            v.append(_row_view(b, g_out, t0, t1))
-            grads = [x[:, t0:t1] for x in (dq, dk, dv)]
-            rc = load().la_causal_backward(
-                kind, *(a for x in v for a in (x.data_ptr(), _head_stride(x))), N, t1 - t0, L,
-                Dv, chunk, eps, S_states[i].data_ptr(), z_states[i].data_ptr(), G.data_ptr(),
-                Gz.data_ptr(), *(a for x in grads for a in (x.data_ptr(), _head_stride(x))),
-                work.data_ptr())
-            assert rc == 0
-        return
+        size = (nc * (2 * chunk * L + L * Dv + L) + 2 * chunk * chunk + Dv * chunk + 2 * Dv * L
+                + 2 * chunk * L + chunk * Dv + chunk)
+        def heads(h0, h1, work):
+            g_buf = None
+            for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
+                g = g_out[h0:h1, t0:t1]
+                if g.stride(-1) != 1 or (g.shape[1] > 1 and g.stride(1) != Dv):
+                    # e.g. the stride-0 gradient of a .sum(): one block at a time, in cache
+                    g_buf = g.new_empty(h1 - h0, block, Dv) if g_buf is None else g_buf
+                    g = g_buf[:, : t1 - t0].copy_(g)
+                ins = (*(x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out)), g)
+                grads = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
+                rc = load().la_causal_backward(
+                    kind, *_ptrs(*ins), h1 - h0, t1 - t0, L, Dv, chunk, eps,
+                    S_states[i, h0].data_ptr(), z_states[i, h0].data_ptr(), G[h0].data_ptr(),
+                    Gz[h0].data_ptr(), *_ptrs(*grads), work.data_ptr())
+                assert rc == 0
+
+        return _over_heads(b, size, heads)
     for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
         T = t1 - t0
         c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], numerator=False)
