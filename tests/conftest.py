@@ -116,6 +116,25 @@ def assert_close():
     return check
 
 
+@pytest.fixture
+def fast_path_calls(monkeypatch):
+    """Force the fast paths on for every length, with blocks of 8 tokens so that short test
+    sequences span several; returns ``count(module, name)``, which wraps ``module.name`` so
+    that each call appends to the list it returns (to check a path was really taken)."""
+    from linattn.ops import linear
+
+    monkeypatch.setattr(linear, "FUSED_MIN_T", 0)
+    monkeypatch.setattr(linear, "FUSED_BLOCK_SIZE", 8)
+
+    def count(module, name: str) -> list:
+        calls: list = []
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        return calls
+
+    return count
+
+
 @pytest.fixture(params=["portable", "fused"])
 def linear_path(request, monkeypatch):
     """Run the test once per implementation behind ``linattn.linear_attention``: the portable

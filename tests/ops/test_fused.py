@@ -11,20 +11,12 @@ import torch
 
 import linattn
 from linattn.feature_maps import FavorPlus, Hedgehog, Polynomial, RandomReLU
-from linattn.ops import fused as fused_mod
 from linattn.ops import linear as linear_mod
 
 
 @pytest.fixture
-def fused_on(monkeypatch):
-    monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 0)
-    monkeypatch.setattr(linear_mod, "FUSED_BLOCK_SIZE", 8)
-    calls = []
-    real = fused_mod.fused_linear_attention
-    monkeypatch.setattr(
-        linear_mod, "fused_linear_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    )
-    return calls
+def fused_on(fast_path_calls):
+    return fast_path_calls(linear_mod, "fused_linear_attention")
 
 
 MAPS = {

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import linattn
 from linattn import _cbuild
+from linattn.ops import fused as fused_mod
 from linattn.ops import linear as linear_mod
 from linattn.ops import native
 
@@ -19,17 +20,9 @@ pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
 
 
 @pytest.fixture
-def native_on(monkeypatch):
+def native_on(fast_path_calls):
     """Force the fast path; count the calls that really took the native route."""
-    monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 0)
-    monkeypatch.setattr(linear_mod, "FUSED_BLOCK_SIZE", 8)
-    calls = []
-    real = native.native_linear_attention
-    monkeypatch.setattr(
-        "linattn.ops.fused.native_linear_attention",
-        lambda *a, **kw: calls.append(1) or real(*a, **kw),
-    )
-    return calls
+    return fast_path_calls(fused_mod, "native_linear_attention")
 
 
 def _qkv(*batch, T, D, Dv, seed=0, Tq=None):
