@@ -576,3 +576,105 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
     }
     return 0;
 }
+
+/* ------------------------------------------------------------- non-causal, float32, one pass
+ * Per head, chunk by chunk with the chunk's features in L1:
+ *     keys:     S += phi(k)^T v,  z += sum phi(k)
+ *     queries:  o = phi(q) S / guarded(phi(q) . z + eps)
+ * Tq queries, Tk keys; S (N, L, Dv), z (N, L) in/out (the sums include what they held).
+ * work: C L + C Dv floats. */
+int la_noncausal_forward(int kind, const float *q, long qs, const float *k, long ks,
+                         const float *v, long vs, long N, long Tq, long Tk, long L, long Dv,
+                         long C, float eps, float *S, float *z, float *out, long os,
+                         float *work) {
+    if (L % W || Dv % W) return -1;
+    float *f = work, *num = f + C * L;
+    for (long n = 0; n < N; ++n) {
+        float *Sn = S + n * L * Dv, *zn = z + n * L;
+        for (long t0 = 0; t0 < Tk; t0 += C) {
+            long Cn = Tk - t0 < C ? Tk - t0 : C;
+            const float *kc = k + n * ks + t0 * L;
+            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(kc + i)));
+            gemm(L, Dv, Cn, f, 1, L, v + n * vs + t0 * Dv, Dv, Sn, Dv, 1, FULL);
+            for (long l = 0; l < L; l += W) {
+                vf acc = vload(zn + l);
+                for (long t = 0; t < Cn; ++t) acc += vload(f + t * L + l);
+                vstore(zn + l, acc);
+            }
+        }
+        for (long t0 = 0; t0 < Tq; t0 += C) {
+            long Cn = Tq - t0 < C ? Tq - t0 : C;
+            const float *qc = q + n * qs + t0 * L;
+            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(qc + i)));
+            gemm(Cn, Dv, L, f, L, 1, Sn, Dv, num, Dv, 0, FULL);
+            for (long i = 0; i < Cn; ++i) {
+                float inv = 1.0f / guarded(dot(f + i * L, zn, L), eps);
+                float *o = out + n * os + (t0 + i) * Dv;
+                for (long j = 0; j < Dv; j += W) vstore(o + j, vload(num + i * Dv + j) * inv);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Its backward: with dn = g / s, ds = -(g . o) / s per query row,
+ *     G = G_in + sum phi(q)^T dn,  Gz = Gz_in + sum ds phi(q),
+ *     dq = (dn S^T + ds z) phi'(q),  dk = (v G^T + Gz) phi'(k),  dv = phi(k) G.
+ * S, z: the final sums of the forward; G, Gz in/out. work: 2 C L + 2 L Dv + C Dv floats. */
+int la_noncausal_backward(int kind, const float *q, long qs, const float *k, long ks,
+                          const float *v, long vs, const float *o, long os, const float *g,
+                          long gs, long N, long Tq, long Tk, long L, long Dv, long C, float eps,
+                          const float *S, const float *z, float *G, float *Gz, float *dq,
+                          long dqs, float *dk, long dks, float *dv, long dvs, float *work) {
+    if (L % W || Dv % W) return -1;
+    float *f = work, *ST = f + C * L, *GT = ST + L * Dv, *dphi = GT + L * Dv;
+    float ds[C];
+    for (long n = 0; n < N; ++n) {
+        const float *Sn = S + n * L * Dv, *zn = z + n * L;
+        float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
+        transpose(L, Dv, Sn, ST);
+        for (long t0 = 0; t0 < Tq; t0 += C) {
+            long Cn = Tq - t0 < C ? Tq - t0 : C;
+            const float *qc = q + n * qs + t0 * L;
+            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(qc + i)));
+            float *dn = dphi; /* dn (Cn x Dv) first, then dphi reuses the space after G */
+            for (long i = 0; i < Cn; ++i) {
+                float den = dot(f + i * L, zn, L) + eps;
+                const float *gi = g + n * gs + (t0 + i) * Dv;
+                float inv = den == 0.0f ? 1.0f : 1.0f / den;
+                ds[i] = den == 0.0f ? 0.0f : -dot(gi, o + n * os + (t0 + i) * Dv, Dv) * inv;
+                for (long j = 0; j < Dv; j += W) vstore(dn + i * Dv + j, vload(gi + j) * inv);
+            }
+            gemm(L, Dv, Cn, f, 1, L, dn, Dv, Gn, Dv, 1, FULL);
+            for (long l = 0; l < L; l += W) {
+                vf acc = vload(Gzn + l);
+                for (long i = 0; i < Cn; ++i) acc += ds[i] * vload(f + i * L + l);
+                vstore(Gzn + l, acc);
+            }
+            float *dfq = dphi + C * Dv;
+            gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dfq, L, 0, FULL);
+            for (long i = 0; i < Cn; ++i) {
+                float *dst = dq + n * dqs + (t0 + i) * L;
+                vf dsi = vsplat(ds[i]);
+                for (long l = 0; l < L; l += W)
+                    vstore(dst + l, (vload(dfq + i * L + l) + dsi * vload(zn + l))
+                                        * vdphi(kind, vload(f + i * L + l)));
+            }
+        }
+        transpose(L, Dv, Gn, GT);
+        for (long t0 = 0; t0 < Tk; t0 += C) {
+            long Cn = Tk - t0 < C ? Tk - t0 : C;
+            const float *kc = k + n * ks + t0 * L, *vc = v + n * vs + t0 * Dv;
+            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(kc + i)));
+            gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 0, FULL);
+            for (long i = 0; i < Cn; ++i) {
+                float *dst = dk + n * dks + (t0 + i) * L;
+                for (long l = 0; l < L; l += W)
+                    vstore(dst + l, (vload(dphi + i * L + l) + vload(Gzn + l))
+                                        * vdphi(kind, vload(f + i * L + l)));
+            }
+            gemm(Cn, Dv, L, f, L, 1, Gn, Dv, dv + n * dvs + t0 * Dv, Dv, 0, FULL);
+        }
+    }
+    return 0;
+}

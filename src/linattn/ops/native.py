@@ -65,10 +65,17 @@ _SIGNATURES = {
     "la_mask_add": [_P, _L, _L, _P],
     "la_prefix": [_P, _L, _L, _L, _P, _P, ctypes.c_int],
     "la_causal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P, _L, _P],
+    "la_noncausal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P,
+                             _L, _P],
+    "la_noncausal_backward": [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L,
+                              _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
     "la_causal_backward": [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F,
                            _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
 }
-_RETURNS_INT = {"la_causal_forward", "la_causal_backward"}
+_RETURNS_INT = {"la_causal_forward", "la_causal_backward", "la_noncausal_forward",
+                "la_noncausal_backward"}
+#: Tokens per chunk of the one-pass non-causal kernels (their features stay in L1).
+NONCAUSAL_CHUNK = 64
 
 
 def load() -> ctypes.CDLL | None:
@@ -254,6 +261,17 @@ def _row_view(b: _Block, g: Tensor, t0: int, t1: int) -> Tensor:
 
 
 def _noncausal_forward(b: _Block, S, z, eps, block, out):
+    if _single_pass(b, NONCAUSAL_CHUNK):
+        C, L, Dv = NONCAUSAL_CHUNK, b.L, b.Dv
+
+        def heads(h0, h1, work):
+            q, k, v, o = (x[h0:h1] for x in (b.q, b.k, b.v, out))
+            rc = load().la_noncausal_forward(
+                b.kind, *_ptrs(q, k, v), h1 - h0, q.shape[1], k.shape[1], L, Dv, C, eps,
+                S[h0].data_ptr(), z[h0].data_ptr(), *_ptrs(o), work.data_ptr())
+            assert rc == 0
+
+        return _over_heads(b, C * L + C * Dv, heads)
     bf16 = b.q.dtype == torch.bfloat16  # block products in bfloat16, S summed in float32
     for t0, t1 in _ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
@@ -360,6 +378,22 @@ def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states)
 
 def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, dv):
     kind, Dv, L = b.kind, b.Dv, b.L
+    if _single_pass(b, NONCAUSAL_CHUNK):
+        C = NONCAUSAL_CHUNK
+        S, z = S.contiguous(), z.contiguous()
+        if g_out.stride(-1) != 1 or (g_out.shape[1] > 1 and g_out.stride(1) != Dv):
+            g_out = g_out.contiguous()  # e.g. the stride-0 gradient of a .sum()
+
+        def heads(h0, h1, work):
+            ins = (x[h0:h1] for x in (b.q, b.k, b.v, out, g_out))
+            grads = (x[h0:h1] for x in (dq, dk, dv))
+            rc = load().la_noncausal_backward(
+                kind, *_ptrs(*ins), h1 - h0, b.q.shape[1], b.k.shape[1], L, Dv, C, eps,
+                S[h0].data_ptr(), z[h0].data_ptr(), G[h0].data_ptr(), Gz[h0].data_ptr(),
+                *_ptrs(*grads), work.data_ptr())
+            assert rc == 0
+
+        return _over_heads(b, 2 * C * L + 2 * L * Dv + C * Dv, heads)
     for t0, t1 in _ranges(b.q.shape[1], block):  # queries: dq, and the state's gradient
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
