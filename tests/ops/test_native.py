@@ -136,8 +136,11 @@ def test_threads_split_heads(monkeypatch, is_causal):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_cross_lengths(native_on):
-    q, k, v = _qkv(2, T=37, D=8, Dv=7, Tq=13)
+@pytest.mark.parametrize("T, Tq, D, Dv", [(37, 13, 8, 7), (130, 70, 16, 32), (50, 200, 32, 16)])
+def test_cross_lengths(native_on, T, Tq, D, Dv):
+    """Non-causal with Tq != Tk: block passes (odd widths) and the one-pass kernels (widths
+    multiples of 16, partial chunks on both sides)."""
+    q, k, v = _qkv(2, T=T, D=D, Dv=Dv, Tq=Tq)
     _assert_matches_reference(q, k, v)
 
 
