@@ -136,6 +136,20 @@ def test_threads_split_heads(monkeypatch, is_causal):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_expanded_output_gradient(native_on, is_causal):
+    """``.sum().backward()`` hands the op a stride-0 gradient, which the passes copy one block
+    at a time: same gradients as an explicit tensor of ones."""
+    q, k, v = _qkv(1, 3, T=140, D=16, Dv=32, Tq=None)
+    run = lambda *x: linattn.linear_attention(*x, is_causal=is_causal)  # noqa: E731
+    _, want = _grads(run, (q, k, v), torch.ones(1, 3, 140, 32))
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    run(*leaves).sum().backward()
+    for a, b in zip(leaves, want, strict=True):
+        torch.testing.assert_close(a.grad, b, rtol=1e-6, atol=1e-6)
+    assert native_on
+
+
 @pytest.mark.parametrize("T, Tq, D, Dv", [(37, 13, 8, 7), (130, 70, 16, 32), (50, 200, 32, 16)])
 def test_cross_lengths(native_on, T, Tq, D, Dv):
     """Non-causal with Tq != Tk: block passes (odd widths) and the one-pass kernels (widths

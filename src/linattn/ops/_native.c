@@ -620,19 +620,23 @@ int la_noncausal_forward(int kind, const float *q, long qs, const float *k, long
 /* Its backward: with dn = g / s, ds = -(g . o) / s per query row,
  *     G = G_in + sum phi(q)^T dn,  Gz = Gz_in + sum ds phi(q),
  *     dq = (dn S^T + ds z) phi'(q),  dk = (v G^T + Gz) phi'(k),  dv = phi(k) G.
- * S, z: the final sums of the forward; G, Gz in/out. work: 2 C L + 2 L Dv + C Dv floats. */
-int la_noncausal_backward(int kind, const float *q, long qs, const float *k, long ks,
+ * S, z: the final sums of the forward; G, Gz in/out. The query pass (dq, G, Gz) runs over
+ * the Tq queries, the key pass (dk, dv, from G and Gz) over the Tk keys; parts & 1 and parts & 2
+ * select them, so that the query pass can be fed in blocks. work: 2 C L + 2 L Dv + C Dv. */
+int la_noncausal_backward(int kind, int parts, const float *q, long qs, const float *k, long ks,
                           const float *v, long vs, const float *o, long os, const float *g,
                           long gs, long N, long Tq, long Tk, long L, long Dv, long C, float eps,
                           const float *S, const float *z, float *G, float *Gz, float *dq,
                           long dqs, float *dk, long dks, float *dv, long dvs, float *work) {
     if (L % W || Dv % W) return -1;
+    if (!(parts & 1)) Tq = 0;
+    if (!(parts & 2)) Tk = 0;
     float *f = work, *ST = f + C * L, *GT = ST + L * Dv, *dphi = GT + L * Dv;
     float ds[C];
     for (long n = 0; n < N; ++n) {
         const float *Sn = S + n * L * Dv, *zn = z + n * L;
         float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
-        transpose(L, Dv, Sn, ST);
+        if (Tq) transpose(L, Dv, Sn, ST);
         for (long t0 = 0; t0 < Tq; t0 += C) {
             long Cn = Tq - t0 < C ? Tq - t0 : C;
             const float *qc = q + n * qs + t0 * L;
@@ -661,7 +665,7 @@ int la_noncausal_backward(int kind, const float *q, long qs, const float *k, lon
                                         * vdphi(kind, vload(f + i * L + l)));
             }
         }
-        transpose(L, Dv, Gn, GT);
+        if (Tk) transpose(L, Dv, Gn, GT);
         for (long t0 = 0; t0 < Tk; t0 += C) {
             long Cn = Tk - t0 < C ? Tk - t0 : C;
             const float *kc = k + n * ks + t0 * L, *vc = v + n * vs + t0 * Dv;

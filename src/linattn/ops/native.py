@@ -1,22 +1,28 @@
-r"""The float32 CPU fast path: torch matmuls on 64-wide blocks, compiled element-wise passes.
+r"""The compiled CPU fast path of ``linear_attention`` for 1 + elu and 1 + relu (``_native.c``).
 
-Measured on this project's CPU (docs/benchmarks.md), the chunked torch path spends most of its
+Measured on this project's CPU (docs/benchmarks.md), the chunked torch path spent most of its
 time outside the matrix products: 1 + elu costs ~0.8 ns per element in torch, the [V, 1]
-column makes every product 65 wide where MKL is 15–20 % slower than at 64, and the backward
-differentiates φ through autograd. Here:
+column made every product 65 wide where MKL is 15–20 % slower than at 64, fresh outputs cost
+32768 page faults each, and the backward differentiated φ through autograd. Here the state is
+(S, z) with S = Σ φ(k)ᵀ v (ℓ×Dv) and z = Σ φ(k) (ℓ), outputs are advised onto huge pages, and
+φ' comes from φ itself (min(φ, 1) for 1 + elu, [φ > 1] for 1 + relu). Two tiers:
 
-* the normaliser is kept apart from the numerator: state (S, z) with S = Σ φ(k)ᵀ v (ℓ×Dv)
-  and z = Σ φ(k) (ℓ), so every matmul has the operands' own widths;
-* φ (1 + elu or 1 + relu), the column sums z, the normaliser dot products, the division and
-  the gradient of φ are one compiled pass each over a block still in cache (``_native.c``;
-  φ' comes from φ itself: min(φ, 1) for 1 + elu, [φ > 1] for 1 + relu);
-* per block of tokens, with A = φ(q)φ(k)ᵀ masked to j ≤ i inside each causal chunk:
+* **one pass per head** (float32, no padding mask, ℓ, Dv and the causal chunk multiples of 16):
+  compiled kernels walk each head chunk by chunk with the chunk's features in L1 and do every
+  product in a register-blocked tile (6 rows × 64 columns of accumulators), skipping the zero
+  half of each causal score block:
 
   non-causal   S += φ(k)ᵀ v,  z += Σ φ(k);   o = φ(q) S / (φ(q)·z)
-  causal       o_c = (A v_c + φ(q_c) S_c) / (rowsum A + φ(q_c)·z_c), (S, z) += chunk's own
+  causal       o_c = (A v_c + φ(q_c) S_c) / (rowsum A + φ(q_c)·z_c),  (S, z) += chunk's own,
+               A = tril(φ(q_c) φ(k_c)ᵀ)
 
-* the backward recomputes φ and the chunk states; it keeps one (S, z) per block, never one
-  per token. With s the normaliser and dnum = g / s, ds = −(g·o) / s:
+  With several torch threads, groups of heads run in parallel.
+* **block passes** (everything else: padding masks, other widths, bfloat16): torch matmuls on
+  blocks of tokens (64 wide), with φ, the column sums, the normaliser, the division and φ'
+  as one compiled pass each over a block still in cache.
+
+The backward keeps one (S, z) per block of tokens (never one per token) and recomputes the
+rest. With s the normaliser, dnum = g / s and ds = −(g·o) / s (from the saved output):
 
   non-causal   G = Σ φ(q)ᵀ dnum, g_z = Σ φ(q) ds;  dφ(q) = dnum Sᵀ + ds zᵀ,
                dφ(k) = v Gᵀ + g_z,  dv = φ(k) G
@@ -24,7 +30,7 @@ differentiates φ through autograd. Here:
                dφ(k) = dAᵀ φ(q) + v G_cᵀ + g_z,c,  dv = Aᵀ dnum + φ(k) G_c, with G_c, g_z,c
                the gradients of the state after chunk c (a reverse prefix sum).
 
-bfloat16 inputs without gradients run the same forward with the matrix products on bfloat16
+bfloat16 inputs without gradients run the block passes with the matrix products on bfloat16
 blocks (the CPU's bf16 dot-product units; sums inside a product in float32, its result rounded
 to bfloat16 once) and φ, the states, the normaliser and the division in float32. bfloat16 with
 gradients takes the torch chunked path (float32 throughout).
@@ -67,8 +73,8 @@ _SIGNATURES = {
     "la_causal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P, _L, _P],
     "la_noncausal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P,
                              _L, _P],
-    "la_noncausal_backward": [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L,
-                              _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
+    "la_noncausal_backward": [_I, _I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L,
+                              _L, _L, _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
     "la_causal_backward": [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F,
                            _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
 }
@@ -381,17 +387,28 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
     if _single_pass(b, NONCAUSAL_CHUNK):
         C = NONCAUSAL_CHUNK
         S, z = S.contiguous(), z.contiguous()
-        if g_out.stride(-1) != 1 or (g_out.shape[1] > 1 and g_out.stride(1) != Dv):
-            g_out = g_out.contiguous()  # e.g. the stride-0 gradient of a .sum()
+        row_major = g_out.stride(-1) == 1 and (g_out.shape[1] <= 1 or g_out.stride(1) == Dv)
+
+        def run(parts, h0, h1, q0, q1, g, work):
+            """parts 1: the query pass over queries [q0, q1); 2: the key pass; 3: both."""
+            qv, ov, dqv = (x[h0:h1, q0:q1] for x in (b.q, out, dq))
+            k, v, dk_, dv_ = (x[h0:h1] for x in (b.k, b.v, dk, dv))
+            rc = load().la_noncausal_backward(
+                kind, parts, *_ptrs(qv, k, v, ov, g), h1 - h0, q1 - q0, k.shape[1], L, Dv, C,
+                eps, S[h0].data_ptr(), z[h0].data_ptr(), G[h0].data_ptr(), Gz[h0].data_ptr(),
+                *_ptrs(dqv, dk_, dv_), work.data_ptr())
+            assert rc == 0
 
         def heads(h0, h1, work):
-            ins = (x[h0:h1] for x in (b.q, b.k, b.v, out, g_out))
-            grads = (x[h0:h1] for x in (dq, dk, dv))
-            rc = load().la_noncausal_backward(
-                kind, *_ptrs(*ins), h1 - h0, b.q.shape[1], b.k.shape[1], L, Dv, C, eps,
-                S[h0].data_ptr(), z[h0].data_ptr(), G[h0].data_ptr(), Gz[h0].data_ptr(),
-                *_ptrs(*grads), work.data_ptr())
-            assert rc == 0
+            Tq = b.q.shape[1]
+            if row_major:
+                return run(3, h0, h1, 0, Tq, g_out[h0:h1], work)
+            # A gradient without contiguous rows (the stride-0 gradient of a .sum()) is copied
+            # one block at a time for the query pass, not materialised whole.
+            g_buf = g_out.new_empty(h1 - h0, min(block, Tq), Dv)
+            for t0, t1 in _ranges(Tq, block):
+                run(1, h0, h1, t0, t1, g_buf[:, : t1 - t0].copy_(g_out[h0:h1, t0:t1]), work)
+            run(2, h0, h1, 0, 0, g_buf[:, :0], work)
 
         return _over_heads(b, 2 * C * L + 2 * L * Dv + C * Dv, heads)
     for t0, t1 in _ranges(b.q.shape[1], block):  # queries: dq, and the state's gradient
