@@ -437,7 +437,9 @@ def test_long_sequence_builds_nothing_quadratic():
     assert len(growth) == 4
     out_bytes = 2**17 * 64 * 4
     for case, g in growth.items():
-        assert out_bytes <= g < 1 << 29, f"{case}: peak growth {g / 2**20:.0f} MiB (< 512 MiB)"
+        # At least ~the output (0.9 of it: a few pages of it may have been resident already,
+        # e.g. reused from the warm-up call), or the counter saw nothing.
+        assert 0.9 * out_bytes <= g < 1 << 29, f"{case}: peak growth {g / 2**20:.1f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------

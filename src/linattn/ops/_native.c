@@ -28,7 +28,8 @@ enum { PHI_ELU = 0, PHI_RELU = 1 };
 
 static inline vf vload(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
 static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf vsplat(float a) { return (vf){0} + a; }
+/* All lanes = a. (Not (vf){0} + a: adding 0 is not a no-op for -0.0, so that costs an add.) */
+static inline vf vsplat(float a) { return (vf){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
 static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
 /* bfloat16 <-> float32. A bfloat16 is the high half of a float32; rounding to it is to nearest,
