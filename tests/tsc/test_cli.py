@@ -57,6 +57,13 @@ def test_train_rejects_bad_options(tmp_path, capsys):
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--recipe", "magic")
     assert code == 2
     one_line_error(err, "unknown recipe 'magic'")
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "mixup=0.2",
+                       "--set", "cutmix=0.2")
+    assert code == 2
+    one_line_error(err, "at most one")
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "window=3")
+    assert code == 2
+    one_line_error(err, "window")
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--data-dir",
                        str(tmp_path / "nowhere"))
     assert code == 2
@@ -81,6 +88,9 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
     assert json.loads((tmp_path / "export" / "test.json").read_text()) == test
     shipped = LinearAttentionClassifier.load(tmp_path / "export")
     assert shipped.get_params()["d_model"] == 16
+    # the final recipe: patches of 20, overlapping windows of 40, per-patch spectra
+    assert {k: shipped.get_params()[k] for k in ("patch", "window", "spectral")} == {
+        "patch": 20, "window": 40, "spectral": True}
 
     code, _, err = run(capsys, *args)  # same --out again without --resume
     assert code == 2
