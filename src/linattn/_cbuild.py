@@ -36,12 +36,15 @@ def compiler() -> str | None:
     return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
 
 
+_CPU_KEYS = ("flags", "model name", "Features", "CPU implementer", "CPU part")  # x86, ARM
+
+
 def cpu_tag() -> str:
     """A short hash of the CPU's model and feature flags: a library built with -march=native
     must not be loaded on another CPU that shares the cache folder."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            lines = [ln for ln in f if ln.startswith(("flags", "model name"))][:2]
+            lines = sorted({ln for ln in f if ln.startswith(_CPU_KEYS)})
     except OSError:
         lines = [platform.processor()]
     return hashlib.sha256("".join(lines).encode()).hexdigest()[:8]
@@ -52,9 +55,13 @@ class _BuildFailed(Exception):
 
 
 def _build(src: bytes, flags: list[str], target: Path) -> bool:
-    """Compile ``src`` into the shared library ``target``; False if that fails for any reason."""
+    """Compile ``src`` into the shared library ``target``; False if that fails for any reason.
+
+    When the compiler itself refuses (these flags or this source on this compiler), a
+    ``.failed`` marker beside the target keeps later processes from trying again."""
     cc = compiler()
-    if cc is None:
+    failed = target.with_suffix(".failed")
+    if cc is None or failed.exists():
         return False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +75,13 @@ def _build(src: bytes, flags: list[str], target: Path) -> bool:
             )
             if done.returncode != 0:
                 raise _BuildFailed
-    except (OSError, subprocess.SubprocessError, _BuildFailed):
+    except _BuildFailed:
+        try:
+            failed.write_bytes(done.stderr[-4000:])
+        except OSError:
+            pass
+        return False
+    except (OSError, subprocess.SubprocessError):
         return False
     return True
 
@@ -91,12 +104,15 @@ def load_library(source: Path, name: str, flags: list[str]) -> ctypes.CDLL | Non
         src = source.read_bytes()
     except OSError:
         return None
-    key = hashlib.sha256(src + "\0".join(flags).encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + "\0".join([*flags, compiler() or ""]).encode()).hexdigest()[:16]
     native = "-march=native" in flags
     tag = f"{platform.machine()}-{sys.platform}-{cpu_tag() + '-' if native else ''}{key}"
     target = cache_dir() / f"{name}-{tag}.so"
+    failed = target.with_suffix(".failed")  # the compiler refused (delete it to retry)
+    if failed.exists():
+        return None
     lib = _open(target) if target.exists() or _build(src, flags, target) else None
-    if lib is None:
+    if lib is None and not failed.exists():
         # No writable cache (or a broken file in it): build into a private temporary folder,
         # load, and let the folder go; the loaded library stays mapped.
         with tempfile.TemporaryDirectory(prefix="linattn-") as tmp:

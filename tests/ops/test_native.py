@@ -6,6 +6,9 @@ state (S, z) between blocks and chunks is exercised, forward and backward."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -316,3 +319,66 @@ def test_phi_bfloat16_in_and_out():
     out = torch.empty_like(nan)
     native.phi(0, nan, out)
     assert torch.isnan(out).all()
+
+
+# ------------------------------------------------------------------- edge cases from review
+
+
+def test_relu_gradient_for_tiny_positive_inputs(native_on):
+    """1 + relu has gradient 1 for every x > 0, also where 1 + x rounds to 1 in float32."""
+    q, k, v = _qkv(1, 1, T=40, D=16, Dv=16)
+    k = k.abs() * 1e-8  # 0 < k < 2^-24: φ(k) == 1 exactly, φ'(k) == 1
+    for is_causal in (False, True):
+        _assert_matches_reference(q, k, v, feature_map="relu", is_causal=is_causal)
+    mask = torch.zeros(1, 40, dtype=torch.bool)  # the block passes (padding mask) too
+    _assert_matches_reference(q, k, v, feature_map="relu", key_padding_mask=mask)
+
+
+def test_bfloat16_with_a_trainable_initial_state(native_on):
+    """bfloat16 inputs, initial state that needs gradients: the torch path (no native
+    backward for bfloat16), gradients flow to the state."""
+    q, k, v = (x.bfloat16() for x in _qkv(1, 2, T=20, D=8, Dv=6))
+    S = torch.rand(1, 2, 8, 6, requires_grad=True)
+    z = (torch.rand(1, 2, 8) + 1).requires_grad_(True)
+    out = linattn.linear_attention(q, k, v, is_causal=True,
+                                   initial_state=linattn.LinearAttentionState(S=S, z=z))
+    out.float().sum().backward()
+    assert not native_on and torch.isfinite(S.grad).all() and torch.isfinite(z.grad).all()
+
+
+def test_initial_state_on_another_device_is_a_clean_error():
+    q, k, v = _qkv(1, 2, T=20, D=8, Dv=6)
+    st = linattn.LinearAttentionState(S=torch.zeros(1, 2, 8, 6, device="meta"),
+                                      z=torch.zeros(1, 2, 8, device="meta"))
+    with pytest.raises((RuntimeError, ValueError)):
+        linattn.linear_attention(q, k, v, is_causal=True, initial_state=st)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_empty_batch(is_causal):
+    q, k, v = (x.requires_grad_(True) for x in _qkv(0, 4, T=70, D=16, Dv=16))
+    out = linattn.linear_attention(q, k, v, is_causal=is_causal)
+    assert out.shape == (0, 4, 70, 16)
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
+def test_threads_after_fork():
+    """A child forked after the head-group thread pool started must not wait on the parent's
+    (absent) worker threads."""
+    code = (
+        "import os, torch, linattn\n"
+        "torch.set_num_threads(2)\n"
+        "q = torch.randn(1, 4, 200, 16)\n"
+        "linattn.linear_attention(q, q, q, is_causal=True)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    linattn.linear_attention(q, q, q, is_causal=True)\n"
+        "    os._exit(7)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "7"

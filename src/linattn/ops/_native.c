@@ -109,20 +109,20 @@ static inline float sphi(int kind, float x) {
     return x + 1.0f;
 }
 
-/* phi'(x) from f = phi(x): 1 + elu has phi' = min(f, 1) (f = exp(x) <= 1 on x <= 0, and 1 on
- * x > 0); 1 + relu has phi' = [f > 1] (torch's relu has gradient 0 at 0). */
-static inline vf vdphi(int kind, vf f) {
-    if (kind == PHI_ELU) return vselect(f > 1.0f, vsplat(1.0f), f);
-    return vselect(f > 1.0f, vsplat(1.0f), vsplat(0.0f));
+/* phi'(x), given x and f = phi(x): 1 for x > 0; else f = exp(x) for 1 + elu and 0 for 1 + relu
+ * (torch's relu has gradient 0 at 0). From x, not from f alone: for 0 < x < 2^-24, 1 + x
+ * rounds to exactly 1. */
+static inline vf vdphi(int kind, vf x, vf f) {
+    return vselect(x > 0.0f, vsplat(1.0f), kind == PHI_ELU ? f : vsplat(0.0f));
 }
 
-static inline float sdphi(int kind, float f) {
-    if (kind == PHI_ELU) return f > 1.0f ? 1.0f : f;
-    return f > 1.0f ? 1.0f : 0.0f;
+static inline float sdphi(int kind, float x, float f) {
+    return x > 0.0f ? 1.0f : (kind == PHI_ELU ? f : 0.0f);
 }
 
 /* The sum of a vector's lanes, by halving (a scalar loop over 16 lanes costs more than the
  * dot product it finishes). */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12) /* __builtin_shufflevector */
 typedef float vf8 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
 static inline float hsum(vf x) {
@@ -134,6 +134,13 @@ static inline float hsum(vf x) {
     vf4 q = c + d;
     return (q[0] + q[2]) + (q[1] + q[3]);
 }
+#else
+static inline float hsum(vf x) {
+    float s = 0.0f;
+    for (int i = 0; i < W; ++i) s += x[i];
+    return s;
+}
+#endif
 
 /* a . b with a float32 or bfloat16 (abf), b float32. */
 static inline float dot_any(const void *a, long ai, int abf, const float *b, long n) {
@@ -253,11 +260,12 @@ void la_norm_grad(const float *o, long os, const float *fq, const float *z, long
         }
 }
 
-/* dx[n, t] = (dphi[n, t] + c * vec[n, t / vrows]) * phi'(f[n, t]) with c = coef[n, t] (1 where
- * coef is NULL; no term where vec is NULL); zero where keep[n, t] == 0. */
-void la_grad_phi(int kind, const float *dphi, const float *f, const float *coef, const float *vec,
-                 long vrows, long N, long T, long R, long L, const unsigned char *keep, long ks,
-                 float *dx, long dxs) {
+/* dx[n, t] = (dphi[n, t] + c * vec[n, t / vrows]) * phi'(x[n, t]) with c = coef[n, t] (1 where
+ * coef is NULL; no term where vec is NULL); zero where keep[n, t] == 0. x: the inputs, rows of
+ * L with head stride xs; f = phi(x) in a buffer. */
+void la_grad_phi(int kind, const float *dphi, const float *x, long xs, const float *f,
+                 const float *coef, const float *vec, long vrows, long N, long T, long R, long L,
+                 const unsigned char *keep, long ks, float *dx, long dxs) {
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t) {
             float *dst = dx + n * dxs + t * L;
@@ -266,18 +274,18 @@ void la_grad_phi(int kind, const float *dphi, const float *f, const float *coef,
                 continue;
             }
             const float *dr = dphi + (n * R + t) * L;
-            const float *fr = f + (n * R + t) * L;
+            const float *fr = f + (n * R + t) * L, *xr = x + n * xs + t * L;
             const float *vr = vec ? group_row(vec, vrows, n, t, R, L) : NULL;
             float c = coef ? coef[n * R + t] : 1.0f;
             long j = 0;
             for (; j + W <= L; j += W) {
                 vf d = vload(dr + j);
                 if (vr) d += c * vload(vr + j);
-                vstore(dst + j, d * vdphi(kind, vload(fr + j)));
+                vstore(dst + j, d * vdphi(kind, vload(xr + j), vload(fr + j)));
             }
             for (; j < L; ++j) {
                 float d = dr[j] + (vr ? c * vr[j] : 0.0f);
-                dst[j] = d * sdphi(kind, fr[j]);
+                dst[j] = d * sdphi(kind, xr[j], fr[j]);
             }
         }
 }
@@ -547,10 +555,11 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
             gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dphi, L, 1, FULL);
             for (long i = 0; i < Cn; ++i) {
                 float *dst = dq + n * dqs + (t0 + i) * L;
+                const float *xi = q + n * qs + (t0 + i) * L;
                 vf dsi = vsplat(ds[i]);
                 for (long l = 0; l < L; l += W)
                     vstore(dst + l, (vload(dphi + i * L + l) + dsi * vload(zb + l))
-                                        * vdphi(kind, vload(fq + i * L + l)));
+                                        * vdphi(kind, vload(xi + l), vload(fq + i * L + l)));
             }
             /* dk */
             transpose(L, Dv, Gn, GT);
@@ -558,9 +567,10 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
             gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 1, FULL);
             for (long i = 0; i < Cn; ++i) {
                 float *dst = dk + n * dks + (t0 + i) * L;
+                const float *xi = k + n * ks + (t0 + i) * L;
                 for (long l = 0; l < L; l += W)
                     vstore(dst + l, (vload(dphi + i * L + l) + vload(Gzn + l))
-                                        * vdphi(kind, vload(fk + i * L + l)));
+                                        * vdphi(kind, vload(xi + l), vload(fk + i * L + l)));
             }
             /* dv, written in place */
             float *dvc = dv + n * dvs + t0 * Dv;
@@ -660,10 +670,11 @@ int la_noncausal_backward(int kind, int parts, const float *q, long qs, const fl
             gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dfq, L, 0, FULL);
             for (long i = 0; i < Cn; ++i) {
                 float *dst = dq + n * dqs + (t0 + i) * L;
+                const float *xi = qc + i * L;
                 vf dsi = vsplat(ds[i]);
                 for (long l = 0; l < L; l += W)
                     vstore(dst + l, (vload(dfq + i * L + l) + dsi * vload(zn + l))
-                                        * vdphi(kind, vload(f + i * L + l)));
+                                        * vdphi(kind, vload(xi + l), vload(f + i * L + l)));
             }
         }
         if (Tk) transpose(L, Dv, Gn, GT);
@@ -674,9 +685,10 @@ int la_noncausal_backward(int kind, int parts, const float *q, long qs, const fl
             gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 0, FULL);
             for (long i = 0; i < Cn; ++i) {
                 float *dst = dk + n * dks + (t0 + i) * L;
+                const float *xi = kc + i * L;
                 for (long l = 0; l < L; l += W)
                     vstore(dst + l, (vload(dphi + i * L + l) + vload(Gzn + l))
-                                        * vdphi(kind, vload(f + i * L + l)));
+                                        * vdphi(kind, vload(xi + l), vload(f + i * L + l)));
             }
             gemm(Cn, Dv, L, f, L, 1, Gn, Dv, dv + n * dvs + t0 * Dv, Dv, 0, FULL);
         }

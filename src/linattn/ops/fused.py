@@ -220,7 +220,7 @@ def fused_linear_attention(
 
     Returns the output (..., Tq, Dv) in q's dtype and the final state (..., ℓ, Dv + 1) in the
     accumulation dtype (for non-causal: Σ φ(k)ᵀ[v, 1])."""
-    if native_supported(fmap, q, k, v):
+    if native_supported(fmap, q, k, v, S0):
         return native_linear_attention(
             q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps, chunk=chunk, block=block, S0=S0
         )

@@ -83,6 +83,13 @@ def linear_attention(
     Returns:
         (..., Tq, Dv) in q's dtype, and the final :class:`LinearAttentionState` if
         ``return_state``. Sums run in float32 at least (float64 for float64 inputs).
+
+    On CPU the fast paths (ops/native.py for float32 with 1+elu or 1+relu at any length,
+    ops/fused.py for other token-wise maps from ``FUSED_MIN_T`` tokens) have a hand-written
+    backward: it cannot be differentiated again (double backward, ``torch.func`` transforms)
+    and it reads the saved output, so modifying the output in place before ``backward`` raises
+    autograd's usual error. ``LINATTN_NATIVE=0`` (set before the first call) turns the
+    compiled path off.
     """
     check_qkv(q, k, v, same_length=is_causal)
     if not is_causal and (initial_state is not None or return_state):
@@ -103,7 +110,7 @@ def linear_attention(
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
     T = q.shape[-2]
-    if (T >= NATIVE_MIN_T and native_supported(fmap, q, k, v)) or (
+    if (T >= NATIVE_MIN_T and native_supported(fmap, q, k, v, S0)) or (
         T >= FUSED_MIN_T and fused_supported(fmap, q)
     ):
         chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size

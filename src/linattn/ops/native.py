@@ -66,7 +66,7 @@ _SIGNATURES = {
     "la_phi": [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _P, _L],
     "la_normalise": [_P, _I, _P, _I, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _I, _L],
     "la_norm_grad": [_P, _L, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P],
-    "la_grad_phi": [ctypes.c_int, _P, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L],
+    "la_grad_phi": [_I, _P, _P, _L, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L],
     "la_mask_rowsum": [_P, _I, _L, _L, _P],
     "la_mask_add": [_P, _L, _L, _P],
     "la_prefix": [_P, _L, _L, _L, _P, _P, ctypes.c_int],
@@ -102,13 +102,20 @@ def load() -> ctypes.CDLL | None:
     return _lib
 
 
-def native_supported(fmap: FeatureMap, q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether this call can take the native path: 1 + elu or 1 + relu on CPU, float32, or
-    bfloat16 without gradients (a forward on the CPU's bfloat16 dot-product units)."""
+def native_supported(
+    fmap: FeatureMap, q: Tensor, k: Tensor, v: Tensor, S0: Tensor | None = None
+) -> bool:
+    """Whether this call can take the native path: 1 + elu or 1 + relu on CPU (the initial
+    state S0 too), float32, or bfloat16 without gradients (a forward on the CPU's bfloat16
+    dot-product units)."""
     if type(fmap) not in _KINDS or q.device.type != "cpu":
         return False
+    if S0 is not None and S0.device != q.device:
+        return False  # the torch paths report the device mismatch
     if q.dtype == torch.bfloat16:
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, S0)
+        )
         return not needs_grad and load() is not None
     return q.dtype == torch.float32 and load() is not None
 
@@ -199,10 +206,11 @@ def _prefix(P: Tensor, S0: Tensor, S1: Tensor, reverse: bool = False) -> Tensor:
     return P
 
 
-def _grad_phi(kind, dphi, f, coef, vec, vrows, keep, dx):
+def _grad_phi(kind, dphi, x, f, coef, vec, vrows, keep, dx):
     N, R, L = dphi.shape
     ks = 0 if keep is None else keep.stride(0)
-    load().la_grad_phi(kind, dphi.data_ptr(), f.data_ptr(), _ptr(coef), _ptr(vec), vrows, N,
+    load().la_grad_phi(kind, dphi.data_ptr(), x.data_ptr(), _head_stride(x), f.data_ptr(),
+                       _ptr(coef), _ptr(vec), vrows, N,
                        dx.shape[1], R, L, _ptr(keep), ks, dx.data_ptr(), _head_stride(dx))
 
 
@@ -336,11 +344,23 @@ def _ptrs(*views: Tensor) -> list[int]:
 _POOL: ThreadPoolExecutor | None = None
 
 
+def _forget_pool() -> None:
+    """A forked child inherits the pool object but not its threads: start a new one there."""
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _over_heads(b: _Block, size: int, fn) -> None:
     """fn(h0, h1, work) over groups of heads, one group per torch thread: the compiled passes
     are single-threaded and heads are independent. ctypes releases the GIL during the call,
     so Python threads run them in parallel. work: a float32 scratch buffer of ``size``."""
     global _POOL
+    if b.N == 0:
+        return
     groups = min(torch.get_num_threads(), b.N)
     bounds = [b.N * g // groups for g in range(groups + 1)]
     works = [b.q.new_empty(size, dtype=torch.float32) for _ in range(groups)]
@@ -348,6 +368,8 @@ def _over_heads(b: _Block, size: int, fn) -> None:
         fn(0, b.N, works[0])
         return
     if _POOL is None or _POOL._max_workers < groups:
+        if _POOL is not None:
+            _POOL.shutdown(wait=False)
         _POOL = ThreadPoolExecutor(groups, thread_name_prefix="linattn")
     jobs = [_POOL.submit(fn, bounds[g], bounds[g + 1], works[g]) for g in range(groups)]
     for job in jobs:
@@ -419,13 +441,13 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
         G.baddbmm_(fq.transpose(1, 2), dn)
         Gz.unsqueeze(1).baddbmm_(ds.unsqueeze(1), fq)
         d = torch.bmm(dn, S.transpose(1, 2), out=b.buf("dphi", T, L))
-        _grad_phi(kind, d, fq, ds, z, T, None, dq[:, t0:t1])
+        _grad_phi(kind, d, b.q[:, t0:t1], fq, ds, z, T, None, dq[:, t0:t1])
     for t0, t1 in _ranges(b.k.shape[1], block):  # keys and values
         T = t1 - t0
         fk = b.features("k", t0, t1, T)
         vb = b.values(t0, t1, T, view_ok=True)
         d = torch.bmm(vb, G.transpose(1, 2), out=b.buf("dphi", T, L))
-        _grad_phi(kind, d, fk, None, Gz, T, b.keep_at(t0, t1), dk[:, t0:t1])
+        _grad_phi(kind, d, b.k[:, t0:t1], fk, None, Gz, T, b.keep_at(t0, t1), dk[:, t0:t1])
         dv[:, t0:t1] = torch.bmm(fk, G, out=b.buf("dnum", T, Dv))
 
 
@@ -476,10 +498,12 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
         dphi = b.buf("dphi", R, L)
         d = torch.bmm(dA, c["fk3"], out=dphi.view(N * n, chunk, L))
         d.baddbmm_(dn3, c["S_before"].view(N * n, L, Dv).transpose(1, 2))
-        _grad_phi(kind, dphi, c["fq"], ds, c["z_before"], chunk, None, dq[:, t0:t1])
+        _grad_phi(kind, dphi, b.q[:, t0:t1], c["fq"], ds, c["z_before"], chunk, None,
+                  dq[:, t0:t1])
         d = torch.bmm(dA.transpose(1, 2), c["fq3"], out=dphi.view(N * n, chunk, L))
         d.baddbmm_(c["v3"], G_after.view(N * n, L, Dv).transpose(1, 2))
-        _grad_phi(kind, dphi, c["fk"], None, Gz_after, chunk, b.keep_at(t0, t1), dk[:, t0:t1])
+        _grad_phi(kind, dphi, b.k[:, t0:t1], c["fk"], None, Gz_after, chunk, b.keep_at(t0, t1),
+                  dk[:, t0:t1])
         dvb = torch.bmm(c["A"].transpose(1, 2), dn3, out=b.buf("dv", R, Dv).view(-1, chunk, Dv))
         dvb = dvb.baddbmm_(c["fk3"], G_after.view(N * n, L, Dv)).view(N, R, Dv)[:, :T]
         if b.keep is not None:
@@ -514,6 +538,8 @@ class _NativeLinearAttention(torch.autograd.Function):
     @once_differentiable  # the backward is not itself differentiable: a clear error if asked
     def backward(ctx, g_out, g_S, g_z):
         q, k, v, keep, S_states, z_states, out = ctx.saved_tensors
+        if q.dtype != torch.float32:  # native_supported routes bfloat16 with gradients away
+            raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
         kind, eps, block, chunk, is_causal = ctx.cfg
         N, Tq, L = q.shape
         Dv = v.shape[2]
