@@ -19,14 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from linattn._io import atomic_path
+from linattn._io import atomic_path, user_cache_dir
 
-__all__ = ["load_library", "compiler", "cache_dir", "cpu_tag"]
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "linattn"
+__all__ = ["load_library", "compiler", "cpu_tag"]
 
 
 def compiler() -> str | None:
@@ -107,7 +102,7 @@ def load_library(source: Path, name: str, flags: list[str]) -> ctypes.CDLL | Non
     key = hashlib.sha256(src + "\0".join([*flags, compiler() or ""]).encode()).hexdigest()[:16]
     native = "-march=native" in flags
     tag = f"{platform.machine()}-{sys.platform}-{cpu_tag() + '-' if native else ''}{key}"
-    target = cache_dir() / f"{name}-{tag}.so"
+    target = user_cache_dir() / f"{name}-{tag}.so"
     failed = target.with_suffix(".failed")  # the compiler refused (delete it to retry)
     if failed.exists():
         return None

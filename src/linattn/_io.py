@@ -8,10 +8,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_atomic"]
+__all__ = ["atomic_path", "write_atomic", "user_cache_dir"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+
+def user_cache_dir() -> Path:
+    """The user cache: ``$XDG_CACHE_HOME/linattn`` or ``~/.cache/linattn`` (downloaded datasets,
+    compiled C libraries)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "linattn"
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linattn._io import atomic_path
+from linattn._io import atomic_path, user_cache_dir
 
 __all__ = ["load_ucr", "read_ucr_tsv", "UCRFormatError", "SHA256", "SHAPES", "UCR_URL",
            "cache_dir"]
@@ -51,8 +51,7 @@ class UCRFormatError(ValueError):
 
 def cache_dir() -> Path:
     """The user cache: ``$XDG_CACHE_HOME/linattn`` or ``~/.cache/linattn``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "linattn"
+    return user_cache_dir()
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 import linattn
 from linattn import _cbuild
-from linattn.ops import fused as fused_mod
 from linattn.ops import linear as linear_mod
 from linattn.ops import native
 
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
 @pytest.fixture
 def native_on(fast_path_calls):
     """Force the fast path; count the calls that really took the native route."""
-    return fast_path_calls(fused_mod, "native_linear_attention")
+    return fast_path_calls(linear_mod, "native_linear_attention")
 
 
 def _qkv(*batch, T, D, Dv, seed=0, Tq=None):

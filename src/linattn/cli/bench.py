@@ -211,14 +211,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.plot)
     if not args.no_crossover and not out.parent.is_dir():
         raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     # Measuring children inherit this: idle OpenMP threads that spin instead of sleeping make
     # small parallel regions crawl when other work shares the cores (set it to override).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     dtype = getattr(torch, args.dtype)
     efficiency_table(args, dtype)

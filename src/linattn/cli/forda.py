@@ -152,10 +152,15 @@ def _init_distributed() -> int:
     return dist.get_rank()
 
 
-def _barrier() -> None:
+def _group():
+    """``torch.distributed`` while a process group is up, else None."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _barrier() -> None:
+    if (dist := _group()) is not None:
         dist.barrier()
 
 
@@ -168,9 +173,7 @@ def train(args) -> int:
         _barrier()
         return status
     finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
+        if (dist := _group()) is not None:
             dist.destroy_process_group()
 
 

@@ -136,6 +136,25 @@ def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
     return pos.unsqueeze(1) >= pos.unsqueeze(0)
 
 
+def block_ranges(T: int, size: int) -> list[tuple[int, int]]:
+    """(t0, t1) of consecutive blocks of ``size`` tokens covering [0, T), the last one short."""
+    return [(t0, min(t0 + size, T)) for t0 in range(0, T, size)]
+
+
+def flatten_heads(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
+) -> tuple[torch.Size, list[Tensor], Tensor | None]:
+    """(..., T, ·) -> (N, T, ·), N the product of the batch dimensions, for the chunked CPU paths.
+
+    Returns the batch shape, [q, k, v] flattened, and keep (bool, broadcastable to (..., T, 1))
+    as (N, T, 1) or None."""
+    batch = q.shape[:-2]
+    flat = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+    if keep is not None:
+        keep = keep.expand(*batch, k.shape[-2], 1).reshape(-1, k.shape[-2], 1)
+    return batch, flat, keep
+
+
 def to_chunks(x: Tensor, chunk: int) -> Tensor:
     """(..., T, F) -> (..., n, C, F), zero padded to whole chunks: padded positions have zero
     features and zero values, so they add nothing to any sum."""

@@ -218,9 +218,61 @@ static inline float den_any(const void *fq, int fbf, const float *z, long zrows,
     return sx ? d + sx[n * R + t] : d;
 }
 
-static inline float den_of(const float *fq, const float *z, long zrows, const float *sx, long n,
-                           long t, long R, long L) {
-    return den_any(fq, 0, z, zrows, sx, n, t, R, L);
+/* Row helpers shared by the block passes and the one-pass kernels. */
+
+/* f[0:n] = phi(x[0:n]), n a multiple of W. */
+static inline void phi_rows(int kind, const float *x, long n, float *f) {
+    for (long i = 0; i < n; i += W) vstore(f + i, vphi(kind, vload(x + i)));
+}
+
+/* z[l] = z0[l] + sum_{t < rows} w_t f[t, l] (w_t = 1 where w is NULL); f rows of L, a multiple of
+ * W; z may be z0. */
+static void add_colsums(float *z, const float *z0, const float *f, const float *w, long rows,
+                        long L) {
+    for (long l = 0; l < L; l += W) {
+        vf acc = vload(z0 + l);
+        if (w)
+            for (long t = 0; t < rows; ++t) acc += w[t] * vload(f + t * L + l);
+        else
+            for (long t = 0; t < rows; ++t) acc += vload(f + t * L + l);
+        vstore(z + l, acc);
+    }
+}
+
+/* dst[0:n] = src[0:n] * s, n a multiple of W. */
+static inline void scale_row(float *dst, const float *src, float s, long n) {
+    for (long j = 0; j < n; j += W) vstore(dst + j, vload(src + j) * s);
+}
+
+/* The gradient of one output row o = num / s, s = guarded(den) (den here includes eps), from
+ * g = dL/do: writes dn = g / s and returns ds = -(g . o) / s, or 0 where den == 0 (the guard's
+ * constant branch). */
+static inline float grad_out_row(const float *g, const float *o, float den, long Dv, float *dn) {
+    float inv = den == 0.0f ? 1.0f : 1.0f / den;
+    long j = 0;
+    for (; j + W <= Dv; j += W) vstore(dn + j, vload(g + j) * inv);
+    for (; j < Dv; ++j) dn[j] = g[j] * inv;
+    return den == 0.0f ? 0.0f : -dot(g, o, Dv) * inv;
+}
+
+/* dst = (dphi + c vec) phi'(x) for one row of L (no vec term where vec is NULL); f = phi(x). */
+static inline void grad_phi_row(int kind, float *dst, const float *dphi, float c,
+                                const float *vec, const float *x, const float *f, long L) {
+    long j = 0;
+    for (; j + W <= L; j += W) {
+        vf d = vload(dphi + j);
+        if (vec) d += c * vload(vec + j);
+        vstore(dst + j, d * vdphi(kind, vload(x + j), vload(f + j)));
+    }
+    for (; j < L; ++j) dst[j] = (dphi[j] + (vec ? c * vec[j] : 0.0f)) * sdphi(kind, x[j], f[j]);
+}
+
+/* The normaliser of row i of a causal chunk before eps: fq_i . z + sum_{j <= i} A[i, j]. */
+static inline float causal_den(const float *fq_i, const float *z, const float *A_i, long i,
+                               long L) {
+    float den = dot(fq_i, z, L);
+    for (long j = 0; j <= i; ++j) den += A_i[j];
+    return den;
 }
 
 /* Buffers below are contiguous (N, R, F) (R >= T rows per head, the first T used); per-row
@@ -248,16 +300,10 @@ void la_norm_grad(const float *o, long os, const float *fq, const float *z, long
                   const float *sx, const float *g, long gs, long N, long T, long R, long L,
                   long Dv, float eps, float *dnum, float *ds) {
     for (long n = 0; n < N; ++n)
-        for (long t = 0; t < T; ++t) {
-            float den = den_of(fq, z, zrows, sx, n, t, R, L) + eps;
-            float inv = den == 0.0f ? 1.0f : 1.0f / den;
-            const float *gr = g + n * gs + t * Dv;
-            float *dr = dnum + (n * R + t) * Dv;
-            long j = 0;
-            for (; j + W <= Dv; j += W) vstore(dr + j, vload(gr + j) * inv);
-            for (; j < Dv; ++j) dr[j] = gr[j] * inv;
-            ds[n * R + t] = den == 0.0f ? 0.0f : -dot(gr, o + n * os + t * Dv, Dv) * inv;
-        }
+        for (long t = 0; t < T; ++t)
+            ds[n * R + t] = grad_out_row(g + n * gs + t * Dv, o + n * os + t * Dv,
+                                         den_any(fq, 0, z, zrows, sx, n, t, R, L) + eps, Dv,
+                                         dnum + (n * R + t) * Dv);
 }
 
 /* dx[n, t] = (dphi[n, t] + c * vec[n, t / vrows]) * phi'(x[n, t]) with c = coef[n, t] (1 where
@@ -273,36 +319,23 @@ void la_grad_phi(int kind, const float *dphi, const float *x, long xs, const flo
                 memset(dst, 0, (size_t)L * sizeof(float));
                 continue;
             }
-            const float *dr = dphi + (n * R + t) * L;
-            const float *fr = f + (n * R + t) * L, *xr = x + n * xs + t * L;
-            const float *vr = vec ? group_row(vec, vrows, n, t, R, L) : NULL;
-            float c = coef ? coef[n * R + t] : 1.0f;
-            long j = 0;
-            for (; j + W <= L; j += W) {
-                vf d = vload(dr + j);
-                if (vr) d += c * vload(vr + j);
-                vstore(dst + j, d * vdphi(kind, vload(xr + j), vload(fr + j)));
-            }
-            for (; j < L; ++j) {
-                float d = dr[j] + (vr ? c * vr[j] : 0.0f);
-                dst[j] = d * sdphi(kind, xr[j], fr[j]);
-            }
+            grad_phi_row(kind, dst, dphi + (n * R + t) * L, coef ? coef[n * R + t] : 1.0f,
+                         vec ? group_row(vec, vrows, n, t, R, L) : NULL, x + n * xs + t * L,
+                         f + (n * R + t) * L, L);
         }
 }
 
 /* Causal chunks: A (B, C, C), float32 or bfloat16 (abf), loses its strictly upper triangle
- * (j > i) in place, and rs[b, i] = sum_{j <= i} A[b, i, j] (float32) when rs is not NULL. */
+ * (j > i) in place, and rs[b, i] = sum_{j <= i} A[b, i, j] (float32). */
 void la_mask_rowsum(void *A, int abf, long B, long C, float *rs) {
     size_t es = abf ? 2 : 4;
     for (long b = 0; b < B; ++b)
         for (long i = 0; i < C; ++i) {
             long row = (b * C + i) * C;
             memset((char *)A + (row + i + 1) * es, 0, (size_t)(C - i - 1) * es);
-            if (rs) {
-                float s = 0.0f;
-                for (long j = 0; j <= i; ++j) s += load_any(A, row + j, abf);
-                rs[b * C + i] = s;
-            }
+            float s = 0.0f;
+            for (long j = 0; j <= i; ++j) s += load_any(A, row + j, abf);
+            rs[b * C + i] = s;
         }
 }
 
@@ -451,30 +484,21 @@ int la_causal_forward(int kind, const float *q, long qs, const float *k, long ks
             long Cn = T - t0 < C ? T - t0 : C;
             const float *qc = q + n * qs + t0 * L, *kc = k + n * ks + t0 * L;
             const float *vc = v + n * vs + t0 * Dv;
-            for (long i = 0; i < Cn * L; i += W) {
-                vstore(fq + i, vphi(kind, vload(qc + i)));
-                vstore(fk + i, vphi(kind, vload(kc + i)));
-            }
+            phi_rows(kind, qc, Cn * L, fq);
+            phi_rows(kind, kc, Cn * L, fk);
             if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
                 memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
-            for (long t = 0; t < C; ++t) /* fkT[l, t] = fk[t, l] */
-                for (long l = 0; l < L; ++l) fkT[l * C + t] = fk[t * L + l];
+            transpose(C, L, fk, fkT);
             gemm(Cn, Dv, L, fq, L, 1, Sn, Dv, num, Dv, 0, FULL);   /* phi(q) S */
             scores(Cn, C, L, fq, fkT, A);                          /* tril(phi(q) phi(k)^T) */
             gemm(Cn, Dv, Cn, A, C, 1, vc, Dv, num, Dv, 1, LOWER);  /* + A v */
             for (long i = 0; i < Cn; ++i) {
-                float den = dot(fq + i * L, zn, L);
-                for (long j = 0; j <= i; ++j) den += A[i * C + j];
-                float inv = 1.0f / guarded(den, eps);
-                float *o = out + n * os + (t0 + i) * Dv;
-                for (long j = 0; j < Dv; j += W) vstore(o + j, vload(num + i * Dv + j) * inv);
+                float den = causal_den(fq + i * L, zn, A + i * C, i, L);
+                scale_row(out + n * os + (t0 + i) * Dv, num + i * Dv, 1.0f / guarded(den, eps),
+                          Dv);
             }
             gemm(L, Dv, Cn, fk, 1, L, vc, Dv, Sn, Dv, 1, FULL);   /* S += phi(k)^T v */
-            for (long l = 0; l < L; l += W) {
-                vf acc = vload(zn + l);
-                for (long t = 0; t < Cn; ++t) acc += vload(fk + t * L + l);
-                vstore(zn + l, acc);
-            }
+            add_colsums(zn, zn, fk, NULL, Cn, L);
         }
     }
     return 0;
@@ -510,10 +534,8 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
             long t0 = c * C, Cn = T - t0 < C ? T - t0 : C;
             float *fq = FQ + c * C * L, *fk = FK + c * C * L;
             const float *qc = q + n * qs + t0 * L, *kc = k + n * ks + t0 * L;
-            for (long i = 0; i < Cn * L; i += W) {
-                vstore(fq + i, vphi(kind, vload(qc + i)));
-                vstore(fk + i, vphi(kind, vload(kc + i)));
-            }
+            phi_rows(kind, qc, Cn * L, fq);
+            phi_rows(kind, kc, Cn * L, fk);
             if (Cn < C) {
                 memset(fq + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
                 memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
@@ -522,11 +544,7 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
                 float *Sn = SB + (c + 1) * L * Dv, *zn = ZB + (c + 1) * L;
                 memcpy(Sn, SB + c * L * Dv, (size_t)(L * Dv) * sizeof(float));
                 gemm(L, Dv, Cn, fk, 1, L, v + n * vs + t0 * Dv, Dv, Sn, Dv, 1, FULL);
-                for (long l = 0; l < L; l += W) {
-                    vf acc = vload(ZB + c * L + l);
-                    for (long t = 0; t < Cn; ++t) acc += vload(fk + t * L + l);
-                    vstore(zn + l, acc);
-                }
+                add_colsums(zn, ZB + c * L, fk, NULL, Cn, L);
             }
         }
         for (long c = nc - 1; c >= 0; --c) {
@@ -536,14 +554,10 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
             const float *vc = v + n * vs + t0 * Dv;
             transpose(C, L, fk, fkT);
             scores(Cn, C, L, fq, fkT, A);
-            for (long i = 0; i < Cn; ++i) { /* the normaliser's and the output's gradients */
-                float den = dot(fq + i * L, zb, L) + eps;
-                for (long j = 0; j <= i; ++j) den += A[i * C + j];
-                const float *gi = g + n * gs + (t0 + i) * Dv;
-                float inv = den == 0.0f ? 1.0f : 1.0f / den;
-                ds[i] = den == 0.0f ? 0.0f : -dot(gi, o + n * os + (t0 + i) * Dv, Dv) * inv;
-                for (long j = 0; j < Dv; j += W) vstore(dn + i * Dv + j, vload(gi + j) * inv);
-            }
+            for (long i = 0; i < Cn; ++i) /* the normaliser's and the output's gradients */
+                ds[i] = grad_out_row(g + n * gs + (t0 + i) * Dv, o + n * os + (t0 + i) * Dv,
+                                     causal_den(fq + i * L, zb, A + i * C, i, L) + eps, Dv,
+                                     dn + i * Dv);
             for (long d = 0; d < Dv; ++d) /* vT[d, t] = v[t, d], zero beyond the chunk */
                 for (long t = 0; t < C; ++t) vT[d * C + t] = t < Cn ? vc[t * Dv + d] : 0.0f;
             scores(Cn, C, Dv, dn, vT, dA);
@@ -553,36 +567,23 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
             transpose(L, Dv, Sb, ST);
             gemm(Cn, L, Cn, dA, C, 1, fk, L, dphi, L, 0, LOWER);
             gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dphi, L, 1, FULL);
-            for (long i = 0; i < Cn; ++i) {
-                float *dst = dq + n * dqs + (t0 + i) * L;
-                const float *xi = q + n * qs + (t0 + i) * L;
-                vf dsi = vsplat(ds[i]);
-                for (long l = 0; l < L; l += W)
-                    vstore(dst + l, (vload(dphi + i * L + l) + dsi * vload(zb + l))
-                                        * vdphi(kind, vload(xi + l), vload(fq + i * L + l)));
-            }
+            for (long i = 0; i < Cn; ++i)
+                grad_phi_row(kind, dq + n * dqs + (t0 + i) * L, dphi + i * L, ds[i], zb,
+                             q + n * qs + (t0 + i) * L, fq + i * L, L);
             /* dk */
             transpose(L, Dv, Gn, GT);
             gemm(Cn, L, Cn, dA, 1, C, fq, L, dphi, L, 0, UPPER);
             gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 1, FULL);
-            for (long i = 0; i < Cn; ++i) {
-                float *dst = dk + n * dks + (t0 + i) * L;
-                const float *xi = k + n * ks + (t0 + i) * L;
-                for (long l = 0; l < L; l += W)
-                    vstore(dst + l, (vload(dphi + i * L + l) + vload(Gzn + l))
-                                        * vdphi(kind, vload(xi + l), vload(fk + i * L + l)));
-            }
+            for (long i = 0; i < Cn; ++i)
+                grad_phi_row(kind, dk + n * dks + (t0 + i) * L, dphi + i * L, 1.0f, Gzn,
+                             k + n * ks + (t0 + i) * L, fk + i * L, L);
             /* dv, written in place */
             float *dvc = dv + n * dvs + t0 * Dv;
             gemm(Cn, Dv, Cn, A, 1, C, dn, Dv, dvc, Dv, 0, UPPER);
             gemm(Cn, Dv, L, fk, L, 1, Gn, Dv, dvc, Dv, 1, FULL);
             /* the state's gradient, before this chunk */
             gemm(L, Dv, Cn, fq, 1, L, dn, Dv, Gn, Dv, 1, FULL);
-            for (long l = 0; l < L; l += W) {
-                vf acc = vload(Gzn + l);
-                for (long i = 0; i < Cn; ++i) acc += ds[i] * vload(fq + i * L + l);
-                vstore(Gzn + l, acc);
-            }
+            add_colsums(Gzn, Gzn, fq, ds, Cn, L);
         }
     }
     return 0;
@@ -605,24 +606,18 @@ int la_noncausal_forward(int kind, const float *q, long qs, const float *k, long
         for (long t0 = 0; t0 < Tk; t0 += C) {
             long Cn = Tk - t0 < C ? Tk - t0 : C;
             const float *kc = k + n * ks + t0 * L;
-            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(kc + i)));
+            phi_rows(kind, kc, Cn * L, f);
             gemm(L, Dv, Cn, f, 1, L, v + n * vs + t0 * Dv, Dv, Sn, Dv, 1, FULL);
-            for (long l = 0; l < L; l += W) {
-                vf acc = vload(zn + l);
-                for (long t = 0; t < Cn; ++t) acc += vload(f + t * L + l);
-                vstore(zn + l, acc);
-            }
+            add_colsums(zn, zn, f, NULL, Cn, L);
         }
         for (long t0 = 0; t0 < Tq; t0 += C) {
             long Cn = Tq - t0 < C ? Tq - t0 : C;
             const float *qc = q + n * qs + t0 * L;
-            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(qc + i)));
+            phi_rows(kind, qc, Cn * L, f);
             gemm(Cn, Dv, L, f, L, 1, Sn, Dv, num, Dv, 0, FULL);
-            for (long i = 0; i < Cn; ++i) {
-                float inv = 1.0f / guarded(dot(f + i * L, zn, L), eps);
-                float *o = out + n * os + (t0 + i) * Dv;
-                for (long j = 0; j < Dv; j += W) vstore(o + j, vload(num + i * Dv + j) * inv);
-            }
+            for (long i = 0; i < Cn; ++i)
+                scale_row(out + n * os + (t0 + i) * Dv, num + i * Dv,
+                          1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
         }
     }
     return 0;
@@ -651,45 +646,28 @@ int la_noncausal_backward(int kind, int parts, const float *q, long qs, const fl
         for (long t0 = 0; t0 < Tq; t0 += C) {
             long Cn = Tq - t0 < C ? Tq - t0 : C;
             const float *qc = q + n * qs + t0 * L;
-            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(qc + i)));
+            phi_rows(kind, qc, Cn * L, f);
             float *dn = dphi; /* dn (Cn x Dv) first, then dphi reuses the space after G */
-            for (long i = 0; i < Cn; ++i) {
-                float den = dot(f + i * L, zn, L) + eps;
-                const float *gi = g + n * gs + (t0 + i) * Dv;
-                float inv = den == 0.0f ? 1.0f : 1.0f / den;
-                ds[i] = den == 0.0f ? 0.0f : -dot(gi, o + n * os + (t0 + i) * Dv, Dv) * inv;
-                for (long j = 0; j < Dv; j += W) vstore(dn + i * Dv + j, vload(gi + j) * inv);
-            }
+            for (long i = 0; i < Cn; ++i)
+                ds[i] = grad_out_row(g + n * gs + (t0 + i) * Dv, o + n * os + (t0 + i) * Dv,
+                                     dot(f + i * L, zn, L) + eps, Dv, dn + i * Dv);
             gemm(L, Dv, Cn, f, 1, L, dn, Dv, Gn, Dv, 1, FULL);
-            for (long l = 0; l < L; l += W) {
-                vf acc = vload(Gzn + l);
-                for (long i = 0; i < Cn; ++i) acc += ds[i] * vload(f + i * L + l);
-                vstore(Gzn + l, acc);
-            }
+            add_colsums(Gzn, Gzn, f, ds, Cn, L);
             float *dfq = dphi + C * Dv;
             gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dfq, L, 0, FULL);
-            for (long i = 0; i < Cn; ++i) {
-                float *dst = dq + n * dqs + (t0 + i) * L;
-                const float *xi = qc + i * L;
-                vf dsi = vsplat(ds[i]);
-                for (long l = 0; l < L; l += W)
-                    vstore(dst + l, (vload(dfq + i * L + l) + dsi * vload(zn + l))
-                                        * vdphi(kind, vload(xi + l), vload(f + i * L + l)));
-            }
+            for (long i = 0; i < Cn; ++i)
+                grad_phi_row(kind, dq + n * dqs + (t0 + i) * L, dfq + i * L, ds[i], zn,
+                             qc + i * L, f + i * L, L);
         }
         if (Tk) transpose(L, Dv, Gn, GT);
         for (long t0 = 0; t0 < Tk; t0 += C) {
             long Cn = Tk - t0 < C ? Tk - t0 : C;
             const float *kc = k + n * ks + t0 * L, *vc = v + n * vs + t0 * Dv;
-            for (long i = 0; i < Cn * L; i += W) vstore(f + i, vphi(kind, vload(kc + i)));
+            phi_rows(kind, kc, Cn * L, f);
             gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 0, FULL);
-            for (long i = 0; i < Cn; ++i) {
-                float *dst = dk + n * dks + (t0 + i) * L;
-                const float *xi = kc + i * L;
-                for (long l = 0; l < L; l += W)
-                    vstore(dst + l, (vload(dphi + i * L + l) + vload(Gzn + l))
-                                        * vdphi(kind, vload(xi + l), vload(f + i * L + l)));
-            }
+            for (long i = 0; i < Cn; ++i)
+                grad_phi_row(kind, dk + n * dks + (t0 + i) * L, dphi + i * L, 1.0f, Gzn,
+                             kc + i * L, f + i * L, L);
             gemm(Cn, Dv, L, f, L, 1, Gn, Dv, dv + n * dvs + t0 * Dv, Dv, 0, FULL);
         }
     }

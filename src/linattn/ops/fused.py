@@ -23,9 +23,8 @@ backward
 
 Used by :func:`linattn.linear_attention` for long sequences on CPU when the feature map is
 token-wise and has no trainable parameters (their gradients would need autograd's own graph);
-everything else takes the portable path. Both agree to rounding, tested in float64. float32
-with 1 + elu or 1 + relu goes on to :mod:`linattn.ops.native` (compiled element-wise passes)
-where that is available.
+everything else takes the portable path. Both agree to rounding, tested in float64. (float32
+with 1 + elu or 1 + relu takes :mod:`linattn.ops.native` instead, where that is available.)
 """
 
 from __future__ import annotations
@@ -36,15 +35,16 @@ from torch.autograd.function import once_differentiable
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
+    block_ranges,
     causal_chunked,
     causal_mask,
+    flatten_heads,
     guarded,
     split_normalised,
     to_chunks,
     values_with_ones,
     zero_padded,
 )
-from linattn.ops.native import native_linear_attention, native_supported
 
 __all__ = ["fused_linear_attention", "fused_supported"]
 
@@ -78,8 +78,7 @@ class _Chunks:
 
     def ranges(self, x: Tensor):
         """(t0, t1) of the chunks of x's time axis (dimension 1)."""
-        T = x.shape[1]
-        return [(t0, min(t0 + self.chunk, T)) for t0 in range(0, T, self.chunk)]
+        return block_ranges(x.shape[1], self.chunk)
 
     def keep_at(self, t0, t1):
         return None if self.keep is None else self.keep[:, t0:t1]
@@ -220,16 +219,9 @@ def fused_linear_attention(
 
     Returns the output (..., Tq, Dv) in q's dtype and the final state (..., ℓ, Dv + 1) in the
     accumulation dtype (for non-causal: Σ φ(k)ᵀ[v, 1])."""
-    if native_supported(fmap, q, k, v, S0):
-        return native_linear_attention(
-            q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps, chunk=chunk, block=block, S0=S0
-        )
-    batch = q.shape[:-2]
+    batch, flat, keep = flatten_heads(q, k, v, keep)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     L = fmap.num_features(q.shape[-1])
-    flat = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
-    if keep is not None:
-        keep = keep.expand(*batch, k.shape[-2], 1).reshape(-1, k.shape[-2], 1)
     if S0 is None:
         S0 = torch.zeros(flat[0].shape[0], L, v.shape[-1] + 1, dtype=acc, device=q.device)
     else:

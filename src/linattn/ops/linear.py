@@ -32,7 +32,7 @@ from linattn.ops._common import (
     values_with_ones,
 )
 from linattn.ops.fused import fused_linear_attention, fused_supported
-from linattn.ops.native import native_supported
+from linattn.ops.native import native_linear_attention, native_supported
 from linattn.ops.recurrent import LinearAttentionState
 
 __all__ = [
@@ -110,12 +110,16 @@ def linear_attention(
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
     T = q.shape[-2]
-    if (T >= NATIVE_MIN_T and native_supported(fmap, q, k, v, S0)) or (
-        T >= FUSED_MIN_T and fused_supported(fmap, q)
-    ):
+    if T >= NATIVE_MIN_T and native_supported(fmap, q, k, v, S0):
+        fast = native_linear_attention
+    elif T >= FUSED_MIN_T and fused_supported(fmap, q):
+        fast = fused_linear_attention
+    else:
+        fast = None
+    if fast is not None:
         chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
         block = max(chunk, FUSED_BLOCK_SIZE // chunk * chunk)  # whole chunks per block
-        o, total = fused_linear_attention(
+        o, total = fast(
             q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps, chunk=chunk, block=block,
             S0=S0,
         )

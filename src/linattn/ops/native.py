@@ -53,6 +53,7 @@ from torch.autograd.function import once_differentiable
 
 from linattn import _cbuild
 from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
+from linattn.ops._common import block_ranges, flatten_heads
 
 __all__ = ["native_supported", "native_linear_attention", "load", "phi"]
 
@@ -62,24 +63,25 @@ _lib: ctypes.CDLL | None = None
 _tried = False
 
 _P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
+#: name: (return type, argument types) of each function of _native.c; the one-pass kernels
+#: return 0, or -1 on sizes they do not take.
 _SIGNATURES = {
-    "la_phi": [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _P, _L],
-    "la_normalise": [_P, _I, _P, _I, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _I, _L],
-    "la_norm_grad": [_P, _L, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P],
-    "la_grad_phi": [_I, _P, _P, _L, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L],
-    "la_mask_rowsum": [_P, _I, _L, _L, _P],
-    "la_mask_add": [_P, _L, _L, _P],
-    "la_prefix": [_P, _L, _L, _L, _P, _P, ctypes.c_int],
-    "la_causal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P, _L, _P],
-    "la_noncausal_forward": [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P,
-                             _L, _P],
-    "la_noncausal_backward": [_I, _I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L,
-                              _L, _L, _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
-    "la_causal_backward": [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F,
-                           _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P],
+    "la_phi": (None, [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _P, _L]),
+    "la_normalise": (None, [_P, _I, _P, _I, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _I, _L]),
+    "la_norm_grad": (None, [_P, _L, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P]),
+    "la_grad_phi": (None, [_I, _P, _P, _L, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L]),
+    "la_mask_rowsum": (None, [_P, _I, _L, _L, _P]),
+    "la_mask_add": (None, [_P, _L, _L, _P]),
+    "la_prefix": (None, [_P, _L, _L, _L, _P, _P, _I]),
+    "la_causal_forward": (_I, [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P,
+                               _L, _P]),
+    "la_noncausal_forward": (_I, [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F, _P,
+                                  _P, _P, _L, _P]),
+    "la_noncausal_backward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L,
+                                   _L, _L, _L, _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
+    "la_causal_backward": (_I, [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L,
+                                _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
 }
-_RETURNS_INT = {"la_causal_forward", "la_causal_backward", "la_noncausal_forward",
-                "la_noncausal_backward"}
 #: Tokens per chunk of the one-pass non-causal kernels (their features stay in L1).
 NONCAUSAL_CHUNK = 64
 
@@ -93,10 +95,9 @@ def load() -> ctypes.CDLL | None:
             for flags in (["-O3", "-march=native", "-fno-math-errno"], ["-O3"]):
                 lib = _cbuild.load_library(SOURCE, "native", flags)
                 if lib is not None:
-                    for name, args in _SIGNATURES.items():
+                    for name, (restype, argtypes) in _SIGNATURES.items():
                         fn = getattr(lib, name)
-                        fn.argtypes = args
-                        fn.restype = ctypes.c_int if name in _RETURNS_INT else None
+                        fn.restype, fn.argtypes = restype, argtypes
                     _lib = lib
                     break
     return _lib
@@ -153,11 +154,24 @@ def _ptr(x: Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
 
 
+def _rows_contiguous(x: Tensor) -> bool:
+    """Whether each head's rows of a (N, T, F) tensor lie one after another in memory (any
+    head stride): what the compiled passes read and write."""
+    return x.stride(-1) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])
+
+
 def _head_stride(x: Tensor) -> int:
     """Elements from one head to the next of a (N, T, F) view whose rows are contiguous."""
-    if x.stride(-1) != 1 or (x.shape[1] > 1 and x.stride(1) != x.shape[2]):
+    if not _rows_contiguous(x):
         raise ValueError(f"native pass: rows must be contiguous, got strides {x.stride()}")
     return x.stride(0)
+
+
+def _rows_of(x: Tensor, scratch: Tensor | None) -> Tensor:
+    """x itself, or x copied into the first rows of ``scratch`` (N, R >= T, F) where x's rows are
+    not contiguous (the gradient of a ``.sum()`` arrives expanded, with stride 0): one block at
+    a time, so a whole-size copy is never made."""
+    return x if scratch is None else scratch[:, : x.shape[1]].copy_(x)
 
 
 # ------------------------------------------------------------------------- element-wise passes
@@ -261,17 +275,9 @@ class _Block:
         return out
 
 
-def _ranges(T: int, block: int):
-    return [(t0, min(t0 + block, T)) for t0 in range(0, T, block)]
-
-
-def _row_view(b: _Block, g: Tensor, t0: int, t1: int) -> Tensor:
-    """g[:, t0:t1] with contiguous rows, copied into a block buffer only where it has not (the
-    gradient of a ``.sum()`` arrives expanded, with stride 0)."""
-    x = g[:, t0:t1]
-    if x.stride(-1) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2]):
-        return x
-    return b.buf("g", *x.shape[1:]).copy_(x)
+def _g_scratch(g_out: Tensor, heads: int, block: int) -> Tensor | None:
+    """A block-sized buffer for :func:`_rows_of` where the output gradient needs one."""
+    return None if _rows_contiguous(g_out) else g_out.new_empty(heads, block, g_out.shape[2])
 
 
 def _noncausal_forward(b: _Block, S, z, eps, block, out):
@@ -287,7 +293,7 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
 
         return _over_heads(b, C * L + C * Dv, heads)
     bf16 = b.q.dtype == torch.bfloat16  # block products in bfloat16, S summed in float32
-    for t0, t1 in _ranges(b.k.shape[1], block):
+    for t0, t1 in block_ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
         vb = b.values(t0, t1, t1 - t0, view_ok=True)
         if bf16:
@@ -295,7 +301,7 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
         else:
             S.baddbmm_(fk.transpose(1, 2), vb)
     Sm = S.to(b.q.dtype)
-    for t0, t1 in _ranges(b.q.shape[1], block):
+    for t0, t1 in block_ranges(b.q.shape[1], block):
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
         num = torch.bmm(fq, Sm, out=b.buf("num", T, b.Dv))
@@ -377,8 +383,8 @@ def _over_heads(b: _Block, size: int, fn) -> None:
 
 
 def _single_pass(b: _Block, chunk: int) -> bool:
-    """Whether the one-pass compiled causal forward applies: float32, no padding, chunk and
-    widths multiples of 16 (its vector tiles)."""
+    """Whether the one-pass kernels apply: float32, no padding, chunk and widths multiples of 16
+    (their vector tiles)."""
     return (b.q.dtype == torch.float32 and b.keep is None
             and chunk % 16 == 0 and b.L % 16 == 0 and b.Dv % 16 == 0)
 
@@ -389,7 +395,7 @@ def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states)
         size = 2 * chunk * L + L * chunk + chunk * chunk + chunk * Dv
 
         def heads(h0, h1, work):
-            for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
+            for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
                 S_states[i, h0:h1], z_states[i, h0:h1] = S[h0:h1], z[h0:h1]
                 q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
                 rc = load().la_causal_forward(
@@ -398,7 +404,7 @@ def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states)
                 assert rc == 0
 
         return _over_heads(b, size, heads)
-    for i, (t0, t1) in enumerate(_ranges(b.q.shape[1], block)):
+    for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
         S_states[i], z_states[i] = S, z
         c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], S, z)
         _normalise(c["num"], c["fq"], c["z_before"], chunk, c["rs"], eps, out[:, t0:t1])
@@ -409,7 +415,6 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
     if _single_pass(b, NONCAUSAL_CHUNK):
         C = NONCAUSAL_CHUNK
         S, z = S.contiguous(), z.contiguous()
-        row_major = g_out.stride(-1) == 1 and (g_out.shape[1] <= 1 or g_out.stride(1) == Dv)
 
         def run(parts, h0, h1, q0, q1, g, work):
             """parts 1: the query pass over queries [q0, q1); 2: the key pass; 3: both."""
@@ -423,26 +428,25 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
 
         def heads(h0, h1, work):
             Tq = b.q.shape[1]
-            if row_major:
+            g_buf = _g_scratch(g_out, h1 - h0, min(block, Tq))
+            if g_buf is None:  # one call for both passes
                 return run(3, h0, h1, 0, Tq, g_out[h0:h1], work)
-            # A gradient without contiguous rows (the stride-0 gradient of a .sum()) is copied
-            # one block at a time for the query pass, not materialised whole.
-            g_buf = g_out.new_empty(h1 - h0, min(block, Tq), Dv)
-            for t0, t1 in _ranges(Tq, block):
-                run(1, h0, h1, t0, t1, g_buf[:, : t1 - t0].copy_(g_out[h0:h1, t0:t1]), work)
+            for t0, t1 in block_ranges(Tq, block):  # the query pass fed block by block
+                run(1, h0, h1, t0, t1, _rows_of(g_out[h0:h1, t0:t1], g_buf), work)
             run(2, h0, h1, 0, 0, g_buf[:, :0], work)
 
         return _over_heads(b, 2 * C * L + 2 * L * Dv + C * Dv, heads)
-    for t0, t1 in _ranges(b.q.shape[1], block):  # queries: dq, and the state's gradient
+    g_buf = _g_scratch(g_out, b.N, block)
+    for t0, t1 in block_ranges(b.q.shape[1], block):  # queries: dq, and the state's gradient
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
         dn, ds = b.buf("dnum", T, Dv), b.buf("ds", T)
-        _norm_grad(out[:, t0:t1], fq, z, T, None, _row_view(b, g_out, t0, t1), eps, dn, ds)
+        _norm_grad(out[:, t0:t1], fq, z, T, None, _rows_of(g_out[:, t0:t1], g_buf), eps, dn, ds)
         G.baddbmm_(fq.transpose(1, 2), dn)
         Gz.unsqueeze(1).baddbmm_(ds.unsqueeze(1), fq)
         d = torch.bmm(dn, S.transpose(1, 2), out=b.buf("dphi", T, L))
         _grad_phi(kind, d, b.q[:, t0:t1], fq, ds, z, T, None, dq[:, t0:t1])
-    for t0, t1 in _ranges(b.k.shape[1], block):  # keys and values
+    for t0, t1 in block_ranges(b.k.shape[1], block):  # keys and values
         T = t1 - t0
         fk = b.features("k", t0, t1, T)
         vb = b.values(t0, t1, T, view_ok=True)
@@ -459,13 +463,9 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
         size = (nc * (2 * chunk * L + L * Dv + L) + 2 * chunk * chunk + Dv * chunk + 2 * Dv * L
                 + 2 * chunk * L + chunk * Dv + chunk)
         def heads(h0, h1, work):
-            g_buf = None
-            for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
-                g = g_out[h0:h1, t0:t1]
-                if g.stride(-1) != 1 or (g.shape[1] > 1 and g.stride(1) != Dv):
-                    # e.g. the stride-0 gradient of a .sum(): one block at a time, in cache
-                    g_buf = g.new_empty(h1 - h0, block, Dv) if g_buf is None else g_buf
-                    g = g_buf[:, : t1 - t0].copy_(g)
+            g_buf = _g_scratch(g_out, h1 - h0, block)
+            for i, (t0, t1) in reversed(list(enumerate(block_ranges(b.q.shape[1], block)))):
+                g = _rows_of(g_out[h0:h1, t0:t1], g_buf)
                 ins = (*(x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out)), g)
                 grads = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
                 rc = load().la_causal_backward(
@@ -475,7 +475,8 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
                 assert rc == 0
 
         return _over_heads(b, size, heads)
-    for i, (t0, t1) in reversed(list(enumerate(_ranges(b.q.shape[1], block)))):
+    g_buf = _g_scratch(g_out, N, block)
+    for i, (t0, t1) in reversed(list(enumerate(block_ranges(b.q.shape[1], block)))):
         T = t1 - t0
         c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], numerator=False)
         n, R = c["n"], c["R"]
@@ -483,7 +484,7 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
         dn[:, T:].zero_()
         ds[:, T:].zero_()
         _norm_grad(out[:, t0:t1], c["fq"], c["z_before"], chunk, c["rs"],
-                   _row_view(b, g_out, t0, t1), eps, dn, ds)
+                   _rows_of(g_out[:, t0:t1], g_buf), eps, dn, ds)
         dn3, ds3 = dn.view(N * n, chunk, Dv), ds.view(N * n, chunk)
         # Gradient of the state after each chunk: G (after the block) plus what the later
         # chunks of the block read from it; G, Gz become the gradient before the block.
@@ -526,7 +527,7 @@ class _NativeLinearAttention(torch.autograd.Function):
                 _noncausal_forward(b, S, z, eps, block, out)
                 S_states, z_states = S.unsqueeze(0), z.unsqueeze(0)
             else:
-                nb = len(_ranges(Tq, block))
+                nb = -(-Tq // block)
                 S_states = S0.new_empty(nb, N, L, Dv)
                 z_states = S0.new_empty(nb, N, L)
                 _causal_forward(b, S, z, eps, block, chunk, out, S_states, z_states)
@@ -564,18 +565,14 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
     q (..., Tq, D), k (..., T, D), v (..., T, Dv), keep bool broadcastable to (..., T, 1) or
     None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
     (..., ℓ, Dv + 1)."""
-    batch = q.shape[:-2]
     L, Dv = q.shape[-1], v.shape[-1]
-    flat = []
-    for x in (q, k, v):
-        x = x.reshape(-1, *x.shape[-2:])
-        flat.append(x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous())
+    batch, flat, keep = flatten_heads(q, k, v, keep)
+    flat = [x if _rows_contiguous(x) else x.contiguous() for x in flat]
     N = flat[0].shape[0]
-    acc = torch.float32
     if keep is not None:
-        keep = keep.expand(*batch, k.shape[-2], 1).reshape(N, k.shape[-2]).contiguous()
+        keep = keep[..., 0].contiguous()  # (N, T) bytes for the compiled passes
     if S0 is None:
-        S0, z0 = q.new_zeros(N, L, Dv, dtype=acc), q.new_zeros(N, L, dtype=acc)
+        S0, z0 = q.new_zeros(N, L, Dv, dtype=torch.float32), q.new_zeros(N, L, dtype=torch.float32)
     else:
         S0 = S0.to(torch.float32).reshape(N, L, Dv + 1)
         S0, z0 = S0[..., :-1].contiguous(), S0[..., -1].contiguous()
