@@ -116,42 +116,40 @@ def assert_close():
     return check
 
 
+#: Sizes under which the fast paths see short test sequences as long ones: blocks of 8 tokens
+#: and causal chunks of 4 when the call names none, so T >= 9 spans several blocks and chunks.
+SMALL_BLOCKS = {"block_size": 8, "chunk_size": 4}
+
+
 @pytest.fixture
 def fast_path_calls(monkeypatch):
-    """Force the fast paths on for every length, with blocks of 8 tokens so that short test
-    sequences span several; returns ``count(module, name)``, which wraps ``module.name`` so
-    that each call appends to the list it returns (to check a path was really taken)."""
-    from linattn.ops import linear
+    """Force the fast paths (native where it applies, else fused) for every length, with
+    :data:`SMALL_BLOCKS`; returns ``count(module, name)``, which wraps ``module.name`` so that
+    each call appends to the list it returns (to check a path was really taken)."""
+    from linattn.ops import dispatch
 
-    monkeypatch.setattr(linear, "FUSED_MIN_T", 0)
-    monkeypatch.setattr(linear, "FUSED_BLOCK_SIZE", 8)
+    with dispatch.use(impl="fast", **SMALL_BLOCKS):
 
-    def count(module, name: str) -> list:
-        calls: list = []
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
-        return calls
+        def count(module, name: str) -> list:
+            calls: list = []
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+            return calls
 
-    return count
+        yield count
 
 
 @pytest.fixture(params=["portable", "fused"])
-def linear_path(request, monkeypatch):
+def linear_path(request):
     """Run the test once per implementation behind ``linattn.linear_attention``: the portable
-    whole-tensor form, and the fused chunked fast path forced on for every length (with small
-    blocks, so that short test sequences still span several blocks): float32 with 1 + elu or
+    whole-tensor form, and the fast paths forced on for every length with
+    :data:`SMALL_BLOCKS` (short test sequences span several blocks): float32 with 1 + elu or
     1 + relu takes the compiled path (ops/native.py) there, the rest the torch chunked one."""
-    from linattn.ops import linear
+    from linattn.ops import dispatch
 
-    if request.param == "fused":
-        if not hasattr(linear, "FUSED_MIN_T"):
-            pytest.skip("no fused path")
-        monkeypatch.setattr(linear, "FUSED_MIN_T", 1)
-        monkeypatch.setattr(linear, "FUSED_BLOCK_SIZE", 4)
-    elif hasattr(linear, "FUSED_MIN_T"):
-        monkeypatch.setattr(linear, "FUSED_MIN_T", 1 << 62)
-        monkeypatch.setattr(linear, "NATIVE_MIN_T", 1 << 62)
-    return request.param
+    impl = "fast" if request.param == "fused" else "portable"
+    with dispatch.use(impl=impl, **SMALL_BLOCKS):
+        yield request.param
 
 
 @pytest.fixture(scope="module")

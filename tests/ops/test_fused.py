@@ -1,6 +1,6 @@
 """The fused chunked path (ops/fused.py) against the quadratic reference and the portable path.
 
-``FUSED_MIN_T = 0`` forces it on for every length and a tiny ``FUSED_BLOCK_SIZE`` makes even
+``dispatch.use(impl="fast")`` forces it on for every length and tiny blocks make even
 short sequences span several blocks, so block boundaries, partial chunks and state hand-over
 are all exercised."""
 
@@ -11,6 +11,7 @@ import torch
 
 import linattn
 from linattn.feature_maps import FavorPlus, Hedgehog, Polynomial, RandomReLU
+from linattn.ops import dispatch
 from linattn.ops import linear as linear_mod
 
 
@@ -108,12 +109,10 @@ def test_noncausal_cross_lengths(fused_on):
 def test_low_precision_matches_portable_path(monkeypatch, dtype, is_causal):
     g = torch.Generator().manual_seed(0)
     q, k, v = ((torch.rand(1, 2, 3000, 16, generator=g) * 20 - 10).to(dtype) for _ in range(3))
-    monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 10**9)
-    monkeypatch.setattr(linear_mod, "NATIVE_MIN_T", 10**9)
-    portable = linattn.linear_attention(q, k, v, is_causal=is_causal)
-    monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 0)
-    monkeypatch.setattr(linear_mod, "NATIVE_MIN_T", 0)
-    fused = linattn.linear_attention(q, k, v, is_causal=is_causal)
+    with dispatch.use(impl="portable"):
+        portable = linattn.linear_attention(q, k, v, is_causal=is_causal)
+    with dispatch.use(impl="fast"):
+        fused = linattn.linear_attention(q, k, v, is_causal=is_causal)
     assert fused.dtype == dtype and torch.isfinite(fused).all()
     tol = 1e-4 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * 10
     torch.testing.assert_close(fused.double(), portable.double(), rtol=tol, atol=tol)

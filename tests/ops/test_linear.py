@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import linattn
 from linattn import reference
-from linattn.ops import linear as linear_ops
+from linattn.ops import dispatch
 from linattn.ops.linear import DEFAULT_CHUNK_SIZE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -109,10 +109,8 @@ def test_shapes_property(
     g = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(*batch, T, D, generator=g, dtype=torch.float64) * 0.5 for _ in range(2))
     v = torch.randn(*batch, T, Dv, generator=g, dtype=torch.float64)
-    with pytest.MonkeyPatch.context() as mp:  # force the fused or the portable path
-        mp.setattr(linear_ops, "FUSED_MIN_T", 1 if fused else 1 << 62)
-        mp.setattr(linear_ops, "NATIVE_MIN_T", 1 if fused else 1 << 62)
-        mp.setattr(linear_ops, "FUSED_BLOCK_SIZE", 4)
+    # force the fast or the portable path, with blocks of 4 tokens
+    with dispatch.use(impl="fast" if fused else "portable", block_size=4):
         out = linattn.linear_attention(
             q, k, v, feature_map=fmap, is_causal=is_causal, chunk_size=chunk
         )
@@ -184,8 +182,8 @@ def test_half_state_accumulates_in_float32(linear_path, qkv):
         q.double(), k.double(), v.double(), is_causal=True, return_state=True
     )
     assert state64.S.dtype == torch.float64
-    # The compiled path (taken by "fused" here: bfloat16 without gradients) multiplies on the
-    # bfloat16 units, which round each chunk's φ(k)ᵀv to bfloat16 before the float32 sum.
+    # The compiled path (taken by "fused" here: bfloat16 without gradients) keeps φ(k) in
+    # bfloat16 (one rounding per feature); its states are float32 sums.
     tol = torch.finfo(torch.bfloat16).eps if linear_path == "fused" else 1e-6
     torch.testing.assert_close(state.S.double(), state64.S, rtol=tol, atol=tol)
 
@@ -384,7 +382,7 @@ def test_gradients_match_reference(linear_path, make_map, qkv):
 _PEAK_SCRIPT = textwrap.dedent(
     """
     import json, torch, linattn
-    from linattn.ops import linear
+    from linattn.ops import dispatch
 
     def peak_kib():  # this process's own high-water mark (the ru_maxrss of an exec'd child
         # starts at its parent's RSS, so it would hide growth below the pytest process's size)
@@ -399,16 +397,15 @@ _PEAK_SCRIPT = textwrap.dedent(
     T, D = 2**17, 64
     q, k, v = (torch.randn(1, 1, T, D) for _ in range(3))
     growth = {}
-    for path, min_t in (("portable", 1 << 62), ("fused", getattr(linear, "FUSED_MIN_T", 0))):
-        linear.FUSED_MIN_T = min_t
-        linear.NATIVE_MIN_T = min_t
+    for path in ("portable", "fast"):
         for causal in (False, True):
             small = (t[..., :4096, :].clone() for t in (q, k, v))
-            linattn.linear_attention(*small, is_causal=causal)  # load kernels first
-            reset_peak()
-            before = peak_kib()
-            out = linattn.linear_attention(q, k, v, is_causal=causal)
-            after = peak_kib()
+            with dispatch.use(impl=path):
+                linattn.linear_attention(*small, is_causal=causal)  # load kernels first
+                reset_peak()
+                before = peak_kib()
+                out = linattn.linear_attention(q, k, v, is_causal=causal)
+                after = peak_kib()
             assert out.shape == (1, 1, T, D) and bool(torch.isfinite(out).all())
             del out
             growth[f"{path}, is_causal={causal}"] = (after - before) * 1024

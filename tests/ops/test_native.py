@@ -1,6 +1,6 @@
 """The compiled float32 path (ops/native.py, ops/_native.c) against the float64 reference.
 
-The native path takes every length (``NATIVE_MIN_T = 1``); a tiny ``FUSED_BLOCK_SIZE`` makes
+The native path is forced for every length (``dispatch.use(impl="fast")``) and tiny blocks make
 short sequences span several blocks (and partial causal chunks), so every hand-over of the
 state (S, z) between blocks and chunks is exercised, forward and backward."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -15,8 +16,8 @@ import torch.nn.functional as F
 
 import linattn
 from linattn import _cbuild
+from linattn.ops import dispatch, native
 from linattn.ops import linear as linear_mod
-from linattn.ops import native
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
 
@@ -105,24 +106,25 @@ def test_every_key_padded_gives_zero_output(native_on):
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
-def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch):
+def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native_on):
     """The compiled one-pass causal forward against the chunked torch products (same inputs):
     equal to float32 rounding, with a last chunk of 1 token and one of 15."""
     calls = []
-    monkeypatch.setattr(native, "_single_pass", lambda b, c: calls.append(1) or True)
+    one_pass = lambda b, c, backward=False: calls.append(1) or True  # noqa: E731
+    monkeypatch.setattr(native, "_single_pass", one_pass)
     for T in (129, 143):
         q, k, v = _qkv(1, 2, T=T, D=16, Dv=32)
         with torch.no_grad():
             got = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-            monkeypatch.setattr(native, "_single_pass", lambda b, c: False)
+            monkeypatch.setattr(native, "_single_pass", lambda b, c, backward=False: False)
             want = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-            monkeypatch.setattr(native, "_single_pass", lambda b, c: calls.append(1) or True)
+            monkeypatch.setattr(native, "_single_pass", one_pass)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert calls
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_threads_split_heads(monkeypatch, is_causal):
+def test_threads_split_heads(monkeypatch, native_on, is_causal):
     """With several torch threads the compiled passes run on groups of heads in parallel:
     5 heads over 3 threads (uneven groups) give what one thread gives, forward and backward."""
     q, k, v = _qkv(1, 5, T=300, D=16, Dv=16)
@@ -176,9 +178,7 @@ def test_state_in_and_out_with_gradients(native_on, feature_map):
 
     got = [x.clone().requires_grad_(True) for x in (q, k, v, S0, z0)]
     run(*got).backward()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(linear_mod, "FUSED_MIN_T", 1 << 62)
-        mp.setattr(linear_mod, "NATIVE_MIN_T", 1 << 62)
+    with dispatch.use(impl="portable"):
         want = [x.double().requires_grad_(True) for x in (q, k, v, S0, z0)]
         run(*want).backward()
     for a, b in zip(got, want, strict=False):
@@ -199,7 +199,7 @@ def test_default_sizes_long_sequence(Dv, chunk_size):
     """The shipped block size over several blocks of many chunks (Dv = 32, 16: the one-pass
     compiled causal forward and backward; Dv = 12: the chunked torch products), with a
     non-contiguous input."""
-    q, k, v = _qkv(1, 2, T=2 * linear_mod.FUSED_BLOCK_SIZE + 77, D=16, Dv=Dv)
+    q, k, v = _qkv(1, 2, T=2 * dispatch.Policy().block_size + 77, D=16, Dv=Dv)
     q = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, column-major rows
     for is_causal in (False, True):
         _assert_matches_reference(q, k, v, is_causal=is_causal, chunk_size=chunk_size)
@@ -249,20 +249,22 @@ def test_phi_keep_mask_and_column_sums():
 
 def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
     q, k, v = _qkv(1, T=30, D=4, Dv=3)
-    monkeypatch.setattr(linear_mod, "FUSED_MIN_T", 0)
-    want = linattn.linear_attention(q, k, v, is_causal=True)
+    with dispatch.use(impl="fast"):
+        want = linattn.linear_attention(q, k, v, is_causal=True)
     for setup in ({"env": "0"}, {"compiler": None}):
-        monkeypatch.setattr(native, "_tried", False)
-        monkeypatch.setattr(native, "_lib", None)
+        monkeypatch.setattr(native, "_libs", {})
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
         if "env" in setup:
             monkeypatch.setenv("LINATTN_NATIVE", "0")
         else:
             monkeypatch.delenv("LINATTN_NATIVE", raising=False)
             monkeypatch.setattr(_cbuild, "compiler", lambda: None)
-        assert not native.native_supported(linattn.feature_maps.EluPlusOne(), q, k, v)
-        torch.testing.assert_close(linattn.linear_attention(q, k, v, is_causal=True), want)
-    monkeypatch.setattr(native, "_tried", False)  # later tests load the real library again
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "no C compiler: torch path"
+            assert not native.native_supported(linattn.feature_maps.EluPlusOne(), q, k, v)
+            with dispatch.use(impl="fast"):
+                got = linattn.linear_attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(got, want)
 
 
 def test_not_taken_for_other_dtypes_and_maps(native_on):

@@ -2,9 +2,16 @@
 
 Efficiency = useful FLOPs / time / roofline, where the roofline is the GFLOP/s of a 2048×2048
 matmul in the same dtype measured in the same process, and the useful FLOPs of a forward are
-4·B·H·T·ℓ·Dv (φ(K)ᵀV and φ(Q)·state), three times that for forward+backward. Rows for the
-portable path (``FUSED_MIN_T`` raised out of reach) show the "before". Then, over a range of
-T, the times of linear and softmax attention (SDPA), the crossover and a log-log plot.
+4·B·H·T·ℓ·Dv (φ(K)ᵀV and φ(Q)·state), three times that for forward+backward. Rows:
+
+* ``native <isa>``: the compiled path, one row group per build variant asked for with ``--isa``
+  (``native`` = this CPU's widest ISA; ``avx2`` on an AVX-512 CPU measures the AVX2 kernels);
+* ``torch``: what runs with ``LINATTN_NATIVE=0`` (the chunked torch path at long T), with the
+  compiled path's speed-up over it in the native rows;
+* ``portable``: the whole-tensor torch form (``--no-portable`` skips it).
+
+Each cell runs in a fresh process. Then, over a range of T, the times of linear and softmax
+attention (SDPA), the crossover and a log-log plot.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--no-portable", action="store_true", help="skip the portable-path rows")
+    p.add_argument("--isa", nargs="+", default=["native"], metavar="ISA",
+                   help="compiled-path builds to measure: native (default), avx512, avx2, "
+                        "generic, scalar")
     p.add_argument("--crossover", type=int, nargs="*", default=None, metavar="T",
                    help="sequence lengths for the SDPA comparison (default 256 … 16384)")
     p.add_argument("--no-crossover", action="store_true")
@@ -74,20 +84,20 @@ def _sdpa(q, k, v, c):
 def _cell(spec: dict) -> tuple[float, int | None]:
     """One efficiency cell, run in a fresh process so its peak memory is its own: memory freed
     by an earlier call stays resident and would hide a later call's growth."""
+    os.environ.update(spec["env"])  # before the first call reads them
     import torch
 
-    from linattn.ops import linear as linear_mod
+    from linattn.ops import dispatch
     from linattn.profiling import PeakMemory, median_time
 
     torch.set_num_threads(spec["threads"])
-    if spec["portable"]:
-        linear_mod.FUSED_MIN_T = linear_mod.NATIVE_MIN_T = 10**12
     runner = _forward_backward if spec["backward"] else _forward
     fn = _linear(spec["feature_map"])
     q, k, v = _inputs(*spec["shape"], getattr(torch, spec["dtype"]), spec["backward"])
-    with PeakMemory() as mem:
-        runner(fn, q, k, v, spec["causal"])
-    t = median_time(partial(runner, fn, q, k, v, spec["causal"]), spec["repeats"], warmup=0)
+    with dispatch.use(impl=spec["impl"]):
+        with PeakMemory() as mem:
+            runner(fn, q, k, v, spec["causal"])
+        t = median_time(partial(runner, fn, q, k, v, spec["causal"]), spec["repeats"], warmup=0)
     return t, mem.extra_bytes
 
 
@@ -123,24 +133,37 @@ def efficiency_table(args, dtype) -> None:
           f"{torch.get_num_threads()} thread(s))")
     print(f"shape: B={B} H={H} T={T} d=Dv={d} ℓ={ell}, {args.dtype}, map {args.feature_map}; "
           f"q, k, v, o = {io_bytes / 2**20:.0f} MiB\n")
-    print("| path | form | pass | median time | useful GFLOP | efficiency | peak extra "
-          "| peak / (q,k,v,o) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for path in ("fused",) + (() if args.no_portable else ("portable",)):
+    from linattn.ops import native
+
+    isas = [isa for isa in args.isa if native.load(isa) is not None]
+    for isa in args.isa:
+        print(f"compiled build {native.describe(isa)}")
+    print("\n| path | form | pass | median time | useful GFLOP | efficiency | vs torch "
+          "| peak extra | peak / (q,k,v,o) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    # (row label, dispatch impl, environment of the measuring child)
+    paths = [("torch", "auto", {"LINATTN_NATIVE": "0"})]
+    paths += [(f"native {isa}", "native", {"LINATTN_NATIVE_ISA": isa}) for isa in isas]
+    paths += [] if args.no_portable else [("portable", "portable", {"LINATTN_NATIVE": "0"})]
+    torch_time = {}
+    for path, impl, env in paths:
         for causal in (False, True):
             for name, mult in (("forward", 1), ("fwd+bwd", 3)):
-                spec = {"threads": torch.get_num_threads(), "portable": path == "portable",
+                spec = {"threads": torch.get_num_threads(), "impl": impl, "env": env,
                         "backward": mult == 3, "feature_map": args.feature_map,
                         "shape": (B, H, T, d), "dtype": args.dtype, "causal": causal,
                         "repeats": args.repeats}
                 t, extra = _in_child(_cell, spec)
+                if path == "torch":
+                    torch_time[causal, name] = t
                 eff = mult * useful / t / roof
                 peak, ratio = "n/a", "n/a"
                 if extra is not None:
                     peak, ratio = f"{extra / 2**20:.0f} MiB", f"{extra / io_bytes:.2f}"
+                speedup = f"{torch_time[causal, name] / t:.2f}×" if path != "torch" else "1"
                 print(f"| {path} | {'causal' if causal else 'non-causal'} | {name} | "
-                      f"{t * 1e3:.0f} ms | {mult * useful:.1f} | {eff:.2f} | {peak} | {ratio} |",
-                      flush=True)
+                      f"{t * 1e3:.0f} ms | {mult * useful:.1f} | {eff:.2f} | {speedup} | {peak} "
+                      f"| {ratio} |", flush=True)
 
 
 def crossover(args, dtype, lengths) -> dict:
@@ -208,6 +231,11 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise UserError(f"-{name if len(name) == 1 else '-' + name}: expected a positive "
                             f"integer, got {getattr(args, name)}")
+    from linattn.ops.native import ISA_FLAGS
+
+    for isa in args.isa:
+        if isa not in ISA_FLAGS:
+            raise UserError(f"--isa: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
     out = Path(args.plot)
     if not args.no_crossover and not out.parent.is_dir():
         raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")

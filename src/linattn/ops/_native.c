@@ -9,35 +9,85 @@
  * "head stride" (xs, os, ...) in elements says where head n starts, so a view x[:, t0:t1] of a
  * (N, T_total, D) tensor is passed without a copy. Outputs without a stride are contiguous.
  *
- * Vectors use GCC/clang vector extensions (16 floats): AVX-512 with -march=native where the
- * CPU has it, split by the compiler into narrower registers where it does not.
+ * Vectors use GCC/clang vector extensions whose width follows the instruction set the compiler
+ * targets (-march=native at build time): 16 floats on AVX-512, 8 on AVX/AVX2, 4 on SSE2 and
+ * aarch64 NEON, 1 (plain scalars) elsewhere or with -DLA_W=1. A width the hardware does not
+ * have would be split by the compiler into narrower registers and spill (16 floats on a
+ * 16-register AVX2 core ran 6-7x below its FMA peak), so the register tiles of the products
+ * (MR rows x NV vectors) are sized per width as well, to the register file of that ISA.
  */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+
+#ifndef LA_W
+#if defined(__AVX512F__)
+#define LA_W 16
+#elif defined(__AVX__)
+#define LA_W 8
+#elif defined(__SSE2__) || defined(__ARM_NEON) || defined(__ARM_NEON__)
+#define LA_W 4
+#else
+#define LA_W 1
+#endif
+#endif
+#define W LA_W
+
+/* Register tiles: MR rows x NV vectors of accumulators, plus NV vectors of B and one
+ * broadcast of A, must fit the register file (32 vector registers on AVX-512 and NEON, 16 on
+ * AVX2 and SSE2; ~16 scalar FP registers for the scalar form). */
+#if LA_W == 16
+#define MR 6
+#define NV 4 /* 24 + 4 + 1 of 32 registers, 64 columns */
+#elif LA_W == 8
+#define MR 6
+#define NV 2 /* 12 + 2 + 1 of 16, 16 columns (the 6x16 shape of BLIS' Haswell kernel) */
+#elif LA_W == 4 && (defined(__ARM_NEON) || defined(__ARM_NEON__))
+#define MR 6
+#define NV 4 /* 24 + 4 + 1 of 32, 16 columns */
+#elif LA_W == 4
+#define MR 6
+#define NV 2 /* 12 + 2 + 1 of 16 */
+#else
+#define MR 4
+#define NV 3 /* 12 + 3 + 1 scalars */
+#endif
+
+#if LA_W == 16 && defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_CVTNEPS2BF16 1 /* one instruction rounds 16 floats to bfloat16 */
 #endif
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int vi __attribute__((vector_size(64)));
-#define W 16
+typedef float vf __attribute__((vector_size(4 * LA_W)));
+typedef int vi __attribute__((vector_size(4 * LA_W)));
+
+/* What this build is, for the Python side: the vector width in floats and the register tile. */
+int la_width(void) { return W; }
+int la_tile(void) { return MR * 100 + NV; }
 
 enum { PHI_ELU = 0, PHI_RELU = 1 };
 
 static inline vf vload(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
 static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 /* All lanes = a. (Not (vf){0} + a: adding 0 is not a no-op for -0.0, so that costs an add.) */
-static inline vf vsplat(float a) { return (vf){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
+#if LA_W == 16
+#define LA_LANES(a) a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a
+#elif LA_W == 8
+#define LA_LANES(a) a, a, a, a, a, a, a, a
+#elif LA_W == 4
+#define LA_LANES(a) a, a, a, a
+#else
+#define LA_LANES(a) a
+#endif
+static inline vf vsplat(float a) { return (vf){LA_LANES(a)}; }
 static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
 /* bfloat16 <-> float32. A bfloat16 is the high half of a float32; rounding to it is to nearest,
  * ties to even, NaN kept a (quiet) NaN. Buffers flagged "bf" hold bfloat16, others float32;
  * indices below are in elements. */
 typedef unsigned short u16;
-typedef u16 vh __attribute__((vector_size(32)));
-typedef unsigned vu __attribute__((vector_size(64)));
+typedef u16 vh __attribute__((vector_size(2 * LA_W)));
+typedef unsigned vu __attribute__((vector_size(4 * LA_W)));
 
 static inline float bf2f(u16 h) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline u16 f2bf(float f) {
@@ -122,19 +172,27 @@ static inline float sdphi(int kind, float x, float f) {
 
 /* The sum of a vector's lanes, by halving (a scalar loop over 16 lanes costs more than the
  * dot product it finishes). */
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12) /* __builtin_shufflevector */
+#if LA_W >= 8 && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
 typedef float vf8 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
-static inline float hsum(vf x) {
-    vf8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
-    vf8 b = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-    vf8 h = a + b;
+static inline float hsum8(vf8 h) {
     vf4 c = __builtin_shufflevector(h, h, 0, 1, 2, 3);
     vf4 d = __builtin_shufflevector(h, h, 4, 5, 6, 7);
     vf4 q = c + d;
     return (q[0] + q[2]) + (q[1] + q[3]);
 }
+#if LA_W == 16
+static inline float hsum(vf x) {
+    vf8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+    vf8 b = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+    return hsum8(a + b);
+}
 #else
+static inline float hsum(vf x) { return hsum8(x); }
+#endif
+#elif LA_W == 4
+static inline float hsum(vf x) { return (x[0] + x[2]) + (x[1] + x[3]); }
+#else /* __builtin_shufflevector needs GCC >= 12; scalars need nothing */
 static inline float hsum(vf x) {
     float s = 0.0f;
     for (int i = 0; i < W; ++i) s += x[i];
@@ -242,6 +300,27 @@ static void add_colsums(float *z, const float *z0, const float *f, const float *
 /* dst[0:n] = src[0:n] * s, n a multiple of W. */
 static inline void scale_row(float *dst, const float *src, float s, long n) {
     for (long j = 0; j < n; j += W) vstore(dst + j, vload(src + j) * s);
+}
+
+/* The one-pass forwards read and write float32 or bfloat16 (bf): a bfloat16 row is widened
+ * once into an L1 buffer and every sum stays float32, so bfloat16 costs the float32 arithmetic
+ * on half the memory traffic, on any CPU (no bf16 dot-product units needed). */
+
+/* f[0:n] = phi(x[i0:i0+n]), x float32 or bfloat16; n a multiple of W. */
+static inline void phi_rows_any(int kind, const void *x, long i0, int bf, long n, float *f) {
+    for (long i = 0; i < n; i += W) vstore(f + i, vphi(kind, vload_any(x, i0 + i, bf)));
+}
+
+/* x[i0:i0+n] as float32: x itself, or widened into buf. */
+static inline const float *f32_rows(const void *x, long i0, int bf, long n, float *buf) {
+    if (!bf) return (const float *)x + i0;
+    for (long i = 0; i < n; i += W) vstore(buf + i, vload_any(x, i0 + i, 1));
+    return buf;
+}
+
+/* dst[j0:j0+n] = src[0:n] * s, dst float32 or bfloat16. */
+static inline void scale_row_any(void *dst, long j0, int bf, const float *src, float s, long n) {
+    for (long j = 0; j < n; j += W) vstore_any(dst, j0 + j, vload(src + j) * s, bf);
 }
 
 /* The gradient of one output row o = num / s, s = guarded(den) (den here includes eps), from
@@ -386,10 +465,8 @@ void la_prefix(float *P, long N, long n, long F, const float *S0, float *S1, int
  * zero half of the causal score block: per chunk
  *     num = phi(q) S + tril(phi(q) phi(k)^T) v,   den = phi(q) . z + rowsum(tril(...)),
  *     o = num / guarded(den + eps),   S += phi(k)^T v,   z += sum phi(k).
- * The products run through one register-blocked kernel, MR rows x NV vectors of 16 columns. */
-
-#define MR 6
-#define NV 4
+ * The products run through one register-blocked kernel, MR rows x NV vectors of W columns
+ * (sized per ISA at the top of this file). */
 
 /* C[i, 0:16 nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:16 nv] for i < mr. */
 static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, const float *A,
@@ -415,7 +492,12 @@ static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, c
  * registers. */
 static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, const float *B,
                      long ldb, float *C, long ldc, int add) {
-#define T_(r, c) case r * 8 + c: tile(r, c, K, A, lda, ak, B, ldb, C, ldc, add); break;
+/* Cases beyond this ISA's MR x NV are constant-false (and never asked for). */
+#define T_(r, c)                                                                              \
+    case r * 8 + c:                                                                           \
+        if (r <= MR && c <= NV)                                                               \
+            tile(r <= MR ? r : MR, c <= NV ? c : NV, K, A, lda, ak, B, ldb, C, ldc, add);     \
+        break;
 #define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
     switch (mr * 8 + nv) {
         ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
@@ -426,7 +508,7 @@ static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, 
 }
 
 /* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak] (k < K, or k <= last row of the tile
- * when tri: A lower triangular) and B rows of Nc (a multiple of 16). */
+ * when tri: A lower triangular) and B rows of Nc (a multiple of W). */
 enum { FULL = 0, LOWER = 1, UPPER = 2 };
 
 /* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak], k < K, and B rows of Nc (a multiple
@@ -469,23 +551,24 @@ static void scores(long Cn, long C, long L, const float *fq, const float *fkT, f
     }
 }
 
-/* The causal forward over T tokens of N heads, chunks of C (a multiple of 16; L and Dv
- * multiples of 16 too). q, k: rows of L with head strides qs, ks; v: rows of Dv, stride vs;
- * out: rows of Dv, stride os. S (N, L, Dv) and z (N, L): the state before, updated in place to
- * the state after. work: 2 C L + L C + C C + C Dv floats. Returns 0, or -1 on bad sizes. */
-int la_causal_forward(int kind, const float *q, long qs, const float *k, long ks, const float *v,
-                      long vs, long N, long T, long L, long Dv, long C, float eps, float *S,
-                      float *z, float *out, long os, float *work) {
+/* The causal forward over T tokens of N heads, chunks of C (a multiple of W; L and Dv
+ * multiples of W too). q, k: rows of L with head strides qs, ks; v: rows of Dv, stride vs;
+ * out: rows of Dv, stride os; all float32, or all bfloat16 with bf. S (N, L, Dv) and z (N, L),
+ * float32: the state before, updated in place to the state after. work: 2 C L + L C + C C +
+ * 2 C Dv floats. Returns 0, or -1 on bad sizes. */
+int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
+                      const void *v, long vs, long N, long T, long L, long Dv, long C, float eps,
+                      float *S, float *z, void *out, long os, float *work) {
     if (C % W || L % W || Dv % W) return -1;
     float *fq = work, *fk = fq + C * L, *fkT = fk + C * L, *A = fkT + L * C, *num = A + C * C;
+    float *vbuf = num + C * Dv;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
             long Cn = T - t0 < C ? T - t0 : C;
-            const float *qc = q + n * qs + t0 * L, *kc = k + n * ks + t0 * L;
-            const float *vc = v + n * vs + t0 * Dv;
-            phi_rows(kind, qc, Cn * L, fq);
-            phi_rows(kind, kc, Cn * L, fk);
+            const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
+            phi_rows_any(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
+            phi_rows_any(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
             if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
                 memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
             transpose(C, L, fk, fkT);
@@ -494,8 +577,8 @@ int la_causal_forward(int kind, const float *q, long qs, const float *k, long ks
             gemm(Cn, Dv, Cn, A, C, 1, vc, Dv, num, Dv, 1, LOWER);  /* + A v */
             for (long i = 0; i < Cn; ++i) {
                 float den = causal_den(fq + i * L, zn, A + i * C, i, L);
-                scale_row(out + n * os + (t0 + i) * Dv, num + i * Dv, 1.0f / guarded(den, eps),
-                          Dv);
+                scale_row_any(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
+                              1.0f / guarded(den, eps), Dv);
             }
             gemm(L, Dv, Cn, fk, 1, L, vc, Dv, Sn, Dv, 1, FULL);   /* S += phi(k)^T v */
             add_colsums(zn, zn, fk, NULL, Cn, L);
@@ -593,31 +676,30 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
  * Per head, chunk by chunk with the chunk's features in L1:
  *     keys:     S += phi(k)^T v,  z += sum phi(k)
  *     queries:  o = phi(q) S / guarded(phi(q) . z + eps)
- * Tq queries, Tk keys; S (N, L, Dv), z (N, L) in/out (the sums include what they held).
- * work: C L + C Dv floats. */
-int la_noncausal_forward(int kind, const float *q, long qs, const float *k, long ks,
-                         const float *v, long vs, long N, long Tq, long Tk, long L, long Dv,
-                         long C, float eps, float *S, float *z, float *out, long os,
+ * Tq queries, Tk keys; q, k, v, out float32, or bfloat16 with bf; S (N, L, Dv), z (N, L)
+ * float32 in/out (the sums include what they held). work: C L + 2 C Dv floats. */
+int la_noncausal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
+                         const void *v, long vs, long N, long Tq, long Tk, long L, long Dv,
+                         long C, float eps, float *S, float *z, void *out, long os,
                          float *work) {
     if (L % W || Dv % W) return -1;
-    float *f = work, *num = f + C * L;
+    float *f = work, *num = f + C * L, *vbuf = num + C * Dv;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += C) {
             long Cn = Tk - t0 < C ? Tk - t0 : C;
-            const float *kc = k + n * ks + t0 * L;
-            phi_rows(kind, kc, Cn * L, f);
-            gemm(L, Dv, Cn, f, 1, L, v + n * vs + t0 * Dv, Dv, Sn, Dv, 1, FULL);
+            phi_rows_any(kind, k, n * ks + t0 * L, bf, Cn * L, f);
+            gemm(L, Dv, Cn, f, 1, L, f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf), Dv, Sn,
+                 Dv, 1, FULL);
             add_colsums(zn, zn, f, NULL, Cn, L);
         }
         for (long t0 = 0; t0 < Tq; t0 += C) {
             long Cn = Tq - t0 < C ? Tq - t0 : C;
-            const float *qc = q + n * qs + t0 * L;
-            phi_rows(kind, qc, Cn * L, f);
+            phi_rows_any(kind, q, n * qs + t0 * L, bf, Cn * L, f);
             gemm(Cn, Dv, L, f, L, 1, Sn, Dv, num, Dv, 0, FULL);
             for (long i = 0; i < Cn; ++i)
-                scale_row(out + n * os + (t0 + i) * Dv, num + i * Dv,
-                          1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
+                scale_row_any(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
+                              1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
         }
     }
     return 0;

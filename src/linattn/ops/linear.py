@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
+from linattn.ops import dispatch, native
 from linattn.ops._common import (
     causal_chunked,
     check_qkv,
@@ -35,21 +36,41 @@ from linattn.ops.fused import fused_linear_attention, fused_supported
 from linattn.ops.native import native_linear_attention, native_supported
 from linattn.ops.recurrent import LinearAttentionState
 
-__all__ = [
-    "linear_attention", "DEFAULT_CHUNK_SIZE", "FUSED_MIN_T", "NATIVE_MIN_T", "FUSED_BLOCK_SIZE"
-]
+__all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE"]
 
-#: Chunk length of the portable causal form.
-DEFAULT_CHUNK_SIZE = 64
-#: Sequences of at least this many tokens take the fused chunked path (ops/fused.py) where it
-#: applies; shorter ones are cheaper in a few whole-tensor operations.
-FUSED_MIN_T = 2048
-#: The compiled float32 path (ops/native.py, 1 + elu and 1 + relu) is faster than the portable
-#: form from T = 64 up, forward and backward (docs/benchmarks.md), so it takes every length.
-NATIVE_MIN_T = 1
-#: Tokens mapped and processed per step of the fused path: 512 keeps a block's features of
-#: 8 heads in L2 (measured with ``linattn bench``: 512 beat 256 and 1024 on every row).
-FUSED_BLOCK_SIZE = 512
+#: Chunk length of the causal forms when the call gives none (the default policy's).
+DEFAULT_CHUNK_SIZE = dispatch.Policy().chunk_size
+
+
+def _choose(fmap, q, k, v, S0, is_causal: bool) -> str:
+    """"native", "fused" or "portable" for this call, by the policy in force (ops/dispatch.py)."""
+    pol = dispatch.policy()
+    can_native = native_supported(fmap, q, k, v, S0)
+    can_fused = fused_supported(fmap, q)
+    if pol.impl == "portable":
+        return "portable"
+    if pol.impl in ("native", "fused"):
+        if not (can_native if pol.impl == "native" else can_fused):
+            raise ValueError(f"dispatch impl={pol.impl!r}: that path cannot take this call "
+                             f"({type(fmap).__name__}, {q.dtype}, {q.device.type})")
+        return pol.impl
+    if pol.impl == "fast":
+        return "native" if can_native else "fused" if can_fused else "portable"
+    if can_native:
+        grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, S0))
+        if dispatch.native_setting() == "1" or native.wins(is_causal, grad):
+            return "native"
+    return "fused" if can_fused and q.shape[-2] >= pol.fused_min_t else "portable"
+
+
+def _clamped_chunk(chunk: int, T: int) -> int:
+    """A chunk no longer than the sequence needs: a chunk of C costs C×C scores (T = 5 with
+    chunk_size=65536 must not ask for 17 GB). Multiples of 16 stay multiples of 16 (the
+    compiled kernels' vector tiles)."""
+    if chunk <= T:
+        return chunk
+    return -(-max(T, 1) // 16) * 16 if chunk % 16 == 0 else max(T, 1)
 
 
 def linear_attention(
@@ -84,12 +105,14 @@ def linear_attention(
         (..., Tq, Dv) in q's dtype, and the final :class:`LinearAttentionState` if
         ``return_state``. Sums run in float32 at least (float64 for float64 inputs).
 
-    On CPU the fast paths (ops/native.py for float32 with 1+elu or 1+relu at any length,
-    ops/fused.py for other token-wise maps from ``FUSED_MIN_T`` tokens) have a hand-written
-    backward: it cannot be differentiated again (double backward, ``torch.func`` transforms)
-    and it reads the saved output, so modifying the output in place before ``backward`` raises
-    autograd's usual error. ``LINATTN_NATIVE=0`` (set before the first call) turns the
-    compiled path off.
+    The implementation is chosen by :mod:`linattn.ops.dispatch`: on CPU the compiled path
+    (ops/native.py: float32 with 1+elu or 1+relu, where it was measured to beat torch on this
+    machine) or the chunked torch path (ops/fused.py, token-wise maps, long sequences), else
+    the portable form. The fast paths have a hand-written backward; with ``create_graph=True``
+    (double backward) they differentiate a torch recomputation instead, so higher-order
+    gradients are exact. They read the saved output, so modifying the output in place before
+    ``backward`` raises autograd's usual error. ``LINATTN_NATIVE=0`` (set before the first
+    call) turns the compiled path off, ``LINATTN_NATIVE=1`` skips the measurement.
     """
     check_qkv(q, k, v, same_length=is_causal)
     if not is_causal and (initial_state is not None or return_state):
@@ -109,16 +132,12 @@ def linear_attention(
         initial_state.check("initial_state", tuple(q.shape[:-2]), L, v.shape[-1])
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
-    T = q.shape[-2]
-    if T >= NATIVE_MIN_T and native_supported(fmap, q, k, v, S0):
-        fast = native_linear_attention
-    elif T >= FUSED_MIN_T and fused_supported(fmap, q):
-        fast = fused_linear_attention
-    else:
-        fast = None
-    if fast is not None:
-        chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-        block = max(chunk, FUSED_BLOCK_SIZE // chunk * chunk)  # whole chunks per block
+    pol = dispatch.policy()
+    chunk = _clamped_chunk(pol.chunk_size if chunk_size is None else chunk_size, q.shape[-2])
+    path = _choose(fmap, q, k, v, S0, is_causal)
+    if path != "portable":
+        fast = native_linear_attention if path == "native" else fused_linear_attention
+        block = pol.block_for(chunk)
         o, total = fast(
             q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps, chunk=chunk, block=block,
             S0=S0,
@@ -128,7 +147,6 @@ def linear_attention(
         v1 = values_with_ones(v, fq.dtype, keep)
         if not is_causal:
             return split_normalised(fq @ (fk.transpose(-1, -2) @ v1), eps).to(q.dtype)
-        chunk = min(DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size, q.shape[-2]) or 1
         out, total = causal_chunked(fq, fk, v1, chunk, None if S0 is None else S0.to(fq.dtype))
         o = split_normalised(out, eps).to(q.dtype)
     if return_state:

@@ -42,18 +42,28 @@ with ``LINATTN_NATIVE=0``, :func:`native_supported` is False and the torch paths
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import sys
+import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from linattn import _cbuild
+from linattn._io import write_atomic
 from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
-from linattn.ops._common import block_ranges, flatten_heads
+from linattn.ops._common import (
+    block_ranges,
+    causal_chunked,
+    features,
+    flatten_heads,
+    split_normalised,
+    values_with_ones,
+)
 
 __all__ = ["native_supported", "native_linear_attention", "load", "phi"]
 
@@ -73,34 +83,108 @@ _SIGNATURES = {
     "la_mask_rowsum": (None, [_P, _I, _L, _L, _P]),
     "la_mask_add": (None, [_P, _L, _L, _P]),
     "la_prefix": (None, [_P, _L, _L, _L, _P, _P, _I]),
-    "la_causal_forward": (_I, [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P, _P,
-                               _L, _P]),
-    "la_noncausal_forward": (_I, [_I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F, _P,
-                                  _P, _P, _L, _P]),
+    "la_causal_forward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P,
+                               _P, _L, _P]),
+    "la_noncausal_forward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F,
+                                  _P, _P, _P, _L, _P]),
     "la_noncausal_backward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L,
                                    _L, _L, _L, _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
     "la_causal_backward": (_I, [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L,
                                 _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
+    "la_width": (_I, []),
+    "la_tile": (_I, []),
 }
 #: Tokens per chunk of the one-pass non-causal kernels (their features stay in L1).
 NONCAUSAL_CHUNK = 64
 
 
-def load() -> ctypes.CDLL | None:
-    """The compiled kernels (built on first use), or None where that is not possible."""
-    global _lib, _tried
-    if not _tried:
-        _tried = True
-        if os.environ.get("LINATTN_NATIVE", "1") != "0":
-            for flags in (["-O3", "-march=native", "-fno-math-errno"], ["-O3"]):
-                lib = _cbuild.load_library(SOURCE, "native", flags)
-                if lib is not None:
-                    for name, (restype, argtypes) in _SIGNATURES.items():
-                        fn = getattr(lib, name)
-                        fn.restype, fn.argtypes = restype, argtypes
-                    _lib = lib
-                    break
-    return _lib
+#: Compiler flags of each build of _native.c. "native" (the default) targets the CPU at hand,
+#: whose vector width and register tiles _native.c picks from the compiler's macros; the others
+#: build a narrower ISA, to measure it on a wider CPU or to test the scalar form
+#: (``LINATTN_NATIVE_ISA``, or ``isa=`` in :func:`load`).
+ISA_FLAGS = {
+    "native": ["-march=native"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+    "avx2": ["-mavx2", "-mfma"],
+    "generic": [],  # the compiler's baseline: SSE2 on x86-64, NEON on aarch64
+    "scalar": ["-DLA_W=1"],
+}
+#: /proc/cpuinfo flags an ISA build needs to run (x86); a build this CPU cannot run is refused.
+_ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"},
+              "avx2": {"avx2", "fma"}}
+_libs: dict[str, ctypes.CDLL | None] = {}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def selected_isa() -> str:
+    """The build variant this process uses: ``LINATTN_NATIVE_ISA`` or "native"."""
+    isa = os.environ.get("LINATTN_NATIVE_ISA", "native").strip() or "native"
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"LINATTN_NATIVE_ISA: expected one of {', '.join(ISA_FLAGS)}, "
+                         f"got {isa!r}")
+    return isa
+
+
+def load(isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels of one build variant (default :func:`selected_isa`), built on first
+    use, or None where that is not possible (no compiler, ``LINATTN_NATIVE=0``, an ISA this
+    CPU lacks)."""
+    isa = selected_isa() if isa is None else isa
+    if isa not in _libs:
+        _libs[isa] = _load(isa)
+    return _libs[isa]
+
+
+def _load(isa: str) -> ctypes.CDLL | None:
+    if os.environ.get("LINATTN_NATIVE", "1").strip() == "0":
+        return None
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"isa: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
+    need = _ISA_NEEDS.get(isa, set())
+    if need and not need <= _cpu_flags():
+        warnings.warn(f"linattn: this CPU cannot run the {isa} build of the compiled path "
+                      f"(needs {', '.join(sorted(need))}); using the PyTorch path",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    base = ["-O3", "-fno-math-errno"]
+    tries = [base + ISA_FLAGS[isa]]
+    if isa == "native":
+        tries.append(["-O3"])  # a compiler without -march=native
+    for flags in tries:  # warn (once) only when the last try fails too
+        lib = _cbuild.load_library(SOURCE, "native", flags, warn=flags is tries[-1])
+        if lib is not None:
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = restype, argtypes
+            return lib
+    return None
+
+
+def describe(isa: str | None = None) -> str:
+    """One line on the build in use: ISA, vector width, register tile (or why there is none)."""
+    lib = load(isa)
+    isa = selected_isa() if isa is None else isa
+    if lib is None:
+        return f"{isa}: not available"
+    tile = lib.la_tile()
+    return f"{isa}: {lib.la_width()}-float vectors, {tile // 100}x{tile % 100} register tile"
+
+
+def _check(rc: int, name: str) -> None:
+    """The one-pass kernels return -1 on sizes they do not take: a bug here, never silence (an
+    ``assert`` would vanish under ``python -O``)."""
+    if rc != 0:
+        raise RuntimeError(f"linattn native path: {name} refused its sizes (rc={rc})")
 
 
 def native_supported(
@@ -119,6 +203,89 @@ def native_supported(
         )
         return not needs_grad and load() is not None
     return q.dtype == torch.float32 and load() is not None
+
+
+# ------------------------------------------------------------------ does it win on this machine?
+#: The calibration problem: 8 heads of 2048 tokens, d = Dv = 64, float32, 1 + elu.
+CALIBRATION_SHAPE = (8, 2048, 64)
+_FORMS = {(c, b): f"{'causal' if c else 'non-causal'} {'fwd+bwd' if b else 'forward'}"
+          for c in (False, True) for b in (False, True)}
+_verdicts: dict[tuple[str, int], dict] = {}
+
+
+def wins(is_causal: bool, backward: bool) -> bool:
+    """Whether the compiled path beat plain torch on this machine for this form (see
+    :func:`calibration`); :func:`linattn.linear_attention` takes it only then."""
+    return calibration()[_FORMS[is_causal, backward]]["native"]
+
+
+def calibration(threads: int | None = None) -> dict[str, dict]:
+    """Per form ("non-causal forward", ..., "causal fwd+bwd"): the median times of the compiled
+    path and of the faster torch path (fused or portable) on :data:`CALIBRATION_SHAPE`, and
+    whether the compiled one won. Measured at the first call of each thread count (about a
+    second) and cached beside the compiled library, so it is measured once per build and CPU;
+    delete the ``.calib.json`` file to measure again."""
+    threads = torch.get_num_threads() if threads is None else threads
+    lib = load()
+    key = (selected_isa(), threads)
+    if key in _verdicts:
+        return _verdicts[key]
+    if lib is None:
+        raise RuntimeError("linattn native path: no compiled library to calibrate")
+    path = Path(lib._name).with_suffix(".calib.json")  # beside the cached library
+    entry = f"threads={threads}"
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    result = cached.get(entry) if isinstance(cached, dict) else None
+    if not (isinstance(result, dict) and set(result) == set(_FORMS.values())):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            result = _measure()
+        finally:
+            torch.set_num_threads(before)
+        try:
+            write_atomic(path, json.dumps({**cached, entry: result}, indent=1).encode())
+        except OSError:
+            pass  # an unwritable cache: measured again by the next process
+    _verdicts[key] = result
+    return result
+
+
+def _measure(repeats: int = 5) -> dict[str, dict]:
+    from linattn.ops import dispatch
+    from linattn.ops.linear import linear_attention
+
+    N, T, d = CALIBRATION_SHAPE
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, N, T, d, generator=g) * 0.5 for _ in range(3))
+
+    def run(is_causal, backward):
+        if not backward:
+            with torch.no_grad():
+                linear_attention(q, k, v, is_causal=is_causal)
+            return
+        xs = [x.detach().requires_grad_(True) for x in (q, k, v)]
+        linear_attention(*xs, is_causal=is_causal).sum().backward()
+
+    result = {}
+    for (is_causal, backward), name in _FORMS.items():
+        ms = {}
+        for impl in ("native", "fused", "portable"):
+            with dispatch.use(impl=impl):
+                run(is_causal, backward)  # warm-up: buffers, pages, kernels
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    run(is_causal, backward)
+                    times.append(time.perf_counter() - t0)
+            ms[impl] = 1e3 * sorted(times)[len(times) // 2]
+        torch_ms = min(ms["fused"], ms["portable"])
+        result[name] = {"native_ms": round(ms["native"], 3), "torch_ms": round(torch_ms, 3),
+                        "native": ms["native"] < torch_ms}
+    return result
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -215,7 +382,7 @@ def _prefix(P: Tensor, S0: Tensor, S1: Tensor, reverse: bool = False) -> Tensor:
     """In place: P (N, n, ...) of per-chunk sums -> S0 + the chunks before each (after it if
     ``reverse``); S1 (may be S0) <- S0 + all chunks. All contiguous."""
     N, n = P.shape[:2]
-    F = P[0, 0].numel()
+    F = P[0, 0].numel() if N * n else 0  # an empty batch: nothing to sum
     load().la_prefix(P.data_ptr(), N, n, F, S0.data_ptr(), S1.data_ptr(), int(reverse))
     return P
 
@@ -287,11 +454,11 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
         def heads(h0, h1, work):
             q, k, v, o = (x[h0:h1] for x in (b.q, b.k, b.v, out))
             rc = load().la_noncausal_forward(
-                b.kind, *_ptrs(q, k, v), h1 - h0, q.shape[1], k.shape[1], L, Dv, C, eps,
-                S[h0].data_ptr(), z[h0].data_ptr(), *_ptrs(o), work.data_ptr())
-            assert rc == 0
+                b.kind, _bf(q), *_ptrs(q, k, v), h1 - h0, q.shape[1], k.shape[1], L, Dv, C,
+                eps, S[h0].data_ptr(), z[h0].data_ptr(), *_ptrs(o), work.data_ptr())
+            _check(rc, "la_noncausal_forward")
 
-        return _over_heads(b, C * L + C * Dv, heads)
+        return _over_heads(b, C * L + 2 * C * Dv, heads)
     bf16 = b.q.dtype == torch.bfloat16  # block products in bfloat16, S summed in float32
     for t0, t1 in block_ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
@@ -320,10 +487,8 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
     fq3, fk3, v3 = fq.view(N * n, chunk, L), fk.view(N * n, chunk, L), vb.view(N * n, chunk, Dv)
     # Each chunk's own state, turned in place into the state before the chunk (float32).
     S_before = b.buf("S", n, L, Dv, acc=True).view(-1, L, Dv)
-    if fq.dtype == torch.float32:
-        torch.bmm(fk3.transpose(1, 2), v3, out=S_before)
-    else:
-        S_before.copy_(torch.bmm(fk3.transpose(1, 2), v3))
+    # In float32 for bfloat16 blocks too: a bfloat16 product would round each chunk's state.
+    torch.bmm(fk3.transpose(1, 2).float(), v3.float(), out=S_before)
     S_before = _prefix(S_before.view(N, n, L, Dv), S, S if S_next is None else S_next)
     z_before = torch.sum(fk.view(N, n, chunk, L), 2, dtype=torch.float32,
                          out=b.buf("z", n, L, acc=True))
@@ -382,26 +547,27 @@ def _over_heads(b: _Block, size: int, fn) -> None:
         job.result()
 
 
-def _single_pass(b: _Block, chunk: int) -> bool:
-    """Whether the one-pass kernels apply: float32, no padding, chunk and widths multiples of 16
-    (their vector tiles)."""
-    return (b.q.dtype == torch.float32 and b.keep is None
+def _single_pass(b: _Block, chunk: int, backward: bool = False) -> bool:
+    """Whether the one-pass kernels apply: float32 (forwards: bfloat16 too), no padding, chunk
+    and widths multiples of 16 (whole vectors of every ISA's width)."""
+    dtypes = (torch.float32,) if backward else (torch.float32, torch.bfloat16)
+    return (b.q.dtype in dtypes and b.keep is None
             and chunk % 16 == 0 and b.L % 16 == 0 and b.Dv % 16 == 0)
 
 
 def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
     if _single_pass(b, chunk):
         L, Dv = b.L, b.Dv
-        size = 2 * chunk * L + L * chunk + chunk * chunk + chunk * Dv
+        size = 2 * chunk * L + L * chunk + chunk * chunk + 2 * chunk * Dv
 
         def heads(h0, h1, work):
             for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
                 S_states[i, h0:h1], z_states[i, h0:h1] = S[h0:h1], z[h0:h1]
                 q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
                 rc = load().la_causal_forward(
-                    b.kind, *_ptrs(q, k, v), h1 - h0, t1 - t0, L, Dv, chunk, eps,
+                    b.kind, _bf(q), *_ptrs(q, k, v), h1 - h0, t1 - t0, L, Dv, chunk, eps,
                     S[h0].data_ptr(), z[h0].data_ptr(), *_ptrs(o), work.data_ptr())
-                assert rc == 0
+                _check(rc, "la_causal_forward")
 
         return _over_heads(b, size, heads)
     for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
@@ -412,7 +578,7 @@ def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states)
 
 def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, dv):
     kind, Dv, L = b.kind, b.Dv, b.L
-    if _single_pass(b, NONCAUSAL_CHUNK):
+    if _single_pass(b, NONCAUSAL_CHUNK, backward=True):
         C = NONCAUSAL_CHUNK
         S, z = S.contiguous(), z.contiguous()
 
@@ -424,7 +590,7 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
                 kind, parts, *_ptrs(qv, k, v, ov, g), h1 - h0, q1 - q0, k.shape[1], L, Dv, C,
                 eps, S[h0].data_ptr(), z[h0].data_ptr(), G[h0].data_ptr(), Gz[h0].data_ptr(),
                 *_ptrs(dqv, dk_, dv_), work.data_ptr())
-            assert rc == 0
+            _check(rc, "la_noncausal_backward")
 
         def heads(h0, h1, work):
             Tq = b.q.shape[1]
@@ -458,7 +624,7 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
 def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
                      dq, dk, dv):
     kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
-    if _single_pass(b, chunk):
+    if _single_pass(b, chunk, backward=True):
         nc = -(-block // chunk)
         size = (nc * (2 * chunk * L + L * Dv + L) + 2 * chunk * chunk + Dv * chunk + 2 * Dv * L
                 + 2 * chunk * L + chunk * Dv + chunk)
@@ -472,7 +638,7 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
                     kind, *_ptrs(*ins), h1 - h0, t1 - t0, L, Dv, chunk, eps,
                     S_states[i, h0].data_ptr(), z_states[i, h0].data_ptr(), G[h0].data_ptr(),
                     Gz[h0].data_ptr(), *_ptrs(*grads), work.data_ptr())
-                assert rc == 0
+                _check(rc, "la_causal_backward")
 
         return _over_heads(b, size, heads)
     g_buf = _g_scratch(g_out, N, block)
@@ -531,32 +697,76 @@ class _NativeLinearAttention(torch.autograd.Function):
                 S_states = S0.new_empty(nb, N, L, Dv)
                 z_states = S0.new_empty(nb, N, L)
                 _causal_forward(b, S, z, eps, block, chunk, out, S_states, z_states)
-        ctx.save_for_backward(q, k, v, keep, S_states, z_states, out)
+        # S0, z0 only serve a differentiable (create_graph) backward
+        ctx.save_for_backward(q, k, v, keep, S_states, z_states, out, S0, z0)
         ctx.cfg = (kind, eps, block, chunk, is_causal)
         return out, S, z
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a clear error if asked
     def backward(ctx, g_out, g_S, g_z):
-        q, k, v, keep, S_states, z_states, out = ctx.saved_tensors
+        q, k, v, keep, S_states, z_states, out = ctx.saved_tensors[:7]
         if q.dtype != torch.float32:  # native_supported routes bfloat16 with gradients away
             raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
         kind, eps, block, chunk, is_causal = ctx.cfg
-        N, Tq, L = q.shape
-        Dv = v.shape[2]
-        b = _Block(kind, q, k, v, keep)
-        dq, dk, dv = (empty_hugepage(x, *x.shape) for x in (q, k, v))
-        G = q.new_zeros(N, L, Dv) if g_S is None else g_S.contiguous().clone()
-        Gz = q.new_zeros(N, L) if g_z is None else g_z.contiguous().clone()
-        if g_out is None:
-            g_out = q.new_zeros(()).expand(N, Tq, Dv)
-        if is_causal:
-            _causal_backward(b, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
-                             dq, dk, dv)
-        else:
-            _noncausal_backward(b, S_states[0], z_states[0], out, g_out, G, Gz, eps, block,
-                                dq, dk, dv)
-        return dq, dk, dv, G, Gz, None, None, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that is differentiable
+            return _differentiable_backward(ctx, (g_out, g_S, g_z))
+        with torch.no_grad():
+            return _fast_backward(ctx, q, k, v, keep, S_states, z_states, out, g_out, g_S, g_z)
+
+
+def _differentiable_backward(ctx, grads):
+    """The backward for ``create_graph=True`` (gradient penalties, Hessian-vector products):
+    the forward again in differentiable torch operations (ops/_common.py), differentiated by
+    autograd with the graph kept. The compiled backward's own result is not differentiable, and
+    a first gradient that silently did not require grad would drop every term built on it."""
+    q, k, v, keep, *_, S0, z0 = ctx.saved_tensors
+    kind, eps, _, chunk, is_causal = ctx.cfg
+    fmap = next(cls for cls, code in _KINDS.items() if code == kind)()
+    inputs = (q, k, v, S0, z0)
+    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
+    with torch.enable_grad():
+        outs = _torch_forward(fmap, q, k, v, S0, z0, keep, eps, chunk, is_causal)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+        got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
+                                  [g for _, g in pairs], create_graph=True, allow_unused=True)
+    result = [None] * 11
+    for i, g in zip(wanted, got, strict=True):
+        result[i] = torch.zeros_like(inputs[i]) if g is None else g
+    return tuple(result)
+
+
+def _torch_forward(fmap, q, k, v, S0, z0, keep, eps, chunk, is_causal):
+    """(output, S, z) of the flattened inputs in differentiable torch operations."""
+    keep = None if keep is None else keep.unsqueeze(-1)
+    fq, fk = features(fmap, q, k, keep)
+    v1 = values_with_ones(v, fq.dtype, keep)
+    state0 = torch.cat([S0, z0.unsqueeze(-1)], -1)
+    if is_causal:
+        o1, total = causal_chunked(fq, fk, v1, min(chunk, max(q.shape[1], 1)), state0)
+    else:
+        total = state0 + fk.transpose(1, 2) @ v1
+        o1 = fq @ total
+    return split_normalised(o1, eps), total[..., :-1], total[..., -1]
+
+
+def _fast_backward(ctx, q, k, v, keep, S_states, z_states, out, g_out, g_S, g_z):
+    """The compiled backward (one pass per head, or block passes); not differentiable."""
+    kind, eps, block, chunk, is_causal = ctx.cfg
+    N, Tq, L = q.shape
+    Dv = v.shape[2]
+    b = _Block(kind, q, k, v, keep)
+    dq, dk, dv = (empty_hugepage(x, *x.shape) for x in (q, k, v))
+    G = q.new_zeros(N, L, Dv) if g_S is None else g_S.contiguous().clone()
+    Gz = q.new_zeros(N, L) if g_z is None else g_z.contiguous().clone()
+    if g_out is None:
+        g_out = q.new_zeros(()).expand(N, Tq, Dv)
+    if is_causal:
+        _causal_backward(b, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
+                         dq, dk, dv)
+    else:
+        _noncausal_backward(b, S_states[0], z_states[0], out, g_out, G, Gz, eps, block,
+                            dq, dk, dv)
+    return dq, dk, dv, G, Gz, None, None, None, None, None, None
 
 
 def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0=None):
