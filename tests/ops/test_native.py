@@ -19,7 +19,9 @@ from linattn import _cbuild
 from linattn.ops import dispatch, native
 from linattn.ops import linear as linear_mod
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(
+    native.load() is None, reason=f"compiled path: {native.unavailable_reason()}"
+)
 
 
 @pytest.fixture

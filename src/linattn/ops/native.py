@@ -126,6 +126,12 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def bf16_products() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX on x86, the BF16
+    extension on aarch64), so that torch's bfloat16 matmuls beat float32 ones."""
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+
+
 def selected_isa() -> str:
     """The build variant this process uses: ``LINATTN_NATIVE_ISA`` or "native"."""
     isa = os.environ.get("LINATTN_NATIVE_ISA", "native").strip() or "native"
@@ -170,14 +176,30 @@ def _load(isa: str) -> ctypes.CDLL | None:
     return None
 
 
+def unavailable_reason(isa: str | None = None) -> str | None:
+    """Why :func:`load` gives None (for skip messages and warnings), or None if it loads."""
+    if load(isa) is not None:
+        return None
+    isa = selected_isa() if isa is None else isa
+    if os.environ.get("LINATTN_NATIVE", "1").strip() == "0":
+        return "turned off by LINATTN_NATIVE=0"
+    if not SOURCE.exists():
+        return f"the C source {SOURCE.name} is not installed beside {__name__}"
+    if _ISA_NEEDS.get(isa, set()) - _cpu_flags():
+        return f"this CPU cannot run the {isa} build"
+    if _cbuild.compiler() is None:
+        return "no C compiler found (cc, gcc, clang or $CC)"
+    return f"the compiler refused {SOURCE.name} (its output is in a .failed file in the cache)"
+
+
 def describe(isa: str | None = None) -> str:
     """One line on the build in use: ISA, vector width, register tile (or why there is none)."""
     lib = load(isa)
-    isa = selected_isa() if isa is None else isa
+    name = selected_isa() if isa is None else isa
     if lib is None:
-        return f"{isa}: not available"
+        return f"{name}: not available ({unavailable_reason(isa)})"
     tile = lib.la_tile()
-    return f"{isa}: {lib.la_width()}-float vectors, {tile // 100}x{tile % 100} register tile"
+    return f"{name}: {lib.la_width()}-float vectors, {tile // 100}x{tile % 100} register tile"
 
 
 def _check(rc: int, name: str) -> None:
@@ -776,6 +798,14 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
     None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
     (..., ℓ, Dv + 1)."""
     L, Dv = q.shape[-1], v.shape[-1]
+    one_pass = keep is None and L % 16 == 0 and Dv % 16 == 0 and (not is_causal or chunk % 16 == 0)
+    if q.dtype == torch.bfloat16 and not one_pass and not bf16_products():
+        # The block passes would multiply bfloat16 blocks, which a CPU without bf16 dot
+        # products does slower than float32: widen once, round the output once.
+        o, state = native_linear_attention(q.float(), k.float(), v.float(), fmap,
+                                           is_causal=is_causal, keep=keep, eps=eps,
+                                           chunk=chunk, block=block, S0=S0)
+        return o.to(q.dtype), state
     batch, flat, keep = flatten_heads(q, k, v, keep)
     flat = [x if _rows_contiguous(x) else x.contiguous() for x in flat]
     N = flat[0].shape[0]
