@@ -7,19 +7,22 @@ column made every product 65 wide where MKL is 15–20 % slower than at 64, fres
 (S, z) with S = Σ φ(k)ᵀ v (ℓ×Dv) and z = Σ φ(k) (ℓ), outputs are advised onto huge pages, and
 φ' needs no second exp (1 for x > 0, else φ itself for 1 + elu and 0 for 1 + relu). Two tiers:
 
-* **one pass per head** (float32, no padding mask, ℓ, Dv and the causal chunk multiples of 16):
-  compiled kernels walk each head chunk by chunk with the chunk's features in L1 and do every
-  product in a register-blocked tile (6 rows × 64 columns of accumulators), skipping the zero
-  half of each causal score block:
+* **one pass per head** (float32; bfloat16 forwards too; no padding mask, ℓ, Dv and the causal
+  chunk multiples of 16): compiled kernels walk each head chunk by chunk with the chunk's
+  features in L1 and do every product in a register-blocked tile, skipping the zero half of
+  each causal score block:
 
   non-causal   S += φ(k)ᵀ v,  z += Σ φ(k);   o = φ(q) S / (φ(q)·z)
   causal       o_c = (A v_c + φ(q_c) S_c) / (rowsum A + φ(q_c)·z_c),  (S, z) += chunk's own,
                A = tril(φ(q_c) φ(k_c)ᵀ)
 
-  With several torch threads, groups of heads run in parallel.
-* **block passes** (everything else: padding masks, other widths, bfloat16): torch matmuls on
-  blocks of tokens (64 wide), with φ, the column sums, the normaliser, the division and φ'
-  as one compiled pass each over a block still in cache.
+  The vector width and the tile follow the ISA the library was built for (_native.c's
+  header): 16 floats and 6×64 accumulators on AVX-512, 8 floats and 6×16 on AVX2 (16
+  registers), 4 floats on NEON and SSE2, scalars elsewhere. With several torch threads, groups
+  of heads run in parallel.
+* **block passes** (everything else: padding masks, other widths): torch matmuls on blocks of
+  tokens, with φ, the column sums, the normaliser, the division and φ' as one compiled pass
+  each over a block still in cache.
 
 The backward keeps one (S, z) per block of tokens (never one per token) and recomputes the
 rest. With s the normaliser, dnum = g / s and ds = −(g·o) / s (from the saved output):
@@ -30,13 +33,18 @@ rest. With s the normaliser, dnum = g / s and ds = −(g·o) / s (from the saved
                dφ(k) = dAᵀ φ(q) + v G_cᵀ + g_z,c,  dv = Aᵀ dnum + φ(k) G_c, with G_c, g_z,c
                the gradients of the state after chunk c (a reverse prefix sum).
 
-bfloat16 inputs without gradients run the block passes with the matrix products on bfloat16
-blocks (the CPU's bf16 dot-product units; sums inside a product in float32, its result rounded
-to bfloat16 once) and φ, the states, the normaliser and the division in float32. bfloat16 with
+bfloat16 inputs without gradients: the one-pass forwards read and write bfloat16 and keep
+every sum in float32 (the float32 arithmetic on half the memory traffic, on any CPU); the block
+passes multiply bfloat16 blocks where the CPU has bf16 dot products (:func:`bf16_products`) and
+otherwise widen to float32 once. Chunk states are float32 sums either way. bfloat16 with
 gradients takes the torch chunked path (float32 throughout).
 
-The compiled library is built on first use (:mod:`linattn._cbuild`); without a C compiler, or
-with ``LINATTN_NATIVE=0``, :func:`native_supported` is False and the torch paths run instead.
+The compiled library is built on first use (:mod:`linattn._cbuild`: cached per source, flags
+and CPU, verified before loading, one build at a time) for the CPU at hand (``-march=native``;
+``LINATTN_NATIVE_ISA=avx2|avx512|generic|scalar`` builds another variant, to measure or test
+it). :func:`linattn.linear_attention` takes it only where :func:`calibration` measured it to
+beat the torch paths on this machine (ops/dispatch.py). Without a C compiler, or with
+``LINATTN_NATIVE=0``, :func:`native_supported` is False and the torch paths run instead.
 """
 
 from __future__ import annotations
@@ -228,8 +236,9 @@ def native_supported(
 
 
 # ------------------------------------------------------------------ does it win on this machine?
-#: The calibration problem: 8 heads of 2048 tokens, d = Dv = 64, float32, 1 + elu.
-CALIBRATION_SHAPE = (8, 2048, 64)
+#: The calibration problem: 4 heads of 2048 tokens, d = Dv = 64, float32, 1 + elu (about a
+#: second in all: median of 3 calls per path and form, after a warm-up call).
+CALIBRATION_SHAPE = (4, 2048, 64)
 _FORMS = {(c, b): f"{'causal' if c else 'non-causal'} {'fwd+bwd' if b else 'forward'}"
           for c in (False, True) for b in (False, True)}
 _verdicts: dict[tuple[str, int], dict] = {}
@@ -276,7 +285,7 @@ def calibration(threads: int | None = None) -> dict[str, dict]:
     return result
 
 
-def _measure(repeats: int = 5) -> dict[str, dict]:
+def _measure(repeats: int = 3) -> dict[str, dict]:
     from linattn.ops import dispatch
     from linattn.ops.linear import linear_attention
 
