@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -90,8 +92,14 @@ def features(
     Values of padded keys must be zeroed too (:func:`zero_padded`)."""
     acc = accumulation_dtype(q.dtype)
     fq = fmap.forward_queries(q.to(acc))
-    fk = fmap.forward_keys(k.to(acc))
-    return fq, zero_padded(fk, keep)
+    return fq, masked_key_features(fmap, k.to(acc), keep)
+
+
+def masked_key_features(fmap: FeatureMap, k: Tensor, keep: Tensor | None) -> Tensor:
+    """φ(k) with the rows of padded keys 0. A padded key may hold nan or inf: it is replaced by
+    0 *before* φ, so that the backward never forms 0·φ'(nan) = nan and its gradient is exactly
+    0; its feature row is zeroed after φ too, since φ(0) ≠ 0 for most maps."""
+    return zero_padded(fmap.forward_keys(zero_padded(k, keep)), keep)
 
 
 def zero_padded(x: Tensor, keep: Tensor | None) -> Tensor:
@@ -149,9 +157,10 @@ def flatten_heads(
     Returns the batch shape, [q, k, v] flattened, and keep (bool, broadcastable to (..., T, 1))
     as (N, T, 1) or None."""
     batch = q.shape[:-2]
-    flat = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+    N = math.prod(batch)  # explicit: reshape(-1, 0, D) of an empty tensor cannot infer N
+    flat = [x.reshape(N, *x.shape[-2:]) for x in (q, k, v)]
     if keep is not None:
-        keep = keep.expand(*batch, k.shape[-2], 1).reshape(-1, k.shape[-2], 1)
+        keep = keep.expand(*batch, k.shape[-2], 1).reshape(N, k.shape[-2], 1)
     return batch, flat, keep
 
 
@@ -190,3 +199,41 @@ def causal_chunked(
     out = torch.baddbmm(torch.bmm(fq3, before.reshape(-1, L, Dv1)), scores, v13)
     out = out.view(*batch, n * chunk, Dv1)[..., :T, :]
     return out, total
+
+
+def portable_forward(
+    fmap: FeatureMap, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, eps: float,
+    chunk: int, is_causal: bool, S0: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Linear attention in whole-tensor, differentiable torch operations (the portable form).
+
+    q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv), keep from :func:`key_mask_for`, S0
+    (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) in q's dtype and the state
+    Σ φ(k)ᵀ[v, 1] (..., ℓ, Dv + 1) in the accumulation dtype. The fast paths' backward
+    differentiates this with the graph kept when asked for ``create_graph=True``."""
+    fq, fk = features(fmap, q, k, keep)
+    v1 = values_with_ones(v, fq.dtype, keep)
+    S0 = None if S0 is None else S0.to(fq.dtype)
+    if is_causal:
+        o1, total = causal_chunked(fq, fk, v1, chunk, S0)
+    else:
+        total = fk.transpose(-1, -2) @ v1
+        total = total if S0 is None else total + S0
+        o1 = fq @ total
+    return split_normalised(o1, eps).to(q.dtype), total
+
+
+def graph_grads(
+    outputs: list[Tensor], grads: list[Tensor | None], inputs: list[Tensor], needs: list[bool]
+) -> list[Tensor | None]:
+    """∂(Σ outputs·grads)/∂inputs with the graph kept (``create_graph``), for the inputs that
+    ``needs``; None for the others, zeros for needed inputs the outputs do not reach. A custom
+    Function's backward returns this when the caller asked for a differentiable gradient."""
+    pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
+    wanted = [i for i, need in enumerate(needs) if need]
+    got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
+                              [g for _, g in pairs], create_graph=True, allow_unused=True)
+    result: list[Tensor | None] = [None] * len(inputs)
+    for i, g in zip(wanted, got, strict=True):
+        result[i] = torch.zeros_like(inputs[i]) if g is None else g
+    return result

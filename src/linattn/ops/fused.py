@@ -20,6 +20,8 @@ backward
     d[v, 1] = Aᵀ dO1 + φ(k) G, then G += φ(q)ᵀ dO1. φ is recomputed per chunk and
     differentiated with ``torch.autograd.grad``, so any token-wise map works. Only the chunk
     states S_c are kept from the forward ((T/C)·ℓ·(Dv+1) numbers, never one per token).
+    With ``create_graph=True`` (double backward) the backward instead differentiates the
+    portable formulas with autograd, so that the gradient itself has a graph.
 
 Used by :func:`linattn.linear_attention` for long sequences on CPU when the feature map is
 token-wise and has no trainable parameters (their gradients would need autograd's own graph);
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
@@ -39,7 +40,10 @@ from linattn.ops._common import (
     causal_chunked,
     causal_mask,
     flatten_heads,
+    graph_grads,
     guarded,
+    masked_key_features,
+    portable_forward,
     split_normalised,
     to_chunks,
     values_with_ones,
@@ -87,8 +91,8 @@ class _Chunks:
         return self.fmap.forward_queries(self.q[:, t0:t1].to(self.acc) if x is None else x)
 
     def phi_k(self, t0, t1, x=None):
-        fk = self.fmap.forward_keys(self.k[:, t0:t1].to(self.acc) if x is None else x)
-        return zero_padded(fk, self.keep_at(t0, t1))
+        x = self.k[:, t0:t1].to(self.acc) if x is None else x
+        return masked_key_features(self.fmap, x, self.keep_at(t0, t1))
 
     def v1(self, t0, t1):
         return values_with_ones(self.v[:, t0:t1], self.acc, self.keep_at(t0, t1))
@@ -107,9 +111,9 @@ def _causal_block_backward(
     run as 3-D ``bmm`` over (N·n) chunks, transposes as free views."""
     N, Tb, L = fq.shape
     Dv1 = v1.shape[-1]
-    fq, fk, v1, dO1 = (to_chunks(x, chunk).reshape(-1, chunk, x.shape[-1])
+    n = -(-Tb // chunk)  # chunks per sequence (not fq.shape[0] // N: N may be 0)
+    fq, fk, v1, dO1 = (to_chunks(x, chunk).reshape(N * n, chunk, x.shape[-1])
                        for x in (fq, fk, v1, dO1))
-    n = fq.shape[0] // N
     P = torch.bmm(fk.transpose(1, 2), v1).view(N, n, L, Dv1)  # each chunk's own state
     S = (P.cumsum(1) - P + S_in.unsqueeze(1)).view(-1, L, Dv1)  # state before each chunk
     Q = torch.bmm(fq.transpose(1, 2), dO1).view(N, n, L, Dv1)  # ∂L/∂S from each chunk
@@ -122,7 +126,7 @@ def _causal_block_backward(
     d_v1 = torch.baddbmm(torch.bmm(A.transpose(1, 2), dO1), fk, G)
 
     def unchunk(x: Tensor) -> Tensor:
-        return x.reshape(N, -1, x.shape[-1])[:, :Tb]
+        return x.reshape(N, n * chunk, x.shape[-1])[:, :Tb]
 
     return unchunk(d_fq), unchunk(d_fk), unchunk(d_v1), G_out + Q.sum(1)
 
@@ -152,14 +156,15 @@ class _FusedLinearAttention(torch.autograd.Function):
                         ch.phi_q(t0, t1), ch.phi_k(t0, t1), ch.v1(t0, t1), chunk, S
                     )
                     out[:, t0:t1] = split_normalised(o1, eps)
-        ctx.save_for_backward(q, k, v, keep, states)
+        ctx.save_for_backward(q, k, v, keep, states, S0)  # S0: for the differentiable backward
         ctx.fmap, ctx.eps, ctx.block, ctx.chunk, ctx.is_causal = fmap, eps, block, chunk, is_causal
         return out, S
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a clear error if asked
     def backward(ctx, g_out, g_state):
-        q, k, v, keep, states = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the gradient must itself be differentiable
+            return _differentiable_backward(ctx, g_out, g_state)
+        q, k, v, keep, states, _ = ctx.saved_tensors
         acc = states.dtype
         ch = _Chunks(ctx.fmap, q, k, v, keep, ctx.block, acc)
         eps = ctx.eps
@@ -201,6 +206,17 @@ class _FusedLinearAttention(torch.autograd.Function):
         return dq, dk, dv, G, None, None, None, None, None, None
 
 
+def _differentiable_backward(ctx, g_out, g_state):
+    """The backward for ``create_graph=True`` (gradient penalties, Hessian-vector products): the
+    forward again in differentiable torch operations (the portable formulas), differentiated by
+    autograd with the graph kept. The chunked backward's result has no graph, and a first
+    gradient that silently did not require grad would drop every term built on it."""
+    q, k, v, keep, _, S0 = ctx.saved_tensors
+    out, S = portable_forward(ctx.fmap, q, k, v, keep, ctx.eps, ctx.chunk, ctx.is_causal, S0)
+    grads = graph_grads([out, S], [g_out, g_state], [q, k, v, S0], ctx.needs_input_grad[:4])
+    return (*grads, None, None, None, None, None, None)
+
+
 def fused_linear_attention(
     q: Tensor,
     k: Tensor,
@@ -220,11 +236,15 @@ def fused_linear_attention(
     Returns the output (..., Tq, Dv) in q's dtype and the final state (..., ℓ, Dv + 1) in the
     accumulation dtype (for non-causal: Σ φ(k)ᵀ[v, 1])."""
     batch, flat, keep = flatten_heads(q, k, v, keep)
+    N = flat[0].shape[0]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     L = fmap.num_features(q.shape[-1])
+    # a causal chunk of C tokens costs C×C scores per head, padded rows included: C longer than
+    # the sequence only wastes memory (T = 5 with chunk=65536 would ask for 34 GB)
+    chunk = min(chunk, max(q.shape[-2], 1))
     if S0 is None:
-        S0 = torch.zeros(flat[0].shape[0], L, v.shape[-1] + 1, dtype=acc, device=q.device)
+        S0 = torch.zeros(N, L, v.shape[-1] + 1, dtype=acc, device=q.device)
     else:
-        S0 = S0.to(acc).reshape(-1, L, v.shape[-1] + 1)
+        S0 = S0.to(acc).reshape(N, L, v.shape[-1] + 1)
     out, S = _FusedLinearAttention.apply(*flat, S0, keep, fmap, eps, block, chunk, is_causal)
     return out.reshape(*batch, *out.shape[-2:]), S.reshape(*batch, *S.shape[-2:])

@@ -23,15 +23,7 @@ from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops import dispatch, native
-from linattn.ops._common import (
-    causal_chunked,
-    check_qkv,
-    features,
-    key_mask_for,
-    resolve,
-    split_normalised,
-    values_with_ones,
-)
+from linattn.ops._common import check_qkv, key_mask_for, portable_forward, resolve
 from linattn.ops.fused import fused_linear_attention, fused_supported
 from linattn.ops.native import native_linear_attention, native_supported
 from linattn.ops.recurrent import LinearAttentionState
@@ -143,12 +135,7 @@ def linear_attention(
             S0=S0,
         )
     else:
-        fq, fk = features(fmap, q, k, keep)
-        v1 = values_with_ones(v, fq.dtype, keep)
-        if not is_causal:
-            return split_normalised(fq @ (fk.transpose(-1, -2) @ v1), eps).to(q.dtype)
-        out, total = causal_chunked(fq, fk, v1, chunk, None if S0 is None else S0.to(fq.dtype))
-        o = split_normalised(out, eps).to(q.dtype)
+        o, total = portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal, S0)
     if return_state:
         return o, LinearAttentionState(S=total[..., :-1], z=total[..., -1])
     return o

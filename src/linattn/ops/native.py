@@ -64,14 +64,7 @@ from torch import Tensor
 from linattn import _cbuild
 from linattn._io import write_atomic
 from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
-from linattn.ops._common import (
-    block_ranges,
-    causal_chunked,
-    features,
-    flatten_heads,
-    split_normalised,
-    values_with_ones,
-)
+from linattn.ops._common import block_ranges, flatten_heads, graph_grads, portable_forward
 
 __all__ = ["native_supported", "native_linear_attention", "load", "phi"]
 
@@ -753,31 +746,12 @@ def _differentiable_backward(ctx, grads):
     q, k, v, keep, *_, S0, z0 = ctx.saved_tensors
     kind, eps, _, chunk, is_causal = ctx.cfg
     fmap = next(cls for cls, code in _KINDS.items() if code == kind)()
-    inputs = (q, k, v, S0, z0)
-    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
-    with torch.enable_grad():
-        outs = _torch_forward(fmap, q, k, v, S0, z0, keep, eps, chunk, is_causal)
-        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
-        got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
-                                  [g for _, g in pairs], create_graph=True, allow_unused=True)
-    result = [None] * 11
-    for i, g in zip(wanted, got, strict=True):
-        result[i] = torch.zeros_like(inputs[i]) if g is None else g
-    return tuple(result)
-
-
-def _torch_forward(fmap, q, k, v, S0, z0, keep, eps, chunk, is_causal):
-    """(output, S, z) of the flattened inputs in differentiable torch operations."""
     keep = None if keep is None else keep.unsqueeze(-1)
-    fq, fk = features(fmap, q, k, keep)
-    v1 = values_with_ones(v, fq.dtype, keep)
-    state0 = torch.cat([S0, z0.unsqueeze(-1)], -1)
-    if is_causal:
-        o1, total = causal_chunked(fq, fk, v1, min(chunk, max(q.shape[1], 1)), state0)
-    else:
-        total = state0 + fk.transpose(1, 2) @ v1
-        o1 = fq @ total
-    return split_normalised(o1, eps), total[..., :-1], total[..., -1]
+    out, total = portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal,
+                                  torch.cat([S0, z0.unsqueeze(-1)], -1))
+    outs = [out, total[..., :-1], total[..., -1]]
+    grads = graph_grads(outs, list(grads), [q, k, v, S0, z0], ctx.needs_input_grad[:5])
+    return (*grads, None, None, None, None, None, None)
 
 
 def _fast_backward(ctx, q, k, v, keep, S_states, z_states, out, g_out, g_S, g_z):
