@@ -107,7 +107,8 @@ def test_calibration_is_cached_beside_the_library(monkeypatch):
         assert cell["native"] == (cell["native_ms"] < cell["torch_ms"])
     path = Path(native.load()._name).with_suffix(".calib.json")
     cached = json.loads(path.read_text())
-    assert cached[f"threads={torch.get_num_threads()}"] == result
+    shape = "x".join(map(str, native.CALIBRATION_SHAPE))
+    assert cached[f"threads={torch.get_num_threads()} shape={shape}"] == result
     # A new process reads the file instead of measuring again.
     monkeypatch.setattr(native, "_verdicts", {})
     monkeypatch.setattr(native, "_measure", lambda: pytest.fail("measured again"))

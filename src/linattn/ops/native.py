@@ -257,7 +257,7 @@ def calibration(threads: int | None = None) -> dict[str, dict]:
     if lib is None:
         raise RuntimeError("linattn native path: no compiled library to calibrate")
     path = Path(lib._name).with_suffix(".calib.json")  # beside the cached library
-    entry = f"threads={threads}"
+    entry = f"threads={threads} shape={'x'.join(map(str, CALIBRATION_SHAPE))}"
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
