@@ -473,18 +473,28 @@ static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, c
                                                        long lda, long ak, const float *B,
                                                        long ldb, float *C, long ldc, int add) {
     vf acc[MR][NV];
+    /* Unrolled by pragma, not left to the compiler: with rolled loops GCC 12 keeps the
+     * accumulators in a stack array between the loops (~9% of a 64-deep AVX2 tile). */
+#pragma GCC unroll 8
     for (int i = 0; i < mr; ++i)
+#pragma GCC unroll 4
         for (int j = 0; j < nv; ++j)
             acc[i][j] = add ? vload(C + i * ldc + j * W) : vsplat(0.0f);
+#pragma GCC unroll 2
     for (long k = 0; k < K; ++k) {
         vf b[NV];
+#pragma GCC unroll 4
         for (int j = 0; j < nv; ++j) b[j] = vload(B + k * ldb + j * W);
+#pragma GCC unroll 8
         for (int i = 0; i < mr; ++i) {
             vf a = vsplat(A[i * lda + k * ak]);
+#pragma GCC unroll 4
             for (int j = 0; j < nv; ++j) acc[i][j] += a * b[j];
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < mr; ++i)
+#pragma GCC unroll 4
         for (int j = 0; j < nv; ++j) vstore(C + i * ldc + j * W, acc[i][j]);
 }
 
