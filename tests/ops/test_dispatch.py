@@ -116,6 +116,25 @@ def test_calibration_is_cached_beside_the_library(monkeypatch):
     assert native.wins(True, True) == result["causal fwd+bwd"]["native"]
 
 
+@needs_native
+def test_calibration_runs_under_no_grad_and_small_blocks():
+    """The first call, which measures, may come from inference code or from inside a policy:
+    the measurement still times gradients, with the default sizes."""
+    seen = []
+    real = linear_mod.native_linear_attention
+
+    def spy(*a, **kw):
+        seen.append(kw["block"])
+        return real(*a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linear_mod, "native_linear_attention", spy)
+        with torch.inference_mode(), dispatch.use(block_size=8, chunk_size=4):
+            result = native._measure(repeats=1)
+    assert all(cell["native_ms"] > 0 for cell in result.values())
+    assert seen and set(seen) == {dispatch.Policy().block_size}
+
+
 # ------------------------------------------------------------------ every ISA build this CPU runs
 
 ISAS = list(native.ISA_FLAGS)

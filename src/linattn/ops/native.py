@@ -50,6 +50,7 @@ beat the torch paths on this machine (ops/dispatch.py). Without a C compiler, or
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import sys
@@ -279,6 +280,13 @@ def calibration(threads: int | None = None) -> dict[str, dict]:
 
 
 def _measure(repeats: int = 3) -> dict[str, dict]:
+    # Gradients even if the first call (which triggers this) runs under no_grad or
+    # inference_mode: inputs made here must not be inference tensors.
+    with torch.inference_mode(False), torch.enable_grad():
+        return _measure_forms(repeats)
+
+
+def _measure_forms(repeats: int) -> dict[str, dict]:
     from linattn.ops import dispatch
     from linattn.ops.linear import linear_attention
 
@@ -298,7 +306,8 @@ def _measure(repeats: int = 3) -> dict[str, dict]:
     for (is_causal, backward), name in _FORMS.items():
         ms = {}
         for impl in ("native", "fused", "portable"):
-            with dispatch.use(impl=impl):
+            # the default sizes, whatever policy the caller is under
+            with dispatch.use(**dataclasses.asdict(dispatch.Policy(impl=impl))):
                 run(is_causal, backward)  # warm-up: buffers, pages, kernels
                 times = []
                 for _ in range(repeats):
