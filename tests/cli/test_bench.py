@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from linattn.cli import main
+from linattn.ops import native
 
 
 def test_bad_arguments_are_one_line_errors(capsys, tmp_path):
@@ -23,6 +24,7 @@ def test_small_run_prints_the_tables_and_writes_the_plot(capsys, tmp_path):
                  "--crossover", "128", "256", "--plot", str(out)])
     text = capsys.readouterr().out
     assert code == 0
-    assert text.count("| fused |") == 4 and "roofline:" in text
+    assert text.count("| torch |") == 4 and "roofline:" in text
+    assert text.count("| native native |") == (4 if native.load() else 0)
     assert "crossover, forward non-causal" in text
     assert out.read_bytes()[:4] == b"\x89PNG"

@@ -74,6 +74,11 @@ def test_portable_and_forced_paths(calls):
         got = linattn.linear_attention(q, k, v, is_causal=True)
     assert calls == ["fused"]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with dispatch.use(impl="torch"):  # what runs with LINATTN_NATIVE=0: portable below 2048
+        linattn.linear_attention(q, k, v, is_causal=True)
+    with dispatch.use(impl="torch", fused_min_t=16):
+        linattn.linear_attention(q, k, v, is_causal=True)
+    assert calls == ["fused", "fused"]
     with dispatch.use(impl="native"), pytest.raises(ValueError, match="cannot take this call"):
         linattn.linear_attention(q, k, v, feature_map="taylor")
 

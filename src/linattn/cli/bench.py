@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import time
 from functools import partial
 from pathlib import Path
 
@@ -81,33 +83,62 @@ def _sdpa(q, k, v, c):
     return F.scaled_dot_product_attention(q, k, v, is_causal=c)
 
 
-def _cell(spec: dict) -> tuple[float, int | None]:
-    """One efficiency cell, run in a fresh process so its peak memory is its own: memory freed
-    by an earlier call stays resident and would hide a later call's growth."""
-    os.environ.update(spec["env"])  # before the first call reads them
+def _set_isa(isa: str | None) -> None:
+    if isa is None:
+        os.environ.pop("LINATTN_NATIVE_ISA", None)
+    else:
+        os.environ["LINATTN_NATIVE_ISA"] = isa
+
+
+def _timing_cell(spec: dict) -> dict:
+    """Median times of every path for one form, side by side in one process: rounds that call
+    each path once in turn, then one 2048² matmul of the same dtype (the roofline). On a shared
+    machine whose speed comes in phases, the paths and their roofline are then measured in the
+    same phases. Round 0 warms up (kernels, buffers, pages)."""
     import torch
 
     from linattn.ops import dispatch
-    from linattn.profiling import PeakMemory, median_time
 
     torch.set_num_threads(spec["threads"])
+    dtype = getattr(torch, spec["dtype"])
     runner = _forward_backward if spec["backward"] else _forward
     fn = _linear(spec["feature_map"])
-    q, k, v = _inputs(*spec["shape"], getattr(torch, spec["dtype"]), spec["backward"])
-    with dispatch.use(impl=spec["impl"]):
-        with PeakMemory() as mem:
-            runner(fn, q, k, v, spec["causal"])
-        t = median_time(partial(runner, fn, q, k, v, spec["causal"]), spec["repeats"], warmup=0)
-    return t, mem.extra_bytes
+    q, k, v = _inputs(*spec["shape"], dtype, spec["backward"])
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    times: dict[str, list[float]] = {label: [] for label, _, _ in spec["paths"]}
+    roof: list[float] = []
+    for rnd in range(spec["repeats"] + 1):
+        for label, impl, isa in spec["paths"]:
+            _set_isa(isa)
+            with dispatch.use(impl=impl):
+                t0 = time.perf_counter()
+                runner(fn, q, k, v, spec["causal"])
+                dt = time.perf_counter() - t0
+            if rnd:
+                times[label].append(dt)
+        t0 = time.perf_counter()
+        a @ b
+        if rnd:
+            roof.append(2 * 2048**3 / (time.perf_counter() - t0) / 1e9)
+    return {"times": {label: statistics.median(t) for label, t in times.items()},
+            "roofline": statistics.median(roof)}
 
 
-def _roofline(spec: dict) -> float:
+def _memory_cell(spec: dict) -> int | None:
+    """Peak extra resident memory of one call, in a fresh process so that it is its own: memory
+    freed by an earlier call stays resident and would hide a later call's growth."""
     import torch
 
-    from linattn.profiling import matmul_gflops
+    from linattn.ops import dispatch
+    from linattn.profiling import PeakMemory
 
     torch.set_num_threads(spec["threads"])
-    return matmul_gflops(dtype=getattr(torch, spec["dtype"]))
+    _set_isa(spec["isa"])
+    runner = _forward_backward if spec["backward"] else _forward
+    q, k, v = _inputs(*spec["shape"], getattr(torch, spec["dtype"]), spec["backward"])
+    with dispatch.use(impl=spec["impl"]), PeakMemory() as mem:
+        runner(_linear(spec["feature_map"]), q, k, v, spec["causal"])
+    return mem.extra_bytes
 
 
 def _in_child(fn, spec: dict):
@@ -123,47 +154,44 @@ def efficiency_table(args, dtype) -> None:
     import torch
 
     from linattn.feature_maps import get_feature_map
+    from linattn.ops import native
 
-    roof = _in_child(_roofline, {"threads": torch.get_num_threads(), "dtype": args.dtype})
     B, H, T, d = args.B, args.H, args.T, args.d
     ell = get_feature_map(args.feature_map).num_features(d)
     useful = 4 * B * H * T * ell * d / 1e9
     io_bytes = 4 * B * H * T * d * torch.finfo(dtype).bits // 8  # q, k, v and the output
-    print(f"roofline: {roof:.1f} GFLOP/s ({args.dtype} 2048×2048 matmul, "
-          f"{torch.get_num_threads()} thread(s))")
-    print(f"shape: B={B} H={H} T={T} d=Dv={d} ℓ={ell}, {args.dtype}, map {args.feature_map}; "
-          f"q, k, v, o = {io_bytes / 2**20:.0f} MiB\n")
-    from linattn.ops import native
-
+    threads = torch.get_num_threads()
     isas = [isa for isa in args.isa if native.load(isa) is not None]
     for isa in args.isa:
         print(f"compiled build {native.describe(isa)}")
-    print("\n| path | form | pass | median time | useful GFLOP | efficiency | vs torch "
+    print(f"shape: B={B} H={H} T={T} d=Dv={d} ℓ={ell}, {args.dtype}, map {args.feature_map}; "
+          f"q, k, v, o = {io_bytes / 2**20:.0f} MiB; {threads} thread(s)")
+    print(f"roofline: a 2048×2048 {args.dtype} matmul timed in the same rounds as the paths "
+          f"(median of {args.repeats}); times: median of {args.repeats} interleaved calls\n")
+    print("| path | form | pass | median time | useful GFLOP | roofline | efficiency | vs torch "
           "| peak extra | peak / (q,k,v,o) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    # (row label, dispatch impl, environment of the measuring child)
-    paths = [("torch", "auto", {"LINATTN_NATIVE": "0"})]
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    # (row label, dispatch impl, compiled build); "torch": what runs without the compiled path,
     # "fast": the compiled path wherever it applies (bfloat16 with gradients: the torch path)
-    paths += [(f"native {isa}", "fast", {"LINATTN_NATIVE_ISA": isa}) for isa in isas]
-    paths += [] if args.no_portable else [("portable", "portable", {"LINATTN_NATIVE": "0"})]
-    torch_time = {}
-    for path, impl, env in paths:
-        for causal in (False, True):
-            for name, mult in (("forward", 1), ("fwd+bwd", 3)):
-                spec = {"threads": torch.get_num_threads(), "impl": impl, "env": env,
-                        "backward": mult == 3, "feature_map": args.feature_map,
-                        "shape": (B, H, T, d), "dtype": args.dtype, "causal": causal,
-                        "repeats": args.repeats}
-                t, extra = _in_child(_cell, spec)
-                if path == "torch":
-                    torch_time[causal, name] = t
-                eff = mult * useful / t / max(roof, 1e-9)
+    paths = [("torch", "torch", None)] + [(f"native {isa}", "fast", isa) for isa in isas]
+    paths += [] if args.no_portable else [("portable", "portable", None)]
+    for causal in (False, True):
+        for name, mult in (("forward", 1), ("fwd+bwd", 3)):
+            spec = {"threads": threads, "backward": mult == 3, "feature_map": args.feature_map,
+                    "shape": (B, H, T, d), "dtype": args.dtype, "causal": causal,
+                    "repeats": args.repeats}
+            cell = _in_child(_timing_cell, {**spec, "paths": paths})
+            roof = cell["roofline"]
+            for label, impl, isa in paths:
+                t = cell["times"][label]
+                extra = _in_child(_memory_cell, {**spec, "impl": impl, "isa": isa})
                 peak, ratio = "n/a", "n/a"
                 if extra is not None:
                     peak, ratio = f"{extra / 2**20:.0f} MiB", f"{extra / io_bytes:.2f}"
-                speedup = f"{torch_time[causal, name] / t:.2f}×" if path != "torch" else "1"
-                print(f"| {path} | {'causal' if causal else 'non-causal'} | {name} | "
-                      f"{t * 1e3:.0f} ms | {mult * useful:.1f} | {eff:.2f} | {speedup} | {peak} "
+                speedup = cell["times"]["torch"] / t
+                print(f"| {label} | {'causal' if causal else 'non-causal'} | {name} | "
+                      f"{t * 1e3:.0f} ms | {mult * useful:.1f} | {roof:.0f} GFLOP/s | "
+                      f"{mult * useful / t / max(roof, 1e-9):.2f} | {speedup:.2f}× | {peak} "
                       f"| {ratio} |", flush=True)
 
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, replace
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting"]
 
-#: ``auto``: measured choice; ``fast``: native where it applies, else fused, at every length;
+#: ``auto``: measured choice; ``torch``: what ``auto`` takes without the compiled path (what
+#: ``LINATTN_NATIVE=0`` runs); ``fast``: native where it applies, else fused, at every length;
 #: ``native`` / ``fused`` / ``portable``: that path only (ValueError where it cannot run).
-IMPLS = ("auto", "fast", "native", "fused", "portable")
+IMPLS = ("auto", "torch", "fast", "native", "fused", "portable")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def _choose(fmap, q, k, v, S0, is_causal: bool) -> str:
         return pol.impl
     if pol.impl == "fast":
         return "native" if can_native else "fused" if can_fused else "portable"
-    if can_native:
+    if can_native and pol.impl == "auto":
         grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (q, k, v, S0))
         if dispatch.native_setting() == "1" or native.wins(is_causal, grad):
