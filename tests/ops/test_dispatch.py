@@ -140,6 +140,57 @@ def test_calibration_runs_under_no_grad_and_small_blocks():
     assert seen and set(seen) == {dispatch.Policy().block_size}
 
 
+@needs_native
+def test_calibration_is_isolated_from_the_triggering_call(monkeypatch):
+    """The first call may run under a float64 default dtype, inside activation checkpointing
+    (whose recording must not see the measurement's tensors) and from several threads at
+    once: the calibration measures once, in float32, in a thread of its own."""
+    import threading
+
+    from torch.utils.checkpoint import checkpoint
+
+    runs = []
+    real = native._measure
+
+    def measure():
+        runs.append(threading.current_thread().name)
+        return real(repeats=1)
+
+    monkeypatch.setattr(native, "_verdicts", {})
+    monkeypatch.setattr(native, "_measure", measure)
+    monkeypatch.setattr(native, "write_atomic", lambda *a: None)  # leave the real cache alone
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: "{}")  # nothing cached
+    monkeypatch.delenv("LINATTN_NATIVE", raising=False)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        x = torch.randn(1, 2, 32, 16, dtype=torch.float32, requires_grad=True)
+        errors = []
+
+        def call():
+            try:
+                out = checkpoint(lambda a: linattn.linear_attention(a, a, a, is_causal=True), x,
+                                 use_reentrant=False)
+                out.sum().backward()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_default_dtype(before)
+    assert not errors, errors
+    assert runs == ["linattn-calibration"]
+
+
+def test_removed_module_globals_point_to_the_policy():
+    with pytest.raises(AttributeError, match="dispatch.use"):
+        _ = linear_mod.FUSED_MIN_T
+
+
 # ------------------------------------------------------------------ every ISA build this CPU runs
 
 ISAS = list(native.ISA_FLAGS)

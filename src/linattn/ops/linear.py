@@ -34,6 +34,18 @@ __all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE"]
 DEFAULT_CHUNK_SIZE = dispatch.Policy().chunk_size
 
 
+_REPLACED = {"FUSED_MIN_T": "fused_min_t", "NATIVE_MIN_T": "impl", "FUSED_BLOCK_SIZE": "block_size"}
+
+
+def __getattr__(name: str):
+    # The module globals that used to steer the dispatch: say where they went rather than let
+    # old code read a name that no longer exists.
+    if name in _REPLACED:
+        raise AttributeError(f"linattn.ops.linear.{name} was replaced by the dispatch policy: "
+                             f"use linattn.ops.dispatch.use({_REPLACED[name]}=...)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _choose(fmap, q, k, v, S0, is_causal: bool) -> str:
     """"native", "fused" or "portable" for this call, by the policy in force (ops/dispatch.py)."""
     pol = dispatch.policy()

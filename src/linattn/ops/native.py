@@ -54,6 +54,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -240,10 +241,23 @@ _verdicts: dict[tuple[str, int], dict] = {}
 
 def wins(is_causal: bool, backward: bool) -> bool:
     """Whether the compiled path beat plain torch on this machine for this form (see
-    :func:`calibration`); :func:`linattn.linear_attention` takes it only then."""
-    return calibration()[_FORMS[is_causal, backward]]["native"]
+    :func:`calibration`); :func:`linattn.linear_attention` takes it only then. Where the
+    measurement itself fails, the torch paths run (and a warning says why), never an error."""
+    try:
+        verdicts = calibration()
+    except Exception as exc:  # noqa: BLE001 - a failed measurement must not fail the user's call
+        _cbuild.warn_once("calibration", f"linattn: could not measure the compiled path "
+                          f"({type(exc).__name__}: {exc}); using the PyTorch path")
+        _verdicts[selected_isa(), torch.get_num_threads()] = {
+            name: {"native": False} for name in _FORMS.values()}
+        return False
+    return verdicts[_FORMS[is_causal, backward]]["native"]
 
 
+_CALIBRATION_LOCK = threading.Lock()
+
+
+@torch.compiler.disable  # measured eagerly, never traced into a compiled graph
 def calibration(threads: int | None = None) -> dict[str, dict]:
     """Per form ("non-causal forward", ..., "causal fwd+bwd"): the median times of the compiled
     path and of the faster torch path (fused or portable) on :data:`CALIBRATION_SHAPE`, and
@@ -251,10 +265,17 @@ def calibration(threads: int | None = None) -> dict[str, dict]:
     second) and cached beside the compiled library, so it is measured once per build and CPU;
     delete the ``.calib.json`` file to measure again."""
     threads = torch.get_num_threads() if threads is None else threads
-    lib = load()
     key = (selected_isa(), threads)
     if key in _verdicts:
         return _verdicts[key]
+    with _CALIBRATION_LOCK:  # concurrent first calls measure once, not against each other
+        if key not in _verdicts:
+            _verdicts[key] = _calibrate(threads)
+    return _verdicts[key]
+
+
+def _calibrate(threads: int) -> dict[str, dict]:
+    lib = load()
     if lib is None:
         raise RuntimeError("linattn native path: no compiled library to calibrate")
     path = Path(lib._name).with_suffix(".calib.json")  # beside the cached library
@@ -268,15 +289,34 @@ def calibration(threads: int | None = None) -> dict[str, dict]:
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            result = _measure()
+            result = _in_clean_thread(_measure)
         finally:
             torch.set_num_threads(before)
         try:
             write_atomic(path, json.dumps({**cached, entry: result}, indent=1).encode())
         except OSError:
             pass  # an unwritable cache: measured again by the next process
-    _verdicts[key] = result
     return result
+
+
+def _in_clean_thread(fn):
+    """fn() in a new thread, whose autograd state (grad mode, inference mode, autocast,
+    saved-tensor hooks, a checkpoint being recorded) and dispatch policy are the defaults, not
+    those of the user's call that happened to trigger the measurement."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="linattn-calibration")
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _measure(repeats: int = 3) -> dict[str, dict]:
@@ -292,7 +332,8 @@ def _measure_forms(repeats: int) -> dict[str, dict]:
 
     N, T, d = CALIBRATION_SHAPE
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, N, T, d, generator=g) * 0.5 for _ in range(3))
+    q, k, v = (torch.randn(1, N, T, d, generator=g, dtype=torch.float32, device="cpu") * 0.5
+               for _ in range(3))
 
     def run(is_causal, backward):
         if not backward:
@@ -546,12 +587,14 @@ def _ptrs(*views: Tensor) -> list[int]:
 
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 
 
 def _forget_pool() -> None:
-    """A forked child inherits the pool object but not its threads: start a new one there."""
-    global _POOL
-    _POOL = None
+    """A forked child inherits the pool object but not its threads (and maybe a lock held by
+    one of them): start new ones there."""
+    global _POOL, _POOL_LOCK, _CALIBRATION_LOCK
+    _POOL, _POOL_LOCK, _CALIBRATION_LOCK = None, threading.Lock(), threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -571,11 +614,12 @@ def _over_heads(b: _Block, size: int, fn) -> None:
     if groups == 1:
         fn(0, b.N, works[0])
         return
-    if _POOL is None or _POOL._max_workers < groups:
-        if _POOL is not None:
-            _POOL.shutdown(wait=False)
-        _POOL = ThreadPoolExecutor(groups, thread_name_prefix="linattn")
-    jobs = [_POOL.submit(fn, bounds[g], bounds[g + 1], works[g]) for g in range(groups)]
+    with _POOL_LOCK:  # a larger pool replaces a smaller one; none is shut down under a caller
+        if _POOL is None or _POOL._max_workers < groups:
+            _POOL = ThreadPoolExecutor(max(groups, os.cpu_count() or 1),
+                                       thread_name_prefix="linattn")
+        pool = _POOL
+    jobs = [pool.submit(fn, bounds[g], bounds[g + 1], works[g]) for g in range(groups)]
     for job in jobs:
         job.result()
 
