@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from linattn import __version__
@@ -34,7 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    # The library's warnings (e.g. "could not compile ...; using the PyTorch path") are meant
+    # for the person at the terminal: one line, without the source location Python adds.
+    return f"{message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = _one_line_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
