@@ -52,7 +52,7 @@ try:
 except ImportError:  # not on Windows (where load_library returns None anyway)
     fcntl = None
 
-__all__ = ["load_library", "compiler", "compiler_identity", "cpu_tag", "warn_once"]
+__all__ = ["load_library", "compiler", "compiler_identity", "cpu_tag", "cpu_flags", "warn_once"]
 
 #: A ``.failed`` marker older than this is ignored: the build is tried again.
 MARKER_TTL_S = 24 * 3600
@@ -85,15 +85,27 @@ def compiler_identity(cc: str) -> str:
 _CPU_KEYS = ("flags", "model name", "Features", "CPU implementer", "CPU part")  # x86, ARM
 
 
+@functools.cache
+def _cpu_lines() -> tuple[str, ...]:
+    """The distinct /proc/cpuinfo lines that describe the CPU's model and features (read once
+    per process), or the platform's processor string where there is no /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return tuple(sorted({ln for ln in f if ln.startswith(_CPU_KEYS)}))
+    except OSError:
+        return (platform.processor(),)
+
+
 def cpu_tag() -> str:
     """A short hash of the CPU's model and feature flags: a library built with -march=native
     must not be loaded on another CPU that shares the cache folder."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            lines = sorted({ln for ln in f if ln.startswith(_CPU_KEYS)})
-    except OSError:
-        lines = [platform.processor()]
-    return hashlib.sha256("".join(lines).encode()).hexdigest()[:8]
+    return hashlib.sha256("".join(_cpu_lines()).encode()).hexdigest()[:8]
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (x86 ``flags``, ARM ``Features``), empty where unknown."""
+    return frozenset(word for ln in _cpu_lines() if ln.startswith(("flags", "Features"))
+                     for word in ln.partition(":")[2].split())
 
 
 _warned: set[str] = set()

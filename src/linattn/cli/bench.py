@@ -10,8 +10,9 @@ matmul in the same dtype measured in the same process, and the useful FLOPs of a
   compiled path's speed-up over it in the native rows;
 * ``portable``: the whole-tensor torch form (``--no-portable`` skips it).
 
-Each cell runs in a fresh process. Then, over a range of T, the times of linear and softmax
-attention (SDPA), the crossover and a log-log plot.
+The paths of a form are timed side by side in one process (with the roofline in the same
+rounds); each path's peak memory is measured in a fresh process. Then, over a range of T, the
+times of linear and softmax attention (SDPA), the crossover and a log-log plot.
 """
 
 from __future__ import annotations

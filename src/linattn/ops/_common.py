@@ -149,6 +149,20 @@ def block_ranges(T: int, size: int) -> list[tuple[int, int]]:
     return [(t0, min(t0 + size, T)) for t0 in range(0, T, size)]
 
 
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd will want gradients of any of ``tensors`` (None entries ignored)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def clamped_chunk(chunk: int, T: int) -> int:
+    """A causal chunk no longer than the sequence needs: a chunk of C costs C×C scores per
+    head (T = 5 with chunk_size=65536 must not ask for gigabytes). Multiples of 16 stay
+    multiples of 16 (the compiled kernels' vector tiles)."""
+    if chunk <= T:
+        return chunk
+    return -(-max(T, 1) // 16) * 16 if chunk % 16 == 0 else max(T, 1)
+
+
 def flatten_heads(
     q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
 ) -> tuple[torch.Size, list[Tensor], Tensor | None]:

@@ -278,10 +278,6 @@ static inline float den_any(const void *fq, int fbf, const float *z, long zrows,
 
 /* Row helpers shared by the block passes and the one-pass kernels. */
 
-/* f[0:n] = phi(x[0:n]), n a multiple of W. */
-static inline void phi_rows(int kind, const float *x, long n, float *f) {
-    for (long i = 0; i < n; i += W) vstore(f + i, vphi(kind, vload(x + i)));
-}
 
 /* z[l] = z0[l] + sum_{t < rows} w_t f[t, l] (w_t = 1 where w is NULL); f rows of L, a multiple of
  * W; z may be z0. */
@@ -297,17 +293,13 @@ static void add_colsums(float *z, const float *z0, const float *f, const float *
     }
 }
 
-/* dst[0:n] = src[0:n] * s, n a multiple of W. */
-static inline void scale_row(float *dst, const float *src, float s, long n) {
-    for (long j = 0; j < n; j += W) vstore(dst + j, vload(src + j) * s);
-}
 
 /* The one-pass forwards read and write float32 or bfloat16 (bf): a bfloat16 row is widened
  * once into an L1 buffer and every sum stays float32, so bfloat16 costs the float32 arithmetic
  * on half the memory traffic, on any CPU (no bf16 dot-product units needed). */
 
 /* f[0:n] = phi(x[i0:i0+n]), x float32 or bfloat16; n a multiple of W. */
-static inline void phi_rows_any(int kind, const void *x, long i0, int bf, long n, float *f) {
+static inline void phi_rows(int kind, const void *x, long i0, int bf, long n, float *f) {
     for (long i = 0; i < n; i += W) vstore(f + i, vphi(kind, vload_any(x, i0 + i, bf)));
 }
 
@@ -319,7 +311,7 @@ static inline const float *f32_rows(const void *x, long i0, int bf, long n, floa
 }
 
 /* dst[j0:j0+n] = src[0:n] * s, dst float32 or bfloat16. */
-static inline void scale_row_any(void *dst, long j0, int bf, const float *src, float s, long n) {
+static inline void scale_row(void *dst, long j0, int bf, const float *src, float s, long n) {
     for (long j = 0; j < n; j += W) vstore_any(dst, j0 + j, vload(src + j) * s, bf);
 }
 
@@ -468,7 +460,7 @@ void la_prefix(float *P, long N, long n, long F, const float *S0, float *S1, int
  * The products run through one register-blocked kernel, MR rows x NV vectors of W columns
  * (sized per ISA at the top of this file). */
 
-/* C[i, 0:16 nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:16 nv] for i < mr. */
+/* C[i, 0:W nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:16 nv] for i < mr. */
 static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, const float *A,
                                                        long lda, long ak, const float *B,
                                                        long ldb, float *C, long ldc, int add) {
@@ -577,8 +569,8 @@ int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, l
         for (long t0 = 0; t0 < T; t0 += C) {
             long Cn = T - t0 < C ? T - t0 : C;
             const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
-            phi_rows_any(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
-            phi_rows_any(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
+            phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
+            phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
             if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
                 memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
             transpose(C, L, fk, fkT);
@@ -587,7 +579,7 @@ int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, l
             gemm(Cn, Dv, Cn, A, C, 1, vc, Dv, num, Dv, 1, LOWER);  /* + A v */
             for (long i = 0; i < Cn; ++i) {
                 float den = causal_den(fq + i * L, zn, A + i * C, i, L);
-                scale_row_any(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
+                scale_row(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
                               1.0f / guarded(den, eps), Dv);
             }
             gemm(L, Dv, Cn, fk, 1, L, vc, Dv, Sn, Dv, 1, FULL);   /* S += phi(k)^T v */
@@ -627,8 +619,8 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
             long t0 = c * C, Cn = T - t0 < C ? T - t0 : C;
             float *fq = FQ + c * C * L, *fk = FK + c * C * L;
             const float *qc = q + n * qs + t0 * L, *kc = k + n * ks + t0 * L;
-            phi_rows(kind, qc, Cn * L, fq);
-            phi_rows(kind, kc, Cn * L, fk);
+            phi_rows(kind, qc, 0, 0, Cn * L, fq);
+            phi_rows(kind, kc, 0, 0, Cn * L, fk);
             if (Cn < C) {
                 memset(fq + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
                 memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
@@ -698,17 +690,17 @@ int la_noncausal_forward(int kind, int bf, const void *q, long qs, const void *k
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += C) {
             long Cn = Tk - t0 < C ? Tk - t0 : C;
-            phi_rows_any(kind, k, n * ks + t0 * L, bf, Cn * L, f);
+            phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, f);
             gemm(L, Dv, Cn, f, 1, L, f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf), Dv, Sn,
                  Dv, 1, FULL);
             add_colsums(zn, zn, f, NULL, Cn, L);
         }
         for (long t0 = 0; t0 < Tq; t0 += C) {
             long Cn = Tq - t0 < C ? Tq - t0 : C;
-            phi_rows_any(kind, q, n * qs + t0 * L, bf, Cn * L, f);
+            phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, f);
             gemm(Cn, Dv, L, f, L, 1, Sn, Dv, num, Dv, 0, FULL);
             for (long i = 0; i < Cn; ++i)
-                scale_row_any(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
+                scale_row(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
                               1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
         }
     }
@@ -738,7 +730,7 @@ int la_noncausal_backward(int kind, int parts, const float *q, long qs, const fl
         for (long t0 = 0; t0 < Tq; t0 += C) {
             long Cn = Tq - t0 < C ? Tq - t0 : C;
             const float *qc = q + n * qs + t0 * L;
-            phi_rows(kind, qc, Cn * L, f);
+            phi_rows(kind, qc, 0, 0, Cn * L, f);
             float *dn = dphi; /* dn (Cn x Dv) first, then dphi reuses the space after G */
             for (long i = 0; i < Cn; ++i)
                 ds[i] = grad_out_row(g + n * gs + (t0 + i) * Dv, o + n * os + (t0 + i) * Dv,
@@ -755,7 +747,7 @@ int la_noncausal_backward(int kind, int parts, const float *q, long qs, const fl
         for (long t0 = 0; t0 < Tk; t0 += C) {
             long Cn = Tk - t0 < C ? Tk - t0 : C;
             const float *kc = k + n * ks + t0 * L, *vc = v + n * vs + t0 * Dv;
-            phi_rows(kind, kc, Cn * L, f);
+            phi_rows(kind, kc, 0, 0, Cn * L, f);
             gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 0, FULL);
             for (long i = 0; i < Cn; ++i)
                 grad_phi_row(kind, dk + n * dks + (t0 + i) * L, dphi + i * L, 1.0f, Gzn,

@@ -39,6 +39,7 @@ from linattn.ops._common import (
     block_ranges,
     causal_chunked,
     causal_mask,
+    clamped_chunk,
     flatten_heads,
     graph_grads,
     guarded,
@@ -239,9 +240,7 @@ def fused_linear_attention(
     N = flat[0].shape[0]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     L = fmap.num_features(q.shape[-1])
-    # a causal chunk of C tokens costs C×C scores per head, padded rows included: C longer than
-    # the sequence only wastes memory (T = 5 with chunk=65536 would ask for 34 GB)
-    chunk = min(chunk, max(q.shape[-2], 1))
+    chunk = clamped_chunk(chunk, q.shape[-2])  # also for callers other than linear_attention
     if S0 is None:
         S0 = torch.zeros(N, L, v.shape[-1] + 1, dtype=acc, device=q.device)
     else:

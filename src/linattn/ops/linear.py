@@ -23,7 +23,14 @@ from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops import dispatch, native
-from linattn.ops._common import check_qkv, key_mask_for, portable_forward, resolve
+from linattn.ops._common import (
+    check_qkv,
+    clamped_chunk,
+    key_mask_for,
+    needs_grad,
+    portable_forward,
+    resolve,
+)
 from linattn.ops.fused import fused_linear_attention, fused_supported
 from linattn.ops.native import native_linear_attention, native_supported
 from linattn.ops.recurrent import LinearAttentionState
@@ -49,10 +56,10 @@ def __getattr__(name: str):
 def _choose(fmap, q, k, v, S0, is_causal: bool) -> str:
     """"native", "fused" or "portable" for this call, by the policy in force (ops/dispatch.py)."""
     pol = dispatch.policy()
-    can_native = native_supported(fmap, q, k, v, S0)
-    can_fused = fused_supported(fmap, q)
     if pol.impl == "portable":
         return "portable"
+    can_native = native_supported(fmap, q, k, v, S0)
+    can_fused = fused_supported(fmap, q)
     if pol.impl in ("native", "fused"):
         if not (can_native if pol.impl == "native" else can_fused):
             raise ValueError(f"dispatch impl={pol.impl!r}: that path cannot take this call "
@@ -61,20 +68,9 @@ def _choose(fmap, q, k, v, S0, is_causal: bool) -> str:
     if pol.impl == "fast":
         return "native" if can_native else "fused" if can_fused else "portable"
     if can_native and pol.impl == "auto":
-        grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, S0))
-        if dispatch.native_setting() == "1" or native.wins(is_causal, grad):
+        if dispatch.native_setting() == "1" or native.wins(is_causal, needs_grad(q, k, v, S0)):
             return "native"
     return "fused" if can_fused and q.shape[-2] >= pol.fused_min_t else "portable"
-
-
-def _clamped_chunk(chunk: int, T: int) -> int:
-    """A chunk no longer than the sequence needs: a chunk of C costs C×C scores (T = 5 with
-    chunk_size=65536 must not ask for 17 GB). Multiples of 16 stay multiples of 16 (the
-    compiled kernels' vector tiles)."""
-    if chunk <= T:
-        return chunk
-    return -(-max(T, 1) // 16) * 16 if chunk % 16 == 0 else max(T, 1)
 
 
 def linear_attention(
@@ -137,7 +133,7 @@ def linear_attention(
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
     pol = dispatch.policy()
-    chunk = _clamped_chunk(pol.chunk_size if chunk_size is None else chunk_size, q.shape[-2])
+    chunk = clamped_chunk(pol.chunk_size if chunk_size is None else chunk_size, q.shape[-2])
     path = _choose(fmap, q, k, v, S0, is_causal)
     if path != "portable":
         fast = native_linear_attention if path == "native" else fused_linear_attention

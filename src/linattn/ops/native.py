@@ -66,12 +66,20 @@ from torch import Tensor
 from linattn import _cbuild
 from linattn._io import write_atomic
 from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
-from linattn.ops._common import block_ranges, flatten_heads, graph_grads, portable_forward
+from linattn.ops import dispatch
+from linattn.ops._common import (
+    block_ranges,
+    flatten_heads,
+    graph_grads,
+    needs_grad,
+    portable_forward,
+)
 
 __all__ = ["native_supported", "native_linear_attention", "load", "phi"]
 
 SOURCE = Path(__file__).with_name("_native.c")
 _KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
+_MAP_OF_KIND = {kind: cls for cls, kind in _KINDS.items()}
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -118,29 +126,21 @@ _ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"},
 _libs: dict[str, ctypes.CDLL | None] = {}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def bf16_products() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX on x86, the BF16
     extension on aarch64), so that torch's bfloat16 matmuls beat float32 ones."""
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cbuild.cpu_flags())
 
 
-def selected_isa() -> str:
-    """The build variant this process uses: ``LINATTN_NATIVE_ISA`` or "native"."""
-    isa = os.environ.get("LINATTN_NATIVE_ISA", "native").strip() or "native"
+def selected_isa(isa: str | None = None) -> str:
+    """``isa`` if given, else the build variant this process uses: ``LINATTN_NATIVE_ISA`` or
+    "native"; checked against :data:`ISA_FLAGS`."""
+    name = "isa"
+    if isa is None:
+        name, isa = "LINATTN_NATIVE_ISA", os.environ.get("LINATTN_NATIVE_ISA", "").strip()
+        isa = isa or "native"
     if isa not in ISA_FLAGS:
-        raise ValueError(f"LINATTN_NATIVE_ISA: expected one of {', '.join(ISA_FLAGS)}, "
-                         f"got {isa!r}")
+        raise ValueError(f"{name}: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
     return isa
 
 
@@ -148,19 +148,17 @@ def load(isa: str | None = None) -> ctypes.CDLL | None:
     """The compiled kernels of one build variant (default :func:`selected_isa`), built on first
     use, or None where that is not possible (no compiler, ``LINATTN_NATIVE=0``, an ISA this
     CPU lacks)."""
-    isa = selected_isa() if isa is None else isa
+    isa = selected_isa(isa)
     if isa not in _libs:
         _libs[isa] = _load(isa)
     return _libs[isa]
 
 
 def _load(isa: str) -> ctypes.CDLL | None:
-    if os.environ.get("LINATTN_NATIVE", "1").strip() == "0":
+    if dispatch.native_setting() == "0":
         return None
-    if isa not in ISA_FLAGS:
-        raise ValueError(f"isa: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
     need = _ISA_NEEDS.get(isa, set())
-    if need and not need <= _cpu_flags():
+    if need and not need <= _cbuild.cpu_flags():
         warnings.warn(f"linattn: this CPU cannot run the {isa} build of the compiled path "
                       f"(needs {', '.join(sorted(need))}); using the PyTorch path",
                       RuntimeWarning, stacklevel=3)
@@ -183,12 +181,12 @@ def unavailable_reason(isa: str | None = None) -> str | None:
     """Why :func:`load` gives None (for skip messages and warnings), or None if it loads."""
     if load(isa) is not None:
         return None
-    isa = selected_isa() if isa is None else isa
-    if os.environ.get("LINATTN_NATIVE", "1").strip() == "0":
+    isa = selected_isa(isa)
+    if dispatch.native_setting() == "0":
         return "turned off by LINATTN_NATIVE=0"
     if not SOURCE.exists():
         return f"the C source {SOURCE.name} is not installed beside {__name__}"
-    if _ISA_NEEDS.get(isa, set()) - _cpu_flags():
+    if _ISA_NEEDS.get(isa, set()) - _cbuild.cpu_flags():
         return f"this CPU cannot run the {isa} build"
     if _cbuild.compiler() is None:
         return "no C compiler found (cc, gcc, clang or $CC)"
@@ -198,7 +196,7 @@ def unavailable_reason(isa: str | None = None) -> str | None:
 def describe(isa: str | None = None) -> str:
     """One line on the build in use: ISA, vector width, register tile (or why there is none)."""
     lib = load(isa)
-    name = selected_isa() if isa is None else isa
+    name = selected_isa(isa)
     if lib is None:
         return f"{name}: not available ({unavailable_reason(isa)})"
     tile = lib.la_tile()
@@ -216,17 +214,13 @@ def native_supported(
     fmap: FeatureMap, q: Tensor, k: Tensor, v: Tensor, S0: Tensor | None = None
 ) -> bool:
     """Whether this call can take the native path: 1 + elu or 1 + relu on CPU (the initial
-    state S0 too), float32, or bfloat16 without gradients (a forward on the CPU's bfloat16
-    dot-product units)."""
+    state S0 too), float32, or bfloat16 without gradients (forwards only)."""
     if type(fmap) not in _KINDS or q.device.type != "cpu":
         return False
     if S0 is not None and S0.device != q.device:
         return False  # the torch paths report the device mismatch
     if q.dtype == torch.bfloat16:
-        needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, S0)
-        )
-        return not needs_grad and load() is not None
+        return not needs_grad(q, k, v, S0) and load() is not None
     return q.dtype == torch.float32 and load() is not None
 
 
@@ -327,8 +321,7 @@ def _measure(repeats: int = 3) -> dict[str, dict]:
 
 
 def _measure_forms(repeats: int) -> dict[str, dict]:
-    from linattn.ops import dispatch
-    from linattn.ops.linear import linear_attention
+    from linattn.ops.linear import linear_attention  # (linear imports this module)
 
     N, T, d = CALIBRATION_SHAPE
     g = torch.Generator().manual_seed(0)
@@ -624,12 +617,17 @@ def _over_heads(b: _Block, size: int, fn) -> None:
         job.result()
 
 
+def _fits_one_pass(L: int, Dv: int, chunk: int, masked: bool) -> bool:
+    """The one-pass kernels' sizes: no padding, chunk and widths multiples of 16 (whole vectors
+    of every ISA's width)."""
+    return not masked and chunk % 16 == 0 and L % 16 == 0 and Dv % 16 == 0
+
+
 def _single_pass(b: _Block, chunk: int, backward: bool = False) -> bool:
-    """Whether the one-pass kernels apply: float32 (forwards: bfloat16 too), no padding, chunk
-    and widths multiples of 16 (whole vectors of every ISA's width)."""
+    """Whether the one-pass kernels apply: :func:`_fits_one_pass`, float32 (forwards: bfloat16
+    too)."""
     dtypes = (torch.float32,) if backward else (torch.float32, torch.bfloat16)
-    return (b.q.dtype in dtypes and b.keep is None
-            and chunk % 16 == 0 and b.L % 16 == 0 and b.Dv % 16 == 0)
+    return b.q.dtype in dtypes and _fits_one_pass(b.L, b.Dv, chunk, b.keep is not None)
 
 
 def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
@@ -798,7 +796,7 @@ def _differentiable_backward(ctx, grads):
     a first gradient that silently did not require grad would drop every term built on it."""
     q, k, v, keep, *_, S0, z0 = ctx.saved_tensors
     kind, eps, _, chunk, is_causal = ctx.cfg
-    fmap = next(cls for cls, code in _KINDS.items() if code == kind)()
+    fmap = _MAP_OF_KIND[kind]()
     keep = None if keep is None else keep.unsqueeze(-1)
     out, total = portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal,
                                   torch.cat([S0, z0.unsqueeze(-1)], -1))
@@ -834,7 +832,7 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
     None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
     (..., ℓ, Dv + 1)."""
     L, Dv = q.shape[-1], v.shape[-1]
-    one_pass = keep is None and L % 16 == 0 and Dv % 16 == 0 and (not is_causal or chunk % 16 == 0)
+    one_pass = _fits_one_pass(L, Dv, chunk if is_causal else NONCAUSAL_CHUNK, keep is not None)
     if q.dtype == torch.bfloat16 and not one_pass and not bf16_products():
         # The block passes would multiply bfloat16 blocks, which a CPU without bf16 dot
         # products does slower than float32: widen once, round the output once.

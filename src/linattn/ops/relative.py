@@ -45,6 +45,7 @@ from linattn.ops._common import (
     check_qkv,
     features,
     key_mask_for,
+    needs_grad,
     resolve,
     split_normalised,
     values_with_ones,
@@ -143,7 +144,7 @@ def _relative_fft(fq: Tensor, fr: Tensor, v1: Tensor) -> Tensor:
     cols = max(1, FFT_BLOCK_BYTES // per_col)
     rows = max(1, min(fq.shape[0], cols // L))
     feats = L if rows > 1 else min(L, cols)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (fq, A, v1))
+    grad = needs_grad(fq, A, v1)
     row_blocks = []
     for b0 in range(0, fq.shape[0], rows):
         b1 = min(b0 + rows, fq.shape[0])
