@@ -460,33 +460,23 @@ void la_prefix(float *P, long N, long n, long F, const float *S0, float *S1, int
  * The products run through one register-blocked kernel, MR rows x NV vectors of W columns
  * (sized per ISA at the top of this file). */
 
-/* C[i, 0:W nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:16 nv] for i < mr. */
+/* C[i, 0:W nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:W nv] for i < mr. */
 static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, const float *A,
                                                        long lda, long ak, const float *B,
                                                        long ldb, float *C, long ldc, int add) {
     vf acc[MR][NV];
-    /* Unrolled by pragma, not left to the compiler: with rolled loops GCC 12 keeps the
-     * accumulators in a stack array between the loops (~9% of a 64-deep AVX2 tile). */
-#pragma GCC unroll 8
     for (int i = 0; i < mr; ++i)
-#pragma GCC unroll 4
         for (int j = 0; j < nv; ++j)
             acc[i][j] = add ? vload(C + i * ldc + j * W) : vsplat(0.0f);
-#pragma GCC unroll 2
     for (long k = 0; k < K; ++k) {
         vf b[NV];
-#pragma GCC unroll 4
         for (int j = 0; j < nv; ++j) b[j] = vload(B + k * ldb + j * W);
-#pragma GCC unroll 8
         for (int i = 0; i < mr; ++i) {
             vf a = vsplat(A[i * lda + k * ak]);
-#pragma GCC unroll 4
             for (int j = 0; j < nv; ++j) acc[i][j] += a * b[j];
         }
     }
-#pragma GCC unroll 8
     for (int i = 0; i < mr; ++i)
-#pragma GCC unroll 4
         for (int j = 0; j < nv; ++j) vstore(C + i * ldc + j * W, acc[i][j]);
 }
 
