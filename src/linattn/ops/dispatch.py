@@ -33,7 +33,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-__all__ = ["Policy", "policy", "use", "IMPLS", "native_setting"]
+__all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "DEFAULT_CHUNK_SIZE"]
+
+#: The causal chunk length C of every chunked form (linear, relative, decayed attention, the
+#: models built on them) when a call gives none: the one home of this number.
+DEFAULT_CHUNK_SIZE = 64
 
 #: ``auto``: measured choice; ``torch``: what ``auto`` takes without the compiled path (what
 #: ``LINATTN_NATIVE=0`` runs); ``fast``: native where it applies, else fused, at every length;
@@ -57,7 +61,7 @@ class Policy:
     impl: str = "auto"
     fused_min_t: int = 2048
     block_size: int = 512
-    chunk_size: int = 64
+    chunk_size: int = DEFAULT_CHUNK_SIZE
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:

@@ -6,7 +6,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["stratified_split", "encode_labels", "augment", "epoch_generator"]
+__all__ = ["stratified_split", "validation_split", "encode_labels", "augment", "epoch_generator",
+           "VAL_FRACTION", "VAL_SEED"]
+
+#: The validation split every FordA choice is made on: this fraction of each class of TRAIN,
+#: drawn with this seed. `forda train`'s val stage and `forda evaluate --split val` both use
+#: :func:`validation_split`, so they cannot drift apart.
+VAL_FRACTION = 0.2
+VAL_SEED = 0
 
 
 def stratified_split(
@@ -31,6 +38,12 @@ def stratified_split(
     val_idx = np.sort(np.concatenate(val))
     train_idx = np.setdiff1d(np.arange(len(y)), val_idx)
     return train_idx, val_idx
+
+
+def validation_split(y: np.ndarray, seed: int = VAL_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(train, val)`` of the standard validation split: :func:`stratified_split` with
+    :data:`VAL_FRACTION` and ``seed`` (default :data:`VAL_SEED`)."""
+    return stratified_split(y, VAL_FRACTION, seed=seed)
 
 
 def encode_labels(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
