@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
+# Where pip looks for torch. Empty: pip's configured index (on the project's machines a CPU
+# build from local disk). Elsewhere, PyPI's Linux x86_64 torch bundles CUDA (several GB):
+# `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` asks for the CPU build.
+TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-all lint forda clean
@@ -11,7 +15,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH_PIN)
 	$(PY) -m pip install -q -e '.[dev,forda]'
 	touch $(STAMP)
 

@@ -263,6 +263,42 @@ def test_overflowing_result_is_an_error() -> None:
         solve(b"1 2\n1e300 1e300\n1e300 1e300\n1 2\n")
 
 
+def test_overflow_is_one_line_in_a_real_process() -> None:
+    # NumPy's overflow RuntimeWarnings must not precede the error line (issue 14).
+    text = "2 2\n" + "1e300 1e300\n" * 6
+    for engine in ("numpy", "torch"):
+        done = cli(text.encode(), sys.executable, "-W", "default", "-m", "linattn", "solve",
+                   "--engine", engine)
+        assert (done.returncode, done.stdout) == (2, b""), engine
+        assert done.stderr == (b"linattn solve: error: row 1: the result is not finite in "
+                               b"float64 (values too large to sum)\n"), engine
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_output_device_is_one_line() -> None:
+    with open("/dev/full", "wb") as full:  # every write fails with ENOSPC
+        done = subprocess.run([sys.executable, "-m", "linattn", "solve"], input=EXAMPLE_1.encode(),
+                              stdout=full, stderr=subprocess.PIPE, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr == (b"linattn solve: error: cannot write the output (No space left on "
+                           b"device)\n")
+
+
+@pytest.mark.parametrize("closed", ["stdin", "stdout"])
+def test_closed_standard_stream_is_one_line(closed: str) -> None:
+    # `linattn solve <&-` / `>&-`: the shell closes the descriptor before Python starts.
+    code = ("import os, sys; os.close({fd}); "
+            "os.execv(sys.executable, [sys.executable, '-m', 'linattn', 'solve'])")
+    done = subprocess.run([sys.executable, "-c", code.format(fd=0 if closed == "stdin" else 1)],
+                          input=None if closed == "stdin" else EXAMPLE_1.encode(),
+                          stdout=subprocess.PIPE if closed == "stdin" else None,
+                          stderr=subprocess.PIPE, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.startswith(b"linattn solve: error: standard " +
+                                  (b"input" if closed == "stdin" else b"output") + b" is closed")
+    assert done.stderr.count(b"\n") == 1
+
+
 def test_parse_header_offset() -> None:
     assert parse_header(b"3 2\n1") == (3, 2, 3)
     assert parse_header(b"\xef\xbb\xbf 10\t64 ") == (10, 64, 9)

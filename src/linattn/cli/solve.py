@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 import threading
@@ -66,15 +67,39 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # A closed stream (`<&-`, `>&-`) is None in Python: say so instead of an AttributeError.
+    if sys.stdin is None:
+        raise UserError("standard input is closed; pipe the input in (linattn solve < FILE)")
+    if sys.stdout is None:
+        raise UserError("standard output is closed; nothing to write the result to")
     importer = _start_import() if args.engine == "torch" else None
-    text = solve(sys.stdin.buffer.read(), importer=importer, engine=args.engine)
+    try:
+        data = sys.stdin.buffer.read()
+    except OSError as err:
+        raise UserError(f"cannot read standard input ({err.strerror or err})") from None
+    text = solve(data, importer=importer, engine=args.engine)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. `| head`: the reader left; no traceback for that
-        sys.stdout = None  # type: ignore[assignment]  # nothing left to flush at exit
+        _drop_stdout()
         return 1
+    except OSError as err:  # e.g. `> /dev/full`: a full disk is the user's to fix
+        _drop_stdout()
+        raise UserError(f"cannot write the output ({err.strerror or err})") from None
     return 0
+
+
+def _drop_stdout() -> None:
+    """Discard what is still buffered for stdout, so that the interpreter's flush at exit
+    does not fail a second time and print a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    sys.stdout = None  # type: ignore[assignment]
 
 
 def solve(
@@ -105,8 +130,8 @@ def solve(
 def _start_import() -> threading.Thread | None:
     """Import torch and the op in a thread while stdin is read and parsed (reads and the C
     parser release the GIL), when nothing imported them yet. ``import torch`` takes about a
-    second, as long as the rest of the exercise; the ``linattn`` package imports it eagerly
-    today, so this overlap takes effect only once that import is lazy."""
+    second, as long as the rest of the exercise. ``import linattn`` itself does not import
+    torch (its names load on first use), so nothing else has paid for it by then."""
     if "torch" in sys.modules:
         return None
 
@@ -150,11 +175,13 @@ def row_sums_numpy(qkv: np.ndarray) -> np.ndarray:
 
     φ(K)ᵀ(V·1) (d,) and φ(K)ᵀ1 (d,) first, then one product per query: O(N·d)."""
     q, k, v = qkv
-    fk = np.maximum(k, 0.0) + 1.0
-    fq = np.maximum(q, 0.0) + 1.0
-    state = np.stack([fk.T @ v.sum(-1), fk.sum(0)], axis=1)  # (d, 2): numerator, normaliser
-    num, den = (fq @ state).T
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by solve()
+    # Overflow anywhere shows up as inf/nan in the result, which solve() reports in one line;
+    # NumPy's own RuntimeWarnings would only add noise before it.
+    with np.errstate(all="ignore"):
+        fk = np.maximum(k, 0.0) + 1.0
+        fq = np.maximum(q, 0.0) + 1.0
+        state = np.stack([fk.T @ v.sum(-1), fk.sum(0)], axis=1)  # (d, 2): numerator, normaliser
+        num, den = (fq @ state).T
         return num / den
 
 
