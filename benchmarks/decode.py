@@ -52,8 +52,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", default="1024,2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--num-layers", "--layers", dest="num_layers", type=int, default=4)
+    ap.add_argument("--num-heads", "--heads", dest="num_heads", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20, help="timed decoding steps per point")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plot", default="docs/img/decode.png")
@@ -62,12 +62,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     contexts = [int(c) for c in args.contexts.split(",")]
     gen = torch.Generator().manual_seed(0)
-    kw = dict(vocab_size=256, d_model=args.d_model, num_layers=args.layers,
-              num_heads=args.heads)
+    kw = dict(vocab_size=256, d_model=args.d_model, num_layers=args.num_layers,
+              num_heads=args.num_heads)
     torch.manual_seed(0)
     lin = LinearTransformerLM(**kw, attention="linear", chunk_size=256).eval()
     soft = LinearTransformerLM(**kw, attention="softmax").eval()
-    H, d = args.heads, args.d_model // args.heads
+    H, d = args.num_heads, args.d_model // args.num_heads
     rows = []
     with torch.no_grad():
         state, seen = None, 0
@@ -80,7 +80,7 @@ def main() -> None:
             lin_s, _ = _time_steps(lin, state, args.steps, gen)  # the state is not mutated
             cache = LMState([KVCache(torch.randn(1, H, L, d, generator=gen),
                                      torch.randn(1, H, L, d, generator=gen))
-                             for _ in range(args.layers)], L)
+                             for _ in range(args.num_layers)], L)
             soft_s, _ = _time_steps(soft, cache, args.steps, gen)
             q = torch.randn(1, H, 1, d, generator=gen)
             floor = []
@@ -98,7 +98,7 @@ def main() -> None:
                   flush=True)
             del cache
 
-    print(f"\nd_model {args.d_model}, {args.layers} layers, {args.heads} heads, batch 1, "
+    print(f"\nd_model {args.d_model}, {args.num_layers} layers, {args.num_heads} heads, batch 1, "
           f"float32, {args.threads} thread(s), median of {args.steps} steps\n")
     print("| context | linear ms/token | softmax+KV ms/token | SDPA floor ms | linear state "
           "| KV cache |")

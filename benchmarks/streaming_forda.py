@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from linattn.datasets import load_ucr
-from linattn.tsc.data import encode_labels, stratified_split
+from linattn.tsc.data import encode_labels, validation_split
 from linattn.tsc.streaming import StreamingClassifier, accuracy_by_fraction, train_streaming
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     Xtr, ytr, Xte, yte = load_ucr("FordA", data_dir=args.data_dir)
     classes, ytr = encode_labels(ytr)
     yte = np.searchsorted(classes, yte)
-    tr, va = stratified_split(ytr, 0.2, seed=args.seed)
+    tr, va = validation_split(ytr, seed=args.seed)
     model = StreamingClassifier(length=Xtr.shape[1], n_classes=len(classes))
     t0 = time.perf_counter()
     hist = train_streaming(model, Xtr[tr], ytr[tr], X_val=Xtr[va], y_val=ytr[va],

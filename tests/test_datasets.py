@@ -15,7 +15,9 @@ from linattn import datasets
 from linattn.datasets import UCRFormatError, load_ucr, read_ucr_tsv
 
 REAL_PACKAGE_DIR = datasets._package_dir
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "FordA"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "FordA"
+FIXTURE = ROOT / "tests" / "data" / "FordA"  # the first 64 TRAIN and 40 TEST series
 
 
 def tsv(rows) -> str:
@@ -115,6 +117,7 @@ def test_not_found(tmp_path):
         (tsv([[1, 2, 3], [1, 2, 3]])[:-3], r"line 2: expected 3 .* got 2 \(ragged or truncated"),
         (tsv([[1, 2, 3], [1, "2x", 3]]), r"line 2, column 2: not a number: '2x'"),
         (tsv([[1, 2, 3], ["", 2, 3]]), r"line 2, column 1: not a number"),
+        (tsv([[1, 2, 3]]) + "\n" + tsv([[1, 2, 3]]), r"line 2: blank line \(only trailing"),
         ("", r"empty file"),
         ("1\t2\n\xff\n", r"line 2: non-ASCII"),
         (tsv([["nan", 2, 3]]), r"line 1: the label is not a finite number"),
@@ -147,11 +150,44 @@ def test_checksum_and_shape_of_known_files(tmp_path, monkeypatch):
         read_ucr_tsv(p)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/data/FordA beside the repo")
+@pytest.mark.parametrize("ending", ["\n\n", "\n\n\n", "\n \n", "\r\n\r\n", "\n\t\n"])
+def test_trailing_blank_lines_are_ignored(tmp_path, ending):
+    p = tmp_path / "Toy_TRAIN.tsv"
+    p.write_bytes((tsv([[1, 2, 3], [2, 4, 5]]).rstrip("\n") + ending).encode())
+    X, y = read_ucr_tsv(p)
+    assert X.shape == (2, 2) and list(y) == [1, 2]
+
+
+def test_local_checksum_list_overrides_the_known_one(tmp_path):
+    # a folder's SHA256SUMS declares its files, e.g. a deliberate subset of FordA
+    d = tmp_path / "d"
+    write(d, "FordA", gz=True)
+    sums = "".join(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n"
+                   for f in sorted(d.iterdir()))
+    with pytest.raises(UCRFormatError, match="sha256 .* does not match the known"):
+        load_ucr("FordA", data_dir=d)
+    (d / "SHA256SUMS").write_text(sums)
+    assert load_ucr("FordA", data_dir=d)[0].shape == (3, 3)
+    (d / "SHA256SUMS").write_text(sums.replace(sums[:8], "00000000", 1))
+    with pytest.raises(UCRFormatError, match=r"FordA_TEST\.tsv\.gz: sha256 .* does not match "
+                                             r"0000.* listed in .*SHA256SUMS"):
+        load_ucr("FordA", data_dir=d)
+    (d / "SHA256SUMS").write_text("not a checksum line\n")
+    with pytest.raises(UCRFormatError, match="SHA256SUMS line 1: expected"):
+        load_ucr("FordA", data_dir=d)
+
+
 def test_real_forda_verifies():
-    Xtr, ytr, Xte, yte = load_ucr("FordA", data_dir=SHARED)
-    assert Xtr.shape == (3601, 500) and Xte.shape == (1320, 500)
-    assert sorted(set(ytr.tolist())) == [-1, 1] and int((ytr == 1).sum()) == 1755
-    assert int((yte == -1).sum()) == 681
+    """The full data where ``../shared/data/FordA`` exists, else the committed subset."""
+    Xtr, ytr, Xte, yte = load_ucr("FordA", data_dir=SHARED if SHARED.is_dir() else FIXTURE)
+    if SHARED.is_dir():
+        assert Xtr.shape == (3601, 500) and Xte.shape == (1320, 500)
+        assert int((ytr == 1).sum()) == 1755 and int((yte == -1).sum()) == 681
+        assert os.access(SHARED, os.R_OK)
+    assert sorted(set(ytr.tolist())) == [-1, 1]
     assert abs(float(Xtr.std(axis=1, ddof=1).mean()) - 1.0) < 1e-4
-    assert os.access(SHARED, os.R_OK)
+    # the fixture is the first rows of the real files, byte for byte
+    fXtr, fytr, fXte, fyte = load_ucr("FordA", data_dir=FIXTURE)
+    assert fXtr.shape == (64, 500) and fXte.shape == (40, 500)
+    np.testing.assert_array_equal(fXtr, Xtr[:64])
+    np.testing.assert_array_equal(fyte, yte[:40])

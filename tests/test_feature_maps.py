@@ -135,16 +135,34 @@ def test_polynomial_bad_arguments():
 
 
 def test_config_rebuilds_and_redraw_is_noop(make_map):
+    """Deterministic maps: a rebuild from config gives the same features and redraw() changes
+    nothing. Seeded random maps: a rebuild draws the same W (same seed), redraw() draws a new
+    one. Every map (the trained Hedgehog included): the saved tensors restore its features."""
     feature_map = make_map(5)
     fresh = feature_map.new_feature_map()
     assert type(fresh) is type(feature_map)
     assert fresh.config() == feature_map.config()
     x = torch.randn(3, 5, dtype=torch.float64)
-    before = feature_map(x)
+    before = feature_map.forward_queries(x), feature_map.forward_keys(x)
+    seeded = feature_map.config().get("seed") is not None
+    trained = bool(list(feature_map.parameters()))  # conftest randomises Hedgehog's weights
+    if not trained:  # the config alone (with its seed) determines the features
+        for got, want in zip((fresh.forward_queries(x), fresh.forward_keys(x)), before,
+                             strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
     feature_map.redraw()
-    if not list(feature_map.parameters()) and not list(feature_map.buffers()):
-        torch.testing.assert_close(feature_map(x), before, rtol=0, atol=0)
-        torch.testing.assert_close(fresh(x), before, rtol=0, atol=0)
+    after = feature_map.forward_queries(x), feature_map.forward_keys(x)
+    for got, want in zip(after, before, strict=True):
+        if seeded:  # a new draw of W
+            assert not torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the saved parameters and buffers restore exactly the current features
+    restored = fresh.to(torch.float64)
+    restored.load_state_dict(feature_map.state_dict())
+    for got, want in zip((restored.forward_queries(x), restored.forward_keys(x)), after,
+                         strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_interface_defaults():

@@ -21,6 +21,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "linear_attention_step": ("linattn.ops.recurrent", "linear_attention_step"),
     "relative_linear_attention": ("linattn.ops.relative", "relative_linear_attention"),
     "cosformer_attention": ("linattn.ops.cosformer", "cosformer_attention"),
+    "decay_linear_attention": ("linattn.ops.decay", "decay_linear_attention"),
+    "decay_linear_attention_step": ("linattn.ops.decay", "decay_linear_attention_step"),
 }
 
 __all__ = [
@@ -33,12 +35,15 @@ __all__ = [
     "linear_attention_step",
     "relative_linear_attention",
     "cosformer_attention",
+    "decay_linear_attention",
+    "decay_linear_attention_step",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
     from linattn import feature_maps, nn
     from linattn.ops import reference
     from linattn.ops.cosformer import cosformer_attention
+    from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
     from linattn.ops.linear import linear_attention
     from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
     from linattn.ops.relative import relative_linear_attention

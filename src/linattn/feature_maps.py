@@ -368,7 +368,9 @@ def softmax_attention_weights(q: Tensor, k: Tensor) -> Tensor:
     return (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1)
 
 
-def linear_attention_weights(fmap: FeatureMap, q: Tensor, k: Tensor, eps: float = 1e-12) -> Tensor:
+def linear_attention_weights(
+    fmap: FeatureMap, q: Tensor, k: Tensor, *, eps: float = 1e-12
+) -> Tensor:
     """The (Tq, Tk) weights φ(q_i)·φ(k_j) / Σ_j φ(q_i)·φ(k_j) that linear attention applies."""
     sim = fmap.forward_queries(q) @ fmap.forward_keys(k).transpose(-1, -2)
     return sim / (sim.sum(-1, keepdim=True) + eps)

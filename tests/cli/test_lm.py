@@ -9,10 +9,16 @@ import torch
 
 from linattn.cli import main
 from linattn.cli.lm import load_model, stdlib_corpus
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
-TINY = ["--d-model", "16", "--layers", "1", "--heads", "2", "--context", "32",
+TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--context", "32",
         "--batch-size", "4", "--corpus-bytes", "300000", "--val-tokens", "512",
         "--eval-every", "2", "--threads", "1", "--quiet", "--warmup", "2"]
+
+
+def records(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in lines]
 
 
 def test_corpus_is_the_stdlib_split_by_file():
@@ -35,6 +41,8 @@ def test_train_interrupt_resume_matches_uninterrupted(tmp_path, capsys):
     for (k, va), vb in zip(ma.state_dict().items(), mb.state_dict().values(), strict=True):
         assert torch.equal(va, vb), k
     assert json.loads((b / "result.json").read_text())["val_bpc"] == result["val_bpc"]
+    # each record once, with the numbers of the uninterrupted run (train_bpc's average too)
+    assert records(b) == records(a) and [r["step"] for r in records(a)] == [2, 4]
     capsys.readouterr()
     assert main(["lm", "generate", "--model", str(a), "--prompt", "def ", "--max-new-tokens",
                  "12", "--seed", "1", "--threads", "1"]) == 0
@@ -43,6 +51,20 @@ def test_train_interrupt_resume_matches_uninterrupted(tmp_path, capsys):
     main(["lm", "generate", "--model", str(a), "--prompt", "def ", "--max-new-tokens", "12",
           "--seed", "1", "--threads", "1"])
     assert capsys.readouterr().out == first
+
+
+def test_old_flag_spellings_and_resume_with_other_options(tmp_path, capsys):
+    old = [{"--num-layers": "--layers", "--num-heads": "--heads"}.get(a, a) for a in TINY]
+    assert main(["lm", "train", "--out", str(tmp_path), "--steps", "2", *old]) == 0
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    cfg = ck["meta"]["model_config"]
+    assert (cfg["num_layers"], cfg["num_heads"], cfg["chunk_size"]) == (1, 2, DEFAULT_CHUNK_SIZE)
+    # a longer budget may extend the run; another architecture may not
+    assert main(["lm", "train", "--out", str(tmp_path), "--steps", "3", "--resume", *TINY]) == 0
+    capsys.readouterr()
+    assert main(["lm", "train", "--out", str(tmp_path), "--steps", "4", "--resume", *TINY,
+                 "--d-model", "8"]) == 2
+    assert "made with other options" in capsys.readouterr().err
 
 
 def test_user_errors(tmp_path):

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import linattn
-from linattn.feature_maps import ReluPlusOne
+from linattn.feature_maps import FavorPlus, FeatureMap, Hedgehog, ReluPlusOne
 from linattn.nn import MultiheadLinearAttention
+from linattn.nn.lm import DecayedMultiheadAttention
 
 
 def test_parameter_count_matches_formula():
@@ -92,10 +93,91 @@ def test_causal_module_ignores_the_future(max_len):
     torch.testing.assert_close(m(x2)[0, :7], m(x)[0, :7], rtol=1e-10, atol=1e-10)
 
 
-def test_feature_map_instance_is_a_submodule():
-    fmap = ReluPlusOne()
-    m = MultiheadLinearAttention(8, 2, feature_map=fmap)
-    assert m.feature_map is fmap and any(mod is fmap for mod in m.modules())
+def test_feature_map_instance_is_copied_into_a_submodule():
+    """An instance is a template: the module owns a copy (a submodule), so a second module
+    built from the same instance shares nothing with the first."""
+    fmap = Hedgehog(4)
+    with torch.no_grad():
+        fmap.proj.weight.add_(0.1)  # as if distilled: the copies start from these values
+    a = MultiheadLinearAttention(8, 2, feature_map=fmap)
+    b = MultiheadLinearAttention(8, 2, feature_map=fmap)
+    assert isinstance(a.feature_map, Hedgehog) and any(mod is a.feature_map for mod in a.modules())
+    assert a.feature_map is not fmap and b.feature_map is not fmap
+    assert a.feature_map is not b.feature_map
+    pa, pb = a.feature_map.proj.weight, b.feature_map.proj.weight
+    assert len({pa.data_ptr(), pb.data_ptr(), fmap.proj.weight.data_ptr()}) == 3
+    torch.testing.assert_close(pa, fmap.proj.weight, rtol=0, atol=0)
+    a(torch.randn(1, 5, 8)).sum().backward()
+    torch.optim.SGD(a.parameters(), lr=1.0).step()
+    assert not torch.equal(pa, fmap.proj.weight)
+    torch.testing.assert_close(pb, fmap.proj.weight, rtol=0, atol=0)
+
+
+def test_random_feature_map_instance_gets_one_draw_per_module():
+    fmap = FavorPlus(4, 16)
+    a, b = (MultiheadLinearAttention(8, 2, feature_map=fmap) for _ in range(2))
+    assert isinstance(a.feature_map, FavorPlus) and a.feature_map.config() == fmap.config()
+    assert not torch.equal(a.feature_map.W, b.feature_map.W)
+    assert not torch.equal(a.feature_map.W, fmap.W)
+    assert "feature_map.W" in a.state_dict()
+
+
+class _Scaled(FeatureMap):
+    """A user's map whose config() cannot rebuild it (a required argument, no config)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(scale))
+
+    def num_features(self, head_dim: int) -> int:
+        return head_dim
+
+    def forward_features(self, x):
+        return torch.nn.functional.elu(x * self.scale) + 1.0
+
+
+def test_feature_map_template_without_config_is_deep_copied():
+    template = _Scaled(2.0)
+    a, b = (MultiheadLinearAttention(8, 2, feature_map=template) for _ in range(2))
+    assert isinstance(a.feature_map, _Scaled) and a.feature_map is not template
+    assert a.feature_map.scale.data_ptr() != b.feature_map.scale.data_ptr()
+    assert a.feature_map.scale.item() == 2.0
+
+
+def test_feature_map_template_follows_its_dtype():
+    a = MultiheadLinearAttention(8, 2, feature_map=Hedgehog(4).double())
+    assert a.feature_map.proj.weight.dtype == torch.float64
+
+
+def test_feature_map_factory_is_called_once_per_module():
+    seeds = iter(range(10))
+    a, b = (MultiheadLinearAttention(8, 2, feature_map=lambda: FavorPlus(4, 16, seed=next(seeds)))
+            for _ in range(2))
+    torch.testing.assert_close(a.feature_map.W, FavorPlus(4, 16, seed=0).W, rtol=0, atol=0)
+    torch.testing.assert_close(b.feature_map.W, FavorPlus(4, 16, seed=1).W, rtol=0, atol=0)
+    assert isinstance(MultiheadLinearAttention(8, 2, feature_map=ReluPlusOne).feature_map,
+                      ReluPlusOne)
+    with pytest.raises(TypeError, match="feature_map: the factory returned int"):
+        MultiheadLinearAttention(8, 2, feature_map=lambda: 3)
+    with pytest.raises(TypeError, match="feature_map"):
+        MultiheadLinearAttention(8, 2, feature_map=3)
+
+
+@pytest.mark.parametrize("cls", [MultiheadLinearAttention, DecayedMultiheadAttention])
+def test_embed_dim_is_a_deprecated_alias_of_d_model(cls):
+    torch.manual_seed(0)
+    want = cls(d_model=8, num_heads=2)
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning, match="embed_dim"):
+        old = cls(embed_dim=8, num_heads=2)
+    assert old.d_model == 8
+    torch.testing.assert_close(old.state_dict(), want.state_dict(), rtol=0, atol=0)
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="embed_dim"):
+        MultiheadLinearAttention(8, 2, embed_dim=16)
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="different values"):
+        MultiheadLinearAttention(d_model=8, num_heads=2, embed_dim=16)
+    with pytest.warns(DeprecationWarning):  # the same value twice is only redundant
+        assert MultiheadLinearAttention(8, 2, embed_dim=8).d_model == 8
 
 
 def test_errors():
@@ -110,3 +192,5 @@ def test_errors():
         m(torch.randn(1, 3, 7))
     with pytest.raises(ValueError, match="feature_map"):
         MultiheadLinearAttention(8, 2, feature_map="nope")
+    with pytest.raises(ValueError, match="relative_vectors"):
+        MultiheadLinearAttention(8, 2).relative_vectors(3)

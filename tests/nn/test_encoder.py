@@ -1,9 +1,10 @@
-"""EncoderBlock and LinearTransformerEncoder: pre-norm wiring, masks, parameter sharing."""
+"""EncoderBlock and LinearTransformerEncoder: pre-norm wiring, masks, per-layer parameters."""
 
 from __future__ import annotations
 
 import torch
 
+from linattn.feature_maps import FavorPlus, Hedgehog
 from linattn.nn import EncoderBlock, LinearTransformerEncoder
 
 
@@ -42,3 +43,39 @@ def test_dropout_only_in_training():
     torch.testing.assert_close(enc(x), enc(x))
     enc.train()
     assert not torch.equal(enc(x), enc(x))
+
+
+def _fmap_params(enc):
+    return [layer.attn.feature_map.proj.weight for layer in enc.layers]
+
+
+def test_layers_do_not_share_a_learnable_feature_map():
+    """A Hedgehog instance is copied into every layer: separate tensors, trained separately."""
+    torch.manual_seed(3)
+    template = Hedgehog(8)
+    enc = LinearTransformerEncoder(2, 16, 2, feature_map=template)
+    w0, w1 = _fmap_params(enc)
+    assert w0.data_ptr() != w1.data_ptr()
+    assert {"layers.0.attn.feature_map.proj.weight",
+            "layers.1.attn.feature_map.proj.weight"} <= set(enc.state_dict())
+    before = w1.detach().clone()
+    enc(torch.randn(2, 5, 16)).square().sum().backward()
+    torch.optim.SGD(enc.layers[0].attn.feature_map.parameters(), lr=1.0).step()
+    assert not torch.equal(w0, before)  # layer 0's map trained ...
+    torch.testing.assert_close(w1, before, rtol=0, atol=0)  # ... layer 1's did not move
+    torch.testing.assert_close(template.proj.weight, before, rtol=0, atol=0)
+
+
+def test_layers_get_their_own_random_features_and_save_them():
+    torch.manual_seed(4)
+    enc = LinearTransformerEncoder(2, 16, 2, feature_map=FavorPlus(8, 32)).eval()
+    W0, W1 = (layer.attn.feature_map.W for layer in enc.layers)
+    assert not torch.equal(W0, W1)
+    state = enc.state_dict()
+    torch.testing.assert_close(state["layers.1.attn.feature_map.W"], W1, rtol=0, atol=0)
+    torch.manual_seed(5)  # another draw everywhere until the state is loaded
+    other = LinearTransformerEncoder(2, 16, 2, feature_map=FavorPlus(8, 32)).eval()
+    x = torch.randn(2, 5, 16)
+    assert not torch.equal(other(x), enc(x))
+    other.load_state_dict(state)
+    torch.testing.assert_close(other(x), enc(x), rtol=0, atol=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from linattn.feature_maps import FavorPlus, Hedgehog
 from linattn.nn import LinearTransformerLM, LMState
 from linattn.nn.lm import default_decays
 
@@ -155,3 +156,72 @@ def test_decay_weights_recent_tokens_more(attention):
         torch.testing.assert_close(o[:, 0], v[:, 0], rtol=1e-4, atol=1e-4)  # γ≈0: itself
         want = m.out_proj(o.transpose(1, 2).reshape(2, 9, 16))
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["hedgehog", "favor"])
+def test_each_layer_owns_its_feature_map(kind):
+    """A FeatureMap instance is a template: each layer gets its own copy (learnable weights
+    trained apart, random features drawn apart), saved in the state_dict."""
+    torch.manual_seed(0)
+    template = Hedgehog(8) if kind == "hedgehog" else FavorPlus(8, 16)
+    m = LinearTransformerLM(V, 32, 2, 4, feature_map=template, chunk_size=8)
+    maps = [block.attn.feature_map for block in m.blocks]
+    assert maps[0] is not maps[1] and all(type(f) is type(template) for f in maps)
+    name = "proj.weight" if kind == "hedgehog" else "W"
+    t0, t1 = (f.get_parameter(name) if kind == "hedgehog" else f.get_buffer(name) for f in maps)
+    assert t0.data_ptr() != t1.data_ptr()
+    for i, t in enumerate((t0, t1)):
+        torch.testing.assert_close(m.state_dict()[f"blocks.{i}.attn.feature_map.{name}"], t)
+    if kind == "favor":
+        assert not torch.equal(t0, t1)
+        return
+    before = t1.detach().clone()
+    ids = _ids()
+    torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), ids.flatten()).backward()
+    torch.optim.SGD(maps[0].parameters(), lr=1.0).step()
+    assert not torch.equal(t0, before)
+    torch.testing.assert_close(t1, before, rtol=0, atol=0)
+
+
+def test_shared_bases_leave_each_forward_contract_to_its_class():
+    """The attention modules and the blocks share parts through bases that define no forward,
+    so no class overrides another's forward with a different signature or return type."""
+    import inspect
+
+    from linattn.nn import EncoderBlock, MultiheadLinearAttention
+    from linattn.nn.attention import MultiheadAttentionBase
+    from linattn.nn.encoder import PreNormBlock
+    from linattn.nn.lm import DecayedMultiheadAttention, DecoderBlock
+
+    assert "forward" not in vars(MultiheadAttentionBase) and "forward" not in vars(PreNormBlock)
+    assert not issubclass(DecayedMultiheadAttention, MultiheadLinearAttention)
+    assert not issubclass(DecoderBlock, EncoderBlock)
+    params = {cls: list(inspect.signature(cls.forward).parameters)[1:] for cls in (
+        MultiheadLinearAttention, EncoderBlock, DecayedMultiheadAttention, DecoderBlock)}
+    assert params[MultiheadLinearAttention] == params[EncoderBlock] == ["x", "key_padding_mask"]
+    assert params[DecayedMultiheadAttention] == params[DecoderBlock] == ["x", "state", "position"]
+
+
+def test_decoder_block_builds_only_its_own_attention(monkeypatch):
+    from linattn.nn.attention import MultiheadAttentionBase
+    from linattn.nn.lm import DecayedMultiheadAttention, DecoderBlock
+
+    built = []
+    init = MultiheadAttentionBase.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(type(self))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(MultiheadAttentionBase, "__init__", counting_init)
+    DecoderBlock(16, 2)
+    assert built == [DecayedMultiheadAttention]
+
+
+def test_decayed_attention_bad_arguments():
+    from linattn.nn.lm import DecayedMultiheadAttention
+
+    with pytest.raises(ValueError, match="x: expected shape"):
+        DecayedMultiheadAttention(16, 2)(torch.randn(1, 4, 15))
+    with pytest.raises(ValueError, match="num_heads"):
+        DecayedMultiheadAttention(16, 3)

@@ -110,18 +110,29 @@ def test_noncausal_cross_lengths(fused_on):
                                atol=1e-10)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_low_precision_matches_portable_path(monkeypatch, dtype, is_causal):
-    g = torch.Generator().manual_seed(0)
+def test_low_precision_matches_portable_path(dtype, is_causal, seed):
+    """Both paths read the same half-precision inputs, sum in float32 and round the output once
+    to ``dtype``. Their float32 results differ only by summation order: T = 3000 terms, a few
+    tens of float32 eps at the output scale at most (measured over 8 seeds: up to 26 eps32 for
+    float32 inputs, under 2 for float16/bfloat16). Rounding two such nearby values to ``dtype``
+    gives the same number or neighbours, so the outputs differ by at most one ulp of ``dtype``
+    at the value (≤ eps·|value|, 2^-7 relative for bfloat16) plus that float32 difference: rtol
+    = eps of ``dtype``, atol = 64 float32 eps at the output scale (the old bound allowed 16 %
+    of the output scale in bfloat16)."""
+    g = torch.Generator().manual_seed(seed)
     q, k, v = ((torch.rand(1, 2, 3000, 16, generator=g) * 20 - 10).to(dtype) for _ in range(3))
     with dispatch.use(impl="portable"):
         portable = linattn.linear_attention(q, k, v, is_causal=is_causal)
     with dispatch.use(impl="fast"):
         fused = linattn.linear_attention(q, k, v, is_causal=is_causal)
     assert fused.dtype == dtype and torch.isfinite(fused).all()
-    tol = 1e-4 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * 10
-    torch.testing.assert_close(fused.double(), portable.double(), rtol=tol, atol=tol)
+    scale = portable.double().abs().max().item()
+    atol = 64 * torch.finfo(torch.float32).eps * scale
+    torch.testing.assert_close(fused.double(), portable.double(), rtol=torch.finfo(dtype).eps,
+                               atol=atol)
 
 
 def test_not_taken_for_trainable_or_positional_maps(fused_on):

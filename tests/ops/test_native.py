@@ -108,21 +108,50 @@ def test_every_key_padded_gives_zero_output(native_on):
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
+class _CountingLibrary:
+    """The compiled library with the calls to one entry point recorded (their arguments)."""
+
+    def __init__(self, lib, entry: str):
+        self._lib, self._entry, self.calls = lib, entry, []
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._lib, name)
+        if name != self._entry:
+            return fn
+
+        def counted(*args):
+            self.calls.append(args)
+            return fn(*args)
+
+        return counted
+
+
 def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native_on):
-    """The compiled one-pass causal forward against the chunked torch products (same inputs):
-    equal to float32 rounding, with a last chunk of 1 token and one of 15."""
-    calls = []
-    one_pass = lambda b, c, backward=False: calls.append(1) or True  # noqa: E731
-    monkeypatch.setattr(native, "_single_pass", one_pass)
-    for T in (129, 143):
+    """The compiled one-pass causal kernel (``la_causal_forward``) really runs, on blocks whose
+    last chunk holds 1 token (T = 129) and 15 tokens (T = 143), and gives the reference's
+    values; the blocked kernels (one pass refused) agree with it to float32 rounding."""
+    lib = _CountingLibrary(native.load(), "la_causal_forward")
+    monkeypatch.setattr(native, "load", lambda isa=None: lib)
+    one_pass = native._single_pass
+    for T, tail in ((129, 1), (143, 15)):
         q, k, v = _qkv(1, 2, T=T, D=16, Dv=32)
+        lib.calls.clear()
         with torch.no_grad():
             got = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-            monkeypatch.setattr(native, "_single_pass", lambda b, c, backward=False: False)
-            want = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-            monkeypatch.setattr(native, "_single_pass", one_pass)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    assert calls
+        # la_causal_forward(kind, bf16, q, qs, k, ks, v, vs, heads, T_block, L, Dv, chunk, ...)
+        lengths = sorted({call[9] for call in lib.calls})
+        assert lengths == sorted({16, tail}), lengths  # blocks of one chunk, then the tail
+        want = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
+                                                  is_causal=True)
+        torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
+        lib.calls.clear()
+        native_on.clear()
+        monkeypatch.setattr(native, "_single_pass", lambda b, c, backward=False: False)
+        with torch.no_grad():
+            blocked = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
+        monkeypatch.setattr(native, "_single_pass", one_pass)
+        assert not lib.calls and native_on  # the blocked kernels, still the native path
+        torch.testing.assert_close(got, blocked, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -349,11 +378,13 @@ def test_bfloat16_with_a_trainable_initial_state(native_on):
     assert not native_on and torch.isfinite(S.grad).all() and torch.isfinite(z.grad).all()
 
 
-def test_initial_state_on_another_device_is_a_clean_error():
+@pytest.mark.parametrize("impl", ["auto", "fast", "portable"])
+def test_initial_state_on_another_device_is_a_clean_error(impl):
     q, k, v = _qkv(1, 2, T=20, D=8, Dv=6)
     st = linattn.LinearAttentionState(S=torch.zeros(1, 2, 8, 6, device="meta"),
                                       z=torch.zeros(1, 2, 8, device="meta"))
-    with pytest.raises((RuntimeError, ValueError)):
+    want = r"^initial_state: expected S and z on the inputs' device cpu, got meta and meta$"
+    with dispatch.use(impl=impl), pytest.raises(ValueError, match=want):
         linattn.linear_attention(q, k, v, is_causal=True, initial_state=st)
 
 

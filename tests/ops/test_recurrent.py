@@ -91,15 +91,17 @@ def test_zero_initial_state_is_no_initial_state(qkv):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_step_dtypes(qkv, dtype):
+def test_step_dtypes(qkv, assert_close, dtype):
     q, k, v = qkv(2, T=1, D=4, Dv=3, dtype=dtype)
     state = LinearAttentionState.zeros((2,), 4, 3, dtype=dtype)
     assert state.S.dtype == torch.float32  # accumulation dtype for half inputs
     o, new = linear_attention_step(q[:, 0], k[:, 0], v[:, 0], state)
     assert o.dtype == dtype and o.shape == (2, 3)
     assert new.S.dtype == torch.float32 and new.z.dtype == torch.float32
-    # one token: the output is that token's value
-    torch.testing.assert_close(o, v[:, 0], rtol=1e-2, atol=1e-2)
+    # One token: the output is that token's value, φ(q)·φ(k) v / φ(q)·φ(k) in float32 (a few
+    # float32 roundings), then rounded once to ``dtype``: a few ulp of ``dtype`` at v's scale
+    # (float32 ~1e-6, bfloat16 ~1e-2, float16 ~2e-3).
+    assert_close(o, v[:, 0], ulps=4)
 
 
 def test_zeros_float64_and_shapes():
@@ -141,3 +143,48 @@ def test_step_bad_arguments(qkv):
         linear_attention_step(q.long(), k, v, good)
     with pytest.raises(ValueError, match="^feature_map: unknown name"):
         linear_attention_step(q, k, v, good, feature_map="exp")
+
+
+def test_step_state_of_another_dtype_is_cast(qkv):
+    """A float64 state with float32 inputs (and the reverse) continues in the inputs'
+    accumulation dtype, as ``initial_state`` does in linear_attention, rather than failing
+    inside a matmul."""
+    q, k, v = (x[:, 0] for x in qkv(2, T=1, D=4, Dv=3, dtype=torch.float32))
+    st64 = LinearAttentionState.zeros((2,), 4, 3, dtype=torch.float64)
+    o, new = linear_attention_step(q, k, v, st64)
+    want, _ = linear_attention_step(q, k, v, LinearAttentionState.zeros((2,), 4, 3))
+    assert new.S.dtype == torch.float32 and new.z.dtype == torch.float32
+    torch.testing.assert_close(o, want, rtol=0, atol=0)
+    o64, new64 = linear_attention_step(q.double(), k.double(), v.double(),
+                                       LinearAttentionState.zeros((2,), 4, 3))
+    assert new64.S.dtype == torch.float64 and o64.dtype == torch.float64
+
+
+def test_step_rejects_bad_inputs_with_one_line_errors(qkv):
+    q, k, v = (x[:, 0] for x in qkv(2, T=1, D=4, Dv=3))
+    good = LinearAttentionState.zeros((2,), 4, 3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="^q_t: expected a torch.Tensor, got list"):
+        linear_attention_step(q.tolist(), k, v, good)
+    with pytest.raises(TypeError, match="^v_t: expected a torch.Tensor, got list"):
+        linear_attention_step(q, k, v.tolist(), good)
+    with pytest.raises(TypeError, match="^state: expected S to be a torch.Tensor, got list"):
+        linear_attention_step(q, k, v, LinearAttentionState(good.S.tolist(), good.z))
+    with pytest.raises(TypeError, match="^state: expected a floating-point z, got torch.int64"):
+        linear_attention_step(q, k, v, LinearAttentionState(good.S, good.z.long()))
+    meta = LinearAttentionState(good.S.to("meta"), good.z.to("meta"))
+    with pytest.raises(ValueError, match="^state: expected S and z on the inputs' device cpu"):
+        linear_attention_step(q, k, v, meta)
+    for eps in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="^eps: expected a finite number >= 0"):
+            linear_attention_step(q, k, v, good, eps=eps)
+    with pytest.raises(TypeError, match="^eps: expected a real number, got str"):
+        linear_attention_step(q, k, v, good, eps="1e-6")
+
+
+def test_step_feature_map_and_eps_are_keyword_only(qkv):
+    q, k, v = (x[:, 0] for x in qkv(2, T=1, D=4, Dv=3))
+    good = LinearAttentionState.zeros((2,), 4, 3, dtype=torch.float64)
+    with pytest.raises(TypeError):
+        linear_attention_step(q, k, v, good, "relu")
+    with pytest.raises(TypeError):
+        linear_attention_step(q, k, v, good, "relu", 1e-6)

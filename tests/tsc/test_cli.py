@@ -1,4 +1,6 @@
-"""``linattn forda``: a tiny end-to-end run, resume, report, and one-line errors."""
+"""``linattn forda``: a tiny end-to-end run, resume, report, the recorded validation split, and
+one-line errors. FordA comes from ``../shared/data/FordA`` where it exists, else from the small
+subset committed under ``tests/data/FordA`` (64 TRAIN and 40 TEST series), so nothing skips."""
 
 from __future__ import annotations
 
@@ -13,12 +15,22 @@ pytest.importorskip("safetensors")
 pytest.importorskip("matplotlib")
 
 from linattn.cli import main  # noqa: E402
+from linattn.datasets import load_ucr  # noqa: E402
 from linattn.tsc import LinearAttentionClassifier  # noqa: E402
+from linattn.tsc.data import (  # noqa: E402
+    VAL_FRACTION,
+    VAL_SEED,
+    stratified_split,
+    validation_split,
+)
+from linattn.tsc.metrics import macro_f1  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "FordA"
-needs_forda = pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/data/FordA")
-TINY = ["--set", "d_model=16", "--set", "depth=1", "--set", "heads=2", "--set", "head_dim=8",
-        "--set", "mlp_dim=32"]
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "data" / "FordA"
+DATA = SHARED if SHARED.is_dir() else ROOT / "tests" / "data" / "FordA"
+SUBSET = 64  # TRAIN series the end-to-end run uses (and at most this many TEST series)
+TINY = ["--set", "d_model=16", "--set", "num_layers=1", "--set", "num_heads=2", "--set",
+        "head_dim=8", "--set", "mlp_dim=32"]
 
 
 def run(capsys, *argv):
@@ -42,7 +54,8 @@ def test_evaluate_missing_model_folder(tmp_path, capsys):
 def test_evaluate_corrupt_weights(tmp_path, capsys):
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((20, 30)).astype(np.float32), np.arange(20) % 2
-    LinearAttentionClassifier(patch=5, d_model=8, depth=1, heads=2, head_dim=4, epochs=1).fit(
+    LinearAttentionClassifier(patch=5, d_model=8, num_layers=1, num_heads=2, head_dim=4,
+                              epochs=1).fit(
         X, y).save(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 64)
     code, _, err = run(capsys, "evaluate", "--model", str(tmp_path / "m"))
@@ -57,24 +70,43 @@ def test_train_rejects_bad_options(tmp_path, capsys):
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--recipe", "magic")
     assert code == 2
     one_line_error(err, "unknown recipe 'magic'")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "mixup=0.2",
-                       "--set", "cutmix=0.2")
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "stem=conv")
     assert code == 2
-    one_line_error(err, "at most one")
+    one_line_error(err, "--set: stem: removed after linattn 0.1")
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "window=3")
     assert code == 2
-    one_line_error(err, "window")
+    one_line_error(err, "--set: window must be 0 or an integer >= patch")
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set",
+                       "num_layers=1.5")
+    assert code == 2
+    one_line_error(err, "--set: num_layers must be an int, got 1.5")
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "n_threads=0")
+    assert code == 2
+    one_line_error(err, "--set: n_threads: use --threads")
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--data-dir",
                        str(tmp_path / "nowhere"))
     assert code == 2
     one_line_error(err, "no such folder")
 
 
-@needs_forda
+def test_deprecated_set_names(tmp_path, capsys):
+    # the old name is renamed (a one-line notice) and then checked like the new one
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "depth=0")
+    assert code == 2
+    assert err.splitlines() == ["linattn forda: --set: 'depth' is deprecated, use 'num_layers'",
+                                "linattn forda: error: --set: num_layers must be a positive "
+                                "integer, got 0"]
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "heads=2",
+                       "--set", "num_heads=3")
+    assert code == 2
+    assert "both 'heads' (deprecated) and 'num_heads' given" in err
+
+
 def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["train", "--out", str(out), "--subset", "160", "--epochs", "2", "--threads", "1",
-            "--quiet", "--data-dir", str(SHARED), "--export", str(tmp_path / "export"), *TINY]
+    args = ["train", "--out", str(out), "--subset", str(SUBSET), "--epochs", "2", "--threads",
+            "1", "--quiet", "--data-dir", str(DATA), "--export", str(tmp_path / "export"),
+            *TINY]
     code, stdout, _ = run(capsys, *args)
     assert code == 0, stdout
     assert "validation macro F1" in stdout and "TEST macro F1" in stdout
@@ -83,42 +115,97 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
         assert [r["epoch"] for r in records] == [1, 2]
         assert all(("val_f1" in r) == (stage == "val") for r in records)
         assert not (out / stage / "checkpoint").exists()  # removed once the stage is complete
+    n_test = min(SUBSET, 1320 if DATA == SHARED else 40)
     test = json.loads((out / "test.json").read_text())
-    assert test["n"] == 160 and sum(map(sum, test["confusion_matrix"])) == 160
+    assert test["n"] == n_test and sum(map(sum, test["confusion_matrix"])) == n_test
     assert json.loads((tmp_path / "export" / "test.json").read_text()) == test
     shipped = LinearAttentionClassifier.load(tmp_path / "export")
     assert shipped.get_params()["d_model"] == 16
     # the final recipe: patches of 20, overlapping windows of 40, per-patch spectra
     assert {k: shipped.get_params()[k] for k in ("patch", "window", "spectral")} == {
         "patch": 20, "window": 40, "spectral": True}
+    recorded = json.loads((out / "run.json").read_text())
+    assert recorded["val_split"] == {"fraction": VAL_FRACTION, "seed": VAL_SEED}
+    assert recorded["params"]["num_layers"] == 1 and "depth" not in recorded["params"]
 
     code, _, err = run(capsys, *args)  # same --out again without --resume
     assert code == 2
     one_line_error(err, "already holds a run")
     code, stdout, _ = run(capsys, *args, "--resume")
     assert code == 0 and stdout.count("already complete") == 2
+    # a run.json from before the renames and removals resumes (and is rewritten) ...
+    old = dict(recorded, params={**recorded["params"], "tta": 1, "mixup": 0.0, "stem": "linear"})
+    old["params"]["depth"] = old["params"].pop("num_layers")
+    (out / "run.json").write_text(json.dumps(old))
+    with pytest.warns(DeprecationWarning, match="params: 'depth' is deprecated"):
+        code, stdout, _ = run(capsys, *args, "--resume")
+    assert code == 0 and stdout.count("already complete") == 2
+    assert json.loads((out / "run.json").read_text())["params"] == recorded["params"]
+    # ... unless it used a removed option
+    old["params"]["stem"] = "conv"
+    (out / "run.json").write_text(json.dumps(old))
+    code, _, err = run(capsys, *args, "--resume")
+    assert code == 2
+    one_line_error(err, "run.json: params: uses the removed convolutional stems (stem='conv')")
+    (out / "run.json").write_text(json.dumps(recorded))
 
     code, stdout, _ = run(capsys, "evaluate", "--model", str(out), "--no-baselines",
-                          "--threads", "1", "--data-dir", str(SHARED))
+                          "--threads", "1", "--data-dir", str(DATA))
     assert code == 0
     assert f"macro F1 {test['macro_f1']:.4f}" in stdout  # the same model, the same figure
     report = (out / "report.md").read_text()
     for png in ("training_curves.png", "confusion_matrix.png", "relative_kernels.png"):
         assert (out / png).stat().st_size > 1000 and png in report
 
+    # --split val scores the val-stage model on the split recorded in run.json: the figure the
+    # val stage logged for its last epoch
+    val_f1 = json.loads((out / "val" / "metrics.jsonl").read_text().splitlines()[-1])["val_f1"]
+    evaluate_val = ["evaluate", "--model", str(out), "--split", "val", "--no-baselines",
+                    "--threads", "1", "--data-dir", str(DATA), "--report-dir",
+                    str(tmp_path / "rep")]
+    code, stdout, _ = run(capsys, *evaluate_val)
+    assert code == 0 and f"macro F1 {val_f1:.4f}" in stdout
+    # an old run.json without the record falls back to the standard split: the same figure
+    del recorded["val_split"]
+    (out / "run.json").write_text(json.dumps(recorded))
+    code, stdout_old, _ = run(capsys, *evaluate_val)
+    assert code == 0 and f"macro F1 {val_f1:.4f}" in stdout_old
+    # and another recorded split is honoured (a different draw of the same size)
+    recorded["val_split"] = {"fraction": VAL_FRACTION, "seed": VAL_SEED + 1}
+    (out / "run.json").write_text(json.dumps(recorded))
+    X_train, y_train, _, _ = load_ucr("FordA", data_dir=DATA)
+    y_sub = y_train[:SUBSET]
+    expected = stratified_split(y_sub, VAL_FRACTION, seed=VAL_SEED + 1)[1]
+    assert not np.array_equal(expected, validation_split(y_sub)[1])
+    est = LinearAttentionClassifier.load(out / "val" / "model")
+    f1 = macro_f1(np.searchsorted(est.classes_, y_sub[expected]),
+                  est.predict_proba(X_train[:SUBSET][expected]).argmax(1), 2)
+    code, stdout, _ = run(capsys, *evaluate_val)
+    assert code == 0 and f"macro F1 {f1:.4f}" in stdout
+    recorded["val_split"] = {"fraction": 1.5, "seed": 0}
+    (out / "run.json").write_text(json.dumps(recorded))
+    code, _, err = run(capsys, *evaluate_val)
+    assert code == 2
+    one_line_error(err, "run.json: val_split: expected a fraction in (0, 1)")
 
-SHIPPED = Path(__file__).resolve().parents[2] / "models" / "forda"
+
+SHIPPED = ROOT / "models" / "forda"
 
 
-@needs_forda
-@pytest.mark.skipif(not (SHIPPED / "test.json").is_file(), reason="no shipped model")
-def test_shipped_model_reproduces_its_reported_score():
-    from linattn.datasets import load_ucr
-    from linattn.tsc.metrics import macro_f1
-
-    _, _, X_test, y_test = load_ucr("FordA", data_dir=SHARED)
+def test_shipped_model_reproduces_its_predictions():
+    """The shipped model (its config.json rewritten to today's names) gives the probabilities
+    recorded before the rewrite on the first 40 TEST series (the fixture's), and with the full
+    data its reported test score."""
     reported = json.loads((SHIPPED / "test.json").read_text())
-    pred = LinearAttentionClassifier.load(SHIPPED).predict(X_test)
+    shipped = LinearAttentionClassifier.load(SHIPPED)
+    _, _, X_test, y_test = load_ucr("FordA", data_dir=DATA)
+    recorded = json.loads((ROOT / "tests" / "data" / "FordA" / "shipped_model_proba.json")
+                          .read_text())
+    np.testing.assert_allclose(shipped.predict_proba(X_test[:40]), recorded["proba"], atol=1e-6)
+    assert shipped.classes_.tolist() == recorded["classes"]
+    if DATA != SHARED:
+        return
+    pred = shipped.predict(X_test)
     assert macro_f1((y_test > 0).astype(int), (pred > 0).astype(int), 2) == pytest.approx(
         reported["macro_f1"], abs=1e-6)
     assert float(np.mean(pred == y_test)) == pytest.approx(reported["accuracy"], abs=1e-6)

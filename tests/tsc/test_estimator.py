@@ -1,8 +1,12 @@
-"""LinearAttentionClassifier: the scikit-learn contract, labels, lengths, save/load."""
+"""LinearAttentionClassifier: the scikit-learn contract, parameters derived from the configs,
+labels, lengths, save/load and every tampered config.json."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import warnings
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -11,15 +15,16 @@ import torch
 pytest.importorskip("sklearn")
 pytest.importorskip("safetensors")
 
-from sklearn.model_selection import cross_val_score  # noqa: E402
+from sklearn.base import clone  # noqa: E402
+from sklearn.model_selection import StratifiedKFold, cross_val_score  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
-from sklearn.preprocessing import FunctionTransformer  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import check_estimator  # noqa: E402
 
-from linattn.tsc import LinearAttentionClassifier  # noqa: E402
-from linattn.tsc.training import CheckpointError  # noqa: E402
+from linattn.tsc import LinearAttentionClassifier, ModelConfig  # noqa: E402
+from linattn.tsc.training import CheckpointError, TrainConfig  # noqa: E402
 
-TINY = dict(patch=4, d_model=8, depth=1, heads=2, head_dim=4, mlp_dim=16, epochs=2,
+TINY = dict(patch=4, d_model=8, num_layers=1, num_heads=2, head_dim=4, mlp_dim=16, epochs=2,
             batch_size=32, n_threads=1)
 
 
@@ -57,12 +62,83 @@ def test_labels_lengths_and_classes():
         clf.predict(X[:, :30])
 
 
+def test_params_are_the_config_fields():
+    model = {f.name: f.default for f in fields(ModelConfig)}
+    train = {f.name: f.default for f in fields(TrainConfig)}
+    del model["length"], model["n_classes"], train["seed"]
+    expected = {**model, **train, "random_state": 0, "n_threads": None, "verbose": False}
+    assert LinearAttentionClassifier().get_params() == expected
+    clf = LinearAttentionClassifier(num_layers=2, lr=3e-3, window=12, random_state=5)
+    copy = clone(clf)
+    assert copy is not clf and copy.get_params() == clf.get_params()
+    assert repr(clf) == "LinearAttentionClassifier(lr=0.003, num_layers=2, random_state=5, " \
+        "window=12)"
+    assert "``num_layers=3``" in LinearAttentionClassifier.__doc__
+    with pytest.raises(TypeError, match="unknown parameter.*stem"):
+        LinearAttentionClassifier(stem="conv")
+    with pytest.raises(TypeError):
+        LinearAttentionClassifier(4)  # keyword only
+
+
+def test_deprecated_parameter_names():
+    with pytest.warns(DeprecationWarning, match="'depth' is deprecated, use 'num_layers'"):
+        clf = LinearAttentionClassifier(depth=2)
+    assert clf.get_params()["num_layers"] == 2 and "depth" not in clf.get_params()
+    with pytest.warns(DeprecationWarning, match="'heads' is deprecated"):
+        clf.set_params(heads=1)
+    assert clf.num_heads == 1
+    pipe = make_pipeline(StandardScaler(), LinearAttentionClassifier())
+    with pytest.warns(DeprecationWarning):
+        pipe.set_params(linearattentionclassifier__depth=4)
+    assert pipe[-1].num_layers == 4
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_layers=1.5), "num_layers must be an int, got 1.5"),
+    (dict(num_heads=0), "num_heads must be a positive integer"),
+    (dict(feature_map="bogus"), "feature_map must be one of"),
+    (dict(window=3), "window must be 0 or an integer >= patch"),
+    (dict(epochs=0), r"epochs must be in \[1, inf\)"),
+    (dict(epochs=2.0), "epochs must be an int"),
+    (dict(lr=-1.0), r"lr must be in \(0.0, inf\)"),
+    (dict(pct_start=1.0), "pct_start must be in"),
+    (dict(shift="yes"), "shift must be a bool"),
+    (dict(scale_low=1.5), "scale_low must be <= scale_high"),
+    (dict(n_threads="x"), "n_threads must be None or a positive integer, got 'x'"),
+    (dict(n_threads=0), "n_threads must be None or a positive integer"),
+    (dict(random_state=np.random.RandomState(0)), "random_state must be None or an int"),
+    (dict(verbose="loud"), "verbose must be a bool"),
+])
+def test_fit_validates_every_parameter(kw, match):
+    X, y = toy(n=20, length=16, n_classes=2)
+    with pytest.raises(ValueError, match=f"LinearAttentionClassifier: {match}"):
+        LinearAttentionClassifier(**{**TINY, **kw}).fit(X, y)
+
+
+def test_numpy_scalars_are_accepted_and_saved_as_json(tmp_path):
+    X, y = toy(n=20, length=16, n_classes=2)
+    params = {**TINY, "num_layers": np.int64(1), "lr": np.float32(1e-3),
+              "random_state": np.int64(2)}
+    LinearAttentionClassifier(**params).fit(X, y).save(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["params"]["num_layers"] == 1 and saved["params"]["random_state"] == 2
+
+
 def test_pipeline_and_cross_val_score():
-    X, y = toy(n=60, length=24, n_classes=2)
-    pipe = make_pipeline(FunctionTransformer(lambda a: a * 2.0),
-                         LinearAttentionClassifier(**TINY))
-    scores = cross_val_score(pipe, X, y, cv=2)
-    assert scores.shape == (2,) and np.all((0 <= scores) & (scores <= 1))
+    # an easy problem (the class is the frequency of a sine at a random phase): the pipeline's
+    # cross-validated accuracy must be far above chance (0.5)
+    X, y = toy(n=80, length=24, n_classes=2)
+    params = {**TINY, "epochs": 25, "lr": 3e-3}
+    pipe = make_pipeline(StandardScaler(), LinearAttentionClassifier(**params))
+    scores = cross_val_score(pipe, X, y, cv=StratifiedKFold(2, shuffle=True, random_state=0))
+    assert scores.shape == (2,) and scores.min() > 0.8, scores
+    # the pipeline hands the scaler's output to the classifier: the same as the steps by hand
+    pipe.fit(X, y)
+    scaler = StandardScaler().fit(X)
+    by_hand = LinearAttentionClassifier(**params).fit(scaler.transform(X), y)
+    np.testing.assert_array_equal(pipe.predict_proba(X), by_hand.predict_proba(
+        scaler.transform(X)))
+    assert not np.allclose(by_hand.predict_proba(X), by_hand.predict_proba(scaler.transform(X)))
 
 
 def test_fit_is_deterministic_and_restores_threads():
@@ -74,20 +150,10 @@ def test_fit_is_deterministic_and_restores_threads():
     np.testing.assert_array_equal(a, b)
 
 
-def test_tta_averages_shifted_predictions():
-    X, y = toy(n=40, length=20, n_classes=2)
-    clf = LinearAttentionClassifier(**TINY).fit(X, y)
-    p1 = clf.predict_proba(X)
-    clf.set_params(tta=4)
-    assert clf._tta_shifts() == (0, 5, 10, 15)
-    p4 = clf.predict_proba(X)
-    assert p4.shape == p1.shape and not np.allclose(p1, p4)
-
-
 def test_save_load_round_trip(tmp_path):
     X, y = toy(n=50, length=33, n_classes=3)
     y = y.astype(np.int64) * 10 - 7  # labels in some other encoding
-    clf = LinearAttentionClassifier(**TINY, spectral=True, stem="conv", tta=2).fit(X, y)
+    clf = LinearAttentionClassifier(**TINY, spectral=True).fit(X, y)
     clf.save(tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json",
                                                                   "model.safetensors"]
@@ -100,21 +166,14 @@ def test_save_load_round_trip(tmp_path):
 
 def test_variants_round_trip(tmp_path):
     X, y = toy(n=40, length=32, n_classes=2)
-    clf = LinearAttentionClassifier(**TINY, stem="inception", stem_channels=8, window=6,
-                                    spectral=True, spectral_window=10, mixup=0.2).fit(X, y)
+    clf = LinearAttentionClassifier(**TINY, window=6, spectral=True).fit(X, y)
     clf.save(tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    assert cfg["model"]["stem"] == "inception" and cfg["model"]["window"] == 6
-    assert cfg["model"]["spectral_window"] == 10
-    assert cfg["params"]["mixup"] == 0.2
+    assert cfg["model"]["window"] == 6 and cfg["model"]["spectral"] is True
+    assert cfg["model"]["num_layers"] == cfg["params"]["num_layers"] == 1
     back = LinearAttentionClassifier.load(tmp_path / "m")
     assert back.get_params() == clf.get_params()
     np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
-    LinearAttentionClassifier(**TINY, cutmix=0.5).fit(X, y)
-    with pytest.raises(ValueError, match="at most one"):
-        LinearAttentionClassifier(**TINY, mixup=0.2, cutmix=0.2).fit(X, y)
-    with pytest.raises(ValueError, match="mixup"):
-        LinearAttentionClassifier(**TINY, mixup=-1).fit(X, y)
 
 
 def test_load_errors(tmp_path):
@@ -129,3 +188,118 @@ def test_load_errors(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(CheckpointError, match="config.json: not a"):
         LinearAttentionClassifier.load(tmp_path / "m")
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """A tiny fitted 2-class model (labels "a", "b"; series of 16 samples) saved to a folder."""
+    X, y = toy(n=24, length=16, n_classes=2)
+    folder = tmp_path_factory.mktemp("saved") / "m"
+    LinearAttentionClassifier(**TINY).fit(X, np.array(["a", "b"])[y]).save(folder)
+    return folder, X
+
+
+def tampered(saved_model, tmp_path, edit) -> object:
+    """A copy of the saved model whose config.json went through ``edit(cfg)``."""
+    folder = tmp_path / "m"
+    shutil.copytree(saved_model[0], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    edit(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def both(key, value):
+    """Set a parameter the same way in ``params`` and ``model`` (they must agree)."""
+    def edit(cfg):
+        cfg["params"][key] = cfg["model"][key] = value
+    return edit
+
+
+def put(*path_and_value):
+    *path, value = path_and_value
+
+    def edit(cfg):
+        node = cfg
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, match", [
+    (put("classes", ["a", "b", "c"]), r"classes must be a list of 2 labels \(the model's "
+                                      r"n_classes\)"),
+    (put("classes", ["b", "b"]), "classes must be distinct and sorted"),
+    (put("classes", ["b", "a"]), "classes must be distinct and sorted"),
+    (put("classes", "ab"), "classes must be a list of 2 labels"),
+    (put("classes", ["ab", "cd"]), "not exactly representable as <U1"),
+    (put("classes_dtype", "bogus"), "classes_dtype: not a NumPy dtype"),
+    (put("classes_dtype", "V8"), "classes_dtype: unsupported dtype"),
+    (put("n_features_in", 50.9), r"n_features_in must be an integer in \[1, 16\]"),
+    (put("n_features_in", -5), "n_features_in must be an integer"),
+    (put("n_features_in", 17), "n_features_in must be an integer"),
+    (put("n_features_in", True), "n_features_in must be an integer"),
+    (put("model", "feature_map", "bogus"), "model: feature_map must be one of"),
+    (both("feature_map", "bogus"), "params: feature_map must be one of"),
+    (put("params", "tta", "x"), r"params: uses the removed test-time augmentation \(tta='x'\)"),
+    (put("params", "mixup", 0.2), "removed mixup"),
+    (put("model", "stem", "conv"), "model: uses the removed convolutional stems"),
+    (put("params", "n_threads", "x"), "params: n_threads must be None or a positive integer"),
+    (put("params", "verbose", "x"), "params: verbose must be a bool"),
+    (put("params", "lr", "fast"), "params: lr must be a float"),
+    (put("params", "colour", 1), "params: unknown keys"),
+    (put("model", "length", 1e9), "model: length must be an int, got 1000000000.0"),
+    (put("model", "mlp_dim", 2e9), "model: mlp_dim must be an int"),
+    (lambda cfg: cfg["model"].update(depth=1e5, num_layers=None),
+     "model: both 'depth' .* different values 100000.0 and None"),
+    (lambda cfg: cfg["model"].update(depth=cfg["model"].pop("num_layers") * 1e5),
+     "model: num_layers must be an int, got 100000.0"),
+    (put("params", "patch", 5), "params and model disagree on patch"),
+    (put("params", "num_heads", 2.0), "params: num_heads must be an int"),
+    (lambda cfg: cfg.pop("classes"), "missing key 'classes'"),
+    (put("params", []), "params: expected an object"),
+    (put("model", "num_heads", 2.5), "model: num_heads must be an int"),
+    # sizes that fit the types but not the weights: refused before anything is allocated
+    (both("num_layers", 100_000), r"model.safetensors: holds 1 encoder blocks \(blocks.\*\) "
+                                  "where config.json has num_layers=100000"),
+    (put("model", "length", 10**9), "model.safetensors: holds .* values, fewer than the"),
+    (both("mlp_dim", 2 * 10**9), r"fewer than the \d+ that config.json's sizes need "
+                                 r"\(mlp_dim=2000000000"),
+    (both("d_model", 16), r"model.safetensors: embed.weight has shape \(8, 4\) where "
+                          r"config.json implies \(16, 4\)"),
+    (both("head_dim", 2), r"blocks.0.attn.rel has shape \(2, 7, 4\) where config.json "
+                          r"implies \(2, 7, 2\)"),
+    (lambda cfg: cfg.update(classes=["a", "b", "c"]) or cfg["model"].update(n_classes=3),
+     r"head.weight has shape \(2, 8\) where config.json implies \(3, 8\)"),
+    (both("spectral", True), "embed.weight has shape"),
+])
+def test_tampered_config_is_refused_before_building(saved_model, tmp_path, edit, match):
+    folder = tampered(saved_model, tmp_path, edit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(CheckpointError, match=match) as err:
+            LinearAttentionClassifier.load(folder)
+    assert len(str(err.value).splitlines()) == 1
+    assert "config.json" in str(err.value) or "model.safetensors" in str(err.value)
+
+
+def test_old_config_with_deprecated_names_and_neutral_removed_options(saved_model, tmp_path):
+    def old_style(cfg):
+        for part in ("params", "model"):
+            cfg[part]["depth"] = cfg[part].pop("num_layers")
+            cfg[part]["heads"] = cfg[part].pop("num_heads")
+            cfg[part].update(stem="linear", stem_channels=32, spectrum_tokens=0,
+                             spectral_window=0)
+        cfg["params"].update(tta=1, mixup=0.0, cutmix=0.0)
+
+    folder = tampered(saved_model, tmp_path, old_style)
+    with pytest.warns(DeprecationWarning) as record:
+        back = LinearAttentionClassifier.load(folder)
+    assert sorted({str(w.message).split(": ")[-1] for w in record}) == [
+        "'depth' is deprecated, use 'num_layers'", "'heads' is deprecated, use 'num_heads'"]
+    fresh = LinearAttentionClassifier.load(saved_model[0])
+    assert back.get_params() == fresh.get_params()
+    X = saved_model[1]
+    np.testing.assert_array_equal(back.predict_proba(X), fresh.predict_proba(X))
+    assert list(back.predict(X[:3])) == list(fresh.predict(X[:3]))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from linattn.tsc.streaming import (
     StreamingClassifier,
+    StreamingConfig,
     StreamState,
     accuracy_by_fraction,
     train_streaming,
@@ -16,8 +19,8 @@ from linattn.tsc.streaming import (
 
 def _model(**kw):
     torch.manual_seed(0)
-    return StreamingClassifier(length=47, patch=5, d_model=16, layers=2, heads=2, mlp_dim=32,
-                               **kw).eval()
+    return StreamingClassifier(length=47, patch=5, d_model=16, num_layers=2, num_heads=2,
+                               mlp_dim=32, **kw).eval()
 
 
 def _x(B=3, L=47, seed=0):
@@ -85,10 +88,59 @@ def test_short_training_learns_a_separable_toy_problem():
     g = np.random.default_rng(0)
     y = g.integers(0, 2, 128)
     X = g.normal(size=(128, 47)).astype(np.float32) + (2 * y[:, None] - 1) * 1.0
-    m = StreamingClassifier(length=47, patch=5, d_model=16, layers=1, heads=2, mlp_dim=32,
-                            dropout=0.0)
+    m = StreamingClassifier(length=47, patch=5, d_model=16, num_layers=1, num_heads=2,
+                            mlp_dim=32, dropout=0.0)
     hist = train_streaming(m, X, y, X_val=X, y_val=y, epochs=4, batch_size=32, lr=5e-3,
                            progress=False)
     acc = accuracy_by_fraction(m, X, y)
     assert len(hist) == 4 and acc.shape == (10,)
     assert acc[-1] > 0.9
+
+
+def test_deprecated_layers_and_heads_still_work():
+    with pytest.warns(DeprecationWarning, match="'layers' is deprecated, use 'num_layers'"):
+        cfg = StreamingConfig(layers=3, num_heads=2)
+    assert (cfg.num_layers, cfg.num_heads) == (3, 2) and "layers" not in cfg.to_dict()
+    with pytest.warns(DeprecationWarning) as caught:
+        old = StreamingConfig.from_dict({"d_model": 16, "layers": 1, "heads": 2})
+    assert sorted(str(w.message) for w in caught) == [
+        "StreamingConfig: 'heads' is deprecated, use 'num_heads'",
+        "StreamingConfig: 'layers' is deprecated, use 'num_layers'"]
+    assert old == StreamingConfig(d_model=16, num_layers=1, num_heads=2)
+    with pytest.warns(DeprecationWarning):
+        m = StreamingClassifier(old, heads=4)  # an override in the old spelling wins
+    assert (m.config.num_layers, m.config.num_heads, len(m.blocks)) == (1, 4, 1)
+    with pytest.raises(ValueError, match=r"unknown keys \['depth'\]"):
+        StreamingConfig.from_dict({"depth": 2})
+
+
+def test_training_stops_on_request_and_resumes_identically(tmp_path):
+    torch.set_num_threads(1)
+    g = np.random.default_rng(1)
+    y = g.integers(0, 2, 40)
+    X = g.normal(size=(40, 20)).astype(np.float32) + (2 * y[:, None] - 1) * 0.5
+    kw = dict(X_val=X[:10], y_val=y[:10], epochs=3, batch_size=16, lr=5e-3, progress=False)
+
+    def run(out, **extra):
+        torch.manual_seed(0)
+        m = StreamingClassifier(length=20, patch=5, d_model=8, num_layers=1, num_heads=2,
+                                mlp_dim=16)  # dropout on: the saved RNG state matters
+        hist = train_streaming(m, X, y, checkpoint_dir=out / "ck",
+                               metrics_path=out / "metrics.jsonl", **kw, **extra)
+        return m, hist
+
+    ref, ref_hist = run(tmp_path / "a")
+
+    def stop(loop):
+        if loop.step == 4:  # mid epoch 2 (3 batches an epoch)
+            loop.request_stop()
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", on_step=stop)
+    m, hist = run(tmp_path / "b", resume=True)
+    strip = [{k: v for k, v in r.items() if k != "time_s"} for r in hist]
+    assert strip == [{k: v for k, v in r.items() if k != "time_s"} for r in ref_hist]
+    for k, v in ref.state_dict().items():  # the best epoch's weights, in both runs
+        assert torch.equal(m.state_dict()[k], v), k
+    lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]

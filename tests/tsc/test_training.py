@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -15,8 +16,8 @@ from linattn.tsc.data import augment, epoch_generator, stratified_split  # noqa:
 from linattn.tsc.model import FordATransformer, ModelConfig  # noqa: E402
 from linattn.tsc.training import CheckpointError, TrainConfig, Trainer  # noqa: E402
 
-SMALL = ModelConfig(length=60, n_classes=2, patch=6, d_model=16, depth=2, heads=2, head_dim=8,
-                    mlp_dim=32)
+SMALL = ModelConfig(length=60, n_classes=2, patch=6, d_model=16, num_layers=2, num_heads=2,
+                    head_dim=8, mlp_dim=32)
 
 
 def data(n=96, length=60, seed=0):
@@ -73,7 +74,8 @@ def test_loss_falls_and_resume_is_identical(tmp_path):
     assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
-def test_ctrl_c_mid_epoch_saves_and_resumes_identically(tmp_path):
+@pytest.mark.parametrize("install", [None, signal.SIG_IGN])
+def test_ctrl_c_mid_epoch_saves_and_resumes_identically(tmp_path, install):
     torch.set_num_threads(1)
     ref = make(tmp_path / "a")
     ref.run()
@@ -83,10 +85,16 @@ def test_ctrl_c_mid_epoch_saves_and_resumes_identically(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
 
     part = make(tmp_path / "b", on_step=sigint_in_epoch_2)
-    before = signal.getsignal(signal.SIGINT)  # SIG_IGN under nohup or a background job
-    with pytest.raises(KeyboardInterrupt):
-        part.run()
-    assert signal.getsignal(signal.SIGINT) is before  # the trainer's handler is removed
+    # None: whatever the test process started with (SIG_IGN under nohup or a background job)
+    outer = signal.getsignal(signal.SIGINT) if install is None else signal.signal(
+        signal.SIGINT, install)
+    try:
+        before = signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            part.run()
+        assert signal.getsignal(signal.SIGINT) is before  # the trainer's handler is removed
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert (part.epoch, part.batch) == (1, 2)
     resumed = make(tmp_path / "b")
     assert resumed.load_checkpoint() and (resumed.epoch, resumed.batch) == (1, 2)
@@ -94,9 +102,56 @@ def test_ctrl_c_mid_epoch_saves_and_resumes_identically(tmp_path):
     assert strip_time(resumed.history) == strip_time(ref.history)
     for k, v in weights(ref).items():
         torch.testing.assert_close(weights(resumed)[k], v, rtol=0, atol=0)
-    # only the latest checkpoint is kept
-    assert sorted(p.name for p in (tmp_path / "b" / "ckpt").iterdir()) == [
-        "e0002-b0000", "latest.json"]
+    # one checkpoint file, replaced in place; one metrics line per epoch
+    assert sorted(p.name for p in (tmp_path / "b" / "ckpt").iterdir()) == ["checkpoint.pt"]
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def to_legacy_layout(ckpt_dir, steps_per_epoch):
+    """Rewrite checkpoint.pt in the folder layout of linattn 0.1 (latest.json -> eEEEE-bBBBB/),
+    whose train config still named mixup and cutmix."""
+    from safetensors.torch import save_file
+
+    ck = torch.load(ckpt_dir / "checkpoint.pt", weights_only=True)
+    epoch, batch = divmod(ck["step"], steps_per_epoch)
+    name = f"e{epoch:04d}-b{batch:04d}"
+    d = ckpt_dir / name
+    d.mkdir()
+    save_file({k: v.contiguous() for k, v in ck["model"].items()}, str(d / "model.safetensors"))
+    meta = {**ck["meta"], "train": {**ck["meta"]["train"], "mixup": 0.0, "cutmix": 0.0}}
+    (d / "config.json").write_text(json.dumps(meta))
+    torch.save({"optimizer": ck["optimizer"], "scheduler": ck["scheduler"],
+                "torch_rng": ck["rng"]["torch"], "epoch": epoch, "batch": batch,
+                "elapsed": ck["elapsed"], "history": ck["history"], **ck["extra"]},
+               d / "state.pt")
+    (ckpt_dir / "latest.json").write_text(json.dumps({"dir": name, "epoch": epoch,
+                                                      "batch": batch}))
+    (ckpt_dir / "checkpoint.pt").unlink()
+
+
+def test_checkpoint_of_the_earlier_folder_layout_resumes(tmp_path):
+    torch.set_num_threads(1)
+    ref = make(tmp_path / "a")
+    ref.run()
+
+    def stop_in_epoch_2(tr, epoch, batch):
+        if epoch == 1 and batch == 3:
+            tr.request_stop()
+
+    part = make(tmp_path / "b", on_step=stop_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        part.run()
+    to_legacy_layout(tmp_path / "b" / "ckpt", part.steps_per_epoch)
+    resumed = make(tmp_path / "b")
+    assert resumed.load_checkpoint() and (resumed.epoch, resumed.batch) == (1, 3)
+    resumed.run()
+    assert strip_time(resumed.history) == strip_time(ref.history)
+    for k, v in weights(ref).items():
+        assert torch.equal(weights(resumed)[k], v), k
+    (tmp_path / "b" / "ckpt" / "checkpoint.pt").unlink()
+    (tmp_path / "b" / "ckpt" / "latest.json").write_text('{"dir": "nowhere"}')
+    with pytest.raises(CheckpointError, match="unreadable checkpoint"):
+        make(tmp_path / "b").load_checkpoint()
 
 
 def test_resume_rejects_other_config_and_corrupt_checkpoint(tmp_path):
@@ -105,7 +160,7 @@ def test_resume_rejects_other_config_and_corrupt_checkpoint(tmp_path):
     other = make(tmp_path, cfg=TrainConfig(epochs=1, batch_size=16, seed=2))
     with pytest.raises(CheckpointError, match="different configuration"):
         other.load_checkpoint()
-    (tmp_path / "ckpt" / "e0001-b0000" / "state.pt").write_bytes(b"garbage")
+    (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"garbage")
     again = make(tmp_path, cfg=TrainConfig(epochs=1, batch_size=16, seed=1))
     with pytest.raises(CheckpointError, match="unreadable checkpoint"):
         again.load_checkpoint()
@@ -129,45 +184,10 @@ def test_augment_shift_and_scale():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("mix", [dict(mixup=0.4), dict(cutmix=1.0)])
-def test_mixing_trains_and_resumes_identically(tmp_path, mix):
-    torch.set_num_threads(1)
-    cfg = TrainConfig(epochs=2, batch_size=16, lr=3e-3, seed=1, **mix)
-    ref = make(tmp_path / "a", cfg=cfg)
-    hist = ref.run()
-    plain = make(tmp_path / "p")
-    plain.run()
-    assert strip_time(hist) != strip_time(plain.history)  # mixing changed the training
-    assert np.isfinite(hist[-1]["train_loss"])
-
-    def stop_mid_epoch_2(tr, epoch, batch):
-        if epoch == 1 and batch == 2:
-            tr.request_stop()
-
-    part = make(tmp_path / "b", cfg=cfg, on_step=stop_mid_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        part.run()
-    resumed = make(tmp_path / "b", cfg=cfg)
-    assert resumed.load_checkpoint() and (resumed.epoch, resumed.batch) == (1, 2)
-    resumed.run()
-    assert strip_time(resumed.history) == strip_time(hist)
-    for k, v in weights(ref).items():
-        torch.testing.assert_close(weights(resumed)[k], v, rtol=0, atol=0)
-
-
-def test_cutmix_replaces_a_circular_segment():
-    X, y = data(n=4, length=10)
-    tr = Trainer(FordATransformer(ModelConfig(length=10, patch=5, d_model=8, depth=1, heads=2,
-                                              head_dim=4, mlp_dim=8)),
-                 X, y, TrainConfig(epochs=1, batch_size=4, cutmix=1.0, seed=3))
-    lam, starts, cut = tr._mix_plan(0)
-    assert torch.allclose(lam, 1 - cut.float() / 10)
-    seen = {}
-    tr.net = lambda xb: seen.setdefault("x", xb) @ torch.zeros(10, 2)
-    tr._mixed_loss(torch.as_tensor(X), torch.as_tensor(y), (lam, starts, cut), torch.arange(4))
-    xb = seen["x"]
-    for b in range(4):
-        inside = (torch.arange(10) - starts[b]) % 10 < cut[b]
-        assert int(inside.sum()) == int(cut[b])
-        torch.testing.assert_close(xb[b][inside], torch.as_tensor(X[3 - b])[inside])
-        torch.testing.assert_close(xb[b][~inside], torch.as_tensor(X[b])[~inside])
+def test_removed_mixing_options_read_back_only_at_zero():
+    d = TrainConfig(epochs=3).to_dict()
+    assert "mixup" not in d and "cutmix" not in d
+    assert TrainConfig.from_dict({**d, "mixup": 0.0, "cutmix": 0.0}) == TrainConfig(epochs=3)
+    for name in ("mixup", "cutmix"):
+        with pytest.raises(CheckpointError, match=f"{name}: the option was removed"):
+            TrainConfig.from_dict({**d, name: 0.2})

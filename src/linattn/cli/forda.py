@@ -1,7 +1,9 @@
 """``linattn forda train|evaluate``: train and evaluate the FordA linear-attention classifier.
 
 ``train`` runs two stages into ``--out`` (default ``runs/forda``): ``val`` trains on a stratified
-80% of TRAIN and reports validation figures per epoch (every choice is made here); ``full``
+80% of TRAIN and reports validation figures per epoch on the other 20% (every choice is made
+here; the split, :func:`linattn.tsc.data.validation_split`, is recorded in ``run.json`` and
+``evaluate --split val`` uses the recorded one); ``full``
 retrains on all of TRAIN and evaluates TEST once (``test.json``). Each stage checkpoints every
 epoch under ``STAGE/checkpoint``; ``--resume`` continues an interrupted run to the identical
 result; Ctrl-C saves and exits. ``evaluate --model DIR`` writes ``report.md`` with plots.
@@ -48,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override an estimator parameter, e.g. --set stem=conv (JSON values)",
+        help="override an estimator parameter, e.g. --set window=40 (JSON values)",
     )
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--export", metavar="DIR", help="also copy the final model to DIR")
@@ -115,14 +117,29 @@ def _parse_sets(items: list[str]) -> dict:
 
 
 def _params(args) -> dict:
-    from linattn.tsc.estimator import LinearAttentionClassifier
+    import warnings
+
+    from linattn.tsc.estimator import REMOVED_PARAMS, LinearAttentionClassifier
+    from linattn.tsc.model import rename_deprecated
     from linattn.tsc.recipes import RECIPES
 
     if args.recipe not in RECIPES:
         raise UserError(
             f"--recipe: unknown recipe {args.recipe!r}; choose from {', '.join(RECIPES)}"
         )
-    params = {**RECIPES[args.recipe], **_parse_sets(args.set), "random_state": args.seed}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        try:
+            sets = rename_deprecated(_parse_sets(args.set), "--set")
+        except TypeError as err:
+            raise UserError(str(err)) from None
+    for w in caught:  # a deprecated --set name: one line for the person at the terminal
+        print(f"linattn forda: {w.message}", file=sys.stderr)
+    removed = sorted(set(sets) & set(REMOVED_PARAMS))
+    if removed:
+        raise UserError(f"--set: {', '.join(removed)}: removed after linattn 0.1 (rejected "
+                        "experiments, see docs/forda.md)")
+    params = {**RECIPES[args.recipe], **sets, "random_state": args.seed}
     if args.epochs is not None:
         if args.epochs < 1:
             raise UserError(f"--epochs: expected a positive integer, got {args.epochs}")
@@ -133,9 +150,41 @@ def _params(args) -> dict:
         raise UserError(
             f"--set: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
-    params.pop("n_threads", None)
-    params.pop("verbose", None)
+    for name, option in (("n_threads", "--threads"), ("verbose", "--quiet")):
+        if name in params:  # a run's own settings, not part of its recipe
+            raise UserError(f"--set: {name}: use {option}")
     return params
+
+
+def _run_params(run: dict, run_path: Path, where: str) -> dict:
+    """The estimator parameters of a run, checked (errors open with ``where``); an old
+    run.json's deprecated names are renamed and its removed options dropped where neutral."""
+    from linattn.tsc.estimator import REMOVED_PARAMS, LinearAttentionClassifier
+    from linattn.tsc.model import upgrade_saved
+    from linattn.tsc.training import CheckpointError
+
+    try:
+        params = upgrade_saved(run["params"], f"{run_path}: params", REMOVED_PARAMS)
+        LinearAttentionClassifier(**params).check_params(where)
+    except (CheckpointError, TypeError, ValueError) as err:
+        raise UserError(str(err)) from None
+    return params
+
+
+def _val_split(run: dict) -> tuple[float, int]:
+    """(fraction, seed) of the validation split recorded in ``run``; an old run without one
+    used the standard split (:data:`~linattn.tsc.data.VAL_FRACTION`, ``VAL_SEED``)."""
+    from linattn.tsc.data import VAL_FRACTION, VAL_SEED
+
+    split = run.get("val_split") or {}
+    if not isinstance(split, dict):
+        raise UserError(f"run.json: val_split: expected an object, got {split!r}")
+    fraction, seed = split.get("fraction", VAL_FRACTION), split.get("seed", VAL_SEED)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or \
+            not 0 < fraction < 1 or isinstance(seed, bool) or not isinstance(seed, int):
+        raise UserError(f"run.json: val_split: expected a fraction in (0, 1) and an integer "
+                        f"seed, got {split!r}")
+    return fraction, seed
 
 
 def _init_distributed() -> int:
@@ -180,7 +229,7 @@ def train(args) -> int:
 def _train(args, main: bool) -> int:
     """The train command; with several ranks (``main`` False on all but rank 0) every rank
     trains its share of each batch and rank 0 alone writes and reports."""
-    from linattn.tsc.data import stratified_split
+    from linattn.tsc.data import VAL_FRACTION, VAL_SEED, stratified_split
     from linattn.tsc.estimator import LinearAttentionClassifier
     from linattn.tsc.evaluation import classification_metrics
     from linattn.tsc.training import CheckpointError, write_json
@@ -209,14 +258,11 @@ def _train(args, main: bool) -> int:
             "stages": stages,
             "subset": args.subset,
             "data_dir": args.data_dir,
+            "val_split": {"fraction": VAL_FRACTION, "seed": VAL_SEED},
             "wall_s": 0.0,
         }
-    try:
-        probe = LinearAttentionClassifier(**run["params"])
-        probe.model_config(1, 2)
-        probe.train_config()
-    except (TypeError, ValueError) as err:
-        raise UserError(f"--set: {err}") from None
+    run["params"] = _run_params(run, run_path,
+                                f"{run_path}: params" if args.resume else "--set")
     run["threads"] = args.threads
     X_train, y_train, X_test, y_test = _load_data(args)
     if run.get("subset"):
@@ -244,9 +290,7 @@ def _train(args, main: bool) -> int:
                 "resume": args.resume,
             }
             if stage == "val":
-                from linattn.tsc.data import encode_labels
-
-                tr, va = stratified_split(encode_labels(y_train)[1], 0.2, seed=0)
+                tr, va = stratified_split(y_train, *_val_split(run))
                 est.fit(X_train[tr], y_train[tr], X_val=X_train[va], y_val=y_train[va], **kw)
             else:
                 est.fit(X_train, y_train, **kw)
@@ -317,7 +361,7 @@ def _model_dir(root: Path, split: str) -> Path:
 def evaluate(args) -> int:
     import numpy as np
 
-    from linattn.tsc.data import encode_labels, stratified_split
+    from linattn.tsc.data import stratified_split
     from linattn.tsc.estimator import LinearAttentionClassifier
     from linattn.tsc.evaluation import (
         baselines,
@@ -350,15 +394,17 @@ def evaluate(args) -> int:
     if X_test.shape[1] != est.n_features_in_:
         raise UserError(f"--model: {dirs[0]} expects series of length {est.n_features_in_}, "
                         f"FordA has {X_test.shape[1]}")
+    fraction, seed = _val_split(run)
     if args.split == "val":
-        _, va = stratified_split(encode_labels(y_train)[1], 0.2, seed=0)
+        _, va = stratified_split(y_train, fraction, seed)
         X_eval, y_eval = X_train[va], y_train[va]
     else:
         X_eval, y_eval = X_test, y_test
     # one model, or the mean of the models' class probabilities (a seed ensemble)
     proba = np.mean([e.predict_proba(X_eval) for e in ests], axis=0)
     result = classification_metrics(est.classes_, y_eval, proba)
-    base = {} if args.no_baselines else baselines(X_train, y_train, X_test, y_test)
+    base = {} if args.no_baselines else baselines(X_train, y_train, X_test, y_test,
+                                                  val_fraction=fraction, seed=seed)
     run.update(model_dir=", ".join(str(d) for d in dirs),
                n_params=sum(p.numel() for p in est.model_.parameters()) * len(ests))
     stages = {s: read_metrics(root / s / "metrics.jsonl") for s in STAGES}

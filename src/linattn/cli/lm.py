@@ -6,8 +6,9 @@ interpreter's standard library — a corpus every machine with Python has offlin
 is held out for validation; the figure reported is validation bits per byte (= bits per
 character for this almost entirely ASCII text). Training stops at ``--steps`` or after
 ``--max-time`` seconds of training (evaluation excluded), whichever comes first, so two models
-can be given the same wall time. A checkpoint is written atomically every
-``--checkpoint-every`` seconds, at the end and on Ctrl-C; ``--resume`` continues it.
+can be given the same wall time. Training runs on :class:`~linattn.train_loop.TrainLoop`: the
+checkpoint ``OUT/checkpoint.pt`` is written atomically every ``--checkpoint-every`` seconds, at
+the end and on Ctrl-C; ``--resume`` continues it to the result of an uninterrupted run.
 ``generate`` streams sampled text to the terminal token by token.
 """
 
@@ -18,16 +19,13 @@ import codecs
 import hashlib
 import json
 import math
-import signal
 import sys
 import sysconfig
-import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from linattn._io import atomic_path
 from linattn.cli import UserError
+from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, Stopped, TrainLoop, first_line
 
 if TYPE_CHECKING:
     import torch
@@ -73,27 +71,22 @@ def _tensor(b: bytes) -> torch.Tensor:
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-def save_atomic(obj: dict, path: Path) -> None:
-    """torch.save into a temp file in the same folder, then rename (never half-written)."""
-    import torch
-
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-
-
 def load_model(path: Path):
-    """The model stored in a run folder (or a checkpoint file), in eval mode."""
+    """The model stored in a run folder (or a checkpoint file), in eval mode, and the
+    checkpoint dict."""
     import torch
 
     from linattn.nn import LinearTransformerLM
 
-    f = path / "checkpoint.pt" if path.is_dir() else path
+    f = path / CHECKPOINT_FILE if path.is_dir() else path
     try:
         ck = torch.load(f, weights_only=True)
-        model = LinearTransformerLM(**ck["model_config"])
+        # the loop's checkpoints keep the configuration under "meta"; earlier ones at the top
+        model = LinearTransformerLM(**ck.get("meta", ck)["model_config"])
         model.load_state_dict(ck["model"])
-    except (OSError, KeyError, RuntimeError, EOFError, TypeError, ValueError) as err:
-        raise UserError(f"{f}: cannot load a model ({str(err).splitlines()[0]})") from None
+    except (OSError, KeyError, RuntimeError, EOFError, TypeError, ValueError,
+            AttributeError) as err:
+        raise UserError(f"{f}: cannot load a model ({first_line(err)})") from None
     return model.eval(), ck
 
 
@@ -126,18 +119,113 @@ def _evaluate(model, val: torch.Tensor, context: int, max_tokens: int, batch: in
 
 
 # -- train ---------------------------------------------------------------------------------------
+class LMTraining(TrainLoop):
+    """The language model's loop: step s trains on ``batch_size`` random windows of
+    ``context + 1`` bytes drawn by a generator seeded by (seed, s), so a resumed run draws the
+    same data; warm-up then cosine decay to 10 % over the budget (steps, training seconds or
+    the first of both); validation every ``eval_every`` steps."""
+
+    # the budget and the evaluation cadence may change to extend a run
+    FREE = ("steps", "max_time", "eval_every")
+
+    def __init__(self, model, args: argparse.Namespace, train_ids: torch.Tensor,
+                 val_ids: torch.Tensor, meta: dict) -> None:
+        import torch
+
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr,
+                                      weight_decay=args.weight_decay, betas=(0.9, 0.95))
+        self.timed = args.steps is None  # the bar counts seconds
+        super().__init__(
+            model, optimizer, clip=1.0, checkpoint_dir=args.out,
+            checkpoint_every=args.checkpoint_every, metrics_path=Path(args.out) / "metrics.jsonl",
+            meta=meta, progress=not args.quiet, desc=f"lm {args.attention}",
+            bar_total=int(args.max_time) if self.timed else args.steps,
+            bar_unit="s" if self.timed else "step",
+            on_step=self._stop_after)
+        self.args, self.train_ids, self.val_ids = args, train_ids, val_ids
+        self.loss_ema: float | None = None
+
+    def _stop_after(self, loop: TrainLoop) -> None:  # the tests' stand-in for Ctrl-C
+        if self.step == self.args.stop_after:
+            self.request_stop()
+
+    def budget_used(self) -> float:
+        """Fraction of the budget used (drives the cosine schedule)."""
+        a = self.args
+        fr = [self.step / a.steps] if a.steps else []
+        if a.max_time:
+            fr.append(self.elapsed / a.max_time)
+        return min(1.0, max(fr))
+
+    def finished(self) -> bool:
+        return self.budget_used() >= 1.0
+
+    def learning_rate(self) -> float:
+        a = self.args
+        warm = min(1.0, (self.step + 1) / a.warmup)
+        return a.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * self.budget_used())))
+
+    def loss(self) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
+        a = self.args
+        g = torch.Generator().manual_seed(a.seed * 1_000_003 + self.step)
+        starts = torch.randint(0, len(self.train_ids) - a.context - 1, (a.batch_size,),
+                               generator=g)
+        w = self.train_ids[starts[:, None] + torch.arange(a.context + 1)]
+        logits = self.model(w[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
+
+    def after_step(self, loss: torch.Tensor) -> dict | None:
+        value = loss.item()
+        self.loss_ema = value if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * value
+        if self.step % self.args.eval_every:
+            return None
+        bpc = evaluate(self.model, self.val_ids, self.args.context, self.args.val_tokens)
+        return {"step": self.step, "time_s": round(self.elapsed, 2),
+                "train_bpc": self.loss_ema / math.log(2), "val_bpc": bpc}
+
+    def extra_state(self) -> dict:
+        return {"loss_ema": self.loss_ema}
+
+    def load_extra_state(self, state: dict) -> None:
+        self.loss_ema = state["loss_ema"]
+
+    def check_meta(self, saved: dict, path: Path) -> None:
+        def fixed(meta: dict) -> dict:
+            train = meta.get("train_config")
+            if isinstance(train, dict):
+                train = {k: v for k, v in train.items() if k not in self.FREE}
+            return {**meta, "train_config": train}
+
+        if fixed(saved) != fixed(self.meta):
+            raise CheckpointError(f"{path}: made with other options or another corpus; "
+                                  "use the same options or a new --out")
+
+    def bar_position(self) -> int:
+        return int(self.elapsed) if self.timed else self.step  # whole seconds on a timed bar
+
+    def postfix(self) -> dict:
+        bpc = float("nan") if self.loss_ema is None else self.loss_ema / math.log(2)
+        return {"bpc": f"{bpc:.3f}", "step": self.step}
+
+    def describe(self, record: dict) -> str:
+        return (f"step {record['step']} ({record['time_s']:.0f} s): "
+                f"val {record['val_bpc']:.4f} bits/byte")
+
+
 def train(args: argparse.Namespace) -> int:
     import torch
-    import torch.nn.functional as F
-    from tqdm.auto import tqdm
 
     from linattn.nn import LinearTransformerLM
+    from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
     from linattn.tsc.training import write_json
 
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    ck_path = out / "checkpoint.pt"
+    ck_path = out / CHECKPOINT_FILE
     if ck_path.exists() and not args.resume:
         raise UserError(f"{out} already holds a run; pass --resume or choose a new --out")
     if args.resume and not ck_path.exists():
@@ -147,109 +235,35 @@ def train(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tr_b, va_b, info = stdlib_corpus(args.corpus_bytes)
     train_ids, val_ids = _tensor(tr_b), _tensor(va_b)
-    model_config = dict(vocab_size=256, d_model=args.d_model, num_layers=args.layers,
-                        num_heads=args.heads, feature_map=args.feature_map,
-                        dropout=args.dropout, attention=args.attention,
-                        chunk_size=args.chunk_size)
+    chunk_size = DEFAULT_CHUNK_SIZE if args.chunk_size is None else args.chunk_size
+    model_config = dict(vocab_size=256, d_model=args.d_model, num_layers=args.num_layers,
+                        num_heads=args.num_heads, feature_map=args.feature_map,
+                        dropout=args.dropout, attention=args.attention, chunk_size=chunk_size)
     train_config = {k: getattr(args, k) for k in (
         "context", "batch_size", "lr", "weight_decay", "warmup", "steps", "max_time", "seed",
         "val_tokens", "eval_every", "corpus_bytes")}
     torch.manual_seed(args.seed)
     model = LinearTransformerLM(**model_config)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                            betas=(0.9, 0.95))
-    step, elapsed, history = 0, 0.0, []
+    loop = LMTraining(model, args, train_ids, val_ids, {
+        "model_config": model_config, "train_config": train_config, "corpus": info})
     if args.resume:
-        ck = torch.load(ck_path, weights_only=True)
-        # the budget (steps, max_time) and the evaluation cadence may change to extend a run
-        free = ("steps", "max_time", "eval_every")
-        same = {k: v for k, v in ck["train_config"].items() if k not in free} == \
-            {k: v for k, v in train_config.items() if k not in free}
-        if ck["model_config"] != model_config or not same or ck["corpus"] != info:
-            raise UserError(f"{ck_path}: made with other options or another corpus; "
-                            "use the same options or a new --out")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        torch.set_rng_state(ck["torch_rng"])
-        step, elapsed, history = ck["step"], ck["elapsed"], json.loads(ck["history"])
-
-    def save() -> None:
-        save_atomic({"model_config": model_config, "train_config": train_config,
-                     "corpus": info, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed,
-                     "history": json.dumps(history)}, ck_path)
-
-    def progress() -> float:  # fraction of the budget used: drives the cosine schedule
-        fr = [step / args.steps] if args.steps else []
-        if args.max_time:
-            fr.append(elapsed / args.max_time)
-        return min(1.0, max(fr))
-
-    stop = threading.Event()
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, lambda *a: stop.set()) if main else None
+        try:
+            loop.load_checkpoint()
+        except CheckpointError as err:
+            raise UserError(str(err)) from None
     n_params = model.num_parameters()
     print(f"corpus: {info['files']} stdlib files of Python {info['python']}, "
           f"{info['train_bytes']:,} train / {info['val_bytes']:,} val bytes; "
           f"model: {args.attention}, {n_params:,} parameters", file=sys.stderr)
-    timed = args.steps is None
-    bar = tqdm(total=int(args.max_time) if timed else args.steps,
-               initial=int(elapsed) if timed else step, unit="s" if timed else "step",
-               desc=f"lm {args.attention}", dynamic_ncols=True, disable=args.quiet)
-    model.train()
-    last_save = time.perf_counter()
-    loss_ema = None
-    interrupted = False
     try:
-        while progress() < 1.0:
-            t0 = time.perf_counter()
-            p = progress()
-            lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.45 * (1 + math.cos(
-                math.pi * p)))
-            for group in opt.param_groups:
-                group["lr"] = lr
-            # batch b of step s depends on (seed, s) only: a resumed run draws the same data
-            g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-            starts = torch.randint(0, len(train_ids) - args.context - 1, (args.batch_size,),
-                                   generator=g)
-            w = train_ids[starts[:, None] + torch.arange(args.context + 1)]
-            logits = model(w[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            step += 1
-            dt = time.perf_counter() - t0
-            elapsed += dt
-            loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-            bar.update(int(elapsed) - bar.n if timed else 1)  # whole seconds on the bar
-            bar.set_postfix(bpc=f"{loss_ema / math.log(2):.3f}", step=step, refresh=False)
-            if step % args.eval_every == 0:
-                bpc = evaluate(model, val_ids, args.context, args.val_tokens)
-                history.append({"step": step, "time_s": round(elapsed, 2),
-                                "train_bpc": loss_ema / math.log(2), "val_bpc": bpc})
-                with open(out / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(history[-1]) + "\n")
-                bar.write(f"step {step} ({elapsed:.0f} s): val {bpc:.4f} bits/byte")
-            if stop.is_set() or step == args.stop_after:  # Ctrl-C (or its test stand-in)
-                interrupted = True
-                break
-            if time.perf_counter() - last_save > args.checkpoint_every:
-                save()
-                last_save = time.perf_counter()
-    finally:
-        bar.close()
-        if main:
-            signal.signal(signal.SIGINT, previous)
-    save()
-    if interrupted:
-        print(f"saved {ck_path} at step {step}; continue with --resume", file=sys.stderr)
-        raise KeyboardInterrupt
+        loop.run()
+    except Stopped:
+        print(f"saved {ck_path} at step {loop.step}; continue with --resume", file=sys.stderr)
+        raise
     bpc = evaluate(model, val_ids, args.context, args.val_tokens)
     result = {"attention": args.attention, "val_bpc": round(bpc, 4), "parameters": n_params,
-              "train_time_s": round(elapsed, 1), "steps": step,
-              "tokens_seen": step * args.batch_size * args.context, "threads":
+              "train_time_s": round(loop.elapsed, 1), "steps": loop.step,
+              "tokens_seen": loop.step * args.batch_size * args.context, "threads":
               torch.get_num_threads(), "model": model_config, "train": train_config,
               "corpus": info}
     write_json(out / "result.json", result)
@@ -289,11 +303,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--attention", choices=("linear", "softmax"), default="linear",
                    help="linear (recurrent state) or softmax (SDPA baseline)")
     t.add_argument("--d-model", type=int, default=128)
-    t.add_argument("--layers", type=int, default=4)
-    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--num-layers", "--layers", dest="num_layers", type=int, default=4)
+    t.add_argument("--num-heads", "--heads", dest="num_heads", type=int, default=4)
     t.add_argument("--feature-map", default="elu")
     t.add_argument("--dropout", type=float, default=0.0)
-    t.add_argument("--chunk-size", type=int, default=64)
+    t.add_argument("--chunk-size", type=int,
+                   help="causal chunk length (default: linattn.ops.dispatch.DEFAULT_CHUNK_SIZE)")
     t.add_argument("--context", type=int, default=256, help="training window (default 256)")
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--lr", type=float, default=2e-3)

@@ -1,8 +1,19 @@
-"""Multi-head linear attention as an ``nn.Module``, with optional learned relative positions."""
+"""Multi-head linear attention as an ``nn.Module``, with optional learned relative positions.
+
+:class:`MultiheadAttentionBase` holds what every attention module here shares — the q/k/v/output
+projections, the head reshaping and the module's own feature map — and defines no ``forward``:
+:class:`MultiheadLinearAttention` and :class:`~linattn.nn.lm.DecayedMultiheadAttention` each
+define theirs, so neither overrides the other's contract.
+"""
 
 from __future__ import annotations
 
+import copy
+import functools
+import itertools
 import math
+import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -11,10 +22,124 @@ from linattn.feature_maps import FeatureMap, get_feature_map
 from linattn.ops.linear import linear_attention
 from linattn.ops.relative import relative_linear_attention
 
-__all__ = ["MultiheadLinearAttention"]
+__all__ = ["MultiheadAttentionBase", "MultiheadLinearAttention", "FeatureMapSpec",
+           "own_feature_map"]
+
+#: What the modules accept as ``feature_map``: a name, a template instance or a factory.
+FeatureMapSpec = str | FeatureMap | Callable[[], FeatureMap]
 
 
-class MultiheadLinearAttention(nn.Module):
+def own_feature_map(feature_map: FeatureMapSpec) -> FeatureMap:
+    """A feature map for one module alone, never shared with another module.
+
+    * a name: a new map of that kind (:func:`~linattn.feature_maps.get_feature_map`);
+    * a :class:`~linattn.feature_maps.FeatureMap` instance is a *template*: the module gets
+      ``template.new_feature_map()`` — same configuration, its own random draw (unless the
+      template has a fixed ``seed``) — whose learnable parameters start from the template's
+      values (so a distilled :class:`~linattn.feature_maps.Hedgehog` keeps its fit) but are
+      independent tensors that train separately;
+    * a callable (a FeatureMap class, ``lambda: FavorPlus(16, seed=next(seeds))``): called once
+      per module, as fast-transformers' feature-map factories are.
+    """
+    if isinstance(feature_map, FeatureMap):
+        return _copy_template(feature_map)
+    if isinstance(feature_map, str) or not callable(feature_map):
+        return get_feature_map(feature_map)  # a name, or the TypeError for anything else
+    made = feature_map()
+    if not isinstance(made, FeatureMap):
+        raise TypeError(
+            f"feature_map: the factory returned {type(made).__name__}, expected a FeatureMap"
+        )
+    return made
+
+
+def _copy_template(template: FeatureMap) -> FeatureMap:
+    try:
+        new = template.new_feature_map()
+    except TypeError:  # a custom map whose config() does not rebuild it: copy it whole
+        return copy.deepcopy(template)
+    ref = next(itertools.chain(template.parameters(), template.buffers()), None)
+    if ref is not None:  # a template already moved or cast: the copy follows it
+        new.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None)
+    learned = dict(template.named_parameters())
+    with torch.no_grad():
+        for name, p in new.named_parameters():
+            p.copy_(learned[name])
+            p.requires_grad_(learned[name].requires_grad)
+    return new
+
+
+def _embed_dim_alias(init: Callable) -> Callable:
+    """Accept the deprecated keyword ``embed_dim=`` for ``d_model=`` (a DeprecationWarning)."""
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        if "embed_dim" in kwargs:
+            value = kwargs.pop("embed_dim")
+            warnings.warn(f"{type(self).__name__}: 'embed_dim' is deprecated, use 'd_model'",
+                          DeprecationWarning, stacklevel=2)
+            given = args[0] if args else kwargs.get("d_model", value)
+            if given != value:
+                raise TypeError(f"{type(self).__name__}: both 'embed_dim' (deprecated) and "
+                                f"'d_model' given, with different values {value!r} and {given!r}")
+            if not args:
+                kwargs["d_model"] = value
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+class MultiheadAttentionBase(nn.Module):
+    """Projections ``E → H·d`` for queries, keys and values, ``H·d → E`` for the output, and the
+    module's own feature map (see :func:`own_feature_map`). No ``forward``: subclasses define it.
+
+    Args:
+        d_model: E. num_heads: H. head_dim: d (default E // H).
+        feature_map: a name, a :class:`~linattn.feature_maps.FeatureMap` template or a factory.
+        bias: biases in the four projections.
+        dropout: dropout on the output projection.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
+                 feature_map: FeatureMapSpec = "elu", bias: bool = False,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        if head_dim is None:
+            if d_model % num_heads:
+                raise ValueError(
+                    f"num_heads: d_model {d_model} is not divisible by {num_heads}; pass head_dim"
+                )
+            head_dim = d_model // num_heads
+        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
+        inner = num_heads * head_dim
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+        self.feature_map = own_feature_map(feature_map)
+        self.dropout = nn.Dropout(dropout)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """(B, T, H·d) -> (B, H, T, d)."""
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: (B, T, E) -> q, k, v, each (B, H, T, d)."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected shape (B, T, {self.d_model}), got {tuple(x.shape)}")
+        return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+
+    def merge(self, o: Tensor) -> Tensor:
+        """Per-head outputs o: (B, H, T, d) -> (B, T, E), through the output projection."""
+        B, H, T, d = o.shape
+        return self.dropout(self.out_proj(o.transpose(1, 2).reshape(B, T, H * d)))
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}"
+
+
+class MultiheadLinearAttention(MultiheadAttentionBase):
     r"""Multi-head linear attention: ``(B, T, E) -> (B, T, E)``.
 
     Projections ``E → H·d`` for queries, keys and values, linear attention per head, and an
@@ -30,9 +155,11 @@ class MultiheadLinearAttention(nn.Module):
     so neither the content nor the position term dominates the scores at the start.
 
     Args:
-        embed_dim: E. num_heads: H. head_dim: d (default E // H).
-        feature_map: name or :class:`~linattn.feature_maps.FeatureMap` instance (a module, so
-            random maps are saved with the model).
+        d_model: E (``embed_dim=`` is a deprecated alias). num_heads: H. head_dim: d
+            (default E // H).
+        feature_map: a name, a :class:`~linattn.feature_maps.FeatureMap` or a factory; the
+            module always owns its map (a submodule, so random maps are saved with the model):
+            an instance is a template copied by :func:`own_feature_map`, never shared.
         is_causal: attend to j ≤ i only.
         max_len: longest sequence; set it to learn relative positions.
         bias: biases in the four projections.
@@ -43,47 +170,34 @@ class MultiheadLinearAttention(nn.Module):
             ``max_len``: lag terms would need the other ranks' values.
     """
 
+    @_embed_dim_alias
     def __init__(
         self,
-        embed_dim: int,
+        d_model: int,
         num_heads: int,
         head_dim: int | None = None,
         *,
-        feature_map: str | FeatureMap = "elu",
+        feature_map: FeatureMapSpec = "elu",
         is_causal: bool = False,
         max_len: int | None = None,
         bias: bool = False,
         dropout: float = 0.0,
         sequence_parallel_group=None,
     ) -> None:
-        super().__init__()
         if sequence_parallel_group is not None and max_len is not None:
             raise ValueError(
                 "sequence_parallel_group: relative positions (max_len) need the whole sequence "
                 "on one rank"
             )
-        self.sequence_parallel_group = sequence_parallel_group
-        if head_dim is None:
-            if embed_dim % num_heads:
-                raise ValueError(
-                    f"num_heads: embed_dim {embed_dim} is not divisible by {num_heads}; "
-                    "pass head_dim"
-                )
-            head_dim = embed_dim // num_heads
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len: expected a positive integer, got {max_len!r}")
-        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
+        super().__init__(d_model, num_heads, head_dim, feature_map=feature_map, bias=bias,
+                         dropout=dropout)
+        self.sequence_parallel_group = sequence_parallel_group
         self.is_causal = is_causal
         self.max_len = max_len
-        inner = num_heads * head_dim
-        self.q_proj = nn.Linear(embed_dim, inner, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, inner, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, inner, bias=bias)
-        self.out_proj = nn.Linear(inner, embed_dim, bias=bias)
-        self.feature_map = get_feature_map(feature_map)
-        self.dropout = nn.Dropout(dropout)
         if max_len is not None:
-            self.rel = nn.Parameter(torch.empty(num_heads, 2 * max_len - 1, head_dim))
+            self.rel = nn.Parameter(torch.empty(num_heads, 2 * max_len - 1, self.head_dim))
             self.reset_relative()
         else:
             self.register_parameter("rel", None)
@@ -100,32 +214,22 @@ class MultiheadLinearAttention(nn.Module):
 
     def relative_vectors(self, T: int) -> Tensor:
         """The central 2T − 1 relative vectors: (H, 2T − 1, d)."""
-        assert self.max_len is not None and self.rel is not None
+        if self.max_len is None or self.rel is None:
+            raise ValueError("relative_vectors: this module has no relative vectors (max_len)")
         if T > self.max_len:
             raise ValueError(f"x: sequence length {T} exceeds max_len={self.max_len}")
         return self.rel[:, self.max_len - T : self.max_len + T - 1]
 
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         """x: (B, T, E); key_padding_mask: bool (B, T), True = padding. Returns (B, T, E)."""
-        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"x: expected shape (B, T, {self.embed_dim}), got {tuple(x.shape)}")
-        B, T, _ = x.shape
-        q, k, v = (
-            self._heads(self.q_proj(x)),
-            self._heads(self.k_proj(x)),
-            self._heads(self.v_proj(x)),
-        )
+        q, k, v = self.project(x)
         kwargs = dict(
             feature_map=self.feature_map,
             is_causal=self.is_causal,
             key_padding_mask=key_padding_mask,
         )
         if self.rel is not None:
-            o = relative_linear_attention(q, k, v, self.relative_vectors(T), **kwargs)
+            o = relative_linear_attention(q, k, v, self.relative_vectors(x.shape[1]), **kwargs)
         elif self.sequence_parallel_group is not None:
             from linattn.distributed import sequence_parallel_linear_attention
 
@@ -134,11 +238,7 @@ class MultiheadLinearAttention(nn.Module):
             )
         else:
             o = linear_attention(q, k, v, **kwargs)
-        o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
-        return self.dropout(self.out_proj(o))
+        return self.merge(o)
 
     def extra_repr(self) -> str:
-        return (
-            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-            f"is_causal={self.is_causal}, max_len={self.max_len}"
-        )
+        return super().extra_repr() + f", is_causal={self.is_causal}, max_len={self.max_len}"

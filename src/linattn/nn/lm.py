@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linattn.feature_maps import FeatureMap
-from linattn.nn.attention import MultiheadLinearAttention
-from linattn.nn.encoder import EncoderBlock
+from linattn.nn.attention import FeatureMapSpec, MultiheadAttentionBase, _embed_dim_alias
+from linattn.nn.encoder import PreNormBlock
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.recurrent import LinearAttentionState
 
 __all__ = ["LinearTransformerLM", "LMState", "KVCache", "DecayedMultiheadAttention",
@@ -99,45 +99,49 @@ class LMState:
                    if t.dim() > 0)
 
 
-class DecayedMultiheadAttention(MultiheadLinearAttention):
+class DecayedMultiheadAttention(MultiheadAttentionBase):
     """Causal multi-head attention with per-head decays γ_h and a state: (B, T, E) -> (B, T, E).
 
     ``attention="linear"``: :func:`~linattn.ops.decay.decay_linear_attention` (a chunk of T > 1
     tokens, chunked parallel form) or its recurrent step (T = 1 with a state).
     ``attention="softmax"``: SDPA with the ALiBi bias ``(i − j)·log γ_h`` (≤ 0) and a KV cache.
-    Projections and parameter count are those of :class:`MultiheadLinearAttention`; the decays
-    are a fixed buffer, not parameters."""
+    Projections, feature map and parameter count are those of :class:`MultiheadLinearAttention`
+    (both share :class:`~linattn.nn.attention.MultiheadAttentionBase`); the decays are a fixed
+    buffer, not parameters. ``embed_dim=`` is a deprecated alias of ``d_model=``."""
 
+    @_embed_dim_alias
     def __init__(
         self,
-        embed_dim: int,
+        d_model: int,
         num_heads: int,
         head_dim: int | None = None,
         *,
-        feature_map: str | FeatureMap = "elu",
+        feature_map: FeatureMapSpec = "elu",
         attention: str = "linear",
         decay: Tensor | None = None,
-        chunk_size: int = 64,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
         bias: bool = False,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__(embed_dim, num_heads, head_dim, feature_map=feature_map,
-                         is_causal=True, bias=bias, dropout=dropout)
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention: expected one of {ATTENTION_KINDS}, got {attention!r}")
-        self.attention, self.chunk_size = attention, chunk_size
         decay = default_decays(num_heads) if decay is None else torch.as_tensor(decay).float()
         if decay.shape != (num_heads,) or (decay <= 0).any() or (decay > 1).any():
             raise ValueError(f"decay: expected {num_heads} values in (0, 1], got {decay}")
+        super().__init__(d_model, num_heads, head_dim, feature_map=feature_map, bias=bias,
+                         dropout=dropout)
+        self.attention, self.chunk_size = attention, chunk_size
         self.register_buffer("decay", decay)
 
     def forward(
         self, x: Tensor, state: LinearAttentionState | KVCache | None = None,
         position: int = 0,
     ) -> tuple[Tensor, LinearAttentionState | KVCache]:
-        """x: (B, T, E); ``state`` after ``position`` earlier tokens. Returns (out, new state)."""
-        B, T, _ = x.shape
-        q, k, v = (self._heads(p(x)) for p in (self.q_proj, self.k_proj, self.v_proj))
+        """x: (B, T, E); ``state`` after ``position`` earlier tokens. Returns (out, new state):
+        out (B, T, E); the state a :class:`~linattn.ops.recurrent.LinearAttentionState`
+        (S: (B, H, ℓ, d), z: (B, H, ℓ)) or a :class:`KVCache` (k, v: (B, H, position + T, d))."""
+        q, k, v = self.project(x)
+        T = q.shape[2]
         if self.attention == "linear":
             g = self.decay.to(q.dtype)
             if T == 1 and state is not None:  # a decoding step: the recurrence, O(ℓ·d) per head
@@ -160,31 +164,32 @@ class DecayedMultiheadAttention(MultiheadLinearAttention):
             # ALiBi: weight × γ^(i−j), i.e. bias (i − j)·log γ ≤ 0; the future (j > i) masked out
             bias = torch.where(lag >= 0, lag * logg, torch.tensor(-math.inf, dtype=q.dtype))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
-        return self.dropout(self.out_proj(o)), new
+        return self.merge(o), new
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", attention={self.attention!r}"
+        return (super().extra_repr()
+                + f", attention={self.attention!r}, chunk_size={self.chunk_size}")
 
 
-class DecoderBlock(EncoderBlock):
-    """Pre-norm causal block (the :class:`EncoderBlock` layout) whose attention is
-    :class:`DecayedMultiheadAttention`: x (B, T, E) -> (x, new state)."""
+class DecoderBlock(PreNormBlock):
+    """Pre-norm causal block (the :class:`~linattn.nn.encoder.PreNormBlock` layout of
+    :class:`~linattn.nn.encoder.EncoderBlock`) whose attention is
+    :class:`DecayedMultiheadAttention`: ``block(x, state, position)`` with x (B, T, E) ->
+    (x (B, T, E), new state)."""
 
     def __init__(self, d_model: int, num_heads: int, mlp_dim: int | None = None, *,
-                 feature_map: str | FeatureMap = "elu", attention: str = "linear",
-                 decay: Tensor | None = None, chunk_size: int = 64,
+                 feature_map: FeatureMapSpec = "elu", attention: str = "linear",
+                 decay: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  dropout: float = 0.0) -> None:
-        super().__init__(d_model, num_heads, mlp_dim, feature_map=feature_map, is_causal=True,
-                         dropout=dropout)
-        self.attn = DecayedMultiheadAttention(
+        attn = DecayedMultiheadAttention(
             d_model, num_heads, feature_map=feature_map, attention=attention, decay=decay,
             chunk_size=chunk_size, dropout=dropout)
+        super().__init__(d_model, attn, mlp_dim, dropout)
 
-    def forward(self, x: Tensor, state=None, position: int = 0):  # type: ignore[override]
+    def forward(self, x: Tensor, state: LinearAttentionState | KVCache | None = None,
+                position: int = 0) -> tuple[Tensor, LinearAttentionState | KVCache]:
         a, new = self.attn(self.norm1(x), state, position)
-        x = x + a
-        return x + self.mlp(self.norm2(x)), new
+        return self.mlp_residual(x + a), new
 
 
 class LinearTransformerLM(nn.Module):
@@ -197,19 +202,23 @@ class LinearTransformerLM(nn.Module):
 
     Args:
         vocab_size: V. d_model: E. num_layers, num_heads: depth and H (head dim E / H).
-        feature_map: φ of every layer (linear attention only).
+        feature_map: φ (linear attention only): a name, a
+            :class:`~linattn.feature_maps.FeatureMap` template or a factory; every layer gets
+            its own map (:func:`~linattn.nn.attention.own_feature_map`), never a shared one.
         dropout: after the embedding, the attention output and in the MLPs.
         mlp_dim: hidden width of the MLPs (default 4E).
         attention: ``"linear"`` (this model) or ``"softmax"`` (the SDPA + KV-cache baseline,
             same parameters, same code).
         decay: (H,) per-head decays in (0, 1] (default :func:`default_decays`).
-        chunk_size: C of the chunked parallel form.
+        chunk_size: C of the chunked parallel form (default
+            :data:`~linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int, *,
-                 feature_map: str = "elu", dropout: float = 0.0, mlp_dim: int | None = None,
-                 attention: str = "linear", decay: list[float] | None = None,
-                 chunk_size: int = 64) -> None:
+                 feature_map: FeatureMapSpec = "elu", dropout: float = 0.0,
+                 mlp_dim: int | None = None, attention: str = "linear",
+                 decay: list[float] | None = None,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
         super().__init__()
         for name, val in (("vocab_size", vocab_size), ("d_model", d_model),
                           ("num_layers", num_layers), ("num_heads", num_heads)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
             raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
         if t.dim() < 2:
             raise ValueError(f"{name}: expected shape (..., T, D), got {tuple(t.shape)}")
+    if q.shape[-1] == 0:  # no feature map is defined on R^0 (cosFormer's reshapes fail there)
+        raise ValueError(f"q: expected a head dimension D >= 1, got shape {tuple(q.shape)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -79,9 +82,58 @@ def key_mask_for(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
     return keep.unsqueeze(-1)
 
 
-def resolve(feature_map: str | FeatureMap, eps: float | None) -> tuple[FeatureMap, float]:
+def check_step_inputs(q_t: Tensor, k_t: Tensor, v_t: Tensor) -> None:
+    """:func:`check_qkv` for one decoding step: q_t, k_t (..., D), v_t (..., Dv)."""
+    for name, t in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    check_qkv(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), same_length=True)
+
+
+def check_eps(eps: object, name: str = "eps") -> float:
+    """``eps`` as a float; TypeError unless a real number, ValueError unless finite and >= 0.
+
+    0 is allowed: it is the default of every strictly positive feature map. A nan would turn
+    every output into nan, inf every output into 0, and a negative value can cancel the
+    normaliser, so each is refused rather than computed."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(eps).__name__}")
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
+    return value
+
+
+def check_chunk_size(chunk_size: object, default: int) -> int:
+    """``chunk_size`` (None: ``default``) as an int; ValueError unless a positive integer."""
+    if chunk_size is None:
+        return default
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) \
+            or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def check_gamma(gamma: float | Tensor, batch: tuple[int, ...], like: Tensor) -> Tensor:
+    """Decays γ as a tensor of shape ``batch`` in ``like``'s dtype and device; ValueError
+    naming ``gamma`` outside [0, 1] or when it does not broadcast to ``batch``."""
+    g = torch.as_tensor(gamma, dtype=like.dtype, device=like.device)
+    if g.isnan().any() or (g < 0).any() or (g > 1).any():
+        raise ValueError(f"gamma: expected decays in [0, 1], got {gamma!r}")
+    try:
+        return g.broadcast_to(batch)
+    except RuntimeError:
+        raise ValueError(
+            f"gamma: shape {tuple(g.shape)} does not broadcast to the batch shape {batch}"
+        ) from None
+
+
+def resolve(feature_map: str | FeatureMap, eps: object) -> tuple[FeatureMap, float]:
+    """The feature map and the checked ``eps`` (None: the map's own default)."""
     fmap = get_feature_map(feature_map)
-    return fmap, float(fmap.eps if eps is None else eps)
+    if eps is None:
+        return fmap, check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
+    return fmap, check_eps(eps)
 
 
 def features(

@@ -42,7 +42,8 @@ class CosFormerFeatures(FeatureMap):
 
     def forward_features(self, x: Tensor) -> Tensor:
         T = x.shape[-2]
-        a = torch.arange(T, device=x.device, dtype=x.dtype) * (math.pi / (2 * T))
+        # max(T, 1): an empty sequence has no positions to weigh (and must not divide by 0)
+        a = torch.arange(T, device=x.device, dtype=x.dtype) * (math.pi / (2 * max(T, 1)))
         r = F.relu(x)
         return torch.cat([r * a.cos().unsqueeze(-1), r * a.sin().unsqueeze(-1)], dim=-1)
 

@@ -25,7 +25,8 @@ Three forms, held together by tests:
   (the tempting ``γ^i / γ^j`` factorisation does, for long chunks and small γ). The chunks
   are walked by a Python loop over T/C steps, each a few small matmuls.
 * :func:`decay_linear_attention_step` — the recurrence above, one token.
-* :func:`reference_decay_linear_attention` — the explicit T×T weights, the ground truth.
+* :func:`linattn.reference.decay_linear_attention` — the explicit T×T weights, the ground
+  truth, beside the other quadratic references.
 
 States are :class:`~linattn.ops.recurrent.LinearAttentionState` (S: (..., ℓ, Dv), z: (..., ℓ)),
 accumulated in float32 at least, exactly as the undecayed ops keep them.
@@ -38,36 +39,28 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops._common import check_qkv, features, normalise, resolve, values_with_ones
-from linattn.ops.recurrent import LinearAttentionState
+from linattn.ops._common import (
+    check_chunk_size,
+    check_gamma,
+    check_qkv,
+    check_step_inputs,
+    features,
+    normalise,
+    resolve,
+    values_with_ones,
+)
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+from linattn.ops.recurrent import LinearAttentionState, checked_state
+from linattn.ops.reference import decay_linear_attention as reference_decay_linear_attention
 
+# reference_decay_linear_attention stays importable from here (its old home);
+# DEFAULT_CHUNK_SIZE is re-exported from ops/dispatch.py, the one home of that number.
 __all__ = [
     "decay_linear_attention",
     "decay_linear_attention_step",
     "reference_decay_linear_attention",
+    "DEFAULT_CHUNK_SIZE",
 ]
-
-DEFAULT_CHUNK_SIZE = 64
-
-
-def _gamma(gamma: float | Tensor, batch: tuple[int, ...], like: Tensor) -> Tensor:
-    """γ as a tensor of shape ``batch`` in ``like``'s dtype/device; ValueError outside [0, 1]."""
-    g = torch.as_tensor(gamma, dtype=like.dtype, device=like.device)
-    if g.isnan().any() or (g < 0).any() or (g > 1).any():
-        raise ValueError(f"gamma: expected decays in [0, 1], got {gamma!r}")
-    try:
-        return g.broadcast_to(batch)
-    except RuntimeError:
-        raise ValueError(
-            f"gamma: shape {tuple(g.shape)} does not broadcast to the batch shape {batch}"
-        ) from None
-
-
-def _state_matrix(state: LinearAttentionState, name: str, batch, L: int, Dv: int, dtype):
-    if not isinstance(state, LinearAttentionState):
-        raise TypeError(f"{name}: expected a LinearAttentionState, got {type(state).__name__}")
-    state.check(name, batch, L, Dv)
-    return torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1).to(dtype)
 
 
 def decay_linear_attention(
@@ -89,7 +82,8 @@ def decay_linear_attention(
         gamma: decays in [0, 1], a float or a tensor broadcastable to the batch shape ``...``
             (e.g. (H,) for (B, H, T, D) inputs: one decay per head).
         feature_map, eps: as in :func:`linattn.linear_attention`.
-        chunk_size: C (default 64).
+        chunk_size: C, a positive integer (default
+            :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
         initial_state: the state after an earlier prefix (batch shape ``...``).
         return_state: also return the state after the last token.
 
@@ -102,18 +96,15 @@ def decay_linear_attention(
     v1 = values_with_ones(v, fq.dtype)  # (..., T, Dv+1): numerator and normaliser together
     *batch, T, L = fq.shape
     batch = tuple(batch)
-    g = _gamma(gamma, batch, fq)
-    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
-    C = max(1, min(chunk, T))
-    S = None
-    if initial_state is not None:
-        S = _state_matrix(initial_state, "initial_state", batch, L, v.shape[-1], fq.dtype)
-    if S is None:
+    g = check_gamma(gamma, batch, fq)
+    C = max(1, min(check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE), T))
+    if initial_state is None:
         S = fq.new_zeros(*batch, L, v1.shape[-1])
-    if T == 0:
-        out = v1.new_zeros(*batch, 0, v1.shape[-1])
+    else:  # [S, z] in one matrix, in the accumulation dtype
+        st = checked_state(initial_state, "initial_state", batch, L, v.shape[-1], q.device)
+        S = torch.cat([st.S, st.z.unsqueeze(-1)], dim=-1).to(fq.dtype)
+    if T == 0:  # empty, but on the graph of q and the state like linear_attention's
+        out = fq @ S
     else:
         n = -(-T // C)
         pad = n * C - T
@@ -168,39 +159,15 @@ def decay_linear_attention_step(
 
     q_t, k_t: (..., D); v_t: (..., Dv); gamma broadcastable to ``...``; state for batch ``...``.
     Returns o_t: (..., Dv) in q_t's dtype and the new state (the old one is untouched)."""
-    check_qkv(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), same_length=True)
+    check_step_inputs(q_t, k_t, v_t)
     fmap, eps = resolve(feature_map, eps)
     fq, fk = features(fmap, q_t, k_t)
     batch = tuple(q_t.shape[:-1])
-    if not isinstance(state, LinearAttentionState):
-        raise TypeError(f"state: expected a LinearAttentionState, got {type(state).__name__}")
-    state.check("state", batch, fk.shape[-1], v_t.shape[-1])
-    g = _gamma(gamma, batch, fq)[..., None]
+    checked_state(state, "state", batch, fk.shape[-1], v_t.shape[-1], q_t.device)
+    g = check_gamma(gamma, batch, fq)[..., None]
     S = g.unsqueeze(-1) * state.S.to(fq.dtype) + fk.unsqueeze(-1) * v_t.to(fk.dtype).unsqueeze(-2)
     z = g * state.z.to(fq.dtype) + fk
     num = (fq.unsqueeze(-2) @ S).squeeze(-2)
     den = (fq * z).sum(-1)
     return normalise(num, den, eps).to(q_t.dtype), LinearAttentionState(S, z)
 
-
-def reference_decay_linear_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    gamma: float | Tensor,
-    *,
-    feature_map: str | FeatureMap = "elu",
-    eps: float | None = None,
-) -> Tensor:
-    """The quadratic ground truth: explicit ``W[i, j] = γ^{i−j} φ(q_i)·φ(k_j)`` for j ≤ i.
-
-    q, k: (..., T, D); v: (..., T, Dv) -> (..., T, Dv)."""
-    check_qkv(q, k, v, same_length=True)
-    fmap, eps = resolve(feature_map, eps)
-    fq, fk = features(fmap, q, k)
-    T = q.shape[-2]
-    g = _gamma(gamma, tuple(q.shape[:-2]), fq)[..., None, None]
-    idx = torch.arange(T, device=q.device)
-    lag = (idx[:, None] - idx[None, :]).to(fq.dtype)
-    W = (fq @ fk.transpose(-1, -2)) * torch.where(lag >= 0, g.pow(lag.clamp(min=0)), 0.0)
-    return normalise(W @ v.to(fq.dtype), W.sum(-1), eps).to(q.dtype)

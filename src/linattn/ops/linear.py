@@ -24,6 +24,7 @@ from torch import Tensor
 from linattn.feature_maps import FeatureMap
 from linattn.ops import dispatch, native
 from linattn.ops._common import (
+    check_chunk_size,
     check_qkv,
     clamped_chunk,
     key_mask_for,
@@ -31,14 +32,13 @@ from linattn.ops._common import (
     portable_forward,
     resolve,
 )
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.fused import fused_linear_attention, fused_supported
 from linattn.ops.native import native_linear_attention, native_supported
-from linattn.ops.recurrent import LinearAttentionState
+from linattn.ops.recurrent import LinearAttentionState, checked_state
 
+# DEFAULT_CHUNK_SIZE is re-exported (users import it from here); its home is ops/dispatch.py.
 __all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE"]
-
-#: Chunk length of the causal forms when the call gives none (the default policy's).
-DEFAULT_CHUNK_SIZE = dispatch.Policy().chunk_size
 
 
 _REPLACED = {"FUSED_MIN_T": "fused_min_t", "NATIVE_MIN_T": "impl", "FUSED_BLOCK_SIZE": "block_size"}
@@ -117,23 +117,17 @@ def linear_attention(
     check_qkv(q, k, v, same_length=is_causal)
     if not is_causal and (initial_state is not None or return_state):
         raise ValueError("initial_state/return_state: only defined for is_causal=True")
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+    pol = dispatch.policy()
+    chunk = clamped_chunk(check_chunk_size(chunk_size, pol.chunk_size), q.shape[-2])
     fmap, eps = resolve(feature_map, eps)
     keep = key_mask_for(key_padding_mask, k)
     S0 = None
     if initial_state is not None:
-        if not isinstance(initial_state, LinearAttentionState):
-            raise TypeError(
-                "initial_state: expected a LinearAttentionState, "
-                f"got {type(initial_state).__name__}"
-            )
         L = fmap.num_features(q.shape[-1])
-        initial_state.check("initial_state", tuple(q.shape[:-2]), L, v.shape[-1])
+        checked_state(initial_state, "initial_state", tuple(q.shape[:-2]), L, v.shape[-1],
+                      q.device)
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
-    pol = dispatch.policy()
-    chunk = clamped_chunk(pol.chunk_size if chunk_size is None else chunk_size, q.shape[-2])
     path = _choose(fmap, q, k, v, S0, is_causal)
     if path != "portable":
         fast = native_linear_attention if path == "native" else fused_linear_attention

@@ -16,7 +16,13 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops._common import accumulation_dtype, check_qkv, features, normalise, resolve
+from linattn.ops._common import (
+    accumulation_dtype,
+    check_step_inputs,
+    features,
+    normalise,
+    resolve,
+)
 
 __all__ = ["LinearAttentionState", "linear_attention_step"]
 
@@ -50,14 +56,49 @@ class LinearAttentionState:
             z=torch.zeros(*shape, num_features, dtype=acc, device=device),
         )
 
-    def check(self, name: str, batch_shape: tuple[int, ...], num_features: int, value_dim: int):
-        """Raise ValueError naming ``name`` unless S and z have the expected shapes."""
+    def check(
+        self,
+        name: str,
+        batch_shape: tuple[int, ...],
+        num_features: int,
+        value_dim: int,
+        device: torch.device | None = None,
+    ) -> None:
+        """Raise TypeError/ValueError naming ``name`` unless S and z are floating-point tensors
+        of the expected shapes (and on ``device`` when given)."""
+        for part in ("S", "z"):
+            t = getattr(self, part)
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name}: expected {part} to be a torch.Tensor, "
+                                f"got {type(t).__name__}")
+            if not t.is_floating_point():
+                raise TypeError(f"{name}: expected a floating-point {part}, got {t.dtype}")
         want_S = (*batch_shape, num_features, value_dim)
         if tuple(self.S.shape) != want_S or tuple(self.z.shape) != want_S[:-1]:
             raise ValueError(
                 f"{name}: expected S {want_S} and z {want_S[:-1]}, "
                 f"got S {tuple(self.S.shape)} and z {tuple(self.z.shape)}"
             )
+        if device is not None and (self.S.device != device or self.z.device != device):
+            raise ValueError(
+                f"{name}: expected S and z on the inputs' device {device}, "
+                f"got {self.S.device} and {self.z.device}"
+            )
+
+
+def checked_state(
+    state: object,
+    name: str,
+    batch_shape: tuple[int, ...],
+    num_features: int,
+    value_dim: int,
+    device: torch.device,
+) -> LinearAttentionState:
+    """``state`` after :meth:`LinearAttentionState.check`; TypeError if it is not a state."""
+    if not isinstance(state, LinearAttentionState):
+        raise TypeError(f"{name}: expected a LinearAttentionState, got {type(state).__name__}")
+    state.check(name, batch_shape, num_features, value_dim, device)
+    return state
 
 
 def linear_attention_step(
@@ -65,20 +106,21 @@ def linear_attention_step(
     k_t: Tensor,
     v_t: Tensor,
     state: LinearAttentionState,
+    *,
     feature_map: str | FeatureMap = "elu",
     eps: float | None = None,
 ) -> tuple[Tensor, LinearAttentionState]:
     """One decoding step. q_t, k_t: (..., D), v_t: (..., Dv), state for batch shape ``...``.
 
-    Returns o_t: (..., Dv) in the input dtype and the new state (the old one is not modified)."""
-    check_qkv(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), same_length=True)
+    Returns o_t: (..., Dv) in the input dtype and the new state (the old one is not modified),
+    in the accumulation dtype: a state of another floating dtype is cast to it, as
+    ``initial_state`` is in :func:`linattn.linear_attention`."""
+    check_step_inputs(q_t, k_t, v_t)
     fmap, eps = resolve(feature_map, eps)
     fq, fk = features(fmap, q_t, k_t)
-    if not isinstance(state, LinearAttentionState):
-        raise TypeError(f"state: expected a LinearAttentionState, got {type(state).__name__}")
-    state.check("state", tuple(q_t.shape[:-1]), fk.shape[-1], v_t.shape[-1])
-    S = state.S + fk.unsqueeze(-1) * v_t.to(fk.dtype).unsqueeze(-2)
-    z = state.z + fk
+    checked_state(state, "state", tuple(q_t.shape[:-1]), fk.shape[-1], v_t.shape[-1], q_t.device)
+    S = state.S.to(fk.dtype) + fk.unsqueeze(-1) * v_t.to(fk.dtype).unsqueeze(-2)
+    z = state.z.to(fk.dtype) + fk
     num = (fq.unsqueeze(-2) @ S).squeeze(-2)
     den = (fq * z).sum(-1)
     o = normalise(num, den, eps)

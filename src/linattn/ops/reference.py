@@ -13,7 +13,10 @@ from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
+    accumulation_dtype,
     causal_mask,
+    check_eps,
+    check_gamma,
     check_qkv,
     features,
     key_mask_for,
@@ -21,8 +24,14 @@ from linattn.ops._common import (
     resolve,
     zero_padded,
 )
+from linattn.ops.cosformer import CosFormerFeatures
 
-__all__ = ["linear_attention", "relative_linear_attention", "cosformer_attention"]
+__all__ = [
+    "linear_attention",
+    "relative_linear_attention",
+    "cosformer_attention",
+    "decay_linear_attention",
+]
 
 
 def _attend(sim: Tensor, v: Tensor, eps: float, is_causal: bool) -> Tensor:
@@ -37,6 +46,7 @@ def linear_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    *,
     feature_map: str | FeatureMap = "elu",
     is_causal: bool = False,
     key_padding_mask: Tensor | None = None,
@@ -59,6 +69,7 @@ def relative_linear_attention(
     k: Tensor,
     v: Tensor,
     r: Tensor,
+    *,
     feature_map: str | FeatureMap = "elu",
     is_causal: bool = False,
     key_padding_mask: Tensor | None = None,
@@ -87,15 +98,18 @@ def cosformer_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    *,
     is_causal: bool = False,
     key_padding_mask: Tensor | None = None,
-    eps: float = 1e-6,
+    eps: float | None = None,
 ) -> Tensor:
     r"""sim(i, j) = relu(q_i)·relu(k_j)·cos(π/2 · (i − j)/T), built as an explicit T×T matrix.
 
-    q, k: (..., T, D), v: (..., T, Dv) -> (..., T, Dv)."""
+    q, k: (..., T, D), v: (..., T, Dv) -> (..., T, Dv). ``eps`` None: the op's default,
+    :attr:`linattn.ops.cosformer.CosFormerFeatures.eps`."""
     check_qkv(q, k, v, same_length=True)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    eps = check_eps(CosFormerFeatures.eps if eps is None else eps)
+    acc = accumulation_dtype(q.dtype)
     keep = key_mask_for(key_padding_mask, k)
     fk = zero_padded(torch.relu(k.to(acc)), keep)
     T = q.shape[-2]
@@ -103,3 +117,28 @@ def cosformer_attention(
     cos = torch.cos(math.pi / 2 * (pos[:, None] - pos[None, :]) / T)
     sim = (torch.relu(q.to(acc)) @ fk.transpose(-1, -2)) * cos
     return _attend(sim, zero_padded(v.to(acc), keep), eps, is_causal).to(q.dtype)
+
+
+def decay_linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gamma: float | Tensor,
+    *,
+    feature_map: str | FeatureMap = "elu",
+    eps: float | None = None,
+) -> Tensor:
+    r"""Causal decayed linear attention with explicit weights ``W[i, j] = γ^{i−j} φ(q_i)·φ(k_j)``
+    for j ≤ i (0 above the diagonal): the ground truth of :mod:`linattn.ops.decay`.
+
+    q, k: (..., T, D); v: (..., T, Dv); gamma in [0, 1] broadcastable to ``...``.
+    Returns (..., T, Dv)."""
+    check_qkv(q, k, v, same_length=True)
+    fmap, eps = resolve(feature_map, eps)
+    fq, fk = features(fmap, q, k)
+    T = q.shape[-2]
+    g = check_gamma(gamma, tuple(q.shape[:-2]), fq)[..., None, None]
+    idx = torch.arange(T, device=q.device)
+    lag = (idx[:, None] - idx[None, :]).to(fq.dtype)
+    W = (fq @ fk.transpose(-1, -2)) * torch.where(lag >= 0, g.pow(lag.clamp(min=0)), 0.0)
+    return normalise(W @ v.to(fq.dtype), W.sum(-1), eps).to(q.dtype)

@@ -42,6 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
     causal_chunked,
+    check_chunk_size,
     check_qkv,
     features,
     key_mask_for,
@@ -50,7 +51,7 @@ from linattn.ops._common import (
     split_normalised,
     values_with_ones,
 )
-from linattn.ops.linear import DEFAULT_CHUNK_SIZE
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
 __all__ = ["relative_linear_attention", "DIRECT_MAX_T", "FFT_BLOCK_BYTES"]
 
@@ -69,9 +70,10 @@ def check_r(r: Tensor, q: Tensor) -> None:
     if not r.is_floating_point():
         raise TypeError(f"r: expected a floating-point tensor, got {r.dtype}")
     T, D = q.shape[-2:]
-    if r.dim() < 2 or r.shape[-2] != 2 * T - 1 or r.shape[-1] != D:
+    lags = max(2 * T - 1, 0)  # an empty sequence has no lags
+    if r.dim() < 2 or r.shape[-2] != lags or r.shape[-1] != D:
         raise ValueError(
-            f"r: expected shape (H, 2T-1, D) = (H, {2 * T - 1}, {D}) for q of shape "
+            f"r: expected shape (H, 2T-1, D) = (H, {lags}, {D}) for q of shape "
             f"{tuple(q.shape)}, got {tuple(r.shape)}"
         )
     try:
@@ -187,7 +189,8 @@ def relative_linear_attention(
         eps: added to the normaliser (None: the map's default).
         method: "fft" (O(T log T)), "direct" (explicit (T, T) lag scores) or "auto"
             (direct up to :data:`DIRECT_MAX_T`, FFT beyond).
-        chunk_size: chunk length of the causal content term.
+        chunk_size: chunk length of the causal content term, a positive integer (default
+            :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
 
     Returns:
         (B, H, T, Dv) in q's dtype; sums in float32 at least, FFT in that dtype too.
@@ -196,6 +199,7 @@ def relative_linear_attention(
     check_r(r, q)
     if method not in ("auto", "fft", "direct"):
         raise ValueError(f"method: expected 'auto', 'fft' or 'direct', got {method!r}")
+    chunk_size = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
     fmap, eps = resolve(feature_map, eps)
     keep = key_mask_for(key_padding_mask, k)
     fq, fk = features(fmap, q, k, keep)
@@ -204,11 +208,11 @@ def relative_linear_attention(
 
     T = q.shape[-2]
     if is_causal:
-        chunk = min(chunk_size or DEFAULT_CHUNK_SIZE, T)
-        content, _ = causal_chunked(fq, fk, v1, chunk, None)
+        content, _ = causal_chunked(fq, fk, v1, max(1, min(chunk_size, T)), None)
     else:
         content = fq @ (fk.transpose(-1, -2) @ v1)
-    use_direct = method == "direct" or (method == "auto" and T <= DIRECT_MAX_T)
+    # T = 0: nothing to transform (and no FFT size); the direct form gives the empty output
+    use_direct = method == "direct" or T == 0 or (method == "auto" and T <= DIRECT_MAX_T)
     positional = (
         _relative_direct(fq, fr, v1) if use_direct else _relative_fft(fq, fr, v1)
     )

@@ -5,13 +5,24 @@ zero padded to whole patches) and labels of any type and number of classes; ``pr
 labels in their original encoding. ``save(dir)`` writes ``model.safetensors`` (weights) and
 ``config.json`` (hyper-parameters, architecture, classes) — no pickle — and
 ``LinearAttentionClassifier.load(dir)`` restores an estimator with identical predictions.
+
+The estimator's parameters are not declared here: they are the fields of
+:class:`~linattn.tsc.model.ModelConfig` (less ``length`` and ``n_classes``, which come from the
+data) and of :class:`~linattn.tsc.training.TrainConfig` (less ``seed``, which is
+``random_state``), with their defaults, plus ``random_state``, ``n_threads`` and ``verbose``.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
+import numbers
 import os
+from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,19 +32,83 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from linattn._io import atomic_path
 from linattn.tsc.data import encode_labels
-from linattn.tsc.model import FordATransformer, ModelConfig
+from linattn.tsc.model import (
+    REMOVED_OPTIONS,
+    FordATransformer,
+    ModelConfig,
+    check_field_types,
+    rename_deprecated,
+    upgrade_saved,
+)
 from linattn.tsc.training import CheckpointError, TrainConfig, Trainer, predict_logits, write_json
 
-__all__ = ["LinearAttentionClassifier", "FORMAT"]
+__all__ = ["LinearAttentionClassifier", "FORMAT", "MODEL_PARAMS", "TRAIN_PARAMS", "REMOVED_PARAMS"]
 
 #: The ``format`` field of a saved model's config.json.
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
 
-_MODEL_PARAMS = ("patch", "d_model", "depth", "heads", "head_dim", "mlp_dim", "dropout",
-                 "feature_map", "stem", "stem_channels", "spectral", "spectrum_tokens", "window",
-                 "spectral_window")
-_TRAIN_PARAMS = ("epochs", "batch_size", "lr", "weight_decay", "pct_start", "label_smoothing",
-                 "clip", "shift", "scale_low", "scale_high", "mixup", "cutmix")
+#: Estimator parameters that are ModelConfig fields (length and n_classes come from the data).
+MODEL_PARAMS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("length", "n_classes"))
+#: Estimator parameters that are TrainConfig fields (its seed is ``random_state``).
+TRAIN_PARAMS = tuple(f.name for f in fields(TrainConfig) if f.name != "seed")
+_DEFAULTS: dict[str, Any] = {
+    **{f.name: f.default for f in fields(ModelConfig) if f.name in MODEL_PARAMS},
+    **{f.name: f.default for f in fields(TrainConfig) if f.name in TRAIN_PARAMS},
+    "random_state": 0, "n_threads": None, "verbose": False,
+}
+
+# Allowed ranges of the training parameters, (low, high, low inclusive, high inclusive);
+# their types come from TrainConfig's annotations.
+_TRAIN_RANGES = {
+    "epochs": (1, math.inf, True, False),
+    "batch_size": (1, math.inf, True, False),
+    "lr": (0.0, math.inf, False, False),
+    "weight_decay": (0.0, math.inf, True, False),
+    "pct_start": (0.0, 1.0, False, False),
+    "label_smoothing": (0.0, 1.0, True, False),
+    "clip": (0.0, math.inf, True, False),
+    "scale_low": (0.0, math.inf, False, False),
+    "scale_high": (0.0, math.inf, False, False),
+}
+
+#: Options removed after linattn 0.1.0 that old saved ``params`` may name at their neutral value.
+REMOVED_PARAMS = {
+    **REMOVED_OPTIONS,
+    "tta": (lambda v, d: v == 1, "test-time augmentation"),
+    "mixup": (lambda v, d: v == 0, "mixup"),
+    "cutmix": (lambda v, d: v == 0, "cutmix"),
+}
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python number it holds (configs are written as JSON)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def _check_train(values: Mapping[str, Any], where: str) -> None:
+    check_field_types(values, TrainConfig, where)
+    for name, (lo, hi, lo_in, hi_in) in _TRAIN_RANGES.items():
+        if name not in values:
+            continue
+        v = values[name]
+        if not ((v >= lo if lo_in else v > lo) and (v <= hi if hi_in else v < hi)):
+            interval = f"{'[' if lo_in else '('}{lo}, {hi}{']' if hi_in else ')'}"
+            raise ValueError(f"{where}: {name} must be in {interval}, got {v!r}")
+    if values.get("scale_low", 0) > values.get("scale_high", math.inf):
+        raise ValueError(f"{where}: scale_low must be <= scale_high, got "
+                         f"{values['scale_low']!r} > {values['scale_high']!r}")
+
+
+def _positive_int_or_none(value: Any, name: str, where: str) -> None:
+    if value is not None and (isinstance(value, (bool, np.bool_))
+                              or not isinstance(value, numbers.Integral) or value < 1):
+        raise ValueError(f"{where}: {name} must be None or a positive integer, got {value!r}")
 
 
 class _ThreadLimit:
@@ -59,104 +134,89 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     blocks of 4-head linear attention (d = 16, 1+elu, relative positions, no input positions),
     MLP 128, dropout 0.1, mean pooling; AdamW (wd 0.05), one-cycle LR to 1e-3, batch 64, label
     smoothing 0.05, clipping at 1, 80 epochs, random circular shifts and amplitude scaling
-    U(0.8, 1.2). Variants (off by default): ``stem`` "conv" / "inception", ``window`` (overlapping
-    patch embedding), ``spectral`` (with ``spectral_window``), ``spectrum_tokens`` (see
-    :class:`~linattn.tsc.model.ModelConfig`); ``mixup`` / ``cutmix`` (see
-    :class:`~linattn.tsc.training.TrainConfig`).
+    U(0.8, 1.2). ``window`` (overlapping patch embedding) and ``spectral`` (per-token spectra)
+    are off by default; the ``final`` recipe (:mod:`linattn.tsc.recipes`) turns them on.
 
-    ``tta``: number of circular shifts averaged at prediction time (1 = none), spread evenly over
-    the series. ``random_state``: seeds initialisation, shuffling, augmentation and dropout.
-    ``n_threads``: torch threads during fit/predict (None: torch's setting).
+    Parameters (keyword only): the architecture, as documented on
+    :class:`~linattn.tsc.model.ModelConfig`; the training recipe, as documented on
+    :class:`~linattn.tsc.training.TrainConfig`; ``random_state``: seeds initialisation,
+    shuffling, augmentation and dropout; ``n_threads``: torch threads during fit/predict (None:
+    torch's setting); ``verbose``: progress bars. ``depth`` and ``heads`` are deprecated
+    spellings of ``num_layers`` and ``num_heads``. The names and defaults:
+
     """
 
-    def __init__(
-        self,
-        *,
-        patch: int = 10,
-        d_model: int = 64,
-        depth: int = 3,
-        heads: int = 4,
-        head_dim: int = 16,
-        mlp_dim: int = 128,
-        dropout: float = 0.1,
-        feature_map: str = "elu",
-        stem: str = "linear",
-        stem_channels: int = 32,
-        spectral: bool = False,
-        spectrum_tokens: int = 0,
-        window: int = 0,
-        spectral_window: int = 0,
-        epochs: int = 80,
-        batch_size: int = 64,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        pct_start: float = 0.3,
-        label_smoothing: float = 0.05,
-        clip: float = 1.0,
-        shift: bool = True,
-        scale_low: float = 0.8,
-        scale_high: float = 1.2,
-        mixup: float = 0.0,
-        cutmix: float = 0.0,
-        tta: int = 1,
-        random_state: int = 0,
-        n_threads: int | None = None,
-        verbose: bool = False,
-    ) -> None:
-        self.patch, self.d_model, self.depth, self.heads = patch, d_model, depth, heads
-        self.head_dim, self.mlp_dim, self.dropout = head_dim, mlp_dim, dropout
-        self.feature_map, self.stem, self.stem_channels = feature_map, stem, stem_channels
-        self.spectral, self.spectrum_tokens, self.window = spectral, spectrum_tokens, window
-        self.spectral_window = spectral_window
-        self.epochs, self.batch_size, self.lr = epochs, batch_size, lr
-        self.weight_decay, self.pct_start = weight_decay, pct_start
-        self.label_smoothing, self.clip = label_smoothing, clip
-        self.shift, self.scale_low, self.scale_high = shift, scale_low, scale_high
-        self.mixup, self.cutmix = mixup, cutmix
-        self.tta, self.random_state, self.n_threads = tta, random_state, n_threads
-        self.verbose = verbose
+    def __init__(self, **params) -> None:
+        params = rename_deprecated(params, type(self).__name__)
+        unknown = sorted(set(params) - set(_DEFAULTS))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown parameter(s) {', '.join(unknown)}")
+        for name, default in _DEFAULTS.items():
+            setattr(self, name, params.get(name, default))
+
+    # scikit-learn reads the parameter names from the signature: keyword-only, with defaults
+    __init__.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+           for name, default in _DEFAULTS.items()])
+    if __doc__:  # None under python -OO
+        __doc__ += "".join(f"    ``{k}={v!r}``\n" for k, v in _DEFAULTS.items())
+
+    def set_params(self, **params):
+        """scikit-learn's ``set_params``; the deprecated names are accepted as in the
+        constructor."""
+        return super().set_params(**rename_deprecated(params, f"{type(self).__name__}.set_params"))
 
     # -- configuration --------
-    def model_config(self, length: int, n_classes: int) -> ModelConfig:
-        cfg = ModelConfig(length=int(length), n_classes=int(n_classes),
-                          **{k: getattr(self, k) for k in _MODEL_PARAMS})
-        cfg.validate()
-        return cfg
-
-    def train_config(self) -> TrainConfig:
+    def check_params(self, where: str | None = None) -> tuple[dict, TrainConfig]:
+        """Check every parameter's type and range (ValueError naming it, prefixed by
+        ``where``): the one check behind :meth:`fit`, :meth:`load` and ``linattn forda train``.
+        Returns the architecture parameters (plain Python values) and the training
+        configuration."""
+        where = where or type(self).__name__
+        params = self.get_params()
+        model = {k: params[k] for k in MODEL_PARAMS}
+        check_field_types(model, ModelConfig, where)
+        model = {k: _plain(v) for k, v in model.items()}
+        ModelConfig(**model).validate(where)
+        train = {k: params[k] for k in TRAIN_PARAMS}
+        _check_train(train, where)
         seed = self.random_state
         if seed is None:
             seed = 0
-        if not isinstance(seed, (int, np.integer)):
-            raise ValueError("random_state: expected an int (a RandomState instance is not "
-                             f"supported), got {type(seed).__name__}")
-        for name in ("mixup", "cutmix"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"{name}: expected a number >= 0 (0 = off), got {v!r}")
-        if self.mixup and self.cutmix:
-            raise ValueError("mixup and cutmix: use at most one of them")
-        return TrainConfig(seed=int(seed), **{k: getattr(self, k) for k in _TRAIN_PARAMS})
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+            raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
+                             f"instance is not supported), got {seed!r}")
+        _positive_int_or_none(self.n_threads, "n_threads", where)
+        if not isinstance(self.verbose, (bool, np.bool_, numbers.Integral)):
+            raise ValueError(f"{where}: verbose must be a bool, got {self.verbose!r}")
+        tcfg = TrainConfig(seed=int(seed), **{k: _plain(v) for k, v in train.items()})
+        return model, tcfg
 
-    def _tta_shifts(self) -> tuple[int, ...]:
-        k = int(self.tta)
-        if k < 1:
-            raise ValueError(f"tta: expected a positive integer, got {self.tta!r}")
-        L = self.n_features_in_
-        return tuple(sorted({round(i * L / k) for i in range(k)}))
+    def model_config(self, length: int, n_classes: int) -> ModelConfig:
+        """The architecture for series of ``length`` samples and ``n_classes`` classes."""
+        cfg = ModelConfig(length=int(length), n_classes=int(n_classes),
+                          **self.check_params()[0])
+        cfg.validate(type(self).__name__)
+        return cfg
+
+    def train_config(self) -> TrainConfig:
+        """The training configuration (``seed`` = ``random_state``, None meaning 0)."""
+        return self.check_params()[1]
 
     # -- scikit-learn API --------
     def fit(self, X, y, **trainer_kwargs):
         """Train on X: (n, length), y: (n,). Extra keyword arguments go to
         :class:`~linattn.tsc.training.Trainer` (``X_val``, ``checkpoint_dir``, ``progress`` …)."""
+        model_params, tcfg = self.check_params()
         X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2)
         check_classification_targets(y)
         classes, codes = encode_labels(y)
         if len(classes) < 2:
             raise ValueError(f"y: needs samples of at least 2 classes, got 1 class ({classes[0]})")
         self.classes_ = classes
-        config = self.model_config(X.shape[1], len(classes))
-        tcfg = self.train_config()
+        config = ModelConfig(length=X.shape[1], n_classes=len(classes), **model_params)
+        config.validate(type(self).__name__)
         resume = trainer_kwargs.pop("resume", False)
         if trainer_kwargs.get("y_val") is not None:
             yv = np.asarray(trainer_kwargs["y_val"])
@@ -167,7 +227,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         with _ThreadLimit(self.n_threads):
             torch.manual_seed(tcfg.seed)
             self.model_ = FordATransformer(config)
-            trainer = Trainer(self.model_, X, codes, tcfg, progress=self.verbose,
+            trainer = Trainer(self.model_, X, codes, tcfg, progress=bool(self.verbose),
                               **trainer_kwargs)
             resumed = trainer.load_checkpoint() if resume else False
             metrics = trainer.metrics_path
@@ -181,7 +241,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "model_")
         X = validate_data(self, X, dtype=np.float32, reset=False)
         with _ThreadLimit(self.n_threads):
-            return predict_logits(self.model_, X, shifts=self._tta_shifts())
+            return predict_logits(self.model_, X)
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, n_classes) class probabilities, columns in the order of ``classes_``."""
@@ -211,12 +271,11 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         weights = {k: v.detach().contiguous() for k, v in self.model_.state_dict().items()}
         with atomic_path(path / "model.safetensors") as tmp:
             save_file(weights, str(tmp))
-        classes = self.classes_.tolist()
         write_json(path / "config.json", {
             "format": FORMAT,
-            "params": self.get_params(),
+            "params": {k: _plain(v) for k, v in self.get_params().items()},
             "model": self.model_.config.to_dict(),
-            "classes": classes,
+            "classes": self.classes_.tolist(),
             "classes_dtype": self.classes_.dtype.str,
             "n_features_in": int(self.n_features_in_),
         })
@@ -224,8 +283,14 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LinearAttentionClassifier:
-        """Restore an estimator written by :meth:`save`. Raises CheckpointError (a ValueError)
-        naming the file for a missing folder, a missing or corrupt file."""
+        """Restore an estimator written by :meth:`save`.
+
+        Everything in config.json is validated, and the weights file's tensor shapes are
+        compared with it, before any model is built: a missing folder or file, a corrupt file,
+        a value of the wrong type or range, or weights that do not fit raise
+        :class:`~linattn.tsc.training.CheckpointError` (a ValueError) in one line naming the file
+        and the key. Configurations saved with the deprecated names (``depth``, ``heads``) or
+        naming removed options at their neutral value load (DeprecationWarning)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -243,22 +308,125 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
             raise CheckpointError(f"{cfg_path}: not a {FORMAT} config")
         try:
-            est = cls(**cfg["params"])
-            model_cfg = ModelConfig.from_dict(cfg["model"])
-            classes = np.asarray(cfg["classes"], dtype=np.dtype(cfg["classes_dtype"]))
-            n_features = int(cfg["n_features_in"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{cfg_path}: invalid config ({err})") from None
+            est, model_cfg, classes, n_features = cls._read_config(cfg, cfg_path)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
+            msg = f"missing key {err}" if isinstance(err, KeyError) else str(err)
+            if not msg.startswith(str(cfg_path)):
+                msg = f"{cfg_path}: {msg}"
+            raise CheckpointError(msg) from None
+        corrupt = (OSError, SafetensorError, ValueError, RuntimeError)
+        try:
+            shapes = _header_shapes(w_path)
+        except corrupt as err:
+            raise CheckpointError(f"{w_path}: corrupt weights file ({err})") from None
+        _check_weight_shapes(w_path, cfg_path.name, model_cfg, shapes)
         try:
             weights = load_file(str(w_path))
-        except (OSError, SafetensorError, ValueError, RuntimeError) as err:
+        except corrupt as err:
             raise CheckpointError(f"{w_path}: corrupt weights file ({err})") from None
         model = FordATransformer(model_cfg)
-        try:
-            model.load_state_dict(weights)
-        except RuntimeError as err:
-            first = str(err).strip().splitlines()[0]
-            raise CheckpointError(f"{w_path}: weights do not fit the config ({first})") from None
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        _compare_shapes(w_path, cfg_path.name,
+                        {k: tuple(v.shape) for k, v in weights.items()}, expected)
+        model.load_state_dict(weights)
         model.eval()
         est.model_, est.classes_, est.n_features_in_ = model, classes, n_features
         return est
+
+    @classmethod
+    def _read_config(cls, cfg: dict, cfg_path: Path):
+        """(estimator, ModelConfig, classes, n_features_in) from a saved config, all checked;
+        raises ValueError / TypeError / KeyError for the caller to report."""
+        where = f"{cfg_path}: params"
+        if not isinstance(cfg["params"], dict):
+            raise ValueError(f"{where}: expected an object")
+        params = upgrade_saved(cfg["params"], where, REMOVED_PARAMS)
+        unknown = sorted(set(params) - set(_DEFAULTS))
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}")
+        est = cls(**params)
+        est.check_params(where)
+        model_cfg = ModelConfig.from_dict(cfg["model"], f"{cfg_path}: model")
+        for k in MODEL_PARAMS:
+            if getattr(model_cfg, k) != getattr(est, k):
+                raise ValueError(f"{cfg_path}: params and model disagree on {k} "
+                                 f"({getattr(est, k)!r} and {getattr(model_cfg, k)!r})")
+        classes = _read_classes(cfg, model_cfg.n_classes, cfg_path)
+        n_features = cfg["n_features_in"]
+        if isinstance(n_features, bool) or not isinstance(n_features, int) or \
+                not 1 <= n_features <= model_cfg.length:
+            raise ValueError(f"{cfg_path}: n_features_in must be an integer in [1, "
+                             f"{model_cfg.length}] (the model's length), got {n_features!r}")
+        return est, model_cfg, classes, n_features
+
+
+def _read_classes(cfg: dict, n_classes: int, cfg_path: Path) -> np.ndarray:
+    """The saved class labels as an array: a list of ``n_classes`` distinct, sorted labels that
+    ``classes_dtype`` (a plain NumPy scalar type) holds exactly."""
+    raw = cfg["classes"]
+    try:
+        dtype = np.dtype(cfg["classes_dtype"])
+    except (TypeError, ValueError):
+        raise ValueError(f"{cfg_path}: classes_dtype: not a NumPy dtype: "
+                         f"{cfg['classes_dtype']!r}") from None
+    if dtype.kind not in "biufcUSO" or dtype.shape != ():
+        raise ValueError(f"{cfg_path}: classes_dtype: unsupported dtype {dtype.str!r}")
+    if not isinstance(raw, list) or len(raw) != n_classes:
+        raise ValueError(f"{cfg_path}: classes must be a list of {n_classes} labels (the "
+                         f"model's n_classes), got {raw!r}")
+    classes = np.asarray(raw, dtype=dtype)
+    if classes.ndim != 1 or classes.tolist() != raw:
+        raise ValueError(f"{cfg_path}: classes {raw!r} are not exactly representable as "
+                         f"{dtype.str}")
+    if len(set(raw)) != len(raw) or sorted(raw) != raw:
+        raise ValueError(f"{cfg_path}: classes must be distinct and sorted, got {raw!r}")
+    return classes
+
+
+def _header_shapes(w_path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape from a safetensors header, without reading the data."""
+    from safetensors import safe_open
+
+    with safe_open(str(w_path), framework="pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def _check_weight_shapes(w_path: Path, cfg_name: str, c: ModelConfig,
+                         shapes: dict[str, tuple[int, ...]]) -> None:
+    """Compare the weights file's tensor shapes with the config before a model is built: the
+    block count, the layers this module owns, and a lower bound on the values the blocks need,
+    so that absurd sizes in a tampered config fail here instead of being allocated."""
+    blocks = {k.split(".")[1] for k in shapes if k.startswith("blocks.")}
+    if blocks != {str(i) for i in range(len(blocks))} or len(blocks) != c.num_layers:
+        raise CheckpointError(f"{w_path}: holds {len(blocks)} encoder blocks (blocks.*) where "
+                              f"{cfg_name} has num_layers={c.num_layers}")
+    own = {"embed.weight": (c.d_model, c.embed_features), "norm.weight": (c.d_model,),
+           "head.weight": (c.n_classes, c.d_model)}
+    _compare_shapes(w_path, cfg_name, {k: shapes.get(k) for k in own}, own)
+    # per block at least the MLP's two weights, the q/k/v/out projections and the relative
+    # vectors (H, 2T - 1, d)
+    need = c.num_layers * (2 * c.mlp_dim * c.d_model
+                           + c.num_heads * c.head_dim * (4 * c.d_model + 2 * c.tokens - 1))
+    have = sum(math.prod(s) for s in shapes.values())
+    if need > have:
+        raise CheckpointError(
+            f"{w_path}: holds {have} values, fewer than the {need} that {cfg_name}'s sizes "
+            f"need (mlp_dim={c.mlp_dim}, num_heads={c.num_heads}, head_dim={c.head_dim}, "
+            f"length={c.length})")
+
+
+def _compare_shapes(w_path: Path, cfg_name: str, got: dict, expected: dict) -> None:
+    """CheckpointError naming the first tensor that is missing, unexpected or of another
+    shape than ``expected``."""
+    for key, shape in expected.items():
+        if got.get(key) is None:
+            raise CheckpointError(f"{w_path}: no tensor {key} (the model of {cfg_name} has one)")
+        if tuple(got[key]) != tuple(shape):
+            raise CheckpointError(f"{w_path}: {key} has shape {tuple(got[key])} where "
+                                  f"{cfg_name} implies {tuple(shape)}")
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        raise CheckpointError(f"{w_path}: unexpected tensor {extra[0]} (not in the model of "
+                              f"{cfg_name})")

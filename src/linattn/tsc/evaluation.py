@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linattn.tsc.data import encode_labels, stratified_split
+from linattn.tsc.data import VAL_FRACTION, VAL_SEED, encode_labels, stratified_split
 from linattn.tsc.metrics import accuracy, confusion_matrix, macro_f1, roc_auc
 
 __all__ = ["classification_metrics", "log_spectrum", "baselines", "read_metrics", "plot_curves",
@@ -37,16 +37,19 @@ def log_spectrum(X: np.ndarray) -> np.ndarray:
     return np.log(np.abs(np.fft.rfft(np.asarray(X, dtype=np.float64), axis=1)) + 1e-6)
 
 
-def baselines(X_train, y_train, X_test=None, y_test=None, *, seed: int = 0) -> dict:
+def baselines(X_train, y_train, X_test=None, y_test=None, *,
+              val_fraction: float = VAL_FRACTION, seed: int = VAL_SEED) -> dict:
     """Logistic regression (standardised features, C = 1) on raw samples and on the
-    log-magnitude spectrum. Validation figures use the same stratified 80/20 split of TRAIN as
-    training; test figures (if X_test is given) are fitted on all of TRAIN."""
+    log-magnitude spectrum. Validation figures use the validation split of TRAIN (by default
+    :func:`~linattn.tsc.data.validation_split`, the one training uses; pass a run's recorded
+    ``val_fraction`` and ``seed``); test figures (if X_test is given) are fitted on all of
+    TRAIN."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     classes, codes = encode_labels(y_train)
-    tr, va = stratified_split(codes, 0.2, seed=seed)
+    tr, va = stratified_split(codes, val_fraction, seed=seed)
     out = {}
     for name, feat in (("raw samples", np.asarray), ("log-magnitude spectrum", log_spectrum)):
         F_train = feat(X_train)
@@ -117,14 +120,14 @@ def plot_confusion(cm: list[list[int]], classes: list, path: Path) -> Path:
 
 
 def plot_kernels(kernels: np.ndarray, patch: int, path: Path) -> Path:
-    """kernels: (depth, H, 2T−1) mean φ(r_m) per block and head, plotted against the lag in
+    """kernels: (num_layers, H, 2T−1) mean φ(r_m) per block and head, plotted against the lag in
     samples (m · patch)."""
     plt = _plt()
-    depth, heads, n = kernels.shape
+    num_layers, heads, n = kernels.shape
     T = (n + 1) // 2
     lags = (np.arange(n) - (T - 1)) * patch
-    fig, axes = plt.subplots(1, depth, figsize=(3.6 * depth, 3.0), squeeze=False)
-    for b in range(depth):
+    fig, axes = plt.subplots(1, num_layers, figsize=(3.6 * num_layers, 3.0), squeeze=False)
+    for b in range(num_layers):
         ax = axes[0, b]
         for h in range(heads):
             ax.plot(lags, kernels[b, h], label=f"head {h}")
@@ -149,12 +152,13 @@ def write_report(out: Path, *, run: dict, test: dict, base: dict, stages: dict[s
     plot_confusion(test["confusion_matrix"], test["classes"], out / "confusion_matrix.png")
     plot_kernels(kernels, patch, out / "relative_kernels.png")
     cm = test["confusion_matrix"]
+    pct = round(100 * run.get("val_split", {}).get("fraction", VAL_FRACTION))
     lines = [
         "# FordA: linear-attention transformer", "",
         f"Model: `{run.get('model_dir', '')}` — recipe `{run.get('recipe', '?')}`, "
         f"seed {run.get('seed', '?')}, {run.get('n_params', '?')} parameters.", "",
         ("## Test set (evaluated once for this configuration)" if split == "test" else
-         "## Validation split (stratified 20% of TRAIN), validation-stage model(s)"), "",
+         f"## Validation split (stratified {pct}% of TRAIN), validation-stage model(s)"), "",
         "| metric | value |", "| --- | --- |",
         f"| accuracy | {test['accuracy']:.4f} |",
         f"| macro F1 | {test['macro_f1']:.4f} |",
@@ -167,7 +171,7 @@ def write_report(out: Path, *, run: dict, test: dict, base: dict, stages: dict[s
     val = stages.get("val") or []
     if val:
         last = val[-1]
-        lines += ["## Validation (stratified 80/20 split of TRAIN)", "",
+        lines += [f"## Validation (stratified {100 - pct}/{pct} split of TRAIN)", "",
                   f"Final epoch {last['epoch']}: macro F1 {_fmt(last.get('val_f1'))}, "
                   f"accuracy {_fmt(last.get('val_acc'))}, loss {_fmt(last.get('val_loss'))}; "
                   f"training time {last['time_s']:.0f} s.", ""]

@@ -3,22 +3,53 @@
 There is no positional encoding at the input: the only positional information is the learned
 relative term ``φ(q_i)·φ(r_{j−i})`` inside each attention layer, so the model depends on where a
 pattern sits only through lags between tokens, which suits series that are not aligned in time.
+
+The experiments rejected on validation (convolutional / inception stems, global-spectrum tokens,
+other spectral windows; docs/forda.md has their figures) were removed from the code after
+linattn 0.1.0; the git history keeps them. Saved configurations that name them at their neutral
+value still load (:func:`upgrade_saved`).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import typing
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn.feature_maps import FEATURE_MAPS
 from linattn.nn import EncoderBlock
+from linattn.tsc.training import CheckpointError
 
-__all__ = ["ModelConfig", "FordATransformer", "num_tokens"]
+__all__ = ["ModelConfig", "FordATransformer", "num_tokens", "RENAMED", "REMOVED_OPTIONS",
+           "rename_deprecated", "upgrade_saved", "check_field_types"]
 
-STEMS = ("linear", "conv", "inception")
+#: Deprecated spellings of :class:`ModelConfig` fields (accepted with a DeprecationWarning in
+#: saved configurations and as constructor keywords) → today's name.
+RENAMED: dict[str, str] = {"depth": "num_layers", "heads": "num_heads"}
+
+
+def _neutral_spectral_window(value: Any, saved: Mapping[str, Any]) -> bool:
+    # 0 meant 2·patch, the window that stays; without spectral the option had no effect
+    return value in (0, 2 * saved.get("patch", ModelConfig.patch)) or not saved.get("spectral")
+
+
+#: Architecture options removed after linattn 0.1.0 → (test of the neutral value given the whole
+#: saved dict, what the option was). A saved config may name them at their neutral value only.
+REMOVED_OPTIONS: dict[str, tuple[Callable[[Any, Mapping[str, Any]], bool], str]] = {
+    "stem": (lambda v, d: v == "linear", "convolutional stems"),
+    "stem_channels": (lambda v, d: True, "stem channels"),
+    "spectrum_tokens": (lambda v, d: v == 0, "global-spectrum tokens"),
+    "spectral_window": (_neutral_spectral_window, "spectral windows other than 2·patch"),
+}
 
 
 def num_tokens(length: int, patch: int) -> int:
@@ -26,104 +57,172 @@ def num_tokens(length: int, patch: int) -> int:
     return max(1, math.ceil(length / patch))
 
 
+def rename_deprecated(d: Mapping[str, Any], where: str, stacklevel: int = 3,
+                      aliases: Mapping[str, str] = RENAMED) -> dict[str, Any]:
+    """``d`` with the deprecated names of ``aliases`` (old → new, default :data:`RENAMED`)
+    replaced, one DeprecationWarning per old name (``where`` opens the message); giving both
+    spellings with different values is a TypeError."""
+    out = dict(d)
+    for old, new in aliases.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        warnings.warn(f"{where}: {old!r} is deprecated, use {new!r}", DeprecationWarning,
+                      stacklevel=stacklevel)
+        if new in out and out[new] != value:
+            raise TypeError(f"{where}: both {old!r} (deprecated) and {new!r} given, with "
+                            f"different values {value!r} and {out[new]!r}")
+        out[new] = value
+    return out
+
+
+def upgrade_saved(d: Mapping[str, Any], where: str,
+                  removed: Mapping[str, tuple[Callable, str]] = REMOVED_OPTIONS) -> dict:
+    """A saved dictionary in today's spelling: deprecated names renamed (DeprecationWarning),
+    removed options dropped where they hold their neutral value. An option that was in use
+    raises :class:`~linattn.tsc.training.CheckpointError` (``where`` names the file)."""
+    out = {}
+    for key, value in d.items():
+        if key not in removed:
+            out[key] = value
+        elif not removed[key][0](value, d):
+            raise CheckpointError(
+                f"{where}: uses the removed {removed[key][1]} ({key}={value!r}); load it with "
+                "linattn <= 0.1 (git history)")
+    try:
+        return rename_deprecated(out, where, stacklevel=4)
+    except TypeError as err:
+        raise CheckpointError(str(err)) from None
+
+
+def _type_ok(value: Any, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(value, (bool, np.bool_)):  # True is an int to Python, not to a config
+        return False
+    if kind is int:
+        return isinstance(value, numbers.Integral)
+    if kind is float:
+        return isinstance(value, numbers.Real) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def check_field_types(values: Mapping[str, Any], cls: type, where: str) -> None:
+    """ValueError unless each value has the type its field of dataclass ``cls`` declares: an
+    ``int`` field takes integers (not floats or bools), a ``float`` field finite numbers, a
+    ``bool`` field bools, a ``str`` field strings. Unknown names are a ValueError too."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        if name not in hints:
+            raise ValueError(f"{where}: unknown key {name!r}")
+        kind = hints[name]
+        if not _type_ok(value, kind):
+            raise ValueError(f"{where}: {name} must be {'an' if kind is int else 'a'} "
+                             f"{kind.__name__}, got {value!r}")
+
+
 @dataclass
 class ModelConfig:
     """Everything that defines the architecture (saved as JSON beside the weights).
 
-    ``stem``: ``"linear"`` (each patch of ``patch`` samples through one linear layer, the
-    reference recipe), ``"conv"`` (two 1-D convolutions over the raw samples, then a strided
-    convolution with kernel and stride ``patch`` to ``d_model``) or ``"inception"`` (parallel
-    1-D convolutions with kernels 9, 19 and 39 and a max-pool + 1×1 branch, ``stem_channels / 4``
-    channels each, batch norm and GELU, then the patch embedding over all channels).
-    ``window``: samples (per channel) each token's embedding sees: 0 = ``patch`` (disjoint
-    patches, the reference); a larger window overlaps the neighbouring patches, centred on the
-    token's patch (zero padded at the ends), stride ``patch``. ``spectral``: also feed each
-    token the log-magnitude spectrum of a Hann window of ``spectral_window`` samples
-    (0 = ``2·patch``) centred on its patch.
-    ``spectrum_tokens``: append this many tokens made from the log-magnitude spectrum of the
-    whole series, split into as many contiguous frequency bands (each band its own linear map).
+    ``length``: the longest series (samples); ``n_classes``: logits. ``patch``: samples per
+    token. ``num_layers`` encoder blocks of ``num_heads`` heads of size ``head_dim`` on width
+    ``d_model``, MLP width ``mlp_dim``, ``dropout``, ``feature_map`` (a name of
+    :data:`linattn.feature_maps.FEATURE_MAPS`). ``window``: samples each token's embedding sees:
+    0 = ``patch`` (disjoint patches, the reference); a larger window overlaps the neighbouring
+    patches, centred on the token's patch (zero padded at the ends), stride ``patch``.
+    ``spectral``: also feed each token the log-magnitude spectrum of a Hann window of ``2·patch``
+    samples centred on its patch.
+
+    ``depth`` and ``heads`` are deprecated constructor keywords for ``num_layers`` and
+    ``num_heads``.
     """
 
     length: int = 500
     n_classes: int = 2
     patch: int = 10
     d_model: int = 64
-    depth: int = 3
-    heads: int = 4
+    num_layers: int = 3
+    num_heads: int = 4
     head_dim: int = 16
     mlp_dim: int = 128
     dropout: float = 0.1
     feature_map: str = "elu"
-    stem: str = "linear"
-    stem_channels: int = 32
     spectral: bool = False
-    spectrum_tokens: int = 0
     window: int = 0
-    spectral_window: int = 0
 
     @property
     def tokens(self) -> int:
-        """Time tokens (patches)."""
+        """Tokens the encoder sees (patches)."""
         return num_tokens(self.length, self.patch)
 
     @property
-    def seq_len(self) -> int:
-        """Tokens the encoder sees: the patches, then the spectrum tokens."""
-        return self.tokens + self.spectrum_tokens
+    def embed_features(self) -> int:
+        """Inputs of the token embedding: the window's samples, then the spectral bins."""
+        return (self.window or self.patch) + (self.patch + 1 if self.spectral else 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+    def from_dict(cls, d: Mapping[str, Any], where: str = "model config") -> ModelConfig:
+        """A validated config from a saved dict: deprecated names are renamed, removed options
+        at their neutral value dropped (:func:`upgrade_saved`); unknown keys, missing keys and
+        wrong types or ranges are a ValueError naming the key."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+        d = upgrade_saved(d, where)
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(names))
         if unknown:
-            raise ValueError(f"model config: unknown keys {unknown}")
+            raise ValueError(f"{where}: unknown keys {unknown}")
         cfg = cls(**d)
-        cfg.validate()
+        cfg.validate(where)
         return cfg
 
-    def validate(self) -> None:
-        for name in ("length", "n_classes", "patch", "d_model", "depth", "heads", "head_dim",
-                     "mlp_dim", "stem_channels"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"model config: {name} must be a positive integer, got {v!r}")
+    def validate(self, where: str = "model config") -> None:
+        """ValueError naming the field for a wrong type or a value out of range."""
+        check_field_types(self.to_dict(), type(self), where)
+        for name in ("length", "patch", "d_model", "num_layers", "num_heads", "head_dim",
+                     "mlp_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{where}: {name} must be a positive integer, "
+                                 f"got {getattr(self, name)!r}")
         if self.n_classes < 2:
-            raise ValueError(f"model config: n_classes must be at least 2, got {self.n_classes}")
-        if not isinstance(self.spectrum_tokens, int) or self.spectrum_tokens < 0:
-            raise ValueError("model config: spectrum_tokens must be a non-negative integer, "
-                             f"got {self.spectrum_tokens!r}")
-        if self.stem not in STEMS:
-            raise ValueError(f"model config: stem must be one of {', '.join(STEMS)}, "
-                             f"got {self.stem!r}")
-        if self.stem == "inception" and self.stem_channels % 4:
-            raise ValueError("model config: the inception stem needs stem_channels divisible "
-                             f"by 4, got {self.stem_channels}")
-        if not isinstance(self.window, int) or isinstance(self.window, bool) or \
-                (self.window and self.window < self.patch):
-            raise ValueError("model config: window must be 0 or an integer >= patch, "
+            raise ValueError(f"{where}: n_classes must be at least 2, got {self.n_classes}")
+        if self.window < 0 or (self.window and self.window < self.patch):
+            raise ValueError(f"{where}: window must be 0 or an integer >= patch, "
                              f"got {self.window!r}")
-        if not isinstance(self.spectral_window, int) or isinstance(self.spectral_window, bool) \
-                or (self.spectral_window and self.spectral_window < self.patch):
-            raise ValueError("model config: spectral_window must be 0 or an integer >= patch, "
-                             f"got {self.spectral_window!r}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model config: dropout must be in [0, 1), got {self.dropout!r}")
+            raise ValueError(f"{where}: dropout must be in [0, 1), got {self.dropout!r}")
+        if self.feature_map.lower() not in FEATURE_MAPS:
+            raise ValueError(f"{where}: feature_map must be one of "
+                             f"{', '.join(sorted(FEATURE_MAPS))}, got {self.feature_map!r}")
+
+
+_dataclass_init = ModelConfig.__init__
+
+
+def _init_with_aliases(self, *args, **kwargs) -> None:
+    _dataclass_init(self, *args, **rename_deprecated(kwargs, "ModelConfig", stacklevel=3))
+
+
+_init_with_aliases.__wrapped__ = _dataclass_init  # inspect.signature shows the fields
+_init_with_aliases.__doc__ = _dataclass_init.__doc__
+ModelConfig.__init__ = _init_with_aliases
 
 
 class SpectralPatches(nn.Module):
-    """Per-token log-magnitude spectrum: (B, L_pad) -> (B, T, window // 2 + 1).
+    """Per-token log-magnitude spectrum: (B, L_pad) -> (B, T, patch + 1).
 
-    Token t sees ``window`` samples (default ``2·patch``) centred on its patch, i.e.
-    ``[t·p − (w − p)/2, t·p + p + (w − p)/2)`` (zero padded at the ends), under a Hann window;
+    Token t sees the ``w = 2·patch`` samples centred on its patch, i.e.
+    ``[t·p − p/2, t·p + 3p/2)`` (zero padded at the ends), under a Hann window;
     ``log(|rfft|² + 1e-4) / 2``, so silence and scale changes stay finite."""
 
-    def __init__(self, patch: int, window: int = 0) -> None:
+    def __init__(self, patch: int) -> None:
         super().__init__()
         self.patch = patch
-        self.size = window or 2 * patch
+        self.size = 2 * patch
         self.register_buffer("window", torch.hann_window(self.size, periodic=False),
                              persistent=False)
 
@@ -140,59 +239,14 @@ class SpectralPatches(nn.Module):
         return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
 
 
-class SpectrumTokens(nn.Module):
-    """Global log-magnitude spectrum as k band tokens: (B, L_pad) -> (B, k, d_model).
-
-    ``log(|rfft(x)| + 1e-3)``, standardised by a LayerNorm over all bins (invariant to circular
-    shifts and to the amplitude scale), zero padded to k equal bands; band b has its own
-    (band, d_model) weights and bias."""
-
-    def __init__(self, length: int, k: int, d_model: int) -> None:
-        super().__init__()
-        self.bins = length // 2 + 1
-        self.k, self.band = k, math.ceil(self.bins / k)
-        self.norm = nn.LayerNorm(self.bins)
-        self.weight = nn.Parameter(torch.randn(k, self.band, d_model) / math.sqrt(self.band))
-        self.bias = nn.Parameter(torch.zeros(k, d_model))
-
-    def forward(self, x: Tensor) -> Tensor:
-        spec = torch.log(torch.fft.rfft(x, dim=-1).abs() + 1e-3)
-        spec = F.pad(self.norm(spec), (0, self.k * self.band - self.bins))
-        bands = spec.view(x.shape[0], self.k, self.band)
-        return torch.einsum("bkn,knd->bkd", bands, self.weight) + self.bias
-
-
-class InceptionStem(nn.Module):
-    """One InceptionTime-style module on the raw series: (B, 1, L) -> (B, channels, L).
-
-    Convolutions with kernels 9, 19 and 39 (same padding) and a max-pool (3) + 1×1 convolution,
-    ``channels / 4`` each, concatenated, then batch norm and GELU."""
-
-    KERNELS = (9, 19, 39)
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        ch = channels // 4
-        self.convs = nn.ModuleList(nn.Conv1d(1, ch, k, padding=k // 2, bias=False)
-                                   for k in self.KERNELS)
-        self.pool = nn.Sequential(nn.MaxPool1d(3, stride=1, padding=1),
-                                  nn.Conv1d(1, ch, 1, bias=False))
-        self.norm = nn.BatchNorm1d(4 * ch)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = torch.cat([conv(x) for conv in self.convs] + [self.pool(x)], dim=1)
-        return F.gelu(self.norm(h))
-
-
 class FordATransformer(nn.Module):
     """Encoder-only linear-attention classifier for univariate series.
 
     ``(B, L) -> (B, n_classes)`` logits, L ≤ ``config.length`` (shorter series and a final
-    partial patch are zero padded to whole patches). Tokens ``T = ceil(length / patch)``; each of
-    ``depth`` pre-norm :class:`~linattn.nn.EncoderBlock` s has its own relative vectors
-    (``max_len`` = tokens); mean over tokens, LayerNorm, linear to the logits. Optional
-    variants (see :class:`ModelConfig`): a convolutional stem, per-patch spectra, and tokens of
-    the global spectrum appended after the patches.
+    partial patch are zero padded to whole patches). Tokens ``T = ceil(length / patch)``, each
+    embedded by one linear layer from its window of samples (and its spectrum with
+    ``spectral``); each of ``num_layers`` pre-norm :class:`~linattn.nn.EncoderBlock` s has its
+    own relative vectors (``max_len`` = T); mean over tokens, LayerNorm, linear to the logits.
     """
 
     def __init__(self, config: ModelConfig | None = None, **overrides) -> None:
@@ -200,63 +254,38 @@ class FordATransformer(nn.Module):
         if config is None:
             config = ModelConfig(**overrides)
         elif overrides:
+            overrides = rename_deprecated(overrides, "FordATransformer")
             config = ModelConfig(**{**config.to_dict(), **overrides})
         config.validate()
         self.config = c = config
-        self.spectral = SpectralPatches(c.patch, c.spectral_window) if c.spectral else None
-        extra = self.spectral.out_features if self.spectral is not None else 0
+        self.spectral = SpectralPatches(c.patch) if c.spectral else None
         self.window = c.window or c.patch
-        if c.stem == "linear":
-            self.stem = None
-            self.embed = nn.Linear(self.window + extra, c.d_model)
-        elif c.stem == "inception":
-            self.stem = InceptionStem(c.stem_channels)
-            self.embed = nn.Linear(c.stem_channels * self.window + extra, c.d_model)
-        else:
-            ch = c.stem_channels
-            self.stem = nn.Sequential(
-                nn.Conv1d(1, ch, 7, padding=3),
-                nn.BatchNorm1d(ch),
-                nn.GELU(),
-                nn.Conv1d(ch, ch, 5, padding=2),
-                nn.BatchNorm1d(ch),
-                nn.GELU(),
-            )
-            self.embed = nn.Linear(ch * self.window + extra, c.d_model)
-        self.spectrum = None
-        if c.spectrum_tokens:
-            self.spectrum = SpectrumTokens(c.tokens * c.patch, c.spectrum_tokens, c.d_model)
+        self.embed = nn.Linear(c.embed_features, c.d_model)
         self.blocks = nn.ModuleList(
-            EncoderBlock(c.d_model, c.heads, c.mlp_dim, head_dim=c.head_dim,
-                         feature_map=c.feature_map, max_len=c.seq_len, dropout=c.dropout)
-            for _ in range(c.depth)
+            EncoderBlock(c.d_model, c.num_heads, c.mlp_dim, head_dim=c.head_dim,
+                         feature_map=c.feature_map, max_len=c.tokens, dropout=c.dropout)
+            for _ in range(c.num_layers)
         )
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.n_classes)
 
     def tokens(self, x: Tensor) -> Tensor:
-        """Token embeddings (B, seq_len, d_model) of series x: (B, L)."""
+        """Token embeddings (B, T, d_model) of series x: (B, L)."""
         c = self.config
         if x.dim() != 2:
             raise ValueError(f"x: expected shape (B, L), got {tuple(x.shape)}")
         if x.shape[1] > c.tokens * c.patch:
             raise ValueError(f"x: series length {x.shape[1]} exceeds the model's {c.length}")
         x = F.pad(x, (0, c.tokens * c.patch - x.shape[1]))
-        B, T, w = x.shape[0], c.tokens, self.window
-        h = x.unsqueeze(1) if self.stem is None else self.stem(x.unsqueeze(1))  # (B, C, L)
+        w = self.window
         if w == c.patch:
-            feats = h.reshape(B, -1, T, c.patch)
-        else:  # overlapping windows centred on the patches: (B, C, T, w)
+            feats = x.reshape(x.shape[0], c.tokens, c.patch)
+        else:  # overlapping windows centred on the patches: (B, T, w)
             left = (w - c.patch) // 2
-            h = F.pad(h, (left, w - c.patch - left))
-            feats = h.unfold(-1, w, c.patch)
-        feats = feats.permute(0, 2, 1, 3).reshape(B, T, -1)
+            feats = F.pad(x, (left, w - c.patch - left)).unfold(-1, w, c.patch)
         if self.spectral is not None:
             feats = torch.cat([feats, self.spectral(x)], dim=-1)
-        h = self.embed(feats)
-        if self.spectrum is not None:
-            h = torch.cat([h, self.spectrum(x)], dim=1)
-        return h
+        return self.embed(feats)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.tokens(x)
@@ -266,7 +295,7 @@ class FordATransformer(nn.Module):
 
     def relative_kernels(self) -> Tensor:
         """Per block and head, the mean positional feature strength ``mean_ℓ φ(r_m)`` over lags:
-        (depth, H, 2T−1) — what each head adds to a score per lag for an average query."""
+        (num_layers, H, 2T−1) — what each head adds to a score per lag for an average query."""
         out = []
         for block in self.blocks:
             attn = block.attn

@@ -17,10 +17,11 @@ that a real stream would replace by running statistics; we keep the data as publ
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+import os
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import InitVar, asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,29 +29,57 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn.nn.lm import DecoderBlock, LMState
-from linattn.tsc.data import augment, epoch_generator
+from linattn.train_loop import TrainLoop
 from linattn.tsc.model import num_tokens
+from linattn.tsc.training import EpochLoop
 
 __all__ = ["StreamingConfig", "StreamingClassifier", "StreamState", "train_streaming",
            "accuracy_by_fraction"]
 
 
+#: Deprecated spellings of :class:`StreamingConfig` fields -> today's name.
+RENAMED: dict[str, str] = {"layers": "num_layers", "heads": "num_heads"}
+
+
 @dataclass
 class StreamingConfig:
-    """Architecture of :class:`StreamingClassifier`."""
+    """Architecture of :class:`StreamingClassifier`: ``num_layers`` decoder blocks of
+    ``num_heads`` heads on width ``d_model``, MLP width ``mlp_dim``.
+
+    ``layers`` and ``heads`` are deprecated keywords for ``num_layers`` and ``num_heads`` (a
+    DeprecationWarning; the old name wins if both are given)."""
 
     length: int = 500
     n_classes: int = 2
     patch: int = 10
     d_model: int = 64
-    layers: int = 2
-    heads: int = 4
+    num_layers: int = 2
+    num_heads: int = 4
     mlp_dim: int = 128
     dropout: float = 0.1
     feature_map: str = "elu"
+    layers: InitVar[int | None] = None
+    heads: InitVar[int | None] = None
+
+    def __post_init__(self, layers: int | None, heads: int | None) -> None:
+        for old, value in (("layers", layers), ("heads", heads)):
+            if value is not None:
+                warnings.warn(f"StreamingConfig: {old!r} is deprecated, use {RENAMED[old]!r}",
+                              DeprecationWarning, stacklevel=3)
+                setattr(self, RENAMED[old], value)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StreamingConfig:
+        """The config of a saved dict (deprecated names accepted); an unknown key is a
+        ValueError."""
+        known = {f.name for f in fields(cls)} | set(RENAMED)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"StreamingConfig: unknown keys {unknown}")
+        return cls(**d)
 
 
 @dataclass
@@ -90,12 +119,13 @@ class StreamingClassifier(nn.Module):
 
     def __init__(self, config: StreamingConfig | None = None, **overrides) -> None:
         super().__init__()
+        # overrides may use the deprecated names: they replace the config's value
         self.config = c = StreamingConfig(**{**(config or StreamingConfig()).to_dict(),
                                              **overrides})
         self.embed = nn.Linear(c.patch, c.d_model)
         self.blocks = nn.ModuleList(
-            DecoderBlock(c.d_model, c.heads, c.mlp_dim, feature_map=c.feature_map,
-                         dropout=c.dropout) for _ in range(c.layers))
+            DecoderBlock(c.d_model, c.num_heads, c.mlp_dim, feature_map=c.feature_map,
+                         dropout=c.dropout) for _ in range(c.num_layers))
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.n_classes)
 
@@ -157,56 +187,85 @@ class StreamingClassifier(nn.Module):
             self.train(was)
 
 
+class _StreamingTraining(EpochLoop):
+    """The loop of :func:`train_streaming`."""
+
+    def __init__(self, model: StreamingClassifier, X, y, X_val, y_val, *, epochs: int,
+                 batch_size: int, lr: float, weight_decay: float, seed: int,
+                 **loop_kwargs) -> None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        train = {"epochs": epochs, "batch_size": batch_size, "lr": lr,
+                 "weight_decay": weight_decay, "seed": seed, "n_train": len(X)}
+        super().__init__(model, optimizer, X, epochs=epochs, batch_size=batch_size, seed=seed,
+                         clip=1.0, meta={"model": model.config.to_dict(), "train": train},
+                         desc="stream", **loop_kwargs)
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=lr, total_steps=epochs * self.steps_per_epoch, pct_start=0.2)
+        self.y = torch.as_tensor(y, dtype=torch.int64)
+        self.X_val, self.y_val = X_val, y_val
+        self.best, self.best_state = -1.0, None  # best final-prefix val accuracy, its weights
+
+    def loss(self) -> Tensor:
+        idx = self.batch_indices()
+        logits = self.model(self.augmented(idx))  # (B, T, C)
+        target = self.y[idx, None].expand(-1, logits.shape[1])
+        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
+        self.track(loss, len(idx))
+        return loss
+
+    def after_step(self, loss: Tensor) -> dict | None:
+        if self.batch != 0:  # mid-epoch
+            return None
+        rec = {"epoch": self.epoch, "train_loss": self.loss_sum / self.n_seen,
+               "time_s": round(self.elapsed, 1)}
+        self.loss_sum, self.n_seen = 0.0, 0
+        if self.X_val is not None:
+            acc = accuracy_by_fraction(self.model, self.X_val, self.y_val)
+            rec["val_acc_end"] = float(acc[-1])
+            rec["val_acc_mean"] = float(acc.mean())
+            if acc[-1] > self.best:
+                self.best = float(acc[-1])
+                self.best_state = {k: v.detach().clone()
+                                   for k, v in self.model.state_dict().items()}
+        return rec
+
+    def extra_state(self) -> dict:
+        return {**super().extra_state(), "best": self.best, "best_state": self.best_state}
+
+    def load_extra_state(self, state: dict) -> None:
+        super().load_extra_state(state)
+        self.best, self.best_state = state["best"], state["best_state"]
+
+
 def train_streaming(model: StreamingClassifier, X: np.ndarray, y: np.ndarray, *,
                     X_val: np.ndarray | None = None, y_val: np.ndarray | None = None,
                     epochs: int = 20, batch_size: int = 64, lr: float = 2e-3,
-                    weight_decay: float = 0.05, seed: int = 0, progress: bool = True) -> list:
-    """AdamW + one-cycle, loss = cross-entropy averaged over all prefixes, circular-shift and
-    scale augmentation (:func:`linattn.tsc.data.augment`). Keeps the weights of the epoch with
-    the best final-prefix validation accuracy (if a validation set is given). Returns history."""
-    from tqdm.auto import tqdm
+                    weight_decay: float = 0.05, seed: int = 0, progress: bool = True,
+                    checkpoint_dir: str | os.PathLike | None = None,
+                    metrics_path: str | os.PathLike | None = None, resume: bool = False,
+                    on_step: Callable[[TrainLoop], None] | None = None) -> list[dict]:
+    """Train on X (n, length), y (n,) integer labels; returns the per-epoch history.
 
+    AdamW + one-cycle (20 % warm-up), loss = cross-entropy averaged over all prefixes,
+    circular-shift and scale augmentation (:func:`linattn.tsc.data.augment`), gradient norm
+    clipped at 1. Keeps the weights of the epoch with the best final-prefix validation
+    accuracy (if a validation set is given).
+
+    ``checkpoint_dir``: a checkpoint after every epoch and on Ctrl-C (which then raises
+    KeyboardInterrupt); ``resume``: continue the checkpoint there, to the result an
+    uninterrupted run gives. ``metrics_path``: one JSON line per epoch. ``on_step``: called as
+    ``on_step(loop)`` after every optimiser step. Runs on
+    :class:`~linattn.train_loop.TrainLoop`."""
     torch.manual_seed(seed)
-    Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.int64)
-    steps = math.ceil(len(Xt) / batch_size)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps,
-                                                pct_start=0.2)
-    history, best, best_state = [], -1.0, None
-    t0 = time.perf_counter()
-    for epoch in range(epochs):
-        g = epoch_generator(seed, epoch)
-        perm = torch.randperm(len(Xt), generator=g)
-        shifts = torch.randint(0, Xt.shape[1], (len(Xt),), generator=g)
-        scales = 0.8 + 0.4 * torch.rand(len(Xt), generator=g)
-        model.train()
-        total = 0.0
-        for b in tqdm(range(steps), desc=f"stream epoch {epoch + 1}/{epochs}", leave=False,
-                      disable=not progress):
-            idx = perm[b * batch_size : (b + 1) * batch_size]
-            logits = model(augment(Xt[idx], shifts[idx], scales[idx]))  # (B, T, C)
-            target = yt[idx, None].expand(-1, logits.shape[1])
-            loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            total += loss.item() * len(idx)
-        rec = {"epoch": epoch + 1, "train_loss": total / len(Xt),
-               "time_s": round(time.perf_counter() - t0, 1)}
-        if X_val is not None:
-            acc = accuracy_by_fraction(model, X_val, y_val)
-            rec["val_acc_end"] = float(acc[-1])
-            rec["val_acc_mean"] = float(acc.mean())
-            if acc[-1] > best:
-                best = float(acc[-1])
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        history.append(rec)
-        if progress:
-            print(rec, flush=True)
-    if best_state is not None:
-        model.load_state_dict(best_state)
+    loop = _StreamingTraining(model, X, y, X_val, y_val, epochs=epochs, batch_size=batch_size,
+                              lr=lr, weight_decay=weight_decay, seed=seed, progress=progress,
+                              checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
+                              on_step=on_step)
+    if resume:
+        loop.load_checkpoint()
+    history = loop.run()
+    if loop.best_state is not None:
+        model.load_state_dict(loop.best_state)
     return history
 
 
