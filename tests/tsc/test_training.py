@@ -109,7 +109,8 @@ def test_ctrl_c_mid_epoch_saves_and_resumes_identically(tmp_path, install):
 
 def to_legacy_layout(ckpt_dir, steps_per_epoch):
     """Rewrite checkpoint.pt in the folder layout of linattn 0.1 (latest.json -> eEEEE-bBBBB/),
-    whose train config still named mixup and cutmix."""
+    whose train config still named mixup and cutmix and whose model config spelled num_layers
+    and num_heads as depth and heads, beside the options removed since."""
     from safetensors.torch import save_file
 
     ck = torch.load(ckpt_dir / "checkpoint.pt", weights_only=True)
@@ -118,7 +119,10 @@ def to_legacy_layout(ckpt_dir, steps_per_epoch):
     d = ckpt_dir / name
     d.mkdir()
     save_file({k: v.contiguous() for k, v in ck["model"].items()}, str(d / "model.safetensors"))
-    meta = {**ck["meta"], "train": {**ck["meta"]["train"], "mixup": 0.0, "cutmix": 0.0}}
+    model = dict(ck["meta"]["model"])
+    model["depth"], model["heads"] = model.pop("num_layers"), model.pop("num_heads")
+    model.update(stem="linear", stem_channels=32, spectrum_tokens=0, spectral_window=0)
+    meta = {"model": model, "train": {**ck["meta"]["train"], "mixup": 0.0, "cutmix": 0.0}}
     (d / "config.json").write_text(json.dumps(meta))
     torch.save({"optimizer": ck["optimizer"], "scheduler": ck["scheduler"],
                 "torch_rng": ck["rng"]["torch"], "epoch": epoch, "batch": batch,
@@ -143,7 +147,8 @@ def test_checkpoint_of_the_earlier_folder_layout_resumes(tmp_path):
         part.run()
     to_legacy_layout(tmp_path / "b" / "ckpt", part.steps_per_epoch)
     resumed = make(tmp_path / "b")
-    assert resumed.load_checkpoint() and (resumed.epoch, resumed.batch) == (1, 3)
+    with pytest.warns(DeprecationWarning, match="'depth' is deprecated"):
+        assert resumed.load_checkpoint() and (resumed.epoch, resumed.batch) == (1, 3)
     resumed.run()
     assert strip_time(resumed.history) == strip_time(ref.history)
     for k, v in weights(ref).items():
@@ -189,5 +194,5 @@ def test_removed_mixing_options_read_back_only_at_zero():
     assert "mixup" not in d and "cutmix" not in d
     assert TrainConfig.from_dict({**d, "mixup": 0.0, "cutmix": 0.0}) == TrainConfig(epochs=3)
     for name in ("mixup", "cutmix"):
-        with pytest.raises(CheckpointError, match=f"{name}: the option was removed"):
+        with pytest.raises(CheckpointError, match=f"uses the removed {name} \\({name}=0.2\\)"):
             TrainConfig.from_dict({**d, name: 0.2})

@@ -119,8 +119,9 @@ def _parse_sets(items: list[str]) -> dict:
 def _params(args) -> dict:
     import warnings
 
+    from linattn._config import rename_deprecated
     from linattn.tsc.estimator import REMOVED_PARAMS, LinearAttentionClassifier
-    from linattn.tsc.model import rename_deprecated
+    from linattn.tsc.model import RENAMED
     from linattn.tsc.recipes import RECIPES
 
     if args.recipe not in RECIPES:
@@ -130,7 +131,7 @@ def _params(args) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
         try:
-            sets = rename_deprecated(_parse_sets(args.set), "--set")
+            sets = rename_deprecated(_parse_sets(args.set), RENAMED, "--set")
         except TypeError as err:
             raise UserError(str(err)) from None
     for w in caught:  # a deprecated --set name: one line for the person at the terminal

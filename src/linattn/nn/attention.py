@@ -9,15 +9,14 @@ define theirs, so neither overrides the other's contract.
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import math
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from linattn._config import renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
 from linattn.ops.linear import linear_attention
 from linattn.ops.relative import relative_linear_attention
@@ -69,24 +68,8 @@ def _copy_template(template: FeatureMap) -> FeatureMap:
     return new
 
 
-def _embed_dim_alias(init: Callable) -> Callable:
-    """Accept the deprecated keyword ``embed_dim=`` for ``d_model=`` (a DeprecationWarning)."""
-
-    @functools.wraps(init)
-    def wrapper(self, *args, **kwargs):
-        if "embed_dim" in kwargs:
-            value = kwargs.pop("embed_dim")
-            warnings.warn(f"{type(self).__name__}: 'embed_dim' is deprecated, use 'd_model'",
-                          DeprecationWarning, stacklevel=2)
-            given = args[0] if args else kwargs.get("d_model", value)
-            if given != value:
-                raise TypeError(f"{type(self).__name__}: both 'embed_dim' (deprecated) and "
-                                f"'d_model' given, with different values {value!r} and {given!r}")
-            if not args:
-                kwargs["d_model"] = value
-        init(self, *args, **kwargs)
-
-    return wrapper
+#: Deprecated keyword of the attention modules' constructors -> today's name.
+EMBED_DIM_ALIAS = {"embed_dim": "d_model"}
 
 
 class MultiheadAttentionBase(nn.Module):
@@ -170,7 +153,7 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
             ``max_len``: lag terms would need the other ranks' values.
     """
 
-    @_embed_dim_alias
+    @renamed_keywords(EMBED_DIM_ALIAS)
     def __init__(
         self,
         d_model: int,

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linattn.nn.attention import FeatureMapSpec, MultiheadAttentionBase, _embed_dim_alias
+from linattn._config import renamed_keywords
+from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAttentionBase
 from linattn.nn.encoder import PreNormBlock
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
@@ -109,7 +110,7 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
     (both share :class:`~linattn.nn.attention.MultiheadAttentionBase`); the decays are a fixed
     buffer, not parameters. ``embed_dim=`` is a deprecated alias of ``d_model=``."""
 
-    @_embed_dim_alias
+    @renamed_keywords(EMBED_DIM_ALIAS)
     def __init__(
         self,
         d_model: int,

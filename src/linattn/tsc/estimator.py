@@ -19,7 +19,6 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,24 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from linattn._config import check_field_types, rename_deprecated
 from linattn._io import atomic_path
 from linattn.tsc.data import encode_labels
 from linattn.tsc.model import (
     REMOVED_OPTIONS,
+    RENAMED,
     FordATransformer,
     ModelConfig,
-    check_field_types,
-    rename_deprecated,
     upgrade_saved,
 )
-from linattn.tsc.training import CheckpointError, TrainConfig, Trainer, predict_logits, write_json
+from linattn.tsc.training import (
+    REMOVED_TRAIN_OPTIONS,
+    CheckpointError,
+    TrainConfig,
+    Trainer,
+    predict_logits,
+    write_json,
+)
 
 __all__ = ["LinearAttentionClassifier", "FORMAT", "MODEL_PARAMS", "TRAIN_PARAMS", "REMOVED_PARAMS"]
 
@@ -57,26 +63,11 @@ _DEFAULTS: dict[str, Any] = {
     "random_state": 0, "n_threads": None, "verbose": False,
 }
 
-# Allowed ranges of the training parameters, (low, high, low inclusive, high inclusive);
-# their types come from TrainConfig's annotations.
-_TRAIN_RANGES = {
-    "epochs": (1, math.inf, True, False),
-    "batch_size": (1, math.inf, True, False),
-    "lr": (0.0, math.inf, False, False),
-    "weight_decay": (0.0, math.inf, True, False),
-    "pct_start": (0.0, 1.0, False, False),
-    "label_smoothing": (0.0, 1.0, True, False),
-    "clip": (0.0, math.inf, True, False),
-    "scale_low": (0.0, math.inf, False, False),
-    "scale_high": (0.0, math.inf, False, False),
-}
-
 #: Options removed after linattn 0.1.0 that old saved ``params`` may name at their neutral value.
 REMOVED_PARAMS = {
     **REMOVED_OPTIONS,
+    **REMOVED_TRAIN_OPTIONS,
     "tta": (lambda v, d: v == 1, "test-time augmentation"),
-    "mixup": (lambda v, d: v == 0, "mixup"),
-    "cutmix": (lambda v, d: v == 0, "cutmix"),
 }
 
 
@@ -89,20 +80,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, numbers.Real):
         return float(value)
     return value
-
-
-def _check_train(values: Mapping[str, Any], where: str) -> None:
-    check_field_types(values, TrainConfig, where)
-    for name, (lo, hi, lo_in, hi_in) in _TRAIN_RANGES.items():
-        if name not in values:
-            continue
-        v = values[name]
-        if not ((v >= lo if lo_in else v > lo) and (v <= hi if hi_in else v < hi)):
-            interval = f"{'[' if lo_in else '('}{lo}, {hi}{']' if hi_in else ')'}"
-            raise ValueError(f"{where}: {name} must be in {interval}, got {v!r}")
-    if values.get("scale_low", 0) > values.get("scale_high", math.inf):
-        raise ValueError(f"{where}: scale_low must be <= scale_high, got "
-                         f"{values['scale_low']!r} > {values['scale_high']!r}")
 
 
 def _positive_int_or_none(value: Any, name: str, where: str) -> None:
@@ -147,7 +124,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     """
 
     def __init__(self, **params) -> None:
-        params = rename_deprecated(params, type(self).__name__)
+        params = rename_deprecated(params, RENAMED, type(self).__name__)
         unknown = sorted(set(params) - set(_DEFAULTS))
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown parameter(s) {', '.join(unknown)}")
@@ -165,7 +142,8 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     def set_params(self, **params):
         """scikit-learn's ``set_params``; the deprecated names are accepted as in the
         constructor."""
-        return super().set_params(**rename_deprecated(params, f"{type(self).__name__}.set_params"))
+        return super().set_params(**rename_deprecated(params, RENAMED,
+                                                     f"{type(self).__name__}.set_params"))
 
     # -- configuration --------
     def check_params(self, where: str | None = None) -> tuple[dict, TrainConfig]:
@@ -180,7 +158,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         model = {k: _plain(v) for k, v in model.items()}
         ModelConfig(**model).validate(where)
         train = {k: params[k] for k in TRAIN_PARAMS}
-        _check_train(train, where)
+        TrainConfig(**train).validate(where)
         seed = self.random_state
         if seed is None:
             seed = 0

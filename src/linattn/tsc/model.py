@@ -13,24 +13,27 @@ value still load (:func:`upgrade_saved`).
 from __future__ import annotations
 
 import math
-import numbers
-import typing
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn._config import (
+    Removed,
+    check_field_types,
+    drop_removed,
+    rename_deprecated,
+    renamed_keywords,
+)
 from linattn.feature_maps import FEATURE_MAPS
 from linattn.nn import EncoderBlock
 from linattn.tsc.training import CheckpointError
 
 __all__ = ["ModelConfig", "FordATransformer", "num_tokens", "RENAMED", "REMOVED_OPTIONS",
-           "rename_deprecated", "upgrade_saved", "check_field_types"]
+           "upgrade_saved", "check_field_types"]
 
 #: Deprecated spellings of :class:`ModelConfig` fields (accepted with a DeprecationWarning in
 #: saved configurations and as constructor keywords) → today's name.
@@ -44,7 +47,7 @@ def _neutral_spectral_window(value: Any, saved: Mapping[str, Any]) -> bool:
 
 #: Architecture options removed after linattn 0.1.0 → (test of the neutral value given the whole
 #: saved dict, what the option was). A saved config may name them at their neutral value only.
-REMOVED_OPTIONS: dict[str, tuple[Callable[[Any, Mapping[str, Any]], bool], str]] = {
+REMOVED_OPTIONS: Removed = {
     "stem": (lambda v, d: v == "linear", "convolutional stems"),
     "stem_channels": (lambda v, d: True, "stem channels"),
     "spectrum_tokens": (lambda v, d: v == 0, "global-spectrum tokens"),
@@ -57,68 +60,16 @@ def num_tokens(length: int, patch: int) -> int:
     return max(1, math.ceil(length / patch))
 
 
-def rename_deprecated(d: Mapping[str, Any], where: str, stacklevel: int = 3,
-                      aliases: Mapping[str, str] = RENAMED) -> dict[str, Any]:
-    """``d`` with the deprecated names of ``aliases`` (old → new, default :data:`RENAMED`)
-    replaced, one DeprecationWarning per old name (``where`` opens the message); giving both
-    spellings with different values is a TypeError."""
-    out = dict(d)
-    for old, new in aliases.items():
-        if old not in out:
-            continue
-        value = out.pop(old)
-        warnings.warn(f"{where}: {old!r} is deprecated, use {new!r}", DeprecationWarning,
-                      stacklevel=stacklevel)
-        if new in out and out[new] != value:
-            raise TypeError(f"{where}: both {old!r} (deprecated) and {new!r} given, with "
-                            f"different values {value!r} and {out[new]!r}")
-        out[new] = value
-    return out
-
-
-def upgrade_saved(d: Mapping[str, Any], where: str,
-                  removed: Mapping[str, tuple[Callable, str]] = REMOVED_OPTIONS) -> dict:
+def upgrade_saved(d: Mapping[str, Any], where: str, removed: Removed = REMOVED_OPTIONS) -> dict:
     """A saved dictionary in today's spelling: deprecated names renamed (DeprecationWarning),
-    removed options dropped where they hold their neutral value. An option that was in use
-    raises :class:`~linattn.tsc.training.CheckpointError` (``where`` names the file)."""
-    out = {}
-    for key, value in d.items():
-        if key not in removed:
-            out[key] = value
-        elif not removed[key][0](value, d):
-            raise CheckpointError(
-                f"{where}: uses the removed {removed[key][1]} ({key}={value!r}); load it with "
-                "linattn <= 0.1 (git history)")
+    removed options dropped where they hold their neutral value. An option that was in use, or
+    both spellings of a name, raise :class:`~linattn.train_loop.CheckpointError` (``where``
+    names the file)."""
+    out = drop_removed(d, removed, where, error=CheckpointError)
     try:
-        return rename_deprecated(out, where, stacklevel=4)
+        return rename_deprecated(out, RENAMED, where, stacklevel=4)
     except TypeError as err:
         raise CheckpointError(str(err)) from None
-
-
-def _type_ok(value: Any, kind: type) -> bool:
-    if kind is bool:
-        return isinstance(value, (bool, np.bool_))
-    if isinstance(value, (bool, np.bool_)):  # True is an int to Python, not to a config
-        return False
-    if kind is int:
-        return isinstance(value, numbers.Integral)
-    if kind is float:
-        return isinstance(value, numbers.Real) and math.isfinite(value)
-    return isinstance(value, kind)
-
-
-def check_field_types(values: Mapping[str, Any], cls: type, where: str) -> None:
-    """ValueError unless each value has the type its field of dataclass ``cls`` declares: an
-    ``int`` field takes integers (not floats or bools), a ``float`` field finite numbers, a
-    ``bool`` field bools, a ``str`` field strings. Unknown names are a ValueError too."""
-    hints = typing.get_type_hints(cls)
-    for name, value in values.items():
-        if name not in hints:
-            raise ValueError(f"{where}: unknown key {name!r}")
-        kind = hints[name]
-        if not _type_ok(value, kind):
-            raise ValueError(f"{where}: {name} must be {'an' if kind is int else 'a'} "
-                             f"{kind.__name__}, got {value!r}")
 
 
 @dataclass
@@ -200,16 +151,8 @@ class ModelConfig:
                              f"{', '.join(sorted(FEATURE_MAPS))}, got {self.feature_map!r}")
 
 
-_dataclass_init = ModelConfig.__init__
-
-
-def _init_with_aliases(self, *args, **kwargs) -> None:
-    _dataclass_init(self, *args, **rename_deprecated(kwargs, "ModelConfig", stacklevel=3))
-
-
-_init_with_aliases.__wrapped__ = _dataclass_init  # inspect.signature shows the fields
-_init_with_aliases.__doc__ = _dataclass_init.__doc__
-ModelConfig.__init__ = _init_with_aliases
+# the deprecated spellings as constructor keywords (the signature still shows the fields)
+ModelConfig.__init__ = renamed_keywords(RENAMED, "ModelConfig")(ModelConfig.__init__)
 
 
 class SpectralPatches(nn.Module):
@@ -254,7 +197,7 @@ class FordATransformer(nn.Module):
         if config is None:
             config = ModelConfig(**overrides)
         elif overrides:
-            overrides = rename_deprecated(overrides, "FordATransformer")
+            overrides = rename_deprecated(overrides, RENAMED, "FordATransformer")
             config = ModelConfig(**{**config.to_dict(), **overrides})
         config.validate()
         self.config = c = config

@@ -18,9 +18,8 @@ that a real stream would replace by running statistics; we keep the data as publ
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import InitVar, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn._config import rename_deprecated, renamed_keywords
 from linattn.nn.lm import DecoderBlock, LMState
 from linattn.train_loop import TrainLoop
 from linattn.tsc.model import num_tokens
@@ -47,7 +47,7 @@ class StreamingConfig:
     ``num_heads`` heads on width ``d_model``, MLP width ``mlp_dim``.
 
     ``layers`` and ``heads`` are deprecated keywords for ``num_layers`` and ``num_heads`` (a
-    DeprecationWarning; the old name wins if both are given)."""
+    DeprecationWarning; both spellings with different values is a TypeError)."""
 
     length: int = 500
     n_classes: int = 2
@@ -58,16 +58,6 @@ class StreamingConfig:
     mlp_dim: int = 128
     dropout: float = 0.1
     feature_map: str = "elu"
-    layers: InitVar[int | None] = None
-    heads: InitVar[int | None] = None
-
-    def __post_init__(self, layers: int | None, heads: int | None) -> None:
-        for old, value in (("layers", layers), ("heads", heads)):
-            if value is not None:
-                warnings.warn(f"StreamingConfig: {old!r} is deprecated, use {RENAMED[old]!r}",
-                              DeprecationWarning, stacklevel=3)
-                setattr(self, RENAMED[old], value)
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -75,11 +65,16 @@ class StreamingConfig:
     def from_dict(cls, d: dict[str, Any]) -> StreamingConfig:
         """The config of a saved dict (deprecated names accepted); an unknown key is a
         ValueError."""
-        known = {f.name for f in fields(cls)} | set(RENAMED)
-        unknown = sorted(set(d) - known)
+        d = rename_deprecated(d, RENAMED, "StreamingConfig")
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"StreamingConfig: unknown keys {unknown}")
         return cls(**d)
+
+
+# the deprecated spellings as constructor keywords (the signature still shows the fields)
+StreamingConfig.__init__ = renamed_keywords(RENAMED, "StreamingConfig")(  # type: ignore[method-assign]
+    StreamingConfig.__init__)
 
 
 @dataclass
@@ -120,6 +115,7 @@ class StreamingClassifier(nn.Module):
     def __init__(self, config: StreamingConfig | None = None, **overrides) -> None:
         super().__init__()
         # overrides may use the deprecated names: they replace the config's value
+        overrides = rename_deprecated(overrides, RENAMED, "StreamingClassifier")
         self.config = c = StreamingConfig(**{**(config or StreamingConfig()).to_dict(),
                                              **overrides})
         self.embed = nn.Linear(c.patch, c.d_model)

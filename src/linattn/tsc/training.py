@@ -40,12 +40,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn._config import Range, Removed, check_field_types, check_ranges, drop_removed
 from linattn._io import write_atomic
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop, first_line
 from linattn.tsc.data import augment, epoch_generator
 from linattn.tsc.metrics import accuracy, macro_f1
 
-__all__ = ["TrainConfig", "Trainer", "EpochLoop", "predict_logits", "write_json", "CheckpointError"]
+__all__ = ["TrainConfig", "Trainer", "EpochLoop", "predict_logits", "write_json", "CheckpointError",
+           "TRAIN_RANGES", "REMOVED_TRAIN_OPTIONS"]
 
 
 @dataclass
@@ -71,18 +73,43 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def validate(self, where: str = "train config") -> None:
+        """ValueError naming the field for a wrong type or a value out of range."""
+        values = self.to_dict()
+        check_field_types(values, type(self), where)
+        check_ranges(values, TRAIN_RANGES, where)
+        if self.scale_low > self.scale_high:
+            raise ValueError(f"{where}: scale_low must be <= scale_high, got "
+                             f"{self.scale_low!r} > {self.scale_high!r}")
+
     @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        for name in _REMOVED_OPTIONS:
-            if d.get(name, 0) not in (0, None):
-                raise CheckpointError(f"{name}: the option was removed (saved value "
-                                      f"{d[name]!r}); only 0 can be read back")
+    def from_dict(cls, d: dict, where: str = "train config") -> TrainConfig:
+        """The config of a saved dict; removed options are dropped at their neutral value
+        (anything else is a :class:`CheckpointError`), other unknown keys ignored."""
+        d = drop_removed(d, REMOVED_TRAIN_OPTIONS, where, error=CheckpointError)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-# rejected experiments that old saved configurations may still name (at their neutral value)
-_REMOVED_OPTIONS = ("mixup", "cutmix")
+#: Allowed ranges of the training fields (their types come from the annotations).
+TRAIN_RANGES: dict[str, Range] = {
+    "epochs": (1, math.inf, True, False),
+    "batch_size": (1, math.inf, True, False),
+    "lr": (0.0, math.inf, False, False),
+    "weight_decay": (0.0, math.inf, True, False),
+    "pct_start": (0.0, 1.0, False, False),
+    "label_smoothing": (0.0, 1.0, True, False),
+    "clip": (0.0, math.inf, True, False),
+    "scale_low": (0.0, math.inf, False, False),
+    "scale_high": (0.0, math.inf, False, False),
+}
+
+#: Rejected experiments (removed after linattn 0.1.0) that old saved configurations may still
+#: name, at their neutral value 0 (None in some hand-written files).
+REMOVED_TRAIN_OPTIONS: Removed = {
+    "mixup": (lambda v, d: v in (0, None), "mixup"),
+    "cutmix": (lambda v, d: v in (0, None), "cutmix"),
+}
 
 
 def write_json(path: Path, obj) -> None:
@@ -253,10 +280,17 @@ class Trainer(EpochLoop):
                 "time_s": round(self.elapsed, 3)}
 
     def check_meta(self, saved: dict, path: Path) -> None:
-        # a config saved before mixup/cutmix were removed names them (at 0)
-        train = saved.get("train")
+        # a checkpoint of an earlier version spells its configs the old way (renamed fields,
+        # removed options at their neutral value): compare them in today's spelling
+        train, model = saved.get("train"), saved.get("model")
         if isinstance(train, dict):
-            saved = {**saved, "train": TrainConfig.from_dict(train).to_dict()}
+            saved = {**saved, "train": TrainConfig.from_dict(train, f"{path}: train").to_dict()}
+        upgrade = getattr(type(getattr(self.model, "config", None)), "from_dict", None)
+        if isinstance(model, dict) and upgrade is not None:
+            try:
+                saved = {**saved, "model": upgrade(model, f"{path}: model").to_dict()}
+            except ValueError:
+                pass  # not a config of this model: reported as a different configuration
         super().check_meta(saved, path)
 
     def describe(self, record: dict) -> str:
