@@ -147,7 +147,7 @@ def test_checkpoint_of_the_earlier_folder_layout_resumes(tmp_path):
         part.run()
     to_legacy_layout(tmp_path / "b" / "ckpt", part.steps_per_epoch)
     resumed = make(tmp_path / "b")
-    with pytest.warns(DeprecationWarning, match="'depth' is deprecated"):
+    with pytest.warns(DeprecationWarning, match="'(depth|heads)' is deprecated"):
         assert resumed.load_checkpoint() and (resumed.epoch, resumed.batch) == (1, 3)
     resumed.run()
     assert strip_time(resumed.history) == strip_time(ref.history)
