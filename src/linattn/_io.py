@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_atomic", "user_cache_dir"]
+__all__ = ["atomic_path", "write_atomic", "write_json", "user_cache_dir"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -44,3 +45,8 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as indented JSON atomically (:func:`write_atomic`)."""
+    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())

@@ -218,9 +218,9 @@ class LMTraining(TrainLoop):
 def train(args: argparse.Namespace) -> int:
     import torch
 
+    from linattn._io import write_json
     from linattn.nn import LinearTransformerLM
     from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
-    from linattn.tsc.training import write_json
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn._config import Range, Removed, check_field_types, check_ranges, drop_removed
-from linattn._io import write_atomic
+from linattn._io import write_json
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop, first_line
 from linattn.tsc.data import augment, epoch_generator
 from linattn.tsc.metrics import accuracy, macro_f1
@@ -110,11 +110,6 @@ REMOVED_TRAIN_OPTIONS: Removed = {
     "mixup": (lambda v, d: v in (0, None), "mixup"),
     "cutmix": (lambda v, d: v in (0, None), "cutmix"),
 }
-
-
-def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (temp file in the same folder + os.replace)."""
-    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 @torch.no_grad()
