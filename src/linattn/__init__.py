@@ -23,6 +23,10 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "cosformer_attention": ("linattn.ops.cosformer", "cosformer_attention"),
     "decay_linear_attention": ("linattn.ops.decay", "decay_linear_attention"),
     "decay_linear_attention_step": ("linattn.ops.decay", "decay_linear_attention_step"),
+    "flowformer_attention": ("linattn.ops.flowformer", "flowformer_attention"),
+    "window_linear_attention": ("linattn.ops.window", "window_linear_attention"),
+    "window_linear_attention_step": ("linattn.ops.window", "window_linear_attention_step"),
+    "WindowLinearAttentionState": ("linattn.ops.window", "WindowLinearAttentionState"),
 }
 
 __all__ = [
@@ -37,6 +41,10 @@ __all__ = [
     "cosformer_attention",
     "decay_linear_attention",
     "decay_linear_attention_step",
+    "flowformer_attention",
+    "window_linear_attention",
+    "window_linear_attention_step",
+    "WindowLinearAttentionState",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
@@ -44,9 +52,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
     from linattn.ops import reference
     from linattn.ops.cosformer import cosformer_attention
     from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+    from linattn.ops.flowformer import flowformer_attention
     from linattn.ops.linear import linear_attention
     from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
     from linattn.ops.relative import relative_linear_attention
+    from linattn.ops.window import (
+        WindowLinearAttentionState,
+        window_linear_attention,
+        window_linear_attention_step,
+    )
 
 
 def __getattr__(name: str):

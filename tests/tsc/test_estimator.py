@@ -66,7 +66,8 @@ def test_params_are_the_config_fields():
     model = {f.name: f.default for f in fields(ModelConfig)}
     train = {f.name: f.default for f in fields(TrainConfig)}
     del model["length"], model["n_classes"], train["seed"]
-    expected = {**model, **train, "random_state": 0, "n_threads": None, "verbose": False}
+    expected = {**model, **train, "random_state": 0, "n_threads": None, "device": "cpu",
+                "missing": "error", "verbose": False}
     assert LinearAttentionClassifier().get_params() == expected
     clf = LinearAttentionClassifier(num_layers=2, lr=3e-3, window=12, random_state=5)
     copy = clone(clf)
@@ -108,6 +109,11 @@ def test_deprecated_parameter_names():
     (dict(n_threads=0), "n_threads must be None or a positive integer"),
     (dict(random_state=np.random.RandomState(0)), "random_state must be None or an int"),
     (dict(verbose="loud"), "verbose must be a bool"),
+    (dict(device=0), "device must be a string such as 'cpu' or 'cuda', got 0"),
+    (dict(device="bogus"), "device: not a torch device: 'bogus'"),
+    (dict(device="meta"), "device: 'meta' holds no data"),
+    (dict(missing="drop"), "missing must be one of 'error', 'interpolate', got 'drop'"),
+    (dict(missing=None), "missing must be one of"),
 ])
 def test_fit_validates_every_parameter(kw, match):
     X, y = toy(n=20, length=16, n_classes=2)
@@ -247,6 +253,8 @@ def put(*path_and_value):
     (put("model", "stem", "conv"), "model: uses the removed convolutional stems"),
     (put("params", "n_threads", "x"), "params: n_threads must be None or a positive integer"),
     (put("params", "verbose", "x"), "params: verbose must be a bool"),
+    (put("params", "device", 5), "params: device must be a string"),
+    (put("params", "device", "bogus"), "params: device: not a torch device"),
     (put("params", "lr", "fast"), "params: lr must be a float"),
     (put("params", "colour", 1), "params: unknown keys"),
     (put("model", "length", 1e9), "model: length must be an int, got 1000000000.0"),
@@ -303,3 +311,178 @@ def test_old_config_with_deprecated_names_and_neutral_removed_options(saved_mode
     X = saved_model[1]
     np.testing.assert_array_equal(back.predict_proba(X), fresh.predict_proba(X))
     assert list(back.predict(X[:3])) == list(fresh.predict(X[:3]))
+
+
+# -- device --------
+
+
+def test_device_cpu_is_the_default_bit_for_bit():
+    X, y = toy(n=40, length=20, n_classes=2)
+    default = LinearAttentionClassifier(**TINY, random_state=1).fit(X, y)
+    for device in ("cpu", torch.device("cpu")):
+        clf = LinearAttentionClassifier(**TINY, random_state=1, device=device).fit(X, y)
+        assert next(clf.model_.parameters()).device.type == "cpu"
+        np.testing.assert_array_equal(clf.predict_proba(X), default.predict_proba(X))
+        assert [r["train_loss"] for r in clf.history_] == \
+            [r["train_loss"] for r in default.history_]
+
+
+def test_cuda_without_cuda_is_one_line(monkeypatch):
+    # what a machine without CUDA says (simulated where there is one)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    X, y = toy(n=20, length=16, n_classes=2)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ValueError, match=f"LinearAttentionClassifier: device '{device}': "
+                                             "CUDA is not available .*use device='cpu'") as err:
+            LinearAttentionClassifier(**TINY, device=device).fit(X, y)
+        assert len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fit_predict_save_load(tmp_path):  # pragma: no cover - run where CUDA is
+    X, y = toy(n=40, length=20, n_classes=2)
+    clf = LinearAttentionClassifier(**TINY, device="cuda").fit(X, y)
+    assert next(clf.model_.parameters()).is_cuda
+    proba = clf.predict_proba(X)
+    clf.save(tmp_path / "m")
+    back = LinearAttentionClassifier.load(tmp_path / "m")
+    assert back.device == "cpu"
+    np.testing.assert_allclose(back.predict_proba(X), proba, atol=1e-5)
+
+
+def test_saved_model_loads_on_cpu_whatever_its_device(saved_model, tmp_path):
+    # a model trained on a GPU records device "cuda": it still loads here, on the CPU
+    folder = tampered(saved_model, tmp_path, put("params", "device", "cuda:3"))
+    back = LinearAttentionClassifier.load(folder, device="cpu")
+    assert back.device == "cpu" and next(back.model_.parameters()).device.type == "cpu"
+    fresh = LinearAttentionClassifier.load(saved_model[0])
+    assert fresh.device == "cpu"
+    X = saved_model[1]
+    np.testing.assert_array_equal(back.predict_proba(X), fresh.predict_proba(X))
+    with pytest.raises(ValueError, match="LinearAttentionClassifier.load: device: not a torch "
+                                         "device: 'bogus'"):
+        LinearAttentionClassifier.load(saved_model[0], device="bogus")
+
+
+def test_set_params_device_after_fit_is_checked():
+    X, y = toy(n=20, length=16, n_classes=2)
+    clf = LinearAttentionClassifier(**TINY).fit(X, y)
+    clf.set_params(device="bogus")
+    with pytest.raises(ValueError, match="device: not a torch device"):
+        clf.predict(X)
+
+
+# -- the UCR archive's variety: labels, class counts, lengths, sizes, balance, NaN --------
+
+ONE_EPOCH = {**TINY, "epochs": 1}
+
+
+@pytest.mark.parametrize("labels", [
+    np.array(["walk", "run", "sit", "stand", "lie"]),  # strings, 5 classes
+    np.array([-1, 7, 3, 12, 100]),  # integers, not 0..k-1
+    np.array([1.0, 2.0, 3.0, 4.0, 5.0]),  # integral floats (non-integral ones are regression)
+])
+def test_label_types_and_many_classes(labels):
+    X, y = toy(n=60, length=30, n_classes=5)
+    clf = LinearAttentionClassifier(**ONE_EPOCH).fit(X, labels[y])
+    assert clf.classes_.tolist() == sorted(labels.tolist())
+    pred = clf.predict(X)
+    assert pred.dtype == labels.dtype and set(pred) <= set(labels)
+    assert clf.predict_proba(X).shape == (60, 5)
+
+
+@pytest.mark.parametrize("length, patch", [(24, 4), (1751, 10)])
+def test_short_and_long_series(length, patch):
+    X, y = toy(n=20, length=length, n_classes=2)
+    clf = LinearAttentionClassifier(**{**ONE_EPOCH, "patch": patch}).fit(X, y)
+    assert clf.model_.config.tokens == -(-length // patch)
+    assert clf.predict_proba(X).shape == (20, 2) and np.isfinite(clf.predict_proba(X)).all()
+
+
+def test_tiny_imbalanced_training_set_with_singleton_classes():
+    # 16 series in 4 classes of 1, 2, 4 and 9 (Fungi has one series per class; batch_size
+    # 64 > n): the rare classes are still learned as classes and predicted as labels
+    X, _ = toy(n=16, length=40, n_classes=2)
+    y = np.repeat(np.array(["a", "b", "c", "d"]), [1, 2, 4, 9])
+    clf = LinearAttentionClassifier(**{**ONE_EPOCH, "batch_size": 64}).fit(X, y)
+    assert clf.classes_.tolist() == ["a", "b", "c", "d"]
+    proba = clf.predict_proba(X)
+    assert proba.shape == (16, 4) and np.allclose(proba.sum(1), 1)
+
+
+def test_unequal_class_balance_is_learned():
+    # 90% / 10%: the minority class must be recognised, not swallowed by the majority
+    X, y = toy(n=200, length=24, n_classes=2, seed=3)
+    keep = np.concatenate([np.flatnonzero(y == 0), np.flatnonzero(y == 1)[:20]])
+    X, y = X[keep], y[keep]
+    clf = LinearAttentionClassifier(**{**TINY, "epochs": 40, "lr": 3e-3}).fit(X, y)
+    pred = clf.predict(X)
+    assert np.mean(pred[y == 1] == 1) > 0.5 and np.mean(pred[y == 0] == 0) > 0.9
+
+
+def nan_padded(seed=0):
+    """Series of 20 to 36 samples NaN padded to 36 (the archive's variable-length layout), and
+    the same series zero padded."""
+    X, y = toy(n=40, length=36, n_classes=2, seed=seed)
+    lengths = np.random.default_rng(seed).integers(20, 37, len(X))
+    pad = np.arange(36) >= lengths[:, None]
+    return np.where(pad, np.nan, X).astype(np.float32), np.where(pad, 0, X), y
+
+
+def test_trailing_nan_padding_is_the_models_zero_padding():
+    X_nan, X_zero, y = nan_padded()
+    assert np.isnan(X_nan).any()
+    a = LinearAttentionClassifier(**TINY).fit(X_nan, y, X_val=X_nan[:8], y_val=y[:8])
+    b = LinearAttentionClassifier(**TINY).fit(X_zero, y, X_val=X_zero[:8], y_val=y[:8])
+    untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in e.history_] for e in (a, b)]
+    assert a.n_features_in_ == 36 and untimed[0] == untimed[1]  # the same run, bit for bit
+    np.testing.assert_array_equal(a.predict_proba(X_nan), b.predict_proba(X_zero))
+    np.testing.assert_array_equal(a.predict_proba(X_nan), a.predict_proba(X_zero))
+
+
+def test_missing_values_inside_a_series_are_refused_in_one_line():
+    X_nan, _, y = nan_padded()
+    X_nan[5, 3] = np.nan
+    with pytest.raises(ValueError, match=r"^X: row 5 has a missing value \(NaN\) at sample 3, "
+                                         r"inside the series; pass missing='interpolate' or "
+                                         r"impute first, .*SimpleImputer") as err:
+        LinearAttentionClassifier(**TINY).fit(X_nan, y)
+    assert len(str(err.value).splitlines()) == 1
+    fitted = LinearAttentionClassifier(**ONE_EPOCH).fit(np.nan_to_num(X_nan), y)
+    with pytest.raises(ValueError, match="X: row 5 has a missing value"):
+        fitted.predict(X_nan)
+    with pytest.raises(ValueError, match="X_val: row 5 has a missing value"):
+        LinearAttentionClassifier(**ONE_EPOCH).fit(np.nan_to_num(X_nan), y, X_val=X_nan,
+                                                   y_val=y)
+    # what the message suggests works
+    from sklearn.impute import SimpleImputer
+
+    X, y = toy(n=30, length=20, n_classes=2)
+    X[4, 7] = X[9, 0] = np.nan
+    pipe = make_pipeline(SimpleImputer(), LinearAttentionClassifier(**ONE_EPOCH)).fit(X, y)
+    assert pipe.predict(X).shape == (30,)
+
+
+@pytest.mark.parametrize("row, match", [
+    (np.full(16, np.nan), r"X: row 2 is all NaN \(an empty series\); drop it"),
+    (np.r_[np.ones(8), np.inf, np.ones(7)], "Input X contains infinity"),  # scikit-learn's
+    (np.r_[np.ones(8), np.nan, np.ones(6), np.nan], "X: row 2 has a missing value .NaN. at "
+                                                     "sample 8"),
+])
+def test_other_non_finite_input_is_refused(row, match):
+    X, y = toy(n=20, length=16, n_classes=2)
+    X[2] = row
+    with pytest.raises(ValueError, match=match):
+        LinearAttentionClassifier(**ONE_EPOCH).fit(X, y)
+
+
+def test_missing_interpolate_is_linear_interpolation_along_time():
+    X_nan, X_zero, y = nan_padded(seed=1)
+    X_nan[5, 3:6] = np.nan  # a gap of 3 samples inside row 5
+    X_nan[9, 0] = np.nan  # a missing first value
+    by_hand = X_zero.copy()
+    by_hand[5, 3:6] = np.interp([3, 4, 5], [2, 6], X_zero[5, [2, 6]])
+    by_hand[9, 0] = X_zero[9, 1]
+    a = LinearAttentionClassifier(**TINY, missing="interpolate").fit(X_nan, y)
+    b = LinearAttentionClassifier(**TINY).fit(by_hand.astype(np.float32), y)
+    np.testing.assert_array_equal(a.predict_proba(X_nan), b.predict_proba(by_hand))

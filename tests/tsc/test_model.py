@@ -1,5 +1,5 @@
-"""FordATransformer: the reference size, padding to whole patches, windows and spectra, config
-validation, deprecated names and removed options; metrics."""
+"""FordATransformer: the reference size, padding to whole patches, windows and spectra (zero
+padded or circular), config validation, deprecated names and removed options; metrics."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def test_reference_recipe_size_and_structure():
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(spectral=True), dict(window=8),
-                                dict(window=9, spectral=True)])
+                                dict(window=9, spectral=True),
+                                dict(window=9, spectral=True, circular=True)])
 def test_padding_to_whole_patches(kw):
     torch.manual_seed(0)
     m = FordATransformer(ModelConfig(length=23, n_classes=3, patch=5, d_model=8, num_layers=1,
@@ -61,6 +62,90 @@ def test_overlapping_window_sees_the_neighbouring_patches():
     assert FordATransformer(ModelConfig(window=10)).embed.in_features == 10
 
 
+def small(**kw) -> FordATransformer:
+    torch.manual_seed(0)
+    return FordATransformer(ModelConfig(**{**dict(length=60, patch=6, d_model=8, num_layers=2,
+                                                  num_heads=2, head_dim=4, mlp_dim=8), **kw}))
+
+
+def tie_lags_circularly(m: FordATransformer) -> None:
+    """r_m = r_{m+T} for the negative lags: the relative term becomes a function of
+    (j − i) mod T, so attention has no ends either."""
+    T = m.config.tokens
+    with torch.no_grad():
+        for block in m.blocks:
+            rel = block.attn.rel  # lag m at index T − 1 + m
+            rel[:, : T - 1] = rel[:, T:]
+
+
+@pytest.mark.parametrize("kw", [dict(window=10), dict(window=10, spectral=True),
+                                dict(window=6, spectral=True), dict(window=17)])
+def test_circular_windows_roll_with_the_series(kw):
+    m = small(circular=True, **kw).eval()
+    x = torch.randn(3, 60)
+    for shift in (6, 18, -24):  # multiples of the patch
+        rolled = torch.roll(x, shift, -1)
+        # the features are the same samples, moved: exactly equal
+        assert torch.equal(m.token_features(rolled),
+                           torch.roll(m.token_features(x), shift // 6, 1))
+        torch.testing.assert_close(m.tokens(rolled), torch.roll(m.tokens(x), shift // 6, 1),
+                                   rtol=0, atol=1e-6)
+    # with lags that wrap too, the whole model (mean pooling) is invariant up to rounding;
+    # zero-padded windows mark the ends, and the same model is not
+    tie_lags_circularly(m)
+    zero = small(circular=False, **kw).eval()
+    zero.load_state_dict(m.state_dict())
+    rolled = torch.roll(x, 18, -1)
+    torch.testing.assert_close(m(rolled), m(x), rtol=0, atol=1e-5)
+    assert (zero(rolled) - zero(x)).abs().max() > 1e-3
+
+
+def test_circular_windows_wrap_around_the_ends():
+    x = torch.randn(2, 60)
+    # window 10 around patch 6: token t sees [6t − 2, 6t + 8)
+    circ, zero = small(window=10, circular=True), small(window=10)
+    first, last = circ.token_features(x)[:, 0], circ.token_features(x)[:, -1]
+    torch.testing.assert_close(first, torch.cat([x[:, -2:], x[:, :8]], 1), rtol=0, atol=0)
+    torch.testing.assert_close(last, torch.cat([x[:, -8:], x[:, :2]], 1), rtol=0, atol=0)
+    first0, last0 = zero.token_features(x)[:, 0], zero.token_features(x)[:, -1]
+    assert torch.equal(first0[:, :2], torch.zeros(2, 2)) and torch.equal(first0[:, 2:], x[:, :8])
+    assert torch.equal(last0[:, 8:], torch.zeros(2, 2))
+    # the inner tokens are the same either way
+    assert torch.equal(circ.token_features(x)[:, 1:-1], zero.token_features(x)[:, 1:-1])
+    # spectra: token 0's 12 samples are [x[-3:], x[:9]] when circular, [0, 0, 0, x[:9]] if not
+    sc, sz = small(spectral=True, circular=True), small(spectral=True)
+    hann = torch.hann_window(12, periodic=False)
+    for model, frame in ((sc, torch.cat([x[:, -3:], x[:, :9]], 1)),
+                         (sz, torch.cat([torch.zeros(2, 3), x[:, :9]], 1))):
+        spec = torch.fft.rfft(frame * hann)
+        expected = 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
+        torch.testing.assert_close(model.spectral(x)[:, 0], expected)
+    assert not torch.allclose(sc.spectral(x)[:, 0], sz.spectral(x)[:, 0])
+    torch.testing.assert_close(sc.spectral(x)[:, 1:-1], sz.spectral(x)[:, 1:-1], rtol=0, atol=0)
+
+
+def test_circular_windows_longer_than_the_series_and_partial_patches():
+    # a window longer than the series wraps more than once: the series continued periodically
+    m = small(length=10, patch=5, window=25, circular=True)
+    x = torch.randn(1, 10)
+    idx = (torch.arange(25)[None] + torch.tensor([[-10], [-5]])) % 10
+    assert torch.equal(m.token_features(x)[0], x[0, idx])
+    # a final partial patch: the loop is the series zero padded to whole patches (23 -> 25)
+    m = small(length=23, patch=5, window=9, circular=True)
+    x = torch.randn(1, 23)
+    first = m.token_features(x)[0, 0]
+    assert torch.equal(first, torch.cat([torch.zeros(2), x[0, :7]]))
+    last = m.token_features(x)[0, -1]
+    assert torch.equal(last, torch.cat([x[0, 18:], torch.zeros(2), x[0, :2]]))
+
+
+def test_configs_saved_without_circular_load_zero_padded():
+    saved = ModelConfig(patch=20, window=40, spectral=True).to_dict()
+    del saved["circular"]
+    assert ModelConfig.from_dict(saved).circular is False
+    assert ModelConfig.from_dict({**saved, "circular": True}).circular is True
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(patch=10, window=6), "window must be 0 or an integer >= patch"),
     (dict(window=-1), "window"),
@@ -73,6 +158,7 @@ def test_overlapping_window_sees_the_neighbouring_patches():
     (dict(dropout="0.1"), "dropout must be a float"),
     (dict(dropout=float("nan")), "dropout must be a float"),
     (dict(spectral=1), "spectral must be a bool"),
+    (dict(circular="yes"), "circular must be a bool"),
     (dict(feature_map="bogus"), "feature_map must be one of elu, polynomial, relu, taylor"),
     (dict(feature_map=3), "feature_map must be a str"),
 ])

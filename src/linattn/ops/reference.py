@@ -25,12 +25,16 @@ from linattn.ops._common import (
     zero_padded,
 )
 from linattn.ops.cosformer import CosFormerFeatures
+from linattn.ops.flowformer import flow_eps, flow_feature_map, query_mask_for
+from linattn.ops.window import check_window
 
 __all__ = [
     "linear_attention",
     "relative_linear_attention",
     "cosformer_attention",
     "decay_linear_attention",
+    "window_linear_attention",
+    "flowformer_attention",
 ]
 
 
@@ -142,3 +146,124 @@ def decay_linear_attention(
     lag = (idx[:, None] - idx[None, :]).to(fq.dtype)
     W = (fq @ fk.transpose(-1, -2)) * torch.where(lag >= 0, g.pow(lag.clamp(min=0)), 0.0)
     return normalise(W @ v.to(fq.dtype), W.sum(-1), eps).to(q.dtype)
+
+
+def window_linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    window: int,
+    feature_map: str | FeatureMap = "elu",
+    is_causal: bool = True,
+    key_padding_mask: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    r"""Sliding-window softmax + linear attention with the explicit T×T weights: the ground
+    truth of :mod:`linattn.ops.window`.
+
+    ``W[i, j] = exp(s_ij − m_i)`` inside the window (causal: ``0 ≤ i − j < w``; non-causal:
+    ``|i − j| < w``), ``φ(q_i)·φ(k_j)·exp(−m_i)`` outside it (causal: j ≤ i − w only), 0 for
+    padded keys; ``s_ij = q_i·k_j/√D``; ``o_i = Σ_j W[i, j] v_j / (Σ_j W[i, j] + ε·exp(−m_i))``,
+    exactly the unscaled quotient. ``m_i = max(max of s_ij in the window, log|D_F + ε|)`` with
+    D_F the row's linear normaliser, as in the op: every weight is at most 1, and exp(−m_i)
+    overflows only when |D_F + ε| is below the dtype's smallest normal number.
+    q, k: (..., T, D); v: (..., T, Dv). Returns (..., T, Dv)."""
+    check_qkv(q, k, v, same_length=True)
+    w = check_window(window)
+    fmap, eps = resolve(feature_map, eps)
+    keep = key_mask_for(key_padding_mask, k)
+    fq, fk = features(fmap, q, k, keep)
+    acc = fq.dtype
+    T = q.shape[-2]
+    s = q.to(acc) @ zero_padded(k.to(acc), keep).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    idx = torch.arange(T, device=q.device)
+    lag = idx[:, None] - idx[None, :]  # i − j
+    near = (lag >= 0) & (lag < w) if is_causal else lag.abs() < w
+    far = lag >= w if is_causal else lag.abs() >= w
+    if keep is not None:
+        kept = keep.squeeze(-1).unsqueeze(-2)  # (B, 1, ..., 1, T)
+        near, far = near & kept, far & kept
+    kern = torch.where(far, fq @ fk.transpose(-1, -2), 0.0)
+    far_den = (kern.sum(-1, keepdim=True) + eps).detach().abs()
+    m = torch.maximum(torch.where(near, s, float("-inf")).amax(-1, keepdim=True).detach(),
+                      torch.where(far_den > 0, far_den.log(), float("-inf")))
+    m = torch.where(m == float("-inf"), 0.0, m)  # a row with no key: zeros
+    W = torch.where(near, torch.exp(torch.where(near, s, 0.0) - m), kern * torch.exp(-m))
+    den = W.sum(-1) + eps * torch.exp(-m[..., 0])
+    return normalise(W @ zero_padded(v.to(acc), keep), den, 0.0).to(q.dtype)
+
+
+def flowformer_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: str | FeatureMap = "sigmoid",
+    is_causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    r"""Flow-Attention with every flow a row or column sum of an explicit Tq×Tk matrix: the
+    ground truth of :mod:`linattn.ops.flowformer` (whose docstring has the formulas).
+
+    ``A[i, j] = (φ(q_i)+ε)·φ(k_j)`` for the sinks' flows, ``B[j, i] = (φ(k_j)+ε)·φ(q_i)`` for
+    the sources'; a sink sees the sources ``j`` of ``L_in[i, j]`` (unpadded, and j ≤ i when
+    causal), a source the sinks ``i`` of ``L_out[j, i]`` (unpadded, and i ≤ j when causal); the
+    position counts are the row sums of these masks. ``o = W v`` with
+    ``W[i, j] = L_in[i, j] σ(Î_i·r) φ(q_i)·φ(k_j) c_j / I_i`` (r = n/m, or 1 when causal).
+    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv) -> (..., Tq, Dv)."""
+    check_qkv(q, k, v, same_length=is_causal)
+    fmap, eps = flow_feature_map(feature_map), flow_eps(eps)
+    keep_k = key_mask_for(key_padding_mask, k)
+    keep_q = query_mask_for(query_padding_mask, q)
+    acc = accumulation_dtype(q.dtype)
+    fq = fmap.forward_queries(q.to(acc))
+    fk = zero_padded(fmap.forward_keys(zero_padded(k.to(acc), keep_k)), keep_k)
+    v = zero_padded(v.to(acc), keep_k)
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    dev = q.device
+    if is_causal:
+        link_in = causal_mask(Tq, dev)  # [i, j]: j ≤ i
+        link_out = link_in  # [j, i]: i ≤ j (the sinks up to the source, as in the authors' code)
+    else:
+        link_in = torch.ones(Tq, Tk, dtype=torch.bool, device=dev)
+        link_out = link_in.transpose(0, 1)
+    kk = torch.ones(Tk, dtype=torch.bool, device=dev) if keep_k is None \
+        else keep_k.squeeze(-1)  # (B, 1, …, Tk): the unpadded sources
+    kq = torch.ones(Tq, dtype=torch.bool, device=dev) if keep_q is None \
+        else keep_q.squeeze(-1)  # the unpadded sinks
+    L_in = link_in & kk.unsqueeze(-2)  # (…, Tq, Tk)
+    L_out = link_out & kq.unsqueeze(-2)  # (…, Tk, Tq)
+    zero = fq.new_zeros(())
+    A = torch.where(L_in, (fq + eps) @ fk.transpose(-1, -2), zero)
+    B = torch.where(L_out, (fk + eps) @ fq.transpose(-1, -2), zero)
+    eps_q, eps_k = eps * (fq + eps).sum(-1), eps * (fk + eps).sum(-1)  # (φ + ε)·ε1
+    I_raw = A.sum(-1) + eps_q  # (…, Tq)
+    O_raw = B.sum(-1) + eps_k  # (…, Tk)
+    I_raw = torch.where(I_raw == 0, torch.ones_like(I_raw), I_raw)
+    O_raw = torch.where(O_raw == 0, torch.ones_like(O_raw), O_raw)
+    if is_causal:  # flows per visible term: divided by the position counts
+        n_in, n_out = L_in.to(acc).sum(-1), L_out.to(acc).sum(-1)  # N_k(i), N_q(j)
+    else:
+        n_in, n_out = fq.new_ones(()), fq.new_ones(())
+    inv_I, inv_O = n_in / I_raw, n_out / O_raw  # 1/I_i, 1/O_j
+    conserved_sink = ((A * inv_O.unsqueeze(-2)).sum(-1) + eps_q) / n_in.clamp(min=1)
+    sink_terms = torch.where(L_out, B * inv_I.unsqueeze(-2), zero)
+    conserved_source = ((sink_terms.sum(-1) + eps_k) / n_out.clamp(min=1)).clamp(-1.0, 1.0)
+    e = conserved_source.exp() * kk  # padded sources 0 (bounded: Ô ≤ 1)
+    if is_causal:  # c_j over the running sum of the sources j' ≤ j
+        key_link = causal_mask(Tk, dev) & kk.unsqueeze(-2)  # (…, Tk, Tk)
+        den = torch.where(key_link, e.unsqueeze(-2), zero).sum(-1)
+        n_src = key_link.to(acc).sum(-1)  # N_k(j)
+        allocation = torch.sigmoid(conserved_sink)
+    else:
+        den = e.sum(-1, keepdim=True)
+        n_src = kk.to(acc).sum(-1, keepdim=True)  # m
+        n_sink = kq.to(acc).sum(-1, keepdim=True)  # n
+        allocation = torch.sigmoid(conserved_sink * n_sink / n_src.clamp(min=1))
+    competition = e * n_src / torch.where(den == 0, torch.ones_like(den), den)  # c_j: (…, Tk)
+    W = torch.where(L_in, fq @ fk.transpose(-1, -2), zero) * competition.unsqueeze(-2)
+    W = W * (allocation / I_raw).unsqueeze(-1)
+    return (W @ v).to(q.dtype)

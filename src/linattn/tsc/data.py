@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["stratified_split", "validation_split", "encode_labels", "augment", "epoch_generator",
-           "VAL_FRACTION", "VAL_SEED"]
+           "fill_nan_padding", "MISSING", "VAL_FRACTION", "VAL_SEED"]
 
 #: The validation split every FordA choice is made on: this fraction of each class of TRAIN,
 #: drawn with this seed. `forda train`'s val stage and `forda evaluate --split val` both use
@@ -50,6 +50,52 @@ def encode_labels(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(classes, codes)``: the sorted distinct labels and each label's index among them."""
     classes, codes = np.unique(np.asarray(y), return_inverse=True)
     return classes, codes.astype(np.int64)
+
+
+#: What :func:`fill_nan_padding` (and the estimator's ``missing``) may do with NaN inside a
+#: series: refuse it, or interpolate linearly along time.
+MISSING = ("error", "interpolate")
+
+
+def fill_nan_padding(X: np.ndarray, name: str = "X", missing: str = "error") -> np.ndarray:
+    """Series (n, L) with the UCR archive's convention for variable length, trailing NaN after
+    a shorter series, turned into zeros: the padding the model gives a series shorter than
+    its length anyway. NaN inside a series (a missing value: NaN before the row's last value)
+    is refused in one line naming ``name``, the row and the sample (``missing="error"``), or
+    replaced by linear interpolation between the row's neighbouring values, the first value
+    repeated before it (``missing="interpolate"``). A row of NaN only and infinities are
+    always refused. Returns ``X`` itself when it is all finite, else a copy."""
+    if missing not in MISSING:
+        raise ValueError(f"missing: expected one of {MISSING}, got {missing!r}")
+    X = np.asarray(X)
+    finite = np.isfinite(X)
+    if finite.all():
+        return X
+    inf = np.isinf(X)
+    if inf.any():
+        i, j = np.argwhere(inf)[0]
+        raise ValueError(f"{name}: row {i} holds an infinite value (sample {j}); only finite "
+                         "values and NaN are accepted")
+    nan = ~finite
+    # a row's valid length: up to its last non-NaN sample; NaN before that is a missing value
+    length = X.shape[1] - np.argmax(~nan[:, ::-1], axis=1)
+    length[nan.all(axis=1)] = 0
+    empty = np.flatnonzero(length == 0)
+    if len(empty):
+        raise ValueError(f"{name}: row {empty[0]} is all NaN (an empty series); drop it")
+    inner = nan & (np.arange(X.shape[1]) < length[:, None])
+    if inner.any() and missing == "error":
+        i, j = np.argwhere(inner)[0]
+        raise ValueError(
+            f"{name}: row {i} has a missing value (NaN) at sample {j}, inside the series; pass "
+            "missing='interpolate' or impute first, e.g. make_pipeline(SimpleImputer(), "
+            "LinearAttentionClassifier()) (trailing NaN, variable-length padding, is accepted)")
+    out = np.where(nan, np.zeros((), X.dtype), X)
+    t = np.arange(X.shape[1])
+    for i in np.flatnonzero(inner.any(axis=1)):
+        ok = ~nan[i]
+        out[i, inner[i]] = np.interp(t[inner[i]], t[ok], X[i, ok])
+    return out
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:

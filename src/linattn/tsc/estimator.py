@@ -2,14 +2,21 @@
 
 ``LinearAttentionClassifier`` takes ``X`` of shape (n_series, length) (any length: the series is
 zero padded to whole patches) and labels of any type and number of classes; ``predict`` returns
-labels in their original encoding. ``save(dir)`` writes ``model.safetensors`` (weights) and
-``config.json`` (hyper-parameters, architecture, classes) — no pickle — and
-``LinearAttentionClassifier.load(dir)`` restores an estimator with identical predictions.
+labels in their original encoding. Variable-length series in the UCR archive's convention (each
+row NaN padded after its last sample to the longest length) are accepted: the trailing NaN
+become zeros, the padding the model gives short series anyway (the circular-shift augmentation
+then also rotates that padding, as for any series). NaN inside a series (missing values) is
+refused in one line naming the row, the sample and what to do, unless ``missing="interpolate"``
+(linear interpolation along time); infinities are refused. ``save(dir)`` writes
+``model.safetensors`` (weights) and ``config.json`` (hyper-parameters, architecture, classes) —
+no pickle — and ``LinearAttentionClassifier.load(dir)`` restores an estimator with identical
+predictions.
 
 The estimator's parameters are not declared here: they are the fields of
 :class:`~linattn.tsc.model.ModelConfig` (less ``length`` and ``n_classes``, which come from the
 data) and of :class:`~linattn.tsc.training.TrainConfig` (less ``seed``, which is
-``random_state``), with their defaults, plus ``random_state``, ``n_threads`` and ``verbose``.
+``random_state``), with their defaults, plus ``random_state``, ``n_threads``, ``device``,
+``missing`` and ``verbose``.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from linattn._config import check_field_types, rename_deprecated
 from linattn._io import atomic_path
-from linattn.tsc.data import encode_labels
+from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding
 from linattn.tsc.model import (
     REMOVED_OPTIONS,
     RENAMED,
@@ -48,7 +55,8 @@ from linattn.tsc.training import (
     write_json,
 )
 
-__all__ = ["LinearAttentionClassifier", "FORMAT", "MODEL_PARAMS", "TRAIN_PARAMS", "REMOVED_PARAMS"]
+__all__ = ["LinearAttentionClassifier", "FORMAT", "MODEL_PARAMS", "TRAIN_PARAMS", "REMOVED_PARAMS",
+           "check_device"]
 
 #: The ``format`` field of a saved model's config.json.
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
@@ -60,7 +68,7 @@ TRAIN_PARAMS = tuple(f.name for f in fields(TrainConfig) if f.name != "seed")
 _DEFAULTS: dict[str, Any] = {
     **{f.name: f.default for f in fields(ModelConfig) if f.name in MODEL_PARAMS},
     **{f.name: f.default for f in fields(TrainConfig) if f.name in TRAIN_PARAMS},
-    "random_state": 0, "n_threads": None, "verbose": False,
+    "random_state": 0, "n_threads": None, "device": "cpu", "missing": "error", "verbose": False,
 }
 
 #: Options removed after linattn 0.1.0 that old saved ``params`` may name at their neutral value.
@@ -86,6 +94,45 @@ def _positive_int_or_none(value: Any, name: str, where: str) -> None:
     if value is not None and (isinstance(value, (bool, np.bool_))
                               or not isinstance(value, numbers.Integral) or value < 1):
         raise ValueError(f"{where}: {name} must be None or a positive integer, got {value!r}")
+
+
+def _parse_device(value: Any, where: str) -> torch.device:
+    """``torch.device(value)`` for a string or device; a one-line ValueError otherwise."""
+    if not isinstance(value, (str, torch.device)):
+        raise ValueError(f"{where}: device must be a string such as 'cpu' or 'cuda', "
+                         f"got {value!r}")
+    try:
+        return torch.device(value)
+    except (RuntimeError, ValueError) as err:
+        raise ValueError(f"{where}: device: not a torch device: {value!r} "
+                         f"({str(err).splitlines()[0] if str(err) else 'invalid'})") from None
+
+
+def check_device(value: Any, where: str) -> torch.device:
+    """The torch device named by ``value`` (a string such as "cpu", "cuda", "cuda:1", or a
+    :class:`torch.device`), checked to exist on this machine; a one-line ValueError naming
+    ``device`` otherwise."""
+    dev = _parse_device(value, where)
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "meta":
+        raise ValueError(f"{where}: device: 'meta' holds no data; use 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"{where}: device {value!r}: CUDA is not available to torch here "
+                             f"(torch {torch.__version__}); use device='cpu'")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"{where}: device {value!r}: torch sees {n} CUDA device(s) "
+                             f"(cuda:0 … cuda:{n - 1})")
+        return dev
+    try:  # mps, xpu, …: can a tensor live there?
+        torch.empty(1, device=dev)
+    except (RuntimeError, AssertionError, ValueError) as err:
+        raise ValueError(f"{where}: device {value!r} is not available here "
+                         f"({str(err).splitlines()[0] if str(err) else 'unavailable'}); "
+                         f"use device='cpu'") from None
+    return dev
 
 
 class _ThreadLimit:
@@ -118,8 +165,12 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     :class:`~linattn.tsc.model.ModelConfig`; the training recipe, as documented on
     :class:`~linattn.tsc.training.TrainConfig`; ``random_state``: seeds initialisation,
     shuffling, augmentation and dropout; ``n_threads``: torch threads during fit/predict (None:
-    torch's setting); ``verbose``: progress bars. ``depth`` and ``heads`` are deprecated
-    spellings of ``num_layers`` and ``num_heads``. The names and defaults:
+    torch's setting); ``device``: where fit and predict run ("cpu", "cuda", "cuda:1", …; checked
+    to exist; saved models and checkpoints hold CPU tensors whatever it is); ``verbose``:
+    progress bars; ``missing``: NaN inside a series (a missing value) is refused ("error", the
+    default, as scikit-learn does) or interpolated linearly along time ("interpolate").
+    ``depth`` and ``heads`` are deprecated spellings of ``num_layers`` and ``num_heads``. The
+    names and defaults:
 
     """
 
@@ -166,6 +217,10 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
                              f"instance is not supported), got {seed!r}")
         _positive_int_or_none(self.n_threads, "n_threads", where)
+        check_device(self.device, where)
+        if not isinstance(self.missing, str) or self.missing not in MISSING:
+            raise ValueError(f"{where}: missing must be one of {', '.join(map(repr, MISSING))}, "
+                             f"got {self.missing!r}")
         if not isinstance(self.verbose, (bool, np.bool_, numbers.Integral)):
             raise ValueError(f"{where}: verbose must be a bool, got {self.verbose!r}")
         tcfg = TrainConfig(seed=int(seed), **{k: _plain(v) for k, v in train.items()})
@@ -187,7 +242,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         """Train on X: (n, length), y: (n,). Extra keyword arguments go to
         :class:`~linattn.tsc.training.Trainer` (``X_val``, ``checkpoint_dir``, ``progress`` …)."""
         model_params, tcfg = self.check_params()
-        X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2)
+        X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
+                             ensure_all_finite="allow-nan")
+        X = fill_nan_padding(X, "X", self.missing)
         check_classification_targets(y)
         classes, codes = encode_labels(y)
         if len(classes) < 2:
@@ -196,6 +253,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         config = ModelConfig(length=X.shape[1], n_classes=len(classes), **model_params)
         config.validate(type(self).__name__)
         resume = trainer_kwargs.pop("resume", False)
+        if trainer_kwargs.get("X_val") is not None:
+            trainer_kwargs["X_val"] = fill_nan_padding(
+                np.asarray(trainer_kwargs["X_val"], dtype=np.float32), "X_val", self.missing)
         if trainer_kwargs.get("y_val") is not None:
             yv = np.asarray(trainer_kwargs["y_val"])
             unseen = np.setdiff1d(yv, classes)
@@ -204,8 +264,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             trainer_kwargs["y_val"] = np.searchsorted(classes, yv)
         with _ThreadLimit(self.n_threads):
             torch.manual_seed(tcfg.seed)
-            self.model_ = FordATransformer(config)
+            self.model_ = FordATransformer(config)  # initialised on the CPU on every device
             trainer = Trainer(self.model_, X, codes, tcfg, progress=bool(self.verbose),
+                              device=check_device(self.device, type(self).__name__),
                               **trainer_kwargs)
             resumed = trainer.load_checkpoint() if resume else False
             metrics = trainer.metrics_path
@@ -217,9 +278,12 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
 
     def _logits(self, X) -> torch.Tensor:
         check_is_fitted(self, "model_")
-        X = validate_data(self, X, dtype=np.float32, reset=False)
+        X = validate_data(self, X, dtype=np.float32, reset=False, ensure_all_finite="allow-nan")
+        X = fill_nan_padding(X, "X", self.missing)
+        device = check_device(self.device, type(self).__name__)
         with _ThreadLimit(self.n_threads):
-            return predict_logits(self.model_, X)
+            self.model_.to(device)  # a set_params(device=…) after fit takes effect here
+            return predict_logits(self.model_, X, device=device)
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, n_classes) class probabilities, columns in the order of ``classes_``."""
@@ -246,12 +310,13 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "model_")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        weights = {k: v.detach().contiguous() for k, v in self.model_.state_dict().items()}
+        weights = {k: v.detach().cpu().contiguous() for k, v in self.model_.state_dict().items()}
         with atomic_path(path / "model.safetensors") as tmp:
             save_file(weights, str(tmp))
         write_json(path / "config.json", {
             "format": FORMAT,
-            "params": {k: _plain(v) for k, v in self.get_params().items()},
+            "params": {k: str(v) if k == "device" else _plain(v)
+                       for k, v in self.get_params().items()},
             "model": self.model_.config.to_dict(),
             "classes": self.classes_.tolist(),
             "classes_dtype": self.classes_.dtype.str,
@@ -260,8 +325,10 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> LinearAttentionClassifier:
-        """Restore an estimator written by :meth:`save`.
+    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu"
+             ) -> LinearAttentionClassifier:
+        """Restore an estimator written by :meth:`save`, on ``device`` (default the CPU,
+        whatever device it was trained on: the saved ``device`` is replaced by this one).
 
         Everything in config.json is validated, and the weights file's tensor shapes are
         compared with it, before any model is built: a missing folder or file, a corrupt file,
@@ -272,6 +339,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        dev = check_device(device, f"{cls.__name__}.load")
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"{path}: no such model folder")
@@ -309,8 +377,10 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         _compare_shapes(w_path, cfg_path.name,
                         {k: tuple(v.shape) for k, v in weights.items()}, expected)
         model.load_state_dict(weights)
+        model.to(dev)
         model.eval()
         est.model_, est.classes_, est.n_features_in_ = model, classes, n_features
+        est.device = device
         return est
 
     @classmethod
@@ -325,6 +395,8 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         if unknown:
             raise ValueError(f"{where}: unknown keys {unknown}")
         est = cls(**params)
+        _parse_device(est.device, where)  # well formed, but need not exist here:
+        est.device = "cpu"  # load() puts the model on its own device
         est.check_params(where)
         model_cfg = ModelConfig.from_dict(cfg["model"], f"{cfg_path}: model")
         for k in MODEL_PARAMS:

@@ -83,7 +83,13 @@ class ModelConfig:
     0 = ``patch`` (disjoint patches, the reference); a larger window overlaps the neighbouring
     patches, centred on the token's patch (zero padded at the ends), stride ``patch``.
     ``spectral``: also feed each token the log-magnitude spectrum of a Hann window of ``2·patch``
-    samples centred on its patch.
+    samples centred on its patch. ``circular``: the windows and spectra wrap around the ends
+    instead of being zero padded, the series taken as a loop (as the circular-shift augmentation
+    treats it), so the first and last tokens carry no padding that marks them; the loop is the
+    series zero padded to whole patches (``tokens·patch`` samples), so a final partial patch
+    keeps its zeros and they form the one seam (stride ``patch`` cannot tile a loop whose length
+    is not a multiple of ``patch``). False (the default, and what configurations saved without
+    the field mean) is zero padding.
 
     ``depth`` and ``heads`` are deprecated constructor keywords for ``num_layers`` and
     ``num_heads``.
@@ -101,6 +107,7 @@ class ModelConfig:
     feature_map: str = "elu"
     spectral: bool = False
     window: int = 0
+    circular: bool = False
 
     @property
     def tokens(self) -> int:
@@ -155,17 +162,33 @@ class ModelConfig:
 ModelConfig.__init__ = renamed_keywords(RENAMED, "ModelConfig")(ModelConfig.__init__)
 
 
+def _windows(x: Tensor, size: int, step: int, circular: bool) -> Tensor:
+    """Frames of ``size`` samples, one per ``step``, centred on the steps:
+    (B, T·step) -> (B, T, size); frame t covers ``[t·step − left, t·step − left + size)`` with
+    ``left = (size − step) // 2``. Outside the series: zeros, or with ``circular`` the series
+    continued periodically (any ``size``, even one longer than the series)."""
+    n = x.shape[-1]
+    left = (size - step) // 2
+    if not circular:
+        return F.pad(x, (left, size - step - left)).unfold(-1, size, step)
+    start = torch.arange(0, n, step, device=x.device) - left
+    idx = (start[:, None] + torch.arange(size, device=x.device)) % n  # (T, size)
+    return x[:, idx]
+
+
 class SpectralPatches(nn.Module):
-    """Per-token log-magnitude spectrum: (B, L_pad) -> (B, T, patch + 1).
+    """Per-token log-magnitude spectrum: (B, T·patch) -> (B, T, patch + 1).
 
     Token t sees the ``w = 2·patch`` samples centred on its patch, i.e.
-    ``[t·p − p/2, t·p + 3p/2)`` (zero padded at the ends), under a Hann window;
-    ``log(|rfft|² + 1e-4) / 2``, so silence and scale changes stay finite."""
+    ``[t·p − p/2, t·p + 3p/2)`` (zero padded at the ends, or wrapped around them with
+    ``circular``), under a Hann window; ``log(|rfft|² + 1e-4) / 2``, so silence and scale
+    changes stay finite."""
 
-    def __init__(self, patch: int) -> None:
+    def __init__(self, patch: int, circular: bool = False) -> None:
         super().__init__()
         self.patch = patch
         self.size = 2 * patch
+        self.circular = circular
         self.register_buffer("window", torch.hann_window(self.size, periodic=False),
                              persistent=False)
 
@@ -174,10 +197,7 @@ class SpectralPatches(nn.Module):
         return self.size // 2 + 1
 
     def forward(self, x: Tensor) -> Tensor:
-        p, w = self.patch, self.size
-        left = (w - p) // 2
-        xp = F.pad(x, (left, w - p - left))
-        frames = xp.unfold(-1, w, p) * self.window  # (B, T, w)
+        frames = _windows(x, self.size, self.patch, self.circular) * self.window  # (B, T, w)
         spec = torch.fft.rfft(frames, dim=-1)
         return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
 
@@ -188,8 +208,14 @@ class FordATransformer(nn.Module):
     ``(B, L) -> (B, n_classes)`` logits, L ≤ ``config.length`` (shorter series and a final
     partial patch are zero padded to whole patches). Tokens ``T = ceil(length / patch)``, each
     embedded by one linear layer from its window of samples (and its spectrum with
-    ``spectral``); each of ``num_layers`` pre-norm :class:`~linattn.nn.EncoderBlock` s has its
-    own relative vectors (``max_len`` = T); mean over tokens, LayerNorm, linear to the logits.
+    ``spectral``; both wrapped around the ends with ``circular``); each of ``num_layers``
+    pre-norm :class:`~linattn.nn.EncoderBlock` s has its own relative vectors (``max_len`` = T);
+    mean over tokens, LayerNorm, linear to the logits.
+
+    With ``circular``, rolling a series of ``T·patch`` samples by a multiple of ``patch`` rolls
+    the token features exactly. The logits still change a little: the relative lags ``j − i``
+    are not circular (token 0 sees lags 0 … T−1, token T−1 sees −(T−1) … 0), so attention
+    itself can still tell the ends apart.
     """
 
     def __init__(self, config: ModelConfig | None = None, **overrides) -> None:
@@ -201,7 +227,7 @@ class FordATransformer(nn.Module):
             config = ModelConfig(**{**config.to_dict(), **overrides})
         config.validate()
         self.config = c = config
-        self.spectral = SpectralPatches(c.patch) if c.spectral else None
+        self.spectral = SpectralPatches(c.patch, c.circular) if c.spectral else None
         self.window = c.window or c.patch
         self.embed = nn.Linear(c.embed_features, c.d_model)
         self.blocks = nn.ModuleList(
@@ -212,8 +238,9 @@ class FordATransformer(nn.Module):
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.n_classes)
 
-    def tokens(self, x: Tensor) -> Tensor:
-        """Token embeddings (B, T, d_model) of series x: (B, L)."""
+    def token_features(self, x: Tensor) -> Tensor:
+        """What the token embedding reads, (B, T, embed_features), of series x: (B, L): each
+        token's window of samples, then its spectral bins."""
         c = self.config
         if x.dim() != 2:
             raise ValueError(f"x: expected shape (B, L), got {tuple(x.shape)}")
@@ -224,11 +251,14 @@ class FordATransformer(nn.Module):
         if w == c.patch:
             feats = x.reshape(x.shape[0], c.tokens, c.patch)
         else:  # overlapping windows centred on the patches: (B, T, w)
-            left = (w - c.patch) // 2
-            feats = F.pad(x, (left, w - c.patch - left)).unfold(-1, w, c.patch)
+            feats = _windows(x, w, c.patch, c.circular)
         if self.spectral is not None:
             feats = torch.cat([feats, self.spectral(x)], dim=-1)
-        return self.embed(feats)
+        return feats
+
+    def tokens(self, x: Tensor) -> Tensor:
+        """Token embeddings (B, T, d_model) of series x: (B, L)."""
+        return self.embed(self.token_features(x))
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.tokens(x)

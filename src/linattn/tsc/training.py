@@ -47,7 +47,7 @@ from linattn.tsc.data import augment, epoch_generator
 from linattn.tsc.metrics import accuracy, macro_f1
 
 __all__ = ["TrainConfig", "Trainer", "EpochLoop", "predict_logits", "write_json", "CheckpointError",
-           "TRAIN_RANGES", "REMOVED_TRAIN_OPTIONS"]
+           "TRAIN_RANGES", "REMOVED_TRAIN_OPTIONS", "model_device", "to_cpu"]
 
 
 @dataclass
@@ -112,14 +112,36 @@ REMOVED_TRAIN_OPTIONS: Removed = {
 }
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of a module's first parameter (CPU for a module without any)."""
+    p = next(model.parameters(), None)
+    return torch.device("cpu") if p is None else p.device
+
+
+def to_cpu(obj):
+    """``obj`` with every tensor in it (nested dicts, lists, tuples) copied to the CPU: what
+    checkpoints and saved models store, so that they load on a machine without the training
+    device."""
+    if isinstance(obj, Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
 @torch.no_grad()
-def predict_logits(model: nn.Module, X: np.ndarray | torch.Tensor,
-                   batch_size: int = 256) -> torch.Tensor:
-    """Eval-mode logits (n, classes) of the series X (n, length), in batches of ``batch_size``."""
+def predict_logits(model: nn.Module, X: np.ndarray | torch.Tensor, batch_size: int = 256,
+                   device: str | torch.device | None = None) -> torch.Tensor:
+    """Eval-mode logits (n, classes), on the CPU, of the series X (n, length), in batches of
+    ``batch_size`` moved to ``device`` (None: where the model's parameters are)."""
     was_training = model.training
     model.eval()
+    device = model_device(model) if device is None else torch.device(device)
     X = torch.as_tensor(np.asarray(X, dtype=np.float32))
-    out = [model(X[i : i + batch_size]).float() for i in range(0, len(X), batch_size)]
+    out = [model(X[i : i + batch_size].to(device)).float().cpu()
+           for i in range(0, len(X), batch_size)]
     model.train(was_training)
     if not out:
         return torch.zeros(0, getattr(getattr(model, "config", None), "n_classes", 0))
@@ -216,6 +238,9 @@ class Trainer(EpochLoop):
         desc: the bar's label (and the ``stage`` of every record).
         on_step: called as ``on_step(trainer, epoch, batch)`` after every optimiser step, with
             ``batch`` the batches done in 0-based ``epoch`` (1 … steps_per_epoch).
+        device: where the model is trained (moved there first; None: where it is). The
+            series stay on the CPU, where each epoch's shuffle and augmentation are drawn, and
+            each batch is moved to ``device``; checkpoints hold CPU copies of every tensor.
     """
 
     def __init__(
@@ -232,10 +257,14 @@ class Trainer(EpochLoop):
         progress: bool = False,
         desc: str = "train",
         on_step: Callable[[Trainer, int, int], None] | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         c = self.config = config
         if len(X) == 0:
             raise ValueError("X: no training series")
+        if device is not None:
+            model.to(device)  # before the optimiser is built over its parameters
+        self.device = model_device(model)
         self.y = torch.as_tensor(np.asarray(y, dtype=np.int64))
         self.X_val = None if X_val is None else np.asarray(X_val, dtype=np.float32)
         self.y_val = None if y_val is None else np.asarray(y_val, dtype=np.int64)
@@ -259,7 +288,8 @@ class Trainer(EpochLoop):
     def loss(self) -> torch.Tensor:
         batch_idx = self.batch_indices()
         idx = batch_idx[self.rank :: self.world]  # this rank's share of the batch
-        loss = F.cross_entropy(self.net(self.augmented(idx)), self.y[idx],
+        loss = F.cross_entropy(self.net(self.augmented(idx).to(self.device)),
+                               self.y[idx].to(self.device),
                                label_smoothing=self.config.label_smoothing)
         self.track(loss, len(idx))
         # weight by the share: DDP's mean over ranks is then the whole batch's mean
@@ -314,6 +344,11 @@ class Trainer(EpochLoop):
         return tuple(t.tolist())
 
     # -- checkpoints --------
+    def state(self) -> dict:
+        # CPU copies: a checkpoint written on a GPU resumes (and loads) anywhere; restoring
+        # moves the weights and the optimiser's moments back to the model's device
+        return to_cpu(super().state())
+
     def load_checkpoint(self) -> bool:
         """Restore the checkpoint of ``checkpoint_dir`` (also one in the folder layout of
         earlier versions); False if there is none."""
