@@ -4,8 +4,9 @@
     python benchmarks/ops.py --ts 1024 2048  # a quick look
 
 Compares ``linattn.linear_attention`` (non-causal and chunked causal, ``elu`` map) with
-``torch.nn.functional.scaled_dot_product_attention`` (softmax, non-causal and causal) and prints
-a Markdown table plus the growth ratio per doubling of T.
+``torch.nn.functional.scaled_dot_product_attention`` (softmax, non-causal and causal), and
+``linattn.flowformer_attention`` (Flow-Attention, sigmoid map, non-causal and causal), and
+prints a Markdown table plus the growth ratio per doubling of T.
 
 Time: the median of several forward calls under ``torch.no_grad()`` in this process, after one
 warm-up call of the same shape (at least 3 calls; more while a cell stays under ~3 s; no
@@ -51,6 +52,8 @@ IMPLS = {  # name -> (label, is_causal, quadratic)
     "linear_causal": ("linattn causal", True, False),
     "sdpa": ("SDPA non-causal", False, True),
     "sdpa_causal": ("SDPA causal", True, True),
+    "flow": ("flowformer non-causal", False, False),
+    "flow_causal": ("flowformer causal", True, False),
 }
 
 
@@ -59,6 +62,8 @@ def call(impl: str, q, k, v):
     with torch.no_grad():
         if impl.startswith("linear"):
             return linattn.linear_attention(q, k, v, feature_map="elu", is_causal=is_causal)
+        if impl.startswith("flow"):
+            return linattn.flowformer_attention(q, k, v, is_causal=is_causal)
         return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 

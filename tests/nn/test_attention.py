@@ -194,3 +194,44 @@ def test_errors():
         MultiheadLinearAttention(8, 2, feature_map="nope")
     with pytest.raises(ValueError, match="relative_vectors"):
         MultiheadLinearAttention(8, 2).relative_vectors(3)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flow_attention_is_selectable_and_matches_the_op(is_causal):
+    torch.manual_seed(4)
+    m = MultiheadLinearAttention(16, 2, attention="flow", feature_map="sigmoid",
+                                 is_causal=is_causal).double()
+    assert isinstance(m.feature_map, linattn.ops.flowformer.SigmoidFeatures)
+    x = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    B, T, H, d = 3, 7, 2, 8
+    q, k, v = (p(x).view(B, T, H, d).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
+    o = linattn.reference.flowformer_attention(q, k, v, is_causal=is_causal)
+    want = m.out_proj(o.transpose(1, 2).reshape(B, T, H * d))
+    y = m(x)
+    torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-10)
+    y.square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert "attention='flow'" in repr(m)
+    assert "attention" not in repr(MultiheadLinearAttention(16, 2))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flow_attention_padding_hides_padded_tokens(is_causal):
+    """Padded tokens are neither sources nor sinks: the real rows equal the unpadded run."""
+    torch.manual_seed(5)
+    m = MultiheadLinearAttention(16, 2, attention="flow", is_causal=is_causal).double()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[0, 8:] = True
+    x2 = x.clone()
+    x2[0, 8:] = 1e3 * torch.randn(4, 16, dtype=torch.float64)
+    y2 = m(x2, key_padding_mask=mask)
+    torch.testing.assert_close(y2[0, :8], m(x[:1, :8])[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(y2[1], m(x[1:])[0], rtol=1e-10, atol=1e-10)
+
+
+def test_flow_attention_errors():
+    with pytest.raises(ValueError, match="^attention: expected 'linear' or 'flow', got 'soft'"):
+        MultiheadLinearAttention(8, 2, attention="soft")
+    with pytest.raises(ValueError, match="^attention: 'flow' takes neither max_len"):
+        MultiheadLinearAttention(8, 2, attention="flow", max_len=4)

@@ -225,3 +225,96 @@ def test_decayed_attention_bad_arguments():
         DecayedMultiheadAttention(16, 2)(torch.randn(1, 4, 15))
     with pytest.raises(ValueError, match="num_heads"):
         DecayedMultiheadAttention(16, 3)
+
+
+# --- attention="hybrid": sliding-window softmax + linear attention (linattn.ops.window) ---
+
+
+def _hybrid(window=5, **kw):
+    return _model("hybrid", window=window, **kw)
+
+
+@pytest.mark.parametrize("window", [1, 5, 40])
+def test_hybrid_step_by_step_equals_parallel(window):
+    m, ids = _hybrid(window), _ids()
+    with torch.no_grad():
+        full = m(ids)
+        state, steps = None, []
+        for t in range(ids.shape[1]):
+            logits, state = m(ids[:, t : t + 1], state, return_state=True)
+            steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("split", [1, 8, 13])
+def test_hybrid_prefill_then_continue_equals_whole(split):
+    m, ids = _hybrid(), _ids()
+    with torch.no_grad():
+        full = m(ids)
+        a, st = m(ids[:, :split], return_state=True)
+        b, st2 = m(ids[:, split:], st, return_state=True)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-4, atol=1e-4)
+    assert st2.position == ids.shape[1] == st2.layers[0].count
+
+
+def test_hybrid_state_is_constant_size_and_round_trips():
+    m = _hybrid(window=5)
+    with torch.no_grad():
+        sizes = [m(_ids(T=T), return_state=True)[1].nbytes() for T in (1, 10, 100)]
+        ids = _ids(T=20)
+        _, st = m(ids[:, :12], return_state=True)
+        saved = LMState.from_dict({k: v.clone() for k, v in st.to_dict().items()})
+        a = m(ids[:, 12:], st, return_state=True)[0]
+        b = m(ids[:, 12:], saved, return_state=True)[0]
+    # L·B·H·(ℓ·(d+1) + w·2d)·fp32: linear state plus the ring buffer of 5 keys and values
+    assert sizes[0] == sizes[1] == sizes[2] == 2 * 2 * 4 * (8 * 9 + 5 * 2 * 8) * 4
+    assert saved.layers[0].count == 12
+    assert torch.equal(a, b)
+
+
+def test_hybrid_has_the_linear_models_parameters_and_keys():
+    lin, hyb = _model("linear"), _hybrid()
+    assert lin.num_parameters() == hyb.num_parameters()
+    assert list(lin.state_dict()) == list(hyb.state_dict())
+    assert hyb.config["window"] == 5 and "window" not in lin.config
+    assert "window=5" in repr(hyb.blocks[0].attn)
+
+
+def test_hybrid_with_a_window_over_everything_is_the_softmax_model():
+    """window ≥ T: exact softmax everywhere; with decays 1 the softmax model has no bias, so
+    the two kinds compute the same function from the same weights."""
+    ones = [1.0] * 4
+    soft = _model("softmax", decay=ones)
+    hyb = _model("hybrid", decay=ones, window=64)
+    hyb.load_state_dict(soft.state_dict())
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hyb(ids), soft(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_hybrid_generates_and_trains():
+    m = _hybrid()
+    out = m.generate(_ids(T=4), 6, temperature=0)
+    assert out.shape == (2, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(m(out[:, :-1])[:, 3:].argmax(-1), out[:, 4:])
+    m.train()
+    ids = _ids()
+    torch.nn.functional.cross_entropy(m(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_hybrid_bad_arguments():
+    from linattn.nn.lm import DEFAULT_WINDOW, DecayedMultiheadAttention
+
+    assert DecayedMultiheadAttention(16, 2, attention="hybrid").window == DEFAULT_WINDOW
+    with pytest.raises(ValueError, match="^window: only used with attention='hybrid'"):
+        LinearTransformerLM(V, 32, 1, 4, window=8)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="^window: expected a positive integer"):
+            LinearTransformerLM(V, 32, 1, 4, attention="hybrid", window=bad)
+    m = _hybrid()
+    with torch.no_grad():
+        _, lin_state = _model("linear")(_ids(T=3), return_state=True)
+    with pytest.raises(TypeError, match="^state: expected a WindowLinearAttentionState"):
+        m(_ids(T=1), lin_state, return_state=True)

@@ -417,7 +417,8 @@ def evaluate(args) -> int:
     proba = np.mean([e.predict_proba(X_eval) for e in ests], axis=0)
     result = classification_metrics(est.classes_, y_eval, proba)
     base = {} if args.no_baselines else baselines(X_train, y_train, X_test, y_test,
-                                                  val_fraction=fraction, seed=seed)
+                                                  val_fraction=fraction, seed=seed,
+                                                  threads=args.threads or 1)
     run.update(model_dir=", ".join(str(d) for d in dirs),
                n_params=sum(p.numel() for p in est.model_.parameters()) * len(ests))
     stages = {s: read_metrics(root / s / "metrics.jsonl") for s in STAGES}

@@ -21,6 +21,14 @@ The softmax baseline (``attention="softmax"``) runs the same code with
 ``scaled_dot_product_attention`` and the same decays as an additive ALiBi bias ``(i − j)·log γ_h``
 — the exact softmax analogue — with a KV cache as its state, which grows by one (k, v) per token.
 
+The hybrid (``attention="hybrid"``, ``window=w``) is :mod:`linattn.ops.window`: exact softmax
+over the last w tokens and linear attention over everything older, in one normaliser; its state
+is the linear state plus a ring buffer of the last w keys and values (constant size). It uses
+*no decay*: the op's function has none (a decay would have to weigh both parts alike to keep
+one normaliser meaningful), and the exact window already resolves the recent past, which is
+what the decays give the linear model. The ``decay`` buffer is still there (the same
+state_dict keys for every kind) but unused. Order inside the window comes from causality only.
+
 Shapes: ids (B, T) integers in [0, vocab_size) → logits (B, T, vocab_size).
 """
 
@@ -40,11 +48,20 @@ from linattn.nn.encoder import PreNormBlock
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.recurrent import LinearAttentionState
+from linattn.ops.window import (
+    WindowLinearAttentionState,
+    check_window,
+    window_linear_attention,
+    window_linear_attention_step,
+)
 
 __all__ = ["LinearTransformerLM", "LMState", "KVCache", "DecayedMultiheadAttention",
            "DecoderBlock", "default_decays"]
 
-ATTENTION_KINDS = ("linear", "softmax")
+ATTENTION_KINDS = ("linear", "softmax", "hybrid")
+
+#: The hybrid's window when none is given.
+DEFAULT_WINDOW = 64
 
 
 def default_decays(num_heads: int) -> Tensor:
@@ -65,10 +82,12 @@ class LMState:
     """Per-layer decoding state of :class:`LinearTransformerLM`.
 
     ``layers[i]`` is a :class:`~linattn.ops.recurrent.LinearAttentionState` (S: (B, H, ℓ, d),
-    z: (B, H, ℓ)) for linear attention — the same size after 1 token or 1 million — or a
-    :class:`KVCache` for the softmax baseline. ``position`` counts the tokens seen (the softmax
-    bias needs it; the linear model does not). Save/restore with :meth:`to_dict` /
-    :meth:`from_dict` (a flat dict of tensors, e.g. for ``safetensors``)."""
+    z: (B, H, ℓ)) for linear attention — the same size after 1 token or 1 million — a
+    :class:`~linattn.ops.window.WindowLinearAttentionState` for the hybrid (S, z and a ring
+    buffer k, v: (B, H, w, d), also constant), or a :class:`KVCache` for the softmax baseline.
+    ``position`` counts the tokens seen (the softmax bias needs it; the linear model does not).
+    Save/restore with :meth:`to_dict` / :meth:`from_dict` (a flat dict of tensors, e.g. for
+    ``safetensors``)."""
 
     layers: list = field(default_factory=list)
     position: int = 0
@@ -76,8 +95,12 @@ class LMState:
     def to_dict(self) -> dict[str, Tensor]:
         out = {"position": torch.tensor(self.position, dtype=torch.int64)}
         for i, st in enumerate(self.layers):
-            for name in ("S", "z") if isinstance(st, LinearAttentionState) else ("k", "v"):
+            names = (("S", "z", "k", "v") if isinstance(st, WindowLinearAttentionState)
+                     else ("S", "z") if isinstance(st, LinearAttentionState) else ("k", "v"))
+            for name in names:
                 out[f"layers.{i}.{name}"] = getattr(st, name).detach().clone()
+            if isinstance(st, WindowLinearAttentionState):
+                out[f"layers.{i}.count"] = torch.tensor(st.count, dtype=torch.int64)
         return out
 
     @classmethod
@@ -85,7 +108,11 @@ class LMState:
         try:
             layers, i = [], 0
             while f"layers.{i}.S" in d or f"layers.{i}.k" in d:
-                if f"layers.{i}.S" in d:
+                if f"layers.{i}.S" in d and f"layers.{i}.k" in d:  # the hybrid's state
+                    layers.append(WindowLinearAttentionState(
+                        d[f"layers.{i}.S"], d[f"layers.{i}.z"], d[f"layers.{i}.k"],
+                        d[f"layers.{i}.v"], int(d[f"layers.{i}.count"])))
+                elif f"layers.{i}.S" in d:
                     layers.append(LinearAttentionState(d[f"layers.{i}.S"], d[f"layers.{i}.z"]))
                 else:
                     layers.append(KVCache(d[f"layers.{i}.k"], d[f"layers.{i}.v"]))
@@ -106,6 +133,9 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
     ``attention="linear"``: :func:`~linattn.ops.decay.decay_linear_attention` (a chunk of T > 1
     tokens, chunked parallel form) or its recurrent step (T = 1 with a state).
     ``attention="softmax"``: SDPA with the ALiBi bias ``(i − j)·log γ_h`` (≤ 0) and a KV cache.
+    ``attention="hybrid"``: :func:`~linattn.ops.window.window_linear_attention` with ``window``
+    (default :data:`DEFAULT_WINDOW`; only for the hybrid), undecayed (module docstring), or its
+    step (T = 1 with a state).
     Projections, feature map and parameter count are those of :class:`MultiheadLinearAttention`
     (both share :class:`~linattn.nn.attention.MultiheadAttentionBase`); the decays are a fixed
     buffer, not parameters. ``embed_dim=`` is a deprecated alias of ``d_model=``."""
@@ -123,27 +153,48 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         bias: bool = False,
         dropout: float = 0.0,
+        window: int | None = None,
     ) -> None:
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention: expected one of {ATTENTION_KINDS}, got {attention!r}")
+        if attention == "hybrid":
+            window = check_window(DEFAULT_WINDOW if window is None else window)
+        elif window is not None:
+            raise ValueError(f"window: only used with attention='hybrid', got {window!r} "
+                             f"with attention={attention!r}")
         decay = default_decays(num_heads) if decay is None else torch.as_tensor(decay).float()
         if decay.shape != (num_heads,) or (decay <= 0).any() or (decay > 1).any():
             raise ValueError(f"decay: expected {num_heads} values in (0, 1], got {decay}")
         super().__init__(d_model, num_heads, head_dim, feature_map=feature_map, bias=bias,
                          dropout=dropout)
-        self.attention, self.chunk_size = attention, chunk_size
+        self.attention, self.chunk_size, self.window = attention, chunk_size, window
         self.register_buffer("decay", decay)
 
     def forward(
-        self, x: Tensor, state: LinearAttentionState | KVCache | None = None,
-        position: int = 0,
-    ) -> tuple[Tensor, LinearAttentionState | KVCache]:
+        self, x: Tensor, state: LinearAttentionState | WindowLinearAttentionState | KVCache
+        | None = None, position: int = 0,
+    ) -> tuple[Tensor, LinearAttentionState | WindowLinearAttentionState | KVCache]:
         """x: (B, T, E); ``state`` after ``position`` earlier tokens. Returns (out, new state):
         out (B, T, E); the state a :class:`~linattn.ops.recurrent.LinearAttentionState`
-        (S: (B, H, ℓ, d), z: (B, H, ℓ)) or a :class:`KVCache` (k, v: (B, H, position + T, d))."""
+        (S: (B, H, ℓ, d), z: (B, H, ℓ)), a
+        :class:`~linattn.ops.window.WindowLinearAttentionState` (hybrid) or a :class:`KVCache`
+        (k, v: (B, H, position + T, d))."""
         q, k, v = self.project(x)
         T = q.shape[2]
-        if self.attention == "linear":
+        if self.attention == "hybrid":
+            if state is not None and not isinstance(state, WindowLinearAttentionState):
+                raise TypeError(
+                    f"state: expected a WindowLinearAttentionState, got {type(state).__name__}")
+            if T == 1 and state is not None:  # a decoding step: O(w·d + ℓ·d) per head
+                o, new = window_linear_attention_step(
+                    q[:, :, 0], k[:, :, 0], v[:, :, 0], state, window=self.window,
+                    feature_map=self.feature_map)
+                o = o.unsqueeze(2)
+            else:
+                o, new = window_linear_attention(
+                    q, k, v, window=self.window, feature_map=self.feature_map,
+                    chunk_size=self.chunk_size, initial_state=state, return_state=True)
+        elif self.attention == "linear":
             g = self.decay.to(q.dtype)
             if T == 1 and state is not None:  # a decoding step: the recurrence, O(ℓ·d) per head
                 o, new = decay_linear_attention_step(
@@ -168,8 +219,9 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
         return self.merge(o), new
 
     def extra_repr(self) -> str:
+        window = f", window={self.window}" if self.window is not None else ""
         return (super().extra_repr()
-                + f", attention={self.attention!r}, chunk_size={self.chunk_size}")
+                + f", attention={self.attention!r}, chunk_size={self.chunk_size}{window}")
 
 
 class DecoderBlock(PreNormBlock):
@@ -181,10 +233,10 @@ class DecoderBlock(PreNormBlock):
     def __init__(self, d_model: int, num_heads: int, mlp_dim: int | None = None, *,
                  feature_map: FeatureMapSpec = "elu", attention: str = "linear",
                  decay: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, window: int | None = None) -> None:
         attn = DecayedMultiheadAttention(
             d_model, num_heads, feature_map=feature_map, attention=attention, decay=decay,
-            chunk_size=chunk_size, dropout=dropout)
+            chunk_size=chunk_size, dropout=dropout, window=window)
         super().__init__(d_model, attn, mlp_dim, dropout)
 
     def forward(self, x: Tensor, state: LinearAttentionState | KVCache | None = None,
@@ -208,18 +260,20 @@ class LinearTransformerLM(nn.Module):
             its own map (:func:`~linattn.nn.attention.own_feature_map`), never a shared one.
         dropout: after the embedding, the attention output and in the MLPs.
         mlp_dim: hidden width of the MLPs (default 4E).
-        attention: ``"linear"`` (this model) or ``"softmax"`` (the SDPA + KV-cache baseline,
-            same parameters, same code).
+        attention: ``"linear"`` (this model), ``"softmax"`` (the SDPA + KV-cache baseline,
+            same parameters, same code) or ``"hybrid"`` (exact softmax over the last ``window``
+            tokens + linear attention before them, one normaliser, undecayed; constant state).
         decay: (H,) per-head decays in (0, 1] (default :func:`default_decays`).
         chunk_size: C of the chunked parallel form (default
             :data:`~linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+        window: the hybrid's w (default :data:`DEFAULT_WINDOW`); only with ``"hybrid"``.
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int, *,
                  feature_map: FeatureMapSpec = "elu", dropout: float = 0.0,
                  mlp_dim: int | None = None, attention: str = "linear",
                  decay: list[float] | None = None,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, window: int | None = None) -> None:
         super().__init__()
         for name, val in (("vocab_size", vocab_size), ("d_model", d_model),
                           ("num_layers", num_layers), ("num_heads", num_heads)):
@@ -230,6 +284,8 @@ class LinearTransformerLM(nn.Module):
                            mlp_dim=mlp_dim, attention=attention,
                            decay=None if decay is None else [float(g) for g in decay],
                            chunk_size=chunk_size)
+        if window is not None:  # configs of the other kinds keep their earlier keys
+            self.config["window"] = window
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)  # tied with the output: small logits at init
@@ -237,7 +293,8 @@ class LinearTransformerLM(nn.Module):
         g = None if decay is None else torch.tensor(decay, dtype=torch.float32)
         self.blocks = nn.ModuleList(
             DecoderBlock(d_model, num_heads, mlp_dim, feature_map=feature_map,
-                         attention=attention, decay=g, chunk_size=chunk_size, dropout=dropout)
+                         attention=attention, decay=g, chunk_size=chunk_size, dropout=dropout,
+                         window=window)
             for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)

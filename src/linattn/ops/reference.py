@@ -176,6 +176,8 @@ def window_linear_attention(
     fq, fk = features(fmap, q, k, keep)
     acc = fq.dtype
     T = q.shape[-2]
+    if T == 0:
+        return q.new_zeros(*q.shape[:-2], 0, v.shape[-1])
     s = q.to(acc) @ zero_padded(k.to(acc), keep).transpose(-1, -2) / math.sqrt(q.shape[-1])
     idx = torch.arange(T, device=q.device)
     lag = idx[:, None] - idx[None, :]  # i − j
@@ -189,8 +191,10 @@ def window_linear_attention(
     m = torch.maximum(torch.where(near, s, float("-inf")).amax(-1, keepdim=True).detach(),
                       torch.where(far_den > 0, far_den.log(), float("-inf")))
     m = torch.where(m == float("-inf"), 0.0, m)  # a row with no key: zeros
-    W = torch.where(near, torch.exp(torch.where(near, s, 0.0) - m), kern * torch.exp(-m))
-    den = W.sum(-1) + eps * torch.exp(-m[..., 0])
+    # exp(−m) ≤ 1/|D_F + ε| where D_F + ε ≠ 0; elsewhere ε = 0 and no far key: no scale needed
+    scale = torch.where(far_den > 0, torch.exp(-m), 0.0)
+    W = torch.where(near, torch.exp(torch.where(near, s, 0.0) - m), kern * scale)
+    den = W.sum(-1) + eps * scale[..., 0]
     return normalise(W @ zero_padded(v.to(acc), keep), den, 0.0).to(q.dtype)
 
 

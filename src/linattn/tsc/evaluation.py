@@ -125,14 +125,25 @@ def describe_choice(choice: dict) -> str:
 
 def baselines(X_train, y_train, X_test=None, y_test=None, *,
               val_fraction: float = VAL_FRACTION, seed: int = VAL_SEED,
-              tuned: bool = True) -> dict:
+              tuned: bool = True, threads: int | None = 1) -> dict:
     """Logistic regression (standardised features, C = 1) on raw samples and on the
     log-magnitude spectrum (untuned, as before), and, with ``tuned``, the spectral one whose
     taper, scaling, bins and C were chosen on the validation split
     (:func:`tune_spectrum_baseline`; its row also holds ``choice``). Validation figures use the
     validation split of TRAIN (by default :func:`~linattn.tsc.data.validation_split`, the one
     training uses; pass a run's recorded ``val_fraction`` and ``seed``); test figures (if
-    X_test is given) are fitted on all of TRAIN."""
+    X_test is given) are fitted on all of TRAIN. ``threads``: BLAS / OpenMP threads of the
+    fits (None: the libraries' default); the default 1 because these small fits gain nothing
+    from more, and on a busy 2-core machine two spinning BLAS threads made them 20× slower
+    (236 s instead of 10 s for FordA, load ≈ 7)."""
+    from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
+
+    with threadpool_limits(limits=threads):
+        return _baselines(X_train, y_train, X_test, y_test, val_fraction, seed, tuned)
+
+
+def _baselines(X_train, y_train, X_test, y_test, val_fraction: float, seed: int,
+               tuned: bool) -> dict:
     classes, codes = encode_labels(y_train)
     tr, va = stratified_split(codes, val_fraction, seed=seed)
     out = {}
