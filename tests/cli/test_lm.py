@@ -67,7 +67,22 @@ def test_old_flag_spellings_and_resume_with_other_options(tmp_path, capsys):
     assert "made with other options" in capsys.readouterr().err
 
 
-def test_user_errors(tmp_path):
+def test_hybrid_trains_saves_and_generates(tmp_path, capsys):
+    assert main(["lm", "train", "--out", str(tmp_path), "--steps", "2", "--attention", "hybrid",
+                 "--window", "4", *TINY]) == 0
+    model, _ = load_model(tmp_path)
+    assert (model.config["attention"], model.config["window"]) == ("hybrid", 4)
+    capsys.readouterr()
+    assert main(["lm", "generate", "--model", str(tmp_path), "--prompt", "def ",
+                 "--max-new-tokens", "5", "--seed", "0", "--threads", "1"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+
+
+def test_user_errors(tmp_path, capsys):
+    for bad in (["--window", "4"], ["--attention", "hybrid", "--window", "0"]):
+        assert main(["lm", "train", "--out", str(tmp_path / "w"), "--steps", "1", *bad,
+                     *TINY]) == 2
+        assert "--window" in capsys.readouterr().err
     assert main(["lm", "train", "--out", str(tmp_path / "x"), *TINY]) == 2  # no budget
     assert main(["lm", "train", "--out", str(tmp_path / "y"), "--resume", "--steps", "1",
                  *TINY]) == 2

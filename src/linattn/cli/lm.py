@@ -1,10 +1,11 @@
 """``linattn lm train|generate``: a byte-level language model on the Python standard library.
 
 ``train`` fits :class:`~linattn.nn.LinearTransformerLM` (or, with ``--attention softmax``, the
-same model with SDPA attention and a KV cache) on the ``.py`` source of the running
-interpreter's standard library — a corpus every machine with Python has offline. Every 10th file
-is held out for validation; the figure reported is validation bits per byte (= bits per
-character for this almost entirely ASCII text). Training stops at ``--steps`` or after
+same model with SDPA attention and a KV cache; with ``--attention hybrid``, exact softmax over
+a sliding window of ``--window`` tokens plus linear attention before it) on the ``.py`` source
+of the running interpreter's standard library — a corpus every machine with Python has offline.
+Every 10th file is held out for validation; the figure reported is validation bits per byte
+(= bits per character for this almost entirely ASCII text). Training stops at ``--steps`` or after
 ``--max-time`` seconds of training (evaluation excluded), whichever comes first, so two models
 can be given the same wall time. Training runs on :class:`~linattn.train_loop.TrainLoop`: the
 checkpoint ``OUT/checkpoint.pt`` is written atomically every ``--checkpoint-every`` seconds, at
@@ -239,6 +240,12 @@ def train(args: argparse.Namespace) -> int:
     model_config = dict(vocab_size=256, d_model=args.d_model, num_layers=args.num_layers,
                         num_heads=args.num_heads, feature_map=args.feature_map,
                         dropout=args.dropout, attention=args.attention, chunk_size=chunk_size)
+    if args.window is not None:
+        if args.attention != "hybrid":
+            raise UserError("--window: only with --attention hybrid")
+        if args.window < 1:
+            raise UserError(f"--window: expected a positive integer, got {args.window}")
+        model_config["window"] = args.window
     train_config = {k: getattr(args, k) for k in (
         "context", "batch_size", "lr", "weight_decay", "warmup", "steps", "max_time", "seed",
         "val_tokens", "eval_every", "corpus_bytes")}
@@ -300,8 +307,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     t = actions.add_parser("train", help="train on the standard library's source")
     t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
-    t.add_argument("--attention", choices=("linear", "softmax"), default="linear",
-                   help="linear (recurrent state) or softmax (SDPA baseline)")
+    t.add_argument("--attention", choices=("linear", "softmax", "hybrid"), default="linear",
+                   help="linear (recurrent state), softmax (SDPA baseline) or hybrid (exact "
+                        "softmax over the last --window tokens, linear attention before them)")
+    t.add_argument("--window", type=int, help="hybrid only: exact-softmax window (default 64)")
     t.add_argument("--d-model", type=int, default=128)
     t.add_argument("--num-layers", "--layers", dest="num_layers", type=int, default=4)
     t.add_argument("--num-heads", "--heads", dest="num_heads", type=int, default=4)
