@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+import linattn
 from linattn.feature_maps import FavorPlus, Hedgehog
 from linattn.nn import EncoderBlock, LinearTransformerEncoder
 
@@ -79,3 +80,18 @@ def test_layers_get_their_own_random_features_and_save_them():
     assert not torch.equal(other(x), enc(x))
     other.load_state_dict(state)
     torch.testing.assert_close(other(x), enc(x), rtol=0, atol=0)
+
+
+def test_encoder_selects_flow_attention():
+    torch.manual_seed(0)
+    enc = LinearTransformerEncoder(2, 16, 2, attention="flow", feature_map="sigmoid")
+    assert all(layer.attn.attention == "flow" for layer in enc.layers)
+    x = torch.randn(3, 7, 16)
+    # the blocks' attention is Flowformer's: recompute layer 0 by hand with the op
+    layer = enc.layers[0]
+    h = layer.norm1(x)
+    q, k, v = layer.attn.project(h)
+    o = linattn.flowformer_attention(q, k, v, feature_map=layer.attn.feature_map)
+    expected = layer.mlp_residual(x + layer.attn.merge(o))
+    torch.testing.assert_close(layer(x), expected)
+    assert enc(x).shape == (3, 7, 16)

@@ -42,7 +42,8 @@ class EncoderBlock(PreNormBlock):
     """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``.
 
     x: (B, T, E) -> (B, T, E). Attention arguments are those of
-    :class:`MultiheadLinearAttention`; with ``sequence_parallel_group`` x is this rank's slice
+    :class:`MultiheadLinearAttention` (``attention="flow"`` selects Flowformer's flow
+    attention); with ``sequence_parallel_group`` x is this rank's slice
     of the sequence (LayerNorm and MLP act per token, so they need nothing from other ranks).
     """
 
@@ -59,6 +60,7 @@ class EncoderBlock(PreNormBlock):
         dropout: float = 0.0,
         bias: bool = False,
         sequence_parallel_group=None,
+        attention: str = "linear",
     ) -> None:
         attn = MultiheadLinearAttention(
             d_model,
@@ -70,6 +72,7 @@ class EncoderBlock(PreNormBlock):
             bias=bias,
             dropout=dropout,
             sequence_parallel_group=sequence_parallel_group,
+            attention=attention,
         )
         super().__init__(d_model, attn, mlp_dim, dropout)
 
