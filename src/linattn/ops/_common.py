@@ -54,27 +54,25 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
         )
 
 
-def key_mask_for(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
+def key_mask_for(key_padding_mask: Tensor | None, k: Tensor,
+                 name: str = "key_padding_mask") -> Tensor | None:
     """A (B, T) padding mask (True = padding) as a keep-multiplier broadcastable to φ(k).
 
     For k of shape (B, ..., T, D) the mask has shape (B, T); for k of shape (T, D), (T,).
-    Returns a bool tensor of shape (B, 1, ..., 1, T, 1) that is True where the key is kept."""
+    Returns a bool tensor of shape (B, 1, ..., 1, T, 1) that is True where the row is kept.
+    ``name`` is the argument named in errors (Flowformer masks queries with the same rule)."""
     if key_padding_mask is None:
         return None
     if not isinstance(key_padding_mask, Tensor):
-        raise TypeError(
-            f"key_padding_mask: expected a bool tensor, got {type(key_padding_mask).__name__}"
-        )
+        raise TypeError(f"{name}: expected a bool tensor, got {type(key_padding_mask).__name__}")
     if key_padding_mask.dtype != torch.bool:
-        raise TypeError(
-            f"key_padding_mask: expected dtype torch.bool, got {key_padding_mask.dtype}"
-        )
+        raise TypeError(f"{name}: expected dtype torch.bool, got {key_padding_mask.dtype}")
     T = k.shape[-2]
     expected = (T,) if k.dim() == 2 else (k.shape[0], T)
     if tuple(key_padding_mask.shape) != expected:
         raise ValueError(
-            f"key_padding_mask: expected shape {expected} for k of shape {tuple(k.shape)}, "
-            f"got {tuple(key_padding_mask.shape)}"
+            f"{name}: expected shape {expected} for {'q' if name.startswith('query') else 'k'} "
+            f"of shape {tuple(k.shape)}, got {tuple(key_padding_mask.shape)}"
         )
     keep = ~key_padding_mask.to(k.device)
     if k.dim() > 2:
