@@ -21,6 +21,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
 __all__ = ["rename_deprecated", "renamed_keywords", "Removed", "drop_removed",
            "check_field_types", "check_ranges"]
 
@@ -89,8 +91,8 @@ def drop_removed(d: Mapping[str, Any], removed: Removed, where: str,
 
 def _type_ok(value: Any, kind: Any) -> bool:
     if kind is bool:
-        return isinstance(value, bool) or type(value).__name__ == "bool_"  # NumPy's bool too
-    if isinstance(value, bool) or type(value).__name__ == "bool_":  # True is an int to Python
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(value, (bool, np.bool_)):  # True is an int to Python, not to a config
         return False
     if kind is int:
         return isinstance(value, numbers.Integral)

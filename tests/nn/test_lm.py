@@ -27,17 +27,22 @@ def _ids(B=2, T=29, seed=1):
     return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
+@torch.no_grad()
+def _parallel_and_stepwise(m, ids):
+    """The logits of ids (B, T) in one call, and one token at a time through the state."""
+    state, steps = None, []
+    for t in range(ids.shape[1]):
+        logits, state = m(ids[:, t : t + 1], state, return_state=True)
+        steps.append(logits)
+    return m(ids), torch.cat(steps, 1)
+
+
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
 def test_step_by_step_equals_parallel(attention):
     m, ids = _model(attention), _ids()
-    with torch.no_grad():
-        full = m(ids)
-        state, steps = None, []
-        for t in range(ids.shape[1]):
-            logits, state = m(ids[:, t : t + 1], state, return_state=True)
-            steps.append(logits)
+    full, stepped = _parallel_and_stepwise(m, ids)
     assert full.shape == (2, 29, V) and full.dtype == torch.float32
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
@@ -237,13 +242,8 @@ def _hybrid(window=5, **kw):
 @pytest.mark.parametrize("window", [1, 5, 40])
 def test_hybrid_step_by_step_equals_parallel(window):
     m, ids = _hybrid(window), _ids()
-    with torch.no_grad():
-        full = m(ids)
-        state, steps = None, []
-        for t in range(ids.shape[1]):
-            logits, state = m(ids[:, t : t + 1], state, return_state=True)
-            steps.append(logits)
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+    full, stepped = _parallel_and_stepwise(m, ids)
+    torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("split", [1, 8, 13])

@@ -64,38 +64,26 @@ def test_evaluate_corrupt_weights(tmp_path, capsys):
 
 
 def test_train_rejects_bad_options(tmp_path, capsys):
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "nope=1")
-    assert code == 2
-    one_line_error(err, "unknown parameter(s) nope")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--recipe", "magic")
-    assert code == 2
-    one_line_error(err, "unknown recipe 'magic'")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "stem=conv")
-    assert code == 2
-    one_line_error(err, "--set: stem: removed after linattn 0.1")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "window=3")
-    assert code == 2
-    one_line_error(err, "--set: window must be 0 or an integer >= patch")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set",
-                       "num_layers=1.5")
-    assert code == 2
-    one_line_error(err, "--set: num_layers must be an int, got 1.5")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "n_threads=0")
-    assert code == 2
-    one_line_error(err, "--set: n_threads: use --threads")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--set", "device=\"cpu\"")
-    assert code == 2
-    one_line_error(err, "--set: device: use --device")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--device", "bogus")
-    assert code == 2
-    one_line_error(err, "--device: device: not a torch device: 'bogus'")
-    code, _, err = run(capsys, "evaluate", "--model", str(tmp_path), "--device", "bogus")
-    assert code == 2
-    one_line_error(err, "--device: device: not a torch device: 'bogus'")
-    code, _, err = run(capsys, "train", "--out", str(tmp_path / "r"), "--data-dir",
-                       str(tmp_path / "nowhere"))
-    assert code == 2
-    one_line_error(err, "no such folder")
+    r, nowhere = str(tmp_path / "r"), str(tmp_path / "nowhere")
+    bogus = "--device: device: not a torch device: 'bogus'"
+    cases = [  # (command line, the one-line error it gives)
+        (("train", "--out", r, "--set", "nope=1"), "unknown parameter(s) nope"),
+        (("train", "--out", r, "--recipe", "magic"), "unknown recipe 'magic'"),
+        (("train", "--out", r, "--set", "stem=conv"), "--set: stem: removed after linattn 0.1"),
+        (("train", "--out", r, "--set", "window=3"),
+         "--set: window must be 0 or an integer >= patch"),
+        (("train", "--out", r, "--set", "num_layers=1.5"),
+         "--set: num_layers must be an int, got 1.5"),
+        (("train", "--out", r, "--set", "n_threads=0"), "--set: n_threads: use --threads"),
+        (("train", "--out", r, "--set", "device=\"cpu\""), "--set: device: use --device"),
+        (("train", "--out", r, "--device", "bogus"), bogus),
+        (("evaluate", "--model", str(tmp_path), "--device", "bogus"), bogus),
+        (("train", "--out", r, "--data-dir", nowhere), "no such folder"),
+    ]
+    for argv, message in cases:
+        code, _, err = run(capsys, *argv)
+        assert code == 2
+        one_line_error(err, message)
 
 
 def test_cuda_device_without_cuda(tmp_path, capsys, monkeypatch):

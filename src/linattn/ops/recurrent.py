@@ -66,13 +66,7 @@ class LinearAttentionState:
     ) -> None:
         """Raise TypeError/ValueError naming ``name`` unless S and z are floating-point tensors
         of the expected shapes (and on ``device`` when given)."""
-        for part in ("S", "z"):
-            t = getattr(self, part)
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name}: expected {part} to be a torch.Tensor, "
-                                f"got {type(t).__name__}")
-            if not t.is_floating_point():
-                raise TypeError(f"{name}: expected a floating-point {part}, got {t.dtype}")
+        check_float_parts(self, ("S", "z"), name)
         want_S = (*batch_shape, num_features, value_dim)
         if tuple(self.S.shape) != want_S or tuple(self.z.shape) != want_S[:-1]:
             raise ValueError(
@@ -84,6 +78,18 @@ class LinearAttentionState:
                 f"{name}: expected S and z on the inputs' device {device}, "
                 f"got {self.S.device} and {self.z.device}"
             )
+
+
+def check_float_parts(state: object, parts: tuple[str, ...], name: str) -> None:
+    """TypeError naming ``name`` unless each attribute in ``parts`` of a state is a
+    floating-point tensor (shared by every recurrent state's ``check``)."""
+    for part in parts:
+        t = getattr(state, part)
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected {part} to be a torch.Tensor, "
+                            f"got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point {part}, got {t.dtype}")
 
 
 def checked_state(

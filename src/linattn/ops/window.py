@@ -79,6 +79,7 @@ from linattn.ops._common import (
     zero_padded,
 )
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+from linattn.ops.recurrent import check_float_parts
 
 __all__ = [
     "WindowLinearAttentionState",
@@ -142,13 +143,10 @@ class WindowLinearAttentionState:
     def check(self, name: str, batch_shape: tuple[int, ...], num_features: int, head_dim: int,
               value_dim: int, window: int, device: torch.device | None = None) -> None:
         """Raise TypeError/ValueError naming ``name`` unless the parts fit these sizes."""
-        for part in ("S", "z", "k", "v"):
+        parts = ("S", "z", "k", "v")
+        check_float_parts(self, parts, name)
+        for part in parts:
             t = getattr(self, part)
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name}: expected {part} to be a torch.Tensor, "
-                                f"got {type(t).__name__}")
-            if not t.is_floating_point():
-                raise TypeError(f"{name}: expected a floating-point {part}, got {t.dtype}")
             if device is not None and t.device != device:
                 raise ValueError(f"{name}: expected {part} on the inputs' device {device}, "
                                  f"got {t.device}")

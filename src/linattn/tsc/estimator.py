@@ -228,8 +228,10 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
 
     def model_config(self, length: int, n_classes: int) -> ModelConfig:
         """The architecture for series of ``length`` samples and ``n_classes`` classes."""
-        cfg = ModelConfig(length=int(length), n_classes=int(n_classes),
-                          **self.check_params()[0])
+        return self._model_config(self.check_params()[0], length, n_classes)
+
+    def _model_config(self, model_params: dict, length: int, n_classes: int) -> ModelConfig:
+        cfg = ModelConfig(length=int(length), n_classes=int(n_classes), **model_params)
         cfg.validate(type(self).__name__)
         return cfg
 
@@ -250,8 +252,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         if len(classes) < 2:
             raise ValueError(f"y: needs samples of at least 2 classes, got 1 class ({classes[0]})")
         self.classes_ = classes
-        config = ModelConfig(length=X.shape[1], n_classes=len(classes), **model_params)
-        config.validate(type(self).__name__)
+        config = self._model_config(model_params, X.shape[1], len(classes))
         resume = trainer_kwargs.pop("resume", False)
         if trainer_kwargs.get("X_val") is not None:
             trainer_kwargs["X_val"] = fill_nan_padding(
@@ -268,10 +269,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             trainer = Trainer(self.model_, X, codes, tcfg, progress=bool(self.verbose),
                               device=check_device(self.device, type(self).__name__),
                               **trainer_kwargs)
-            resumed = trainer.load_checkpoint() if resume else False
-            metrics = trainer.metrics_path
-            if not resumed and metrics is not None and metrics.exists():
-                metrics.unlink()  # a fresh start logs from epoch 1
+            if resume:
+                trainer.load_checkpoint()
+            # run() rewrites metrics.jsonl to the history: empty on a fresh start
             self.history_ = trainer.run()
         self.model_.eval()
         return self

@@ -310,10 +310,10 @@ class Trainer(EpochLoop):
         train, model = saved.get("train"), saved.get("model")
         if isinstance(train, dict):
             saved = {**saved, "train": TrainConfig.from_dict(train, f"{path}: train").to_dict()}
-        upgrade = getattr(type(getattr(self.model, "config", None)), "from_dict", None)
-        if isinstance(model, dict) and upgrade is not None:
+        if isinstance(model, dict):  # meta["model"] is self.model.config.to_dict()
             try:
-                saved = {**saved, "model": upgrade(model, f"{path}: model").to_dict()}
+                upgraded = type(self.model.config).from_dict(model, f"{path}: model")
+                saved = {**saved, "model": upgraded.to_dict()}
             except ValueError:
                 pass  # not a config of this model: reported as a different configuration
         super().check_meta(saved, path)
