@@ -27,6 +27,10 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "window_linear_attention": ("linattn.ops.window", "window_linear_attention"),
     "window_linear_attention_step": ("linattn.ops.window", "window_linear_attention_step"),
     "WindowLinearAttentionState": ("linattn.ops.window", "WindowLinearAttentionState"),
+    "gated_linear_attention": ("linattn.ops.gated", "gated_linear_attention"),
+    "gated_linear_attention_step": ("linattn.ops.gated", "gated_linear_attention_step"),
+    "delta_rule": ("linattn.ops.delta", "delta_rule"),
+    "delta_rule_step": ("linattn.ops.delta", "delta_rule_step"),
 }
 
 __all__ = [
@@ -45,6 +49,10 @@ __all__ = [
     "window_linear_attention",
     "window_linear_attention_step",
     "WindowLinearAttentionState",
+    "gated_linear_attention",
+    "gated_linear_attention_step",
+    "delta_rule",
+    "delta_rule_step",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
@@ -52,7 +60,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
     from linattn.ops import reference
     from linattn.ops.cosformer import cosformer_attention
     from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+    from linattn.ops.delta import delta_rule, delta_rule_step
     from linattn.ops.flowformer import flowformer_attention
+    from linattn.ops.gated import gated_linear_attention, gated_linear_attention_step
     from linattn.ops.linear import linear_attention
     from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
     from linattn.ops.relative import relative_linear_attention

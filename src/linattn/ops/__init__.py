@@ -3,7 +3,9 @@
 from linattn.ops import reference
 from linattn.ops.cosformer import cosformer_attention
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+from linattn.ops.delta import delta_rule, delta_rule_step
 from linattn.ops.flowformer import flowformer_attention
+from linattn.ops.gated import gated_linear_attention, gated_linear_attention_step
 from linattn.ops.linear import linear_attention
 from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
 from linattn.ops.relative import relative_linear_attention
@@ -26,4 +28,8 @@ __all__ = [
     "window_linear_attention",
     "window_linear_attention_step",
     "WindowLinearAttentionState",
+    "gated_linear_attention",
+    "gated_linear_attention_step",
+    "delta_rule",
+    "delta_rule_step",
 ]

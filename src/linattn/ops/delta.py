@@ -1,0 +1,202 @@
+r"""The delta rule and the gated delta rule (DeltaNet, Gated DeltaNet).
+
+For one batch slice (usually one head), state S: (K, V), strengths ``β_t`` and log-gates
+``g_t ≤ 0`` (0 gives the ungated delta rule):
+
+.. math::
+    S_t = e^{g_t} S_{t-1} + k_t\,\beta_t\,(v_t - e^{g_t} S_{t-1}^\top k_t)^\top
+        = e^{g_t} S_{t-1}(I - \beta_t k_t k_t^\top) + \beta_t k_t v_t^\top
+    \quad\text{(in the (V, K) layout of the papers)}, \qquad o_t = S_t^\top (s\,q_t).
+
+Each token writes the value it carries and erases what the state predicted for its key: a
+learned online regression, not the sum of linear attention. With ``qk_l2norm=True`` q and k are
+divided by their L2 norm first (``x / sqrt(Σx² + 1e-6)``), as the published models do, which
+keeps ``I − β k kᵀ`` a contraction for β ∈ (0, 2).
+
+Three forms, held together by tests in float64 (``tests/ops/test_delta.py``):
+
+* :func:`delta_rule` — the chunked parallel form (the WY / UT-transform representation). Inside
+  a chunk of C tokens with decays ``Γ[i, j] = exp(Σ_{j<t≤i} g_t)`` (a segment sum,
+  :func:`linattn.ops.gated.segsum`) and ``γ_i = Γ[i, −1]`` from the chunk start, the
+  pseudo-values ``u_i = β_i (v_i − (e^{g_i} S_{i−1})ᵀ k_i)`` solve the unit lower-triangular
+  system
+
+  .. math::
+      (I + \mathrm{tril}(\mathrm{diag}(\beta)\,(K K^\top \odot \Gamma), -1))\,U
+      = \mathrm{diag}(\beta) V - \mathrm{diag}(\beta\gamma) K S_0,
+
+  so ``U = Ũ − W S_0`` with ``Ũ`` and ``W`` from one triangular solve per chunk, all chunks at
+  once; then ``O = diag(γ) Q S_0 + (Q Kᵀ ⊙ Γ) U`` and ``S_C = γ_C S_0 + (K ⊙ Γ[C−1, :])ᵀ U``.
+  Only the last three products walk the chunks in order. O(T·C·(K + V) + T·K·V), memory
+  O(T·C) beside the inputs.
+* :func:`delta_rule_step` — one token, also with fla's per-key (``gk``) and per-value (``gv``)
+  gates applied to S before the update.
+* :func:`linattn.reference.delta_rule` — the sequential float64 loop.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._common import check_chunk_size, check_qkv, check_step_inputs, to_chunks
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+from linattn.ops.gated import (
+    check_gate,
+    decayed,
+    initial_state_for,
+    resolve_scale,
+    segsum,
+)
+from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
+
+__all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "check_beta"]
+
+#: Added to Σx² before the square root in :func:`l2_normalised` (as flash-linear-attention).
+L2_EPS = 1e-6
+
+
+def l2_normalised(x: Tensor) -> Tensor:
+    """x / sqrt(Σx² + 1e-6) along the last dimension."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """β of exactly ``shape`` in the accumulation dtype; errors name ``name``."""
+    if not isinstance(beta, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(beta).__name__}")
+    if not beta.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {beta.dtype}")
+    if tuple(beta.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(beta.shape)}")
+    if beta.device != like.device:
+        raise ValueError(f"{name}: expected device {like.device}, got {beta.device}")
+    if beta.isnan().any():
+        raise ValueError(f"{name}: contains nan")
+    return beta.to(torch.float64 if like.dtype == torch.float64 else torch.float32)
+
+
+def delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    return_state: bool = False,
+    chunk_size: int | None = None,
+    cu_seqlens: Tensor | None = None,
+    qk_l2norm: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Causal (gated) delta rule, chunked parallel form (module docstring for the maths).
+
+    Args:
+        q, k: (..., T, K); v: (..., T, V). Leading dimensions usually (B, H).
+        beta: (..., T) write strengths (usually sigmoid outputs, in (0, 1); (0, 2) allows
+            negative eigenvalues).
+        g: (..., T) log-gates ≤ 0 (the gated delta rule); None: the plain delta rule.
+        scale: the query scale s (default ``K**-0.5``).
+        initial_state: (..., K, V) (zeros if None); with ``cu_seqlens``, (N, ..., K, V).
+        return_state: also return the state after the last token.
+        chunk_size: C (default :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+        cu_seqlens: (N + 1,) cumulative lengths of a packed batch (q (1, ..., T, K)).
+        qk_l2norm: L2-normalise q and k along K first.
+
+    Returns:
+        o: (..., T, V) in q's dtype; with ``return_state`` also the final state (..., K, V)
+        ((N, ..., K, V) with ``cu_seqlens``) in float32 (float64 for float64 inputs).
+    """
+    check_qkv(q, k, v, same_length=True)
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    beta = check_beta(beta, "beta", (*batch, T), q)
+    g = check_gate(g, "g", (*batch, T), q)
+    s = resolve_scale(scale, K)
+    C = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
+    if not isinstance(qk_l2norm, bool):
+        raise TypeError(f"qk_l2norm: expected a bool, got {type(qk_l2norm).__name__}")
+    acc, out_dtype = beta.dtype, q.dtype
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    if qk_l2norm:
+        q, k = l2_normalised(q), l2_normalised(k)
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, q)
+        S0 = initial_state_for(initial_state, "initial_state", (len(cu) - 1, *batch[1:], K, V), q)
+        (qp, kp, vp, bp, gp), keep = packed([q, k, v, beta, g], cu)
+        o, S = _chunked(qp * s, kp, vp, bp, gp, S0, C)
+        o = unpacked(o, cu, keep)
+    else:
+        S0 = initial_state_for(initial_state, "initial_state", (*batch, K, V), q)
+        o, S = _chunked(q * s, k, v, beta, g, S0, C)
+    o = o.to(out_dtype)
+    return (o, S) if return_state else o
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S: Tensor,
+             C: int) -> tuple[Tensor, Tensor]:
+    """The chunked form on checked inputs in the accumulation dtype (q already scaled)."""
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    if T == 0:
+        return q @ S, S
+    C = max(1, min(C, T))
+    # zero padding to whole chunks: k = v = 0, β = 0 and gate 0 leave the state as it was
+    qc, kc, vc = (to_chunks(x, C) for x in (q, k, v))  # (..., n, C, ·)
+    n = qc.shape[-3]
+    bc = to_chunks(beta.unsqueeze(-1), C)  # (..., n, C, 1)
+    gc = q.new_zeros(*batch, n, C) if g is None else to_chunks(g.unsqueeze(-1), C).squeeze(-1)
+    seg = segsum(gc)
+    decay = seg.exp()  # Γ: (..., n, C, C), 0 above the diagonal
+    into = gc.cumsum(-1).exp().unsqueeze(-1)  # γ_i: (..., n, C, 1)
+    outof = seg[..., -1, :].exp().unsqueeze(-1)  # Γ[C−1, j]
+    idx = torch.arange(C, device=q.device)
+    below = idx[:, None] > idx[None, :]
+    A = torch.where(below, (kc @ kc.transpose(-1, -2)) * decay * bc, q.new_zeros(()))
+    rhs = torch.cat([bc * vc, (bc * into) * kc], dim=-1)  # (..., n, C, V + K)
+    X = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    U_free, W = X[..., :V], X[..., V:]  # U = U_free − W S_0
+    P = (qc @ kc.transpose(-1, -2)) * decay  # causal: Γ is 0 above the diagonal
+    q_in, k_out, through = qc * into, kc * outof, into[..., -1, :]  # through: (..., n, 1)
+    outs = []
+    for c in range(n):
+        U = U_free[..., c, :, :] - W[..., c, :, :] @ S
+        outs.append(q_in[..., c, :, :] @ S + P[..., c, :, :] @ U)
+        S = through[..., c, :, None] * S + k_out[..., c, :, :].transpose(-1, -2) @ U
+    return torch.cat(outs, dim=-2)[..., :T, :], S
+
+
+def delta_rule_step(
+    q_t: Tensor,
+    k_t: Tensor,
+    v_t: Tensor,
+    beta_t: Tensor,
+    state: Tensor | None = None,
+    *,
+    g_t: Tensor | None = None,
+    gk_t: Tensor | None = None,
+    gv_t: Tensor | None = None,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """One decoding step of the (gated) delta rule.
+
+    ``S' = e^{g}·diag(e^{gk})·S·diag(e^{gv})``, ``u = β_t (v_t − S'ᵀk_t)``, ``S ← S' + k_t uᵀ``,
+    ``o_t = Sᵀ(s·q_t)``. q_t, k_t: (..., K); v_t: (..., V); beta_t, g_t: (...); gk_t (..., K);
+    gv_t (..., V); state (..., K, V) or None (zeros). Returns o_t (..., V) in q_t's dtype and
+    the new state (float32, or float64 for float64 inputs)."""
+    check_step_inputs(q_t, k_t, v_t)
+    *batch, K = q_t.shape
+    V = v_t.shape[-1]
+    beta_t = check_beta(beta_t, "beta_t", tuple(batch), q_t)
+    acc = beta_t.dtype
+    S = initial_state_for(state, "state", (*batch, K, V), q_t)
+    S = decayed(S, g_t, gk_t, gv_t, q_t)
+    q, k = q_t.to(acc), k_t.to(acc)
+    if qk_l2norm:
+        q, k = l2_normalised(q), l2_normalised(k)
+    u = beta_t.unsqueeze(-1) * (v_t.to(acc) - (k.unsqueeze(-2) @ S).squeeze(-2))
+    S = S + k.unsqueeze(-1) * u.unsqueeze(-2)
+    o = ((q * resolve_scale(scale, K)).unsqueeze(-2) @ S).squeeze(-2)
+    return o.to(q_t.dtype), S

@@ -1,0 +1,258 @@
+r"""Gated linear attention: a state that decays per token (RetNet, GLA, Mamba-2-style gates).
+
+The recurrence, for one batch slice (usually one head), with log-gates ``g_t ≤ 0`` (a scalar
+per token) and ``gk_t ∈ (−∞, 0]^K`` (one per key dimension, GLA):
+
+.. math::
+    S_t = e^{g_t}\,\mathrm{diag}(e^{gk_t})\,S_{t-1} + k_t v_t^\top, \qquad
+    o_t = S_t^\top (s\,q_t),
+
+S: (K, V), s the scale (default ``K**-0.5``). This is the convention of flash-linear-attention
+(no feature map, no normaliser): q and k are used as given, the caller applies any map. RetNet's
+fixed decay is the constant ``g_t = log γ``; :mod:`linattn.ops.decay` (φ features, normalised)
+is that case run through this module's chunked form with the values extended by a column of
+ones.
+
+Three forms, held together by tests in float64 (``tests/ops/test_gated.py``):
+
+* :func:`gated_linear_attention` — the chunked parallel form (chunk size C). With
+  ``b_i = Σ_{t≤i} g_t`` inside a chunk, row i sees key j of the same chunk through
+  ``exp(b_i − b_j)``, computed as the *segment sum* ``Σ_{j<t≤i} g_t`` (:func:`segsum`) so that
+  no two large cumulative sums are subtracted and a gate of −∞ (a hard reset) gives 0, not nan;
+  the state carried into the chunk reaches row i scaled by ``exp(b_i)``; the state after the
+  chunk is ``exp(b_{C−1}) S + Σ_j exp(Σ_{j<t<C} g_t) k_j v_jᵀ``. Every exponent is ≤ 0.
+  O(T·C·(K + V) + T·K·V). Per-key gates use a (K, C, C) segment sum per chunk, one chunk at a
+  time (memory O(B·H·K·C²), not O(T·K·C)).
+* :func:`gated_linear_attention_step` — the recurrence, one token, also with a per-value gate
+  ``gv`` (``S ← S·diag(e^{gv})``, what fla's ``fused_recurrent_*`` functions accept).
+* :func:`linattn.reference.gated_linear_attention` — the sequential float64 loop.
+
+Variable-length packed batches: ``cu_seqlens`` (N + 1 cumulative lengths, batch dimension 1, as
+flash-linear-attention takes them) run N independent sequences (:mod:`linattn.ops.varlen`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._common import (
+    accumulation_dtype,
+    check_chunk_size,
+    check_qkv,
+    check_step_inputs,
+    to_chunks,
+)
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
+
+__all__ = [
+    "gated_linear_attention",
+    "gated_linear_attention_step",
+    "segsum",
+    "check_gate",
+    "initial_state_for",
+    "decayed",
+]
+
+
+def segsum(x: Tensor) -> Tensor:
+    """Segment sums of the last dimension: (..., C) -> (..., C, C) with
+    ``[i, j] = Σ_{j<t≤i} x_t`` for j ≤ i (0 on the diagonal) and −∞ above it.
+
+    A masked cumulative sum, not ``cumsum(x)[i] − cumsum(x)[j]``: no cancellation of large
+    sums, and x_t = −∞ gives −∞ (exp → 0) where the difference would give nan."""
+    C = x.shape[-1]
+    idx = torch.arange(C, device=x.device)
+    strictly_below = idx[:, None] > idx[None, :]  # [t, j]: t > j
+    terms = torch.where(strictly_below, x.unsqueeze(-1), x.new_zeros(()))  # [t, j] = x_t, t > j
+    sums = terms.cumsum(-2)  # [i, j] = Σ_{t≤i, t>j} x_t
+    return sums.masked_fill(~(idx[:, None] >= idx[None, :]), float("-inf"))
+
+
+def check_gate(
+    gate: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor
+) -> Tensor | None:
+    """A log-gate of exactly ``shape`` in the accumulation dtype, or None; TypeError/ValueError
+    naming ``name`` for a non-float tensor, a wrong shape, another device, nan or values > 0
+    (a positive log-gate grows the state without bound and breaks the ≤ 0 exponents)."""
+    if gate is None:
+        return None
+    if not isinstance(gate, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(gate).__name__}")
+    if not gate.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {gate.dtype}")
+    if tuple(gate.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(gate.shape)}")
+    if gate.device != like.device:
+        raise ValueError(f"{name}: expected device {like.device}, got {gate.device}")
+    if gate.isnan().any() or (gate > 0).any():
+        raise ValueError(f"{name}: expected log-gates <= 0 (the state decays by exp(gate)), "
+                         f"got values in [{gate.min().item():g}, {gate.max().item():g}]")
+    return gate.to(accumulation_dtype(like.dtype))
+
+
+def initial_state_for(state: Tensor | None, name: str, shape: tuple[int, ...],
+                      like: Tensor) -> Tensor:
+    """``state`` (or zeros) of ``shape`` in the accumulation dtype; errors name ``name``."""
+    acc = accumulation_dtype(like.dtype)
+    if state is None:
+        return torch.zeros(shape, dtype=acc, device=like.device)
+    if not isinstance(state, Tensor):
+        raise TypeError(f"{name}: expected a tensor of shape {shape}, got {type(state).__name__}")
+    if not state.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {state.dtype}")
+    if tuple(state.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(state.shape)}")
+    if state.device != like.device:
+        raise ValueError(f"{name}: expected device {like.device}, got {state.device}")
+    return state.to(acc)
+
+
+def resolve_scale(scale: float | None, K: int) -> float:
+    """``scale`` or the default ``K**-0.5``; ValueError unless a finite real number."""
+    if scale is None:
+        return K ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale != scale \
+            or abs(scale) == float("inf"):
+        raise ValueError(f"scale: expected a finite real number or None, got {scale!r}")
+    return float(scale)
+
+
+def decayed(S: Tensor, g_t: object, gk_t: object, gv_t: object, like: Tensor) -> Tensor:
+    """``exp(g)·diag(exp(gk))·S·diag(exp(gv))`` for one step's state S (..., K, V) and gates
+    g (...), gk (..., K), gv (..., V), checked against the step's ``like`` (..., K) input;
+    None gates are 1."""
+    *batch, K, V = S.shape
+    g_t = check_gate(g_t, "g_t", tuple(batch), like)
+    gk_t = check_gate(gk_t, "gk_t", (*batch, K), like)
+    gv_t = check_gate(gv_t, "gv_t", (*batch, V), like)
+    if g_t is not None:
+        S = S * g_t.exp()[..., None, None]
+    if gk_t is not None:
+        S = S * gk_t.exp().unsqueeze(-1)
+    if gv_t is not None:
+        S = S * gv_t.exp().unsqueeze(-2)
+    return S
+
+
+def gated_linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    return_state: bool = False,
+    chunk_size: int | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Causal gated linear attention, chunked parallel form (module docstring for the maths).
+
+    Args:
+        q, k: (..., T, K); v: (..., T, V). Leading dimensions usually (B, H).
+        g: (..., T) log-gates ≤ 0, one per token (scalar / "simple" GLA, retention); None: 0.
+        gk: (..., T, K) log-gates ≤ 0, one per key dimension (GLA); None: 0. Both may be given.
+        scale: the query scale s (default ``K**-0.5``).
+        initial_state: (..., K, V), the state after an earlier prefix (zeros if None); with
+            ``cu_seqlens``, (N, ..., K, V) one per sequence (the batch dimension of q is 1).
+        return_state: also return the state after the last token.
+        chunk_size: C (default :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+        cu_seqlens: (N + 1,) integer cumulative sequence lengths of a packed batch (q of shape
+            (1, ..., T, K) with T = cu_seqlens[-1]); each sequence starts from its own state.
+
+    Returns:
+        o: (..., T, V) in q's dtype; with ``return_state`` also the final state (..., K, V)
+        ((N, ..., K, V) with ``cu_seqlens``) in float32 (float64 for float64 inputs).
+    """
+    check_qkv(q, k, v, same_length=True)
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    g = check_gate(g, "g", (*batch, T), q)
+    gk = check_gate(gk, "gk", (*batch, T, K), q)
+    s = resolve_scale(scale, K)
+    C = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, q)
+        state_shape = (len(cu) - 1, *batch[1:], K, V)
+        S0 = initial_state_for(initial_state, "initial_state", state_shape, q)
+        xs, keep = packed([q, k, v, g, gk], cu)
+        o, S = _chunked(*xs, s, S0, C)
+        o = unpacked(o, cu, keep).to(q.dtype)
+    else:
+        S0 = initial_state_for(initial_state, "initial_state", (*batch, K, V), q)
+        o, S = _chunked(q, k, v, g, gk, s, S0, C)
+        o = o.to(q.dtype)
+    return (o, S) if return_state else o
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None, s: float,
+             S: Tensor, C: int) -> tuple[Tensor, Tensor]:
+    """The chunked form on checked inputs: returns o (..., T, V) and the final state, both in
+    S's dtype (the accumulation dtype)."""
+    acc = S.dtype
+    *batch, T, K = q.shape
+    if T == 0:
+        return q.to(acc) @ S, S
+    C = max(1, min(C, T))
+    if gk is not None and g is not None:  # one per-key gate: e^g·diag(e^gk) = diag(e^(g+gk))
+        gk, g = gk + g.unsqueeze(-1), None
+    # zero padding to whole chunks: k = v = 0 and gate 0 leave the state as it was
+    qc, kc, vc = (to_chunks(x.to(acc), C) for x in (q * s, k, v))  # (..., n, C, ·)
+    n = qc.shape[-3]
+    if gk is None:
+        gc = torch.zeros(*batch, n, C, dtype=acc, device=q.device) if g is None \
+            else to_chunks(g.unsqueeze(-1), C).squeeze(-1)  # (..., n, C)
+        seg = segsum(gc)  # (..., n, C, C)
+        into = gc.cumsum(-1).exp()  # exp(b_i): the carried state -> row i
+        outof = seg[..., -1, :].exp()  # exp(Σ_{j<t<C} g_t): key j -> the state after the chunk
+        through = into[..., -1]  # exp(b_{C−1}): the whole chunk
+        intra = (qc @ kc.transpose(-1, -2)) * seg.exp()  # causal: exp(−∞) = 0 above
+        out = intra @ vc
+        own = (kc * outof.unsqueeze(-1)).transpose(-1, -2) @ vc  # (..., n, K, V)
+        q_in = qc * into.unsqueeze(-1)
+        inter = []
+        for c in range(n):
+            inter.append(q_in[..., c, :, :] @ S)
+            S = through[..., c, None, None] * S + own[..., c, :, :]
+        return (out + torch.stack(inter, dim=-3)).reshape(*batch, n * C, -1)[..., :T, :], S
+    gkc = to_chunks(gk, C)  # (..., n, C, K)
+    outs = []
+    for c in range(n):
+        qi, ki, vi, gi = qc[..., c, :, :], kc[..., c, :, :], vc[..., c, :, :], gkc[..., c, :, :]
+        seg = segsum(gi.transpose(-1, -2))  # (..., K, C, C)
+        into = gi.cumsum(-2).exp()  # (..., C, K)
+        outof = seg[..., -1, :].exp().transpose(-1, -2)  # (..., C, K)
+        weights = torch.einsum("...ik,...jk,...kij->...ij", qi, ki, seg.exp())
+        outs.append(weights @ vi + (qi * into) @ S)
+        S = into[..., -1, :].unsqueeze(-1) * S + (ki * outof).transpose(-1, -2) @ vi
+    return torch.cat(outs, dim=-2)[..., :T, :], S
+
+
+def gated_linear_attention_step(
+    q_t: Tensor,
+    k_t: Tensor,
+    v_t: Tensor,
+    state: Tensor | None = None,
+    *,
+    g_t: Tensor | None = None,
+    gk_t: Tensor | None = None,
+    gv_t: Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One decoding step: ``S ← e^{g}·diag(e^{gk})·S·diag(e^{gv}) + k_t v_tᵀ``, ``o_t = Sᵀ(s·q_t)``.
+
+    q_t, k_t: (..., K); v_t: (..., V); state (..., K, V) or None (zeros); g_t (...),
+    gk_t (..., K), gv_t (..., V) log-gates ≤ 0 or None. Returns o_t (..., V) in q_t's dtype and
+    the new state (float32, or float64 for float64 inputs); the old state is untouched."""
+    check_step_inputs(q_t, k_t, v_t)
+    *batch, K = q_t.shape
+    V = v_t.shape[-1]
+    S = initial_state_for(state, "state", (*batch, K, V), q_t)
+    acc = S.dtype
+    S = decayed(S, g_t, gk_t, gv_t, q_t)
+    S = S + k_t.to(acc).unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)
+    o = ((q_t.to(acc) * resolve_scale(scale, K)).unsqueeze(-2) @ S).squeeze(-2)
+    return o.to(q_t.dtype), S
