@@ -18,12 +18,14 @@ attention (:func:`linattn.ops.linear.linear_attention`), γ = 0 attends to the c
 
 Three forms, held together by tests:
 
-* :func:`decay_linear_attention` — the chunked parallel form (chunk size C). Inside a chunk a
-  C×C block masked by ``D[i, j] = γ^{i−j}`` (j ≤ i, else 0); across chunks the state after the
-  previous chunks, reaching row i of the chunk scaled by ``γ^{i+1}``; the state after a chunk is
-  ``γ^C S + Σ_j γ^{C−1−j} φ(k_j)[v_j, 1]ᵀ``. Every exponent is ≥ 0, so nothing overflows
-  (the tempting ``γ^i / γ^j`` factorisation does, for long chunks and small γ). The chunks
-  are walked by a Python loop over T/C steps, each a few small matmuls.
+* :func:`decay_linear_attention` — the chunked parallel form (chunk size C): the scalar-gated
+  form of :mod:`linattn.ops.gated` with the constant log-gate ``log γ``, run on φ(q), φ(k) and
+  the values extended by a column of ones (numerator and normaliser in one pass). Inside a
+  chunk a C×C block masked by ``γ^{i−j}`` (j ≤ i, else 0); across chunks the state after the
+  previous chunks, reaching row i of the chunk scaled by ``γ^{i+1}``; the state after a chunk
+  is ``γ^C S + Σ_j γ^{C−1−j} φ(k_j)[v_j, 1]ᵀ``. Every exponent is ≤ 0 in log space, so
+  nothing overflows (the tempting ``γ^i / γ^j`` factorisation does, for long chunks and
+  small γ).
 * :func:`decay_linear_attention_step` — the recurrence above, one token.
 * :func:`linattn.reference.decay_linear_attention` — the explicit T×T weights, the ground
   truth, beside the other quadratic references.
@@ -35,7 +37,6 @@ accumulated in float32 at least, exactly as the undecayed ops keep them.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
@@ -50,6 +51,7 @@ from linattn.ops._common import (
     values_with_ones,
 )
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+from linattn.ops.gated import chunked_form
 from linattn.ops.recurrent import LinearAttentionState, checked_state
 from linattn.ops.reference import decay_linear_attention as reference_decay_linear_attention
 
@@ -103,42 +105,10 @@ def decay_linear_attention(
     else:  # [S, z] in one matrix, in the accumulation dtype
         st = checked_state(initial_state, "initial_state", batch, L, v.shape[-1], q.device)
         S = torch.cat([st.S, st.z.unsqueeze(-1)], dim=-1).to(fq.dtype)
-    if T == 0:  # empty, but on the graph of q and the state like linear_attention's
-        out = fq @ S
-    else:
-        n = -(-T // C)
-        pad = n * C - T
-        if pad:  # zero features on padded rows add nothing; the final state is fixed below
-            fq, fk, v1 = (F.pad(x, (0, 0, 0, pad)) for x in (fq, fk, v1))
-        fq = fq.reshape(*batch, n, C, L)
-        fk = fk.reshape(*batch, n, C, L)
-        v1 = v1.reshape(*batch, n, C, v1.shape[-1])
-        idx = torch.arange(C, device=fq.device)
-        lag = (idx[:, None] - idx[None, :]).to(fq.dtype)  # i - j
-        gb = g[..., None, None]  # (..., 1, 1)
-        # γ^(i−j) on and below the diagonal, 0 above; exponents ≥ 0 only
-        D = torch.where(lag >= 0, gb.pow(lag.clamp(min=0)), fq.new_zeros(()))  # (..., C, C)
-        scores = (fq @ fk.transpose(-1, -2)) * D.unsqueeze(-3)  # (..., n, C, C)
-        out = scores @ v1  # intra-chunk part
-        into = gb.squeeze(-1).pow(idx.to(fq.dtype) + 1)  # (..., C): γ^(i+1), state -> row i
-        outof = gb.squeeze(-1).pow((C - 1 - idx).to(fq.dtype))  # (..., C): γ^(C-1-j)
-        # each chunk's own contribution to the state at its end: (..., n, L, Dv+1)
-        own = (fk * outof[..., None, :, None]).transpose(-1, -2) @ v1
-        gC = g.pow(C)[..., None, None]
-        fq_in = fq * into[..., None, :, None]
-        inter = []
-        for c in range(n):
-            inter.append(fq_in[..., c, :, :] @ S)
-            if c < n - 1 or not pad:
-                S = gC * S + own[..., c, :, :]
-        if pad:  # the last chunk holds r = C − pad real rows: decay by γ^r, weights γ^(r−1−j)
-            r = C - pad
-            w = g[..., None].pow((r - 1 - idx).clamp(min=0).to(fq.dtype))  # padded fk are 0
-            S = g.pow(r)[..., None, None] * S + (fk[..., -1, :, :] * w[..., :, None]).transpose(
-                -1, -2
-            ) @ v1[..., -1, :, :]
-        out = out + torch.stack(inter, dim=-3)
-        out = out.reshape(*batch, n * C, -1)[..., :T, :]
+    # γ^(i−j) is exp of the segment sum of log γ: the scalar-gated chunked form, with the
+    # normaliser as the extra value column (γ = 0 gives log γ = −∞, a reset every token)
+    g_log = g.log()[..., None]  # (..., 1): one gate for every token
+    out, S = chunked_form(fq, fk, v1, g_log, None, 1.0, S, C)
     o = normalise(out[..., :-1], out[..., -1], eps).to(q.dtype)
     if return_state:
         return o, LinearAttentionState(S=S[..., :-1], z=S[..., -1])

@@ -179,36 +179,52 @@ def gated_linear_attention(
         state_shape = (len(cu) - 1, *batch[1:], K, V)
         S0 = initial_state_for(initial_state, "initial_state", state_shape, q)
         xs, keep = packed([q, k, v, g, gk], cu)
-        o, S = _chunked(*xs, s, S0, C)
+        o, S = chunked_form(*xs, s, S0, C)
         o = unpacked(o, cu, keep).to(q.dtype)
     else:
         S0 = initial_state_for(initial_state, "initial_state", (*batch, K, V), q)
-        o, S = _chunked(q, k, v, g, gk, s, S0, C)
+        o, S = chunked_form(q, k, v, g, gk, s, S0, C)
         o = o.to(q.dtype)
     return (o, S) if return_state else o
 
 
-def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None, s: float,
-             S: Tensor, C: int) -> tuple[Tensor, Tensor]:
+def chunked_form(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None,
+                 s: float, S: Tensor, C: int) -> tuple[Tensor, Tensor]:
     """The chunked form on checked inputs: returns o (..., T, V) and the final state, both in
-    S's dtype (the accumulation dtype)."""
+    S's dtype (the accumulation dtype).
+
+    ``g`` of shape (..., 1) is one gate for every token (a fixed decay): the chunk's decay
+    matrix is then built once and shared by all chunks, and a last partial chunk runs as a
+    second call rather than as zero padding (a padded row would still decay the state)."""
     acc = S.dtype
     *batch, T, K = q.shape
     if T == 0:
         return q.to(acc) @ S, S
     C = max(1, min(C, T))
+    constant = g is not None and g.shape[-1] == 1
+    if constant and T % C:
+        split = T - T % C
+        first = [x[..., :split, :] for x in (q, k, v)]
+        rest = [x[..., split:, :] for x in (q, k, v)]
+        o1, S = chunked_form(*first, g, None, s, S, C)
+        o2, S = chunked_form(*rest, g, None, s, S, T - split)
+        return torch.cat([o1, o2], dim=-2), S
     if gk is not None and g is not None:  # one per-key gate: e^g·diag(e^gk) = diag(e^(g+gk))
         gk, g = gk + g.unsqueeze(-1), None
     # zero padding to whole chunks: k = v = 0 and gate 0 leave the state as it was
-    qc, kc, vc = (to_chunks(x.to(acc), C) for x in (q * s, k, v))  # (..., n, C, ·)
-    n = qc.shape[-3]
+    qc, kc, vc = (to_chunks(x.to(acc), C) for x in (q if s == 1.0 else q * s, k, v))
+    n = qc.shape[-3]  # qc, kc, vc: (..., n, C, ·)
     if gk is None:
-        gc = torch.zeros(*batch, n, C, dtype=acc, device=q.device) if g is None \
-            else to_chunks(g.unsqueeze(-1), C).squeeze(-1)  # (..., n, C)
-        seg = segsum(gc)  # (..., n, C, C)
+        if g is None:
+            gc = torch.zeros(*batch, 1, C, dtype=acc, device=q.device)
+        elif constant:  # (..., 1, C): one chunk's gates, broadcast over the n chunks
+            gc = g.unsqueeze(-1).expand(*batch, 1, C)
+        else:
+            gc = to_chunks(g.unsqueeze(-1), C).squeeze(-1)  # (..., n, C)
+        seg = segsum(gc)  # (..., n or 1, C, C)
         into = gc.cumsum(-1).exp()  # exp(b_i): the carried state -> row i
         outof = seg[..., -1, :].exp()  # exp(Σ_{j<t<C} g_t): key j -> the state after the chunk
-        through = into[..., -1]  # exp(b_{C−1}): the whole chunk
+        through = into[..., -1].expand(*batch, n)  # exp(b_{C−1}): the whole chunk
         intra = (qc @ kc.transpose(-1, -2)) * seg.exp()  # causal: exp(−∞) = 0 above
         out = intra @ vc
         own = (kc * outof.unsqueeze(-1)).transpose(-1, -2) @ vc  # (..., n, K, V)
