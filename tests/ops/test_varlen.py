@@ -73,3 +73,41 @@ def test_packed_initial_state_has_one_row_per_sequence():
     q, k, v, *_ = _packed()
     with pytest.raises(ValueError, match=r"initial_state: expected shape \(4, 3, 5, 4\)"):
         gated_linear_attention(q, k, v, cu_seqlens=CU, initial_state=torch.zeros(1, 3, 5, 4))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("fmap", ["elu", "taylor"])
+def test_linear_attention_packed_equals_separate_calls(is_causal, fmap):
+    from linattn import LinearAttentionState, linear_attention
+
+    q, k, v, *_ = _packed()
+    kw = {"feature_map": fmap, "is_causal": is_causal, "chunk_size": 4}
+    if is_causal:
+        gen = torch.Generator().manual_seed(3)
+        from linattn.feature_maps import get_feature_map
+
+        L = get_feature_map(fmap).num_features(5)
+        S0 = LinearAttentionState(torch.rand(4, 3, L, 4, generator=gen, dtype=F64),
+                                  torch.rand(4, 3, L, generator=gen, dtype=F64))
+        o, S = linear_attention(q, k, v, cu_seqlens=CU, initial_state=S0, return_state=True, **kw)
+    else:
+        o = linear_attention(q, k, v, cu_seqlens=CU, **kw)
+    for n in range(len(CU) - 1):
+        a, b = CU[n].item(), CU[n + 1].item()
+        parts = [x[..., a:b, :] for x in (q, k, v)]
+        if is_causal:
+            S0n = LinearAttentionState(S0.S[n:n + 1], S0.z[n:n + 1])
+            on, Sn = linear_attention(*parts, initial_state=S0n, return_state=True, **kw)
+            torch.testing.assert_close(S.S[n:n + 1], Sn.S)
+            torch.testing.assert_close(S.z[n:n + 1], Sn.z)
+        else:
+            on = linear_attention(*parts, **kw)
+        torch.testing.assert_close(o[..., a:b, :], on)
+
+
+def test_linear_attention_packed_refuses_a_padding_mask():
+    from linattn import linear_attention
+
+    q, k, v, *_ = _packed()
+    with pytest.raises(ValueError, match="key_padding_mask: not combinable with cu_seqlens"):
+        linear_attention(q, k, v, cu_seqlens=CU, key_padding_mask=torch.zeros(1, 33, dtype=bool))

@@ -36,6 +36,7 @@ from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.fused import fused_linear_attention, fused_supported
 from linattn.ops.native import native_linear_attention, native_supported
 from linattn.ops.recurrent import LinearAttentionState, checked_state
+from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
 
 # DEFAULT_CHUNK_SIZE is re-exported (users import it from here); its home is ops/dispatch.py.
 __all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE"]
@@ -85,6 +86,7 @@ def linear_attention(
     chunk_size: int | None = None,
     initial_state: LinearAttentionState | None = None,
     return_state: bool = False,
+    cu_seqlens: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, LinearAttentionState]:
     """Linear attention with kernel φ(q)·φ(k).
 
@@ -100,6 +102,10 @@ def linear_attention(
         initial_state: causal only: the state after an earlier prefix of the sequence (batch
             shape ``...``), so that a prefill continues exactly.
         return_state: causal only: also return the state after the last token.
+        cu_seqlens: (N + 1,) cumulative lengths of N sequences packed along T (q, k, v of
+            batch size 1, as flash-linear-attention takes them): each attends within itself
+            only (non-causal: to all of its own keys). ``initial_state`` and the returned
+            state then have batch shape (N, ...). Not combinable with ``key_padding_mask``.
 
     Returns:
         (..., Tq, Dv) in q's dtype, and the final :class:`LinearAttentionState` if
@@ -117,6 +123,10 @@ def linear_attention(
     check_qkv(q, k, v, same_length=is_causal)
     if not is_causal and (initial_state is not None or return_state):
         raise ValueError("initial_state/return_state: only defined for is_causal=True")
+    if cu_seqlens is not None:
+        return _packed(q, k, v, cu_seqlens, feature_map=feature_map, is_causal=is_causal,
+                       key_padding_mask=key_padding_mask, eps=eps, chunk_size=chunk_size,
+                       initial_state=initial_state, return_state=return_state)
     pol = dispatch.policy()
     chunk = clamped_chunk(check_chunk_size(chunk_size, pol.chunk_size), q.shape[-2])
     fmap, eps = resolve(feature_map, eps)
@@ -141,3 +151,20 @@ def linear_attention(
     if return_state:
         return o, LinearAttentionState(S=total[..., :-1], z=total[..., -1])
     return o
+
+
+def _packed(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, *, key_padding_mask, **kw):
+    """:func:`linear_attention` on a packed batch: the N sequences as a padded batch whose
+    padding is masked out of every sum (a zero key is not absent: φ(0) ≠ 0 for most maps)."""
+    if key_padding_mask is not None:
+        raise ValueError("key_padding_mask: not combinable with cu_seqlens (the packed lengths "
+                         "already say which tokens exist)")
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"cu_seqlens: packed sequences need as many keys as queries, got "
+                         f"{k.shape[-2]} keys for {q.shape[-2]} queries")
+    cu = check_cu_seqlens(cu_seqlens, q)
+    (qp, kp, vp), keep = packed([q, k, v], cu)
+    out = linear_attention(qp, kp, vp, key_padding_mask=~keep, **kw)
+    o, state = out if kw["return_state"] else (out, None)
+    o = unpacked(o, cu, keep)
+    return (o, state) if kw["return_state"] else o
