@@ -37,7 +37,7 @@ def _parallel_and_stepwise(m, ids):
     return m(ids), torch.cat(steps, 1)
 
 
-@pytest.mark.parametrize("attention", ["linear", "softmax"])
+@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta"])
 def test_step_by_step_equals_parallel(attention):
     m, ids = _model(attention), _ids()
     full, stepped = _parallel_and_stepwise(m, ids)
@@ -45,7 +45,7 @@ def test_step_by_step_equals_parallel(attention):
     torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["linear", "softmax"])
+@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta"])
 @pytest.mark.parametrize("split", [1, 8, 13])
 def test_prefill_then_continue_equals_whole(attention, split):
     m, ids = _model(attention), _ids()

@@ -2,7 +2,8 @@
 
 ``train`` fits :class:`~linattn.nn.LinearTransformerLM` (or, with ``--attention softmax``, the
 same model with SDPA attention and a KV cache; with ``--attention hybrid``, exact softmax over
-a sliding window of ``--window`` tokens plus linear attention before it) on the ``.py`` source
+a sliding window of ``--window`` tokens plus linear attention before it; with ``--attention
+gated_delta``, Gated DeltaNet layers) on the ``.py`` source
 of the running interpreter's standard library — a corpus every machine with Python has offline.
 Every 10th file is held out for validation; the figure reported is validation bits per byte
 (= bits per character for this almost entirely ASCII text). Training stops at ``--steps`` or after
@@ -307,9 +308,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     t = actions.add_parser("train", help="train on the standard library's source")
     t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
-    t.add_argument("--attention", choices=("linear", "softmax", "hybrid"), default="linear",
-                   help="linear (recurrent state), softmax (SDPA baseline) or hybrid (exact "
-                        "softmax over the last --window tokens, linear attention before them)")
+    t.add_argument("--attention", choices=("linear", "softmax", "hybrid", "gated_delta"),
+                   default="linear",
+                   help="linear (recurrent state), softmax (SDPA baseline), hybrid (exact "
+                        "softmax over the last --window tokens, linear attention before them) "
+                        "or gated_delta (Gated DeltaNet: the gated delta rule)")
     t.add_argument("--window", type=int, help="hybrid only: exact-softmax window (default 64)")
     t.add_argument("--d-model", type=int, default=128)
     t.add_argument("--num-layers", "--layers", dest="num_layers", type=int, default=4)

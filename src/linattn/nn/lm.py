@@ -29,6 +29,11 @@ one normaliser meaningful), and the exact window already resolves the recent pas
 what the decays give the linear model. The ``decay`` buffer is still there (the same
 state_dict keys for every kind) but unused. Order inside the window comes from causality only.
 
+Gated DeltaNet (``attention="gated_delta"``) mixes tokens with the gated delta rule
+(:mod:`linattn.nn.gated_delta`): learned per-token decays and write strengths, L2-normalised
+keys, a (d, d) state per head. It has its own parameters (gates, output gate and norm) and no
+use for the ``decay`` buffer or a feature map.
+
 Shapes: ids (B, T) integers in [0, vocab_size) → logits (B, T, vocab_size).
 """
 
@@ -45,6 +50,7 @@ from torch import Tensor, nn
 from linattn._config import renamed_keywords
 from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAttentionBase
 from linattn.nn.encoder import PreNormBlock
+from linattn.nn.gated_delta import DeltaRuleState, GatedDeltaAttention
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.recurrent import LinearAttentionState
@@ -58,7 +64,7 @@ from linattn.ops.window import (
 __all__ = ["LinearTransformerLM", "LMState", "KVCache", "DecayedMultiheadAttention",
            "DecoderBlock", "default_decays"]
 
-ATTENTION_KINDS = ("linear", "softmax", "hybrid")
+ATTENTION_KINDS = ("linear", "softmax", "hybrid", "gated_delta")
 
 #: The hybrid's window when none is given.
 DEFAULT_WINDOW = 64
@@ -84,7 +90,9 @@ class LMState:
     ``layers[i]`` is a :class:`~linattn.ops.recurrent.LinearAttentionState` (S: (B, H, ℓ, d),
     z: (B, H, ℓ)) for linear attention — the same size after 1 token or 1 million — a
     :class:`~linattn.ops.window.WindowLinearAttentionState` for the hybrid (S, z and a ring
-    buffer k, v: (B, H, w, d), also constant), or a :class:`KVCache` for the softmax baseline.
+    buffer k, v: (B, H, w, d), also constant), a
+    :class:`~linattn.nn.gated_delta.DeltaRuleState` for Gated DeltaNet (S: (B, H, d, d)), or a
+    :class:`KVCache` for the softmax baseline.
     ``position`` counts the tokens seen (the softmax bias needs it; the linear model does not).
     Save/restore with :meth:`to_dict` / :meth:`from_dict` (a flat dict of tensors, e.g. for
     ``safetensors``)."""
@@ -96,7 +104,8 @@ class LMState:
         out = {"position": torch.tensor(self.position, dtype=torch.int64)}
         for i, st in enumerate(self.layers):
             names = (("S", "z", "k", "v") if isinstance(st, WindowLinearAttentionState)
-                     else ("S", "z") if isinstance(st, LinearAttentionState) else ("k", "v"))
+                     else ("S", "z") if isinstance(st, LinearAttentionState)
+                     else ("S",) if isinstance(st, DeltaRuleState) else ("k", "v"))
             for name in names:
                 out[f"layers.{i}.{name}"] = getattr(st, name).detach().clone()
             if isinstance(st, WindowLinearAttentionState):
@@ -112,6 +121,8 @@ class LMState:
                     layers.append(WindowLinearAttentionState(
                         d[f"layers.{i}.S"], d[f"layers.{i}.z"], d[f"layers.{i}.k"],
                         d[f"layers.{i}.v"], int(d[f"layers.{i}.count"])))
+                elif f"layers.{i}.S" in d and f"layers.{i}.z" not in d:  # Gated DeltaNet
+                    layers.append(DeltaRuleState(d[f"layers.{i}.S"]))
                 elif f"layers.{i}.S" in d:
                     layers.append(LinearAttentionState(d[f"layers.{i}.S"], d[f"layers.{i}.z"]))
                 else:
@@ -234,9 +245,17 @@ class DecoderBlock(PreNormBlock):
                  feature_map: FeatureMapSpec = "elu", attention: str = "linear",
                  decay: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  dropout: float = 0.0, window: int | None = None) -> None:
-        attn = DecayedMultiheadAttention(
-            d_model, num_heads, feature_map=feature_map, attention=attention, decay=decay,
-            chunk_size=chunk_size, dropout=dropout, window=window)
+        attn: nn.Module
+        if attention == "gated_delta":
+            for name, value in (("decay", decay), ("window", window)):
+                if value is not None:
+                    raise ValueError(f"{name}: not used with attention='gated_delta' (its decays "
+                                     f"are learned per token), got {value!r}")
+            attn = GatedDeltaAttention(d_model, num_heads, chunk_size=chunk_size, dropout=dropout)
+        else:
+            attn = DecayedMultiheadAttention(
+                d_model, num_heads, feature_map=feature_map, attention=attention, decay=decay,
+                chunk_size=chunk_size, dropout=dropout, window=window)
         super().__init__(d_model, attn, mlp_dim, dropout)
 
     def forward(self, x: Tensor, state: LinearAttentionState | KVCache | None = None,
@@ -261,8 +280,10 @@ class LinearTransformerLM(nn.Module):
         dropout: after the embedding, the attention output and in the MLPs.
         mlp_dim: hidden width of the MLPs (default 4E).
         attention: ``"linear"`` (this model), ``"softmax"`` (the SDPA + KV-cache baseline,
-            same parameters, same code) or ``"hybrid"`` (exact softmax over the last ``window``
-            tokens + linear attention before them, one normaliser, undecayed; constant state).
+            same parameters, same code), ``"hybrid"`` (exact softmax over the last ``window``
+            tokens + linear attention before them, one normaliser, undecayed; constant state)
+            or ``"gated_delta"`` (Gated DeltaNet, :mod:`linattn.nn.gated_delta`; learned
+            decays, its own gate parameters, no feature map).
         decay: (H,) per-head decays in (0, 1] (default :func:`default_decays`).
         chunk_size: C of the chunked parallel form (default
             :data:`~linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
