@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "feature_maps": ("linattn.feature_maps", None),
     "nn": ("linattn.nn", None),
+    "fla": ("linattn.fla", None),
     "reference": ("linattn.ops.reference", None),
     "linear_attention": ("linattn.ops.linear", "linear_attention"),
     "LinearAttentionState": ("linattn.ops.recurrent", "LinearAttentionState"),
@@ -37,6 +38,7 @@ __all__ = [
     "__version__",
     "feature_maps",
     "nn",
+    "fla",
     "reference",
     "linear_attention",
     "LinearAttentionState",
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
-    from linattn import feature_maps, nn
+    from linattn import feature_maps, fla, nn
     from linattn.ops import reference
     from linattn.ops.cosformer import cosformer_attention
     from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step

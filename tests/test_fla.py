@@ -1,0 +1,504 @@
+"""linattn.fla: fla's names, signatures, layout and return convention over linattn's ops.
+
+The signatures are fla-core 0.6.0's (fla-org/flash-linear-attention), hard-coded here; see
+tests/test_fla_oracle.py for the comparison against fla's own pure-PyTorch references."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn import fla
+from linattn.ops.delta import delta_rule
+from linattn.ops.gated import gated_linear_attention
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+_ = inspect.Parameter.empty
+KW = "**"  # marks the VAR_KEYWORD parameter
+
+STATE = ("scale", None), ("initial_state", None), ("output_final_state", False)
+QKV = ("q", _), ("k", _), ("v", _)
+
+#: fla-core 0.6.0: (name, default) in order; ("kwargs", KW) for **kwargs. All parameters are
+#: positional-or-keyword in fla (none keyword-only).
+FLA_SIGNATURES = {
+    "chunk_simple_gla": [*QKV, ("g", None), ("g_gamma", None), *STATE, ("state_v_first", False),
+                         ("cu_seqlens", None), ("cu_seqlens_cpu", None), ("kwargs", KW)],
+    "fused_recurrent_simple_gla": [*QKV, ("g", None), ("g_gamma", None), *STATE,
+                                   ("reverse", False), ("state_v_first", False),
+                                   ("cu_seqlens", None), ("kwargs", KW)],
+    "fused_chunk_simple_gla": [*QKV, ("g", None), ("g_gamma", None), *STATE,
+                               ("cu_seqlens", None)],
+    "parallel_simple_gla": [*QKV, ("g", None), ("scale", None), ("output_attentions", False),
+                            ("cu_seqlens", None), ("cu_seqlens_cpu", None)],
+    "chunk_gla": [*QKV, ("g", _), *STATE, ("state_v_first", False), ("cu_seqlens", None),
+                  ("cu_seqlens_cpu", None)],
+    "fused_recurrent_gla": [*QKV, ("gk", None), ("gv", None), *STATE, ("reverse", False),
+                            ("state_v_first", False), ("cu_seqlens", None), ("kwargs", KW)],
+    "fused_chunk_gla": [("kwargs", KW)],
+    "chunk_retention": [*QKV, *STATE, ("cu_seqlens", None), ("kwargs", KW)],
+    "fused_recurrent_retention": [*QKV, *STATE, ("reverse", False), ("state_v_first", False),
+                                  ("cu_seqlens", None), ("kwargs", KW)],
+    "fused_chunk_retention": [*QKV, *STATE, ("cu_seqlens", None)],
+    "parallel_retention": [*QKV, ("scale", None), ("output_attentions", False),
+                           ("cu_seqlens", None)],
+    "chunk_linear_attn": [*QKV, *STATE, ("normalize", True), ("cu_seqlens", None)],
+    "fused_chunk_linear_attn": [*QKV, *STATE, ("normalize", True), ("cu_seqlens", None)],
+    "fused_recurrent_linear_attn": [*QKV, *STATE, ("reverse", False), ("normalize", False),
+                                    ("cu_seqlens", None)],
+    "chunk_delta_rule": [*QKV, ("beta", _), *STATE, ("use_qk_l2norm_in_kernel", False),
+                         ("cu_seqlens", None), ("cu_seqlens_cpu", None), ("kwargs", KW)],
+    "fused_recurrent_delta_rule": [*QKV, ("beta", None), *STATE,
+                                   ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None)],
+    "fused_chunk_delta_rule": [("kwargs", KW)],
+    "parallel_delta_rule": [*QKV, ("beta", _), ("scale", None), ("output_attentions", False)],
+    "chunk_gated_delta_rule": [
+        *QKV, ("g", _), ("beta", _), *STATE, ("use_qk_l2norm_in_kernel", False),
+        ("use_beta_sigmoid_in_kernel", False), ("allow_neg_eigval", False),
+        ("state_v_first", False), ("cu_seqlens", None), ("cu_seqlens_cpu", None),
+        ("chunk_indices", None), ("cp_context", None), ("kwargs", KW)],
+    "fused_recurrent_gated_delta_rule": [
+        *QKV, ("g", None), ("gk", None), ("gv", None), ("beta", None), *STATE,
+        ("use_qk_l2norm_in_kernel", False), ("use_gate_in_kernel", False), ("A_log", None),
+        ("dt_bias", None), ("use_beta_sigmoid_in_kernel", False), ("allow_neg_eigval", False),
+        ("state_v_first", False), ("cu_seqlens", None), ("kwargs", KW)],
+}
+FLA_SIGNATURES["chunk_gdn"] = FLA_SIGNATURES["chunk_gated_delta_rule"]
+FLA_SIGNATURES["fused_recurrent_gdn"] = FLA_SIGNATURES["fused_recurrent_gated_delta_rule"]
+
+
+@pytest.mark.parametrize("name", sorted(FLA_SIGNATURES))
+def test_signature_matches_fla(name):
+    params = list(inspect.signature(getattr(fla, name)).parameters.values())
+    got = [(p.name, KW if p.kind is p.VAR_KEYWORD else p.default) for p in params]
+    assert got == FLA_SIGNATURES[name]
+    kinds = {p.kind for p in params if p.kind is not p.VAR_KEYWORD}
+    assert kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    assert getattr(fla, name).__doc__
+
+
+def test_exports():
+    assert sorted(fla.__all__) == sorted(FLA_SIGNATURES)
+    assert "linattn.fla import chunk_gated_delta_rule" in fla.__doc__
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def make(B=2, T=11, H=2, K=4, V=3, *, HV=None, dtype=torch.float64, seed=0):
+    """fla-layout q, k (unit norm), v, scalar gate g, per-key gk, per-value gv, beta, h0."""
+    gen = torch.Generator().manual_seed(seed)
+    HV = H if HV is None else HV
+
+    def r(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    x = {
+        "q": r(B, T, H, K), "k": F.normalize(r(B, T, H, K), dim=-1), "v": r(B, T, HV, V),
+        "g": F.logsigmoid(r(B, T, HV) + 2), "gk": F.logsigmoid(r(B, T, HV, K) + 2),
+        "gv": F.logsigmoid(r(B, T, HV, V) + 2), "beta": torch.sigmoid(r(B, T, HV)),
+        "h0": r(B, HV, K, V),
+    }
+    return {n: t.to(dtype) for n, t in x.items()}
+
+
+def hf(x):
+    return x.transpose(1, 2)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def test_layout_simple_gla_equals_head_first_op(assert_close):
+    x = make()
+    o, S = fla.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"], initial_state=x["h0"],
+                                output_final_state=True, scale=0.3)
+    o2, S2 = gated_linear_attention(hf(x["q"]), hf(x["k"]), hf(x["v"]), g=hf(x["g"]),
+                                    scale=0.3, initial_state=x["h0"], return_state=True)
+    assert o.shape == (2, 11, 2, 3) and S.shape == (2, 2, 4, 3)
+    assert_close(o, hf(o2))
+    assert_close(S, S2)
+
+
+def test_layout_gla_equals_head_first_op(assert_close):
+    x = make()
+    o, S = fla.chunk_gla(x["q"], x["k"], x["v"], x["gk"], None, x["h0"], True)
+    o2, S2 = gated_linear_attention(hf(x["q"]), hf(x["k"]), hf(x["v"]), gk=hf(x["gk"]),
+                                    initial_state=x["h0"], return_state=True)
+    assert_close(o, hf(o2))
+    assert_close(S, S2)
+
+
+def test_layout_delta_rules_equal_head_first_op(assert_close):
+    x = make()
+    o, S = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                      initial_state=x["h0"], output_final_state=True)
+    o2, S2 = delta_rule(hf(x["q"]), hf(x["k"]), hf(x["v"]), hf(x["beta"]), hf(x["g"]),
+                        initial_state=x["h0"], return_state=True)
+    assert_close(o, hf(o2))
+    assert_close(S, S2)
+    o, S = fla.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], output_final_state=True,
+                                use_qk_l2norm_in_kernel=True)
+    o2, S2 = delta_rule(hf(x["q"]), hf(x["k"]), hf(x["v"]), hf(x["beta"]), return_state=True,
+                        qk_l2norm=True)
+    assert_close(o, hf(o2))
+    assert_close(S, S2)
+
+
+def test_variants_agree(assert_close):
+    """chunk_*, fused_chunk_*, fused_recurrent_* and parallel_* of one op: one function."""
+    x = make()
+    q, k, v, g = x["q"], x["k"], x["v"], x["g"]
+    ref = fla.chunk_simple_gla(q, k, v, g)[0]
+    for f in (fla.fused_recurrent_simple_gla, fla.fused_chunk_simple_gla, fla.parallel_simple_gla):
+        assert_close(f(q, k, v, g)[0], ref)
+    ref = fla.chunk_retention(q, k, v)[0]
+    for f in (fla.fused_recurrent_retention, fla.fused_chunk_retention, fla.parallel_retention):
+        assert_close(f(q, k, v)[0], ref)
+    assert_close(fla.fused_recurrent_gla(q, k, v, x["gk"])[0], fla.chunk_gla(q, k, v, x["gk"])[0])
+    ref = fla.chunk_delta_rule(q, k, v, x["beta"])[0]
+    assert_close(fla.fused_recurrent_delta_rule(q, k, v, x["beta"])[0], ref)
+    assert_close(fla.parallel_delta_rule(q, k, v, x["beta"])[0], ref)
+    ref = fla.chunk_gated_delta_rule(q, k, v, g, x["beta"])[0]
+    assert_close(fla.fused_recurrent_gated_delta_rule(q, k, v, g, beta=x["beta"])[0], ref)
+    assert fla.chunk_gdn is fla.chunk_gated_delta_rule
+    assert fla.fused_recurrent_gdn is fla.fused_recurrent_gated_delta_rule
+    a = fla.chunk_linear_attn(q, k, v, normalize=False)[0]
+    assert_close(fla.fused_recurrent_linear_attn(q, k, v)[0], a)
+    assert_close(fla.chunk_simple_gla(q, k, v)[0], a)
+
+
+def test_retention_decay_and_g_gamma(assert_close):
+    x = make(H=3)
+    q, k, v = x["q"], x["k"], x["v"]
+    gamma = torch.log(1 - 2.0 ** (-5.0 - torch.arange(3, dtype=torch.float64)))
+    o = fla.chunk_retention(q, k, v)[0]
+    assert_close(o, fla.chunk_simple_gla(q, k, v, g_gamma=gamma)[0])
+    assert_close(o, fla.chunk_simple_gla(q, k, v, gamma.expand(2, 11, 3))[0])
+    both = fla.fused_recurrent_simple_gla(q, k, v, x["g"], gamma)[0]  # both given: they add
+    assert_close(both, fla.chunk_simple_gla(q, k, v, x["g"] + gamma)[0])
+
+
+def test_parallel_attentions(assert_close):
+    x = make()
+    q, k, v, g = x["q"], x["k"], x["v"], x["g"]
+    o, A = fla.parallel_simple_gla(q, k, v, g, output_attentions=True)
+    assert A.shape == (2, 2, 11, 11)
+    assert_close(o, hf(A @ hf(v)))
+    assert (A.triu(1) == 0).all()
+    o, A = fla.parallel_retention(q, k, v, scale=0.7, output_attentions=True)
+    assert_close(o, hf(A @ hf(v)))
+    assert fla.parallel_simple_gla(q, k, v, g)[1] is None
+
+
+# ----------------------------------------------------------------------------- varlen
+
+
+def packed_case(seed=1, lengths=(3, 0, 6, 4), H=2, K=4, V=3, HV=None):
+    x = make(B=1, T=sum(lengths), H=H, K=K, V=V, HV=HV, seed=seed)
+    N = len(lengths)
+    HV = H if HV is None else HV
+    x["h0"] = torch.randn(N, HV, K, V, generator=torch.Generator().manual_seed(seed),
+                          dtype=torch.float64)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return x, cu
+
+
+CASES = {
+    # name: (fn, per-token argument names, extra keyword arguments)
+    "chunk_simple_gla": (fla.chunk_simple_gla, ("q", "k", "v", "g"), {}),
+    "fused_recurrent_simple_gla": (fla.fused_recurrent_simple_gla, ("q", "k", "v", "g"), {}),
+    "chunk_gla": (fla.chunk_gla, ("q", "k", "v", "gk"), {}),
+    "fused_recurrent_gla_gv": (fla.fused_recurrent_gla, ("q", "k", "v", "gk", "gv"), {}),
+    "chunk_retention": (fla.chunk_retention, ("q", "k", "v"), {}),
+    "fused_recurrent_linear_attn": (fla.fused_recurrent_linear_attn, ("q", "k", "v"), {}),
+    "chunk_delta_rule": (fla.chunk_delta_rule, ("q", "k", "v", "beta"), {}),
+    "chunk_gated_delta_rule": (fla.chunk_gated_delta_rule, ("q", "k", "v", "g", "beta"), {}),
+    "fused_recurrent_gated_delta_rule_gk_gv": (
+        fla.fused_recurrent_gated_delta_rule, ("q", "k", "v", "g", "gk", "gv", "beta"), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cu_seqlens_equals_separate_calls(case, assert_close):
+    fn, names, kw = CASES[case]
+    lengths = (3, 0, 6, 4)
+    x, cu = packed_case(lengths=lengths)
+    o, S = fn(*(x[n] for n in names), initial_state=x["h0"], output_final_state=True,
+              cu_seqlens=cu, **kw)
+    assert o.shape == x["v"].shape and S.shape == x["h0"].shape
+    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        o_n, S_n = fn(*(x[m][:, a:b] for m in names), initial_state=x["h0"][n:n + 1],
+                      output_final_state=True, **kw)
+        assert_close(o[:, a:b], o_n)
+        assert_close(S[n:n + 1], S_n)
+    assert_close(S[1], x["h0"][1])  # the empty sequence keeps its initial state
+
+
+def test_cu_seqlens_normalized_linear_attn(assert_close):
+    x, cu = packed_case(lengths=(4, 0, 5))
+    q, k, v = x["q"].abs(), x["k"].abs(), x["v"]
+    z0 = torch.rand(3, 1, 2, 4, dtype=torch.float64)
+    for reverse in (False, True):
+        o, (S, z) = fla.fused_recurrent_linear_attn(
+            q, k, v, initial_state=(x["h0"], z0), output_final_state=True, reverse=reverse,
+            normalize=True, cu_seqlens=cu)
+        assert z.shape == (3, 1, 2, 4)
+        for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+            o_n, (S_n, z_n) = fla.fused_recurrent_linear_attn(
+                q[:, a:b], k[:, a:b], v[:, a:b], initial_state=(x["h0"][n:n + 1], z0[n:n + 1]),
+                output_final_state=True, reverse=reverse, normalize=True)
+            assert_close(o[:, a:b], o_n)
+            assert_close(S[n:n + 1], S_n)
+            assert_close(z[n:n + 1], z_n)
+
+
+def test_normalize_formula(assert_close):
+    x = make()
+    q, k, v = x["q"].abs(), x["k"].abs(), x["v"]
+    raw = fla.chunk_linear_attn(q, k, v, scale=0.5, normalize=False)[0]
+    o, (S, z) = fla.chunk_linear_attn(q, k, v, scale=0.5, output_final_state=True)
+    den = (0.5 * q * k.cumsum(1)).sum(-1, keepdim=True) + 1e-10
+    assert_close(o, raw / den)
+    assert_close(z, k.sum(1, keepdim=True))
+    assert fla.chunk_linear_attn(q, k, v)[1] is None
+    assert_close(fla.fused_chunk_linear_attn(q, k, v)[0], o)
+
+
+# ----------------------------------------------------------------------------- reverse
+
+
+@pytest.mark.parametrize("fn,names", [
+    (fla.fused_recurrent_simple_gla, ("q", "k", "v", "g")),
+    (fla.fused_recurrent_gla, ("q", "k", "v", "gk", "gv")),
+    (fla.fused_recurrent_retention, ("q", "k", "v")),
+    (fla.fused_recurrent_linear_attn, ("q", "k", "v")),
+])
+def test_reverse_is_the_time_flip(fn, names, assert_close):
+    x = make()
+    o, S = fn(*(x[n] for n in names), initial_state=x["h0"], output_final_state=True,
+              reverse=True)
+    o2, S2 = fn(*(x[n].flip(1) for n in names), initial_state=x["h0"], output_final_state=True)
+    assert_close(o, o2.flip(1))
+    assert_close(S, S2)
+    x, cu = packed_case(lengths=(5, 2, 0, 4))
+    o, S = fn(*(x[n] for n in names), initial_state=x["h0"], output_final_state=True,
+              reverse=True, cu_seqlens=cu)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        o_n, S_n = fn(*(x[n][:, a:b] for n in names), initial_state=x["h0"][i:i + 1],
+                      output_final_state=True, reverse=True)
+        assert_close(o[:, a:b], o_n)
+        assert_close(S[i:i + 1], S_n)
+
+
+def test_reverse_normalized_key_sum(assert_close):
+    x = make()
+    q, k, v = x["q"].abs(), x["k"].abs(), x["v"]
+    o, (S, z) = fla.fused_recurrent_linear_attn(q, k, v, output_final_state=True, reverse=True,
+                                                normalize=True)
+    raw = fla.fused_recurrent_linear_attn(q, k, v, reverse=True)[0]
+    kc = k.flip(1).cumsum(1).flip(1)
+    assert_close(o, raw / ((q * 0.5 * kc).sum(-1, keepdim=True) + 1e-10))
+    assert_close(z, kc[:, :1])
+
+
+# ----------------------------------------------------------------------------- states
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_state_round_trip(case, assert_close):
+    """Two calls, the second from the first's final state, equal one call."""
+    fn, names, kw = CASES[case]
+    x = make(T=13)
+    full, S = fn(*(x[n] for n in names), initial_state=x["h0"], output_final_state=True, **kw)
+    o1, S1 = fn(*(x[n][:, :6] for n in names), initial_state=x["h0"], output_final_state=True,
+                **kw)
+    o2, S2 = fn(*(x[n][:, 6:] for n in names), initial_state=S1, output_final_state=True, **kw)
+    assert_close(torch.cat([o1, o2], dim=1), full)
+    assert_close(S2, S)
+    assert fn(*(x[n] for n in names), **kw)[1] is None
+
+
+def test_state_v_first(assert_close):
+    x = make()
+    q, k, v, g = x["q"], x["k"], x["v"], x["g"]
+    o, S = fla.chunk_simple_gla(q, k, v, g, initial_state=x["h0"], output_final_state=True)
+    o2, S2 = fla.chunk_simple_gla(q, k, v, g, initial_state=x["h0"].transpose(-1, -2),
+                                  output_final_state=True, state_v_first=True)
+    assert_close(o2, o)
+    assert_close(S2, S.transpose(-1, -2))
+    with pytest.warns(DeprecationWarning, match="state_v_first"):
+        o3, S3 = fla.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta=x["beta"], initial_state=x["h0"].transpose(-1, -2),
+            output_final_state=True, transpose_state_layout=True)
+    o4, S4 = fla.chunk_gated_delta_rule(q, k, v, g, x["beta"], initial_state=x["h0"],
+                                        output_final_state=True)
+    assert_close(o3, o4)
+    assert_close(S3, S4.transpose(-1, -2))
+
+
+# ----------------------------------------------------------------------------- delta extras
+
+
+def test_gva_repeats_query_heads(assert_close):
+    x = make(H=2, HV=4)
+    q, k = x["q"], x["k"]
+    o, S = fla.chunk_gated_delta_rule(q, k, x["v"], x["g"], x["beta"], output_final_state=True)
+    assert o.shape == (2, 11, 4, 3) and S.shape == (2, 4, 4, 3)
+    q2, k2 = q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2)
+    o2, S2 = fla.chunk_gated_delta_rule(q2, k2, x["v"], x["g"], x["beta"],
+                                        output_final_state=True)
+    assert_close(o, o2)
+    assert_close(S, S2)
+    o3 = fla.fused_recurrent_gated_delta_rule(q, k, x["v"], x["g"], beta=x["beta"])[0]
+    assert_close(o3, o)
+
+
+def test_gate_and_beta_in_kernel(assert_close):
+    x = make()
+    gen = torch.Generator().manual_seed(3)
+    raw = torch.randn(2, 11, 2, generator=gen, dtype=torch.float64)
+    A_log = torch.randn(2, generator=gen, dtype=torch.float64)
+    dt_bias = torch.randn(2, generator=gen, dtype=torch.float64)
+    logits = torch.randn(2, 11, 2, generator=gen, dtype=torch.float64)
+    g = -A_log.exp() * F.softplus(raw + dt_bias)
+    want = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], g, 2 * torch.sigmoid(logits))[0]
+    got = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], raw, logits,
+                                     use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                                     use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)[0]
+    assert_close(got, want)
+    got = fla.fused_recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], raw, beta=logits, use_gate_in_kernel=True, A_log=A_log,
+        dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)[0]
+    assert_close(got, want)
+
+
+def test_per_value_beta_columns(assert_close):
+    """beta (B, T, H, V): each value column is a delta rule with its own scalar beta."""
+    x = make()
+    gen = torch.Generator().manual_seed(4)
+    bv = torch.rand(2, 11, 2, 3, generator=gen, dtype=torch.float64)
+    o, S = fla.fused_recurrent_delta_rule(x["q"], x["k"], x["v"], bv, initial_state=x["h0"],
+                                          output_final_state=True)
+    for j in range(3):
+        o_j, S_j = fla.chunk_delta_rule(x["q"], x["k"], x["v"][..., j:j + 1], bv[..., j],
+                                        initial_state=x["h0"][..., j:j + 1],
+                                        output_final_state=True)
+        assert_close(o[..., j:j + 1], o_j)
+        assert_close(S[..., j:j + 1], S_j)
+
+
+def test_default_beta_is_one(assert_close):
+    x = make()
+    ones = torch.ones(2, 11, 2, dtype=torch.float64)
+    assert_close(fla.fused_recurrent_delta_rule(x["q"], x["k"], x["v"])[0],
+                 fla.chunk_delta_rule(x["q"], x["k"], x["v"], ones)[0])
+
+
+# ----------------------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_dtypes(dtype):
+    x = make(dtype=dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    for o, S in (
+        fla.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"], output_final_state=True),
+        fla.fused_recurrent_gla(x["q"], x["k"], x["v"], x["gk"], x["gv"],
+                                output_final_state=True),
+        fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                   initial_state=x["h0"].float(), output_final_state=True),
+    ):
+        assert o.dtype == dtype and S.dtype == acc
+        assert torch.isfinite(o).all() and torch.isfinite(S).all()
+
+
+def test_empty_sequence():
+    x = make(T=0)
+    o, S = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                      initial_state=x["h0"], output_final_state=True)
+    assert o.shape == (2, 0, 2, 3)
+    assert torch.equal(S, x["h0"])
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_errors_name_the_argument():
+    x = make()
+    q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
+    cases = [
+        (lambda: fla.chunk_simple_gla(q, k[:, :5], v), ValueError, "k:"),
+        (lambda: fla.chunk_simple_gla(q, k, v[:, :, :1]), ValueError, "v:"),
+        (lambda: fla.chunk_simple_gla(hf(q), k, v), ValueError, "k:"),
+        (lambda: fla.chunk_simple_gla(q[0], k, v), ValueError, "q:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, -g), ValueError, "g:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, hf(g)), ValueError, "g:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, g_gamma=torch.zeros(3)), ValueError, "g_gamma:"),
+        (lambda: fla.chunk_gla(q, k, v, g), ValueError, "g:"),
+        (lambda: fla.fused_recurrent_gla(q, k, v, gv=x["gk"]), ValueError, "gv:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, initial_state=x["h0"][:1]), ValueError,
+         "initial_state:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, cu_seqlens=torch.tensor([0, 11])), ValueError,
+         "cu_seqlens:"),
+        (lambda: fla.chunk_simple_gla(q[:1], k[:1], v[:1], cu_seqlens=torch.tensor([0, 5])),
+         ValueError, "cu_seqlens:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, scale=float("nan")), ValueError, "scale:"),
+        (lambda: fla.fused_recurrent_delta_rule(q, k, v, scale=-1.0), ValueError, "scale:"),
+        (lambda: fla.chunk_delta_rule(q, k, v, beta[..., None].expand(2, 11, 2, 3)), ValueError,
+         "beta:"),
+        (lambda: fla.chunk_gated_delta_rule(q, k, v, g, beta, allow_neg_eigval=True),
+         ValueError, "allow_neg_eigval:"),
+        (lambda: fla.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True),
+         ValueError, "A_log:"),
+        (lambda: fla.chunk_gated_delta_rule(q, k, torch.cat([v] * 3, 2)[:, :, :3], g, beta),
+         ValueError, "v:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, head_first=False), ValueError, "head_first:"),
+        (lambda: fla.chunk_linear_attn(q, k, v, initial_state=(x["h0"], None), normalize=False),
+         ValueError, "initial_state:"),
+        (lambda: fla.parallel_simple_gla(q[:1], k[:1], v[:1], output_attentions=True,
+                                         cu_seqlens=torch.tensor([0, 11])),
+         ValueError, "output_attentions:"),
+        (lambda: fla.chunk_simple_gla(q, k, v, bogus=1), TypeError, "bogus"),
+        (lambda: fla.chunk_simple_gla(q, k, v.long()), TypeError, "v:"),
+        (lambda: fla.chunk_gated_delta_rule(q, k, v, g, beta, cp_context=object()),
+         NotImplementedError, "cp_context"),
+        (lambda: fla.parallel_delta_rule(q, k, v, beta, output_attentions=True),
+         NotImplementedError, "output_attentions"),
+        (lambda: fla.fused_chunk_gla(q=q), NotImplementedError, "chunk_gla"),
+        (lambda: fla.fused_chunk_delta_rule(q=q), NotImplementedError, "chunk_delta_rule"),
+    ]
+    for i, (call, exc, name) in enumerate(cases):
+        with pytest.raises(exc) as info:
+            call()
+        msg = str(info.value)
+        assert name in msg, (i, msg)
+        assert "\n" not in msg, (i, msg)
+
+
+def test_chunk_size_keyword_changes_nothing(assert_close):
+    x = make(T=20)
+    a = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0]
+    b = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=4)[0]
+    assert_close(a, b)
+    a = fla.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"])[0]
+    assert_close(fla.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"], chunk_size=8)[0], a)
+
+
+def test_minus_infinity_gate_is_a_reset(assert_close):
+    """A log decay of −∞ forgets everything before it (no nan), also in the attention matrix."""
+    x = make()
+    q, k, v, g = x["q"], x["k"], x["v"], x["g"].clone()
+    g[:, 5] = float("-inf")
+    o, A = fla.parallel_simple_gla(q, k, v, g, output_attentions=True)
+    assert torch.isfinite(A).all() and (A[:, :, 5:, :5] == 0).all()
+    o2 = fla.chunk_simple_gla(q[:, 5:], k[:, 5:], v[:, 5:], g[:, 5:].clamp_min(-1e30))[0]
+    assert_close(o[:, 5:], o2)
+    o3 = fla.chunk_gated_delta_rule(q, k, v, g, x["beta"], initial_state=x["h0"])[0]
+    o4 = fla.chunk_gated_delta_rule(q[:, 5:], k[:, 5:], v[:, 5:], g[:, 5:].clamp_min(-1e30),
+                                    x["beta"][:, 5:])[0]
+    assert_close(o3[:, 5:], o4)
