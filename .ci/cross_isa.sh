@@ -4,7 +4,8 @@
 #   1. x86-64: compile as a shared library (as linattn._cbuild does) for AVX-512 (+bf16), AVX2,
 #      the SSE2 baseline, the scalar form (-DLA_W=1) and -march=native; -Wall, warnings shown,
 #      only errors fail.
-#   2. x86-64: build tests/c/native_harness.c (the kernels against a naive double reference) in
+#   2. x86-64: build the harnesses tests/c/native_harness.c (the linear-attention kernels) and
+#      tests/c/gdr_harness.c (the gated delta rule), each against a naive double reference, in
 #      each of those forms this CPU can run (avx512f/avx512_bf16/avx2 in /proc/cpuinfo) and
 #      -march=native under AddressSanitizer + UBSan, and run them. CROSS_ISA_FULL=1 adds widths
 #      forced wider than the ISA (-DLA_W=16 on AVX2, -DLA_W=8 on SSE2: legal, slow to build).
@@ -20,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SRC=src/linattn/ops/_native.c
-HARNESS=tests/c/native_harness.c
+HARNESSES=(tests/c/native_harness.c tests/c/gdr_harness.c)
 CC=${CC:-cc}
 XCC=${XCC:-aarch64-linux-gnu-gcc}
 JOBS=$(nproc 2>/dev/null || echo 2)
@@ -45,9 +46,13 @@ queue() {
     if [ "$kind" = lib ]; then
         ( "$cc" "$@" -Wall -fPIC -shared -o "$WORK/lib-$name.so" "$SRC" -lm \
             >"$WORK/$kind-$name.log" 2>&1; echo $? >"$WORK/$kind-$name.rc" ) &
-    else
-        ( "$cc" "$@" -Wall -o "$WORK/exe-$name" "$HARNESS" -lm \
-            >"$WORK/$kind-$name.log" 2>&1; echo $? >"$WORK/$kind-$name.rc" ) &
+    else  # every harness, built with the same flags: exe-NAME-HARNESS
+        ( rc=0
+          for h in "${HARNESSES[@]}"; do
+              "$cc" "$@" -Wall -o "$WORK/exe-$name-$(basename "$h" .c)" "$h" -lm \
+                  >>"$WORK/$kind-$name.log" 2>&1 || rc=$?
+          done
+          echo $rc >"$WORK/$kind-$name.rc" ) &
     fi
 }
 report() {
@@ -74,11 +79,14 @@ report() {
 RUNS=()
 run_harness() {
     local name=$1 runner=${2:-}
-    [ -x "$WORK/exe-$name" ] || return 0 # its build failed: reported already
+    [ "$(cat "$WORK/exe-$name.rc")" = 0 ] || return 0 # its build failed: reported already
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
     RUNS+=("$name")
-    ( t0=$SECONDS; $runner "$WORK/exe-$name" >"$WORK/run-$name.out" 2>&1
-      echo "$? $((SECONDS - t0))" >"$WORK/run-$name.rc" ) &
+    ( t0=$SECONDS rc=0
+      for h in "${HARNESSES[@]}"; do
+          $runner "$WORK/exe-$name-$(basename "$h" .c)" >>"$WORK/run-$name.out" 2>&1 || rc=$?
+      done
+      echo "$rc $((SECONDS - t0))" >"$WORK/run-$name.rc" ) &
 }
 finish_runs() {
     wait
@@ -86,7 +94,7 @@ finish_runs() {
     for name in "${RUNS[@]}"; do
         read -r rc secs <"$WORK/run-$name.rc"
         if [ "$rc" = 0 ]; then
-            pass "harness $name ($(cat "$WORK/exe-$name.cmd"); run ${secs} s): $(tail -1 "$WORK/run-$name.out" | sed 's/^PASS: //')"
+            pass "harnesses $name ($(cat "$WORK/exe-$name.cmd"); run ${secs} s): $(grep '^PASS' "$WORK/run-$name.out" | sed 's/^PASS: //' | paste -sd ';' -)"
         else
             fail "harness $name ($(cat "$WORK/exe-$name.cmd")): exit $rc"
             sed 's/^/    /' "$WORK/run-$name.out" | tail -40

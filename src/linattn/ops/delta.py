@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops import delta_native
 from linattn.ops._common import check_chunk_size, check_qkv, check_step_inputs, to_chunks
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.gated import (
@@ -117,6 +118,11 @@ def delta_rule(
     C = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"qk_l2norm: expected a bool, got {type(qk_l2norm).__name__}")
+    fn = delta_native.applies(q, k, v, beta, g, initial_state)  # the compiled CPU forward
+    if fn is not None:
+        o, S = delta_native.delta_rule(fn, q, k, v, beta, g, s, initial_state, cu_seqlens,
+                                       qk_l2norm)
+        return (o, S) if return_state else o
     acc, out_dtype = beta.dtype, q.dtype
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     if qk_l2norm:
@@ -192,6 +198,12 @@ def delta_rule_step(
     beta_t = check_beta(beta_t, "beta_t", tuple(batch), q_t)
     acc = beta_t.dtype
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
+    fn = None if gk_t is not None or gv_t is not None else \
+        delta_native.step_applies(q_t, k_t, v_t, beta_t, S, g_t)  # the compiled CPU step
+    if fn is not None:
+        g_t = check_gate(g_t, "g_t", tuple(batch), q_t)
+        return delta_native.delta_rule_step(fn, q_t, k_t, v_t, beta_t, S, g_t,
+                                            resolve_scale(scale, K), qk_l2norm)
     S = decayed(S, g_t, gk_t, gv_t, q_t)
     q, k = q_t.to(acc), k_t.to(acc)
     if qk_l2norm:

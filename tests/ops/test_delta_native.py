@@ -1,0 +1,344 @@
+"""The compiled forward of the (gated) delta rule (ops/delta_native.py, ``la_gdr_forward`` in
+ops/_native.c) against the torch chunked path and the float64 sequential reference.
+
+The compiled path is forced (``dispatch.use(impl="native")``) and each test checks that it was
+really taken; the torch chunked path runs under ``impl="torch"``."""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+
+import pytest
+import torch
+
+from linattn.ops import delta_native, dispatch
+from linattn.ops import reference as ref
+from linattn.ops.delta import delta_rule, delta_rule_step
+
+pytestmark = pytest.mark.skipif(
+    delta_native.unavailable_reason() is not None,
+    reason=f"compiled delta rule: {delta_native.unavailable_reason()}",
+)
+
+
+@pytest.fixture
+def native_calls(monkeypatch):
+    """Force the compiled path; count the prefill and step calls that really took it."""
+    calls = {"prefill": 0, "step": 0}
+    real_prefill, real_step = delta_native.delta_rule, delta_native.delta_rule_step
+
+    def prefill(*a, **kw):
+        calls["prefill"] += 1
+        return real_prefill(*a, **kw)
+
+    def step(*a, **kw):
+        calls["step"] += 1
+        return real_step(*a, **kw)
+
+    monkeypatch.setattr(delta_native, "delta_rule", prefill)
+    monkeypatch.setattr(delta_native, "delta_rule_step", step)
+    with dispatch.use(impl="native"):
+        yield calls
+
+
+def _inputs(*batch, T, K, V, gated=True, l2norm=True, seed=0):
+    """q, k, v, beta, g. Without qk_l2norm the keys get norms near 1 (a contraction for
+    beta in (0, 1), as the normalised models have), so that the reference stays bounded."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, T, K, generator=gen)
+    k = torch.randn(*batch, T, K, generator=gen)
+    if not l2norm:
+        q, k = q / math.sqrt(K), k / math.sqrt(K)
+    v = torch.randn(*batch, T, V, generator=gen)
+    beta = torch.rand(*batch, T, generator=gen)
+    g = -torch.rand(*batch, T, generator=gen) * 0.5 if gated else None
+    return q, k, v, beta, g
+
+
+def _close(got, want, tol=3e-5):
+    """max |got - want| within ``tol`` of want's largest magnitude (float32 rounding)."""
+    got, want = got.double(), want.double()
+    scale = max(want.abs().max().item(), 1e-3) if want.numel() else 1.0
+    err = (got - want).abs().max().item() / scale if want.numel() else 0.0
+    if not err <= tol:
+        pytest.fail(f"relative error {err:.2e} > {tol:.0e} (shape {tuple(want.shape)})")
+
+
+def _reference(q, k, v, beta, g, S0=None, l2norm=True, scale=None):
+    d = lambda x: None if x is None else x.double()  # noqa: E731
+    return ref.delta_rule(d(q), d(k), d(v), d(beta), d(g), scale=scale, initial_state=d(S0),
+                          qk_l2norm=l2norm)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("l2norm", [False, True])
+@pytest.mark.parametrize(
+    "batch, T, K, V, C",
+    [((2, 3), 37, 16, 32, 16),  # odd T, several chunks, a partial last one
+     ((1, 2), 5, 32, 16, 64),  # T < C
+     ((1, 16), 130, 64, 64, None),  # the benchmark's heads, B·H > threads, > 2 token chunks
+     ((3,), 70, 20, 48, 8)],  # K not a multiple of any vector width, V = 3 blocks of 16
+)
+def test_matches_torch_and_reference(native_calls, gated, l2norm, batch, T, K, V, C):
+    q, k, v, beta, g = _inputs(*batch, T=T, K=K, V=V, gated=gated, l2norm=l2norm)
+    S0 = torch.randn(*batch, K, V, generator=torch.Generator().manual_seed(5)) * 0.3
+    want_o, want_S = _reference(q, k, v, beta, g, S0, l2norm)
+    o, S = delta_rule(q, k, v, beta, g, initial_state=S0, return_state=True, chunk_size=C,
+                      qk_l2norm=l2norm)
+    assert native_calls["prefill"] == 1
+    with dispatch.use(impl="torch"):
+        o_t, S_t = delta_rule(q, k, v, beta, g, initial_state=S0, return_state=True,
+                              chunk_size=C, qk_l2norm=l2norm)
+    assert native_calls["prefill"] == 1  # the torch path, not this one
+    assert o.dtype == S.dtype == torch.float32 and o.shape == want_o.shape
+    for got in (o, o_t):
+        _close(got, want_o)
+    for got in (S, S_t):
+        _close(got, want_S)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_without_initial_state_and_custom_scale(native_calls, gated):
+    q, k, v, beta, g = _inputs(2, 2, T=45, K=16, V=16, gated=gated)
+    o, S = delta_rule(q, k, v, beta, g, scale=0.7, return_state=True, qk_l2norm=True)
+    want_o, want_S = _reference(q, k, v, beta, g, scale=0.7)
+    _close(o, want_o)
+    _close(S, want_S)
+    assert native_calls["prefill"] == 1
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_prefill_then_continue_equals_whole(native_calls, gated):
+    q, k, v, beta, g = _inputs(1, 3, T=150, K=32, V=32, gated=gated)
+    whole, S_whole = delta_rule(q, k, v, beta, g, return_state=True, qk_l2norm=True)
+    parts, S = [], None
+    for t0, t1 in ((0, 1), (1, 67), (67, 64 + 67), (64 + 67, 150)):  # across token chunks
+        o, S = delta_rule(q[..., t0:t1, :], k[..., t0:t1, :], v[..., t0:t1, :],
+                          beta[..., t0:t1], None if g is None else g[..., t0:t1],
+                          initial_state=S, return_state=True, qk_l2norm=True)
+        parts.append(o)
+    _close(torch.cat(parts, -2), whole, 1e-6)
+    _close(S, S_whole, 1e-6)
+    assert native_calls["prefill"] == 5
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_steps_equal_prefill(native_calls, gated, l2norm):
+    """Token by token through delta_rule_step from an initial state: the prefill's outputs and
+    state; the state passed in is never modified."""
+    q, k, v, beta, g = _inputs(2, 3, T=20, K=16, V=32, gated=gated, l2norm=l2norm)
+    S0 = torch.randn(2, 3, 16, 32, generator=torch.Generator().manual_seed(1)) * 0.3
+    o_all, S_all = delta_rule(q, k, v, beta, g, initial_state=S0, return_state=True,
+                              qk_l2norm=l2norm)
+    S, outs = S0, []
+    for t in range(20):
+        before = S.clone()
+        o, S_new = delta_rule_step(q[..., t, :], k[..., t, :], v[..., t, :], beta[..., t], S,
+                                   g_t=None if g is None else g[..., t], qk_l2norm=l2norm)
+        torch.testing.assert_close(S, before, rtol=0, atol=0)
+        assert S_new.data_ptr() != S.data_ptr()
+        outs.append(o)
+        S = S_new
+    _close(torch.stack(outs, -2), o_all, 1e-6)
+    _close(S, S_all, 1e-6)
+    want_o, want_S = _reference(q, k, v, beta, g, S0, l2norm)
+    _close(S, want_S)
+    _close(torch.stack(outs, -2), want_o)
+    assert native_calls == {"prefill": 1, "step": 20}
+
+
+def test_step_from_no_state_and_strided_inputs(native_calls):
+    """state=None (zeros); q_t, k_t, v_t slices of (B, T, H, D) tensors (no contiguous rows
+    between heads); bfloat16 inputs widened and the output rounded back."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 7, 4, 16, generator=gen) for _ in range(3))
+    beta = torch.rand(2, 7, 4, generator=gen)
+    g = -torch.rand(2, 7, 4, generator=gen)
+    x = [q[:, 3], k[:, 3], v[:, 3]]  # (2, 4, 16) views with stride 64 between batches
+    o, S = delta_rule_step(*x, beta[:, 3], g_t=g[:, 3], qk_l2norm=True)
+    want_o, want_S = _reference(*(t.unsqueeze(-2) for t in x), beta[:, 3, :, None],
+                                g[:, 3, :, None])
+    _close(o, want_o.squeeze(-2))
+    _close(S, want_S)
+    ob, Sb = delta_rule_step(*(t.bfloat16() for t in x), beta[:, 3], g_t=g[:, 3],
+                             qk_l2norm=True)
+    assert ob.dtype == torch.bfloat16 and Sb.dtype == torch.float32
+    want_b = _reference(*(t.bfloat16().unsqueeze(-2) for t in x), beta[:, 3, :, None],
+                        g[:, 3, :, None])[0].squeeze(-2)
+    _close(ob, want_b, 1e-2)
+    assert native_calls["step"] == 2
+
+
+def test_strided_prefill_inputs_and_bfloat16(native_calls):
+    """q, k, v as transposed views of (B, T, H, D) tensors; bfloat16 in, bfloat16 out."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 50, 3, 16, generator=gen).transpose(1, 2) for _ in range(3))
+    beta, g = torch.rand(2, 3, 50, generator=gen), -torch.rand(2, 3, 50, generator=gen)
+    o = delta_rule(q, k, v, beta, g, qk_l2norm=True)
+    _close(o, _reference(q, k, v, beta, g)[0])
+    ob = delta_rule(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g, qk_l2norm=True)
+    assert ob.dtype == torch.bfloat16
+    _close(ob, _reference(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g)[0], 1e-2)
+    assert native_calls["prefill"] == 2
+
+
+@pytest.mark.parametrize("heads, threads", [(1, 4), (3, 2), (5, 4), (2, 3)])
+def test_threads_split_heads_and_columns(monkeypatch, native_calls, heads, threads):
+    """Groups of heads in parallel, or (fewer heads than threads) a head's columns in blocks
+    of 16: the same numbers as one thread, bit for bit."""
+    monkeypatch.setattr(delta_native, "PARALLEL_MIN", 0)
+    q, k, v, beta, g = _inputs(1, heads, T=70, K=16, V=64)
+    results = []
+    for n in (1, threads):
+        monkeypatch.setattr(torch, "get_num_threads", lambda n=n: n)
+        results.append(delta_rule(q, k, v, beta, g, return_state=True, qk_l2norm=True))
+        results.append(delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :],
+                                       beta[..., 0], results[-1][1], g_t=g[..., 0]))
+    for a, b in zip(results[:2], results[2:], strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert native_calls == {"prefill": 2, "step": 2}
+
+
+def test_packed_sequences(native_calls):
+    """cu_seqlens: each sequence from its own initial state, as the torch path computes it
+    (an empty sequence included)."""
+    q, k, v, beta, g = _inputs(1, 2, T=41, K=16, V=16)
+    cu = torch.tensor([0, 10, 10, 33, 41])
+    S0 = torch.randn(4, 2, 16, 16, generator=torch.Generator().manual_seed(6)) * 0.3
+    o, S = delta_rule(q, k, v, beta, g, initial_state=S0, cu_seqlens=cu, return_state=True,
+                      qk_l2norm=True, chunk_size=8)
+    with dispatch.use(impl="torch"):
+        o_t, S_t = delta_rule(q, k, v, beta, g, initial_state=S0, cu_seqlens=cu,
+                              return_state=True, qk_l2norm=True, chunk_size=8)
+    _close(o, o_t)
+    _close(S, S_t)
+    assert S.shape == (4, 2, 16, 16) and native_calls["prefill"] == 1
+
+
+def test_edge_sizes(native_calls):
+    """T = 0 (the state comes back as it was, a new tensor), an empty batch, and subnormal
+    decays (g near -90: flushed to 0, results as the reference's)."""
+    q, k, v, beta, g = _inputs(1, 2, T=0, K=16, V=16)
+    S0 = torch.randn(1, 2, 16, 16)
+    o, S = delta_rule(q, k, v, beta, g, initial_state=S0, return_state=True)
+    assert o.shape == (1, 2, 0, 16)
+    torch.testing.assert_close(S, S0, rtol=0, atol=0)
+    assert S.data_ptr() != S0.data_ptr()
+    q, k, v, beta, g = _inputs(0, 2, T=5, K=16, V=16)
+    assert delta_rule(q, k, v, beta, g).shape == (0, 2, 5, 16)
+    q, k, v, beta, _ = _inputs(1, 2, T=30, K=16, V=16)
+    g = torch.full((1, 2, 30), -90.0)
+    o = delta_rule(q, k, v, beta, g, qk_l2norm=True)
+    _close(o, _reference(q, k, v, beta, g)[0])
+    assert native_calls["prefill"] == 3
+
+
+def test_checks_still_guard_the_compiled_path(native_calls):
+    """The argument checks run before the compiled path: nan and positive gates, a wrong
+    state shape, a wrong scale raise as on the torch path."""
+    q, k, v, beta, g = _inputs(1, 2, T=4, K=16, V=16)
+    with pytest.raises(ValueError, match="g_t"):
+        delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0],
+                        g_t=torch.full((1, 2), float("nan")))
+    with pytest.raises(ValueError, match="g_t"):
+        delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0],
+                        g_t=torch.ones(1, 2))
+    with pytest.raises(TypeError, match="g_t"):
+        delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0], g_t=-1.0)
+    with pytest.raises(ValueError, match="scale"):
+        delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0],
+                        scale=float("nan"))
+    with pytest.raises(ValueError, match="initial_state"):
+        delta_rule(q, k, v, beta, g, initial_state=torch.zeros(1, 2, 16, 15))
+    with pytest.raises(ValueError, match="beta"):
+        delta_rule(q, k, v, beta * float("nan"), g)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        delta_rule(q, k, v, beta, g, cu_seqlens=torch.tensor([0, 3]))
+
+
+def test_routing(monkeypatch):
+    """The torch path runs where the compiled one does not apply or is turned off:
+    gradients, float64, V not a multiple of 16, per-key gates (the step), impl="torch",
+    LINATTN_NATIVE=0."""
+    calls = []
+    real = delta_native.delta_rule
+    monkeypatch.setattr(delta_native, "delta_rule", lambda *a: calls.append(1) or real(*a))
+    q, k, v, beta, g = _inputs(1, 2, T=9, K=16, V=16)
+    with dispatch.use(impl="native"):
+        delta_rule(q, k, v, beta, g)
+        assert calls == [1]
+        leaf = q.clone().requires_grad_(True)
+        delta_rule(leaf, k, v, beta, g).sum().backward()  # the torch path: differentiable
+        assert leaf.grad is not None
+        delta_rule(q.double(), k.double(), v.double(), beta, g)
+        delta_rule(q, k, v[..., :8], beta, g)
+        with torch.no_grad():
+            delta_rule(leaf, k, v, beta, g)  # no gradient wanted: compiled
+        assert calls == [1, 1]
+        steps = []
+        monkeypatch.setattr(delta_native, "delta_rule_step",
+                            lambda *a: steps.append(1) or (_ for _ in ()).throw(AssertionError))
+        delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0],
+                        gk_t=-torch.rand(1, 2, 16))
+        assert steps == []
+    with dispatch.use(impl="torch"):
+        delta_rule(q, k, v, beta, g)
+    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    with dispatch.use(impl="native"):
+        delta_rule(q, k, v, beta, g)
+    assert calls == [1, 1]
+    monkeypatch.setenv("LINATTN_NATIVE", "1")
+    delta_rule(q, k, v, beta, g)  # forced without a calibration
+    assert calls == [1, 1, 1]
+
+
+def test_calibration(monkeypatch):
+    """``auto`` asks the calibration (cached per build and thread count); a measurement that
+    fails means the torch path and one warning, never an error."""
+    result = delta_native.calibration()
+    assert set(result) == {"prefill", "step"}
+    for r in result.values():
+        assert isinstance(r["native"], bool) and r["native_ms"] > 0 and r["torch_ms"] > 0
+    monkeypatch.setattr(delta_native, "_verdicts", {})
+    assert delta_native.calibration() == result  # from the file beside the library
+
+    def broken():
+        raise RuntimeError("no clock")
+
+    monkeypatch.setattr(delta_native, "_verdicts", {})
+    monkeypatch.setattr(delta_native, "calibration", broken)
+    monkeypatch.setattr(delta_native._cbuild, "_warned", set())
+    q, k, v, beta, g = _inputs(1, 2, T=9, K=16, V=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert delta_native.applies(q, k, v, beta, g, None) is None
+        assert delta_native.step_applies(q[..., 0, :], k[..., 0, :], v[..., 0, :],
+                                         beta[..., 0], torch.zeros(1, 2, 16, 16), None) is None
+    assert sum("could not measure" in str(w.message) for w in caught) == 1
+
+
+def test_parts_run_on_every_thread_and_errors_surface():
+    """The parts of a call are taken one at a time by up to ``threads`` threads (the calling one
+    included); every part runs, and an error in any of them reaches the caller."""
+    done, threads_seen = [], set()
+
+    def part(h0, h1, v0, v1):
+        threads_seen.add(threading.get_ident())
+        done.append(h0)
+        if h0 == 5:
+            raise RuntimeError("part 5")
+
+    jobs = delta_native._jobs(16, 64, 2)
+    assert len(jobs) == 8 and sum(h1 - h0 for h0, h1, *_ in jobs) == 16
+    delta_native._run_parts(lambda *j: done.append(j[0]), jobs, 2)
+    assert sorted(done) == [h0 for h0, *_ in jobs]
+    done.clear()
+    with pytest.raises(RuntimeError, match="part 5"):
+        delta_native._run_parts(part, [(h, h + 1, 0, 16) for h in range(12)], 3)
+    assert sorted(done) == list(range(12))
+    assert delta_native._jobs(1, 64, 4) == [(0, 1, 0, 16), (0, 1, 16, 32), (0, 1, 32, 48),
+                                           (0, 1, 48, 64)]
