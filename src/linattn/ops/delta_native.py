@@ -34,7 +34,6 @@ applies (as ``LINATTN_NATIVE=1``).
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
 import threading
@@ -46,7 +45,6 @@ import torch
 from torch import Tensor
 
 from linattn import _cbuild
-from linattn._io import write_atomic
 from linattn.ops import dispatch, native
 from linattn.ops.gated import initial_state_for
 from linattn.ops.varlen import check_cu_seqlens
@@ -384,27 +382,12 @@ def _calibrate(threads: int) -> dict[str, dict]:
     lib = native.load()
     if lib is None or kernel() is None:
         raise RuntimeError("linattn: no compiled la_gdr_forward to calibrate")
-    path = Path(lib._name).with_suffix(".delta-calib.json")
     entry = f"threads={threads} " + " ".join(
         f"{f}={'x'.join(map(str, shape))}" for f, shape in CALIBRATION.items())
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    result = cached.get(entry) if isinstance(cached, dict) else None
-    if not (isinstance(result, dict) and set(result) == set(CALIBRATION)
-            and all(isinstance(r, dict) and "native" in r for r in result.values())):
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            result = native._in_clean_thread(_measure)
-        finally:
-            torch.set_num_threads(before)
-        try:
-            write_atomic(path, json.dumps({**cached, entry: result}, indent=1).encode())
-        except OSError:
-            pass  # an unwritable cache: measured again by the next process
-    return result
+    return native.cached_measurement(
+        Path(lib._name).with_suffix(".delta-calib.json"), entry, threads, _measure,
+        lambda r: isinstance(r, dict) and set(r) == set(CALIBRATION)
+        and all(isinstance(x, dict) and "native" in x for x in r.values()))
 
 
 def _median_ms(fn, repeats: int) -> float:

@@ -272,24 +272,33 @@ def _calibrate(threads: int) -> dict[str, dict]:
     lib = load()
     if lib is None:
         raise RuntimeError("linattn native path: no compiled library to calibrate")
-    path = Path(lib._name).with_suffix(".calib.json")  # beside the cached library
     entry = f"threads={threads} shape={'x'.join(map(str, CALIBRATION_SHAPE))}"
+    return cached_measurement(
+        Path(lib._name).with_suffix(".calib.json"), entry, threads, _measure,
+        lambda r: isinstance(r, dict) and set(r) == set(_FORMS.values()))
+
+
+def cached_measurement(path: Path, entry: str, threads: int, measure, valid) -> dict:
+    """``measure()`` run with ``threads`` torch threads in a fresh thread, or its earlier
+    result: the JSON file ``path`` (beside the compiled library) keeps one result per
+    ``entry``; a missing, unreadable or not ``valid`` one is measured again and written back
+    atomically (an unwritable cache only means measuring again in the next process)."""
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
     result = cached.get(entry) if isinstance(cached, dict) else None
-    if not (isinstance(result, dict) and set(result) == set(_FORMS.values())):
+    if not valid(result):
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            result = _in_clean_thread(_measure)
+            result = _in_clean_thread(measure)
         finally:
             torch.set_num_threads(before)
         try:
             write_atomic(path, json.dumps({**cached, entry: result}, indent=1).encode())
         except OSError:
-            pass  # an unwritable cache: measured again by the next process
+            pass
     return result
 
 
