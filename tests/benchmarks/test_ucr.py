@@ -52,6 +52,62 @@ def test_budget_rule(ucr):
         ucr.budget(0, 10)
 
 
+def test_budget_rule_of_the_second_run(ucr):
+    from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS, TrainConfig
+
+    assert (DEFAULT_MIN_STEPS, DEFAULT_MIN_BATCHES) == (1000, 0)  # the figures below assume
+    coffee = ucr.budget(28, 286, rule="defaults")  # one batch: the estimator's defaults
+    assert coffee == {"epochs": 1000, "patch": 6, "tokens": 48, "batch": 64,
+                      "steps_per_epoch": 1, "steps": 1000, "params": {}, "capped": False}
+    assert ucr.budget(64, 96, rule="defaults")["steps"] == 1000
+    small = ucr.budget(100, 96, rule="defaults")  # 2 batches: raised from 160 to 400 steps
+    assert (small["epochs"], small["steps"], small["capped"]) == (200, 400, True)
+    assert small["params"] == {"epochs": 80, "min_steps": 400}
+    # many batches: the first run's epochs and steps (the floor of 400 does not bind)
+    for n, length in ((3601, 500), (8926, 96), (390, 176), (64 * 6, 51)):
+        new, first = ucr.budget(n, length, rule="defaults"), ucr.budget(n, length)
+        assert (new["epochs"], new["steps"], new["batch"]) == (first["epochs"], first["steps"],
+                                                               64)
+        assert new["params"]["min_steps"] == 400 and new["capped"]
+    default = TrainConfig(min_steps=1000)  # the estimator's, uncapped
+    for n in (1, 7, 8, 31, 32, 63, 64, 65, 100, 255, 256, 1000, 10_000):
+        b = ucr.budget(n, 100, rule="defaults")
+        assert b["steps"] == 1000 if n <= 64 else 400 <= b["steps"] < 400 + b["steps_per_epoch"]
+        assert b["capped"] == (b["epochs"] < default.epochs_for(n))
+        clf = ucr.classifier(b, threads=1)
+        assert clf.train_config().epochs_for(n) == b["epochs"]
+    first = ucr.classifier(ucr.budget(28, 286), threads=1)  # the first run's estimator
+    assert first.train_config().epochs_for(28) == 80 and first.train_config().min_steps == 0
+    with pytest.raises(ValueError, match="rule must be one of"):
+        ucr.budget(10, 10, rule="other")
+
+
+def test_minirocket_reuse_and_before_after(ucr):
+    row = {"train": 20, "test": 4, "length": 30, "classes": 2, "nan": False}
+    before = {"datasets": {
+        "A": {**row, "linattn": {"accuracy": 0.5, "steps": 80, "fit_s": 0.5},
+              "MiniRocket": {"accuracy": 0.75, "fit_s": 0.1}},
+        "B": {**row, "length": 31, "MiniRocket": {"accuracy": 1.0, "fit_s": 0.1}},
+        "FordB": {**row, "linattn": {"accuracy": 0.5, "steps": 456, "fit_s": 0.5},
+                  "MiniRocket": {"accuracy": 0.75, "fit_s": 0.1}}}}
+    assert ucr.reusable(before, "A", dict(row)) == {"accuracy": 0.75, "fit_s": 0.1}
+    assert ucr.reusable(before, "B", dict(row)) is None  # other sizes: other data
+    assert ucr.reusable(before, "C", dict(row)) is None
+    after = {"datasets": {
+        "A": {**row, "linattn": {"accuracy": 1.0, "steps": 1000, "fit_s": 1.0,
+                                 "fit_cpu_s": 1.0},
+              "MiniRocket": {"accuracy": 0.75, "fit_s": 0.1, "fit_cpu_s": 0.1}},
+        "FordB": {**row, "linattn": {"accuracy": 0.25, "steps": 456, "fit_s": 1.0,
+                                     "fit_cpu_s": 1.0},
+                  "MiniRocket": {"accuracy": 0.75, "fit_s": 0.1, "fit_cpu_s": 0.1}}}}
+    text = ucr.before_after(before, after)
+    assert "| A | 20 | 80 → 1000 | 0.500 | 1.000 | 0.750 |" in text
+    assert "| FordB (held out) | 20 | 456 → 456 | 0.500 | 0.250 | 0.750 |" in text
+    assert "now against before, 1 datasets: W/T/L 1/0/0" in text  # FordB left out
+    assert "- before against MiniRocket: W/T/L 0/0/1" in text
+    assert "- now against MiniRocket: W/T/L 1/0/0" in text
+
+
 def test_budget_from_the_train_split(ucr):
     from linattn.datasets import load_ucr, package_datasets
 

@@ -55,7 +55,7 @@ def test_evaluate_corrupt_weights(tmp_path, capsys):
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((20, 30)).astype(np.float32), np.arange(20) % 2
     LinearAttentionClassifier(patch=5, d_model=8, num_layers=1, num_heads=2, head_dim=4,
-                              epochs=1).fit(
+                              epochs=1, min_steps=0, min_batches=0).fit(
         X, y).save(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 64)
     code, _, err = run(capsys, "evaluate", "--model", str(tmp_path / "m"))
@@ -135,6 +135,7 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
     recorded = json.loads((out / "run.json").read_text())
     assert recorded["val_split"] == {"fraction": VAL_FRACTION, "seed": VAL_SEED}
     assert recorded["params"]["num_layers"] == 1 and "depth" not in recorded["params"]
+    assert recorded["params"]["min_steps"] == 0  # an explicit --epochs: exactly that many
     assert recorded["device"] == "cpu" and "device" not in recorded["params"]
 
     code, _, err = run(capsys, *args)  # same --out again without --resume
@@ -202,6 +203,31 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
 
 
 SHIPPED = ROOT / "models" / "forda"
+
+
+def test_min_steps_of_a_run():
+    import argparse
+
+    from linattn.cli.forda import _params, _run_params
+    from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS
+
+    def params(epochs=None, sets=()):
+        return _params(argparse.Namespace(recipe="final", set=list(sets), seed=0, epochs=epochs))
+
+    assert params()["min_steps"] == DEFAULT_MIN_STEPS  # FordA's 57 batches: no effect
+    assert params()["min_batches"] == params(epochs=2)["min_batches"] == DEFAULT_MIN_BATCHES
+    assert params(epochs=2)["min_steps"] == 0
+    assert params(epochs=2, sets=["min_steps=300"])["min_steps"] == 300
+    # a run.json written before min_steps existed resumes with it off
+    old = _run_params({"params": {"patch": 20}}, Path("run.json"), "x")
+    assert old["min_steps"] == 0 == old["min_batches"]
+
+
+def test_shipped_model_predates_min_steps_and_loads_with_it_off():
+    saved = json.loads((SHIPPED / "config.json").read_text())["params"]
+    assert "min_steps" not in saved and "min_batches" not in saved
+    params = LinearAttentionClassifier.load(SHIPPED).get_params()
+    assert params["min_steps"] == 0 == params["min_batches"]
 
 
 def test_shipped_model_reproduces_its_predictions():

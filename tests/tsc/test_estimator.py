@@ -22,10 +22,15 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import check_estimator  # noqa: E402
 
 from linattn.tsc import LinearAttentionClassifier, ModelConfig  # noqa: E402
-from linattn.tsc.training import CheckpointError, TrainConfig  # noqa: E402
+from linattn.tsc.training import (  # noqa: E402
+    DEFAULT_MIN_BATCHES,
+    DEFAULT_MIN_STEPS,
+    CheckpointError,
+    TrainConfig,
+)
 
 TINY = dict(patch=4, d_model=8, num_layers=1, num_heads=2, head_dim=4, mlp_dim=16, epochs=2,
-            batch_size=32, n_threads=1)
+            batch_size=32, n_threads=1, min_steps=0, min_batches=0)  # as given (fast tests)
 
 
 def toy(n=60, length=37, n_classes=3, seed=0):
@@ -66,8 +71,9 @@ def test_params_are_the_config_fields():
     model = {f.name: f.default for f in fields(ModelConfig)}
     train = {f.name: f.default for f in fields(TrainConfig)}
     del model["length"], model["n_classes"], train["seed"]
-    expected = {**model, **train, "random_state": 0, "n_threads": None, "device": "cpu",
-                "missing": "error", "verbose": False}
+    expected = {**model, **train, "min_steps": DEFAULT_MIN_STEPS,
+                "min_batches": DEFAULT_MIN_BATCHES, "random_state": 0,
+                "n_threads": None, "device": "cpu", "missing": "error", "verbose": False}
     assert LinearAttentionClassifier().get_params() == expected
     clf = LinearAttentionClassifier(num_layers=2, lr=3e-3, window=12, random_state=5)
     copy = clone(clf)
@@ -486,3 +492,33 @@ def test_missing_interpolate_is_linear_interpolation_along_time():
     a = LinearAttentionClassifier(**TINY, missing="interpolate").fit(X_nan, y)
     b = LinearAttentionClassifier(**TINY).fit(by_hand.astype(np.float32), y)
     np.testing.assert_array_equal(a.predict_proba(X_nan), b.predict_proba(by_hand))
+
+
+def test_min_steps_default_raises_the_epochs_of_small_data():
+    assert LinearAttentionClassifier().get_params()["min_steps"] == DEFAULT_MIN_STEPS > 0
+    assert LinearAttentionClassifier().get_params()["min_batches"] == DEFAULT_MIN_BATCHES
+    X, y = toy(n=60)
+    # 60 series in batches of 32: 2 steps an epoch; 1 epoch raised to 3 by a floor of 6 steps
+    clf = LinearAttentionClassifier(**{**TINY, "epochs": 1, "min_steps": 6}).fit(X, y)
+    assert len(clf.history_) == 3
+    assert len(LinearAttentionClassifier(**{**TINY, "epochs": 1}).fit(X, y).history_) == 1
+    # at least 6 batches: batches of 10, 6 steps an epoch, so a floor of 6 steps is 1 epoch
+    assert len(LinearAttentionClassifier(**{**TINY, "epochs": 1, "min_steps": 6,
+                                            "min_batches": 6}).fit(X, y).history_) == 1
+    with pytest.raises(ValueError, match=r"min_steps must be in \[0, inf\)"):
+        LinearAttentionClassifier(min_steps=-5).fit(X, y)
+
+
+def test_config_saved_before_min_steps_loads_with_it_off(saved_model, tmp_path):
+    folder, X = saved_model
+    assert LinearAttentionClassifier.load(folder).get_params()["min_steps"] == 0  # TINY's
+    edited = tampered(saved_model, tmp_path, lambda cfg: cfg["params"].update(min_steps=700))
+    assert LinearAttentionClassifier.load(edited).get_params()["min_steps"] == 700
+    edited = tampered(saved_model, tmp_path / "old", lambda cfg: cfg["params"].pop("min_steps"))
+    old = LinearAttentionClassifier.load(edited)
+    assert old.get_params()["min_steps"] == 0  # refitting it trains exactly its epochs
+    edited = tampered(saved_model, tmp_path / "old2",
+                      lambda cfg: cfg["params"].pop("min_batches"))
+    assert LinearAttentionClassifier.load(edited).get_params()["min_batches"] == 0
+    np.testing.assert_array_equal(old.predict_proba(X),
+                                  LinearAttentionClassifier.load(folder).predict_proba(X))

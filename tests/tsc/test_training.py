@@ -260,3 +260,83 @@ def test_fill_nan_padding_interpolates_on_request():
                                   [[1, 1, 2, 3, 4, 0], [1, 2, 3, 4, 5, 6]])
     with pytest.raises(ValueError, match=r"missing: expected one of \('error', 'interpolate'\)"):
         fill_nan_padding(X, missing="mean")
+
+
+# -- min_steps: a floor on optimiser steps for small datasets --------------------------------
+@pytest.mark.parametrize("n, min_steps, epochs", [
+    (28, 1000, 1000),    # one batch an epoch: 1000 epochs of 1 step
+    (100, 1000, 500),    # 2 batches an epoch
+    (390, 1000, 143),    # 7 batches: 80 epochs are 560 steps < 1000
+    (768, 1000, 84),     # 12 batches: 960 steps < 1000
+    (769, 1000, 80),     # 13 batches: 1040 steps, unaffected
+    (3601, 1000, 80),    # FordA's TRAIN (57 batches, 4,560 steps): unaffected
+    (2880, 2000, 80),    # FordA's validation-stage train split (45 batches): unaffected
+    (3601, 4560, 80),    # exactly the steps it makes anyway
+    (28, 0, 80),         # 0: off, exactly `epochs`
+])
+def test_min_steps_raises_the_epochs_of_small_data_only(n, min_steps, epochs):
+    cfg = TrainConfig(epochs=80, batch_size=64, min_steps=min_steps)
+    assert cfg.epochs_for(n) == epochs
+    assert cfg.epochs_for(n) * -(-n // 64) >= min(min_steps, 80 * -(-n // 64))
+    with pytest.raises(ValueError, match="n_train must be positive"):
+        cfg.epochs_for(0)
+
+
+@pytest.mark.parametrize("n, batch, epochs", [
+    (16, 8, 500),      # 16 // 4 = 4 -> 8 at the least: 2 batches an epoch
+    (28, 8, 250),      # 7 -> 8: 4 batches (Coffee)
+    (100, 25, 250),    # 4 batches of 25
+    (175, 43, 200),    # Fish: 5 batches of 43 (the last of 3)
+    (255, 63, 200),
+    (256, 64, 250),    # 4 batches of 64: the batch is batch_size from here on
+    (3601, 64, 80),    # FordA: unaffected
+])
+def test_min_batches_shrinks_the_batch_of_small_data_only(n, batch, epochs):
+    cfg = TrainConfig(epochs=80, batch_size=64, min_steps=1000, min_batches=4)
+    assert cfg.batch_for(n) == batch and cfg.epochs_for(n) == epochs
+    assert TrainConfig(batch_size=64).batch_for(n) == 64  # 0: off
+    assert TrainConfig(batch_size=4, min_batches=4).batch_for(n) == 4  # never above batch_size
+    with pytest.raises(ValueError, match="n_train must be positive"):
+        cfg.batch_for(0)
+
+
+@pytest.mark.parametrize("field", ["min_steps", "min_batches"])
+@pytest.mark.parametrize("value, match", [(-1, r"must be in \[0, inf\)"),
+                                          (2.0, "must be an int"),
+                                          (True, "must be an int")])
+def test_min_steps_and_min_batches_are_validated(field, value, match):
+    with pytest.raises(ValueError, match=f"{field} {match}"):
+        TrainConfig(**{field: value}).validate()
+
+
+def test_config_saved_before_min_steps_reads_back_with_it_off():
+    d = TrainConfig(epochs=3, min_steps=500).to_dict()
+    assert d["min_steps"] == 500 and TrainConfig.from_dict(d) == TrainConfig(epochs=3,
+                                                                             min_steps=500)
+    old = {k: v for k, v in d.items() if k not in ("min_steps", "min_batches")}
+    assert TrainConfig.from_dict(old).min_steps == 0 == TrainConfig.from_dict(old).min_batches
+    # the dataclass (the loop used directly): off
+    assert TrainConfig().min_steps == 0 == TrainConfig().min_batches
+
+
+def test_trainer_runs_the_raised_epochs_and_an_unbinding_floor_changes_nothing(tmp_path):
+    torch.set_num_threads(1)
+    # 72 series in batches of 16: 5 steps an epoch; a floor of 12 steps makes 1 epoch into 3
+    raised = make(tmp_path / "r", cfg=TrainConfig(epochs=1, batch_size=16, lr=3e-3, seed=1,
+                                                 min_steps=12))
+    assert raised.epochs == 3 and len(raised.run()) == 3 and raised.step == 15
+    assert raised.scheduler.total_steps == 15
+    # 2 epochs already make 10 steps >= 10: bit for bit the run without a floor
+    off = make(tmp_path / "a")
+    hist = off.run()
+    floor = make(tmp_path / "b", cfg=TrainConfig(epochs=2, batch_size=16, lr=3e-3, seed=1,
+                                                min_steps=10))  # reseeds: dropout the same
+    assert strip_time(hist) == strip_time(floor.run())
+    for k, v in weights(off).items():
+        assert torch.equal(v, floor.model.state_dict()[k]), k
+    # 72 series, at least 9 batches: batches of 8, 9 steps an epoch
+    small = make(tmp_path / "s", cfg=TrainConfig(epochs=1, batch_size=16, seed=1,
+                                                min_batches=9))
+    assert (small.batch_size, small.steps_per_epoch, small.epochs) == (8, 9, 1)
+    small.run()
+    assert small.step == 9

@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--recipe", default="final", help="named recipe: reference or final (default: %(default)s)"
     )
-    t.add_argument("--epochs", type=int, help="epochs per stage (default: the recipe's)")
+    t.add_argument("--epochs", type=int, help="epochs per stage, exactly (min_steps 0 unless "
+                   "--set min_steps=N; default: the recipe's)")
     t.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     t.add_argument(
         "--stages",
@@ -132,6 +133,7 @@ def _params(args) -> dict:
     from linattn.tsc.estimator import REMOVED_PARAMS, LinearAttentionClassifier
     from linattn.tsc.model import RENAMED
     from linattn.tsc.recipes import RECIPES
+    from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS
 
     if args.recipe not in RECIPES:
         raise UserError(
@@ -154,6 +156,10 @@ def _params(args) -> dict:
         if args.epochs < 1:
             raise UserError(f"--epochs: expected a positive integer, got {args.epochs}")
         params["epochs"] = args.epochs
+    # recorded in run.json (a run.json without them predates them: 0); an explicit
+    # --epochs is exactly that many epochs unless --set min_steps=… says otherwise
+    params.setdefault("min_steps", 0 if args.epochs is not None else DEFAULT_MIN_STEPS)
+    params.setdefault("min_batches", DEFAULT_MIN_BATCHES)  # FordA's TRAIN: no effect
     known = LinearAttentionClassifier().get_params()
     unknown = sorted(set(params) - set(known))
     if unknown:
@@ -176,6 +182,8 @@ def _run_params(run: dict, run_path: Path, where: str) -> dict:
 
     try:
         params = upgrade_saved(run["params"], f"{run_path}: params", REMOVED_PARAMS)
+        for name in ("min_steps", "min_batches"):  # a run from before they existed: off
+            params.setdefault(name, 0)
         LinearAttentionClassifier(**params).check_params(where)
     except (CheckpointError, TypeError, ValueError) as err:
         raise UserError(str(err)) from None

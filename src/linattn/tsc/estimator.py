@@ -47,6 +47,8 @@ from linattn.tsc.model import (
     upgrade_saved,
 )
 from linattn.tsc.training import (
+    DEFAULT_MIN_BATCHES,
+    DEFAULT_MIN_STEPS,
     REMOVED_TRAIN_OPTIONS,
     CheckpointError,
     TrainConfig,
@@ -68,6 +70,8 @@ TRAIN_PARAMS = tuple(f.name for f in fields(TrainConfig) if f.name != "seed")
 _DEFAULTS: dict[str, Any] = {
     **{f.name: f.default for f in fields(ModelConfig) if f.name in MODEL_PARAMS},
     **{f.name: f.default for f in fields(TrainConfig) if f.name in TRAIN_PARAMS},
+    # defaults that may differ from their TrainConfig fields' (0 there: old configs)
+    "min_steps": DEFAULT_MIN_STEPS, "min_batches": DEFAULT_MIN_BATCHES,
     "random_state": 0, "n_threads": None, "device": "cpu", "missing": "error", "verbose": False,
 }
 
@@ -158,7 +162,13 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     blocks of 4-head linear attention (d = 16, 1+elu, relative positions, no input positions),
     MLP 128, dropout 0.1, mean pooling; AdamW (wd 0.05), one-cycle LR to 1e-3, batch 64, label
     smoothing 0.05, clipping at 1, 80 epochs, random circular shifts and amplitude scaling
-    U(0.8, 1.2). ``window`` (overlapping patch embedding) and ``spectral`` (per-token spectra)
+    U(0.8, 1.2). On small datasets the epochs are raised so that a fit makes at least
+    ``min_steps`` optimiser steps (default :data:`~linattn.tsc.training.DEFAULT_MIN_STEPS`,
+    1000; 0: exactly ``epochs``; :meth:`~linattn.tsc.training.TrainConfig.epochs_for`): data of
+    ``min_steps / epochs`` batches or more (FordA: 57) train exactly as before. ``min_batches``
+    (default 0, off) would shrink the batch of a small set instead
+    (:meth:`~linattn.tsc.training.TrainConfig.batch_for`).
+    ``window`` (overlapping patch embedding) and ``spectral`` (per-token spectra)
     are off by default; the ``final`` recipe (:mod:`linattn.tsc.recipes`) turns them on.
 
     Parameters (keyword only): the architecture, as documented on
@@ -391,6 +401,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         if not isinstance(cfg["params"], dict):
             raise ValueError(f"{where}: expected an object")
         params = upgrade_saved(cfg["params"], where, REMOVED_PARAMS)
+        # saved before min_steps / min_batches existed: exactly its epochs and batch size
+        params.setdefault("min_steps", 0)
+        params.setdefault("min_batches", 0)
         unknown = sorted(set(params) - set(_DEFAULTS))
         if unknown:
             raise ValueError(f"{where}: unknown keys {unknown}")

@@ -47,15 +47,29 @@ from linattn.tsc.data import augment, epoch_generator
 from linattn.tsc.metrics import accuracy, macro_f1
 
 __all__ = ["TrainConfig", "Trainer", "EpochLoop", "predict_logits", "write_json", "CheckpointError",
-           "TRAIN_RANGES", "REMOVED_TRAIN_OPTIONS", "model_device", "to_cpu"]
+           "TRAIN_RANGES", "REMOVED_TRAIN_OPTIONS", "DEFAULT_MIN_STEPS", "DEFAULT_MIN_BATCHES",
+           "MIN_BATCH", "model_device", "to_cpu"]
 
 
 @dataclass
 class TrainConfig:
     """Training hyper-parameters (the reference recipe's defaults).
 
-    ``from_dict`` reads saved configurations: unknown keys are ignored, and the removed
-    experiments ``mixup`` / ``cutmix`` are accepted at their neutral value 0 only.
+    ``min_steps`` is a floor on the number of optimiser steps: when ``epochs`` passes over the
+    data would make fewer than ``min_steps`` steps (small datasets: one step an epoch up to
+    ``batch_size`` series), the run is lengthened to ``ceil(min_steps / steps_per_epoch)``
+    epochs (:meth:`epochs_for`), and the one-cycle schedule spans them. 0 (off: exactly
+    ``epochs``) is this dataclass's default, so saved configurations without the field and the
+    training loop used directly behave as before; the estimator's default is
+    :data:`DEFAULT_MIN_STEPS`. Data with ``epochs * steps_per_epoch >= min_steps`` are
+    unaffected (FordA's reference run: 80 x 57 = 4,560 steps). ``min_batches`` (0: off, here
+    and in the estimator) shrinks the batch of a small set (:meth:`batch_for`: fewer than
+    ``4 * batch_size`` series for 4) so that an epoch makes about that many steps; the batch is
+    set before ``min_steps`` counts steps. It was a candidate default, not adopted.
+
+    ``from_dict`` reads saved configurations: unknown keys are ignored, missing ones take the
+    defaults (``min_steps`` 0), and the removed experiments ``mixup`` / ``cutmix`` are accepted
+    at their neutral value 0 only.
     """
 
     epochs: int = 80
@@ -69,9 +83,28 @@ class TrainConfig:
     scale_low: float = 0.8
     scale_high: float = 1.2
     seed: int = 0
+    min_steps: int = 0
+    min_batches: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def batch_for(self, n_train: int) -> int:
+        """The batch size of a run over ``n_train`` series: ``batch_size``, or with
+        ``min_batches`` > 0 ``min(batch_size, max(8, n_train // min_batches))``, so that a
+        small set makes about ``min_batches`` batches an epoch (batches of 8 at the least)."""
+        if n_train < 1:
+            raise ValueError(f"batch_for: n_train must be positive, got {n_train}")
+        if not self.min_batches:
+            return self.batch_size
+        return min(self.batch_size, max(MIN_BATCH, n_train // self.min_batches))
+
+    def epochs_for(self, n_train: int) -> int:
+        """The epochs a run over ``n_train`` series makes: ``epochs``, raised to
+        ``ceil(min_steps / steps_per_epoch)`` if that is more (``steps_per_epoch =
+        ceil(n_train / batch_for(n_train))``)."""
+        steps_per_epoch = math.ceil(n_train / self.batch_for(n_train))
+        return max(self.epochs, math.ceil(self.min_steps / steps_per_epoch))
 
     def validate(self, where: str = "train config") -> None:
         """ValueError naming the field for a wrong type or a value out of range."""
@@ -102,7 +135,18 @@ TRAIN_RANGES: dict[str, Range] = {
     "clip": (0.0, math.inf, True, False),
     "scale_low": (0.0, math.inf, False, False),
     "scale_high": (0.0, math.inf, False, False),
+    "min_steps": (0, math.inf, True, False),
+    "min_batches": (0, math.inf, True, False),
 }
+
+#: The smallest batch ``min_batches`` shrinks a batch to (:meth:`TrainConfig.batch_for`).
+MIN_BATCH = 8
+
+#: The estimator's ``min_steps`` and ``min_batches`` (:class:`~linattn.tsc.
+#: LinearAttentionClassifier`; 0 in this dataclass): chosen on inner TRAIN/validation splits of
+#: UCR datasets (docs/benchmarks.md, "Second run").
+DEFAULT_MIN_STEPS = 1000
+DEFAULT_MIN_BATCHES = 0  # tried (4) and not adopted: worse than batch 64 at 1000 steps
 
 #: Rejected experiments (removed after linattn 0.1.0) that old saved configurations may still
 #: name, at their neutral value 0 (None in some hand-written files).
@@ -270,17 +314,18 @@ class Trainer(EpochLoop):
         self.y_val = None if y_val is None else np.asarray(y_val, dtype=np.int64)
         optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
         super().__init__(
-            model, optimizer, X, epochs=c.epochs, batch_size=c.batch_size, seed=c.seed,
+            model, optimizer, X, epochs=c.epochs_for(len(X)), batch_size=c.batch_for(len(X)),
+            seed=c.seed,
             shift=c.shift, scale=(c.scale_low, c.scale_high), clip=c.clip,
             checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
             meta={"model": model.config.to_dict(), "train": c.to_dict()}, progress=progress,
             desc=desc,
             on_step=None if on_step is None else lambda _: on_step(self, *self._position()))
         self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=c.lr, total_steps=max(2, c.epochs * self.steps_per_epoch),
+            optimizer, max_lr=c.lr, total_steps=max(2, self.epochs * self.steps_per_epoch),
             pct_start=c.pct_start)
-        if self.world > c.batch_size:
-            raise ValueError(f"batch_size: {c.batch_size} is smaller than the "
+        if self.world > self.batch_size:
+            raise ValueError(f"batch_size: {self.batch_size} is smaller than the "
                              f"{self.world} ranks")
         # the module that runs forward passes: DDP all-reduces gradients across ranks
         self.net = nn.parallel.DistributedDataParallel(model) if self.world > 1 else model
@@ -320,7 +365,7 @@ class Trainer(EpochLoop):
 
     def describe(self, record: dict) -> str:
         extra = f", val F1 {record['val_f1']:.4f}" if "val_f1" in record else ""
-        return (f"{self.desc} epoch {record['epoch']}/{self.config.epochs}: "
+        return (f"{self.desc} epoch {record['epoch']}/{self.epochs}: "
                 f"train loss {record['train_loss']:.4f}{extra}")
 
     def evaluate(self) -> dict:
