@@ -21,7 +21,8 @@ Protocol (the same scored bytes for every context and every model):
   text precedes it, and all of the text before it when not (the context is *clamped*; never here
   with the defaults). S = 1 would give exactly c bytes to every byte but cost N windows of c
   bytes (10⁹ tokens at 64k); the contexts are a factor 4 apart, so the ranges
-  [c, 1.25 c) never overlap. The JSON records the min / mean / max preceding bytes per context.
+  [c, 1.25 c) never overlap. The JSON records the min / mean / max preceding bytes per context
+  and the bits per byte of each block.
 * Windows go through the model in pieces with the returned state (prefill, then the next piece
   from that state): the chunked parallel form for linear and hybrid (O(L) time and memory), the
   KV cache for softmax, whose attention bias is then (H, piece, L) instead of (H, L, L), so
@@ -34,6 +35,14 @@ results as JSON and a plot (skipped with a message when matplotlib is absent)::
     python benchmarks/lm_context.py --runs runs/lmctx/linear runs/lmctx/hybrid \\
         runs/lmctx/softmax --threads 1
     python benchmarks/lm_context.py --runs runs/lmctx/linear --contexts 256,1024  # quick look
+    python benchmarks/lm_context.py --from-json runs/lmctx/context.json  # tables, plot again
+
+Cost: linear and hybrid read every context in seconds (O(L)); softmax prefill is O(L²) through
+the model's SDPA path with a materialised bias — 4 minutes at 16k on one core here, and at 64k
+(4 windows of 69,631 tokens) an estimated 50 minutes unloaded, from single pieces timed at
+8k–64k cached tokens; on the shared machine of docs/lm.md it had not finished after 83 minutes.
+The JSON is rewritten after every cell, so a stopped run keeps what it finished
+(``--from-json`` shows it, – for the missing cells).
 
 The three runs of docs/lm.md (issue 16 §3), trained one after the other::
 
@@ -219,22 +228,29 @@ def plot(results: list[dict], contexts: list[int], path: Path, title: str) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(10, 4.0))
     for r, m in zip(results, "osd^v", strict=False):
         xs = [c for c in contexts if str(c) in r["contexts"]]
-        ax.plot(xs, [r["contexts"][str(c)]["bpb"] for c in xs], m + "-", label=label(r["info"]))
+        ys = [r["contexts"][str(c)]["bpb"] for c in xs]
+        name = f"{label(r['info'])}, {r['info'].get('steps')} steps"
+        ax.plot(xs, ys, m + "-", label=name)
+        if xs:
+            dx.plot(xs, [y - ys[0] for y in ys], m + "-", label=name)
     train = {r["info"].get("train_context") for r in results}
-    for c in sorted(t for t in train if t):
-        ax.axvline(c, color="grey", ls=":", lw=1)
-        ax.annotate(f"training context {c}", (c, 0.98), xycoords=("data", "axes fraction"),
-                    ha="right", va="top", fontsize=8, color="grey", rotation=90)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(contexts, [f"{c // 1024}k" if c >= 1024 else str(c) for c in contexts])
-    ax.set_xlabel("bytes of context at evaluation")
+    for a in (ax, dx):
+        for c in sorted(t for t in train if t):
+            a.axvline(c, color="grey", ls=":", lw=1)
+            a.annotate(f"training context {c}", (c, 0.7), xycoords=("data", "axes fraction"),
+                       ha="right", va="center", fontsize=8, color="grey", rotation=90)
+        a.set_xscale("log", base=2)
+        a.set_xticks(contexts, [f"{c // 1024}k" if c >= 1024 else str(c) for c in contexts])
+        a.set_xlabel("bytes of context at evaluation")
+        a.grid(alpha=0.3)
     ax.set_ylabel("held-out bits per byte")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    dx.set_ylabel(f"change from context {contexts[0]} (bits per byte)")
+    dx.axhline(0, color="black", lw=0.8)
+    dx.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, suffix=".png") as tmp:
