@@ -69,6 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linattn.ops._common import accumulation_dtype
 from linattn.ops.gated import gated_linear_attention, gated_linear_attention_step, segsum
 from linattn.ops.varlen import check_cu_seqlens
 
@@ -102,10 +103,6 @@ NORMALIZE_EPS = 1e-10
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _tensor(name: str, x: object, ndim: int) -> Tensor:
@@ -271,7 +268,7 @@ def _scan(step: Callable, q: Tensor, k: Tensor, v: Tensor, per_token: dict[str, 
     each sequence n starts from S0[n] (or zeros). Returns o (B, H, T, V) and the final states."""
     B, H, T, K = q.shape
     V = v.shape[-1]
-    acc = _acc(q.dtype)
+    acc = accumulation_dtype(q.dtype)
     extras = {name: x for name, x in per_token.items() if x is not None}
     spans = [(0, T)] if cu is None else list(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True))
     outs, states = [], []
@@ -326,7 +323,7 @@ def _simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state,
     g = _gate("g", g, (B, T, H))
     if g_gamma is not None:
         g_gamma = _gate("g_gamma", g_gamma, (H,))
-        const = g_gamma.to(_acc(q.dtype)).expand(B, T, H)
+        const = g_gamma.to(accumulation_dtype(q.dtype)).expand(B, T, H)
         g = const if g is None else g.to(const.dtype) + const
     cu = _varlen(cu_seqlens, q)
     N = B if cu is None else len(cu) - 1
@@ -423,7 +420,7 @@ def fused_chunk_simple_gla(
 
 def _decay_attention(q: Tensor, k: Tensor, g: Tensor | None, scale: float) -> Tensor:
     """fla's materialised attention (B, H, T, T): ``scale·q_i·k_j·exp(Σ_{j<t≤i} g_t)``, j ≤ i."""
-    acc = _acc(q.dtype)
+    acc = accumulation_dtype(q.dtype)
     qh, kh = _hf(q).to(acc), _hf(k).to(acc)
     A = (qh * scale) @ kh.transpose(-1, -2)
     if g is None:
@@ -541,7 +538,7 @@ def fused_chunk_gla(**kwargs) -> tuple[Tensor, Tensor | None]:
 
 def _retention_gamma(H: int, like: Tensor) -> Tensor:
     """RetNet's per-head log decays ``log(1 − 2^(−5−h))``, h = 0 … H−1 (fla's g_gamma)."""
-    h = torch.arange(H, dtype=_acc(like.dtype), device=like.device)
+    h = torch.arange(H, dtype=accumulation_dtype(like.dtype), device=like.device)
     return torch.log1p(-torch.exp2(-5.0 - h))
 
 
@@ -657,7 +654,7 @@ def _normalized(o: Tensor, q: Tensor, k: Tensor, scale: float, z0: Tensor | None
                 cu: Tensor | None) -> tuple[Tensor, Tensor]:
     """fla's ``normalize=True``: o_t / (⟨scale·q_t, z0 + Σ_{s≤t} k_s⟩ + 1e-10) (s ≥ t if
     ``reverse``), and the key sum after the last token (first if reverse): (B|N, 1, H, K)."""
-    acc = _acc(q.dtype)
+    acc = accumulation_dtype(q.dtype)
     B, T, H, K = q.shape
     spans = [(0, T)] if cu is None else list(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True))
     kk = k.to(acc)
@@ -778,7 +775,7 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
         raw = _tensor("g", g, 3)
         if tuple(raw.shape) != (B, T, HV):
             raise ValueError(f"g: expected shape (B, T, HV) = {(B, T, HV)}, got {tuple(raw.shape)}")
-        acc = _acc(q.dtype)
+        acc = accumulation_dtype(q.dtype)
         raw = raw.to(acc)
         if dt_bias is not None:
             dt_bias = _tensor("dt_bias", dt_bias, 1)

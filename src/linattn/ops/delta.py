@@ -40,10 +40,17 @@ import torch
 from torch import Tensor
 
 from linattn.ops import delta_native
-from linattn.ops._common import check_chunk_size, check_qkv, check_step_inputs, to_chunks
+from linattn.ops._common import (
+    accumulation_dtype,
+    check_chunk_size,
+    check_qkv,
+    check_step_inputs,
+    to_chunks,
+)
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.gated import (
     check_gate,
+    checked_tensor,
     decayed,
     initial_state_for,
     resolve_scale,
@@ -64,17 +71,10 @@ def l2_normalised(x: Tensor) -> Tensor:
 
 def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
     """β of exactly ``shape`` in the accumulation dtype; errors name ``name``."""
-    if not isinstance(beta, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(beta).__name__}")
-    if not beta.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {beta.dtype}")
-    if tuple(beta.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(beta.shape)}")
-    if beta.device != like.device:
-        raise ValueError(f"{name}: expected device {like.device}, got {beta.device}")
+    checked_tensor(beta, name, shape, like)
     if beta.isnan().any():
         raise ValueError(f"{name}: contains nan")
-    return beta.to(torch.float64 if like.dtype == torch.float64 else torch.float32)
+    return beta.to(accumulation_dtype(like.dtype))
 
 
 def delta_rule(

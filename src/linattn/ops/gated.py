@@ -70,6 +70,20 @@ def segsum(x: Tensor) -> Tensor:
     return sums.masked_fill(~(idx[:, None] >= idx[None, :]), float("-inf"))
 
 
+def checked_tensor(x: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """``x`` unchanged if it is a floating-point tensor of exactly ``shape`` on ``like``'s
+    device; else TypeError/ValueError naming ``name`` (gates, states and β share this)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if x.device != like.device:
+        raise ValueError(f"{name}: expected device {like.device}, got {x.device}")
+    return x
+
+
 def check_gate(
     gate: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor
 ) -> Tensor | None:
@@ -78,14 +92,7 @@ def check_gate(
     (a positive log-gate grows the state without bound and breaks the ≤ 0 exponents)."""
     if gate is None:
         return None
-    if not isinstance(gate, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(gate).__name__}")
-    if not gate.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {gate.dtype}")
-    if tuple(gate.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(gate.shape)}")
-    if gate.device != like.device:
-        raise ValueError(f"{name}: expected device {like.device}, got {gate.device}")
+    checked_tensor(gate, name, shape, like)
     if not bool((gate <= 0).all()):  # one reduction: nan fails the comparison too
         raise ValueError(f"{name}: expected log-gates <= 0 (the state decays by exp(gate)), "
                          f"got values in [{gate.min().item():g}, {gate.max().item():g}]")
@@ -98,14 +105,7 @@ def initial_state_for(state: Tensor | None, name: str, shape: tuple[int, ...],
     acc = accumulation_dtype(like.dtype)
     if state is None:
         return torch.zeros(shape, dtype=acc, device=like.device)
-    if not isinstance(state, Tensor):
-        raise TypeError(f"{name}: expected a tensor of shape {shape}, got {type(state).__name__}")
-    if not state.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {state.dtype}")
-    if tuple(state.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(state.shape)}")
-    if state.device != like.device:
-        raise ValueError(f"{name}: expected device {like.device}, got {state.device}")
+    checked_tensor(state, name, shape, like)
     return state.to(acc)
 
 
