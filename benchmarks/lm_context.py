@@ -25,9 +25,9 @@ Protocol (the same scored bytes for every context and every model):
   and the bits per byte of each block.
 * Windows go through the model in pieces with the returned state (prefill, then the next piece
   from that state): the chunked parallel form for linear and hybrid (O(L) time and memory), the
-  KV cache for softmax, whose attention bias is then (H, piece, L) instead of (H, L, L), so
-  memory stays bounded at 64k (``--attn-elements`` caps batch × heads × piece × L). Tested equal
-  to one forward over the whole window (tests/benchmarks/test_lm_context.py).
+  KV cache for softmax (:func:`linattn.ops.decay_softmax.decay_softmax_attention`: blocks of
+  queries through the flash kernel, never an (L, L) bias). Tested equal to one forward over the
+  whole window (tests/benchmarks/test_lm_context.py).
 
 Prints a markdown table (bits per byte by model × context, and evaluation seconds), writes the
 results as JSON and a plot (skipped with a message when matplotlib is absent)::
@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn._io import atomic_path, write_json
-from linattn.cli.lm import load_model, stdlib_corpus
+from linattn.cli.lm import flushed_denormals, load_model, stdlib_corpus
 
 DEFAULT_CONTEXTS = (256, 1024, 4096, 16384, 65536)
 
@@ -126,20 +126,14 @@ def window_nll(model, x: torch.Tensor, targets: torch.Tensor, piece: int) -> tor
 
 
 def score(model, text: torch.Tensor, blocks: list[tuple[int, int]], context: int, frac: int = 4,
-          *, max_tokens: int = 65_536, piece: int = 4096, softmax_piece: int = 256,
-          attn_elements: int = 1 << 26) -> dict:
+          *, max_tokens: int = 65_536, piece: int = 4096) -> dict:
     """Score the bytes of ``blocks`` at ``context`` (module docstring). Returns a dict:
     ``positions`` (N,) int64 sorted, ``nll`` (N,) float64 nats, ``preceding`` (N,) int64 (the
     bytes each was predicted from), and ``bpb``. Windows of equal shape are batched (at most
-    ``max_tokens`` tokens a batch); softmax models read pieces of at most ``softmax_piece``
-    tokens, fewer if needed to keep batch × heads × piece × window length <=
-    ``attn_elements`` (smaller pieces keep the bias and weights in cache, larger ones copy the
-    growing KV cache less often: 256 was the faster of 32 … 2048 measured at 8k here)."""
+    ``max_tokens`` tokens a batch), each window in pieces of ``piece`` tokens."""
     groups: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     for a, s, e in plan(blocks, context, frac):
         groups.setdefault((s - a, e - s), []).append((a, s, e))
-    softmax = model.blocks[0].attn.attention == "softmax"
-    heads = model.blocks[0].attn.num_heads
     pos, nll, pre = [], [], []
     with torch.no_grad():
         for (before, seg), wins in groups.items():
@@ -149,10 +143,7 @@ def score(model, text: torch.Tensor, blocks: list[tuple[int, int]], context: int
                 chunk = wins[i:i + bs]
                 x = torch.stack([text[a:e - 1] for a, _, e in chunk])
                 t = torch.stack([text[s:e] for _, s, e in chunk])
-                p = piece
-                if softmax:
-                    p = max(1, min(softmax_piece, attn_elements // (len(chunk) * heads * L)))
-                nll.append(window_nll(model, x, t, p).flatten())
+                nll.append(window_nll(model, x, t, piece).flatten())
                 idx = torch.stack([torch.arange(s, e) for _, s, e in chunk])
                 pos.append(idx.flatten())
                 pre.append((idx - torch.tensor([a for a, _, _ in chunk])[:, None]).flatten())
@@ -269,10 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-frac", type=int, default=4, help="S = context // frac")
     ap.add_argument("--max-tokens", type=int, default=65_536, help="tokens per batch")
     ap.add_argument("--piece", type=int, default=4096, help="tokens per forward call")
-    ap.add_argument("--softmax-piece", type=int, default=256,
-                    help="tokens per forward call of a softmax model")
-    ap.add_argument("--attn-elements", type=int, default=1 << 26,
-                    help="softmax: cap on batch × heads × piece × window length")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default="runs/lmctx/context.json")
     ap.add_argument("--plot", default="docs/img/lm_context.png")
@@ -313,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(row)
         for c in contexts:
             t0 = time.perf_counter()
-            r = score(model, text, blocks, c, args.segment_frac, max_tokens=args.max_tokens,
-                      piece=args.piece, softmax_piece=args.softmax_piece,
-                      attn_elements=args.attn_elements)
+            with flushed_denormals():  # as in training: subnormals slow the softmax kernel
+                r = score(model, text, blocks, c, args.segment_frac, max_tokens=args.max_tokens,
+                          piece=args.piece)
             secs = time.perf_counter() - t0
             pre = r["preceding"].double()
             by_block = [round(float(r["nll"][(r["positions"] >= s) & (r["positions"] < e)]

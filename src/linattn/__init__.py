@@ -24,6 +24,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "cosformer_attention": ("linattn.ops.cosformer", "cosformer_attention"),
     "decay_linear_attention": ("linattn.ops.decay", "decay_linear_attention"),
     "decay_linear_attention_step": ("linattn.ops.decay", "decay_linear_attention_step"),
+    "decay_softmax_attention": ("linattn.ops.decay_softmax", "decay_softmax_attention"),
     "flowformer_attention": ("linattn.ops.flowformer", "flowformer_attention"),
     "window_linear_attention": ("linattn.ops.window", "window_linear_attention"),
     "window_linear_attention_step": ("linattn.ops.window", "window_linear_attention_step"),
@@ -47,6 +48,7 @@ __all__ = [
     "cosformer_attention",
     "decay_linear_attention",
     "decay_linear_attention_step",
+    "decay_softmax_attention",
     "flowformer_attention",
     "window_linear_attention",
     "window_linear_attention_step",
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as eager imports
     from linattn.ops import reference
     from linattn.ops.cosformer import cosformer_attention
     from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+    from linattn.ops.decay_softmax import decay_softmax_attention
     from linattn.ops.delta import delta_rule, delta_rule_step
     from linattn.ops.flowformer import flowformer_attention
     from linattn.ops.gated import gated_linear_attention, gated_linear_attention_step

@@ -93,12 +93,11 @@ def test_same_bytes_scored_at_every_context(bench, attention, window):
 
 @pytest.mark.parametrize("attention,window", KINDS)
 def test_pieces_equal_one_forward(bench, attention, window):
-    """Small pieces (and, for softmax, the attention-size cap) give the NLL of one forward over
-    each window, and batching windows changes nothing."""
+    """Small pieces (for softmax: a KV cache) give the NLL of one forward over each window,
+    and batching windows changes nothing."""
     model, ids = tiny(attention, window), text()
     blocks = [(120, 136), (170, 186)]
-    r = bench.score(model, ids, blocks, 37, frac=4, max_tokens=100, piece=5, softmax_piece=6,
-                    attn_elements=500)
+    r = bench.score(model, ids, blocks, 37, frac=4, max_tokens=100, piece=5)
     expect = torch.cat([direct_nll(model, ids, a, s, e) for a, s, e in bench.plan(blocks, 37, 4)])
     torch.testing.assert_close(r["nll"], expect, rtol=0, atol=1e-5)
     assert torch.equal(r["preceding"], r["positions"] - torch.tensor(

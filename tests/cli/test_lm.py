@@ -96,3 +96,22 @@ def test_help(argv, capsys):
     except SystemExit as e:
         assert e.code == 0
     assert "lm" in capsys.readouterr().out
+
+
+def test_flushed_denormals_is_scoped():
+    """Training flushes subnormals (the softmax kernel's speed) and leaves the process as it
+    found it: Python's float parsing obeys the same mode."""
+    import platform
+
+    from linattn.cli.lm import flushed_denormals
+
+    def subnormal_quarter() -> float:
+        return (torch.tensor(2e-38, dtype=torch.float32) / 4).item()
+
+    assert subnormal_quarter() != 0.0
+    with flushed_denormals():
+        inside = subnormal_quarter()
+    assert subnormal_quarter() != 0.0
+    assert float("2.2250738585072014e-309") != 0.0
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert inside == 0.0

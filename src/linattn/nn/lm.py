@@ -17,9 +17,10 @@ Each head h attends with weights ``γ_h^{i−j} φ(q_i)·φ(k_j)`` (j ≤ i), se
   no notion of order beyond causality and its state keeps every token at equal weight, which
   blurs the recent past that language modelling depends on most.
 
-The softmax baseline (``attention="softmax"``) runs the same code with
-``scaled_dot_product_attention`` and the same decays as an additive ALiBi bias ``(i − j)·log γ_h``
-— the exact softmax analogue — with a KV cache as its state, which grows by one (k, v) per token.
+The softmax baseline (``attention="softmax"``) runs the same code with softmax attention and the
+same decays as an additive ALiBi bias ``(i − j)·log γ_h`` — the exact softmax analogue
+(:func:`~linattn.ops.decay_softmax.decay_softmax_attention`, which folds the bias into the
+causal SDPA kernel) — with a KV cache as its state, which grows by one (k, v) per token.
 
 The hybrid (``attention="hybrid"``, ``window=w``) is :mod:`linattn.ops.window`: exact softmax
 over the last w tokens and linear attention over everything older, in one normaliser; its state
@@ -44,7 +45,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn._config import renamed_keywords
@@ -52,6 +52,7 @@ from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAtten
 from linattn.nn.encoder import PreNormBlock
 from linattn.nn.gated_delta import DeltaRuleState, GatedDeltaAttention
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+from linattn.ops.decay_softmax import decay_softmax_attention
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.recurrent import LinearAttentionState
 from linattn.ops.window import (
@@ -93,7 +94,7 @@ class LMState:
     buffer k, v: (B, H, w, d), also constant), a
     :class:`~linattn.nn.gated_delta.DeltaRuleState` for Gated DeltaNet (S: (B, H, d, d)), or a
     :class:`KVCache` for the softmax baseline.
-    ``position`` counts the tokens seen (the softmax bias needs it; the linear model does not).
+    ``position`` counts the tokens seen (the softmax bias reads the same count off the cache).
     Save/restore with :meth:`to_dict` / :meth:`from_dict` (a flat dict of tensors, e.g. for
     ``safetensors``)."""
 
@@ -143,7 +144,8 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
 
     ``attention="linear"``: :func:`~linattn.ops.decay.decay_linear_attention` (a chunk of T > 1
     tokens, chunked parallel form) or its recurrent step (T = 1 with a state).
-    ``attention="softmax"``: SDPA with the ALiBi bias ``(i − j)·log γ_h`` (≤ 0) and a KV cache.
+    ``attention="softmax"``: :func:`~linattn.ops.decay_softmax.decay_softmax_attention` (softmax
+    with the ALiBi bias ``(i − j)·log γ_h`` ≤ 0) and a KV cache.
     ``attention="hybrid"``: :func:`~linattn.ops.window.window_linear_attention` with ``window``
     (default :data:`DEFAULT_WINDOW`; only for the hybrid), undecayed (module docstring), or its
     step (T = 1 with a state).
@@ -185,7 +187,8 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
         self, x: Tensor, state: LinearAttentionState | WindowLinearAttentionState | KVCache
         | None = None, position: int = 0,
     ) -> tuple[Tensor, LinearAttentionState | WindowLinearAttentionState | KVCache]:
-        """x: (B, T, E); ``state`` after ``position`` earlier tokens. Returns (out, new state):
+        """x: (B, T, E); ``state`` after ``position`` earlier tokens (informational: every kind
+        reads what it needs off its state). Returns (out, new state):
         out (B, T, E); the state a :class:`~linattn.ops.recurrent.LinearAttentionState`
         (S: (B, H, ℓ, d), z: (B, H, ℓ)), a
         :class:`~linattn.ops.window.WindowLinearAttentionState` (hybrid) or a :class:`KVCache`
@@ -221,12 +224,9 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
                     raise TypeError(f"state: expected a KVCache, got {type(state).__name__}")
                 k, v = torch.cat([state.k, k], 2), torch.cat([state.v, v], 2)
             new = KVCache(k, v)
-            qpos = torch.arange(position, position + T, device=x.device)
-            lag = (qpos[:, None] - torch.arange(k.shape[2], device=x.device)[None, :]).to(q.dtype)
-            logg = self.decay.to(q.dtype).log()[:, None, None]  # (H, 1, 1), ≤ 0
-            # ALiBi: weight × γ^(i−j), i.e. bias (i − j)·log γ ≤ 0; the future (j > i) masked out
-            bias = torch.where(lag >= 0, lag * logg, torch.tensor(-math.inf, dtype=q.dtype))
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            # ALiBi: weight × γ^(i−j), i.e. bias (i − j)·log γ ≤ 0, queries at the last T of
+            # the cached positions; the op folds the bias into the causal SDPA kernel
+            o = decay_softmax_attention(q, k, v, self.decay.to(q.dtype))
         return self.merge(o), new
 
     def extra_repr(self) -> str:

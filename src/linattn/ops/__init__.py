@@ -3,6 +3,7 @@
 from linattn.ops import reference
 from linattn.ops.cosformer import cosformer_attention
 from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
+from linattn.ops.decay_softmax import decay_softmax_attention
 from linattn.ops.delta import delta_rule, delta_rule_step
 from linattn.ops.flowformer import flowformer_attention
 from linattn.ops.gated import gated_linear_attention, gated_linear_attention_step
@@ -24,6 +25,7 @@ __all__ = [
     "cosformer_attention",
     "decay_linear_attention",
     "decay_linear_attention_step",
+    "decay_softmax_attention",
     "flowformer_attention",
     "window_linear_attention",
     "window_linear_attention_step",

@@ -27,6 +27,7 @@ from linattn.ops._common import (
     zero_padded,
 )
 from linattn.ops.cosformer import CosFormerFeatures
+from linattn.ops.decay_softmax import check_decay_softmax_inputs
 from linattn.ops.flowformer import flow_eps, flow_feature_map, query_mask_for
 from linattn.ops.window import check_window
 
@@ -35,6 +36,7 @@ __all__ = [
     "relative_linear_attention",
     "cosformer_attention",
     "decay_linear_attention",
+    "decay_softmax_attention",
     "window_linear_attention",
     "flowformer_attention",
     "gated_linear_attention",
@@ -150,6 +152,31 @@ def decay_linear_attention(
     lag = (idx[:, None] - idx[None, :]).to(fq.dtype)
     W = (fq @ fk.transpose(-1, -2)) * torch.where(lag >= 0, g.pow(lag.clamp(min=0)), 0.0)
     return normalise(W @ v.to(fq.dtype), W.sum(-1), eps).to(q.dtype)
+
+
+def decay_softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gamma: float | Tensor,
+    *,
+    scale: float | None = None,
+) -> Tensor:
+    r"""Causal softmax attention with the explicit biased scores
+    ``scale·q_i·k_j + (i − j)·log γ`` (j ≤ i, −∞ above), queries at the last T of S positions:
+    the ground truth of :mod:`linattn.ops.decay_softmax`, in float64.
+
+    q: (..., T, D); k: (..., S, D); v: (..., S, Dv); gamma in (0, 1] broadcastable to ``...``.
+    Returns (..., T, Dv) in q's dtype."""
+    logg, scale = check_decay_softmax_inputs(q, k, v, gamma, scale)
+    T, S = q.shape[-2], k.shape[-2]
+    f64 = torch.float64
+    i = torch.arange(S - T, S, device=q.device, dtype=f64)[:, None]
+    j = torch.arange(S, device=q.device, dtype=f64)[None, :]
+    bias = (i - j) * logg.to(f64)[..., None, None]
+    scores = scale * (q.to(f64) @ k.to(f64).transpose(-1, -2)) + bias
+    scores = scores.masked_fill(j > i, -math.inf)
+    return (scores.softmax(-1) @ v.to(f64)).to(q.dtype)
 
 
 def window_linear_attention(

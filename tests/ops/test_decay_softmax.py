@@ -1,0 +1,106 @@
+"""decay_softmax_attention (the fold of the ALiBi bias into one more coordinate, in query
+blocks) against the float64 reference with the materialised bias."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.ops import reference
+from linattn.ops.decay_softmax import decay_softmax_attention
+
+GAMMAS = torch.tensor([0.75, 0.9, 0.99, 1.0])
+
+
+def qkv(T: int, S: int, D: int = 8, Dv: int = 8, dtype=torch.float64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, T, D, generator=g, dtype=dtype)
+    k = torch.randn(2, 4, S, D, generator=g, dtype=dtype)
+    v = torch.randn(2, 4, S, Dv, generator=g, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("T,S", [(1, 1), (17, 17), (40, 40), (1, 30), (9, 40), (33, 33)])
+@pytest.mark.parametrize("block_size", [1, 4, 7, 512])
+def test_matches_reference_float64(T, S, block_size):
+    q, k, v = qkv(T, S)
+    got = decay_softmax_attention(q, k, v, GAMMAS, block_size=block_size)
+    want = reference.decay_softmax_attention(q, k, v, GAMMAS)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("D,Dv", [(8, 3), (5, 12), (16, 17)])
+def test_value_width_and_scale(D, Dv):
+    q, k, v = qkv(20, 26, D, Dv)
+    got = decay_softmax_attention(q, k, v, GAMMAS, scale=0.3, block_size=6)
+    torch.testing.assert_close(got, reference.decay_softmax_attention(q, k, v, GAMMAS, scale=0.3),
+                               rtol=0, atol=1e-12)
+
+
+def test_reference_is_sdpa_with_the_float_bias():
+    """The reference against the obvious implementation it replaces (a float (T, S) mask)."""
+    q, k, v = qkv(12, 12)
+    lag = torch.arange(12.0)[:, None] - torch.arange(12.0)[None, :]
+    bias = torch.where(lag >= 0, lag * GAMMAS.double().log()[:, None, None], -math.inf)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(reference.decay_softmax_attention(q, k, v, GAMMAS), want)
+
+
+def test_chunk_after_cache_equals_whole():
+    """The last T rows of a whole sequence equal a chunk of T queries over all S keys."""
+    q, k, v = qkv(50, 50)
+    whole = decay_softmax_attention(q, k, v, GAMMAS, block_size=8)
+    part = decay_softmax_attention(q[..., 35:, :], k, v, GAMMAS, block_size=8)
+    torch.testing.assert_close(part, whole[..., 35:, :], rtol=0, atol=1e-12)
+
+
+def test_float32_long_sequence_small_gamma():
+    """S = 3,000 at γ = 0.75: one offset for the whole sequence would put 860 into the score
+    (float32 errors ~1e-4); the block-relative offset keeps the error at float32 level."""
+    q, k, v = qkv(300, 3000, 16, 16, dtype=torch.float32)
+    got = decay_softmax_attention(q, k, v, GAMMAS, block_size=64)
+    want = reference.decay_softmax_attention(q.double(), k.double(), v.double(), GAMMAS)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+
+
+def test_bfloat16_computed_in_float32():
+    q, k, v = qkv(40, 40, dtype=torch.bfloat16)
+    got = decay_softmax_attention(q, k, v, GAMMAS, block_size=16)
+    assert got.dtype == torch.bfloat16
+    want = reference.decay_softmax_attention(q.double(), k.double(), v.double(), GAMMAS)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-2)
+
+
+def test_gradients_match_reference():
+    q, k, v = (t.requires_grad_() for t in qkv(10, 14, 4, 3))
+    gamma = torch.tensor([0.75, 0.9, 0.99, 0.995], dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(
+        lambda *a: decay_softmax_attention(*a, block_size=3), (q, k, v, gamma))
+    out = decay_softmax_attention(q, k, v, gamma, block_size=4)
+    grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v, gamma))
+    ref = reference.decay_softmax_attention(q, k, v, gamma)
+    want = torch.autograd.grad(ref.pow(2).sum(), (q, k, v, gamma))
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"gamma": torch.tensor([0.5, 0.0, 0.9, 1.0])}, "gamma"),
+    ({"gamma": 1.5}, "gamma"),
+    ({"scale": -1.0}, "scale"),
+    ({"block_size": 0}, "block_size"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    q, k, v = qkv(4, 4)
+    args = {"gamma": GAMMAS, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        decay_softmax_attention(q, k, v, args.pop("gamma"), **args)
+
+
+def test_more_queries_than_keys_is_refused():
+    q, k, v = qkv(6, 4)
+    with pytest.raises(ValueError, match="k: expected at least as many keys"):
+        decay_softmax_attention(q, k, v, GAMMAS)
