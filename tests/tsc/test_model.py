@@ -29,7 +29,8 @@ def test_reference_recipe_size_and_structure():
 
 @pytest.mark.parametrize("kw", [dict(), dict(spectral=True), dict(window=8),
                                 dict(window=9, spectral=True),
-                                dict(window=9, spectral=True, circular=True)])
+                                dict(window=9, spectral=True, circular=True),
+                                dict(window=9, spectral=True, global_spectrum=True)])
 def test_padding_to_whole_patches(kw):
     torch.manual_seed(0)
     m = FordATransformer(ModelConfig(length=23, n_classes=3, patch=5, d_model=8, num_layers=1,
@@ -146,7 +147,28 @@ def test_configs_saved_without_circular_load_zero_padded():
     assert ModelConfig.from_dict({**saved, "circular": True}).circular is True
 
 
+def test_global_spectrum_adds_one_vector_to_every_token():
+    """The series spectrum enters every token alike (no position), from a Hann-tapered FFT of the
+    whole series, and configurations saved before the option load without it."""
+    torch.manual_seed(0)
+    cfg = dict(length=60, patch=6, window=12, spectral=True, d_model=8, num_layers=1,
+               num_heads=2, head_dim=4, mlp_dim=8)
+    m = FordATransformer(ModelConfig(**cfg, global_spectrum=True)).eval()
+    x = torch.randn(3, 60)
+    diff = m.tokens(x) - m.embed(m.token_features(x))  # (B, T, d): the same row for every token
+    torch.testing.assert_close(diff, diff[:, :1].expand_as(diff))
+    spec = torch.fft.rfft(x.double() * torch.hann_window(60, periodic=False, dtype=torch.float64))
+    want = m.global_embed(0.5 * torch.log(spec.abs().square() + 1e-4).float())
+    torch.testing.assert_close(diff[:, 0], want)
+    n_plain = sum(p.numel() for p in FordATransformer(ModelConfig(**cfg)).parameters())
+    assert sum(p.numel() for p in m.parameters()) == n_plain + 31 * 8 + 8
+    saved = ModelConfig(**cfg).to_dict()
+    del saved["global_spectrum"]
+    assert ModelConfig.from_dict(saved).global_spectrum is False
+
+
 @pytest.mark.parametrize("kw, match", [
+    (dict(global_spectrum=1), "global_spectrum must be a bool"),
     (dict(patch=10, window=6), "window must be 0 or an integer >= patch"),
     (dict(window=-1), "window"),
     (dict(num_layers=0), "num_layers must be a positive integer"),

@@ -89,7 +89,10 @@ class ModelConfig:
     series zero padded to whole patches (``tokens·patch`` samples), so a final partial patch
     keeps its zeros and they form the one seam (stride ``patch`` cannot tile a loop whose length
     is not a multiple of ``patch``). False (the default, and what configurations saved without
-    the field mean) is zero padding.
+    the field mean) is zero padding. ``global_spectrum``: also add to every token an embedding
+    (one linear layer) of the log-magnitude spectrum of the whole series (zero padded to
+    ``tokens·patch`` samples) under one Hann window: a second spectral resolution, the same
+    vector for every token, so it tells no token apart from another (no position).
 
     ``depth`` and ``heads`` are deprecated constructor keywords for ``num_layers`` and
     ``num_heads``.
@@ -108,6 +111,7 @@ class ModelConfig:
     spectral: bool = False
     window: int = 0
     circular: bool = False
+    global_spectrum: bool = False
 
     @property
     def tokens(self) -> int:
@@ -202,6 +206,26 @@ class SpectralPatches(nn.Module):
         return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
 
 
+class SeriesSpectrum(nn.Module):
+    """Log-magnitude spectrum of the whole series under a Hann window:
+    (B, N) -> (B, N // 2 + 1), ``log(|rfft|² + 1e-4) / 2`` as in :class:`SpectralPatches`.
+
+    The taper matters: a FordA series is cut out of a longer recording, and without it the jump
+    between its ends leaks into every bin (docs/forda.md, "Baselines")."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(n, periodic=False), persistent=False)
+
+    @property
+    def out_features(self) -> int:
+        return self.window.shape[0] // 2 + 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        spec = torch.fft.rfft(x * self.window, dim=-1)
+        return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
+
+
 class FordATransformer(nn.Module):
     """Encoder-only linear-attention classifier for univariate series.
 
@@ -230,6 +254,9 @@ class FordATransformer(nn.Module):
         self.spectral = SpectralPatches(c.patch, c.circular) if c.spectral else None
         self.window = c.window or c.patch
         self.embed = nn.Linear(c.embed_features, c.d_model)
+        self.series_spectrum = SeriesSpectrum(c.tokens * c.patch) if c.global_spectrum else None
+        self.global_embed = (nn.Linear(self.series_spectrum.out_features, c.d_model)
+                             if self.series_spectrum is not None else None)
         self.blocks = nn.ModuleList(
             EncoderBlock(c.d_model, c.num_heads, c.mlp_dim, head_dim=c.head_dim,
                          feature_map=c.feature_map, max_len=c.tokens, dropout=c.dropout)
@@ -257,8 +284,13 @@ class FordATransformer(nn.Module):
         return feats
 
     def tokens(self, x: Tensor) -> Tensor:
-        """Token embeddings (B, T, d_model) of series x: (B, L)."""
-        return self.embed(self.token_features(x))
+        """Token embeddings (B, T, d_model) of series x: (B, L); with ``global_spectrum`` each
+        plus the embedding of the series' spectrum."""
+        h = self.embed(self.token_features(x))
+        if self.series_spectrum is not None:
+            padded = F.pad(x, (0, self.config.tokens * self.config.patch - x.shape[1]))
+            h = h + self.global_embed(self.series_spectrum(padded))[:, None, :]
+        return h
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.tokens(x)
