@@ -56,3 +56,18 @@ def test_two_ranks_match_one_process(tmp_path):
     assert worst < 1e-5, worst
     lines = (tmp_path / "two" / "full" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # one line per epoch, written once
+
+
+@pytest.mark.parametrize("device,env,want", [
+    ("cuda", {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "cuda:1"),
+    ("CUDA", {"WORLD_SIZE": "4", "LOCAL_RANK": "3"}, "cuda:3"),
+    ("cuda:0", {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "cuda:0"),  # an explicit index is kept
+    ("cpu", {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "cpu"),
+    ("cuda", {}, "cuda"),  # not under torchrun
+    ("cuda", {"WORLD_SIZE": "1", "LOCAL_RANK": "0"}, "cuda"),
+])
+def test_each_rank_gets_its_own_gpu(device, env, want):
+    from linattn.cli.forda import process_group_backend, rank_device
+
+    assert rank_device(device, env) == want
+    assert process_group_backend(want) == ("nccl" if want.lower().startswith("cuda") else "gloo")

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from linattn.cli import UserError
@@ -206,17 +207,41 @@ def _val_split(run: dict) -> tuple[float, int]:
     return fraction, seed
 
 
-def _init_distributed() -> int:
+def rank_device(device: str, env: Mapping[str, str] = os.environ) -> str:
+    """The device of this rank under torchrun: a bare ``cuda`` becomes ``cuda:LOCAL_RANK`` (one
+    GPU per process, as torchrun's one process per GPU intends); anything else, an explicit
+    index included, is kept. Outside torchrun (WORLD_SIZE ≤ 1) ``device`` itself."""
+    if int(env.get("WORLD_SIZE", "1")) <= 1 or device.strip().lower() != "cuda":
+        return device
+    return f"cuda:{int(env.get('LOCAL_RANK', '0'))}"
+
+
+def process_group_backend(device: str) -> str:
+    """NCCL for ranks on CUDA devices (what DDP's all-reduce on GPU tensors wants), gloo
+    otherwise."""
+    return "nccl" if device.strip().lower().startswith("cuda") else "gloo"
+
+
+def _init_distributed(device: str) -> int:
     """Join the process group torchrun describes (WORLD_SIZE > 1 in the environment), with a
     timeout so that a rank that dies makes the others fail instead of hang. Returns the rank."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0
     from datetime import timedelta
 
+    import torch
     import torch.distributed as dist
 
+    from linattn.tsc.estimator import check_device
+
+    backend = process_group_backend(device)
+    if backend == "nccl":  # NCCL's collectives run on the current device: make it this rank's
+        try:
+            torch.cuda.set_device(check_device(device, "--device"))
+        except ValueError as err:
+            raise UserError(str(err)) from None
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+        dist.init_process_group(backend, timeout=timedelta(minutes=5))
     return dist.get_rank()
 
 
@@ -233,7 +258,8 @@ def _barrier() -> None:
 
 
 def train(args) -> int:
-    rank = _init_distributed()
+    args.device = rank_device(args.device)
+    rank = _init_distributed(args.device)
     try:
         status = _train(args, main=rank == 0)
         # Leave together: a rank that tears its group down while a peer's last collectives are
