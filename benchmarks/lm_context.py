@@ -37,10 +37,9 @@ results as JSON and a plot (skipped with a message when matplotlib is absent)::
     python benchmarks/lm_context.py --runs runs/lmctx/linear --contexts 256,1024  # quick look
     python benchmarks/lm_context.py --from-json runs/lmctx/context.json  # tables, plot again
 
-Cost: linear and hybrid read every context in seconds (O(L)); softmax prefill is O(L²) through
-the model's SDPA path with a materialised bias — 4 minutes at 16k on one core here, and at 64k
-(4 windows of 69,631 tokens) an estimated 50 minutes unloaded, from single pieces timed at
-8k–64k cached tokens; on the shared machine of docs/lm.md it had not finished after 83 minutes.
+Cost: linear and hybrid read every context in seconds (O(L)); softmax is O(L²): 34 s at 16k
+and 8 minutes at 64k (4 windows of 69,631 tokens) on one loaded core of the machine of
+docs/lm.md.
 The JSON is rewritten after every cell, so a stopped run keeps what it finished
 (``--from-json`` shows it, – for the missing cells).
 
