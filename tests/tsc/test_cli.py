@@ -203,6 +203,9 @@ def test_train_evaluate_resume_end_to_end(tmp_path, capsys):
 
 
 SHIPPED = ROOT / "models" / "forda"
+#: the model shipped from issue 5 to issue 15 (the ``final`` recipe before the global spectrum),
+#: kept as the fixture of a model saved by an older linattn
+LEGACY = ROOT / "tests" / "data" / "forda_model_issue5"
 
 
 def test_min_steps_of_a_run():
@@ -223,19 +226,21 @@ def test_min_steps_of_a_run():
     assert old["min_steps"] == 0 == old["min_batches"]
 
 
-def test_shipped_model_predates_min_steps_and_loads_with_it_off():
-    saved = json.loads((SHIPPED / "config.json").read_text())["params"]
+def test_legacy_model_predates_min_steps_and_loads_with_it_off():
+    saved = json.loads((LEGACY / "config.json").read_text())["params"]
     assert "min_steps" not in saved and "min_batches" not in saved
-    params = LinearAttentionClassifier.load(SHIPPED).get_params()
+    assert "global_spectrum" not in json.loads((LEGACY / "config.json").read_text())["model"]
+    params = LinearAttentionClassifier.load(LEGACY).get_params()
     assert params["min_steps"] == 0 == params["min_batches"]
+    assert params["global_spectrum"] is False
 
 
-def test_shipped_model_reproduces_its_predictions():
-    """The shipped model (its config.json rewritten to today's names) gives the probabilities
+def test_legacy_model_reproduces_its_predictions():
+    """The issue-5 model (its config.json rewritten to today's names) gives the probabilities
     recorded before the rewrite on the first 40 TEST series (the fixture's), and with the full
     data its reported test score."""
-    reported = json.loads((SHIPPED / "test.json").read_text())
-    shipped = LinearAttentionClassifier.load(SHIPPED)
+    reported = json.loads((LEGACY / "test.json").read_text())
+    shipped = LinearAttentionClassifier.load(LEGACY)
     _, _, X_test, y_test = load_ucr("FordA", data_dir=DATA)
     recorded = json.loads((ROOT / "tests" / "data" / "FordA" / "shipped_model_proba.json")
                           .read_text())
@@ -243,6 +248,27 @@ def test_shipped_model_reproduces_its_predictions():
     assert shipped.classes_.tolist() == recorded["classes"]
     if DATA != SHARED:
         return
+    pred = shipped.predict(X_test)
+    assert macro_f1((y_test > 0).astype(int), (pred > 0).astype(int), 2) == pytest.approx(
+        reported["macro_f1"], abs=1e-6)
+    assert float(np.mean(pred == y_test)) == pytest.approx(reported["accuracy"], abs=1e-6)
+
+
+def test_shipped_model_is_the_final_recipe_and_reproduces_its_score():
+    """models/forda (``make forda``: seed 0 of the ``final`` recipe) holds the recipe's
+    parameters and, with the full data, gives the TEST score its test.json reports."""
+    from linattn.tsc.recipes import RECIPES
+
+    shipped = LinearAttentionClassifier.load(SHIPPED)
+    params = shipped.get_params()
+    assert {k: params[k] for k in RECIPES["final"]} == RECIPES["final"]
+    assert params["random_state"] == 0
+    _, _, X_test, y_test = load_ucr("FordA", data_dir=DATA)
+    proba = shipped.predict_proba(X_test[:40])
+    assert proba.shape == (40, 2) and np.allclose(proba.sum(1), 1.0)
+    if DATA != SHARED:
+        return
+    reported = json.loads((SHIPPED / "test.json").read_text())
     pred = shipped.predict(X_test)
     assert macro_f1((y_test > 0).astype(int), (pred > 0).astype(int), 2) == pytest.approx(
         reported["macro_f1"], abs=1e-6)
