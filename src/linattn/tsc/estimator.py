@@ -168,8 +168,10 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     ``min_steps / epochs`` batches or more (FordA: 57) train exactly as before. ``min_batches``
     (default 0, off) would shrink the batch of a small set instead
     (:meth:`~linattn.tsc.training.TrainConfig.batch_for`).
-    ``window`` (overlapping patch embedding) and ``spectral`` (per-token spectra)
-    are off by default; the ``final`` recipe (:mod:`linattn.tsc.recipes`) turns them on.
+    ``window`` (overlapping patch embedding), ``spectral`` (per-token spectra) and
+    ``global_spectrum`` (the whole series' spectrum added to every token) are off by default;
+    the ``final`` recipe (:mod:`linattn.tsc.recipes`) turns them on, and the circular shifts
+    off.
 
     Parameters (keyword only): the architecture, as documented on
     :class:`~linattn.tsc.model.ModelConfig`; the training recipe, as documented on
