@@ -31,7 +31,7 @@ def bench():
         sys.modules.pop(spec.name, None)
 
 
-KINDS = [("linear", None), ("hybrid", 3), ("softmax", None)]
+KINDS = [("linear", None), ("hybrid", 3), ("softmax", None), ("gated_delta", None)]
 
 
 def tiny(attention: str, window: int | None) -> LinearTransformerLM:
