@@ -21,11 +21,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from lm_context import cpu_description  # this folder: run as a script
 
 from linattn.cli.lm import flushed_denormals
 from linattn.nn.lm import default_decays
 from linattn.ops.decay_softmax import decay_softmax_attention
+from linattn.profiling import cpu_description
 
 
 def float_bias_sdpa(q, k, v, gamma):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
@@ -36,6 +35,7 @@ import torch
 
 from linattn.ops import delta_native, dispatch, native
 from linattn.ops.delta import delta_rule, delta_rule_step
+from linattn.profiling import cpu_flags, cpu_model
 
 #: The published CPU anchor: MNN's AVX-512 gated delta rule, 16 heads, d = 64, on 4 pinned Xeon
 #: cores (quoted, not measured here).
@@ -156,16 +156,7 @@ def measure(threads: int, T: int, H: int, d: int, steps: int, repeats: int, chun
 
 
 def cpu_line() -> str:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        model = next((ln.partition(":")[2].strip() for ln in lines
-                      if ln.startswith("model name")), model)
-        flags = next((set(ln.partition(":")[2].split()) for ln in lines
-                      if ln.startswith("flags")), flags)
-    except OSError:
-        pass
+    model, flags = cpu_model(), cpu_flags()
     isa = [f for f in ("avx512f", "avx512_bf16", "avx2", "fma") if f in flags]
     return (f"CPU: {model}, {os.cpu_count()} logical CPUs; ISA flags: {' '.join(isa) or 'n/a'}; "
             f"compiled path: {native.describe()}; torch {torch.__version__}")

@@ -57,8 +57,6 @@ import argparse
 import json
 import math
 import os
-import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -68,6 +66,7 @@ import torch.nn.functional as F
 
 from linattn._io import atomic_path, write_json
 from linattn.cli.lm import flushed_denormals, load_model, stdlib_corpus
+from linattn.profiling import cpu_description
 
 DEFAULT_CONTEXTS = (256, 1024, 4096, 16384, 65536)
 
@@ -168,17 +167,6 @@ def run_info(run: Path, ck: dict) -> dict:
     else:
         info["steps"] = ck.get("step")
     return info
-
-
-def cpu_description() -> str:
-    """CPU model and the AVX levels it has (from /proc/cpuinfo where there is one)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    isa = sorted(set(re.findall(r"\b(avx512f|avx2)\b", text)))
-    return f"{name.group(1) if name else platform.machine()} ({', '.join(isa) or 'no avx2'})"
 
 
 def label(info: dict) -> str:

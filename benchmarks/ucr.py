@@ -71,7 +71,6 @@ import io
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -243,17 +242,11 @@ def before_after(before: dict, after: dict) -> str:
 
 
 def cpu_info() -> str:
-    """CPU model and its widest vector ISA, from /proc/cpuinfo where there is one."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
-                  if ln.startswith("model name")), platform.machine())
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines()
-                      if ln.startswith("flags")), []))
-    isa = [f for f in ("avx512f", "avx2", "avx", "sse4_2", "neon", "asimd") if f in flags]
-    return f"{model} ({', '.join(isa) or 'no vector ISA flags read'}), {os.cpu_count()} cores"
+    """CPU model and its vector ISA flags."""
+    from linattn.profiling import cpu_flags, cpu_model
+
+    isa = [f for f in ("avx512f", "avx2", "avx", "sse4_2", "neon", "asimd") if f in cpu_flags()]
+    return f"{cpu_model()} ({', '.join(isa) or 'no vector ISA flags read'}), {os.cpu_count()} cores"
 
 
 def run_all(names: Sequence[str], path: Path, fit_one: Callable[[str, dict], dict],

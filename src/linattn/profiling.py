@@ -8,6 +8,7 @@ resident — torch's, BLAS's and OpenMP's — unlike allocator statistics, and u
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -15,7 +16,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["median_time", "PeakMemory", "matmul_gflops"]
+from linattn._cbuild import _cpu_lines, cpu_flags
+
+__all__ = ["median_time", "PeakMemory", "matmul_gflops", "cpu_model", "cpu_flags",
+           "cpu_description"]
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -66,3 +70,19 @@ def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: in
     """GFLOP/s of one n×n by n×n matmul in ``dtype``: the roofline the ops are compared to."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     return 2 * n**3 / median_time(lambda: a @ b, repeats=repeats) / 1e9
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor or machine string
+    where there is none: what the benchmarks name beside their figures, with :func:`cpu_flags`
+    for its vector ISA."""
+    for line in _cpu_lines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_description() -> str:
+    """``"model (avx2, avx512f)"``: the CPU and the AVX levels it has ("no avx2" for none)."""
+    isa = sorted(f for f in ("avx512f", "avx2") if f in cpu_flags())
+    return f"{cpu_model()} ({', '.join(isa) or 'no avx2'})"

@@ -3,10 +3,6 @@ against, and a tiny run prints a full table."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,17 +11,10 @@ from linattn.ops.decay_softmax import decay_softmax_attention
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
-
-@pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(_DIR))  # the script imports lm_context from its folder
-    spec = importlib.util.spec_from_file_location("_decay_softmax_bench", _DIR / "decay_softmax.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture(scope="module")
+def bench(load_benchmark):
+    return load_benchmark("decay_softmax")
 
 
 @pytest.mark.parametrize("T,S", [(20, 20), (7, 30)])

@@ -3,10 +3,7 @@ context, the pieced prefill equal to one forward over the window, contexts clamp
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,19 +13,10 @@ from linattn.nn import LinearTransformerLM
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_context.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("_lm_context_bench", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
+def bench(load_benchmark):
+    return load_benchmark("lm_context")
 
 
 KINDS = [("linear", None), ("hybrid", 3), ("softmax", None), ("gated_delta", None)]

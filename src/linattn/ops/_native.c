@@ -310,9 +310,12 @@ static inline const float *f32_rows(const void *x, long i0, int bf, long n, floa
     return buf;
 }
 
-/* dst[j0:j0+n] = src[0:n] * s, dst float32 or bfloat16. */
+/* dst[j0:j0+n] = src[0:n] * s, dst float32 or bfloat16 (any n: whole vectors, then a scalar
+ * tail). */
 static inline void scale_row(void *dst, long j0, int bf, const float *src, float s, long n) {
-    for (long j = 0; j < n; j += W) vstore_any(dst, j0 + j, vload(src + j) * s, bf);
+    long j = 0;
+    for (; j + W <= n; j += W) vstore_any(dst, j0 + j, vload(src + j) * s, bf);
+    for (; j < n; ++j) store_any(dst, j0 + j, src[j] * s, bf);
 }
 
 /* The gradient of one output row o = num / s, s = guarded(den) (den here includes eps), from
@@ -868,13 +871,6 @@ static void gdr_cols_any(int nb, int gated, long Tc, long K, long V, const float
 #undef G_
 }
 
-/* dst[0:K] = x[0:K] * c. */
-static inline void scaled_row(float *dst, const float *x, float c, long K) {
-    long j = 0;
-    for (; j + W <= K; j += W) vstore(dst + j, vload(x + j) * c);
-    for (; j < K; ++j) dst[j] = x[j] * c;
-}
-
 /* Prepare Tc tokens: qn = s q (/ |q|), kn = k (/ |k|), a = exp(g) (1 without g), b = beta,
  * qk = qn . kn. q, k: token strides qt, kt; beta, g: one float per token. */
 static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, long kt,
@@ -887,12 +883,11 @@ static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, l
             sq *= 1.0f / sqrtf(dot(qr, qr, K) + GDR_EPS);
             sk = 1.0f / sqrtf(dot(kr, kr, K) + GDR_EPS);
         }
-        scaled_row(qn + t * K, qr, sq, K);
-        scaled_row(kn + t * K, kr, sk, K);
+        scale_row(qn + t * K, 0, 0, qr, sq, K);
+        scale_row(kn + t * K, 0, 0, kr, sk, K);
         /* a subnormal decay (g in (-104, -87]) would make subnormal states, which cost
-         * microcode assists in every later pass: 0 instead (an error below 2^-126) */
-        float at = g ? expf(g[t]) : 1.0f;
-        a[t] = at < 1.17549435e-38f ? 0.0f : at;
+         * microcode assists in every later pass: 0 instead (sexp_nonpos flushes below -87) */
+        a[t] = g ? sexp_nonpos(g[t]) : 1.0f;
         b[t] = beta[t];
         qk[t] = dot(qn + t * K, kn + t * K, K);
     }

@@ -37,8 +37,6 @@ import ctypes
 import math
 import os
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -48,6 +46,7 @@ from linattn import _cbuild
 from linattn.ops import dispatch, native
 from linattn.ops.gated import initial_state_for
 from linattn.ops.varlen import check_cu_seqlens
+from linattn.profiling import median_time
 
 __all__ = ["applies", "step_applies", "delta_rule", "delta_rule_step", "wins", "calibration",
            "kernel", "unavailable_reason"]
@@ -175,15 +174,6 @@ def _work(K: int) -> Tensor:
     return buf
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """The thread pool of :mod:`linattn.ops.native` (one pool for all compiled passes)."""
-    with native._POOL_LOCK:
-        if native._POOL is None or native._POOL._max_workers < workers:
-            native._POOL = ThreadPoolExecutor(max(workers, os.cpu_count() or 1),
-                                              thread_name_prefix="linattn")
-        return native._POOL
-
-
 def _jobs(N: int, V: int, threads: int) -> list[tuple[int, int, int, int]]:
     """(h0, h1, v0, v1) parts of the work for ``threads`` threads: about four groups of heads per
     thread (threads take them one at a time, so that a thread slowed by another process on its
@@ -220,8 +210,8 @@ def _run_parts(part, jobs: list, threads: int) -> None:
             part(*job)
 
     helpers = min(threads, len(jobs)) - 1
-    pool = _pool(helpers)
-    futures = [pool.submit(worker) for _ in range(helpers)]
+    workers = native.pool(helpers)  # the one pool of all compiled passes
+    futures = [workers.submit(worker) for _ in range(helpers)]
     try:
         worker()
     finally:
@@ -273,32 +263,26 @@ def delta_rule(fn, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | No
     cu_seqlens as the torch path does. Returns (o in q's dtype, final state float32)."""
     *batch, T, K = q.shape
     V = v.shape[-1]
-    if cu_seqlens is not None:
+    if cu_seqlens is None:  # one span over every head
+        heads, spans, src = batch, [(0, T)], (q, k, v, beta, g)
+        S0 = initial_state_for(initial_state, "initial_state", (*batch, K, V), q)
+    else:  # packed sequences (B = 1): one span each, each from its own state
         cu = check_cu_seqlens(cu_seqlens, q)
-        heads = batch[1:]
-        S0 = initial_state_for(initial_state, "initial_state", (len(cu) - 1, *heads, K, V), q)
-        H = math.prod(heads)
-        qf, kf, vf = (_rows(x[0], H) for x in (q, k, v))
-        bf = beta[0].reshape(H, T).contiguous()
-        gf = None if g is None else g[0].reshape(H, T).contiguous()
-        S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
-        o = native.empty_hugepage(qf, H, T, V)
-        for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
-            Si = S[i * H:(i + 1) * H]  # each sequence from its own state, in place
-            _forward(fn, qf[:, a:b], kf[:, a:b], vf[:, a:b], bf[:, a:b],
-                     None if gf is None else gf[:, a:b], scale, qk_l2norm, Si, Si, o[:, a:b])
-        o = o.view(1, *heads, T, V)
-        return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(S0.shape)
-    S0 = initial_state_for(initial_state, "initial_state", (*batch, K, V), q)
-    N = math.prod(batch)
-    qf, kf, vf = (_rows(x, N) for x in (q, k, v))
-    bf = beta.reshape(N, T).contiguous()
-    gf = None if g is None else g.reshape(N, T).contiguous()
-    S = S0.reshape(N, K, V).clone(memory_format=torch.contiguous_format)
-    o = native.empty_hugepage(qf, N, T, V)
-    _forward(fn, qf, kf, vf, bf, gf, scale, qk_l2norm, S, S, o)
+        heads, src = batch[1:], tuple(None if x is None else x[0] for x in (q, k, v, beta, g))
+        spans = list(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True))
+        S0 = initial_state_for(initial_state, "initial_state", (len(spans), *heads, K, V), q)
+    H = math.prod(heads)
+    qf, kf, vf = (_rows(x, H) for x in src[:3])
+    bf = src[3].reshape(H, T).contiguous()
+    gf = None if g is None else src[4].reshape(H, T).contiguous()
+    S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
+    o = native.empty_hugepage(qf, H, T, V)
+    for i, (a, b) in enumerate(spans):
+        Si = S[i * H:(i + 1) * H]  # updated in place
+        _forward(fn, qf[:, a:b], kf[:, a:b], vf[:, a:b], bf[:, a:b],
+                 None if gf is None else gf[:, a:b], scale, qk_l2norm, Si, Si, o[:, a:b])
     o = o.view(*batch, T, V)
-    return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(*batch, K, V)
+    return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(S0.shape)
 
 
 def _vec(x: Tensor, N: int) -> Tensor:
@@ -390,16 +374,6 @@ def _calibrate(threads: int) -> dict[str, dict]:
         and all(isinstance(x, dict) and "native" in x for x in r.values()))
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: buffers, pages
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * sorted(times)[len(times) // 2]
-
-
 def _measure() -> dict[str, dict]:
     from linattn.ops.delta import delta_rule, delta_rule_step  # (delta imports this module)
 
@@ -424,7 +398,7 @@ def _measure() -> dict[str, dict]:
             ms = {}
             for impl in ("native", "torch"):
                 with dispatch.use(impl=impl):
-                    ms[impl] = _median_ms(run, repeats)
+                    ms[impl] = 1e3 * median_time(run, repeats)  # after a warm-up call
             result[form] = {"native_ms": round(ms["native"], 4), "torch_ms": round(ms["torch"], 4),
                             "native": ms["native"] < ms["torch"]}
     return result

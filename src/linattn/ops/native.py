@@ -55,7 +55,6 @@ import json
 import os
 import sys
 import threading
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -74,6 +73,7 @@ from linattn.ops._common import (
     needs_grad,
     portable_forward,
 )
+from linattn.profiling import median_time
 
 __all__ = ["native_supported", "native_linear_attention", "load", "phi"]
 
@@ -351,13 +351,9 @@ def _measure_forms(repeats: int) -> dict[str, dict]:
         for impl in ("native", "fused", "portable"):
             # the default sizes, whatever policy the caller is under
             with dispatch.use(**dataclasses.asdict(dispatch.Policy(impl=impl))):
-                run(is_causal, backward)  # warm-up: buffers, pages, kernels
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    run(is_causal, backward)
-                    times.append(time.perf_counter() - t0)
-            ms[impl] = 1e3 * sorted(times)[len(times) // 2]
+                # one warm-up call: buffers, pages, kernels
+                ms[impl] = 1e3 * median_time(
+                    lambda c=is_causal, b=backward: run(c, b), repeats)
         torch_ms = min(ms["fused"], ms["portable"])
         result[name] = {"native_ms": round(ms["native"], 3), "torch_ms": round(torch_ms, 3),
                         "native": ms["native"] < torch_ms}
@@ -603,11 +599,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
+def pool(workers: int) -> ThreadPoolExecutor:
+    """The one thread pool of the compiled passes, with at least ``workers`` threads: a larger
+    pool replaces a smaller one; none is shut down under a caller."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < workers:
+            _POOL = ThreadPoolExecutor(max(workers, os.cpu_count() or 1),
+                                       thread_name_prefix="linattn")
+        return _POOL
+
+
 def _over_heads(b: _Block, size: int, fn) -> None:
     """fn(h0, h1, work) over groups of heads, one group per torch thread: the compiled passes
     are single-threaded and heads are independent. ctypes releases the GIL during the call,
     so Python threads run them in parallel. work: a float32 scratch buffer of ``size``."""
-    global _POOL
     if b.N == 0:
         return
     groups = min(torch.get_num_threads(), b.N)
@@ -616,12 +622,8 @@ def _over_heads(b: _Block, size: int, fn) -> None:
     if groups == 1:
         fn(0, b.N, works[0])
         return
-    with _POOL_LOCK:  # a larger pool replaces a smaller one; none is shut down under a caller
-        if _POOL is None or _POOL._max_workers < groups:
-            _POOL = ThreadPoolExecutor(max(groups, os.cpu_count() or 1),
-                                       thread_name_prefix="linattn")
-        pool = _POOL
-    jobs = [pool.submit(fn, bounds[g], bounds[g + 1], works[g]) for g in range(groups)]
+    workers = pool(groups)
+    jobs = [workers.submit(fn, bounds[g], bounds[g + 1], works[g]) for g in range(groups)]
     for job in jobs:
         job.result()
 

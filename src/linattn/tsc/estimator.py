@@ -58,7 +58,7 @@ from linattn.tsc.training import (
 )
 
 __all__ = ["LinearAttentionClassifier", "FORMAT", "MODEL_PARAMS", "TRAIN_PARAMS", "REMOVED_PARAMS",
-           "check_device"]
+           "upgrade_saved_params", "check_device"]
 
 #: The ``format`` field of a saved model's config.json.
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
@@ -81,6 +81,17 @@ REMOVED_PARAMS = {
     **REMOVED_TRAIN_OPTIONS,
     "tta": (lambda v, d: v == 1, "test-time augmentation"),
 }
+
+
+def upgrade_saved_params(params: dict, where: str) -> dict:
+    """Saved estimator ``params`` (a model's config.json, a run's run.json) in today's
+    spelling: deprecated names renamed, removed options dropped where neutral
+    (:data:`REMOVED_PARAMS`), and ``min_steps`` / ``min_batches`` 0 when they predate them
+    (exactly the saved epochs and batch size)."""
+    params = upgrade_saved(params, where, REMOVED_PARAMS)
+    for name in ("min_steps", "min_batches"):
+        params.setdefault(name, 0)
+    return params
 
 
 def _plain(value: Any) -> Any:
@@ -402,10 +413,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         where = f"{cfg_path}: params"
         if not isinstance(cfg["params"], dict):
             raise ValueError(f"{where}: expected an object")
-        params = upgrade_saved(cfg["params"], where, REMOVED_PARAMS)
-        # saved before min_steps / min_batches existed: exactly its epochs and batch size
-        params.setdefault("min_steps", 0)
-        params.setdefault("min_batches", 0)
+        params = upgrade_saved_params(cfg["params"], where)
         unknown = sorted(set(params) - set(_DEFAULTS))
         if unknown:
             raise ValueError(f"{where}: unknown keys {unknown}")

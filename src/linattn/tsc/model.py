@@ -180,6 +180,13 @@ def _windows(x: Tensor, size: int, step: int, circular: bool) -> Tensor:
     return x[:, idx]
 
 
+def log_magnitude(frames: Tensor) -> Tensor:
+    """``log(|rfft(frames)|² + 1e-4) / 2`` along the last dimension (already tapered): silence
+    and scale changes stay finite."""
+    spec = torch.fft.rfft(frames, dim=-1)
+    return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
+
+
 class SpectralPatches(nn.Module):
     """Per-token log-magnitude spectrum: (B, T·patch) -> (B, T, patch + 1).
 
@@ -201,14 +208,12 @@ class SpectralPatches(nn.Module):
         return self.size // 2 + 1
 
     def forward(self, x: Tensor) -> Tensor:
-        frames = _windows(x, self.size, self.patch, self.circular) * self.window  # (B, T, w)
-        spec = torch.fft.rfft(frames, dim=-1)
-        return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
+        return log_magnitude(_windows(x, self.size, self.patch, self.circular) * self.window)
 
 
 class SeriesSpectrum(nn.Module):
     """Log-magnitude spectrum of the whole series under a Hann window:
-    (B, N) -> (B, N // 2 + 1), ``log(|rfft|² + 1e-4) / 2`` as in :class:`SpectralPatches`.
+    (B, N) -> (B, N // 2 + 1), :func:`log_magnitude` as in :class:`SpectralPatches`.
 
     The taper matters: a FordA series is cut out of a longer recording, and without it the jump
     between its ends leaks into every bin (docs/forda.md, "Baselines")."""
@@ -222,8 +227,7 @@ class SeriesSpectrum(nn.Module):
         return self.window.shape[0] // 2 + 1
 
     def forward(self, x: Tensor) -> Tensor:
-        spec = torch.fft.rfft(x * self.window, dim=-1)
-        return 0.5 * torch.log(spec.real.square() + spec.imag.square() + 1e-4)
+        return log_magnitude(x * self.window)
 
 
 class FordATransformer(nn.Module):
@@ -265,15 +269,22 @@ class FordATransformer(nn.Module):
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.n_classes)
 
-    def token_features(self, x: Tensor) -> Tensor:
-        """What the token embedding reads, (B, T, embed_features), of series x: (B, L): each
-        token's window of samples, then its spectral bins."""
+    def padded(self, x: Tensor) -> Tensor:
+        """Series x: (B, L), checked, zero padded to whole patches: (B, tokens·patch)."""
         c = self.config
         if x.dim() != 2:
             raise ValueError(f"x: expected shape (B, L), got {tuple(x.shape)}")
         if x.shape[1] > c.tokens * c.patch:
             raise ValueError(f"x: series length {x.shape[1]} exceeds the model's {c.length}")
-        x = F.pad(x, (0, c.tokens * c.patch - x.shape[1]))
+        return F.pad(x, (0, c.tokens * c.patch - x.shape[1]))
+
+    def token_features(self, x: Tensor) -> Tensor:
+        """What the token embedding reads, (B, T, embed_features), of series x: (B, L): each
+        token's window of samples, then its spectral bins."""
+        return self._features(self.padded(x))
+
+    def _features(self, x: Tensor) -> Tensor:
+        c = self.config
         w = self.window
         if w == c.patch:
             feats = x.reshape(x.shape[0], c.tokens, c.patch)
@@ -286,10 +297,10 @@ class FordATransformer(nn.Module):
     def tokens(self, x: Tensor) -> Tensor:
         """Token embeddings (B, T, d_model) of series x: (B, L); with ``global_spectrum`` each
         plus the embedding of the series' spectrum."""
-        h = self.embed(self.token_features(x))
+        x = self.padded(x)
+        h = self.embed(self._features(x))
         if self.series_spectrum is not None:
-            padded = F.pad(x, (0, self.config.tokens * self.config.patch - x.shape[1]))
-            h = h + self.global_embed(self.series_spectrum(padded))[:, None, :]
+            h = h + self.global_embed(self.series_spectrum(x))[:, None, :]
         return h
 
     def forward(self, x: Tensor) -> Tensor:
