@@ -207,6 +207,46 @@ SHIPPED = ROOT / "models" / "forda"
 #: kept as the fixture of a model saved by an older linattn
 LEGACY = ROOT / "tests" / "data" / "forda_model_issue5"
 
+#: Absolute tolerance on the float32 class probabilities of a shipped model against figures
+#: recorded on another CPU. float32's unit roundoff is 2**-24 ~ 6e-8; a dot product of n terms
+#: may be off by up to n of those, the 3-block network sums up to several hundred terms a layer
+#: (plus FFT spectra), and other CPUs' BLAS and vector kernels (AVX2 or AVX-512, FMA or not,
+#: other blockings) and batch sizes order those sums differently. Measured: 5e-6 (~85 units)
+#: between the CPU that recorded shipped_model_proba.json and an AMD EPYC Zen 4, and up to
+#: 5e-6 between batches of 1 and 256 on one CPU. 1e-4 (~1700 units) leaves 20x headroom over
+#: both and is still tight: scaling any one weight tensor of the issue-5 model by 1% moves
+#: these probabilities by 1e-4 to 0.13 (all but the final LayerNorm's bias: 2e-5); a wrong
+#: weight, layer or option moves them by far more.
+PROBA_ATOL = 1e-4
+
+
+def assert_score_to_the_series(est, X, y, reported):
+    """``est`` gives on (X, y) the TEST score ``reported`` (its test.json), to the series: a
+    prediction may differ from the recorded run's only where a rounding-level change (within
+    PROBA_ATOL) can flip it, i.e. for a series whose probability lies within PROBA_ATOL of the
+    0.5 decision boundary. Every other series counts exactly as recorded, so each cell of the
+    confusion matrix (hence the accuracy, in series) may differ from the reported one by at most
+    the number of such series; with none, the score matches to 1e-9."""
+    proba = est.predict_proba(X)
+    assert proba.shape == (len(X), 2) == (reported["n"], len(reported["classes"]))
+    near = np.abs(proba[:, 1] - 0.5) <= PROBA_ATOL  # these alone may go either way
+    pred = est.predict(X)  # the same forward pass again: the labels of these probabilities
+    np.testing.assert_array_equal(pred[~near], est.classes_[proba[~near].argmax(1)])
+    truth, code = np.searchsorted(est.classes_, y), np.searchsorted(est.classes_, pred)
+    cm = np.asarray(reported["confusion_matrix"])
+    for t in (0, 1):  # per true class: the series predicted 1 (as the far ones say, + near ones)
+        far = int(np.sum((truth == t) & ~near & (code == 1)))
+        assert far <= cm[t, 1] <= far + int(np.sum((truth == t) & near)), (t, cm)
+    correct_far = int(np.sum((pred == y) & ~near))
+    assert correct_far <= round(reported["accuracy"] * len(y)) <= correct_far + int(near.sum())
+    # the reported figures are those of the reported confusion matrix (which the above pins)
+    cm_truth, cm_pred = np.repeat([0, 0, 1, 1], cm.ravel()), np.repeat([0, 1, 0, 1], cm.ravel())
+    assert macro_f1(cm_truth, cm_pred, 2) == pytest.approx(reported["macro_f1"], abs=1e-9)
+    assert float(np.mean(cm_truth == cm_pred)) == pytest.approx(reported["accuracy"], abs=1e-9)
+    if not near.any():  # nothing a rounding-level change can flip: the very score
+        assert macro_f1(truth, code, 2) == pytest.approx(reported["macro_f1"], abs=1e-9)
+        assert float(np.mean(pred == y)) == pytest.approx(reported["accuracy"], abs=1e-9)
+
 
 def test_min_steps_of_a_run():
     import argparse
@@ -244,14 +284,13 @@ def test_legacy_model_reproduces_its_predictions():
     _, _, X_test, y_test = load_ucr("FordA", data_dir=DATA)
     recorded = json.loads((ROOT / "tests" / "data" / "FordA" / "shipped_model_proba.json")
                           .read_text())
-    np.testing.assert_allclose(shipped.predict_proba(X_test[:40]), recorded["proba"], atol=1e-6)
+    # recorded on another CPU: equal to within float32 rounding (see PROBA_ATOL), not bit for bit
+    np.testing.assert_allclose(shipped.predict_proba(X_test[:40]), recorded["proba"], rtol=0,
+                               atol=PROBA_ATOL)
     assert shipped.classes_.tolist() == recorded["classes"]
     if DATA != SHARED:
         return
-    pred = shipped.predict(X_test)
-    assert macro_f1((y_test > 0).astype(int), (pred > 0).astype(int), 2) == pytest.approx(
-        reported["macro_f1"], abs=1e-6)
-    assert float(np.mean(pred == y_test)) == pytest.approx(reported["accuracy"], abs=1e-6)
+    assert_score_to_the_series(shipped, X_test, y_test, reported)
 
 
 def test_shipped_model_is_the_final_recipe_and_reproduces_its_score():
@@ -268,8 +307,5 @@ def test_shipped_model_is_the_final_recipe_and_reproduces_its_score():
     assert proba.shape == (40, 2) and np.allclose(proba.sum(1), 1.0)
     if DATA != SHARED:
         return
-    reported = json.loads((SHIPPED / "test.json").read_text())
-    pred = shipped.predict(X_test)
-    assert macro_f1((y_test > 0).astype(int), (pred > 0).astype(int), 2) == pytest.approx(
-        reported["macro_f1"], abs=1e-6)
-    assert float(np.mean(pred == y_test)) == pytest.approx(reported["accuracy"], abs=1e-6)
+    assert_score_to_the_series(shipped, X_test, y_test,
+                               json.loads((SHIPPED / "test.json").read_text()))
