@@ -41,9 +41,9 @@ stamp "built $(basename "$WHEEL")"
 "$BUILD_PY" - "$WHEEL" <<'EOF' || fail "wheel contents"
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
-for need in ("linattn/ops/_native.c", "linattn/cli/_solve_parse.c", "linattn/ops/native.py"):
+for need in ("linattn/ops/native/_native.c", "linattn/cli/_solve_parse.c", "linattn/ops/native/__init__.py"):
     print(("PASS" if need in names else "FAIL") + f": wheel contains {need}")
-sys.exit(0 if all(n in names for n in ("linattn/ops/_native.c", "linattn/cli/_solve_parse.c")) else 1)
+sys.exit(0 if all(n in names for n in ("linattn/ops/native/_native.c", "linattn/cli/_solve_parse.c")) else 1)
 EOF
 
 # 2. A fresh venv: torch (pinned, first), numpy, then the wheel without its dependencies.
@@ -81,7 +81,7 @@ check(site in where.parents and venv in where.parents, f"linattn imported from t
 
 from linattn.ops import native
 check(Path(native.SOURCE).resolve().is_file() and site in Path(native.SOURCE).resolve().parents,
-      "ops/_native.c installed in site-packages")
+      "ops/native/_native.c installed in site-packages")
 lib = native.load()
 check(lib is not None, "linattn.ops.native.load() builds and loads the kernels from the wheel")
 if lib is not None and hasattr(native, "describe"):

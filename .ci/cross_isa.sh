@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU kernels (src/linattn/ops/_native.c) in every vector form they can be built in, not only
+# The CPU kernels (src/linattn/ops/native/_native.c) in every vector form they can be built in, not only
 # the one -march=native picks on this machine:
 #   1. x86-64: compile as a shared library (as linattn._cbuild does) for AVX-512 (+bf16), AVX2,
 #      the SSE2 baseline, the scalar form (-DLA_W=1) and -march=native; -Wall, warnings shown,
@@ -20,7 +20,7 @@
 #   bash .ci/cross_isa.sh        (CROSS_ISA_NO_INSTALL=1: never run apt-get; CROSS_ISA_FULL=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SRC=src/linattn/ops/_native.c
+SRC=src/linattn/ops/native/_native.c
 HARNESSES=(tests/c/native_harness.c tests/c/gdr_harness.c)
 CC=${CC:-cc}
 XCC=${XCC:-aarch64-linux-gnu-gcc}

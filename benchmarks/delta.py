@@ -10,7 +10,7 @@ so that a busy machine slows them alike), for each ``--threads`` count:
 * (b) linattn's torch path: :func:`linattn.delta_rule` chunked (WY / UT form, chunk
   ``--chunk``) and :func:`linattn.delta_rule_step` under ``dispatch.use(impl="torch")`` (what
   ``LINATTN_NATIVE=0`` runs);
-* (c) linattn's compiled path (ops/delta_native.py, ``la_gdr_forward`` in ops/_native.c),
+* (c) linattn's compiled path (ops/delta_native.py, ``la_gdr_forward`` in ops/native/_native.c),
   forced (``impl="native"``; the default takes it where its calibration measured it faster).
 
 Decode: the median of ``--steps`` steps per implementation, each from the state the previous
@@ -33,8 +33,9 @@ import time
 
 import torch
 
-from linattn.ops import delta_native, dispatch, native
-from linattn.ops.delta import delta_rule, delta_rule_step
+from linattn.ops import dispatch, native
+from linattn.ops.delta import native as delta_native
+from linattn.ops.delta.op import delta_rule, delta_rule_step
 from linattn.profiling import cpu_flags, cpu_model
 
 #: The published CPU anchor: MNN's AVX-512 gated delta rule, 16 heads, d = 64, on 4 pinned Xeon

@@ -27,7 +27,7 @@ import json, sys, time, torch
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 import linattn
-from linattn.ops.relative import relative_linear_attention
+from linattn.ops.relative.op import relative_linear_attention
 torch.manual_seed(0)
 B, H, T, D = cfg["B"], cfg["H"], cfg["T"], cfg["D"]
 q, k, v = (torch.randn(B, H, T, D) for _ in range(3))

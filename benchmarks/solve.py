@@ -202,7 +202,7 @@ def stages(inp: Path, repeat: int) -> list[tuple[str, float, str]]:
     rows.append(("compute: linattn.linear_attention, relu, float64, 1 thread (chosen)", t, ""))
 
     def op_default_threads() -> None:
-        from linattn.ops.linear import linear_attention
+        from linattn.ops.linear.op import linear_attention
 
         q, k, v = torch.from_numpy(qkv)
         linear_attention(q, k, v.sum(-1, keepdim=True), feature_map="relu")

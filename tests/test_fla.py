@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from linattn import fla
-from linattn.ops.delta import delta_rule
-from linattn.ops.gated import gated_linear_attention
+from linattn.ops.delta.op import delta_rule
+from linattn.ops.gated.op import gated_linear_attention
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

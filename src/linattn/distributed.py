@@ -37,8 +37,8 @@ from linattn.ops._common import (
     values_with_ones,
     zero_padded,
 )
-from linattn.ops.linear import linear_attention
-from linattn.ops.recurrent import LinearAttentionState
+from linattn.ops.linear.op import linear_attention
+from linattn.ops.linear.recurrent import LinearAttentionState
 
 __all__ = ["sequence_parallel_linear_attention", "all_reduce_sum", "all_gather_stack"]
 

@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.ops._common import accumulation_dtype
-from linattn.ops.gated import gated_linear_attention, gated_linear_attention_step, segsum
+from linattn.ops.gated.op import gated_linear_attention, gated_linear_attention_step, segsum
 from linattn.ops.varlen import check_cu_seqlens
 
 __all__ = [

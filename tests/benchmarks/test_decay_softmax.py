@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from linattn.nn.lm import default_decays
-from linattn.ops.decay_softmax import decay_softmax_attention
+from linattn.ops.decay_softmax.op import decay_softmax_attention
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

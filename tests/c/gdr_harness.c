@@ -1,4 +1,4 @@
-/* Stand-alone check of la_gdr_forward (the (gated) delta rule in src/linattn/ops/_native.c)
+/* Stand-alone check of la_gdr_forward (the (gated) delta rule in src/linattn/ops/native/_native.c)
  * against a naive double-precision recurrence, without Python or torch, for building the kernel
  * in every vector form (-DLA_W=1/4/8/16 or whatever the -m flags pick) and on other ISAs (an
  * aarch64 build under qemu), as tests/c/native_harness.c does for the linear-attention kernels:
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/linattn/ops/_native.c"
+#include "../../src/linattn/ops/native/_native.c"
 
 /* Through a volatile pointer: what runs is the code a shared library exports, not a clone
  * specialised for this file's constants. */

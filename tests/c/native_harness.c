@@ -1,4 +1,4 @@
-/* Stand-alone check of the one-pass kernels of src/linattn/ops/_native.c against a naive
+/* Stand-alone check of the one-pass kernels of src/linattn/ops/native/_native.c against a naive
  * double-precision reference (explicit T x T similarities), without Python or torch: for
  * building the kernels in every vector form (-DLA_W=1/4/8/16, or whatever the -m flags pick)
  * and on other ISAs (an aarch64 build run under qemu), see .ci/cross_isa.sh.
@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/linattn/ops/_native.c"
+#include "../../src/linattn/ops/native/_native.c"
 
 /* The kernels are called through volatile pointers: the compiler then cannot inline them into
  * this file or clone them for the constant arguments below, so what runs is the code a shared

@@ -7,7 +7,8 @@ import torch
 
 import linattn
 from linattn import decay_linear_attention, decay_linear_attention_step
-from linattn.ops import LinearAttentionState, decay, dispatch
+from linattn.ops import LinearAttentionState, dispatch
+from linattn.ops.decay import op as decay
 from linattn.ops.reference import decay_linear_attention as reference_decay_linear_attention
 
 GAMMA = torch.tensor([0.0, 0.5, 0.9, 1.0])  # one per head: the edge cases included
@@ -87,10 +88,9 @@ def test_bad_gamma_and_state_raise():
         decay_linear_attention_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], 0.5, state=None)
 
 
-def test_reference_and_chunk_size_keep_their_old_import_paths():
-    """The reference moved to linattn.reference and the default chunk to ops/dispatch.py; the
-    old names still import, as the same objects."""
-    assert decay.reference_decay_linear_attention is reference_decay_linear_attention
+def test_chunk_size_keeps_its_old_import_path():
+    """The default chunk moved to ops/dispatch.py; the old name still imports, as the same
+    object."""
     assert decay.DEFAULT_CHUNK_SIZE is dispatch.DEFAULT_CHUNK_SIZE
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.ops import reference
-from linattn.ops.decay_softmax import decay_softmax_attention
+from linattn.ops.decay_softmax.op import decay_softmax_attention
 
 GAMMAS = torch.tensor([0.75, 0.9, 0.99, 1.0])
 

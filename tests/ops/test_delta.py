@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from linattn import delta_rule, delta_rule_step
 from linattn.ops import reference
-from linattn.ops.delta import l2_normalised
+from linattn.ops.delta.op import l2_normalised
 
 F64 = torch.float64
 

@@ -1,5 +1,5 @@
 """The compiled forward of the (gated) delta rule (ops/delta_native.py, ``la_gdr_forward`` in
-ops/_native.c) against the torch chunked path and the float64 sequential reference.
+ops/native/_native.c) against the torch chunked path and the float64 sequential reference.
 
 The compiled path is forced (``dispatch.use(impl="native")``) and each test checks that it was
 really taken; the torch chunked path runs under ``impl="torch"``."""
@@ -13,9 +13,10 @@ import warnings
 import pytest
 import torch
 
-from linattn.ops import delta_native, dispatch
+from linattn.ops import dispatch
 from linattn.ops import reference as ref
-from linattn.ops.delta import delta_rule, delta_rule_step
+from linattn.ops.delta import native as delta_native
+from linattn.ops.delta.op import delta_rule, delta_rule_step
 
 pytestmark = pytest.mark.skipif(
     delta_native.unavailable_reason() is not None,

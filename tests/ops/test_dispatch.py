@@ -10,7 +10,8 @@ import torch
 
 import linattn
 from linattn.ops import dispatch, native
-from linattn.ops import linear as linear_mod
+from linattn.ops.linear import native as lnative
+from linattn.ops.linear import op as linear_mod
 
 needs_native = pytest.mark.skipif(
     native.load() is None, reason=f"compiled path: {native.unavailable_reason()}"
@@ -89,14 +90,14 @@ def test_auto_follows_the_measurement(calls, monkeypatch):
     ``LINATTN_NATIVE=1`` takes it regardless, ``LINATTN_NATIVE=0`` never."""
     q, k, v = _qkv()
     monkeypatch.delenv("LINATTN_NATIVE", raising=False)
-    monkeypatch.setattr(native, "wins", lambda is_causal, backward: False)
+    monkeypatch.setattr(lnative, "wins", lambda is_causal, backward: False)
     linattn.linear_attention(q, k, v)
     assert calls == []  # T = 40 < fused_min_t: portable
-    monkeypatch.setattr(native, "wins", lambda is_causal, backward: is_causal)
+    monkeypatch.setattr(lnative, "wins", lambda is_causal, backward: is_causal)
     linattn.linear_attention(q, k, v)
     linattn.linear_attention(q, k, v, is_causal=True)
     assert calls == ["native"]
-    monkeypatch.setattr(native, "wins", lambda is_causal, backward: False)
+    monkeypatch.setattr(lnative, "wins", lambda is_causal, backward: False)
     monkeypatch.setenv("LINATTN_NATIVE", "1")
     linattn.linear_attention(q, k, v)
     assert calls == ["native", "native"]
@@ -104,7 +105,7 @@ def test_auto_follows_the_measurement(calls, monkeypatch):
 
 @needs_native
 def test_calibration_is_cached_beside_the_library(monkeypatch):
-    result = native.calibration()
+    result = lnative.calibration()
     assert set(result) == {"non-causal forward", "non-causal fwd+bwd", "causal forward",
                            "causal fwd+bwd"}
     for cell in result.values():
@@ -112,13 +113,13 @@ def test_calibration_is_cached_beside_the_library(monkeypatch):
         assert cell["native"] == (cell["native_ms"] < cell["torch_ms"])
     path = Path(native.load()._name).with_suffix(".calib.json")
     cached = json.loads(path.read_text())
-    shape = "x".join(map(str, native.CALIBRATION_SHAPE))
+    shape = "x".join(map(str, lnative.CALIBRATION_SHAPE))
     assert cached[f"threads={torch.get_num_threads()} shape={shape}"] == result
     # A new process reads the file instead of measuring again.
-    monkeypatch.setattr(native, "_verdicts", {})
-    monkeypatch.setattr(native, "_measure", lambda: pytest.fail("measured again"))
-    assert native.calibration() == result
-    assert native.wins(True, True) == result["causal fwd+bwd"]["native"]
+    monkeypatch.setattr(lnative, "_verdicts", {})
+    monkeypatch.setattr(lnative, "_measure", lambda: pytest.fail("measured again"))
+    assert lnative.calibration() == result
+    assert lnative.wins(True, True) == result["causal fwd+bwd"]["native"]
 
 
 @needs_native
@@ -135,7 +136,7 @@ def test_calibration_runs_under_no_grad_and_small_blocks():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(linear_mod, "native_linear_attention", spy)
         with torch.inference_mode(), dispatch.use(block_size=8, chunk_size=4):
-            result = native._measure(repeats=1)
+            result = lnative._measure(repeats=1)
     assert all(cell["native_ms"] > 0 for cell in result.values())
     assert seen and set(seen) == {dispatch.Policy().block_size}
 
@@ -150,14 +151,14 @@ def test_calibration_is_isolated_from_the_triggering_call(monkeypatch):
     from torch.utils.checkpoint import checkpoint
 
     runs = []
-    real = native._measure
+    real = lnative._measure
 
     def measure():
         runs.append(threading.current_thread().name)
         return real(repeats=1)
 
-    monkeypatch.setattr(native, "_verdicts", {})
-    monkeypatch.setattr(native, "_measure", measure)
+    monkeypatch.setattr(lnative, "_verdicts", {})
+    monkeypatch.setattr(lnative, "_measure", measure)
     monkeypatch.setattr(native, "write_atomic", lambda *a: None)  # leave the real cache alone
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: "{}")  # nothing cached
     monkeypatch.delenv("LINATTN_NATIVE", raising=False)
@@ -234,7 +235,7 @@ def test_every_isa_build_matches_the_reference(monkeypatch, isa):
 def test_bfloat16_without_bf16_units_widens_to_float32(monkeypatch, is_causal):
     """Block passes (here: a padding mask) on a CPU without bfloat16 products run in float32
     and round the output once: the float32 result, rounded."""
-    monkeypatch.setattr(native, "bf16_products", lambda: False)
+    monkeypatch.setattr(lnative, "bf16_products", lambda: False)
     q, k, v = (x.bfloat16() for x in _qkv(T=37, D=8, Dv=8))
     mask = torch.zeros(1, 37, dtype=torch.bool)
     mask[0, -5:] = True

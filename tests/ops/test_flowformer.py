@@ -12,7 +12,7 @@ import torch
 
 import linattn
 from linattn import reference
-from linattn.ops.flowformer import FLOW_EPS, SigmoidFeatures
+from linattn.ops.flowformer.op import FLOW_EPS, SigmoidFeatures
 
 F64 = torch.float64
 

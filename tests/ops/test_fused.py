@@ -16,7 +16,7 @@ import torch
 import linattn
 from linattn.feature_maps import FavorPlus, Hedgehog, Polynomial, RandomReLU
 from linattn.ops import dispatch
-from linattn.ops import linear as linear_mod
+from linattn.ops.linear import op as linear_mod
 
 SMALL_BLOCKS = {"block_size": 8, "chunk_size": 4}
 
@@ -229,7 +229,7 @@ _CHUNK_SCRIPT = """
 import resource, torch, linattn
 from linattn.feature_maps import EluPlusOne
 from linattn.ops import dispatch, native
-from linattn.ops.fused import fused_linear_attention
+from linattn.ops.linear.fused import fused_linear_attention
 impls = ["fused", "portable"] + (["native"] if native.load() is not None else [])
 q = torch.randn(1, 2, 64, 4)
 for impl in impls:  # warm up: thread pools and libraries are in place before the cap

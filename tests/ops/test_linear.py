@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import linattn
 from linattn import reference
 from linattn.ops import dispatch
-from linattn.ops.linear import DEFAULT_CHUNK_SIZE
+from linattn.ops.linear.op import DEFAULT_CHUNK_SIZE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -13,7 +13,7 @@ import torch
 import linattn
 from linattn.feature_maps import FavorPlus
 from linattn.ops import dispatch, native
-from linattn.ops import linear as linear_mod
+from linattn.ops.linear import op as linear_mod
 
 D, DV, T = 4, 3, 11
 MAPS = ["elu", "relu", "taylor", "polynomial", "favor+"]

@@ -1,4 +1,4 @@
-"""The compiled float32 path (ops/native.py, ops/_native.c) against the float64 reference.
+"""The compiled float32 path (ops/native.py, ops/native/_native.c) against the float64 reference.
 
 The native path is forced for every length (``dispatch.use(impl="fast")``) and tiny blocks make
 short sequences span several blocks (and partial causal chunks), so every hand-over of the
@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import linattn
 from linattn import _cbuild
 from linattn.ops import dispatch, native
-from linattn.ops import linear as linear_mod
+from linattn.ops.linear import native as lnative
+from linattn.ops.linear import op as linear_mod
 
 pytestmark = pytest.mark.skipif(
     native.load() is None, reason=f"compiled path: {native.unavailable_reason()}"
@@ -131,8 +132,8 @@ def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native
     last chunk holds 1 token (T = 129) and 15 tokens (T = 143), and gives the reference's
     values; the blocked kernels (one pass refused) agree with it to float32 rounding."""
     lib = _CountingLibrary(native.load(), "la_causal_forward")
-    monkeypatch.setattr(native, "load", lambda isa=None: lib)
-    one_pass = native._single_pass
+    monkeypatch.setattr(lnative, "load", lambda isa=None: lib)
+    one_pass = lnative._single_pass
     for T, tail in ((129, 1), (143, 15)):
         q, k, v = _qkv(1, 2, T=T, D=16, Dv=32)
         lib.calls.clear()
@@ -146,10 +147,10 @@ def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native
         torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
         lib.calls.clear()
         native_on.clear()
-        monkeypatch.setattr(native, "_single_pass", lambda b, c, backward=False: False)
+        monkeypatch.setattr(lnative, "_single_pass", lambda b, c, backward=False: False)
         with torch.no_grad():
             blocked = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-        monkeypatch.setattr(native, "_single_pass", one_pass)
+        monkeypatch.setattr(lnative, "_single_pass", one_pass)
         assert not lib.calls and native_on  # the blocked kernels, still the native path
         torch.testing.assert_close(got, blocked, rtol=1e-5, atol=1e-6)
 
@@ -241,7 +242,7 @@ def test_default_sizes_long_sequence(Dv, chunk_size):
 
 def _phi(kind: int, x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
-    native.phi(kind, x, out)
+    lnative.phi(kind, x, out)
     return out
 
 
@@ -272,7 +273,7 @@ def test_phi_keep_mask_and_column_sums():
     x = torch.randn(2, 9, 20)
     keep = torch.rand(2, 9) < 0.6
     out, z = torch.empty(2, 9, 20), torch.full((2, 20), 0.5)
-    native.phi(0, x, out, z, keep)
+    lnative.phi(0, x, out, z, keep)
     want = torch.where(keep.unsqueeze(-1), _exact_elu1(x), 0.0)
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(z, 0.5 + want.sum(1))
@@ -292,7 +293,7 @@ def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
             monkeypatch.setattr(_cbuild, "compiler", lambda: None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # "no C compiler: torch path"
-            assert not native.native_supported(linattn.feature_maps.EluPlusOne(), q, k, v)
+            assert not lnative.native_supported(linattn.feature_maps.EluPlusOne(), q, k, v)
             with dispatch.use(impl="fast"):
                 got = linattn.linear_attention(q, k, v, is_causal=True)
         torch.testing.assert_close(got, want)
@@ -341,15 +342,15 @@ def test_phi_bfloat16_in_and_out():
     eps = torch.finfo(torch.bfloat16).eps
     for src, dst_dtype in ((xb, torch.bfloat16), (xb, torch.float32), (x, torch.bfloat16)):
         out = torch.empty(x.shape, dtype=dst_dtype)
-        native.phi(0, src, out)
+        lnative.phi(0, src, out)
         ref = _exact_elu1(src.float()).to(dst_dtype)
         torch.testing.assert_close(out.float(), ref.float(), rtol=eps, atol=1e-37)
     out = torch.empty(x.shape, dtype=torch.bfloat16)
-    native.phi(0, xb, out)
+    lnative.phi(0, xb, out)
     torch.testing.assert_close(out.float(), want, rtol=eps, atol=1e-37)
     nan = torch.full((1, 1, 17), float("nan"), dtype=torch.bfloat16)
     out = torch.empty_like(nan)
-    native.phi(0, nan, out)
+    lnative.phi(0, nan, out)
     assert torch.isnan(out).all()
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import linattn
-from linattn.ops import relative as rel_mod
-from linattn.ops.relative import fft_size, relative_linear_attention
+from linattn.ops.relative import op as rel_mod
+from linattn.ops.relative.op import fft_size, relative_linear_attention
 
 
 def _inputs(B=2, H=3, T=7, D=4, Dv=3, dtype=torch.float64, seed=0):
@@ -152,7 +152,7 @@ def test_fft_size_is_the_smallest_5_smooth_length(m):
 # resident size (the pytest process's), which would hide growth below it.
 MEMORY_SCRIPT = """
 import torch
-from linattn.ops.relative import relative_linear_attention
+from linattn.ops.relative.op import relative_linear_attention
 from linattn.profiling import PeakMemory
 B, H, T, D = 1, 4, 16384, 16
 q, k, v = (torch.randn(B, H, T, D) for _ in range(3))

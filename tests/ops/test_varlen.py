@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn import delta_rule, gated_linear_attention
-from linattn.ops.delta import l2_normalised
+from linattn.ops.delta.op import l2_normalised
 
 F64 = torch.float64
 CU = torch.tensor([0, 7, 7, 20, 33])  # an empty sequence and lengths across chunk boundaries

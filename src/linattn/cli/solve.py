@@ -155,7 +155,7 @@ def row_sums(qkv: np.ndarray, importer: threading.Thread | None = None) -> np.nd
         importer.join()
     import torch
 
-    from linattn.ops.linear import linear_attention
+    from linattn.ops.linear.op import linear_attention
 
     q, k, v = torch.from_numpy(qkv)  # three (N, d) views, no copy
     # One thread: at N = 10^5 the op takes ~0.06 s on one core, while with two threads on a

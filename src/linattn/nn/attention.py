@@ -18,9 +18,9 @@ from torch import Tensor, nn
 
 from linattn._config import renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops.flowformer import SigmoidFeatures, flowformer_attention
-from linattn.ops.linear import linear_attention
-from linattn.ops.relative import relative_linear_attention
+from linattn.ops.flowformer.op import SigmoidFeatures, flowformer_attention
+from linattn.ops.linear.op import linear_attention
+from linattn.ops.relative.op import relative_linear_attention
 
 __all__ = ["MultiheadAttentionBase", "MultiheadLinearAttention", "FeatureMapSpec",
            "own_feature_map"]

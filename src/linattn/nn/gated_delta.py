@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn.nn.attention import MultiheadAttentionBase
-from linattn.ops.delta import delta_rule, delta_rule_step
+from linattn.ops.delta.op import delta_rule, delta_rule_step
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
 __all__ = ["GatedDeltaAttention", "DeltaRuleState"]

@@ -51,11 +51,11 @@ from linattn._config import renamed_keywords
 from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAttentionBase
 from linattn.nn.encoder import PreNormBlock
 from linattn.nn.gated_delta import DeltaRuleState, GatedDeltaAttention
-from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
-from linattn.ops.decay_softmax import decay_softmax_attention
+from linattn.ops.decay.op import decay_linear_attention, decay_linear_attention_step
+from linattn.ops.decay_softmax.op import decay_softmax_attention
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
-from linattn.ops.recurrent import LinearAttentionState
-from linattn.ops.window import (
+from linattn.ops.linear.recurrent import LinearAttentionState
+from linattn.ops.window.op import (
     WindowLinearAttentionState,
     check_window,
     window_linear_attention,
@@ -88,7 +88,7 @@ class KVCache:
 class LMState:
     """Per-layer decoding state of :class:`LinearTransformerLM`.
 
-    ``layers[i]`` is a :class:`~linattn.ops.recurrent.LinearAttentionState` (S: (B, H, ℓ, d),
+    ``layers[i]`` is a :class:`~linattn.ops.linear.recurrent.LinearAttentionState` (S: (B, H, ℓ, d),
     z: (B, H, ℓ)) for linear attention — the same size after 1 token or 1 million — a
     :class:`~linattn.ops.window.WindowLinearAttentionState` for the hybrid (S, z and a ring
     buffer k, v: (B, H, w, d), also constant), a
@@ -189,7 +189,7 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
     ) -> tuple[Tensor, LinearAttentionState | WindowLinearAttentionState | KVCache]:
         """x: (B, T, E); ``state`` after ``position`` earlier tokens (informational: every kind
         reads what it needs off its state). Returns (out, new state):
-        out (B, T, E); the state a :class:`~linattn.ops.recurrent.LinearAttentionState`
+        out (B, T, E); the state a :class:`~linattn.ops.linear.recurrent.LinearAttentionState`
         (S: (B, H, ℓ, d), z: (B, H, ℓ)), a
         :class:`~linattn.ops.window.WindowLinearAttentionState` (hybrid) or a :class:`KVCache`
         (k, v: (B, H, position + T, d))."""

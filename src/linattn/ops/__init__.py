@@ -1,37 +1,49 @@
-"""Pure tensor functions: no module state. ``reference`` holds the quadratic ground truth."""
+"""Pure tensor functions, no module state: one folder per op.
 
-from linattn.ops import reference
-from linattn.ops.cosformer import cosformer_attention
-from linattn.ops.decay import decay_linear_attention, decay_linear_attention_step
-from linattn.ops.decay_softmax import decay_softmax_attention
-from linattn.ops.delta import delta_rule, delta_rule_step
-from linattn.ops.flowformer import flowformer_attention
-from linattn.ops.gated import gated_linear_attention, gated_linear_attention_step
-from linattn.ops.linear import linear_attention
-from linattn.ops.recurrent import LinearAttentionState, linear_attention_step
-from linattn.ops.relative import relative_linear_attention
-from linattn.ops.window import (
-    WindowLinearAttentionState,
-    window_linear_attention,
-    window_linear_attention_step,
-)
+Each folder holds the op's public functions (``op.py``), its ground truth (``reference.py``,
+re-exported by :mod:`linattn.reference`), and where it has them its compiled glue
+(``native.py`` and C kernels), its other torch forms and flash-linear-attention's names for it
+(``fla.py``, re-exported by :mod:`linattn.fla`). :data:`OPS` is the one list of them: adding an
+op is a folder and one line here.
 
-__all__ = [
-    "reference",
-    "linear_attention",
-    "LinearAttentionState",
-    "linear_attention_step",
-    "relative_linear_attention",
-    "cosformer_attention",
-    "decay_linear_attention",
-    "decay_linear_attention_step",
-    "decay_softmax_attention",
-    "flowformer_attention",
-    "window_linear_attention",
-    "window_linear_attention_step",
-    "WindowLinearAttentionState",
-    "gated_linear_attention",
-    "gated_linear_attention_step",
-    "delta_rule",
-    "delta_rule_step",
-]
+Names are imported on first use (PEP 562), like ``linattn``'s own, so that reading :data:`OPS`
+does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: op folder -> the public names it exports (re-exported by ``linattn`` and ``linattn.ops``).
+OPS: dict[str, tuple[str, ...]] = {
+    "linear": ("linear_attention", "LinearAttentionState", "linear_attention_step"),
+    "relative": ("relative_linear_attention",),
+    "cosformer": ("cosformer_attention",),
+    "decay": ("decay_linear_attention", "decay_linear_attention_step"),
+    "decay_softmax": ("decay_softmax_attention",),
+    "flowformer": ("flowformer_attention",),
+    "window": ("window_linear_attention", "window_linear_attention_step",
+               "WindowLinearAttentionState"),
+    "gated": ("gated_linear_attention", "gated_linear_attention_step"),
+    "delta": ("delta_rule", "delta_rule_step"),
+}
+
+#: public name -> the op folder that exports it
+EXPORTS: dict[str, str] = {name: op for op, names in OPS.items() for name in names}
+
+__all__ = ["OPS", "EXPORTS", "reference", *EXPORTS]
+
+
+def __getattr__(name: str):
+    if name == "reference":
+        value = importlib.import_module("linattn.ops.reference")
+    elif name in EXPORTS:
+        value = getattr(importlib.import_module(f"linattn.ops.{EXPORTS[name]}"), name)
+    else:
+        raise AttributeError(f"module 'linattn.ops' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -5,7 +5,7 @@ float64 reference):
 
 * ``"native"``: the compiled CPU kernels of :mod:`linattn.ops.native` (1 + elu and 1 + relu,
   float32, or bfloat16 without gradients);
-* ``"fused"``: the chunked, buffer-reusing torch form of :mod:`linattn.ops.fused` (any
+* ``"fused"``: the chunked, buffer-reusing torch form of :mod:`linattn.ops.linear.fused` (any
   token-wise map without trainable parameters, CPU);
 * ``"portable"``: the whole-tensor torch form in :mod:`linattn.ops.linear` (everything, every
   device, double backward).

@@ -79,7 +79,7 @@ from linattn.ops._common import (
     zero_padded,
 )
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
-from linattn.ops.recurrent import check_float_parts
+from linattn.ops.linear.recurrent import check_float_parts
 
 __all__ = [
     "WindowLinearAttentionState",

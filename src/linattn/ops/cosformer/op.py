@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops.linear import linear_attention
+from linattn.ops.linear.op import linear_attention
 
 __all__ = ["cosformer_attention", "CosFormerFeatures"]
 

@@ -47,23 +47,18 @@ beat the torch paths on this machine (ops/dispatch.py). Without a C compiler, or
 ``LINATTN_NATIVE=0``, :func:`native_supported` is False and the torch paths run instead.
 """
 
+
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import json
 import os
-import sys
 import threading
-import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from linattn import _cbuild
-from linattn._io import write_atomic
 from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
 from linattn.ops import dispatch
 from linattn.ops._common import (
@@ -73,141 +68,28 @@ from linattn.ops._common import (
     needs_grad,
     portable_forward,
 )
+from linattn.ops.native import (
+    _check,
+    bf16_products,
+    cached_measurement,
+    empty_hugepage,
+    load,
+    pool,
+    selected_isa,
+)
 from linattn.profiling import median_time
 
 __all__ = ["native_supported", "native_linear_attention", "load", "phi"]
 
-SOURCE = Path(__file__).with_name("_native.c")
-_KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
-_MAP_OF_KIND = {kind: cls for cls, kind in _KINDS.items()}
-_lib: ctypes.CDLL | None = None
-_tried = False
 
-_P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
-#: name: (return type, argument types) of each function of _native.c; the one-pass kernels
-#: return 0, or -1 on sizes they do not take.
-_SIGNATURES = {
-    "la_phi": (None, [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _P, _L]),
-    "la_normalise": (None, [_P, _I, _P, _I, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _I, _L]),
-    "la_norm_grad": (None, [_P, _L, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P]),
-    "la_grad_phi": (None, [_I, _P, _P, _L, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L]),
-    "la_mask_rowsum": (None, [_P, _I, _L, _L, _P]),
-    "la_mask_add": (None, [_P, _L, _L, _P]),
-    "la_prefix": (None, [_P, _L, _L, _L, _P, _P, _I]),
-    "la_causal_forward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P,
-                               _P, _L, _P]),
-    "la_noncausal_forward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F,
-                                  _P, _P, _P, _L, _P]),
-    "la_noncausal_backward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L,
-                                   _L, _L, _L, _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
-    "la_causal_backward": (_I, [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L,
-                                _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
-    "la_width": (_I, []),
-    "la_tile": (_I, []),
-}
+_KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
+
+
+_MAP_OF_KIND = {kind: cls for cls, kind in _KINDS.items()}
+
+
 #: Tokens per chunk of the one-pass non-causal kernels (their features stay in L1).
 NONCAUSAL_CHUNK = 64
-
-
-#: Compiler flags of each build of _native.c. "native" (the default) targets the CPU at hand,
-#: whose vector width and register tiles _native.c picks from the compiler's macros; the others
-#: build a narrower ISA, to measure it on a wider CPU or to test the scalar form
-#: (``LINATTN_NATIVE_ISA``, or ``isa=`` in :func:`load`).
-ISA_FLAGS = {
-    "native": ["-march=native"],
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
-    "avx2": ["-mavx2", "-mfma"],
-    "generic": [],  # the compiler's baseline: SSE2 on x86-64, NEON on aarch64
-    "scalar": ["-DLA_W=1"],
-}
-#: /proc/cpuinfo flags an ISA build needs to run (x86); a build this CPU cannot run is refused.
-_ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"},
-              "avx2": {"avx2", "fma"}}
-_libs: dict[str, ctypes.CDLL | None] = {}
-
-
-def bf16_products() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX on x86, the BF16
-    extension on aarch64), so that torch's bfloat16 matmuls beat float32 ones."""
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cbuild.cpu_flags())
-
-
-def selected_isa(isa: str | None = None) -> str:
-    """``isa`` if given, else the build variant this process uses: ``LINATTN_NATIVE_ISA`` or
-    "native"; checked against :data:`ISA_FLAGS`."""
-    name = "isa"
-    if isa is None:
-        name, isa = "LINATTN_NATIVE_ISA", os.environ.get("LINATTN_NATIVE_ISA", "").strip()
-        isa = isa or "native"
-    if isa not in ISA_FLAGS:
-        raise ValueError(f"{name}: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
-    return isa
-
-
-def load(isa: str | None = None) -> ctypes.CDLL | None:
-    """The compiled kernels of one build variant (default :func:`selected_isa`), built on first
-    use, or None where that is not possible (no compiler, ``LINATTN_NATIVE=0``, an ISA this
-    CPU lacks)."""
-    isa = selected_isa(isa)
-    if isa not in _libs:
-        _libs[isa] = _load(isa)
-    return _libs[isa]
-
-
-def _load(isa: str) -> ctypes.CDLL | None:
-    if dispatch.native_setting() == "0":
-        return None
-    need = _ISA_NEEDS.get(isa, set())
-    if need and not need <= _cbuild.cpu_flags():
-        warnings.warn(f"linattn: this CPU cannot run the {isa} build of the compiled path "
-                      f"(needs {', '.join(sorted(need))}); using the PyTorch path",
-                      RuntimeWarning, stacklevel=3)
-        return None
-    base = ["-O3", "-fno-math-errno"]
-    tries = [base + ISA_FLAGS[isa]]
-    if isa == "native":
-        tries.append(["-O3"])  # a compiler without -march=native
-    for flags in tries:  # warn (once) only when the last try fails too
-        lib = _cbuild.load_library(SOURCE, "native", flags, warn=flags is tries[-1])
-        if lib is not None:
-            for name, (restype, argtypes) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype, fn.argtypes = restype, argtypes
-            return lib
-    return None
-
-
-def unavailable_reason(isa: str | None = None) -> str | None:
-    """Why :func:`load` gives None (for skip messages and warnings), or None if it loads."""
-    if load(isa) is not None:
-        return None
-    isa = selected_isa(isa)
-    if dispatch.native_setting() == "0":
-        return "turned off by LINATTN_NATIVE=0"
-    if not SOURCE.exists():
-        return f"the C source {SOURCE.name} is not installed beside {__name__}"
-    if _ISA_NEEDS.get(isa, set()) - _cbuild.cpu_flags():
-        return f"this CPU cannot run the {isa} build"
-    if _cbuild.compiler() is None:
-        return "no C compiler found (cc, gcc, clang or $CC)"
-    return f"the compiler refused {SOURCE.name} (its output is in a .failed file in the cache)"
-
-
-def describe(isa: str | None = None) -> str:
-    """One line on the build in use: ISA, vector width, register tile (or why there is none)."""
-    lib = load(isa)
-    name = selected_isa(isa)
-    if lib is None:
-        return f"{name}: not available ({unavailable_reason(isa)})"
-    tile = lib.la_tile()
-    return f"{name}: {lib.la_width()}-float vectors, {tile // 100}x{tile % 100} register tile"
-
-
-def _check(rc: int, name: str) -> None:
-    """The one-pass kernels return -1 on sizes they do not take: a bug here, never silence (an
-    ``assert`` would vanish under ``python -O``)."""
-    if rc != 0:
-        raise RuntimeError(f"linattn native path: {name} refused its sizes (rc={rc})")
 
 
 def native_supported(
@@ -228,8 +110,12 @@ def native_supported(
 #: The calibration problem: 4 heads of 2048 tokens, d = Dv = 64, float32, 1 + elu (about a
 #: second in all: median of 3 calls per path and form, after a warm-up call).
 CALIBRATION_SHAPE = (4, 2048, 64)
+
+
 _FORMS = {(c, b): f"{'causal' if c else 'non-causal'} {'fwd+bwd' if b else 'forward'}"
           for c in (False, True) for b in (False, True)}
+
+
 _verdicts: dict[tuple[str, int], dict] = {}
 
 
@@ -249,6 +135,15 @@ def wins(is_causal: bool, backward: bool) -> bool:
 
 
 _CALIBRATION_LOCK = threading.Lock()
+
+
+def _forget_lock() -> None:
+    global _CALIBRATION_LOCK
+    _CALIBRATION_LOCK = threading.Lock()  # a forked child may inherit it held
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_lock)
 
 
 @torch.compiler.disable  # measured eagerly, never traced into a compiled graph
@@ -278,50 +173,6 @@ def _calibrate(threads: int) -> dict[str, dict]:
         lambda r: isinstance(r, dict) and set(r) == set(_FORMS.values()))
 
 
-def cached_measurement(path: Path, entry: str, threads: int, measure, valid) -> dict:
-    """``measure()`` run with ``threads`` torch threads in a fresh thread, or its earlier
-    result: the JSON file ``path`` (beside the compiled library) keeps one result per
-    ``entry``; a missing, unreadable or not ``valid`` one is measured again and written back
-    atomically (an unwritable cache only means measuring again in the next process)."""
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    result = cached.get(entry) if isinstance(cached, dict) else None
-    if not valid(result):
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            result = _in_clean_thread(measure)
-        finally:
-            torch.set_num_threads(before)
-        try:
-            write_atomic(path, json.dumps({**cached, entry: result}, indent=1).encode())
-        except OSError:
-            pass
-    return result
-
-
-def _in_clean_thread(fn):
-    """fn() in a new thread, whose autograd state (grad mode, inference mode, autocast,
-    saved-tensor hooks, a checkpoint being recorded) and dispatch policy are the defaults, not
-    those of the user's call that happened to trigger the measurement."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=run, name="linattn-calibration")
-    worker.start()
-    worker.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _measure(repeats: int = 3) -> dict[str, dict]:
     # Gradients even if the first call (which triggers this) runs under no_grad or
     # inference_mode: inputs made here must not be inference tensors.
@@ -330,7 +181,7 @@ def _measure(repeats: int = 3) -> dict[str, dict]:
 
 
 def _measure_forms(repeats: int) -> dict[str, dict]:
-    from linattn.ops.linear import linear_attention  # (linear imports this module)
+    from linattn.ops.linear.op import linear_attention  # (linear imports this module)
 
     N, T, d = CALIBRATION_SHAPE
     g = torch.Generator().manual_seed(0)
@@ -360,35 +211,6 @@ def _measure_forms(repeats: int) -> dict[str, dict]:
     return result
 
 
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(None)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _libc() if sys.platform == "linux" else None
-_MADV_HUGEPAGE, _HUGE = 14, 1 << 21
-
-
-def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
-    """An uninitialised float32 tensor whose pages the kernel backs with 2 MiB pages.
-
-    A fresh (8, 65536, 64) output is 128 MiB of untouched memory: filling it costs 32768 page
-    faults, ~50 ms here, a third of the whole forward. With transparent huge pages in
-    "madvise" mode (common), MADV_HUGEPAGE makes that 64 faults. Advice only: where it is not
-    available nothing changes."""
-    t = like.new_empty(*shape)
-    nbytes = t.numel() * t.element_size()
-    if _LIBC is not None and nbytes >= 4 * _HUGE:
-        start = (t.data_ptr() + _HUGE - 1) & ~(_HUGE - 1)
-        end = (t.data_ptr() + nbytes) & ~(_HUGE - 1)
-        _LIBC.madvise(start, end - start, _MADV_HUGEPAGE)
-    return t
-
-
 def _ptr(x: Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
 
@@ -411,12 +233,6 @@ def _rows_of(x: Tensor, scratch: Tensor | None) -> Tensor:
     not contiguous (the gradient of a ``.sum()`` arrives expanded, with stride 0): one block at
     a time, so a whole-size copy is never made."""
     return x if scratch is None else scratch[:, : x.shape[1]].copy_(x)
-
-
-# ------------------------------------------------------------------------- element-wise passes
-# Buffers are contiguous (N, R, F), R >= T rows per head (R > T: a block padded to whole causal
-# chunks); the inputs, outputs and gradients are (N, T, F) views with any head stride. Vectors
-# shared by groups of rows (z per head or per chunk) are (N, R // rows, L).
 
 
 def phi(kind: int, x: Tensor, out: Tensor, z: Tensor | None = None, keep: Tensor | None = None):
@@ -465,9 +281,6 @@ def _grad_phi(kind, dphi, x, f, coef, vec, vrows, keep, dx):
     load().la_grad_phi(kind, dphi.data_ptr(), x.data_ptr(), _head_stride(x), f.data_ptr(),
                        _ptr(coef), _ptr(vec), vrows, N,
                        dx.shape[1], R, L, _ptr(keep), ks, dx.data_ptr(), _head_stride(dx))
-
-
-# ---------------------------------------------------------------------------------- the passes
 
 
 class _Block:
@@ -582,32 +395,6 @@ def _ptrs(*views: Tensor) -> list[int]:
     """(data pointer, head stride) of each (N, T, F) view, flattened: the compiled passes'
     argument pairs."""
     return [a for x in views for a in (x.data_ptr(), _head_stride(x))]
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _forget_pool() -> None:
-    """A forked child inherits the pool object but not its threads (and maybe a lock held by
-    one of them): start new ones there."""
-    global _POOL, _POOL_LOCK, _CALIBRATION_LOCK
-    _POOL, _POOL_LOCK, _CALIBRATION_LOCK = None, threading.Lock(), threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def pool(workers: int) -> ThreadPoolExecutor:
-    """The one thread pool of the compiled passes, with at least ``workers`` threads: a larger
-    pool replaces a smaller one; none is shut down under a caller."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < workers:
-            _POOL = ThreadPoolExecutor(max(workers, os.cpu_count() or 1),
-                                       thread_name_prefix="linattn")
-        return _POOL
 
 
 def _over_heads(b: _Block, size: int, fn) -> None:
@@ -837,8 +624,8 @@ def _fast_backward(ctx, q, k, v, keep, S_states, z_states, out, g_out, g_S, g_z)
 
 
 def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0=None):
-    """Same contract as :func:`linattn.ops.fused.fused_linear_attention` (float32, or bfloat16
-    without gradients):
+    """Same contract as :func:`linattn.ops.linear.fused.fused_linear_attention` (float32, or
+    bfloat16 without gradients):
     q (..., Tq, D), k (..., T, D), v (..., T, Dv), keep bool broadcastable to (..., T, 1) or
     None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
     (..., ℓ, Dv + 1)."""
@@ -866,3 +653,4 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
     )
     state = torch.cat([S, z.unsqueeze(-1)], -1)
     return out.reshape(*batch, *out.shape[-2:]), state.reshape(*batch, L, Dv + 1)
+

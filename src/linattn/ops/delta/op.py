@@ -39,7 +39,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops import delta_native
 from linattn.ops._common import (
     accumulation_dtype,
     check_chunk_size,
@@ -47,8 +46,9 @@ from linattn.ops._common import (
     check_step_inputs,
     to_chunks,
 )
+from linattn.ops.delta import native as delta_native
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
-from linattn.ops.gated import (
+from linattn.ops.gated.op import (
     check_gate,
     checked_tensor,
     decayed,

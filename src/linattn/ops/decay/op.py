@@ -30,8 +30,8 @@ Three forms, held together by tests:
 * :func:`linattn.reference.decay_linear_attention` — the explicit T×T weights, the ground
   truth, beside the other quadratic references.
 
-States are :class:`~linattn.ops.recurrent.LinearAttentionState` (S: (..., ℓ, Dv), z: (..., ℓ)),
-accumulated in float32 at least, exactly as the undecayed ops keep them.
+States are :class:`~linattn.ops.linear.recurrent.LinearAttentionState` (S: (..., ℓ, Dv),
+z: (..., ℓ)), accumulated in float32 at least, exactly as the undecayed ops keep them.
 """
 
 from __future__ import annotations
@@ -51,16 +51,13 @@ from linattn.ops._common import (
     values_with_ones,
 )
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
-from linattn.ops.gated import chunked_form
-from linattn.ops.recurrent import LinearAttentionState, checked_state
-from linattn.ops.reference import decay_linear_attention as reference_decay_linear_attention
+from linattn.ops.gated.op import chunked_form
+from linattn.ops.linear.recurrent import LinearAttentionState, checked_state
 
-# reference_decay_linear_attention stays importable from here (its old home);
 # DEFAULT_CHUNK_SIZE is re-exported from ops/dispatch.py, the one home of that number.
 __all__ = [
     "decay_linear_attention",
     "decay_linear_attention_step",
-    "reference_decay_linear_attention",
     "DEFAULT_CHUNK_SIZE",
 ]
 

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from linattn import _cbuild
 from linattn.ops import dispatch, native
-from linattn.ops.gated import initial_state_for
+from linattn.ops.gated.op import initial_state_for
 from linattn.ops.varlen import check_cu_seqlens
 from linattn.profiling import median_time
 
@@ -375,7 +375,7 @@ def _calibrate(threads: int) -> dict[str, dict]:
 
 
 def _measure() -> dict[str, dict]:
-    from linattn.ops.delta import delta_rule, delta_rule_step  # (delta imports this module)
+    from linattn.ops.delta.op import delta_rule, delta_rule_step  # (delta imports this module)
 
     result = {}
     gen = torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
-from linattn.ops import dispatch, native
+from linattn.ops import dispatch
 from linattn.ops._common import (
     check_chunk_size,
     check_qkv,
@@ -33,9 +33,10 @@ from linattn.ops._common import (
     resolve,
 )
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
-from linattn.ops.fused import fused_linear_attention, fused_supported
-from linattn.ops.native import native_linear_attention, native_supported
-from linattn.ops.recurrent import LinearAttentionState, checked_state
+from linattn.ops.linear import native
+from linattn.ops.linear.fused import fused_linear_attention, fused_supported
+from linattn.ops.linear.native import native_linear_attention, native_supported
+from linattn.ops.linear.recurrent import LinearAttentionState, checked_state
 from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
 
 # DEFAULT_CHUNK_SIZE is re-exported (users import it from here); its home is ops/dispatch.py.
