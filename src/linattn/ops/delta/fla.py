@@ -1,0 +1,315 @@
+"""flash-linear-attention's delta-rule names (DeltaNet, Gated DeltaNet) on
+:func:`linattn.delta_rule`; see :mod:`linattn.fla`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from linattn.ops._common import accumulation_dtype
+from linattn.ops._fla import (
+    _beta,
+    _finish,
+    _flag,
+    _gate,
+    _hf,
+    _kwargs,
+    _no_cp,
+    _qkv,
+    _scale,
+    _scan,
+    _state,
+    _state_v_first,
+    _tensor,
+    _varlen,
+)
+from linattn.ops.delta import op as delta
+
+__all__ = [
+    "chunk_delta_rule",
+    "fused_recurrent_delta_rule",
+    "fused_chunk_delta_rule",
+    "parallel_delta_rule",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "chunk_gdn",
+    "fused_recurrent_gdn",
+]
+
+
+# ----------------------------------------------------------------------------- delta rule
+
+
+def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
+           output_final_state, use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+           allow_neg_eigval=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+           state_v_first=False, cu_seqlens=None, chunk_size=None, gva=False, per_value_beta=False,
+           positive_scale=False):
+    """Checked fla-layout delta rule -> linattn.ops.delta (chunked, or step by step for gk, gv
+    or per-value beta)."""
+    B, T, H, HV, K = _qkv(q, k, v, gva=gva)
+    V = v.shape[-1]
+    s = _scale(scale, K, positive=positive_scale)
+    output_final_state = _flag("output_final_state", output_final_state)
+    l2 = _flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    sig = _flag("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel)
+    neg = _flag("allow_neg_eigval", allow_neg_eigval)
+    if neg and not sig:
+        raise ValueError("allow_neg_eigval: needs use_beta_sigmoid_in_kernel=True (as in fla)")
+    if _flag("use_gate_in_kernel", use_gate_in_kernel):
+        if A_log is None:
+            raise ValueError("A_log: must be given when use_gate_in_kernel=True")
+        if g is None:
+            raise ValueError("g: the raw gate input must be given when use_gate_in_kernel=True")
+        A_log = _tensor("A_log", A_log, 1)
+        if tuple(A_log.shape) != (HV,):
+            raise ValueError(f"A_log: expected shape (HV,) = {(HV,)}, got {tuple(A_log.shape)}")
+        raw = _tensor("g", g, 3)
+        if tuple(raw.shape) != (B, T, HV):
+            raise ValueError(f"g: expected shape (B, T, HV) = {(B, T, HV)}, got {tuple(raw.shape)}")
+        acc = accumulation_dtype(q.dtype)
+        raw = raw.to(acc)
+        if dt_bias is not None:
+            dt_bias = _tensor("dt_bias", dt_bias, 1)
+            if tuple(dt_bias.shape) != (HV,):
+                raise ValueError(f"dt_bias: expected shape (HV,) = {(HV,)}, got "
+                                 f"{tuple(dt_bias.shape)}")
+            raw = raw + dt_bias.to(acc)
+        g = -A_log.to(acc).exp() * F.softplus(raw)
+    g = _gate("g", g, (B, T, HV))
+    gk = _gate("gk", gk, (B, T, HV, K))
+    gv = _gate("gv", gv, (B, T, HV, V))
+    if beta is None:
+        beta = q.new_ones(B, T, HV)
+    beta = _beta(beta, B, T, HV, V, per_value=per_value_beta)
+    if sig:
+        beta = torch.sigmoid(beta) * (2 if neg else 1)
+    cu = _varlen(cu_seqlens, q)
+    N = B if cu is None else len(cu) - 1
+    S0 = _state("initial_state", initial_state, N, HV, K, V, state_v_first)
+    if HV != H:  # grouped value attention: value head j reads q/k head j // (HV // H)
+        q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
+    if gk is None and gv is None and beta.dim() == 3:
+        o, S = delta.delta_rule(_hf(q), _hf(k), _hf(v), _hf(beta), _hf(g), scale=s,
+                                initial_state=S0, return_state=True, chunk_size=chunk_size,
+                                cu_seqlens=cu, qk_l2norm=l2)
+    else:
+        step = _per_value_beta_step(delta.delta_rule_step, s, l2) if beta.dim() == 4 else \
+            (lambda q_t, k_t, v_t, S, beta_t, **gates:
+             delta.delta_rule_step(q_t, k_t, v_t, beta_t, S, scale=s, qk_l2norm=l2, **gates))
+        o, S = _scan(step, _hf(q), _hf(k), _hf(v),
+                     {"beta_t": _hf(beta), "g_t": _hf(g), "gk_t": _hf(gk), "gv_t": _hf(gv)},
+                     S0, cu)
+    return _finish(o, S, output_final_state, state_v_first)
+
+
+def _per_value_beta_step(delta_rule_step: Callable, scale: float, l2: bool) -> Callable:
+    """The delta step with a per-value beta_t (..., V): each value column j of the state is a
+    delta rule of its own with the scalar beta_t[j], so run the V columns as a batch dimension
+    (state (..., K, V) -> (..., V, K, 1))."""
+
+    def step(q_t, k_t, v_t, S, beta_t, g_t=None, gk_t=None, gv_t=None):
+        V, K = v_t.shape[-1], q_t.shape[-1]
+        wide = (*q_t.shape[:-1], V, K)
+        cols = S.movedim(-1, -2).unsqueeze(-1)  # (..., V, K, 1)
+        o, cols = delta_rule_step(
+            q_t.unsqueeze(-2).expand(wide), k_t.unsqueeze(-2).expand(wide), v_t.unsqueeze(-1),
+            beta_t, cols, scale=scale, qk_l2norm=l2,
+            g_t=None if g_t is None else g_t.unsqueeze(-1).expand(beta_t.shape),
+            gk_t=None if gk_t is None else gk_t.unsqueeze(-2).expand(wide),
+            gv_t=None if gv_t is None else gv_t.unsqueeze(-1))
+        return o.squeeze(-1), cols.squeeze(-1).movedim(-1, -2)
+
+    return step
+
+
+def chunk_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
+    """The delta rule (DeltaNet): ``S_t = S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ k_t)ᵀ``,
+    ``o_t = S_tᵀ(scale·q_t)``.
+
+    fla's ``fla.ops.delta_rule.chunk_delta_rule``; runs :func:`linattn.ops.delta.delta_rule`.
+
+    Args:
+        q, k: (B, T, H, K); v: (B, T, H, V); beta: (B, T, H).
+        scale: default ``K**-0.5``.
+        initial_state: (N, H, K, V) or None (zeros); N = B or the number of sequences.
+        output_final_state: return the final state (else None).
+        use_qk_l2norm_in_kernel: L2-normalise q and k first (x / sqrt(Σx² + 1e-6)).
+        cu_seqlens: (N + 1,) packed sequences (B = 1); cu_seqlens_cpu: ignored.
+        **kwargs: ``chunk_size`` (speed only).
+
+    Returns:
+        o (B, T, H, V) in q's dtype; final state (N, H, K, V) or None.
+    """
+    kw = _kwargs("chunk_delta_rule", kwargs, ("chunk_size",))
+    return _delta(q, k, v, beta, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                  chunk_size=kw.get("chunk_size"))
+
+
+def fused_recurrent_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`chunk_delta_rule` with fla's recurrent signature: beta None means ones, and beta may
+    also be per value (B, T, H, V) (then the value columns run token by token through
+    :func:`linattn.ops.delta.delta_rule_step`); ``scale`` must be positive (as fla)."""
+    return _delta(q, k, v, beta, scale=scale,
+                  initial_state=initial_state, output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                  per_value_beta=True, positive_scale=True)
+
+
+def fused_chunk_delta_rule(**kwargs) -> tuple[Tensor, Tensor | None]:
+    """Deprecated in fla (it raises there too): use :func:`chunk_delta_rule`."""
+    raise NotImplementedError("fused_chunk_delta_rule is deprecated (in fla too); "
+                              "use chunk_delta_rule")
+
+
+def parallel_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    output_attentions: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`chunk_delta_rule` from a zero state under fla's parallel name: returns (o, None).
+    ``output_attentions=True`` (fla's materialised (B, H, T, T) matrix) is not supported."""
+    if _flag("output_attentions", output_attentions):
+        raise NotImplementedError("output_attentions: parallel_delta_rule's attention matrix is "
+                                  "not supported by linattn.fla")
+    return _delta(q, k, v, beta, scale=scale, initial_state=None,
+                  output_final_state=False)
+
+
+def chunk_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    chunk_indices: torch.LongTensor | None = None,
+    cp_context: object | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule (Gated DeltaNet):
+    ``S_t = exp(g_t) S_{t−1} + β_t k_t (v_t − exp(g_t) S_{t−1}ᵀ k_t)ᵀ``, ``o_t = S_tᵀ(scale·q_t)``.
+
+    fla's ``fla.ops.gated_delta_rule.chunk_gated_delta_rule``; runs
+    :func:`linattn.ops.delta.delta_rule` with ``g``.
+
+    Args:
+        q, k: (B, T, H, K); v: (B, T, HV, V), HV a multiple of H (grouped value attention: value
+            head j uses q/k head j // (HV // H)).
+        g: (B, T, HV) log decays ≤ 0; with ``use_gate_in_kernel=True`` (a keyword here, as in
+            fla) the raw input, and the decay is ``−exp(A_log)·softplus(g + dt_bias)``.
+        beta: (B, T, HV); with ``use_beta_sigmoid_in_kernel`` logits (β = sigmoid(beta), times 2
+            if ``allow_neg_eigval``).
+        scale: default ``K**-0.5``. initial_state: (N, HV, K, V) ((N, HV, V, K) with
+            ``state_v_first``) or None. output_final_state: return the final state.
+        use_qk_l2norm_in_kernel: L2-normalise q and k first (x / sqrt(Σx² + 1e-6)).
+        cu_seqlens: (N + 1,) packed sequences (B = 1); cu_seqlens_cpu, chunk_indices: ignored.
+        cp_context: must be None (context parallelism is not supported).
+        **kwargs: ``chunk_size`` (speed only), ``use_gate_in_kernel``, ``A_log`` (HV,),
+            ``dt_bias`` (HV,), ``transpose_state_layout``.
+
+    Returns:
+        o (B, T, HV, V) in q's dtype; final state (N, HV, K, V) or None.
+    """
+    kw = _kwargs("chunk_gated_delta_rule", kwargs,
+                 ("chunk_size", "use_gate_in_kernel", "A_log", "dt_bias", "transpose_state_layout"))
+    svf = _state_v_first(state_v_first, kw)
+    _no_cp(cp_context)
+    if g is None and not kw.get("use_gate_in_kernel", False):
+        raise ValueError("g: chunk_gated_delta_rule needs the gates (B, T, HV)")
+    return _delta(q, k, v, beta, g=g, scale=scale,
+                  initial_state=initial_state, output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                  allow_neg_eigval=allow_neg_eigval,
+                  use_gate_in_kernel=kw.get("use_gate_in_kernel", False), A_log=kw.get("A_log"),
+                  dt_bias=kw.get("dt_bias"), state_v_first=svf, cu_seqlens=cu_seqlens,
+                  chunk_size=kw.get("chunk_size"), gva=True)
+
+
+def fused_recurrent_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    gv: Tensor | None = None,
+    beta: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule with fla's recurrent signature — NB the order ``g, gk, gv, beta``:
+    ``S ← exp(g_t)·diag(exp(gk_t))·S·diag(exp(gv_t))``, then ``S ← S + β_t k_t (v_t − Sᵀk_t)ᵀ``,
+    ``o_t = Sᵀ(scale·q_t)``.
+
+    fla's ``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule``. g (B, T, HV),
+    gk (B, T, HV, K), gv (B, T, HV, V): log decays ≤ 0 or None; beta (B, T, HV) or per value
+    (B, T, HV, V), None means ones; the other arguments as :func:`chunk_gated_delta_rule`
+    (``use_gate_in_kernel``, ``A_log``, ``dt_bias`` are named parameters here, as in fla).
+    Runs :func:`linattn.ops.delta.delta_rule` (chunked) for scalar g and beta; with gk, gv or a
+    per-value beta :func:`linattn.ops.delta.delta_rule_step` token by token (slower).
+    ``**kwargs``: ``transpose_state_layout``. Returns (o (B, T, HV, V), final state or None)."""
+    kw = _kwargs("fused_recurrent_gated_delta_rule", kwargs, ("transpose_state_layout",))
+    svf = _state_v_first(state_v_first, kw)
+    return _delta(q, k, v, beta, g=g, gk=gk, gv=gv,
+                  scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                  allow_neg_eigval=allow_neg_eigval, use_gate_in_kernel=use_gate_in_kernel,
+                  A_log=A_log, dt_bias=dt_bias, state_v_first=svf, cu_seqlens=cu_seqlens,
+                  gva=True, per_value_beta=True)
+
+
+#: fla's short names.
+chunk_gdn = chunk_gated_delta_rule
+fused_recurrent_gdn = fused_recurrent_gated_delta_rule
