@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+import linattn.ops
 from linattn import reference
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -59,3 +64,107 @@ def test_reference_different_lengths(make_map, qkv):
     torch.testing.assert_close(
         ref, _loop_attention(feature_map, q, k, v, False), rtol=1e-12, atol=1e-12
     )
+
+
+# --- the references are standalone (issue 23 §4) -------------------------------------------
+
+_OPS_DIR = Path(linattn.ops.__file__).parent
+#: Modules a reference may import: torch, the standard library, the feature maps (an input of
+#: the op, tested on their own) and the references' own argument checks. Nothing of an op.
+_ALLOWED_LINATTN = {"linattn.feature_maps", "linattn.ops._reference_checks"}
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(module, line) of every import in ``path``; relative imports as '.'-prefixed names."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append(("." * node.level + (node.module or ""), node.lineno))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "__import__":
+            found.append(("__import__", node.lineno))
+    return found
+
+
+def _allowed(module: str, *, checks_too: bool) -> bool:
+    top = module.split(".")[0]
+    if module.startswith(".") or top in ("importlib", "__import__"):
+        return False  # relative or dynamic imports could reach anything
+    if top in ("torch", "__future__") or top in sys.stdlib_module_names:
+        return True
+    return checks_too and module in _ALLOWED_LINATTN
+
+
+def test_every_op_has_a_reference_module():
+    assert sorted(p.parent.name for p in _OPS_DIR.glob("*/reference.py")) == sorted(
+        linattn.ops.OPS)
+
+
+@pytest.mark.parametrize("op", sorted(linattn.ops.OPS))
+def test_reference_imports_nothing_of_the_op(op):
+    """A helper shared by an op and its reference would be on both sides of every comparison,
+    so a bug in it could never be seen: references import torch, the standard library,
+    linattn.feature_maps and linattn.ops._reference_checks, nothing else."""
+    path = _OPS_DIR / op / "reference.py"
+    bad = [f"{op}/reference.py:{line} imports {m}" for m, line in _imports(path)
+           if not _allowed(m, checks_too=True)]
+    assert not bad, bad
+
+
+def test_reference_checks_are_standalone_and_only_for_references():
+    """_reference_checks imports torch and the standard library only, and no module but a
+    reference imports it (the ops have their own checks)."""
+    checks = _OPS_DIR / "_reference_checks.py"
+    bad = [f"{m} (line {line})" for m, line in _imports(checks)
+           if not _allowed(m, checks_too=False)]
+    assert not bad, bad
+    src = _OPS_DIR.parent
+    users = [p.relative_to(src).as_posix() for p in sorted(src.rglob("*.py"))
+             if p.name != "reference.py" and p != checks
+             and any("_reference_checks" in m for m, _ in _imports(p))]
+    assert not users, users
+
+
+def test_constants_restated_in_the_references_equal_the_ops():
+    """The constants a reference restates rather than imports agree with the op's."""
+    from linattn.ops.cosformer import op as cosformer_op
+    from linattn.ops.cosformer import reference as cosformer_ref
+    from linattn.ops.delta import op as delta_op
+    from linattn.ops.delta import reference as delta_ref
+    from linattn.ops.flowformer import op as flow_op
+    from linattn.ops.flowformer import reference as flow_ref
+
+    assert cosformer_ref.DEFAULT_EPS == cosformer_op.CosFormerFeatures.eps
+    assert flow_ref.FLOW_EPS == flow_op.FLOW_EPS
+    assert delta_ref.L2_EPS == delta_op.L2_EPS
+    # Flowformer's "sigmoid" map: the same features, the same size, the same default eps
+    ref_map, op_map = flow_ref._feature_map("sigmoid"), flow_op.flow_feature_map("sigmoid")
+    assert isinstance(ref_map, flow_ref.SigmoidFeatures)
+    x = torch.cat([torch.randn(3, 5, 4, dtype=torch.float64, generator=torch.Generator()
+                               .manual_seed(0)) * 10,
+                   torch.tensor([[[-1e3, 0.0, 1e3, -40.0]] * 5], dtype=torch.float64)])
+    for side in ("forward_queries", "forward_keys"):
+        torch.testing.assert_close(getattr(ref_map, side)(x), getattr(op_map, side)(x),
+                                   rtol=0, atol=0)
+    assert ref_map.num_features(4) == op_map.num_features(4)
+    assert ref_map.eps == op_map.eps and ref_map.tokenwise == op_map.tokenwise
+    # the other names resolve to the same maps as in the op
+    for name in ("elu", "ReLU"):
+        assert type(flow_ref._feature_map(name)) is type(flow_op.flow_feature_map(name))
+
+
+def test_gated_and_delta_references_agree_where_the_rules_meet():
+    """Two loops, written apart: with β_t = 1 and a state that cannot recall k_t (S'ᵀk_t = 0,
+    orthonormal keys from a zero state) the delta rule writes k_t v_tᵀ, as the gated one."""
+    T, K, V = 4, 4, 3
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, T, K, dtype=torch.float64, generator=g)
+    k = torch.eye(K, dtype=torch.float64)[:T].expand(2, T, K)
+    v = torch.randn(2, T, V, dtype=torch.float64, generator=g)
+    gates = torch.randn(2, T, dtype=torch.float64, generator=g) * 0.1
+    o_g, S_g = reference.gated_linear_attention(q, k, v, gates)
+    o_d, S_d = reference.delta_rule(q, k, v, torch.ones(2, T, dtype=torch.float64), gates)
+    torch.testing.assert_close(o_d, o_g, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(S_d, S_g, rtol=1e-14, atol=1e-14)

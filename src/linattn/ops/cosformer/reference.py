@@ -1,7 +1,9 @@
 r"""The quadratic reference of :func:`linattn.cosformer_attention`.
 
-The ground truth of the tests: O(T²) time and memory, or a Python loop over T, by design;
-never call it on a fast path.
+The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
+Standalone: it shares no code with the op it checks (only the argument checks of
+:mod:`linattn.ops._reference_checks`, which no op uses). The op computes the cosine weight as a
+product of 2d position features; here it is the T×T matrix itself.
 """
 
 from __future__ import annotations
@@ -11,26 +13,13 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops._common import (
-    accumulation_dtype,
-    causal_mask,
-    check_eps,
-    check_qkv,
-    key_mask_for,
-    normalise,
-    zero_padded,
-)
-from linattn.ops.cosformer.op import CosFormerFeatures
+from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
 
 __all__ = ['cosformer_attention']
 
-
-def _attend(sim: Tensor, v: Tensor, eps: float, is_causal: bool) -> Tensor:
-    """o_i = Σ_j sim_ij v_j / Σ_j sim_ij (j ≤ i if causal). sim: (..., Tq, Tk), v: (..., Tk, Dv)."""
-    if is_causal:
-        T = sim.shape[-1]
-        sim = sim * causal_mask(T, sim.device)
-    return normalise(sim @ v, sim.sum(-1), eps)
+#: The default ``eps`` of cosFormer attention (relu features can give a zero normaliser); must
+#: equal the op's, ``linattn.ops.cosformer.CosFormerFeatures.eps`` (tests/ops/test_reference.py).
+DEFAULT_EPS = 1e-6
 
 
 def cosformer_attention(
@@ -42,17 +31,42 @@ def cosformer_attention(
     key_padding_mask: Tensor | None = None,
     eps: float | None = None,
 ) -> Tensor:
-    r"""sim(i, j) = relu(q_i)·relu(k_j)·cos(π/2 · (i − j)/T), built as an explicit T×T matrix.
+    r"""sim(i, j) = relu(q_i)·relu(k_j)·cos(π/2 · (i − j)/T), built as an explicit T×T matrix;
+    o_i = Σ_j sim(i, j) v_j / (Σ_j sim(i, j) + ε) over the unpadded keys (j ≤ i when causal).
 
-    q, k: (..., T, D), v: (..., T, Dv) -> (..., T, Dv). ``eps`` None: the op's default,
-    :attr:`linattn.ops.cosformer.CosFormerFeatures.eps`."""
+    q, k: (..., T, D), v: (..., T, Dv) -> (..., T, Dv) in q's dtype. Positions count 0 … T−1
+    over the whole (padded) sequence. ε is ``eps`` (None: :data:`DEFAULT_EPS`, the op's
+    default); a row whose normaliser is exactly 0 is 0. Sums in float32 at least."""
     check_qkv(q, k, v, same_length=True)
-    eps = check_eps(CosFormerFeatures.eps if eps is None else eps)
-    acc = accumulation_dtype(q.dtype)
-    keep = key_mask_for(key_padding_mask, k)
-    fk = zero_padded(torch.relu(k.to(acc)), keep)
+    eps = check_eps(DEFAULT_EPS if eps is None else eps)
+    if key_padding_mask is not None:
+        check_padding_mask(key_padding_mask, k, "key_padding_mask", "k")
+    out_dtype = q.dtype
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
     T = q.shape[-2]
-    pos = torch.arange(T, device=q.device, dtype=acc)
-    cos = torch.cos(math.pi / 2 * (pos[:, None] - pos[None, :]) / T)
-    sim = (torch.relu(q.to(acc)) @ fk.transpose(-1, -2)) * cos
-    return _attend(sim, zero_padded(v.to(acc), keep), eps, is_causal).to(q.dtype)
+    zero = q.new_zeros(())
+
+    # kept[..., j]: key j takes part, (T,) or (B, 1, …, 1, T) with one axis fewer than k
+    kept = torch.ones(T, dtype=torch.bool, device=q.device)
+    if key_padding_mask is not None:
+        kept = ~key_padding_mask.to(q.device)
+        if k.dim() > 2:
+            kept = kept.reshape(k.shape[0], *[1] * (k.dim() - 3), T)
+    # padded keys and values (which may hold nan or inf) are 0: they reach nothing
+    k = torch.where(kept[..., :, None], k, zero)
+    v = torch.where(kept[..., :, None], v, zero)
+
+    i = torch.arange(T, device=q.device, dtype=acc)[:, None]
+    j = torch.arange(T, device=q.device, dtype=acc)[None, :]
+    cos = torch.cos(math.pi / 2 * (i - j) / T)  # (T, T), in (0, 1] since |i − j| < T
+    sim = (torch.relu(q) @ torch.relu(k).transpose(-1, -2)) * cos  # (..., T, T)
+    allowed = kept[..., None, :]  # (..., 1, T)
+    if is_causal:
+        allowed = allowed & (j <= i)
+    sim = torch.where(allowed, sim, zero)
+
+    num = sim @ v  # (..., T, Dv)
+    den = sim.sum(-1) + eps  # (..., T)
+    den = torch.where(den == 0, torch.ones_like(den), den)  # nothing to attend to: 0, not 0/0
+    return (num / den[..., None]).to(out_dtype)

@@ -1,7 +1,8 @@
 r"""The quadratic reference of :func:`linattn.decay_linear_attention`.
 
-The ground truth of the tests: O(T²) time and memory, or a Python loop over T, by design;
-never call it on a fast path.
+The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
+Standalone: it shares no code with the op it checks (only the feature map, an input of both,
+and the argument checks of :mod:`linattn.ops._reference_checks`, which no op uses).
 """
 
 from __future__ import annotations
@@ -9,14 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.feature_maps import FeatureMap
-from linattn.ops._common import (
-    check_gamma,
-    check_qkv,
-    features,
-    normalise,
-    resolve,
-)
+from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.ops._reference_checks import check_eps, check_gamma, check_qkv
 
 __all__ = ['decay_linear_attention']
 
@@ -31,16 +26,31 @@ def decay_linear_attention(
     eps: float | None = None,
 ) -> Tensor:
     r"""Causal decayed linear attention with explicit weights ``W[i, j] = γ^{i−j} φ(q_i)·φ(k_j)``
-    for j ≤ i (0 above the diagonal): the ground truth of :mod:`linattn.ops.decay`.
+    for j ≤ i (0 above the diagonal), ``o_i = Σ_j W[i, j] v_j / (Σ_j W[i, j] + ε)``: the ground
+    truth of :mod:`linattn.ops.decay`.
 
-    q, k: (..., T, D); v: (..., T, Dv); gamma in [0, 1] broadcastable to ``...``.
-    Returns (..., T, Dv)."""
+    q, k: (..., T, D); v: (..., T, Dv); gamma in [0, 1] broadcastable to ``...`` (γ⁰ = 1, also
+    for γ = 0). ε is ``eps`` (None: the map's default); a row whose normaliser is exactly 0 is 0.
+    Sums in float32 at least (float64 stays float64). Returns (..., T, Dv) in q's dtype."""
     check_qkv(q, k, v, same_length=True)
-    fmap, eps = resolve(feature_map, eps)
-    fq, fk = features(fmap, q, k)
+    fmap = get_feature_map(feature_map)
+    if eps is None:
+        eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
+    else:
+        eps = check_eps(eps)
+    out_dtype = q.dtype
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
     T = q.shape[-2]
-    g = check_gamma(gamma, tuple(q.shape[:-2]), fq)[..., None, None]
-    idx = torch.arange(T, device=q.device)
-    lag = (idx[:, None] - idx[None, :]).to(fq.dtype)
-    W = (fq @ fk.transpose(-1, -2)) * torch.where(lag >= 0, g.pow(lag.clamp(min=0)), 0.0)
-    return normalise(W @ v.to(fq.dtype), W.sum(-1), eps).to(q.dtype)
+    g = check_gamma(gamma, tuple(q.shape[:-2]), acc, q.device)[..., None, None]  # (..., 1, 1)
+
+    i = torch.arange(T, device=q.device)[:, None]
+    j = torch.arange(T, device=q.device)[None, :]
+    lag = (i - j).to(acc)  # (T, T): i − j
+    decay = torch.where(j <= i, g.pow(lag.clamp(min=0)), 0.0)  # (..., T, T): γ^{i−j}, j ≤ i
+    W = (fmap.forward_queries(q) @ fmap.forward_keys(k).transpose(-1, -2)) * decay
+
+    num = W @ v  # (..., T, Dv)
+    den = W.sum(-1) + eps  # (..., T)
+    den = torch.where(den == 0, torch.ones_like(den), den)  # nothing to attend to: 0, not 0/0
+    return (num / den[..., None]).to(out_dtype)

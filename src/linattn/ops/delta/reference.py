@@ -1,7 +1,10 @@
 r"""The sequential float64 reference of :func:`linattn.delta_rule`.
 
-The ground truth of the tests: O(T²) time and memory, or a Python loop over T, by design;
-never call it on a fast path.
+The ground truth of the tests: a Python loop over the T tokens by design; never call it on a
+fast path. Standalone: torch only, nothing shared with the op it checks (nor with the gated
+reference, which has its own loop). The L2-norm epsilon, a constant that must agree with the
+op's (``linattn.ops.delta.op.L2_EPS``), is restated here; tests/ops/test_reference.py holds
+them equal.
 """
 
 from __future__ import annotations
@@ -11,34 +14,8 @@ from torch import Tensor
 
 __all__ = ['delta_rule']
 
-
-def _recurrence(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None,
-                gk: Tensor | None, gv: Tensor | None, scale: float | None,
-                initial_state: Tensor | None, qk_l2norm: bool) -> tuple[Tensor, Tensor]:
-    """The gated (β None) or delta-rule recurrence in float64, one token at a time."""
-    f64 = torch.float64
-    q, k, v = q.to(f64), k.to(f64), v.to(f64)
-    if qk_l2norm:
-        q = q / (q * q).sum(-1, keepdim=True).add(1e-6).sqrt()
-        k = k / (k * k).sum(-1, keepdim=True).add(1e-6).sqrt()
-    *batch, T, K = q.shape
-    s = K ** -0.5 if scale is None else scale
-    S = q.new_zeros(*batch, K, v.shape[-1]) if initial_state is None else initial_state.to(f64)
-    outs = []
-    for t in range(T):
-        if g is not None:
-            S = S * g[..., t].to(f64).exp()[..., None, None]
-        if gk is not None:
-            S = S * gk[..., t, :].to(f64).exp()[..., :, None]
-        if gv is not None:
-            S = S * gv[..., t, :].to(f64).exp()[..., None, :]
-        k_t, v_t = k[..., t, :], v[..., t, :]
-        if beta is not None:  # write β(v − Sᵀk): the state's prediction for k_t is replaced
-            v_t = beta[..., t, None].to(f64) * (v_t - torch.einsum("...k,...kv->...v", k_t, S))
-        S = S + k_t[..., :, None] * v_t[..., None, :]
-        outs.append(torch.einsum("...k,...kv->...v", s * q[..., t, :], S))
-    o = torch.stack(outs, dim=-2) if outs else q.new_zeros(*batch, 0, v.shape[-1])
-    return o, S
+#: ``qk_l2norm`` divides q and k by sqrt(Σx² + L2_EPS) (the published models' epsilon).
+L2_EPS = 1e-6
 
 
 def delta_rule(
@@ -51,5 +28,30 @@ def delta_rule(
     (:mod:`linattn.ops.delta` for the fast form).
 
     q, k: (..., T, K); v: (..., T, V); beta, g: (..., T); gk (..., T, K), gv (..., T, V) or
-    None. Returns (o (..., T, V), final state (..., K, V)), both float64."""
-    return _recurrence(q, k, v, beta, g, gk, gv, scale, initial_state, qk_l2norm)
+    None; scale default ``K**-0.5``; initial_state (..., K, V) or None (zeros); ``qk_l2norm``
+    divides q and k by sqrt(Σx² + 1e-6) first. Returns (o (..., T, V), final state
+    (..., K, V)), both float64."""
+    f64 = torch.float64
+    q, k, v, beta = q.to(f64), k.to(f64), v.to(f64), beta.to(f64)
+    if qk_l2norm:
+        q = q / ((q * q).sum(-1, keepdim=True) + L2_EPS).sqrt()
+        k = k / ((k * k).sum(-1, keepdim=True) + L2_EPS).sqrt()
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    s = K ** -0.5 if scale is None else scale
+    S = q.new_zeros(*batch, K, V) if initial_state is None else initial_state.to(f64)
+    outs = []
+    for t in range(T):
+        if g is not None:  # S' = e^{g_t} S
+            S = S * g[..., t].to(f64).exp()[..., None, None]
+        if gk is not None:  # diag(e^{gk_t}) S': row κ scaled by e^{gk_t[κ]}
+            S = S * gk[..., t, :].to(f64).exp()[..., :, None]
+        if gv is not None:  # S' diag(e^{gv_t}): column ν scaled by e^{gv_t[ν]}
+            S = S * gv[..., t, :].to(f64).exp()[..., None, :]
+        k_t, v_t = k[..., t, :], v[..., t, :]
+        predicted = (k_t[..., :, None] * S).sum(-2)  # S'ᵀk_t: what the state recalls for k_t
+        write = beta[..., t, None] * (v_t - predicted)  # β_t (v_t − S'ᵀk_t)
+        S = S + k_t[..., :, None] * write[..., None, :]
+        outs.append((s * q[..., t, :, None] * S).sum(-2))  # S_tᵀ(s·q_t): (..., V)
+    o = torch.stack(outs, dim=-2) if outs else q.new_zeros(*batch, 0, V)
+    return o, S

@@ -1,7 +1,8 @@
 r"""The sequential float64 reference of :func:`linattn.gated_linear_attention`.
 
-The ground truth of the tests: O(T²) time and memory, or a Python loop over T, by design;
-never call it on a fast path.
+The ground truth of the tests: a Python loop over the T tokens by design; never call it on a
+fast path. Standalone: torch only, nothing shared with the op it checks (nor with the
+delta-rule reference, which has its own loop).
 """
 
 from __future__ import annotations
@@ -10,35 +11,6 @@ import torch
 from torch import Tensor
 
 __all__ = ['gated_linear_attention']
-
-
-def _recurrence(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None,
-                gk: Tensor | None, gv: Tensor | None, scale: float | None,
-                initial_state: Tensor | None, qk_l2norm: bool) -> tuple[Tensor, Tensor]:
-    """The gated (β None) or delta-rule recurrence in float64, one token at a time."""
-    f64 = torch.float64
-    q, k, v = q.to(f64), k.to(f64), v.to(f64)
-    if qk_l2norm:
-        q = q / (q * q).sum(-1, keepdim=True).add(1e-6).sqrt()
-        k = k / (k * k).sum(-1, keepdim=True).add(1e-6).sqrt()
-    *batch, T, K = q.shape
-    s = K ** -0.5 if scale is None else scale
-    S = q.new_zeros(*batch, K, v.shape[-1]) if initial_state is None else initial_state.to(f64)
-    outs = []
-    for t in range(T):
-        if g is not None:
-            S = S * g[..., t].to(f64).exp()[..., None, None]
-        if gk is not None:
-            S = S * gk[..., t, :].to(f64).exp()[..., :, None]
-        if gv is not None:
-            S = S * gv[..., t, :].to(f64).exp()[..., None, :]
-        k_t, v_t = k[..., t, :], v[..., t, :]
-        if beta is not None:  # write β(v − Sᵀk): the state's prediction for k_t is replaced
-            v_t = beta[..., t, None].to(f64) * (v_t - torch.einsum("...k,...kv->...v", k_t, S))
-        S = S + k_t[..., :, None] * v_t[..., None, :]
-        outs.append(torch.einsum("...k,...kv->...v", s * q[..., t, :], S))
-    o = torch.stack(outs, dim=-2) if outs else q.new_zeros(*batch, 0, v.shape[-1])
-    return o, S
 
 
 def gated_linear_attention(
@@ -50,6 +22,23 @@ def gated_linear_attention(
     walked token by token in float64 (:mod:`linattn.ops.gated` for the fast form).
 
     q, k: (..., T, K); v: (..., T, V); g (..., T), gk (..., T, K), gv (..., T, V) log-gates or
-    None; scale default ``K**-0.5``; initial_state (..., K, V) or None. Returns (o (..., T, V),
-    final state (..., K, V)), both float64."""
-    return _recurrence(q, k, v, None, g, gk, gv, scale, initial_state, False)
+    None; scale default ``K**-0.5``; initial_state (..., K, V) or None (zeros). Returns
+    (o (..., T, V), final state (..., K, V)), both float64."""
+    f64 = torch.float64
+    q, k, v = q.to(f64), k.to(f64), v.to(f64)
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    s = K ** -0.5 if scale is None else scale
+    S = q.new_zeros(*batch, K, V) if initial_state is None else initial_state.to(f64)
+    outs = []
+    for t in range(T):
+        if g is not None:  # S ← e^{g_t} S
+            S = S * g[..., t].to(f64).exp()[..., None, None]
+        if gk is not None:  # S ← diag(e^{gk_t}) S: row κ scaled by e^{gk_t[κ]}
+            S = S * gk[..., t, :].to(f64).exp()[..., :, None]
+        if gv is not None:  # S ← S diag(e^{gv_t}): column ν scaled by e^{gv_t[ν]}
+            S = S * gv[..., t, :].to(f64).exp()[..., None, :]
+        S = S + k[..., t, :, None] * v[..., t, None, :]  # + k_t v_tᵀ
+        outs.append((s * q[..., t, :, None] * S).sum(-2))  # S_tᵀ(s·q_t): (..., V)
+    o = torch.stack(outs, dim=-2) if outs else q.new_zeros(*batch, 0, V)
+    return o, S

@@ -1,33 +1,19 @@
 r"""The quadratic reference of :func:`linattn.linear_attention`: the explicit T×T similarity matrix.
 
-The ground truth of the tests: O(T²) time and memory, or a Python loop over T, by design;
-never call it on a fast path.
+The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
+Standalone: it shares no code with the op it checks (only the feature map, an input of both,
+and the argument checks of :mod:`linattn.ops._reference_checks`, which no op uses).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from linattn.feature_maps import FeatureMap
-from linattn.ops._common import (
-    causal_mask,
-    check_qkv,
-    features,
-    key_mask_for,
-    normalise,
-    resolve,
-    zero_padded,
-)
+from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
 
 __all__ = ['linear_attention']
-
-
-def _attend(sim: Tensor, v: Tensor, eps: float, is_causal: bool) -> Tensor:
-    """o_i = Σ_j sim_ij v_j / Σ_j sim_ij (j ≤ i if causal). sim: (..., Tq, Tk), v: (..., Tk, Dv)."""
-    if is_causal:
-        T = sim.shape[-1]
-        sim = sim * causal_mask(T, sim.device)
-    return normalise(sim @ v, sim.sum(-1), eps)
 
 
 def linear_attention(
@@ -40,13 +26,46 @@ def linear_attention(
     key_padding_mask: Tensor | None = None,
     eps: float | None = None,
 ) -> Tensor:
-    r"""o_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j), with the T×T matrix built explicitly.
+    r"""o_i = Σ_j φ(q_i)·φ(k_j) v_j / (Σ_j φ(q_i)·φ(k_j) + ε), with the T×T matrix built explicitly.
 
-    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv) -> (..., Tq, Dv). Masked keys (True in
-    ``key_padding_mask``, (B, Tk)) and, when causal, keys j > i get similarity 0."""
+    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv) -> (..., Tq, Dv). The sums run over the
+    unpadded keys (False in ``key_padding_mask``, (B, Tk)) and, when causal, over j ≤ i. ε is
+    ``eps`` (None: the feature map's default); a row whose normaliser is exactly 0 (no key
+    left, ε = 0) is 0. Sums in float32 at least (float64 stays float64); output in q's dtype."""
     check_qkv(q, k, v, same_length=is_causal)
-    fmap, eps = resolve(feature_map, eps)
-    keep = key_mask_for(key_padding_mask, k)
-    fq, fk = features(fmap, q, k, keep)
-    sim = fq @ fk.transpose(-1, -2)
-    return _attend(sim, zero_padded(v.to(fq.dtype), keep), eps, is_causal).to(q.dtype)
+    fmap = get_feature_map(feature_map)
+    if eps is None:
+        eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
+    else:
+        eps = check_eps(eps)
+    if key_padding_mask is not None:
+        check_padding_mask(key_padding_mask, k, "key_padding_mask", "k")
+    out_dtype = q.dtype
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    zero = q.new_zeros(())
+
+    # kept[..., j]: key j takes part, (Tk,) or (B, 1, …, 1, Tk) with one axis fewer than k
+    kept = torch.ones(Tk, dtype=torch.bool, device=q.device)
+    if key_padding_mask is not None:
+        kept = ~key_padding_mask.to(q.device)
+        if k.dim() > 2:
+            kept = kept.reshape(k.shape[0], *[1] * (k.dim() - 3), Tk)
+    # A padded key or value may hold anything, nan and inf included: it is set to 0 before φ,
+    # so that it reaches neither the sums nor the gradients.
+    k = torch.where(kept[..., :, None], k, zero)
+    v = torch.where(kept[..., :, None], v, zero)
+
+    sim = fmap.forward_queries(q) @ fmap.forward_keys(k).transpose(-1, -2)  # (..., Tq, Tk)
+    allowed = kept[..., None, :]  # (..., 1, Tk)
+    if is_causal:
+        i = torch.arange(Tq, device=q.device)[:, None]
+        j = torch.arange(Tk, device=q.device)[None, :]
+        allowed = allowed & (j <= i)
+    sim = torch.where(allowed, sim, zero)
+
+    num = sim @ v  # (..., Tq, Dv)
+    den = sim.sum(-1) + eps  # (..., Tq)
+    den = torch.where(den == 0, torch.ones_like(den), den)  # nothing to attend to: 0, not 0/0
+    return (num / den[..., None]).to(out_dtype)

@@ -1,7 +1,8 @@
 r"""The quadratic reference of :func:`linattn.relative_linear_attention`.
 
-The ground truth of the tests: O(T²) time and memory, or a Python loop over T, by design;
-never call it on a fast path.
+The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
+Standalone: it shares no code with the op it checks (only the feature map, an input of both,
+and the argument checks of :mod:`linattn.ops._reference_checks`, which no op uses).
 """
 
 from __future__ import annotations
@@ -9,26 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.feature_maps import FeatureMap
-from linattn.ops._common import (
-    causal_mask,
-    check_qkv,
-    features,
-    key_mask_for,
-    normalise,
-    resolve,
-    zero_padded,
-)
+from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
 
 __all__ = ['relative_linear_attention']
-
-
-def _attend(sim: Tensor, v: Tensor, eps: float, is_causal: bool) -> Tensor:
-    """o_i = Σ_j sim_ij v_j / Σ_j sim_ij (j ≤ i if causal). sim: (..., Tq, Tk), v: (..., Tk, Dv)."""
-    if is_causal:
-        T = sim.shape[-1]
-        sim = sim * causal_mask(T, sim.device)
-    return normalise(sim @ v, sim.sum(-1), eps)
 
 
 def relative_linear_attention(
@@ -42,20 +27,50 @@ def relative_linear_attention(
     key_padding_mask: Tensor | None = None,
     eps: float | None = None,
 ) -> Tensor:
-    r"""sim(i, j) = φ(q_i)·φ(k_j) + φ(q_i)·φ(r_{j−i}), built as an explicit T×T matrix.
+    r"""sim(i, j) = φ(q_i)·φ(k_j) + φ(q_i)·φ(r_{j−i}), built as an explicit T×T matrix;
+    o_i = Σ_j sim(i, j) v_j / (Σ_j sim(i, j) + ε) over the unpadded keys (j ≤ i when causal).
 
     q, k: (B, H, T, D), v: (B, H, T, Dv), r: (H, 2T−1, D) with r[:, m + T − 1] the vector of lag
-    m = j − i. Returns (B, H, T, Dv)."""
+    m = j − i (φ applied as to keys). ε is ``eps`` (None: the map's default); a row whose
+    normaliser is exactly 0 is 0. Sums in float32 at least (float64 stays float64). Returns
+    (B, H, T, Dv) in q's dtype."""
     check_qkv(q, k, v, same_length=True)
-    fmap, eps = resolve(feature_map, eps)
-    keep = key_mask_for(key_padding_mask, k)
-    fq, fk = features(fmap, q, k, keep)
-    fr = fmap.forward_keys(r.to(fq.dtype))  # (H, 2T-1, L)
+    fmap = get_feature_map(feature_map)
+    if eps is None:
+        eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
+    else:
+        eps = check_eps(eps)
+    if key_padding_mask is not None:
+        check_padding_mask(key_padding_mask, k, "key_padding_mask", "k")
+    out_dtype = q.dtype
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, r = q.to(acc), k.to(acc), v.to(acc), r.to(acc)
     T = q.shape[-2]
-    pos = torch.arange(T, device=q.device)
-    lag = pos[None, :] - pos[:, None] + T - 1  # lag[i, j] = j - i, shifted to index r
-    fr_ij = fr[:, lag]  # (H, T, T, L)
+    zero = q.new_zeros(())
+
+    # kept[..., j]: key j takes part, (T,) or (B, 1, …, 1, T) with one axis fewer than k
+    kept = torch.ones(T, dtype=torch.bool, device=q.device)
+    if key_padding_mask is not None:
+        kept = ~key_padding_mask.to(q.device)
+        if k.dim() > 2:
+            kept = kept.reshape(k.shape[0], *[1] * (k.dim() - 3), T)
+    # padded keys and values (which may hold nan or inf) are 0 before φ: they reach nothing
+    k = torch.where(kept[..., :, None], k, zero)
+    v = torch.where(kept[..., :, None], v, zero)
+
+    fq = fmap.forward_queries(q)  # (B, H, T, L)
+    fk = fmap.forward_keys(k)  # (B, H, T, L)
+    fr = fmap.forward_keys(r)  # (H, 2T−1, L)
+    i = torch.arange(T, device=q.device)[:, None]
+    j = torch.arange(T, device=q.device)[None, :]
+    fr_ij = fr[:, j - i + T - 1]  # (H, T, T, L): fr_ij[h, i, j] = φ(r_{j−i})
     sim = fq @ fk.transpose(-1, -2) + torch.einsum("...il,...ijl->...ij", fq, fr_ij)
-    if keep is not None:
-        sim = sim * keep.squeeze(-1).unsqueeze(-2)
-    return _attend(sim, zero_padded(v.to(fq.dtype), keep), eps, is_causal).to(q.dtype)
+    allowed = kept[..., None, :]  # (..., 1, T)
+    if is_causal:
+        allowed = allowed & (j <= i)
+    sim = torch.where(allowed, sim, zero)
+
+    num = sim @ v  # (B, H, T, Dv)
+    den = sim.sum(-1) + eps  # (B, H, T)
+    den = torch.where(den == 0, torch.ones_like(den), den)  # nothing to attend to: 0, not 0/0
+    return (num / den[..., None]).to(out_dtype)

@@ -1,26 +1,21 @@
 r"""The quadratic reference of :func:`linattn.window_linear_attention`.
 
-The ground truth of the tests: O(T²) time and memory, or a Python loop over T, by design;
-never call it on a fast path.
+The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
+Standalone: it shares no code with the op it checks (only the feature map, an input of both,
+and the argument checks of :mod:`linattn.ops._reference_checks`, which no op uses; the window
+check, this op's alone, is stated here).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
 
-from linattn.feature_maps import FeatureMap
-from linattn.ops._common import (
-    check_qkv,
-    features,
-    key_mask_for,
-    normalise,
-    resolve,
-    zero_padded,
-)
-from linattn.ops.window.op import check_window
+from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
 
 __all__ = ['window_linear_attention']
 
@@ -44,32 +39,59 @@ def window_linear_attention(
     padded keys; ``s_ij = q_i·k_j/√D``; ``o_i = Σ_j W[i, j] v_j / (Σ_j W[i, j] + ε·exp(−m_i))``,
     exactly the unscaled quotient. ``m_i = max(max of s_ij in the window, log|D_F + ε|)`` with
     D_F the row's linear normaliser, as in the op: every weight is at most 1, and exp(−m_i)
-    overflows only when |D_F + ε| is below the dtype's smallest normal number.
-    q, k: (..., T, D); v: (..., T, Dv). Returns (..., T, Dv)."""
+    overflows only when |D_F + ε| is below the dtype's smallest normal number. A row with no
+    key (and ε = 0) is 0. q, k: (..., T, D); v: (..., T, Dv). Returns (..., T, Dv) in q's
+    dtype; sums in float32 at least (float64 stays float64)."""
     check_qkv(q, k, v, same_length=True)
-    w = check_window(window)
-    fmap, eps = resolve(feature_map, eps)
-    keep = key_mask_for(key_padding_mask, k)
-    fq, fk = features(fmap, q, k, keep)
-    acc = fq.dtype
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"window: expected a positive integer, got {window!r}")
+    w = int(window)
+    fmap = get_feature_map(feature_map)
+    if eps is None:
+        eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
+    else:
+        eps = check_eps(eps)
+    if key_padding_mask is not None:
+        check_padding_mask(key_padding_mask, k, "key_padding_mask", "k")
+    out_dtype = q.dtype
     T = q.shape[-2]
     if T == 0:
         return q.new_zeros(*q.shape[:-2], 0, v.shape[-1])
-    s = q.to(acc) @ zero_padded(k.to(acc), keep).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    idx = torch.arange(T, device=q.device)
-    lag = idx[:, None] - idx[None, :]  # i − j
-    near = (lag >= 0) & (lag < w) if is_causal else lag.abs() < w
-    far = lag >= w if is_causal else lag.abs() >= w
-    if keep is not None:
-        kept = keep.squeeze(-1).unsqueeze(-2)  # (B, 1, ..., 1, T)
-        near, far = near & kept, far & kept
-    kern = torch.where(far, fq @ fk.transpose(-1, -2), 0.0)
-    far_den = (kern.sum(-1, keepdim=True) + eps).detach().abs()
-    m = torch.maximum(torch.where(near, s, float("-inf")).amax(-1, keepdim=True).detach(),
-                      torch.where(far_den > 0, far_den.log(), float("-inf")))
-    m = torch.where(m == float("-inf"), 0.0, m)  # a row with no key: zeros
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    zero = q.new_zeros(())
+
+    # kept[..., j]: key j takes part, (T,) or (B, 1, …, 1, T) with one axis fewer than k
+    kept = torch.ones(T, dtype=torch.bool, device=q.device)
+    if key_padding_mask is not None:
+        kept = ~key_padding_mask.to(q.device)
+        if k.dim() > 2:
+            kept = kept.reshape(k.shape[0], *[1] * (k.dim() - 3), T)
+    # padded keys and values (which may hold nan or inf) are 0: they reach nothing
+    k = torch.where(kept[..., :, None], k, zero)
+    v = torch.where(kept[..., :, None], v, zero)
+
+    i = torch.arange(T, device=q.device)[:, None]
+    j = torch.arange(T, device=q.device)[None, :]
+    lag = i - j
+    near = (lag >= 0) & (lag < w) if is_causal else lag.abs() < w  # (T, T): the window
+    far = lag >= w if is_causal else lag.abs() >= w  # the linear part
+    near = near & kept[..., None, :]  # (..., T, T)
+    far = far & kept[..., None, :]
+
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (..., T, T)
+    kern = torch.where(far, fmap.forward_queries(q) @ fmap.forward_keys(k).transpose(-1, -2),
+                       zero)
+    # the shift m_i (a constant of the row: it cancels from the quotient, so no gradient)
+    far_den = (kern.sum(-1, keepdim=True) + eps).detach().abs()  # |D_F + ε|: (..., T, 1)
+    near_max = torch.where(near, s, -math.inf).amax(-1, keepdim=True).detach()
+    m = torch.maximum(near_max, torch.where(far_den > 0, far_den.log(), -math.inf))
+    m = torch.where(m == -math.inf, 0.0, m)  # a row with no key at all: its output is 0
     # exp(−m) ≤ 1/|D_F + ε| where D_F + ε ≠ 0; elsewhere ε = 0 and no far key: no scale needed
-    scale = torch.where(far_den > 0, torch.exp(-m), 0.0)
-    W = torch.where(near, torch.exp(torch.where(near, s, 0.0) - m), kern * scale)
-    den = W.sum(-1) + eps * scale[..., 0]
-    return normalise(W @ zero_padded(v.to(acc), keep), den, 0.0).to(q.dtype)
+    shift = torch.where(far_den > 0, torch.exp(-m), 0.0)
+    W = torch.where(near, torch.exp(torch.where(near, s, 0.0) - m), kern * shift)
+
+    num = W @ v  # (..., T, Dv)
+    den = W.sum(-1) + eps * shift[..., 0]  # (..., T)
+    den = torch.where(den == 0, torch.ones_like(den), den)  # nothing to attend to: 0, not 0/0
+    return (num / den[..., None]).to(out_dtype)

@@ -1,0 +1,93 @@
+"""Argument checks of the references (``linattn/ops/<op>/reference.py``), and of nothing else.
+
+The references are the ground truth of the ops, so they share no code with them: a bug in a
+helper that both sides call would cancel out of every comparison. Seven references take the
+same q, k, v, ``eps`` and padding-mask arguments and must refuse bad ones with the same
+one-line errors as their ops (the tests hold both to the messages); restating these ~80 lines
+in each module would invite the copies to drift apart, so they live here once. The ops have
+their own checks (:mod:`linattn.ops._common`); no op may import this module.
+
+Only validation lives here: each function raises TypeError/ValueError naming the argument, or
+returns the checked value (a float, or γ as a tensor). Masks, features, similarity matrices
+and normalisers (the maths that the references exist to state) are written in each reference.
+Imports: torch and the standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_qkv", "check_eps", "check_padding_mask", "check_gamma"]
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
+    """q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv) floating-point tensors of one dtype and
+    device, D ≥ 1; ``same_length`` also asks Tq == Tk (causal attention)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+        if t.dim() < 2:
+            raise ValueError(f"{name}: expected shape (..., T, D), got {tuple(t.shape)}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q: expected a head dimension D >= 1, got shape {tuple(q.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k: last dimension {k.shape[-1]} does not match q's {q.shape[-1]} "
+                         f"(q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"v: shape {tuple(v.shape)} does not match k {tuple(k.shape)} before "
+                         f"the last dimension")
+    if q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"k: batch dimensions {tuple(k.shape[:-2])} do not match q's "
+                         f"{tuple(q.shape[:-2])}")
+    if same_length and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"k: causal attention needs as many keys as queries, got {k.shape[-2]} "
+                         f"keys for {q.shape[-2]} queries")
+
+
+def check_eps(eps: object, name: str = "eps") -> float:
+    """``eps`` as a float: TypeError unless a real number (bool refused), ValueError unless finite
+    and ≥ 0. ``name`` is what the errors call it (a feature map's default names its map)."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(eps).__name__}")
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
+    return value
+
+
+def check_padding_mask(mask: object, x: Tensor, name: str, x_name: str) -> None:
+    """A padding mask (True = padding) for x of shape (B, ..., T, D): a bool tensor of shape
+    (B, T), or (T,) when x is (T, D). ``name``/``x_name`` are the arguments the errors name."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name}: expected a bool tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name}: expected dtype torch.bool, got {mask.dtype}")
+    T = x.shape[-2]
+    expected = (T,) if x.dim() == 2 else (x.shape[0], T)
+    if tuple(mask.shape) != expected:
+        raise ValueError(f"{name}: expected shape {expected} for {x_name} of shape "
+                         f"{tuple(x.shape)}, got {tuple(mask.shape)}")
+
+
+def check_gamma(gamma: object, batch: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device) -> Tensor:
+    """Decays γ as a tensor of shape ``batch`` in ``dtype`` on ``device``; ValueError naming
+    ``gamma`` outside [0, 1] (nan included) or when it does not broadcast to ``batch``."""
+    g = torch.as_tensor(gamma, dtype=dtype, device=device)
+    if g.isnan().any() or (g < 0).any() or (g > 1).any():
+        raise ValueError(f"gamma: expected decays in [0, 1], got {gamma!r}")
+    try:
+        return g.broadcast_to(batch)
+    except RuntimeError:
+        raise ValueError(f"gamma: shape {tuple(g.shape)} does not broadcast to the batch shape "
+                         f"{batch}") from None
