@@ -41,9 +41,12 @@ stamp "built $(basename "$WHEEL")"
 "$BUILD_PY" - "$WHEEL" <<'EOF' || fail "wheel contents"
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
-for need in ("linattn/ops/native/_native.c", "linattn/cli/_solve_parse.c", "linattn/ops/native/__init__.py"):
-    print(("PASS" if need in names else "FAIL") + f": wheel contains {need}")
-sys.exit(0 if all(n in names for n in ("linattn/ops/native/_native.c", "linattn/cli/_solve_parse.c")) else 1)
+need = ["linattn/cli/_solve_parse.c", "linattn/ops/native/common.h", "linattn/ops/native/native.c",
+        "linattn/ops/linear/kernels.c", "linattn/ops/delta/kernels.c",
+        "linattn/ops/native/__init__.py"]
+for n in need:
+    print(("PASS" if n in names else "FAIL") + f": wheel contains {n}")
+sys.exit(0 if all(n in names for n in need) else 1)
 EOF
 
 # 2. A fresh venv: torch (pinned, first), numpy, then the wheel without its dependencies.
@@ -80,8 +83,9 @@ where = Path(linattn.__file__).resolve()
 check(site in where.parents and venv in where.parents, f"linattn imported from the venv ({where})")
 
 from linattn.ops import native
-check(Path(native.SOURCE).resolve().is_file() and site in Path(native.SOURCE).resolve().parents,
-      "ops/native/_native.c installed in site-packages")
+srcs = [Path(p).resolve() for p in (native.HEADER, *native.SOURCES)]
+check(len(srcs) >= 4 and all(p.is_file() and site in p.parents for p in srcs),
+      "the kernels' C sources installed in site-packages")
 lib = native.load()
 check(lib is not None, "linattn.ops.native.load() builds and loads the kernels from the wheel")
 if lib is not None and hasattr(native, "describe"):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The CPU kernels (src/linattn/ops/native/_native.c) in every vector form they can be built in, not only
+# The CPU kernels (src/linattn/ops/native/native.c and every op's src/linattn/ops/*/kernels.c, on
+# the shared header ops/native/common.h) in every vector form they can be built in, not only
 # the one -march=native picks on this machine:
 #   1. x86-64: compile as a shared library (as linattn._cbuild does) for AVX-512 (+bf16), AVX2,
 #      the SSE2 baseline, the scalar form (-DLA_W=1) and -march=native; -Wall, warnings shown,
@@ -20,8 +21,10 @@
 #   bash .ci/cross_isa.sh        (CROSS_ISA_NO_INSTALL=1: never run apt-get; CROSS_ISA_FULL=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SRC=src/linattn/ops/native/_native.c
-HARNESSES=(tests/c/native_harness.c tests/c/gdr_harness.c)
+# the library's sources (as linattn.ops.native joins them) and every harness tests/c/*_harness.c:
+# an op that adds kernels and a harness needs no line here
+SRC=(src/linattn/ops/native/native.c src/linattn/ops/*/kernels.c)
+HARNESSES=(tests/c/*_harness.c)
 CC=${CC:-cc}
 XCC=${XCC:-aarch64-linux-gnu-gcc}
 JOBS=$(nproc 2>/dev/null || echo 2)
@@ -33,7 +36,7 @@ pass() { echo "PASS: $*"; }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 skip() { echo "SKIP: $*"; }
 
-# Builds: queue KIND NAME CC FLAGS... (KIND lib: $SRC as a shared library; KIND exe: the
+# Builds: queue KIND NAME CC FLAGS... (KIND lib: the sources as a shared library; KIND exe: the
 # harness). They run in the background, at most $JOBS at once; report waits for them and prints
 # the outcome of each in the order queued.
 QUEUED=()
@@ -44,7 +47,7 @@ queue() {
     QUEUED+=("$kind:$name")
     echo "$cc $*" >"$WORK/$kind-$name.cmd"
     if [ "$kind" = lib ]; then
-        ( "$cc" "$@" -Wall -fPIC -shared -o "$WORK/lib-$name.so" "$SRC" -lm \
+        ( "$cc" "$@" -Wall -fPIC -shared -o "$WORK/lib-$name.so" "${SRC[@]}" -lm \
             >"$WORK/$kind-$name.log" 2>&1; echo $? >"$WORK/$kind-$name.rc" ) &
     else  # every harness, built with the same flags: exe-NAME-HARNESS
         ( rc=0

@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7, help="prefill calls (median)")
     ap.add_argument("--chunk", type=int, default=64, help="chunk of the torch chunked form")
     args = ap.parse_args()
-    reason = delta_native.unavailable_reason()
+    reason = delta_native.unavailable()
     if reason is not None:
         raise SystemExit(f"the compiled path is not available: {reason}")
     print(cpu_line())

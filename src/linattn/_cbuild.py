@@ -234,9 +234,10 @@ def _build_private(cc: str, src: bytes, flags: list[str], name: str) -> ctypes.C
 
 
 def load_library(
-    source: Path, name: str, flags: list[str], *, warn: bool = True
+    source: Path | bytes, name: str, flags: list[str], *, warn: bool = True
 ) -> ctypes.CDLL | None:
-    """``source`` compiled with ``flags`` (built on first use), or None where that fails.
+    """``source`` (a C file, or the C text itself) compiled with ``flags`` (built on first
+    use), or None where that fails.
 
     ``name`` prefixes the cached file. Callers remember the outcome, so a failed build is tried
     once per process. A None result warns once per ``name`` and process unless ``warn`` is
@@ -244,7 +245,7 @@ def load_library(
     if sys.platform == "win32":
         return None
     try:
-        src = source.read_bytes()
+        src = source if isinstance(source, bytes) else source.read_bytes()
     except OSError:
         return None
     cc = compiler()

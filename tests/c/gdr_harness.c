@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/linattn/ops/native/_native.c"
+#include "../../src/linattn/ops/delta/kernels.c"
 
 /* Through a volatile pointer: what runs is the code a shared library exports, not a clone
  * specialised for this file's constants. */

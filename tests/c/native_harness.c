@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/linattn/ops/native/_native.c"
+#include "../../src/linattn/ops/linear/kernels.c"
 
 /* The kernels are called through volatile pointers: the compiler then cannot inline them into
  * this file or clone them for the constant arguments below, so what runs is the code a shared

@@ -1,20 +1,22 @@
-"""The path selector (ops/dispatch.py) and the measured rule behind ``impl="auto"``."""
+"""The one dispatcher (ops/dispatch.py) and the calibration behind ``impl="auto"``
+(ops/calibration.py): the same ``impl=`` means the same thing for every op."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import threading
 
 import pytest
 import torch
 
 import linattn
-from linattn.ops import dispatch, native
+from linattn.ops import calibration, dispatch, native
+from linattn.ops.dispatch import Backend, Choice
 from linattn.ops.linear import native as lnative
 from linattn.ops.linear import op as linear_mod
 
 needs_native = pytest.mark.skipif(
-    native.load() is None, reason=f"compiled path: {native.unavailable_reason()}"
+    lnative.kernels() is None, reason=f"compiled path: {lnative.unavailable()}"
 )
 
 
@@ -23,9 +25,25 @@ def _qkv(T=40, D=16, Dv=16):
     return [torch.randn(1, 2, T, d, generator=g) for d in (D, D, Dv)]
 
 
+def _delta_args(T=8, V=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, T, 8, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(1, 2, T, V, generator=g, dtype=dtype)
+    return q, k, v, torch.rand(1, 2, T, generator=g, dtype=dtype)
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices():
+    """select() remembers its answers per call facts: start and end each test without them
+    (tests below change what the calibration says without changing those facts)."""
+    dispatch._memo.clear()
+    yield
+    dispatch._memo.clear()
+
+
 @pytest.fixture
 def calls(monkeypatch):
-    """Which path each call took: a list of "native" / "fused" entries."""
+    """Which path each linear_attention call took: a list of "native" / "fused" entries."""
     seen: list[str] = []
     for name, label in (("native_linear_attention", "native"),
                         ("fused_linear_attention", "fused")):
@@ -57,7 +75,7 @@ def test_block_holds_whole_chunks():
 def test_small_blocks_really_cross_block_boundaries(fast_path_calls, monkeypatch):
     """The test fixture's promise: T = 9 spans two blocks (and three causal chunks)."""
     seen = []
-    target = "native_linear_attention" if native.load() else "fused_linear_attention"
+    target = "native_linear_attention" if lnative.kernels() else "fused_linear_attention"
     real = getattr(linear_mod, target)
     monkeypatch.setattr(linear_mod, target,
                         lambda *a, **kw: seen.append((kw["block"], kw["chunk"])) or real(*a, **kw))
@@ -85,47 +103,215 @@ def test_portable_and_forced_paths(calls):
 
 
 @needs_native
+def test_native_means_the_same_for_every_op():
+    """impl="native" on a call the compiled path cannot take is a ValueError naming why, for
+    linear_attention and the delta rule alike (it used to run torch silently in the latter);
+    on a call it can take, it runs the compiled kernels."""
+    q, k, v = (x.double() for x in _qkv())
+    dq, dk, dv, beta = _delta_args(dtype=torch.float64)
+    with dispatch.use(impl="native"):
+        with pytest.raises(ValueError, match=r"linear_attention cannot take .*float64"):
+            linattn.linear_attention(q, k, v)
+        with pytest.raises(ValueError, match=r"delta_rule cannot take .*float64"):
+            linattn.delta_rule(dq, dk, dv, beta)
+        with pytest.raises(ValueError, match=r"delta_rule cannot take .*float64"):
+            linattn.delta_rule_step(dq[:, :, 0], dk[:, :, 0], dv[:, :, 0], beta[:, :, 0])
+        with pytest.raises(ValueError, match="multiple of 16"):
+            linattn.delta_rule(*_delta_args(V=12))
+        linattn.delta_rule(*_delta_args())  # float32, V = 16: taken
+        with pytest.raises(ValueError, match="no gradient"):
+            x = _delta_args()
+            linattn.delta_rule(x[0].requires_grad_(), *x[1:])
+
+
+def test_named_backends_an_op_lacks_are_errors():
+    x = _delta_args()
+    with dispatch.use(impl="fused"), pytest.raises(ValueError, match="has no 'fused' backend"):
+        linattn.delta_rule(*x)
+    with dispatch.use(impl="portable"):  # every op has a portable backend
+        linattn.delta_rule(*x)
+        linattn.linear_attention(*_qkv())
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    monkeypatch.setenv("LINATTN_NATIVE_ISA", "nonsense")  # never read when off
+    assert dispatch.native_setting() == "0"
+    linattn.linear_attention(*_qkv())
+    linattn.delta_rule(*_delta_args())
+    with dispatch.use(impl="native"), pytest.raises(ValueError, match="LINATTN_NATIVE=0"):
+        linattn.delta_rule(*_delta_args())
+
+
+@pytest.mark.parametrize("value, want", [("0", "0"), ("off", "0"), ("False", "0"), ("no", "0"),
+                                         ("1", "1"), ("on", "1"), ("TRUE", "1"), ("", "auto"),
+                                         ("auto", "auto")])
+def test_native_setting_spellings(monkeypatch, value, want):
+    monkeypatch.setenv("LINATTN_NATIVE", value)
+    assert dispatch.native_setting() == want
+
+
+def test_unknown_settings_warn_or_raise_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", "sometimes")
+    dispatch._warned.discard("env:sometimes")
+    with pytest.warns(RuntimeWarning, match="LINATTN_NATIVE='sometimes'"):
+        assert dispatch.native_setting() == "auto"
+    monkeypatch.setenv("LINATTN_NATIVE", "1")
+    monkeypatch.setenv("LINATTN_NATIVE_ISA", "nonsense")
+    with pytest.raises(ValueError, match="LINATTN_NATIVE_ISA"):
+        linattn.delta_rule(*_delta_args())
+
+
+def test_traced_calls_only_take_traceable_backends():
+    """Inside a graph being traced the eager-only fused path is never a candidate: ``fast``
+    falls through to the compiled or the portable backend, and naming it is an error."""
+    args = ("linear_attention", "causal forward", torch.float32, "cpu", False,
+            ("map:tokenwise",), None, True)
+    with dispatch.use(impl="fast"):
+        assert dispatch.select(*args).backend == "portable"
+    with dispatch.use(impl="fused"), pytest.raises(ValueError, match="torch.compile"):
+        dispatch.select(*args)
+
+
+@needs_native
 def test_auto_follows_the_measurement(calls, monkeypatch):
-    """``auto`` takes the compiled path only where the calibration says it wins;
-    ``LINATTN_NATIVE=1`` takes it regardless, ``LINATTN_NATIVE=0`` never."""
+    """``auto`` takes the compiled path only where the calibration says it wins, in the build
+    it names; ``LINATTN_NATIVE=1`` takes it regardless, ``LINATTN_NATIVE=0`` never."""
     q, k, v = _qkv()
     monkeypatch.delenv("LINATTN_NATIVE", raising=False)
-    monkeypatch.setattr(lnative, "wins", lambda is_causal, backward: False)
+    monkeypatch.delenv("LINATTN_NATIVE_ISA", raising=False)
+    isas = []
+    monkeypatch.setattr(calibration, "winner", lambda op, form, b, i, t, p: None)
     linattn.linear_attention(q, k, v)
     assert calls == []  # T = 40 < fused_min_t: portable
-    monkeypatch.setattr(lnative, "wins", lambda is_causal, backward: is_causal)
+
+    def causal_wins(op, form, backend, candidates, torch_names, problem):
+        isas.append(candidates)
+        return candidates[-1] if form.startswith("causal") else None
+
+    monkeypatch.setattr(calibration, "winner", causal_wins)
+    dispatch._memo.clear()
     linattn.linear_attention(q, k, v)
     linattn.linear_attention(q, k, v, is_causal=True)
     assert calls == ["native"]
-    monkeypatch.setattr(lnative, "wins", lambda is_causal, backward: False)
+    assert isas and all(c == native.runnable_isas() for c in isas)
+    monkeypatch.setattr(calibration, "winner", lambda *a: pytest.fail("measured"))
+    dispatch._memo.clear()
     monkeypatch.setenv("LINATTN_NATIVE", "1")
     linattn.linear_attention(q, k, v)
     assert calls == ["native", "native"]
+    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    linattn.linear_attention(q, k, v, is_causal=True)
+    assert calls == ["native", "native"]
 
 
-@needs_native
-def test_calibration_is_cached_beside_the_library(monkeypatch):
-    result = lnative.calibration()
-    assert set(result) == {"non-causal forward", "non-causal fwd+bwd", "causal forward",
-                           "causal fwd+bwd"}
-    for cell in result.values():
-        assert cell["native_ms"] > 0 and cell["torch_ms"] > 0
-        assert cell["native"] == (cell["native_ms"] < cell["torch_ms"])
-    path = Path(native.load()._name).with_suffix(".calib.json")
-    cached = json.loads(path.read_text())
-    shape = "x".join(map(str, lnative.CALIBRATION_SHAPE))
-    assert cached[f"threads={torch.get_num_threads()} shape={shape}"] == result
+# ------------------------------------------------------------------------------ calibration
+@pytest.fixture
+def toy(monkeypatch, tmp_path):
+    """A registered op "toy" with a compiled backend (builds "native" and "avx2") and a portable
+    one, and a calibration whose timings are scripted: ``toy.ms`` maps candidate -> seconds,
+    ``toy.measured`` counts the measurements. The cache file lives in a temporary folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("LINATTN_NATIVE", raising=False)
+    monkeypatch.delenv("LINATTN_NATIVE_ISA", raising=False)
+    monkeypatch.setattr(native, "runnable_isas", lambda: ["native", "avx2"])
+    calibration.forget()
+
+    class Toy:
+        ms = {"native:native": 2.0, "native:avx2": 1.0, "portable": 3.0}
+        measured = 0
+        threads: list[str] = []
+
+    def problem():
+        Toy.measured += 1
+        Toy.threads.append(threading.current_thread().name)
+
+        def run(choice: Choice):
+            def thunk():
+                return choice
+            thunk.key = f"native:{choice.isa}" if choice.isa else choice.backend
+            return thunk
+        return run
+
+    monkeypatch.setattr(calibration, "median_time", lambda fn, repeats: Toy.ms[fn.key])
+    dispatch.register(Backend("toy", "native", compiled=True, available=lambda isa: None))
+    dispatch.register(Backend("toy", "portable"))
+    dispatch.register_calibration("toy", {"f": problem})
+    yield Toy
+    dispatch._REGISTRY.pop("toy", None)
+    dispatch._PROBLEMS.pop("toy", None)
+    calibration.forget()
+
+
+def _toy_select():
+    return dispatch.select("toy", "f", torch.float32, "cpu", False)
+
+
+def test_calibration_picks_the_fastest_build_and_is_cached(toy):
+    assert _toy_select() == Choice("native", "avx2")
+    assert toy.measured == 1 and set(toy.threads) == {"linattn-calibration"}
+    cached = json.loads(calibration.cache_path().read_text())
+    (entry,) = cached.values()
+    assert entry["winner"] == "avx2" and entry["ms"]["portable"] == 3000.0
     # A new process reads the file instead of measuring again.
-    monkeypatch.setattr(lnative, "_verdicts", {})
-    monkeypatch.setattr(lnative, "_measure", lambda: pytest.fail("measured again"))
-    assert lnative.calibration() == result
-    assert lnative.wins(True, True) == result["causal fwd+bwd"]["native"]
+    calibration.forget()
+    dispatch._memo.clear()
+    assert _toy_select() == Choice("native", "avx2")
+    assert toy.measured == 1
+    # torch faster than every build: the torch rule
+    toy.ms = {"native:native": 2.0, "native:avx2": 2.5, "portable": 1.0}
+    calibration.cache_path().unlink()
+    calibration.forget()
+    dispatch._memo.clear()
+    assert _toy_select() == Choice("portable")
+
+
+@pytest.mark.parametrize("garbage", ["[1, 2]", "{", '{"x": 1}', "7", ""])
+def test_a_malformed_cache_file_is_measured_again(toy, garbage):
+    path = calibration.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(garbage)
+    assert _toy_select() == Choice("native", "avx2")
+    assert toy.measured == 1
+    assert isinstance(json.loads(path.read_text()), dict)
+
+
+def test_a_malformed_entry_is_measured_again(toy):
+    _toy_select()
+    path = calibration.cache_path()
+    cached = json.loads(path.read_text())
+    for bad in ({"ms": 1, "winner": "avx2"}, {"winner": "avx2"}, 1,
+                {"ms": {"native:native": "x"}, "winner": "avx2"}):
+        key = next(iter(cached))
+        path.write_text(json.dumps({key: bad}))
+        calibration.forget()
+        dispatch._memo.clear()
+        before = toy.measured
+        assert _toy_select() == Choice("native", "avx2")
+        assert toy.measured == before + 1
+
+
+def test_a_failed_measurement_means_torch_with_a_warning(toy, monkeypatch):
+    def broken(fn, repeats):
+        raise RuntimeError("no timer")
+
+    monkeypatch.setattr(calibration, "median_time", broken)
+    with pytest.warns(RuntimeWarning, match="could not measure"):
+        assert _toy_select() == Choice("portable")
+    assert not calibration.cache_path().exists()
+
+
+def test_an_isa_setting_is_the_only_build_measured(toy, monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE_ISA", "native")
+    assert _toy_select() == Choice("native", "native")
+    (entry,) = json.loads(calibration.cache_path().read_text()).values()
+    assert set(entry["ms"]) == {"native:native", "portable"}
 
 
 @needs_native
-def test_calibration_runs_under_no_grad_and_small_blocks():
-    """The first call, which measures, may come from inference code or from inside a policy:
-    the measurement still times gradients, with the default sizes."""
+def test_calibration_problems_use_default_sizes_and_gradients():
+    """The measurement may be triggered from inference code or from inside a policy: it still
+    times gradients, with the default sizes (it runs in a clean thread)."""
     seen = []
     real = linear_mod.native_linear_attention
 
@@ -133,35 +319,33 @@ def test_calibration_runs_under_no_grad_and_small_blocks():
         seen.append(kw["block"])
         return real(*a, **kw)
 
+    problem = dispatch._PROBLEMS["linear_attention"]["causal fwd+bwd"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(linear_mod, "native_linear_attention", spy)
         with torch.inference_mode(), dispatch.use(block_size=8, chunk_size=4):
-            result = lnative._measure(repeats=1)
-    assert all(cell["native_ms"] > 0 for cell in result.values())
-    assert seen and set(seen) == {dispatch.Policy().block_size}
+            calibration._in_clean_thread(lambda: problem()(Choice("native", "native"))(), 1)
+    assert seen == [dispatch.Policy().block_size]
 
 
 @needs_native
-def test_calibration_is_isolated_from_the_triggering_call(monkeypatch):
+def test_calibration_is_isolated_from_the_triggering_call(monkeypatch, tmp_path):
     """The first call may run under a float64 default dtype, inside activation checkpointing
     (whose recording must not see the measurement's tensors) and from several threads at
     once: the calibration measures once, in float32, in a thread of its own."""
-    import threading
-
     from torch.utils.checkpoint import checkpoint
 
-    runs = []
-    real = lnative._measure
-
-    def measure():
-        runs.append(threading.current_thread().name)
-        return real(repeats=1)
-
-    monkeypatch.setattr(lnative, "_verdicts", {})
-    monkeypatch.setattr(lnative, "_measure", measure)
-    monkeypatch.setattr(native, "write_atomic", lambda *a: None)  # leave the real cache alone
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: "{}")  # nothing cached
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("LINATTN_NATIVE", raising=False)
+    monkeypatch.setattr(calibration, "REPEATS", 1)
+    calibration.forget()
+    runs = []
+    real = calibration._measure
+
+    def measure(*a):
+        runs.append(threading.current_thread().name)
+        return real(*a)
+
+    monkeypatch.setattr(calibration, "_measure", measure)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -183,8 +367,37 @@ def test_calibration_is_isolated_from_the_triggering_call(monkeypatch):
             t.join()
     finally:
         torch.set_default_dtype(before)
+        calibration.forget()
     assert not errors, errors
     assert runs == ["linattn-calibration"]
+    (entry,) = json.loads(calibration.cache_path().read_text()).values()  # not a failure
+    assert all(ms > 0 for ms in entry["ms"].values())
+
+
+@needs_native
+def test_report_names_the_backend_and_build_of_every_form():
+    rows = dispatch.report()
+    forms = {(r["op"], r["form"]) for r in rows}
+    assert ("linear_attention", "causal fwd+bwd") in forms and ("delta_rule", "step") in forms
+    for r in rows:
+        assert r["backend"] in ("native", "torch")
+        assert (r["isa"] is None) == (r["backend"] == "torch")
+
+
+def test_policy_chunk_size_reaches_every_chunked_op(monkeypatch):
+    """Policy.chunk_size is the default chunk of every chunked op, not only linear attention's."""
+    from linattn.ops.delta import op as delta_op
+    from linattn.ops.gated import op as gated_op
+
+    seen = []
+    real_d, real_g = delta_op._chunked, gated_op.chunked_form
+    monkeypatch.setattr(delta_op, "_chunked", lambda *a: seen.append(a[-1]) or real_d(*a))
+    monkeypatch.setattr(gated_op, "chunked_form", lambda *a: seen.append(a[-1]) or real_g(*a))
+    q, k, v, beta = _delta_args(T=20)
+    with dispatch.use(impl="portable", chunk_size=4):
+        linattn.delta_rule(q, k, v, beta)
+        linattn.gated_linear_attention(q, k, v)
+    assert seen == [4, 4]
 
 
 def test_removed_module_globals_point_to_the_policy():
@@ -203,8 +416,8 @@ def test_every_isa_build_matches_the_reference(monkeypatch, isa):
     """Each build variant this CPU can run (the vector width and register tiles differ) against
     the float64 reference: one-pass kernels (widths multiples of 16, partial chunks), block
     passes (a padding mask), forward and backward."""
-    if native.load(isa) is None:
-        pytest.skip(f"{isa} build: {native.unavailable_reason(isa)}")
+    if lnative.kernels(isa) is None:
+        pytest.skip(f"{isa} build: {lnative.unavailable(isa)}")
     lib = native.load(isa)
     if isa in EXPECTED_WIDTH:
         assert lib.la_width() == EXPECTED_WIDTH[isa]
@@ -247,8 +460,7 @@ def test_bfloat16_without_bf16_units_widens_to_float32(monkeypatch, is_causal):
     torch.testing.assert_close(got, want.bfloat16(), rtol=0, atol=0)
 
 
-@needs_native
 def test_refused_sizes_raise_even_under_python_O():
     with pytest.raises(RuntimeError, match="la_causal_forward refused"):
-        native._check(-1, "la_causal_forward")
-    native._check(0, "la_causal_forward")
+        native.check_rc(-1, "la_causal_forward")
+    native.check_rc(0, "la_causal_forward")

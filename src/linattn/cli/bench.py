@@ -4,6 +4,8 @@ Efficiency = useful FLOPs / time / roofline, where the roofline is the GFLOP/s o
 matmul in the same dtype measured in the same process, and the useful FLOPs of a forward are
 4·B·H·T·ℓ·Dv (φ(K)ᵀV and φ(Q)·state), three times that for forward+backward. Rows:
 
+* ``default``: what a call runs by default (``impl="auto"``: the backend and build the dispatcher
+  chose from its calibration; the table before it says which, per op and form);
 * ``native <isa>``: the compiled path, one row group per build variant asked for with ``--isa``
   (``native`` = this CPU's widest ISA; ``avx2`` on an AVX-512 CPU measures the AVX2 kernels);
 * ``torch``: what runs with ``LINATTN_NATIVE=0`` (the chunked torch path at long T), with the
@@ -151,6 +153,25 @@ def _in_child(fn, spec: dict):
         return pool.submit(fn, spec).result()
 
 
+def selection_table() -> None:
+    """Which backend and build the default path takes for each op and form on this machine
+    (the dispatcher's calibration, measured now if it was not yet)."""
+    import torch
+
+    import linattn.ops.delta.op  # noqa: F401 - the ops register their backends on import
+    import linattn.ops.linear.op  # noqa: F401
+    from linattn.ops import dispatch
+
+    print(f"default path (impl='auto'), {torch.get_num_threads()} thread(s): what each form "
+          "takes, from the dispatcher's calibration (median ms per candidate)\n")
+    print("| op | form | takes | build | calibration |")
+    print("|---|---|---|---|---|")
+    for r in dispatch.report():
+        times = ", ".join(f"{k} {v:g}" for k, v in (r["times"] or {}).items()) or r["why"]
+        print(f"| {r['op']} | {r['form']} | {r['backend']} | {r['isa'] or '-'} | {times} |")
+    print()
+
+
 def efficiency_table(args, dtype) -> None:
     import torch
 
@@ -174,7 +195,8 @@ def efficiency_table(args, dtype) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     # (row label, dispatch impl, compiled build); "torch": what runs without the compiled path,
     # "fast": the compiled path wherever it applies (bfloat16 with gradients: the torch path)
-    paths = [("torch", "torch", None)] + [(f"native {isa}", "fast", isa) for isa in isas]
+    paths = [("default", "auto", None), ("torch", "torch", None)]
+    paths += [(f"native {isa}", "fast", isa) for isa in isas]
     paths += [] if args.no_portable else [("portable", "portable", None)]
     for causal in (False, True):
         for name, mult in (("forward", 1), ("fwd+bwd", 3)):
@@ -278,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
 
     dtype = getattr(torch, args.dtype)
+    selection_table()
     efficiency_table(args, dtype)
     if not args.no_crossover:
         lengths = args.crossover or [256, 512, 1024, 2048, 4096, 8192, 16384]

@@ -201,7 +201,8 @@ def block_ranges(T: int, size: int) -> list[tuple[int, int]]:
 
 def needs_grad(*tensors: Tensor | None) -> bool:
     """Whether autograd will want gradients of any of ``tensors`` (None entries ignored)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                           for t in tensors)
 
 
 def clamped_chunk(chunk: int, T: int) -> int:
@@ -263,28 +264,6 @@ def causal_chunked(
     out = torch.baddbmm(torch.bmm(fq3, before.reshape(-1, L, Dv1)), scores, v13)
     out = out.view(*batch, n * chunk, Dv1)[..., :T, :]
     return out, total
-
-
-def portable_forward(
-    fmap: FeatureMap, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, eps: float,
-    chunk: int, is_causal: bool, S0: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Linear attention in whole-tensor, differentiable torch operations (the portable form).
-
-    q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv), keep from :func:`key_mask_for`, S0
-    (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) in q's dtype and the state
-    Σ φ(k)ᵀ[v, 1] (..., ℓ, Dv + 1) in the accumulation dtype. The fast paths' backward
-    differentiates this with the graph kept when asked for ``create_graph=True``."""
-    fq, fk = features(fmap, q, k, keep)
-    v1 = values_with_ones(v, fq.dtype, keep)
-    S0 = None if S0 is None else S0.to(fq.dtype)
-    if is_causal:
-        o1, total = causal_chunked(fq, fk, v1, chunk, S0)
-    else:
-        total = fk.transpose(-1, -2) @ v1
-        total = total if S0 is None else total + S0
-        o1 = fq @ total
-    return split_normalised(o1, eps).to(q.dtype), total
 
 
 def graph_grads(

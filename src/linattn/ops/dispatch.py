@@ -1,59 +1,76 @@
-"""Which implementation runs :func:`linattn.linear_attention`: the one place that decides.
+"""Which implementation runs each op: the one dispatcher.
 
-Three implementations compute the same function (tested against each other and against the
-float64 reference):
+Every op that has more than one implementation registers its **backends** here, each with what
+it supports (devices, dtypes, gradients, whether it can run inside a ``torch.compile`` or
+``torch.export`` graph, the op-specific conditions, and for compiled backends which ISA builds
+can run it), and asks :func:`select` which one takes a call. :func:`select` alone reads the
+policy (:func:`use`), the environment (``LINATTN_NATIVE``, ``LINATTN_NATIVE_ISA``) and the
+calibration results (:mod:`linattn.ops.calibration`), so that the same ``impl=`` means the same
+thing for every op:
 
-* ``"native"``: the compiled CPU kernels of :mod:`linattn.ops.native` (1 + elu and 1 + relu,
-  float32, or bfloat16 without gradients);
-* ``"fused"``: the chunked, buffer-reusing torch form of :mod:`linattn.ops.linear.fused` (any
-  token-wise map without trainable parameters, CPU);
-* ``"portable"``: the whole-tensor torch form in :mod:`linattn.ops.linear` (everything, every
-  device, double backward).
+``auto`` (the default)
+    the compiled backend where it applies *and* the calibration measured it faster than torch
+    on this machine for this form (choosing among the ISA builds the CPU can run), else the
+    op's torch rule (e.g. ``fused`` from ``fused_min_t`` tokens, else ``portable``).
+    ``LINATTN_NATIVE=0`` makes it ``torch``; ``LINATTN_NATIVE=1`` takes the compiled backend
+    wherever it applies, unmeasured.
+``torch``
+    what ``auto`` takes without the compiled backends.
+``fast``
+    the compiled backend where it applies, else the fastest torch one (fused before portable)
+    at every length, unmeasured.
+``native`` / ``fused`` / ``portable``
+    that backend only; a call it cannot take, or an op without it, is a ``ValueError`` that
+    says why — for every op alike.
 
-The default policy (``impl="auto"``) takes the native path where it applies *and* where it was
-measured to beat plain torch on this machine (:func:`linattn.ops.native.wins`: a short
-calibration at the first call, cached beside the compiled library), then the fused path from
-``fused_min_t`` tokens, else the portable one. ``LINATTN_NATIVE=0`` turns the native path off,
-``LINATTN_NATIVE=1`` takes it wherever it applies without asking the calibration.
+Inside a traced graph (``torch.compile``, ``torch.export``) only backends that can be traced
+are candidates: the compiled kernels (registered as ``linattn::`` custom ops) and the portable
+torch forms, not the buffer-reusing eager ones. The choice is made once per graph, when it is
+traced: it does not follow a later :func:`use` or environment change (``torch.compiler.reset()``
+to trace again).
 
 Tests and benchmarks choose a path with :func:`use` instead of patching module globals::
 
     with dispatch.use(impl="portable"):
         o = linattn.linear_attention(q, k, v)           # the portable form, whatever T is
     with dispatch.use(impl="fast", block_size=8, chunk_size=4):
-        ...                                             # native or fused at every length,
-                                                        # short inputs spanning several blocks
+        ...                                             # short inputs spanning several blocks
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
-__all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "DEFAULT_CHUNK_SIZE"]
+import torch
+
+__all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
+           "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
+           "register_calibration", "calibration_forms", "report"]
 
 #: The causal chunk length C of every chunked form (linear, relative, decayed attention, the
 #: models built on them) when a call gives none: the one home of this number.
 DEFAULT_CHUNK_SIZE = 64
 
-#: ``auto``: measured choice; ``torch``: what ``auto`` takes without the compiled path (what
-#: ``LINATTN_NATIVE=0`` runs); ``fast``: native where it applies, else fused, at every length;
-#: ``native`` / ``fused`` / ``portable``: that path only (ValueError where it cannot run).
+#: The policies: see the module docstring.
 IMPLS = ("auto", "torch", "fast", "native", "fused", "portable")
 
 
 @dataclass(frozen=True)
 class Policy:
-    """How :func:`linattn.linear_attention` picks and sizes its implementation.
+    """How :func:`select` picks, and how the fast paths size their work.
 
     Attributes:
         impl: one of :data:`IMPLS`.
-        fused_min_t: ``auto`` takes the fused path from this many tokens (shorter sequences are
-            cheaper as a few whole-tensor operations).
-        block_size: tokens per block of the native and fused paths (rounded down to whole
+        fused_min_t: ``auto`` takes linear attention's fused path from this many tokens
+            (shorter sequences are cheaper as a few whole-tensor operations).
+        block_size: tokens per block of the compiled and fused paths (rounded down to whole
             causal chunks, at least one chunk): 512 keeps a block's features of 8 heads in L2.
         chunk_size: the causal chunk length when the call gives none.
     """
@@ -68,7 +85,8 @@ class Policy:
             raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {self.impl!r}")
         for name in ("fused_min_t", "block_size", "chunk_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < (0 if name == "fused_min_t" else 1):
+            if isinstance(value, bool) or not isinstance(value, int) \
+                    or value < (0 if name == "fused_min_t" else 1):
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
 
     def block_for(self, chunk: int) -> int:
@@ -80,6 +98,7 @@ class Policy:
 _POLICY: ContextVar[Policy] = ContextVar("linattn_policy", default=Policy())  # noqa: B039
 
 
+@torch.compiler.assume_constant_result  # a traced graph keeps the policy it was traced under
 def policy() -> Policy:
     """The policy in force (the default, or the innermost :func:`use`)."""
     return _POLICY.get()
@@ -95,7 +114,282 @@ def use(**changes) -> Iterator[Policy]:
         _POLICY.reset(token)
 
 
+# --------------------------------------------------------------------------------- environment
+_OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
 def native_setting() -> str:
-    """``LINATTN_NATIVE``: "0" (off), "1" (on wherever it applies) or "auto" (unset: measured)."""
-    value = os.environ.get("LINATTN_NATIVE", "").strip()
-    return value if value in ("0", "1") else "auto"
+    """``LINATTN_NATIVE``: "0" (off: 0, off, false, no), "1" (on wherever it applies: 1, on,
+    true, yes) or "auto" (unset, empty or "auto": measured). Another value warns once and
+    means "auto"."""
+    value = os.environ.get("LINATTN_NATIVE", "").strip().lower()
+    if value in _OFF:
+        return "0"
+    if value in _ON:
+        return "1"
+    if value not in ("", "auto"):
+        _warn_once(f"env:{value}", f"LINATTN_NATIVE={value!r} is not one of 0, 1, off, on, "
+                   "false, true, no, yes, auto; using auto")
+    return "auto"
+
+
+def isa_setting() -> str | None:
+    """``LINATTN_NATIVE_ISA`` (one build for every compiled call, unmeasured against the
+    others), or None. ValueError naming the variable for an unknown build; read only when a
+    compiled backend is considered (with ``LINATTN_NATIVE=0`` it is never read)."""
+    from linattn.ops.native import ISA_FLAGS
+
+    value = os.environ.get("LINATTN_NATIVE_ISA", "").strip()
+    if not value:
+        return None
+    if value not in ISA_FLAGS:
+        raise ValueError(f"LINATTN_NATIVE_ISA: expected one of {', '.join(ISA_FLAGS)}, "
+                         f"got {value!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------------ backends
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of one op, and what it can take.
+
+    Attributes:
+        op: the op's name (the key :func:`select` is asked with).
+        name: "native" (compiled kernels), "fused" (buffer-reusing eager torch) or "portable"
+            (whole-tensor torch, everything, every device).
+        compiled: runs the C kernels of :mod:`linattn.ops.native` (one of its ISA builds).
+        traceable: may run inside a ``torch.compile`` / ``torch.export`` graph.
+        devices: device types it runs on (None: every device).
+        dtypes: input dtypes it takes (None: every floating dtype).
+        grad_dtypes: dtypes it can also differentiate (None: all of ``dtypes``; (): none).
+        accepts: op-specific conditions on the call's traits: the reason it cannot take the
+            call, or None.
+        available: compiled backends: the reason an ISA build cannot run it, or None.
+        prefer: the torch rule of ``auto``: whether to take this backend for a call of this
+            length under this policy rather than the next one (None: always).
+    """
+
+    op: str
+    name: str
+    compiled: bool = False
+    traceable: bool = True
+    devices: tuple[str, ...] | None = None
+    dtypes: tuple[torch.dtype, ...] | None = None
+    grad_dtypes: tuple[torch.dtype, ...] | None = None
+    accepts: Callable[[tuple[str, ...]], str | None] | None = field(default=None, compare=False)
+    available: Callable[[str], str | None] | None = field(default=None, compare=False)
+    prefer: Callable[[int | None, Policy], bool] | None = field(default=None, compare=False)
+
+    def refuses(self, dtype: torch.dtype, device: str, grad: bool, traits: tuple[str, ...],
+                tracing: bool) -> str | None:
+        """Why this backend cannot take the call (one phrase), or None."""
+        if self.devices is not None and device not in self.devices:
+            return f"runs on {'/'.join(self.devices)} only, not {device}"
+        if tracing and not self.traceable:
+            return "cannot run inside a torch.compile or torch.export graph"
+        if self.dtypes is not None and dtype not in self.dtypes:
+            return f"takes {', '.join(str(d) for d in self.dtypes)}, not {dtype}"
+        if grad:
+            allowed = self.dtypes if self.grad_dtypes is None else self.grad_dtypes
+            if allowed is not None and dtype not in allowed:
+                return f"has no gradient for {dtype}"
+        return None if self.accepts is None else self.accepts(traits)
+
+
+class Choice(NamedTuple):
+    """What :func:`select` decided: the backend's name and, for a compiled one, the build."""
+
+    backend: str
+    isa: str | None = None
+
+
+_REGISTRY: dict[str, list[Backend]] = {}
+_PROBLEMS: dict[str, dict[str, Callable[[], Callable[[Choice], Callable[[], object]]]]] = {}
+_LOCK = threading.Lock()
+
+
+def register(backend: Backend) -> Backend:
+    """Add (or replace, by op and name) a backend. Registration order is the preference order
+    of the torch rule: fastest torch backend first, the portable one last."""
+    with _LOCK:
+        entries = _REGISTRY.setdefault(backend.op, [])
+        entries[:] = [b for b in entries if b.name != backend.name] + [backend]
+        _memo.clear()
+    return backend
+
+
+def backends(op: str) -> list[Backend]:
+    """The registered backends of ``op``, in preference order."""
+    return list(_REGISTRY.get(op, ()))
+
+
+def register_calibration(op: str, forms: dict[str, Callable[[], Callable[[Choice],
+                                                                        Callable[[], object]]]]):
+    """The problems :func:`select` measures ``op``'s compiled backend on: per form (e.g.
+    "causal fwd+bwd", "step"), a factory that builds the inputs once and returns
+    ``run(choice) -> thunk``, a zero-argument function that runs one call of that backend (and
+    build) directly — not through the public op, so that the measurement cannot recurse."""
+    with _LOCK:
+        _PROBLEMS[op] = dict(forms)
+        _memo.clear()
+
+
+def calibration_forms(op: str) -> list[str]:
+    return list(_PROBLEMS.get(op, {}))
+
+
+# ------------------------------------------------------------------------------------ select
+_memo: dict[tuple, Choice] = {}
+
+
+@torch.compiler.assume_constant_result  # chosen once per traced graph, from static facts only
+def select(op: str, form: str, dtype: torch.dtype, device: str, grad: bool,
+           traits: tuple[str, ...] = (), length: int | None = None,
+           tracing: bool = False) -> Choice:
+    """The backend that runs this call of ``op``.
+
+    Args:
+        op: a registered op. form: its calibration form for this call (see
+            :func:`register_calibration`). dtype, device: of the inputs. grad: whether autograd
+            will want gradients. traits: op-specific facts the backends' ``accepts`` read
+            (e.g. "map:elu", "masked"). length: the sequence length, for the torch rule (None
+            inside traced graphs). tracing: the call is being traced.
+
+    Raises ValueError when the policy names a backend that the op lacks or that cannot take the
+    call. Repeated calls with the same facts cost a dictionary lookup."""
+    pol = _POLICY.get()
+    setting = native_setting()
+    key = (op, form, dtype, device, grad, traits, length, tracing, pol, setting,
+           os.environ.get("LINATTN_NATIVE_ISA", ""), torch.get_num_threads())
+    choice = _memo.get(key)
+    if choice is None:
+        choice = _select(op, form, dtype, device, grad, traits, length, tracing, pol, setting)
+        if len(_memo) > 4096:
+            _memo.clear()
+        _memo[key] = choice
+    return choice
+
+
+def _select(op, form, dtype, device, grad, traits, length, tracing, pol, setting) -> Choice:
+    entries = _REGISTRY.get(op)
+    if not entries:
+        raise ValueError(f"dispatch: no backends registered for {op!r}")
+    impl = pol.impl
+    if impl in ("native", "fused", "portable"):
+        return _explicit(op, entries, impl, dtype, device, grad, traits, tracing, setting)
+    compiled = None
+    if impl != "torch" and setting != "0":
+        compiled = _compiled(entries, dtype, device, grad, traits, tracing)
+    if compiled is not None:
+        backend, isas = compiled
+        if impl == "fast" or setting == "1":
+            return Choice(backend.name, isas[0])
+        problem = _PROBLEMS.get(op, {}).get(form)
+        if problem is not None:  # auto: measured, per form, among the builds
+            from linattn.ops import calibration
+
+            winner = calibration.winner(op, form, backend.name, isas, _torch_names(entries),
+                                        problem)
+            if winner is not None:
+                return Choice(backend.name, winner)
+    return _torch_rule(entries, dtype, device, grad, traits, length, tracing, pol,
+                       fast=impl == "fast")
+
+
+def _torch_names(entries: list[Backend]) -> list[str]:
+    return [b.name for b in entries if not b.compiled]
+
+
+def _explicit(op, entries, impl, dtype, device, grad, traits, tracing, setting) -> Choice:
+    backend = next((b for b in entries if b.name == impl), None)
+    if backend is None:
+        have = ", ".join(b.name for b in entries)
+        raise ValueError(f"dispatch impl={impl!r}: {op} has no {impl!r} backend (it has: "
+                         f"{have})")
+    reason = backend.refuses(dtype, device, grad, traits, tracing)
+    isa = None
+    if reason is None and backend.compiled:
+        if setting == "0":
+            reason = "turned off by LINATTN_NATIVE=0"
+        else:
+            isa = isa_setting() or "native"
+            if backend.available is not None:
+                reason = backend.available(isa)
+    if reason is not None:
+        raise ValueError(f"dispatch impl={impl!r}: {op} cannot take this call on its {impl} "
+                         f"backend ({reason})")
+    return Choice(backend.name, isa)
+
+
+def _compiled(entries, dtype, device, grad, traits, tracing):
+    """The compiled backend that can take the call and the ISA builds it can run here (the
+    one of LINATTN_NATIVE_ISA, else every runnable one), or None."""
+    from linattn.ops.native import runnable_isas
+
+    for backend in entries:
+        if not backend.compiled or backend.refuses(dtype, device, grad, traits, tracing):
+            continue
+        forced = isa_setting()
+        isas = [forced] if forced else runnable_isas()
+        if backend.available is not None:
+            isas = [isa for isa in isas if backend.available(isa) is None]
+        if isas:
+            return backend, isas
+    return None
+
+
+def _torch_rule(entries, dtype, device, grad, traits, length, tracing, pol, fast) -> Choice:
+    last_reason = None
+    for backend in entries:
+        if backend.compiled:
+            continue
+        last_reason = backend.refuses(dtype, device, grad, traits, tracing)
+        if last_reason is not None:
+            continue
+        if fast or backend.prefer is None or backend.prefer(length, pol):
+            return Choice(backend.name)
+    raise ValueError(f"dispatch: no torch backend can take this call ({last_reason})")
+
+
+# ------------------------------------------------------------------------------------ report
+def report() -> list[dict]:
+    """What the default path takes on this machine, per op and calibration form, at the current
+    thread count: the backend, the build and the calibration's medians (ms). For
+    ``linattn bench`` and the docs; measures what was not measured yet."""
+    from linattn.ops import calibration
+
+    rows = []
+    for op, forms in _PROBLEMS.items():
+        for form in forms:
+            compiled = next((b for b in _REGISTRY.get(op, ()) if b.compiled), None)
+            row = {"op": op, "form": form, "threads": torch.get_num_threads()}
+            setting = native_setting()
+            if compiled is None or setting == "0":
+                row.update(backend="torch", isa=None, times=None,
+                           why="LINATTN_NATIVE=0" if setting == "0" else "no compiled backend")
+            else:
+                from linattn.ops.native import runnable_isas
+
+                forced = isa_setting()
+                isas = [forced] if forced else runnable_isas()
+                if compiled.available is not None:
+                    isas = [i for i in isas if compiled.available(i) is None]
+                if not isas:
+                    row.update(backend="torch", isa=None, times=None,
+                               why=compiled.available("native") if compiled.available else "")
+                else:
+                    verdict = calibration.verdict(op, form, compiled.name, isas,
+                                                  _torch_names(_REGISTRY[op]), forms[form])
+                    win = verdict["winner"]
+                    row.update(backend=compiled.name if win != "torch" else "torch",
+                               isa=None if win == "torch" else win, times=verdict["ms"],
+                               why="LINATTN_NATIVE=1" if setting == "1" else "measured")
+            rows.append(row)
+    return rows

@@ -1,5 +1,5 @@
-"""The compiled forward of the (gated) delta rule (ops/delta_native.py, ``la_gdr_forward`` in
-ops/native/_native.c) against the torch chunked path and the float64 sequential reference.
+"""The compiled forward of the (gated) delta rule (ops/delta/native.py, ``la_gdr_forward`` in
+ops/delta/kernels.c) against the torch chunked path and the float64 sequential reference.
 
 The compiled path is forced (``dispatch.use(impl="native")``) and each test checks that it was
 really taken; the torch chunked path runs under ``impl="torch"``."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ from linattn.ops.delta import native as delta_native
 from linattn.ops.delta.op import delta_rule, delta_rule_step
 
 pytestmark = pytest.mark.skipif(
-    delta_native.unavailable_reason() is not None,
-    reason=f"compiled delta rule: {delta_native.unavailable_reason()}",
+    delta_native.unavailable() is not None,
+    reason=f"compiled delta rule: {delta_native.unavailable()}",
 )
 
 
@@ -28,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 def native_calls(monkeypatch):
     """Force the compiled path; count the prefill and step calls that really took it."""
     calls = {"prefill": 0, "step": 0}
-    real_prefill, real_step = delta_native.delta_rule, delta_native.delta_rule_step
+    real_prefill, real_step = delta_native.delta_rule_native, delta_native.delta_rule_step_native
 
     def prefill(*a, **kw):
         calls["prefill"] += 1
@@ -38,8 +37,8 @@ def native_calls(monkeypatch):
         calls["step"] += 1
         return real_step(*a, **kw)
 
-    monkeypatch.setattr(delta_native, "delta_rule", prefill)
-    monkeypatch.setattr(delta_native, "delta_rule_step", step)
+    monkeypatch.setattr(delta_native, "delta_rule_native", prefill)
+    monkeypatch.setattr(delta_native, "delta_rule_step_native", step)
     with dispatch.use(impl="native"):
         yield calls
 
@@ -262,64 +261,54 @@ def test_checks_still_guard_the_compiled_path(native_calls):
 
 
 def test_routing(monkeypatch):
-    """The torch path runs where the compiled one does not apply or is turned off:
-    gradients, float64, V not a multiple of 16, per-key gates (the step), impl="torch",
-    LINATTN_NATIVE=0."""
+    """Where the compiled path does not apply (gradients, float64, V not a multiple of 16,
+    per-key gates in the step) ``auto`` runs torch even with LINATTN_NATIVE=1, and
+    impl="native" says why; impl="torch" and LINATTN_NATIVE=0 never take it."""
     calls = []
-    real = delta_native.delta_rule
-    monkeypatch.setattr(delta_native, "delta_rule", lambda *a: calls.append(1) or real(*a))
+    real = delta_native.delta_rule_native
+    monkeypatch.setattr(delta_native, "delta_rule_native",
+                        lambda *a: calls.append(1) or real(*a))
     q, k, v, beta, g = _inputs(1, 2, T=9, K=16, V=16)
+    leaf = q.clone().requires_grad_(True)
+    step = (q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0])
+    monkeypatch.setenv("LINATTN_NATIVE", "1")
+    delta_rule(q, k, v, beta, g)
+    assert calls == [1]
+    delta_rule(leaf, k, v, beta, g).sum().backward()  # the torch path: differentiable
+    assert leaf.grad is not None
+    delta_rule(q.double(), k.double(), v.double(), beta.double(), g.double())
+    delta_rule(q, k, v[..., :8], beta, g)
+    with torch.no_grad():
+        delta_rule(leaf, k, v, beta, g)  # no gradient wanted: compiled
+    assert calls == [1, 1]
+    steps = []
+    monkeypatch.setattr(delta_native, "delta_rule_step_native",
+                        lambda *a: steps.append(1) or (_ for _ in ()).throw(AssertionError))
+    delta_rule_step(*step, gk_t=-torch.rand(1, 2, 16))
+    assert steps == []
     with dispatch.use(impl="native"):
-        delta_rule(q, k, v, beta, g)
-        assert calls == [1]
-        leaf = q.clone().requires_grad_(True)
-        delta_rule(leaf, k, v, beta, g).sum().backward()  # the torch path: differentiable
-        assert leaf.grad is not None
-        delta_rule(q.double(), k.double(), v.double(), beta, g)
-        delta_rule(q, k, v[..., :8], beta, g)
-        with torch.no_grad():
-            delta_rule(leaf, k, v, beta, g)  # no gradient wanted: compiled
-        assert calls == [1, 1]
-        steps = []
-        monkeypatch.setattr(delta_native, "delta_rule_step",
-                            lambda *a: steps.append(1) or (_ for _ in ()).throw(AssertionError))
-        delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0],
-                        gk_t=-torch.rand(1, 2, 16))
-        assert steps == []
+        for bad, why in ((lambda: delta_rule(leaf, k, v, beta, g), "no gradient"),
+                         (lambda: delta_rule(q, k, v[..., :8], beta, g), "multiple of 16"),
+                         (lambda: delta_rule_step(*step, gk_t=-torch.rand(1, 2, 16)),
+                          "per-key or per-value")):
+            with pytest.raises(ValueError, match=why):
+                bad()
     with dispatch.use(impl="torch"):
         delta_rule(q, k, v, beta, g)
     monkeypatch.setenv("LINATTN_NATIVE", "0")
-    with dispatch.use(impl="native"):
-        delta_rule(q, k, v, beta, g)
+    delta_rule(q, k, v, beta, g)
     assert calls == [1, 1]
-    monkeypatch.setenv("LINATTN_NATIVE", "1")
-    delta_rule(q, k, v, beta, g)  # forced without a calibration
-    assert calls == [1, 1, 1]
 
 
-def test_calibration(monkeypatch):
-    """``auto`` asks the calibration (cached per build and thread count); a measurement that
-    fails means the torch path and one warning, never an error."""
-    result = delta_native.calibration()
-    assert set(result) == {"prefill", "step"}
-    for r in result.values():
-        assert isinstance(r["native"], bool) and r["native_ms"] > 0 and r["torch_ms"] > 0
-    monkeypatch.setattr(delta_native, "_verdicts", {})
-    assert delta_native.calibration() == result  # from the file beside the library
+@pytest.mark.parametrize("form", ["prefill", "step"])
+def test_calibration_problems_run_every_candidate(form):
+    """The calibration times the compiled builds and the torch path on its problems directly:
+    each candidate runs (for the step: ten decoding steps)."""
+    from linattn.ops.dispatch import Choice
 
-    def broken():
-        raise RuntimeError("no clock")
-
-    monkeypatch.setattr(delta_native, "_verdicts", {})
-    monkeypatch.setattr(delta_native, "calibration", broken)
-    monkeypatch.setattr(delta_native._cbuild, "_warned", set())
-    q, k, v, beta, g = _inputs(1, 2, T=9, K=16, V=16)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert delta_native.applies(q, k, v, beta, g, None) is None
-        assert delta_native.step_applies(q[..., 0, :], k[..., 0, :], v[..., 0, :],
-                                         beta[..., 0], torch.zeros(1, 2, 16, 16), None) is None
-    assert sum("could not measure" in str(w.message) for w in caught) == 1
+    run = dispatch._PROBLEMS["delta_rule"][form]()
+    for choice in (Choice("native", "native"), Choice("portable")):
+        run(choice)()
 
 
 def test_parts_run_on_every_thread_and_errors_surface():

@@ -1,4 +1,5 @@
-"""The compiled float32 path (ops/native.py, ops/native/_native.c) against the float64 reference.
+"""The compiled float32 path (ops/linear/native.py, ops/linear/kernels.c) against the float64
+reference.
 
 The native path is forced for every length (``dispatch.use(impl="fast")``) and tiny blocks make
 short sequences span several blocks (and partial causal chunks), so every hand-over of the
@@ -21,7 +22,7 @@ from linattn.ops.linear import native as lnative
 from linattn.ops.linear import op as linear_mod
 
 pytestmark = pytest.mark.skipif(
-    native.load() is None, reason=f"compiled path: {native.unavailable_reason()}"
+    lnative.kernels() is None, reason=f"compiled path: {lnative.unavailable()}"
 )
 
 
@@ -109,38 +110,34 @@ def test_every_key_padded_gives_zero_output(native_on):
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
-class _CountingLibrary:
-    """The compiled library with the calls to one entry point recorded (their arguments)."""
+class _CountingKernels(dict):
+    """The bound kernels with the calls to one of them recorded (their argument structs)."""
 
-    def __init__(self, lib, entry: str):
-        self._lib, self._entry, self.calls = lib, entry, []
+    def __init__(self, fns: dict, entry: str):
+        super().__init__(fns)
+        self.calls = []
+        real = fns[entry]
 
-    def __getattr__(self, name: str):
-        fn = getattr(self._lib, name)
-        if name != self._entry:
-            return fn
-
-        def counted(*args):
+        def counted(args):
             self.calls.append(args)
-            return fn(*args)
+            return real(args)
 
-        return counted
+        self[entry] = counted
 
 
 def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native_on):
     """The compiled one-pass causal kernel (``la_causal_forward``) really runs, on blocks whose
     last chunk holds 1 token (T = 129) and 15 tokens (T = 143), and gives the reference's
     values; the blocked kernels (one pass refused) agree with it to float32 rounding."""
-    lib = _CountingLibrary(native.load(), "la_causal_forward")
-    monkeypatch.setattr(lnative, "load", lambda isa=None: lib)
+    lib = _CountingKernels(lnative.kernels(), "causal_forward")
+    monkeypatch.setattr(lnative, "kernels", lambda isa="native": lib)
     one_pass = lnative._single_pass
     for T, tail in ((129, 1), (143, 15)):
         q, k, v = _qkv(1, 2, T=T, D=16, Dv=32)
         lib.calls.clear()
         with torch.no_grad():
             got = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-        # la_causal_forward(kind, bf16, q, qs, k, ks, v, vs, heads, T_block, L, Dv, chunk, ...)
-        lengths = sorted({call[9] for call in lib.calls})
+        lengths = sorted({args.T for args in lib.calls})
         assert lengths == sorted({16, tail}), lengths  # blocks of one chunk, then the tail
         want = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
                                                   is_causal=True)
@@ -285,6 +282,8 @@ def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
         want = linattn.linear_attention(q, k, v, is_causal=True)
     for setup in ({"env": "0"}, {"compiler": None}):
         monkeypatch.setattr(native, "_libs", {})
+        monkeypatch.setattr(lnative, "_bound", {})
+        dispatch._memo.clear()
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
         if "env" in setup:
             monkeypatch.setenv("LINATTN_NATIVE", "0")
@@ -293,10 +292,12 @@ def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
             monkeypatch.setattr(_cbuild, "compiler", lambda: None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # "no C compiler: torch path"
-            assert not lnative.native_supported(linattn.feature_maps.EluPlusOne(), q, k, v)
             with dispatch.use(impl="fast"):
+                assert dispatch.select(linear_mod.OP, "causal forward", torch.float32, "cpu",
+                                       False, ("map:compiled", "map:tokenwise")).backend == "fused"
                 got = linattn.linear_attention(q, k, v, is_causal=True)
         torch.testing.assert_close(got, want)
+    dispatch._memo.clear()
 
 
 def test_not_taken_for_other_dtypes_and_maps(native_on):

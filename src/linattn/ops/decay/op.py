@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
+from linattn.ops import dispatch
 from linattn.ops._common import (
     check_chunk_size,
     check_gamma,
@@ -82,7 +83,7 @@ def decay_linear_attention(
             (e.g. (H,) for (B, H, T, D) inputs: one decay per head).
         feature_map, eps: as in :func:`linattn.linear_attention`.
         chunk_size: C, a positive integer (default
-            :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+            the policy's, :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
         initial_state: the state after an earlier prefix (batch shape ``...``).
         return_state: also return the state after the last token.
 
@@ -96,7 +97,7 @@ def decay_linear_attention(
     *batch, T, L = fq.shape
     batch = tuple(batch)
     g = check_gamma(gamma, batch, fq)
-    C = max(1, min(check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE), T))
+    C = max(1, min(check_chunk_size(chunk_size, dispatch.policy().chunk_size), T))
     if initial_state is None:
         S = fq.new_zeros(*batch, L, v1.shape[-1])
     else:  # [S, z] in one matrix, in the accumulation dtype

@@ -39,15 +39,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops import dispatch
 from linattn.ops._common import (
     accumulation_dtype,
     check_chunk_size,
     check_qkv,
     check_step_inputs,
+    needs_grad,
     to_chunks,
 )
+from linattn.ops._library import tracing
 from linattn.ops.delta import native as delta_native
-from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+from linattn.ops.dispatch import Backend, Choice
 from linattn.ops.gated.op import (
     check_gate,
     checked_tensor,
@@ -58,7 +61,10 @@ from linattn.ops.gated.op import (
 )
 from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
 
-__all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "check_beta"]
+__all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "check_beta", "OP"]
+
+#: The op's name in the dispatcher; its forms are "prefill" (delta_rule) and "step".
+OP = "delta_rule"
 
 #: Added to Σx² before the square root in :func:`l2_normalised` (as flash-linear-attention).
 L2_EPS = 1e-6
@@ -101,7 +107,7 @@ def delta_rule(
         scale: the query scale s (default ``K**-0.5``).
         initial_state: (..., K, V) (zeros if None); with ``cu_seqlens``, (N, ..., K, V).
         return_state: also return the state after the last token.
-        chunk_size: C (default :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+        chunk_size: C (default the policy's, :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
         cu_seqlens: (N + 1,) cumulative lengths of a packed batch (q (1, ..., T, K)).
         qk_l2norm: L2-normalise q and k along K first.
 
@@ -115,29 +121,47 @@ def delta_rule(
     beta = check_beta(beta, "beta", (*batch, T), q)
     g = check_gate(g, "g", (*batch, T), q)
     s = resolve_scale(scale, K)
-    C = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
-    if not isinstance(qk_l2norm, bool):
-        raise TypeError(f"qk_l2norm: expected a bool, got {type(qk_l2norm).__name__}")
-    fn = delta_native.applies(q, k, v, beta, g, initial_state)  # the compiled CPU forward
-    if fn is not None:
-        o, S = delta_native.delta_rule(fn, q, k, v, beta, g, s, initial_state, cu_seqlens,
-                                       qk_l2norm)
-        return (o, S) if return_state else o
+    C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
+    _check_flag(qk_l2norm, "qk_l2norm")
+    cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, q)
+    states = (*batch, K, V) if cu is None else (len(cu) - 1, *batch[1:], K, V)
+    S0 = initial_state_for(initial_state, "initial_state", states, q)
+    traced = tracing(q, k, v, beta, g, initial_state)
+    grad = needs_grad(q, k, v, beta, g, initial_state)
+    choice = dispatch.select(OP, "prefill", q.dtype, q.device.type, grad, _traits(V),
+                             None if traced else T, traced)
+    o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C)
+    return (o, S) if return_state else o
+
+
+def _check_flag(x: object, name: str) -> None:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+
+
+def _traits(V: int, per_key_or_value_gates: bool = False) -> tuple[str, ...]:
+    traits = ("V:16",) if V and V % delta_native.V_MULTIPLE == 0 else ()
+    return (*traits, "gates:kv") if per_key_or_value_gates else traits
+
+
+def _prefill(choice: Choice, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+             s: float, S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int
+             ) -> tuple[Tensor, Tensor]:
+    """The chosen backend on checked arguments (beta, g, S0 in the accumulation dtype)."""
+    if choice.backend == "native":
+        return delta_native.delta_rule_native(q, k, v, beta, g, S0, cu, s, qk_l2norm,
+                                              choice.isa)
     acc, out_dtype = beta.dtype, q.dtype
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     if qk_l2norm:
         q, k = l2_normalised(q), l2_normalised(k)
-    if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, q)
-        S0 = initial_state_for(initial_state, "initial_state", (len(cu) - 1, *batch[1:], K, V), q)
+    if cu is not None:
         (qp, kp, vp, bp, gp), keep = packed([q, k, v, beta, g], cu)
         o, S = _chunked(qp * s, kp, vp, bp, gp, S0, C)
         o = unpacked(o, cu, keep)
     else:
-        S0 = initial_state_for(initial_state, "initial_state", (*batch, K, V), q)
         o, S = _chunked(q * s, k, v, beta, g, S0, C)
-    o = o.to(out_dtype)
-    return (o, S) if return_state else o
+    return o.to(out_dtype), S
 
 
 def _chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S: Tensor,
@@ -196,19 +220,79 @@ def delta_rule_step(
     *batch, K = q_t.shape
     V = v_t.shape[-1]
     beta_t = check_beta(beta_t, "beta_t", tuple(batch), q_t)
-    acc = beta_t.dtype
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
-    fn = None if gk_t is not None or gv_t is not None else \
-        delta_native.step_applies(q_t, k_t, v_t, beta_t, S, g_t)  # the compiled CPU step
-    if fn is not None:
+    _check_flag(qk_l2norm, "qk_l2norm")
+    traced = tracing(q_t, k_t, v_t, beta_t, state)
+    grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)
+    choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,
+                             _traits(V, gk_t is not None or gv_t is not None), None, traced)
+    if choice.backend == "native":
         g_t = check_gate(g_t, "g_t", tuple(batch), q_t)
-        return delta_native.delta_rule_step(fn, q_t, k_t, v_t, beta_t, S, g_t,
-                                            resolve_scale(scale, K), qk_l2norm)
+        return delta_native.delta_rule_step_native(q_t, k_t, v_t, beta_t, g_t, S,
+                                                   resolve_scale(scale, K), qk_l2norm,
+                                                   choice.isa)
+    return _torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, resolve_scale(scale, K),
+                       qk_l2norm)
+
+
+def _torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, scale: float, qk_l2norm: bool):
+    """The step in torch operations, on checked arguments (beta_t, S in the accumulation
+    dtype; the gates are checked here)."""
+    acc = beta_t.dtype
     S = decayed(S, g_t, gk_t, gv_t, q_t)
     q, k = q_t.to(acc), k_t.to(acc)
     if qk_l2norm:
         q, k = l2_normalised(q), l2_normalised(k)
     u = beta_t.unsqueeze(-1) * (v_t.to(acc) - (k.unsqueeze(-2) @ S).squeeze(-2))
     S = S + k.unsqueeze(-1) * u.unsqueeze(-2)
-    o = ((q * resolve_scale(scale, K)).unsqueeze(-2) @ S).squeeze(-2)
+    o = ((q * scale).unsqueeze(-2) @ S).squeeze(-2)
     return o.to(q_t.dtype), S
+
+
+# ------------------------------------------------------------------------------- backends
+dispatch.register(Backend(
+    OP, "native", compiled=True, devices=("cpu",),
+    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(),
+    available=delta_native.unavailable,
+    accepts=lambda traits: "needs V a multiple of 16" if "V:16" not in traits
+    else "has no per-key or per-value gates" if "gates:kv" in traits else None))
+dispatch.register(Backend(OP, "portable"))
+
+#: The calibration problems, float32, K = V = 64, qk_l2norm, gated: a prefill of 4 heads × 512
+#: tokens and 10 decoding steps of 16 heads (a few tens of ms in all).
+CALIBRATION = {"prefill": (4, 512, 64), "step": (16, 1, 64)}
+
+
+def _problem(form: str):
+    def build():
+        N, T, d = CALIBRATION[form]
+        gen = torch.Generator().manual_seed(0)
+        f32 = torch.float32  # whatever the default dtype of the triggering call
+        q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=f32) for _ in range(3))
+        beta = torch.rand(1, N, T, generator=gen, dtype=f32)
+        g = -torch.rand(1, N, T, generator=gen, dtype=f32)
+        if form == "prefill":
+            S0 = torch.zeros(1, N, d, d, dtype=f32)
+
+            def run(choice: Choice):
+                return lambda: _prefill(choice, q, k, v, beta, g, d ** -0.5, S0, None, True,
+                                        dispatch.DEFAULT_CHUNK_SIZE)
+            return run
+        S = torch.randn(1, N, d, d, generator=gen, dtype=f32) * 0.1
+        q, k, v, beta, g = (t[:, :, 0] for t in (q, k, v, beta, g))
+
+        def run(choice: Choice):
+            def steps():
+                for _ in range(10):
+                    if choice.backend == "native":
+                        delta_native.delta_rule_step_native(q, k, v, beta, g, S, d ** -0.5, True,
+                                                            choice.isa)
+                    else:
+                        _torch_step(q, k, v, beta, S, g, None, None, d ** -0.5, True)
+            return steps
+        return run
+
+    return build
+
+
+dispatch.register_calibration(OP, {form: _problem(form) for form in CALIBRATION})

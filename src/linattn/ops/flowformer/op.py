@@ -79,6 +79,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
+from linattn.ops import dispatch
 from linattn.ops._common import (
     accumulation_dtype,
     causal_chunked,
@@ -93,7 +94,6 @@ from linattn.ops._common import (
     to_chunks,
     zero_padded,
 )
-from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
 __all__ = ["flowformer_attention", "SigmoidFeatures", "FLOW_EPS", "flow_feature_map"]
 
@@ -192,7 +192,7 @@ def flowformer_attention(
             computed). For self-attention over padded sequences pass the same mask as both.
         eps: the flows' stabiliser ε, a finite number >= 0 (None: :data:`FLOW_EPS`, 1e-6).
         chunk_size: C of the causal product (default
-            :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+            the policy's, :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
 
     Returns:
         (..., Tq, Dv) in q's dtype.
@@ -200,7 +200,7 @@ def flowformer_attention(
     check_qkv(q, k, v, same_length=is_causal)
     fmap = flow_feature_map(feature_map)
     eps = flow_eps(eps)
-    chunk = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
+    chunk = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     keep_k = key_mask_for(key_padding_mask, k)
     keep_q = query_mask_for(query_padding_mask, q)
     acc = accumulation_dtype(q.dtype)

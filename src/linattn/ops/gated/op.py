@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops import dispatch
 from linattn.ops._common import (
     accumulation_dtype,
     check_chunk_size,
@@ -43,7 +44,6 @@ from linattn.ops._common import (
     check_step_inputs,
     to_chunks,
 )
-from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
 
 __all__ = [
@@ -159,7 +159,7 @@ def gated_linear_attention(
         initial_state: (..., K, V), the state after an earlier prefix (zeros if None); with
             ``cu_seqlens``, (N, ..., K, V) one per sequence (the batch dimension of q is 1).
         return_state: also return the state after the last token.
-        chunk_size: C (default :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+        chunk_size: C (default the policy's, :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
         cu_seqlens: (N + 1,) integer cumulative sequence lengths of a packed batch (q of shape
             (1, ..., T, K) with T = cu_seqlens[-1]); each sequence starts from its own state.
 
@@ -173,7 +173,7 @@ def gated_linear_attention(
     g = check_gate(g, "g", (*batch, T), q)
     gk = check_gate(gk, "gk", (*batch, T, K), q)
     s = resolve_scale(scale, K)
-    C = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
+    C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     if cu_seqlens is not None:
         cu = check_cu_seqlens(cu_seqlens, q)
         state_shape = (len(cu) - 1, *batch[1:], K, V)

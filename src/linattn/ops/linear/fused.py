@@ -44,23 +44,14 @@ from linattn.ops._common import (
     graph_grads,
     guarded,
     masked_key_features,
-    portable_forward,
     split_normalised,
     to_chunks,
     values_with_ones,
     zero_padded,
 )
+from linattn.ops.linear.portable import portable_forward
 
-__all__ = ["fused_linear_attention", "fused_supported"]
-
-
-def fused_supported(fmap: FeatureMap, q: Tensor) -> bool:
-    """Whether the fused path computes exactly what the portable path does for this call."""
-    return (
-        getattr(fmap, "tokenwise", True)
-        and not any(p.requires_grad for p in fmap.parameters())
-        and q.device.type == "cpu"
-    )
+__all__ = ["fused_linear_attention"]
 
 
 def _split(o1: Tensor, eps: float) -> tuple[Tensor, Tensor]:

@@ -1,4 +1,4 @@
-r"""The compiled CPU fast path of ``linear_attention`` for 1 + elu and 1 + relu (``_native.c``).
+r"""The compiled CPU fast path of ``linear_attention`` for 1 + elu and 1 + relu (``kernels.c``).
 
 Measured on this project's CPU (docs/benchmarks.md), the chunked torch path spent most of its
 time outside the matrix products: 1 + elu costs ~0.8 ns per element in torch, the [V, 1]
@@ -16,8 +16,8 @@ column made every product 65 wide where MKL is 15–20 % slower than at 64, fres
   causal       o_c = (A v_c + φ(q_c) S_c) / (rowsum A + φ(q_c)·z_c),  (S, z) += chunk's own,
                A = tril(φ(q_c) φ(k_c)ᵀ)
 
-  The vector width and the tile follow the ISA the library was built for (_native.c's
-  header): 16 floats and 6×64 accumulators on AVX-512, 8 floats and 6×16 on AVX2 (16
+  The vector width and the tile follow the ISA the library was built for
+  (ops/native/common.h): 16 floats and 6×64 accumulators on AVX-512, 8 floats and 6×16 on AVX2 (16
   registers), 4 floats on NEON and SSE2, scalars elsewhere. With several torch threads, groups
   of heads run in parallel.
 * **block passes** (everything else: padding masks, other widths): torch matmuls on blocks of
@@ -39,176 +39,166 @@ passes multiply bfloat16 blocks where the CPU has bf16 dot products (:func:`bf16
 otherwise widen to float32 once. Chunk states are float32 sums either way. bfloat16 with
 gradients takes the torch chunked path (float32 throughout).
 
-The compiled library is built on first use (:mod:`linattn._cbuild`: cached per source, flags
-and CPU, verified before loading, one build at a time) for the CPU at hand (``-march=native``;
-``LINATTN_NATIVE_ISA=avx2|avx512|generic|scalar`` builds another variant, to measure or test
-it). :func:`linattn.linear_attention` takes it only where :func:`calibration` measured it to
-beat the torch paths on this machine (ops/dispatch.py). Without a C compiler, or with
-``LINATTN_NATIVE=0``, :func:`native_supported` is False and the torch paths run instead.
-"""
+Inside PyTorch: the forward and the backward are the custom ops ``linattn::linear_attention_fwd``
+and ``linattn::linear_attention_bwd``, with fake (shape-only) implementations and the backward
+registered as the forward's autograd formula, so that ``torch.compile`` and ``torch.export``
+trace them as single nodes without touching a data pointer (an exported program runs them
+wherever ``linattn`` is imported). Plain eager calls that need no gradient skip the op
+dispatcher (about 8 µs a call). The C boundary: one argument struct per kernel, mirrored below
+and checked against the library's own layout table when it loads (ops/native/abi.py).
 
+The library is built on first use (:mod:`linattn.ops.native`), in the ISA build the
+dispatcher chose (:mod:`linattn.ops.dispatch`: where the calibration measured it to beat the
+torch paths on this machine). Without a C compiler the torch paths run instead.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import threading
-from pathlib import Path
+from ctypes import c_float, c_int, c_long, c_void_p
 
 import torch
 from torch import Tensor
 
-from linattn import _cbuild
-from linattn.feature_maps import EluPlusOne, FeatureMap, ReluPlusOne
-from linattn.ops import dispatch
-from linattn.ops._common import (
-    block_ranges,
-    flatten_heads,
-    graph_grads,
-    needs_grad,
-    portable_forward,
-)
-from linattn.ops.native import (
-    _check,
-    bf16_products,
-    cached_measurement,
-    empty_hugepage,
-    load,
-    pool,
-    selected_isa,
-)
-from linattn.profiling import median_time
+from linattn.feature_maps import EluPlusOne, ReluPlusOne
+from linattn.ops._common import block_ranges, flatten_heads, graph_grads
+from linattn.ops._library import KernelOp
+from linattn.ops.linear.portable import portable_forward
+from linattn.ops.native import bf16_products, check_rc, empty_hugepage, load, pool
+from linattn.ops.native.abi import Args, LayoutError, bind
 
-__all__ = ["native_supported", "native_linear_attention", "load", "phi"]
+__all__ = ["native_linear_attention", "kernels", "unavailable", "phi", "MAP_KINDS"]
 
-
-_KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
-
-
-_MAP_OF_KIND = {kind: cls for cls, kind in _KINDS.items()}
-
+#: The feature maps the kernels compute, by their kind number in kernels.c.
+MAP_KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
+_MAP_OF_KIND = {kind: cls for cls, kind in MAP_KINDS.items()}
 
 #: Tokens per chunk of the one-pass non-causal kernels (their features stay in L1).
 NONCAUSAL_CHUNK = 64
 
 
-def native_supported(
-    fmap: FeatureMap, q: Tensor, k: Tensor, v: Tensor, S0: Tensor | None = None
-) -> bool:
-    """Whether this call can take the native path: 1 + elu or 1 + relu on CPU (the initial
-    state S0 too), float32, or bfloat16 without gradients (forwards only)."""
-    if type(fmap) not in _KINDS or q.device.type != "cpu":
-        return False
-    if S0 is not None and S0.device != q.device:
-        return False  # the torch paths report the device mismatch
-    if q.dtype == torch.bfloat16:
-        return not needs_grad(q, k, v, S0) and load() is not None
-    return q.dtype == torch.float32 and load() is not None
+# --------------------------------------------------------------------------- the C boundary
+class PhiArgs(Args):
+    _c_name_ = "la_phi_args"
+    _fields_ = [("kind", c_int), ("x", c_void_p), ("xbf", c_int), ("N", c_long), ("T", c_long),
+                ("D", c_long), ("xs", c_long), ("out", c_void_p), ("obf", c_int), ("R", c_long),
+                ("z", c_void_p), ("keep", c_void_p), ("ks", c_long)]
 
 
-# ------------------------------------------------------------------ does it win on this machine?
-#: The calibration problem: 4 heads of 2048 tokens, d = Dv = 64, float32, 1 + elu (about a
-#: second in all: median of 3 calls per path and form, after a warm-up call).
-CALIBRATION_SHAPE = (4, 2048, 64)
+class NormaliseArgs(Args):
+    _c_name_ = "la_normalise_args"
+    _fields_ = [("num", c_void_p), ("nbf", c_int), ("fq", c_void_p), ("fbf", c_int),
+                ("z", c_void_p), ("zrows", c_long), ("sx", c_void_p), ("N", c_long),
+                ("T", c_long), ("R", c_long), ("L", c_long), ("Dv", c_long), ("eps", c_float),
+                ("out", c_void_p), ("obf", c_int), ("os", c_long)]
 
 
-_FORMS = {(c, b): f"{'causal' if c else 'non-causal'} {'fwd+bwd' if b else 'forward'}"
-          for c in (False, True) for b in (False, True)}
+class NormGradArgs(Args):
+    _c_name_ = "la_norm_grad_args"
+    _fields_ = [("o", c_void_p), ("os", c_long), ("fq", c_void_p), ("z", c_void_p),
+                ("zrows", c_long), ("sx", c_void_p), ("g", c_void_p), ("gs", c_long),
+                ("N", c_long), ("T", c_long), ("R", c_long), ("L", c_long), ("Dv", c_long),
+                ("eps", c_float), ("dnum", c_void_p), ("ds", c_void_p)]
 
 
-_verdicts: dict[tuple[str, int], dict] = {}
+class GradPhiArgs(Args):
+    _c_name_ = "la_grad_phi_args"
+    _fields_ = [("kind", c_int), ("dphi", c_void_p), ("x", c_void_p), ("xs", c_long),
+                ("f", c_void_p), ("coef", c_void_p), ("vec", c_void_p), ("vrows", c_long),
+                ("N", c_long), ("T", c_long), ("R", c_long), ("L", c_long), ("keep", c_void_p),
+                ("ks", c_long), ("dx", c_void_p), ("dxs", c_long)]
 
 
-def wins(is_causal: bool, backward: bool) -> bool:
-    """Whether the compiled path beat plain torch on this machine for this form (see
-    :func:`calibration`); :func:`linattn.linear_attention` takes it only then. Where the
-    measurement itself fails, the torch paths run (and a warning says why), never an error."""
-    try:
-        verdicts = calibration()
-    except Exception as exc:  # noqa: BLE001 - a failed measurement must not fail the user's call
-        _cbuild.warn_once("calibration", f"linattn: could not measure the compiled path "
-                          f"({type(exc).__name__}: {exc}); using the PyTorch path")
-        _verdicts[selected_isa(), torch.get_num_threads()] = {
-            name: {"native": False} for name in _FORMS.values()}
-        return False
-    return verdicts[_FORMS[is_causal, backward]]["native"]
+class MaskRowsumArgs(Args):
+    _c_name_ = "la_mask_rowsum_args"
+    _fields_ = [("A", c_void_p), ("abf", c_int), ("B", c_long), ("C", c_long), ("rs", c_void_p)]
 
 
-_CALIBRATION_LOCK = threading.Lock()
+class MaskAddArgs(Args):
+    _c_name_ = "la_mask_add_args"
+    _fields_ = [("A", c_void_p), ("B", c_long), ("C", c_long), ("ds", c_void_p)]
 
 
-def _forget_lock() -> None:
-    global _CALIBRATION_LOCK
-    _CALIBRATION_LOCK = threading.Lock()  # a forked child may inherit it held
+class PrefixArgs(Args):
+    _c_name_ = "la_prefix_args"
+    _fields_ = [("P", c_void_p), ("N", c_long), ("n", c_long), ("F", c_long), ("S0", c_void_p),
+                ("S1", c_void_p), ("reverse", c_int)]
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_lock)
+class CausalForwardArgs(Args):
+    _c_name_ = "la_causal_forward_args"
+    _fields_ = [("kind", c_int), ("bf", c_int), ("q", c_void_p), ("qs", c_long), ("k", c_void_p),
+                ("ks", c_long), ("v", c_void_p), ("vs", c_long), ("N", c_long), ("T", c_long),
+                ("L", c_long), ("Dv", c_long), ("C", c_long), ("eps", c_float), ("S", c_void_p),
+                ("z", c_void_p), ("out", c_void_p), ("os", c_long), ("work", c_void_p)]
 
 
-@torch.compiler.disable  # measured eagerly, never traced into a compiled graph
-def calibration(threads: int | None = None) -> dict[str, dict]:
-    """Per form ("non-causal forward", ..., "causal fwd+bwd"): the median times of the compiled
-    path and of the faster torch path (fused or portable) on :data:`CALIBRATION_SHAPE`, and
-    whether the compiled one won. Measured at the first call of each thread count (about a
-    second) and cached beside the compiled library, so it is measured once per build and CPU;
-    delete the ``.calib.json`` file to measure again."""
-    threads = torch.get_num_threads() if threads is None else threads
-    key = (selected_isa(), threads)
-    if key in _verdicts:
-        return _verdicts[key]
-    with _CALIBRATION_LOCK:  # concurrent first calls measure once, not against each other
-        if key not in _verdicts:
-            _verdicts[key] = _calibrate(threads)
-    return _verdicts[key]
+class CausalBackwardArgs(Args):
+    _c_name_ = "la_causal_backward_args"
+    _fields_ = [("kind", c_int), ("q", c_void_p), ("qs", c_long), ("k", c_void_p), ("ks", c_long),
+                ("v", c_void_p), ("vs", c_long), ("o", c_void_p), ("os", c_long), ("g", c_void_p),
+                ("gs", c_long), ("N", c_long), ("T", c_long), ("L", c_long), ("Dv", c_long),
+                ("C", c_long), ("eps", c_float), ("S_in", c_void_p), ("z_in", c_void_p),
+                ("G", c_void_p), ("Gz", c_void_p), ("dq", c_void_p), ("dqs", c_long),
+                ("dk", c_void_p), ("dks", c_long), ("dv", c_void_p), ("dvs", c_long),
+                ("work", c_void_p)]
 
 
-def _calibrate(threads: int) -> dict[str, dict]:
-    lib = load()
-    if lib is None:
-        raise RuntimeError("linattn native path: no compiled library to calibrate")
-    entry = f"threads={threads} shape={'x'.join(map(str, CALIBRATION_SHAPE))}"
-    return cached_measurement(
-        Path(lib._name).with_suffix(".calib.json"), entry, threads, _measure,
-        lambda r: isinstance(r, dict) and set(r) == set(_FORMS.values()))
+class NoncausalForwardArgs(Args):
+    _c_name_ = "la_noncausal_forward_args"
+    _fields_ = [("kind", c_int), ("bf", c_int), ("q", c_void_p), ("qs", c_long), ("k", c_void_p),
+                ("ks", c_long), ("v", c_void_p), ("vs", c_long), ("N", c_long), ("Tq", c_long),
+                ("Tk", c_long), ("L", c_long), ("Dv", c_long), ("C", c_long), ("eps", c_float),
+                ("S", c_void_p), ("z", c_void_p), ("out", c_void_p), ("os", c_long),
+                ("work", c_void_p)]
 
 
-def _measure(repeats: int = 3) -> dict[str, dict]:
-    # Gradients even if the first call (which triggers this) runs under no_grad or
-    # inference_mode: inputs made here must not be inference tensors.
-    with torch.inference_mode(False), torch.enable_grad():
-        return _measure_forms(repeats)
+class NoncausalBackwardArgs(Args):
+    _c_name_ = "la_noncausal_backward_args"
+    _fields_ = [("kind", c_int), ("parts", c_int), ("q", c_void_p), ("qs", c_long),
+                ("k", c_void_p), ("ks", c_long), ("v", c_void_p), ("vs", c_long), ("o", c_void_p),
+                ("os", c_long), ("g", c_void_p), ("gs", c_long), ("N", c_long), ("Tq", c_long),
+                ("Tk", c_long), ("L", c_long), ("Dv", c_long), ("C", c_long), ("eps", c_float),
+                ("S", c_void_p), ("z", c_void_p), ("G", c_void_p), ("Gz", c_void_p),
+                ("dq", c_void_p), ("dqs", c_long), ("dk", c_void_p), ("dks", c_long),
+                ("dv", c_void_p), ("dvs", c_long), ("work", c_void_p)]
 
 
-def _measure_forms(repeats: int) -> dict[str, dict]:
-    from linattn.ops.linear.op import linear_attention  # (linear imports this module)
+#: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
+KERNELS: dict[str, type[Args]] = {
+    "phi": PhiArgs, "normalise": NormaliseArgs, "norm_grad": NormGradArgs,
+    "grad_phi": GradPhiArgs, "mask_rowsum": MaskRowsumArgs, "mask_add": MaskAddArgs,
+    "prefix": PrefixArgs, "causal_forward": CausalForwardArgs,
+    "causal_backward": CausalBackwardArgs, "noncausal_forward": NoncausalForwardArgs,
+    "noncausal_backward": NoncausalBackwardArgs,
+}
+_bound: dict[str, dict | None] = {}
+_why: dict[str, str] = {}
 
-    N, T, d = CALIBRATION_SHAPE
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, N, T, d, generator=g, dtype=torch.float32, device="cpu") * 0.5
-               for _ in range(3))
 
-    def run(is_causal, backward):
-        if not backward:
-            with torch.no_grad():
-                linear_attention(q, k, v, is_causal=is_causal)
-            return
-        xs = [x.detach().requires_grad_(True) for x in (q, k, v)]
-        linear_attention(*xs, is_causal=is_causal).sum().backward()
+def kernels(isa: str = "native") -> dict | None:
+    """The linear-attention kernels of one ISA build (name -> ctypes function taking its
+    struct), or None where that build cannot be had or its layouts do not match (see
+    :func:`unavailable`)."""
+    fns = _bound.get(isa, False)
+    if fns is False:
+        lib = load(isa)
+        fns = None
+        if lib is not None:
+            try:
+                fns = bind(lib, "la_linear_abi", KERNELS)
+            except (LayoutError, AttributeError) as err:
+                _why[isa] = f"its argument structs do not match the C side ({err})"
+        _bound[isa] = fns
+    return fns
 
-    result = {}
-    for (is_causal, backward), name in _FORMS.items():
-        ms = {}
-        for impl in ("native", "fused", "portable"):
-            # the default sizes, whatever policy the caller is under
-            with dispatch.use(**dataclasses.asdict(dispatch.Policy(impl=impl))):
-                # one warm-up call: buffers, pages, kernels
-                ms[impl] = 1e3 * median_time(
-                    lambda c=is_causal, b=backward: run(c, b), repeats)
-        torch_ms = min(ms["fused"], ms["portable"])
-        result[name] = {"native_ms": round(ms["native"], 3), "torch_ms": round(torch_ms, 3),
-                        "native": ms["native"] < torch_ms}
-    return result
+
+def unavailable(isa: str = "native") -> str | None:
+    """Why :func:`kernels` gives None for ``isa``, or None if it loads."""
+    from linattn.ops.native import unavailable_reason
+
+    if kernels(isa) is not None:
+        return None
+    return _why.get(isa) or unavailable_reason(isa)
 
 
 def _ptr(x: Tensor | None) -> int | None:
@@ -235,16 +225,24 @@ def _rows_of(x: Tensor, scratch: Tensor | None) -> Tensor:
     return x if scratch is None else scratch[:, : x.shape[1]].copy_(x)
 
 
-def phi(kind: int, x: Tensor, out: Tensor, z: Tensor | None = None, keep: Tensor | None = None):
+def phi(kind: int, x: Tensor, out: Tensor, z: Tensor | None = None, keep: Tensor | None = None,
+        *, isa: str = "native") -> None:
     """out[:, :T] = φ(x), zero rows where keep is False; z += Σ_t out[:, t] when z is given.
 
     x: (N, T, D) view; out: contiguous (N, R, D); z: contiguous (N, D); keep: bool (N, T)."""
+    fns = kernels(isa)
+    if fns is None:
+        raise RuntimeError(f"linattn native path: {unavailable(isa)}")
+    _phi(fns, kind, x, out, z, keep)
+
+
+def _phi(fns, kind, x, out, z=None, keep=None) -> None:
     N, T, D = x.shape
     if not out.is_contiguous() or out.shape[1] < T:
         raise ValueError("native phi: out must be a contiguous (N, R >= T, D) buffer")
-    ks = 0 if keep is None else keep.stride(0)
-    load().la_phi(kind, x.data_ptr(), _bf(x), N, T, D, _head_stride(x), out.data_ptr(), _bf(out),
-                  out.shape[1], _ptr(z), _ptr(keep), ks)
+    fns["phi"](PhiArgs(kind=kind, x=x.data_ptr(), xbf=_bf(x), N=N, T=T, D=D, xs=_head_stride(x),
+                       out=out.data_ptr(), obf=_bf(out), R=out.shape[1], z=_ptr(z),
+                       keep=_ptr(keep), ks=0 if keep is None else keep.stride(0)))
 
 
 def _bf(x: Tensor) -> int:
@@ -252,42 +250,46 @@ def _bf(x: Tensor) -> int:
     return int(x.dtype == torch.bfloat16)
 
 
-def _normalise(num, fq, z, zrows, sx, eps, out):
+def _normalise(fns, num, fq, z, zrows, sx, eps, out):
     N, R, Dv = num.shape
-    load().la_normalise(num.data_ptr(), _bf(num), fq.data_ptr(), _bf(fq), z.data_ptr(), zrows,
-                        _ptr(sx), N, out.shape[1], R, fq.shape[2], Dv, eps, out.data_ptr(),
-                        _bf(out), _head_stride(out))
+    fns["normalise"](NormaliseArgs(
+        num=num.data_ptr(), nbf=_bf(num), fq=fq.data_ptr(), fbf=_bf(fq), z=z.data_ptr(),
+        zrows=zrows, sx=_ptr(sx), N=N, T=out.shape[1], R=R, L=fq.shape[2], Dv=Dv, eps=eps,
+        out=out.data_ptr(), obf=_bf(out), os=_head_stride(out)))
 
 
-def _norm_grad(o, fq, z, zrows, sx, g, eps, dnum, ds):
+def _norm_grad(fns, o, fq, z, zrows, sx, g, eps, dnum, ds):
     N, R, L = fq.shape
-    load().la_norm_grad(o.data_ptr(), _head_stride(o), fq.data_ptr(), z.data_ptr(), zrows,
-                        _ptr(sx), g.data_ptr(), _head_stride(g), N, g.shape[1], R, L,
-                        dnum.shape[2], eps, dnum.data_ptr(), ds.data_ptr())
+    fns["norm_grad"](NormGradArgs(
+        o=o.data_ptr(), os=_head_stride(o), fq=fq.data_ptr(), z=z.data_ptr(), zrows=zrows,
+        sx=_ptr(sx), g=g.data_ptr(), gs=_head_stride(g), N=N, T=g.shape[1], R=R, L=L,
+        Dv=dnum.shape[2], eps=eps, dnum=dnum.data_ptr(), ds=ds.data_ptr()))
 
 
-def _prefix(P: Tensor, S0: Tensor, S1: Tensor, reverse: bool = False) -> Tensor:
+def _prefix(fns, P: Tensor, S0: Tensor, S1: Tensor, reverse: bool = False) -> Tensor:
     """In place: P (N, n, ...) of per-chunk sums -> S0 + the chunks before each (after it if
     ``reverse``); S1 (may be S0) <- S0 + all chunks. All contiguous."""
     N, n = P.shape[:2]
     F = P[0, 0].numel() if N * n else 0  # an empty batch: nothing to sum
-    load().la_prefix(P.data_ptr(), N, n, F, S0.data_ptr(), S1.data_ptr(), int(reverse))
+    fns["prefix"](PrefixArgs(P=P.data_ptr(), N=N, n=n, F=F, S0=S0.data_ptr(), S1=S1.data_ptr(),
+                             reverse=int(reverse)))
     return P
 
 
-def _grad_phi(kind, dphi, x, f, coef, vec, vrows, keep, dx):
+def _grad_phi(fns, kind, dphi, x, f, coef, vec, vrows, keep, dx):
     N, R, L = dphi.shape
-    ks = 0 if keep is None else keep.stride(0)
-    load().la_grad_phi(kind, dphi.data_ptr(), x.data_ptr(), _head_stride(x), f.data_ptr(),
-                       _ptr(coef), _ptr(vec), vrows, N,
-                       dx.shape[1], R, L, _ptr(keep), ks, dx.data_ptr(), _head_stride(dx))
+    fns["grad_phi"](GradPhiArgs(
+        kind=kind, dphi=dphi.data_ptr(), x=x.data_ptr(), xs=_head_stride(x), f=f.data_ptr(),
+        coef=_ptr(coef), vec=_ptr(vec), vrows=vrows, N=N, T=dx.shape[1], R=R, L=L,
+        keep=_ptr(keep), ks=0 if keep is None else keep.stride(0), dx=dx.data_ptr(),
+        dxs=_head_stride(dx)))
 
 
 class _Block:
     """The inputs (N, T, ·) and reusable contiguous block buffers."""
 
-    def __init__(self, kind, q, k, v, keep):
-        self.kind, self.q, self.k, self.v, self.keep = kind, q, k, v, keep
+    def __init__(self, fns, kind, q, k, v, keep):
+        self.fns, self.kind, self.q, self.k, self.v, self.keep = fns, kind, q, k, v, keep
         self.L, self.Dv, self.N = q.shape[2], v.shape[2], q.shape[0]
         self._bufs: dict[tuple, Tensor] = {}
 
@@ -322,7 +324,7 @@ class _Block:
         """φ of q or k on [t0, t1) into a (N, R, ℓ) buffer (rows from t1 - t0 on zeroed)."""
         out = self.buf("f" + which, R, self.L)
         x, keep = (self.q, None) if which == "q" else (self.k, self.keep_at(t0, t1))
-        phi(self.kind, x[:, t0:t1], out, z, keep)
+        _phi(self.fns, self.kind, x[:, t0:t1], out, z, keep)
         out[:, t1 - t0:].zero_()
         return out
 
@@ -338,10 +340,12 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
 
         def heads(h0, h1, work):
             q, k, v, o = (x[h0:h1] for x in (b.q, b.k, b.v, out))
-            rc = load().la_noncausal_forward(
-                b.kind, _bf(q), *_ptrs(q, k, v), h1 - h0, q.shape[1], k.shape[1], L, Dv, C,
-                eps, S[h0].data_ptr(), z[h0].data_ptr(), *_ptrs(o), work.data_ptr())
-            _check(rc, "la_noncausal_forward")
+            rc = b.fns["noncausal_forward"](NoncausalForwardArgs(
+                kind=b.kind, bf=_bf(q), q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
+                ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), N=h1 - h0,
+                Tq=q.shape[1], Tk=k.shape[1], L=L, Dv=Dv, C=C, eps=eps, S=S[h0].data_ptr(),
+                z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o), work=work.data_ptr()))
+            check_rc(rc, "la_noncausal_forward")
 
         return _over_heads(b, C * L + 2 * C * Dv, heads)
     bf16 = b.q.dtype == torch.bfloat16  # block products in bfloat16, S summed in float32
@@ -357,7 +361,7 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
         num = torch.bmm(fq, Sm, out=b.buf("num", T, b.Dv))
-        _normalise(num, fq, z, T, None, eps, out[:, t0:t1])
+        _normalise(b.fns, num, fq, z, T, None, eps, out[:, t0:t1])
 
 
 def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, numerator=True):
@@ -374,14 +378,15 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
     S_before = b.buf("S", n, L, Dv, acc=True).view(-1, L, Dv)
     # In float32 for bfloat16 blocks too: a bfloat16 product would round each chunk's state.
     torch.bmm(fk3.transpose(1, 2).float(), v3.float(), out=S_before)
-    S_before = _prefix(S_before.view(N, n, L, Dv), S, S if S_next is None else S_next)
+    S_before = _prefix(b.fns, S_before.view(N, n, L, Dv), S, S if S_next is None else S_next)
     z_before = torch.sum(fk.view(N, n, chunk, L), 2, dtype=torch.float32,
                          out=b.buf("z", n, L, acc=True))
-    z_before = _prefix(z_before, z, z if z_next is None else z_next)
+    z_before = _prefix(b.fns, z_before, z, z if z_next is None else z_next)
     A = b.buf("A", n, chunk, chunk).view(-1, chunk, chunk)
     A = torch.bmm(fq3, fk3.transpose(1, 2), out=A)
     rs = b.buf("rs", R, acc=True)
-    load().la_mask_rowsum(A.data_ptr(), _bf(A), N * n, chunk, rs.data_ptr())
+    b.fns["mask_rowsum"](MaskRowsumArgs(A=A.data_ptr(), abf=_bf(A), B=N * n, C=chunk,
+                                        rs=rs.data_ptr()))
     c = dict(n=n, R=R, fq=fq, fk=fk, fq3=fq3, fk3=fk3, v3=v3, S_before=S_before,
              z_before=z_before, A=A, rs=rs)
     if numerator:
@@ -389,12 +394,6 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
         num = torch.bmm(fq3, Sm.view(N * n, L, Dv), out=b.buf("num", R, Dv).view(-1, chunk, Dv))
         c["num"] = num.baddbmm_(A, v3).view(N, R, Dv)
     return c
-
-
-def _ptrs(*views: Tensor) -> list[int]:
-    """(data pointer, head stride) of each (N, T, F) view, flattened: the compiled passes'
-    argument pairs."""
-    return [a for x in views for a in (x.data_ptr(), _head_stride(x))]
 
 
 def _over_heads(b: _Block, size: int, fn) -> None:
@@ -437,16 +436,20 @@ def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states)
             for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
                 S_states[i, h0:h1], z_states[i, h0:h1] = S[h0:h1], z[h0:h1]
                 q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
-                rc = load().la_causal_forward(
-                    b.kind, _bf(q), *_ptrs(q, k, v), h1 - h0, t1 - t0, L, Dv, chunk, eps,
-                    S[h0].data_ptr(), z[h0].data_ptr(), *_ptrs(o), work.data_ptr())
-                _check(rc, "la_causal_forward")
+                rc = b.fns["causal_forward"](CausalForwardArgs(
+                    kind=b.kind, bf=_bf(q), q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
+                    ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), N=h1 - h0,
+                    T=t1 - t0, L=L, Dv=Dv, C=chunk, eps=eps, S=S[h0].data_ptr(),
+                    z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o),
+                    work=work.data_ptr()))
+                check_rc(rc, "la_causal_forward")
 
         return _over_heads(b, size, heads)
     for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
         S_states[i], z_states[i] = S, z
         c = _causal_block(b, t0, t1, chunk, S_states[i], z_states[i], S, z)
-        _normalise(c["num"], c["fq"], c["z_before"], chunk, c["rs"], eps, out[:, t0:t1])
+        _normalise(b.fns, c["num"], c["fq"], c["z_before"], chunk, c["rs"], eps,
+                   out[:, t0:t1])
 
 
 def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, dv):
@@ -459,11 +462,16 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
             """parts 1: the query pass over queries [q0, q1); 2: the key pass; 3: both."""
             qv, ov, dqv = (x[h0:h1, q0:q1] for x in (b.q, out, dq))
             k, v, dk_, dv_ = (x[h0:h1] for x in (b.k, b.v, dk, dv))
-            rc = load().la_noncausal_backward(
-                kind, parts, *_ptrs(qv, k, v, ov, g), h1 - h0, q1 - q0, k.shape[1], L, Dv, C,
-                eps, S[h0].data_ptr(), z[h0].data_ptr(), G[h0].data_ptr(), Gz[h0].data_ptr(),
-                *_ptrs(dqv, dk_, dv_), work.data_ptr())
-            _check(rc, "la_noncausal_backward")
+            rc = b.fns["noncausal_backward"](NoncausalBackwardArgs(
+                kind=kind, parts=parts, q=qv.data_ptr(), qs=_head_stride(qv), k=k.data_ptr(),
+                ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=ov.data_ptr(),
+                os=_head_stride(ov), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
+                Tq=q1 - q0, Tk=k.shape[1], L=L, Dv=Dv, C=C, eps=eps, S=S[h0].data_ptr(),
+                z=z[h0].data_ptr(), G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(),
+                dq=dqv.data_ptr(), dqs=_head_stride(dqv), dk=dk_.data_ptr(),
+                dks=_head_stride(dk_), dv=dv_.data_ptr(), dvs=_head_stride(dv_),
+                work=work.data_ptr()))
+            check_rc(rc, "la_noncausal_backward")
 
         def heads(h0, h1, work):
             Tq = b.q.shape[1]
@@ -480,17 +488,19 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
         T = t1 - t0
         fq = b.features("q", t0, t1, T)
         dn, ds = b.buf("dnum", T, Dv), b.buf("ds", T)
-        _norm_grad(out[:, t0:t1], fq, z, T, None, _rows_of(g_out[:, t0:t1], g_buf), eps, dn, ds)
+        _norm_grad(b.fns, out[:, t0:t1], fq, z, T, None, _rows_of(g_out[:, t0:t1], g_buf), eps,
+                   dn, ds)
         G.baddbmm_(fq.transpose(1, 2), dn)
         Gz.unsqueeze(1).baddbmm_(ds.unsqueeze(1), fq)
         d = torch.bmm(dn, S.transpose(1, 2), out=b.buf("dphi", T, L))
-        _grad_phi(kind, d, b.q[:, t0:t1], fq, ds, z, T, None, dq[:, t0:t1])
+        _grad_phi(b.fns, kind, d, b.q[:, t0:t1], fq, ds, z, T, None, dq[:, t0:t1])
     for t0, t1 in block_ranges(b.k.shape[1], block):  # keys and values
         T = t1 - t0
         fk = b.features("k", t0, t1, T)
         vb = b.values(t0, t1, T, view_ok=True)
         d = torch.bmm(vb, G.transpose(1, 2), out=b.buf("dphi", T, L))
-        _grad_phi(kind, d, b.k[:, t0:t1], fk, None, Gz, T, b.keep_at(t0, t1), dk[:, t0:t1])
+        _grad_phi(b.fns, kind, d, b.k[:, t0:t1], fk, None, Gz, T, b.keep_at(t0, t1),
+                  dk[:, t0:t1])
         dv[:, t0:t1] = torch.bmm(fk, G, out=b.buf("dnum", T, Dv))
 
 
@@ -505,13 +515,18 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
             g_buf = _g_scratch(g_out, h1 - h0, block)
             for i, (t0, t1) in reversed(list(enumerate(block_ranges(b.q.shape[1], block)))):
                 g = _rows_of(g_out[h0:h1, t0:t1], g_buf)
-                ins = (*(x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out)), g)
-                grads = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
-                rc = load().la_causal_backward(
-                    kind, *_ptrs(*ins), h1 - h0, t1 - t0, L, Dv, chunk, eps,
-                    S_states[i, h0].data_ptr(), z_states[i, h0].data_ptr(), G[h0].data_ptr(),
-                    Gz[h0].data_ptr(), *_ptrs(*grads), work.data_ptr())
-                _check(rc, "la_causal_backward")
+                q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
+                dq_, dk_, dv_ = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
+                rc = b.fns["causal_backward"](CausalBackwardArgs(
+                    kind=kind, q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
+                    ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=o.data_ptr(),
+                    os=_head_stride(o), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
+                    T=t1 - t0, L=L, Dv=Dv, C=chunk, eps=eps,
+                    S_in=S_states[i, h0].data_ptr(), z_in=z_states[i, h0].data_ptr(),
+                    G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(), dq=dq_.data_ptr(),
+                    dqs=_head_stride(dq_), dk=dk_.data_ptr(), dks=_head_stride(dk_),
+                    dv=dv_.data_ptr(), dvs=_head_stride(dv_), work=work.data_ptr()))
+                check_rc(rc, "la_causal_backward")
 
         return _over_heads(b, size, heads)
     g_buf = _g_scratch(g_out, N, block)
@@ -522,27 +537,28 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
         dn, ds = b.buf("dnum", R, Dv), b.buf("ds", R)
         dn[:, T:].zero_()
         ds[:, T:].zero_()
-        _norm_grad(out[:, t0:t1], c["fq"], c["z_before"], chunk, c["rs"],
+        _norm_grad(b.fns, out[:, t0:t1], c["fq"], c["z_before"], chunk, c["rs"],
                    _rows_of(g_out[:, t0:t1], g_buf), eps, dn, ds)
         dn3, ds3 = dn.view(N * n, chunk, Dv), ds.view(N * n, chunk)
         # Gradient of the state after each chunk: G (after the block) plus what the later
         # chunks of the block read from it; G, Gz become the gradient before the block.
         G_after = b.buf("G", n, L, Dv).view(-1, L, Dv)
         G_after = torch.bmm(c["fq3"].transpose(1, 2), dn3, out=G_after)
-        G_after = _prefix(G_after.view(N, n, L, Dv), G, G, reverse=True)
+        G_after = _prefix(b.fns, G_after.view(N, n, L, Dv), G, G, reverse=True)
         Gz_after = torch.bmm(ds3.unsqueeze(1), c["fq3"], out=b.buf("Gz", n, L).view(-1, 1, L))
-        Gz_after = _prefix(Gz_after.view(N, n, L), Gz, Gz, reverse=True)
+        Gz_after = _prefix(b.fns, Gz_after.view(N, n, L), Gz, Gz, reverse=True)
         dA = b.buf("dA", n, chunk, chunk).view(-1, chunk, chunk)
         dA = torch.bmm(dn3, c["v3"].transpose(1, 2), out=dA)
-        load().la_mask_add(dA.data_ptr(), N * n, chunk, ds3.data_ptr())
+        b.fns["mask_add"](MaskAddArgs(A=dA.data_ptr(), B=N * n, C=chunk, ds=ds3.data_ptr()))
         dphi = b.buf("dphi", R, L)
         d = torch.bmm(dA, c["fk3"], out=dphi.view(N * n, chunk, L))
         d.baddbmm_(dn3, c["S_before"].view(N * n, L, Dv).transpose(1, 2))
-        _grad_phi(kind, dphi, b.q[:, t0:t1], c["fq"], ds, c["z_before"], chunk, None,
+        _grad_phi(b.fns, kind, dphi, b.q[:, t0:t1], c["fq"], ds, c["z_before"], chunk, None,
                   dq[:, t0:t1])
         d = torch.bmm(dA.transpose(1, 2), c["fq3"], out=dphi.view(N * n, chunk, L))
         d.baddbmm_(c["v3"], G_after.view(N * n, L, Dv).transpose(1, 2))
-        _grad_phi(kind, dphi, b.k[:, t0:t1], c["fk"], None, Gz_after, chunk, b.keep_at(t0, t1),
+        _grad_phi(b.fns, kind, dphi, b.k[:, t0:t1], c["fk"], None, Gz_after, chunk,
+                  b.keep_at(t0, t1),
                   dk[:, t0:t1])
         dvb = torch.bmm(c["A"].transpose(1, 2), dn3, out=b.buf("dv", R, Dv).view(-1, chunk, Dv))
         dvb = dvb.baddbmm_(c["fk3"], G_after.view(N * n, L, Dv)).view(N, R, Dv)[:, :T]
@@ -551,64 +567,60 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
         dv[:, t0:t1] = dvb
 
 
-class _NativeLinearAttention(torch.autograd.Function):
-    """Inputs flattened to (N, T, ·) with contiguous rows, float32. Returns (output, S, z)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, S0, z0, keep, kind, eps, block, chunk, is_causal):
-        N, Tq, L = q.shape
-        Dv = v.shape[2]
-        out = empty_hugepage(q, N, Tq, Dv)
-        b = _Block(kind, q, k, v, keep)
-        S, z = S0.clone(), z0.clone()
-        with torch.no_grad():
-            if not is_causal:
-                _noncausal_forward(b, S, z, eps, block, out)
-                S_states, z_states = S.unsqueeze(0), z.unsqueeze(0)
-            else:
-                nb = -(-Tq // block)
-                S_states = S0.new_empty(nb, N, L, Dv)
-                z_states = S0.new_empty(nb, N, L)
-                _causal_forward(b, S, z, eps, block, chunk, out, S_states, z_states)
-        # S0, z0 only serve a differentiable (create_graph) backward
-        ctx.save_for_backward(q, k, v, keep, S_states, z_states, out, S0, z0)
-        ctx.cfg = (kind, eps, block, chunk, is_causal)
-        return out, S, z
-
-    @staticmethod
-    def backward(ctx, g_out, g_S, g_z):
-        q, k, v, keep, S_states, z_states, out = ctx.saved_tensors[:7]
-        if q.dtype != torch.float32:  # native_supported routes bfloat16 with gradients away
-            raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
-        kind, eps, block, chunk, is_causal = ctx.cfg
-        if torch.is_grad_enabled():  # create_graph=True: a gradient that is differentiable
-            return _differentiable_backward(ctx, (g_out, g_S, g_z))
-        with torch.no_grad():
-            return _fast_backward(ctx, q, k, v, keep, S_states, z_states, out, g_out, g_S, g_z)
-
-
-def _differentiable_backward(ctx, grads):
-    """The backward for ``create_graph=True`` (gradient penalties, Hessian-vector products):
-    the forward again in differentiable torch operations (ops/_common.py), differentiated by
-    autograd with the graph kept. The compiled backward's own result is not differentiable, and
-    a first gradient that silently did not require grad would drop every term built on it."""
-    q, k, v, keep, *_, S0, z0 = ctx.saved_tensors
-    kind, eps, _, chunk, is_causal = ctx.cfg
-    fmap = _MAP_OF_KIND[kind]()
-    keep = None if keep is None else keep.unsqueeze(-1)
-    out, total = portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal,
-                                  torch.cat([S0, z0.unsqueeze(-1)], -1))
-    outs = [out, total[..., :-1], total[..., -1]]
-    grads = graph_grads(outs, list(grads), [q, k, v, S0, z0], ctx.needs_input_grad[:5])
-    return (*grads, None, None, None, None, None, None)
-
-
-def _fast_backward(ctx, q, k, v, keep, S_states, z_states, out, g_out, g_S, g_z):
-    """The compiled backward (one pass per head, or block passes); not differentiable."""
-    kind, eps, block, chunk, is_causal = ctx.cfg
+# ------------------------------------------------------------------------ the custom ops
+def _forward(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor, keep: Tensor | None,
+             kind: int, eps: float, block: int, chunk: int, is_causal: bool, isa: str
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``linattn::linear_attention_fwd``. q, k, v: (N, T, ·) with contiguous rows (float32, or
+    bfloat16 without gradients); S0 (N, L, Dv), z0 (N, L) float32; keep (N, T) bool or None.
+    Returns the output (N, Tq, Dv), the final state S, z, and what the backward reads: the
+    state before each block (nb, N, L, Dv), (nb, N, L) when causal, empty tensors otherwise
+    (the backward then reads the final S, z)."""
+    fns = kernels(isa)
+    if fns is None:
+        raise RuntimeError(f"linattn native path: the {isa} build is not available "
+                           f"({unavailable(isa)})")
     N, Tq, L = q.shape
     Dv = v.shape[2]
-    b = _Block(kind, q, k, v, keep)
+    out = empty_hugepage(q, N, Tq, Dv)
+    b = _Block(fns, kind, q, k, v, keep)
+    S, z = S0.clone(), z0.clone()
+    if not is_causal:
+        _noncausal_forward(b, S, z, eps, block, out)
+        return out, S, z, S0.new_empty(0), z0.new_empty(0)
+    nb = -(-Tq // block)
+    S_states, z_states = S0.new_empty(nb, N, L, Dv), S0.new_empty(nb, N, L)
+    _causal_forward(b, S, z, eps, block, chunk, out, S_states, z_states)
+    return out, S, z, S_states, z_states
+
+
+def _forward_fake(q, k, v, S0, z0, keep, kind, eps, block, chunk, is_causal, isa):
+    N, Tq, L = q.shape
+    Dv = v.shape[2]
+    out, S, z = q.new_empty(N, Tq, Dv), S0.new_empty(N, L, Dv), z0.new_empty(N, L)
+    if not is_causal:
+        return out, S, z, S0.new_empty(0), z0.new_empty(0)
+    nb = (Tq + block - 1) // block
+    return out, S, z, S0.new_empty(nb, N, L, Dv), z0.new_empty(nb, N, L)
+
+
+def _backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S_states: Tensor,
+              z_states: Tensor, S: Tensor, z: Tensor, out: Tensor, g_out: Tensor | None,
+              g_S: Tensor | None, g_z: Tensor | None, kind: int, eps: float, block: int,
+              chunk: int, is_causal: bool, isa: str
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``linattn::linear_attention_bwd``: the gradients of q, k, v and of the initial state
+    (S0, z0) from those of the output and the final state (None: zero). Not differentiable
+    itself (``create_graph`` takes the recomputing formula in :func:`_backward_formula`)."""
+    fns = kernels(isa)
+    if fns is None:
+        raise RuntimeError(f"linattn native path: the {isa} build is not available "
+                           f"({unavailable(isa)})")
+    if q.dtype != torch.float32:  # the dispatcher routes bfloat16 with gradients away
+        raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
+    N, Tq, L = q.shape
+    Dv = v.shape[2]
+    b = _Block(fns, kind, q, k, v, keep)
     dq, dk, dv = (empty_hugepage(x, *x.shape) for x in (q, k, v))
     G = q.new_zeros(N, L, Dv) if g_S is None else g_S.contiguous().clone()
     Gz = q.new_zeros(N, L) if g_z is None else g_z.contiguous().clone()
@@ -618,14 +630,63 @@ def _fast_backward(ctx, q, k, v, keep, S_states, z_states, out, g_out, g_S, g_z)
         _causal_backward(b, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
                          dq, dk, dv)
     else:
-        _noncausal_backward(b, S_states[0], z_states[0], out, g_out, G, Gz, eps, block,
-                            dq, dk, dv)
-    return dq, dk, dv, G, Gz, None, None, None, None, None, None
+        _noncausal_backward(b, S, z, out, g_out, G, Gz, eps, block, dq, dk, dv)
+    return dq, dk, dv, G, Gz
 
 
-def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0=None):
+def _backward_fake(q, k, v, keep, S_states, z_states, S, z, out, g_out, g_S, g_z, kind, eps,
+                   block, chunk, is_causal, isa):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(S),
+            torch.empty_like(z))
+
+
+_BACKWARD = KernelOp("linear_attention_bwd", _backward, _backward_fake)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, S0, z0, keep, kind, eps, block, chunk, is_causal, isa = inputs
+    out, S, z, S_states, z_states = output
+    ctx.set_materialize_grads(False)  # no zero gradients for the block states
+    ctx.mark_non_differentiable(S_states, z_states)
+    ctx.save_for_backward(q, k, v, keep, S_states, z_states, S, z, out, S0, z0)
+    ctx.cfg = (kind, eps, block, chunk, is_causal, isa)
+
+
+def _backward_formula(ctx, g_out, g_S, g_z, _g_states, _g_zstates):
+    q, k, v, keep, S_states, z_states, S, z, out, S0, z0 = ctx.saved_tensors
+    kind, eps, block, chunk, is_causal, isa = ctx.cfg
+    if torch.is_grad_enabled():  # create_graph=True: a gradient that is differentiable
+        grads = _differentiable_backward(ctx, (g_out, g_S, g_z))
+    else:
+        grads = _BACKWARD(q, k, v, keep, S_states, z_states, S, z, out, g_out, g_S, g_z, kind,
+                          eps, block, chunk, is_causal, isa)
+    return (*grads, None, None, None, None, None, None, None)
+
+
+_FORWARD = KernelOp("linear_attention_fwd", _forward, _forward_fake,
+                    backward=_backward_formula, setup_context=_setup_context)
+
+
+def _differentiable_backward(ctx, grads):
+    """The backward for ``create_graph=True`` (gradient penalties, Hessian-vector products):
+    the forward again in differentiable torch operations (:mod:`linattn.ops.linear.portable`),
+    differentiated by autograd with the graph kept. The compiled backward's own result is not
+    differentiable, and a first gradient that silently did not require grad would drop every
+    term built on it."""
+    q, k, v, keep, *_, S0, z0 = ctx.saved_tensors
+    kind, eps, _, chunk, is_causal, _ = ctx.cfg
+    fmap = _MAP_OF_KIND[kind]()
+    keep = None if keep is None else keep.unsqueeze(-1)
+    out, total = portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal,
+                                  torch.cat([S0, z0.unsqueeze(-1)], -1))
+    outs = [out, total[..., :-1], total[..., -1]]
+    return graph_grads(outs, list(grads), [q, k, v, S0, z0], ctx.needs_input_grad[:5])
+
+
+def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0=None,
+                            isa: str = "native"):
     """Same contract as :func:`linattn.ops.linear.fused.fused_linear_attention` (float32, or
-    bfloat16 without gradients):
+    bfloat16 without gradients), on the ``isa`` build:
     q (..., Tq, D), k (..., T, D), v (..., T, Dv), keep bool broadcastable to (..., T, 1) or
     None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
     (..., ℓ, Dv + 1)."""
@@ -636,7 +697,7 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
         # products does slower than float32: widen once, round the output once.
         o, state = native_linear_attention(q.float(), k.float(), v.float(), fmap,
                                            is_causal=is_causal, keep=keep, eps=eps,
-                                           chunk=chunk, block=block, S0=S0)
+                                           chunk=chunk, block=block, S0=S0, isa=isa)
         return o.to(q.dtype), state
     batch, flat, keep = flatten_heads(q, k, v, keep)
     flat = [x if _rows_contiguous(x) else x.contiguous() for x in flat]
@@ -648,9 +709,7 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
     else:
         S0 = S0.to(torch.float32).reshape(N, L, Dv + 1)
         S0, z0 = S0[..., :-1].contiguous(), S0[..., -1].contiguous()
-    out, S, z = _NativeLinearAttention.apply(
-        *flat, S0, z0, keep, _KINDS[type(fmap)], float(eps), block, chunk, is_causal
-    )
+    out, S, z, _, _ = _FORWARD(*flat, S0, z0, keep, MAP_KINDS[type(fmap)], float(eps), block,
+                               chunk, is_causal, isa)
     state = torch.cat([S, z.unsqueeze(-1)], -1)
     return out.reshape(*batch, *out.shape[-2:]), state.reshape(*batch, L, Dv + 1)
-

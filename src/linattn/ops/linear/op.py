@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.feature_maps import FeatureMap
+from linattn.feature_maps import EluPlusOne, FeatureMap
 from linattn.ops import dispatch
 from linattn.ops._common import (
     check_chunk_size,
@@ -29,19 +29,22 @@ from linattn.ops._common import (
     clamped_chunk,
     key_mask_for,
     needs_grad,
-    portable_forward,
     resolve,
 )
-from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+from linattn.ops._library import tracing
+from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE, Backend, Choice
 from linattn.ops.linear import native
-from linattn.ops.linear.fused import fused_linear_attention, fused_supported
-from linattn.ops.linear.native import native_linear_attention, native_supported
+from linattn.ops.linear.fused import fused_linear_attention
+from linattn.ops.linear.native import native_linear_attention
+from linattn.ops.linear.portable import portable_forward
 from linattn.ops.linear.recurrent import LinearAttentionState, checked_state
 from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
 
 # DEFAULT_CHUNK_SIZE is re-exported (users import it from here); its home is ops/dispatch.py.
-__all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE"]
+__all__ = ["linear_attention", "DEFAULT_CHUNK_SIZE", "OP"]
 
+#: The op's name in the dispatcher.
+OP = "linear_attention"
 
 _REPLACED = {"FUSED_MIN_T": "fused_min_t", "NATIVE_MIN_T": "impl", "FUSED_BLOCK_SIZE": "block_size"}
 
@@ -55,24 +58,77 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _choose(fmap, q, k, v, S0, is_causal: bool) -> str:
-    """"native", "fused" or "portable" for this call, by the policy in force (ops/dispatch.py)."""
-    pol = dispatch.policy()
-    if pol.impl == "portable":
-        return "portable"
-    can_native = native_supported(fmap, q, k, v, S0)
-    can_fused = fused_supported(fmap, q)
-    if pol.impl in ("native", "fused"):
-        if not (can_native if pol.impl == "native" else can_fused):
-            raise ValueError(f"dispatch impl={pol.impl!r}: that path cannot take this call "
-                             f"({type(fmap).__name__}, {q.dtype}, {q.device.type})")
-        return pol.impl
-    if pol.impl == "fast":
-        return "native" if can_native else "fused" if can_fused else "portable"
-    if can_native and pol.impl == "auto":
-        if dispatch.native_setting() == "1" or native.wins(is_causal, needs_grad(q, k, v, S0)):
-            return "native"
-    return "fused" if can_fused and q.shape[-2] >= pol.fused_min_t else "portable"
+# ------------------------------------------------------------------------------- backends
+def _traits(fmap: FeatureMap, keep: Tensor | None) -> tuple[str, ...]:
+    """What the backends ask of a call beyond dtype, device and gradients."""
+    traits = []
+    if type(fmap) in native.MAP_KINDS:
+        traits.append("map:compiled")
+    if getattr(fmap, "tokenwise", True) and not any(p.requires_grad for p in fmap.parameters()):
+        traits.append("map:tokenwise")
+    if keep is not None:
+        traits.append("masked")
+    return tuple(traits)
+
+
+def _form(is_causal: bool, grad: bool) -> str:
+    return f"{'causal' if is_causal else 'non-causal'} {'fwd+bwd' if grad else 'forward'}"
+
+
+def _run(choice: Choice, q, k, v, fmap, is_causal, keep, eps, chunk, block, S0):
+    """One call of the chosen backend: (output, final state Σ φ(k)ᵀ[v, 1])."""
+    if choice.backend == "native":
+        return native_linear_attention(q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps,
+                                       chunk=chunk, block=block, S0=S0, isa=choice.isa)
+    if choice.backend == "fused":
+        return fused_linear_attention(q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps,
+                                      chunk=chunk, block=block, S0=S0)
+    return portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal, S0)
+
+
+dispatch.register(Backend(
+    OP, "native", compiled=True, devices=("cpu",), dtypes=(torch.float32, torch.bfloat16),
+    grad_dtypes=(torch.float32,), available=native.unavailable,
+    accepts=lambda traits: None if "map:compiled" in traits
+    else "computes the feature maps 1 + elu and 1 + relu only"))
+dispatch.register(Backend(
+    OP, "fused", traceable=False, devices=("cpu",),
+    accepts=lambda traits: None if "map:tokenwise" in traits
+    else "needs a token-wise feature map without trainable parameters",
+    prefer=lambda length, pol: length is not None and length >= pol.fused_min_t))
+dispatch.register(Backend(OP, "portable"))
+
+#: The calibration problem: 4 heads of 2048 tokens, d = Dv = 64, float32, 1 + elu (about a
+#: second for the four forms: median of 3 calls per backend and build, after a warm-up call).
+CALIBRATION_SHAPE = (4, 2048, 64)
+
+
+def _problem(is_causal: bool, backward: bool):
+    def build():
+        N, T, d = CALIBRATION_SHAPE
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=torch.float32) * 0.5
+                   for _ in range(3))
+        fmap, pol = EluPlusOne(), dispatch.Policy()  # the default sizes, whatever is in force
+        chunk = clamped_chunk(pol.chunk_size, T)
+
+        def run(choice: Choice):
+            def once():
+                xs = [x.detach().requires_grad_(backward) for x in (q, k, v)]
+                with torch.set_grad_enabled(backward):
+                    o, _ = _run(choice, *xs, fmap, is_causal, None, fmap.eps, chunk,
+                                pol.block_for(chunk), None)
+                    if backward:
+                        o.sum().backward()
+            return once
+
+        return run
+
+    return build
+
+
+dispatch.register_calibration(OP, {_form(c, b): _problem(c, b)
+                                   for c in (False, True) for b in (False, True)})
 
 
 def linear_attention(
@@ -113,13 +169,15 @@ def linear_attention(
         ``return_state``. Sums run in float32 at least (float64 for float64 inputs).
 
     The implementation is chosen by :mod:`linattn.ops.dispatch`: on CPU the compiled path
-    (ops/native.py: float32 with 1+elu or 1+relu, where it was measured to beat torch on this
-    machine) or the chunked torch path (ops/fused.py, token-wise maps, long sequences), else
-    the portable form. The fast paths have a hand-written backward; with ``create_graph=True``
-    (double backward) they differentiate a torch recomputation instead, so higher-order
-    gradients are exact. They read the saved output, so modifying the output in place before
-    ``backward`` raises autograd's usual error. ``LINATTN_NATIVE=0`` (set before the first
-    call) turns the compiled path off, ``LINATTN_NATIVE=1`` skips the measurement.
+    (``native.py``: float32 with 1+elu or 1+relu, or bfloat16 without gradients, where it was
+    measured to beat torch on this machine) or the chunked torch path (``fused.py``, token-wise
+    maps, long sequences, eager only), else the portable form (``portable.py``). Inside
+    ``torch.compile`` / ``torch.export`` the compiled path is the custom op
+    ``linattn::linear_attention_fwd``. The fast paths have a hand-written backward; with
+    ``create_graph=True`` (double backward) they differentiate a torch recomputation instead, so
+    higher-order gradients are exact. They read the saved output, so modifying the output in
+    place before ``backward`` raises autograd's usual error. ``LINATTN_NATIVE=0`` turns the
+    compiled path off, ``LINATTN_NATIVE=1`` skips the measurement.
     """
     check_qkv(q, k, v, same_length=is_causal)
     if not is_causal and (initial_state is not None or return_state):
@@ -139,16 +197,12 @@ def linear_attention(
                       q.device)
         S0 = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)
 
-    path = _choose(fmap, q, k, v, S0, is_causal)
-    if path != "portable":
-        fast = native_linear_attention if path == "native" else fused_linear_attention
-        block = pol.block_for(chunk)
-        o, total = fast(
-            q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps, chunk=chunk, block=block,
-            S0=S0,
-        )
-    else:
-        o, total = portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal, S0)
+    traced = tracing(q, k, v, S0)
+    grad = needs_grad(q, k, v, S0)
+    choice = dispatch.select(OP, _form(is_causal, grad), q.dtype, q.device.type, grad,
+                             _traits(fmap, keep), None if traced else q.shape[-2], traced)
+    o, total = _run(choice, q, k, v, fmap, is_causal, keep, eps, chunk, pol.block_for(chunk),
+                    S0)
     if return_state:
         return o, LinearAttentionState(S=total[..., :-1], z=total[..., -1])
     return o

@@ -1,16 +1,22 @@
 """The compiled CPU library of linattn: every op's C kernels, built per ISA and loaded with ctypes.
 
-The package ships C sources, not binaries: :func:`load` builds them on first use
-(:mod:`linattn._cbuild`: cached per source, flags and CPU, verified before loading, one build at a
-time) for the CPU at hand (``-march=native``) or for another ISA variant (``LINATTN_NATIVE_ISA``
-or ``isa=``: ``avx512``, ``avx2``, ``generic``, ``scalar``). Without a C compiler, or with
-``LINATTN_NATIVE=0``, :func:`load` returns None and the torch paths run instead.
+The package ships C sources, not binaries. Each op with compiled kernels keeps them beside it
+(``ops/<op>/kernels.c``); they share the vector helpers and the argument-struct macros of
+``ops/native/common.h``. :func:`load` joins ``native.c`` and every ``ops/*/kernels.c`` into one
+translation unit and builds it on first use (:mod:`linattn._cbuild`: cached per source, flags
+and CPU, verified before loading, one build at a time) for the CPU at hand (``-march=native``)
+or for another ISA variant (``avx512``, ``avx2``, ``generic``, ``scalar``). Ops bind their
+kernels with :func:`linattn.ops.native.abi.bind`, which checks every argument struct's layout
+against the C side first.
+
+Which build (if any) a call runs is decided by :mod:`linattn.ops.dispatch`, which owns
+``LINATTN_NATIVE`` and ``LINATTN_NATIVE_ISA``; this module only builds and loads. Without a C
+compiler :func:`load` returns None and the torch paths run instead.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import sys
 import threading
@@ -18,52 +24,23 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from linattn import _cbuild
-from linattn._io import write_atomic
-from linattn.ops import dispatch
 
-SOURCE = Path(__file__).with_name("_native.c")
+__all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "unavailable_reason", "describe",
+           "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc"]
 
+_HERE = Path(__file__).parent
+#: The shared header and the library-wide entry points; the op kernels are found beside their
+#: ops (``ops/*/kernels.c``), so an op with new kernels needs no line here.
+HEADER = _HERE / "common.h"
+SOURCES: list[Path] = [_HERE / "native.c", *sorted(_HERE.parent.glob("*/kernels.c"))]
 
-_lib: ctypes.CDLL | None = None
-
-
-_tried = False
-
-
-_P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
-
-
-#: name: (return type, argument types) of each function of _native.c; the one-pass kernels
-#: return 0, or -1 on sizes they do not take.
-_SIGNATURES = {
-    "la_phi": (None, [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _P, _L]),
-    "la_normalise": (None, [_P, _I, _P, _I, _P, _L, _P, _L, _L, _L, _L, _L, _F, _P, _I, _L]),
-    "la_norm_grad": (None, [_P, _L, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P]),
-    "la_grad_phi": (None, [_I, _P, _P, _L, _P, _P, _P, _L, _L, _L, _L, _L, _P, _L, _P, _L]),
-    "la_mask_rowsum": (None, [_P, _I, _L, _L, _P]),
-    "la_mask_add": (None, [_P, _L, _L, _P]),
-    "la_prefix": (None, [_P, _L, _L, _L, _P, _P, _I]),
-    "la_causal_forward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P, _P,
-                               _P, _L, _P]),
-    "la_noncausal_forward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L, _L, _F,
-                                  _P, _P, _P, _L, _P]),
-    "la_noncausal_backward": (_I, [_I, _I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L,
-                                   _L, _L, _L, _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
-    "la_causal_backward": (_I, [_I, _P, _L, _P, _L, _P, _L, _P, _L, _P, _L, _L, _L, _L, _L, _L,
-                                _F, _P, _P, _P, _P, _P, _L, _P, _L, _P, _L, _P]),
-    "la_width": (_I, []),
-    "la_tile": (_I, []),
-}
-
-
-#: Compiler flags of each build of _native.c. "native" (the default) targets the CPU at hand,
-#: whose vector width and register tiles _native.c picks from the compiler's macros; the others
-#: build a narrower ISA, to measure it on a wider CPU or to test the scalar form
-#: (``LINATTN_NATIVE_ISA``, or ``isa=`` in :func:`load`).
+#: Compiler flags of each build. "native" (the default) targets the CPU at hand, whose vector
+#: width and register tiles common.h picks from the compiler's macros; the others build a
+#: narrower ISA, to run it where it is faster (the dispatcher's calibration may choose it per
+#: form), to measure it on a wider CPU, or to test the scalar form.
 ISA_FLAGS = {
     "native": ["-march=native"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
@@ -71,142 +48,115 @@ ISA_FLAGS = {
     "generic": [],  # the compiler's baseline: SSE2 on x86-64, NEON on aarch64
     "scalar": ["-DLA_W=1"],
 }
-
-
 #: /proc/cpuinfo flags an ISA build needs to run (x86); a build this CPU cannot run is refused.
 _ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"},
               "avx2": {"avx2", "fma"}}
 
-
 _libs: dict[str, ctypes.CDLL | None] = {}
+_LOAD_LOCK = threading.Lock()
 
 
-def bf16_products() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX on x86, the BF16
-    extension on aarch64), so that torch's bfloat16 matmuls beat float32 ones."""
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cbuild.cpu_flags())
+def source() -> bytes:
+    """The one translation unit that is compiled: common.h, then native.c and each op's
+    kernels.c, with ``#line`` markers so that compiler messages name the real files. (Each .c
+    includes common.h under ``#ifndef LA_COMMON_H``, so the files also compile on their own.)"""
+    parts = []
+    for path in (HEADER, *SOURCES):
+        parts.append(f'#line 1 "{path.parent.name}/{path.name}"\n{path.read_text()}\n')
+    return "".join(parts).encode()
 
 
-def selected_isa(isa: str | None = None) -> str:
-    """``isa`` if given, else the build variant this process uses: ``LINATTN_NATIVE_ISA`` or
-    "native"; checked against :data:`ISA_FLAGS`."""
-    name = "isa"
-    if isa is None:
-        name, isa = "LINATTN_NATIVE_ISA", os.environ.get("LINATTN_NATIVE_ISA", "").strip()
-        isa = isa or "native"
+def _check_isa(isa: str) -> str:
     if isa not in ISA_FLAGS:
-        raise ValueError(f"{name}: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
+        raise ValueError(f"isa: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
     return isa
 
 
-def load(isa: str | None = None) -> ctypes.CDLL | None:
-    """The compiled kernels of one build variant (default :func:`selected_isa`), built on first
-    use, or None where that is not possible (no compiler, ``LINATTN_NATIVE=0``, an ISA this
-    CPU lacks)."""
-    isa = selected_isa(isa)
-    if isa not in _libs:
-        _libs[isa] = _load(isa)
-    return _libs[isa]
+def can_run(isa: str) -> bool:
+    """Whether this CPU can run the ``isa`` build (x86 feature flags; other builds: yes)."""
+    return _ISA_NEEDS.get(_check_isa(isa), set()) <= _cbuild.cpu_flags()
+
+
+def runnable_isas() -> list[str]:
+    """The builds worth calibrating against each other on this CPU: "native", and "avx2" too
+    where native is wider (an AVX-512 CPU). On some AVX-512 CPUs (AMD Zen 4) the 256-bit build
+    is as fast or faster; elsewhere native is the only sensible build."""
+    out = ["native"]
+    if "avx512f" in _cbuild.cpu_flags() and can_run("avx2"):
+        out.append("avx2")
+    return out
+
+
+def load(isa: str = "native") -> ctypes.CDLL | None:
+    """The compiled library of one build variant, built on first use, or None where that is not
+    possible (no compiler, an ISA this CPU lacks, a refused build): remembered per process."""
+    isa = _check_isa(isa)
+    lib = _libs.get(isa, False)
+    if lib is False:
+        with _LOAD_LOCK:
+            if isa not in _libs:
+                _libs[isa] = _load(isa)
+            lib = _libs[isa]
+    return lib
 
 
 def _load(isa: str) -> ctypes.CDLL | None:
-    if dispatch.native_setting() == "0":
-        return None
-    need = _ISA_NEEDS.get(isa, set())
-    if need and not need <= _cbuild.cpu_flags():
+    if not can_run(isa):
         warnings.warn(f"linattn: this CPU cannot run the {isa} build of the compiled path "
-                      f"(needs {', '.join(sorted(need))}); using the PyTorch path",
-                      RuntimeWarning, stacklevel=3)
+                      f"(needs {', '.join(sorted(_ISA_NEEDS[isa]))}); using the PyTorch path",
+                      RuntimeWarning, stacklevel=4)
+        return None
+    try:
+        src = source()
+    except OSError:
         return None
     base = ["-O3", "-fno-math-errno"]
     tries = [base + ISA_FLAGS[isa]]
     if isa == "native":
         tries.append(["-O3"])  # a compiler without -march=native
     for flags in tries:  # warn (once) only when the last try fails too
-        lib = _cbuild.load_library(SOURCE, "native", flags, warn=flags is tries[-1])
-        if lib is not None:
-            for name, (restype, argtypes) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype, fn.argtypes = restype, argtypes
+        lib = _cbuild.load_library(src, "native", flags, warn=flags is tries[-1])
+        if lib is not None and hasattr(lib, "la_width"):
+            for name in ("la_width", "la_tile"):
+                getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
             return lib
     return None
 
 
-def unavailable_reason(isa: str | None = None) -> str | None:
+def unavailable_reason(isa: str = "native") -> str | None:
     """Why :func:`load` gives None (for skip messages and warnings), or None if it loads."""
     if load(isa) is not None:
         return None
-    isa = selected_isa(isa)
-    if dispatch.native_setting() == "0":
-        return "turned off by LINATTN_NATIVE=0"
-    if not SOURCE.exists():
-        return f"the C source {SOURCE.name} is not installed beside {__name__}"
-    if _ISA_NEEDS.get(isa, set()) - _cbuild.cpu_flags():
+    missing = [p.name for p in (HEADER, *SOURCES) if not p.exists()]
+    if missing:
+        return f"the C sources {', '.join(missing)} are not installed beside {__name__}"
+    if not can_run(isa):
         return f"this CPU cannot run the {isa} build"
     if _cbuild.compiler() is None:
         return "no C compiler found (cc, gcc, clang or $CC)"
-    return f"the compiler refused {SOURCE.name} (its output is in a .failed file in the cache)"
+    return "the compiler refused the kernels (its output is in a .failed file in the cache)"
 
 
-def describe(isa: str | None = None) -> str:
-    """One line on the build in use: ISA, vector width, register tile (or why there is none)."""
+def describe(isa: str = "native") -> str:
+    """One line on a build: ISA, vector width, register tile (or why there is none)."""
     lib = load(isa)
-    name = selected_isa(isa)
     if lib is None:
-        return f"{name}: not available ({unavailable_reason(isa)})"
+        return f"{isa}: not available ({unavailable_reason(isa)})"
     tile = lib.la_tile()
-    return f"{name}: {lib.la_width()}-float vectors, {tile // 100}x{tile % 100} register tile"
+    return f"{isa}: {lib.la_width()}-float vectors, {tile // 100}x{tile % 100} register tile"
 
 
-def _check(rc: int, name: str) -> None:
-    """The one-pass kernels return -1 on sizes they do not take: a bug here, never silence (an
+def check_rc(rc: int, name: str) -> None:
+    """The kernels return -1 on sizes they do not take: a bug in the caller, never silence (an
     ``assert`` would vanish under ``python -O``)."""
     if rc != 0:
         raise RuntimeError(f"linattn native path: {name} refused its sizes (rc={rc})")
 
 
-def cached_measurement(path: Path, entry: str, threads: int, measure, valid) -> dict:
-    """``measure()`` run with ``threads`` torch threads in a fresh thread, or its earlier
-    result: the JSON file ``path`` (beside the compiled library) keeps one result per
-    ``entry``; a missing, unreadable or not ``valid`` one is measured again and written back
-    atomically (an unwritable cache only means measuring again in the next process)."""
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    result = cached.get(entry) if isinstance(cached, dict) else None
-    if not valid(result):
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            result = _in_clean_thread(measure)
-        finally:
-            torch.set_num_threads(before)
-        try:
-            write_atomic(path, json.dumps({**cached, entry: result}, indent=1).encode())
-        except OSError:
-            pass
-    return result
-
-
-def _in_clean_thread(fn):
-    """fn() in a new thread, whose autograd state (grad mode, inference mode, autocast,
-    saved-tensor hooks, a checkpoint being recorded) and dispatch policy are the defaults, not
-    those of the user's call that happened to trigger the measurement."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=run, name="linattn-calibration")
-    worker.start()
-    worker.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+def bf16_products() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX on x86, the BF16
+    extension on aarch64), so that torch's bfloat16 matmuls beat float32 ones."""
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cbuild.cpu_flags())
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -219,8 +169,6 @@ def _libc() -> ctypes.CDLL | None:
 
 
 _LIBC = _libc() if sys.platform == "linux" else None
-
-
 _MADV_HUGEPAGE, _HUGE = 14, 1 << 21
 
 
@@ -241,16 +189,14 @@ def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
 
 
 _POOL: ThreadPoolExecutor | None = None
-
-
 _POOL_LOCK = threading.Lock()
 
 
 def _forget_pool() -> None:
     """A forked child inherits the pool object but not its threads (and maybe a lock held by
     one of them): start new ones there."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    global _POOL, _POOL_LOCK, _LOAD_LOCK
+    _POOL, _POOL_LOCK, _LOAD_LOCK = None, threading.Lock(), threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -266,4 +212,3 @@ def pool(workers: int) -> ThreadPoolExecutor:
             _POOL = ThreadPoolExecutor(max(workers, os.cpu_count() or 1),
                                        thread_name_prefix="linattn")
         return _POOL
-

@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from linattn.feature_maps import FeatureMap
+from linattn.ops import dispatch
 from linattn.ops._common import (
     causal_chunked,
     check_chunk_size,
@@ -51,7 +52,6 @@ from linattn.ops._common import (
     split_normalised,
     values_with_ones,
 )
-from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
 __all__ = ["relative_linear_attention", "DIRECT_MAX_T", "FFT_BLOCK_BYTES"]
 
@@ -190,7 +190,7 @@ def relative_linear_attention(
         method: "fft" (O(T log T)), "direct" (explicit (T, T) lag scores) or "auto"
             (direct up to :data:`DIRECT_MAX_T`, FFT beyond).
         chunk_size: chunk length of the causal content term, a positive integer (default
-            :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+            the policy's, :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
 
     Returns:
         (B, H, T, Dv) in q's dtype; sums in float32 at least, FFT in that dtype too.
@@ -199,7 +199,7 @@ def relative_linear_attention(
     check_r(r, q)
     if method not in ("auto", "fft", "direct"):
         raise ValueError(f"method: expected 'auto', 'fft' or 'direct', got {method!r}")
-    chunk_size = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
+    chunk_size = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     fmap, eps = resolve(feature_map, eps)
     keep = key_mask_for(key_padding_mask, k)
     fq, fk = features(fmap, q, k, keep)

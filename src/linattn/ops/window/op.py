@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
+from linattn.ops import dispatch
 from linattn.ops._common import (
     accumulation_dtype,
     causal_chunked,
@@ -78,7 +79,6 @@ from linattn.ops._common import (
     values_with_ones,
     zero_padded,
 )
-from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.linear.recurrent import check_float_parts
 
 __all__ = [
@@ -282,7 +282,7 @@ def window_linear_attention(
         key_padding_mask: bool (B, T), True = padding: that key is absent from every sum.
             Not with ``initial_state``/``return_state`` (the ring buffer holds no mask).
         chunk_size: C, queries per block (default
-            :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
+            the policy's, :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
         initial_state: causal only: the state after an earlier prefix.
         return_state: causal only: also return the state after the last token.
 
@@ -296,7 +296,7 @@ def window_linear_attention(
     check_qkv(q, k, v, same_length=True)
     w = check_window(window)
     fmap, eps = resolve(feature_map, eps)
-    chunk = check_chunk_size(chunk_size, DEFAULT_CHUNK_SIZE)
+    chunk = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     stateful = initial_state is not None or return_state
     if stateful and not is_causal:
         raise ValueError("initial_state/return_state: only defined for is_causal=True")

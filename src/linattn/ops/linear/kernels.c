@@ -1,228 +1,13 @@
-/* Element-wise passes of the CPU fast path (linattn.ops.native), float32.
- *
- * The matrix products of linear attention run through torch (MKL reaches the matmul roofline
- * on 64-wide blocks); what torch does slowly is everything between them: 1 + elu (torch's exp
- * costs ~0.6 ns per element here), the normaliser and the normalisation, and the gradient of
- * phi. Each function below makes one pass over a block that is still in cache.
- *
- * Layout: a block holds N heads x T tokens. Rows (one token of one head) are contiguous; a
- * "head stride" (xs, os, ...) in elements says where head n starts, so a view x[:, t0:t1] of a
- * (N, T_total, D) tensor is passed without a copy. Outputs without a stride are contiguous.
- *
- * Vectors use GCC/clang vector extensions whose width follows the instruction set the compiler
- * targets (-march=native at build time): 16 floats on AVX-512, 8 on AVX/AVX2, 4 on SSE2 and
- * aarch64 NEON, 1 (plain scalars) elsewhere or with -DLA_W=1. A width the hardware does not
- * have would be split by the compiler into narrower registers and spill (16 floats on a
- * 16-register AVX2 core ran 6-7x below its FMA peak), so the register tiles of the products
- * (MR rows x NV vectors) are sized per width as well, to the register file of that ISA.
- */
-#include <math.h>
-#include <stddef.h>
-#include <string.h>
-
-#ifndef LA_W
-#if defined(__AVX512F__)
-#define LA_W 16
-#elif defined(__AVX__)
-#define LA_W 8
-#elif defined(__SSE2__) || defined(__ARM_NEON) || defined(__ARM_NEON__)
-#define LA_W 4
-#else
-#define LA_W 1
+/* The linear-attention kernels of linattn.ops.linear.native (see ops/native/common.h for the
+ * vector helpers and the layout conventions). */
+#ifndef LA_COMMON_H
+#include "../native/common.h"
 #endif
-#endif
-#define W LA_W
-
-/* Register tiles: MR rows x NV vectors of accumulators, plus NV vectors of B and one
- * broadcast of A, must fit the register file (32 vector registers on AVX-512 and NEON, 16 on
- * AVX2 and SSE2; ~16 scalar FP registers for the scalar form). */
-#if LA_W == 16
-#define MR 6
-#define NV 4 /* 24 + 4 + 1 of 32 registers, 64 columns */
-#elif LA_W == 8
-#define MR 6
-#define NV 2 /* 12 + 2 + 1 of 16, 16 columns (the 6x16 shape of BLIS' Haswell kernel) */
-#elif LA_W == 4 && (defined(__ARM_NEON) || defined(__ARM_NEON__))
-#define MR 6
-#define NV 4 /* 24 + 4 + 1 of 32, 16 columns */
-#elif LA_W == 4
-#define MR 6
-#define NV 2 /* 12 + 2 + 1 of 16 */
-#else
-#define MR 4
-#define NV 3 /* 12 + 3 + 1 scalars */
-#endif
-
-#if LA_W == 16 && defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <immintrin.h>
-#define HAVE_CVTNEPS2BF16 1 /* one instruction rounds 16 floats to bfloat16 */
-#endif
-
-typedef float vf __attribute__((vector_size(4 * LA_W)));
-typedef int vi __attribute__((vector_size(4 * LA_W)));
-
-/* What this build is, for the Python side: the vector width in floats and the register tile. */
-int la_width(void) { return W; }
-int la_tile(void) { return MR * 100 + NV; }
-
-enum { PHI_ELU = 0, PHI_RELU = 1 };
-
-static inline vf vload(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
-static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
-/* All lanes = a. (Not (vf){0} + a: adding 0 is not a no-op for -0.0, so that costs an add.) */
-#if LA_W == 16
-#define LA_LANES(a) a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a
-#elif LA_W == 8
-#define LA_LANES(a) a, a, a, a, a, a, a, a
-#elif LA_W == 4
-#define LA_LANES(a) a, a, a, a
-#else
-#define LA_LANES(a) a
-#endif
-static inline vf vsplat(float a) { return (vf){LA_LANES(a)}; }
-static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
-
-/* bfloat16 <-> float32. A bfloat16 is the high half of a float32; rounding to it is to nearest,
- * ties to even, NaN kept a (quiet) NaN. Buffers flagged "bf" hold bfloat16, others float32;
- * indices below are in elements. */
-typedef unsigned short u16;
-typedef u16 vh __attribute__((vector_size(2 * LA_W)));
-typedef unsigned vu __attribute__((vector_size(4 * LA_W)));
-
-static inline float bf2f(u16 h) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline u16 f2bf(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    if (f != f) return (u16)((u >> 16) | 0x40);
-    return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-static inline vf vload_any(const void *p, long i, int bf) {
-    if (!bf) return vload((const float *)p + i);
-    vh h;
-    memcpy(&h, (const u16 *)p + i, sizeof h);
-    return (vf)(__builtin_convertvector(h, vu) << 16);
-}
-static inline void vstore_any(void *p, long i, vf x, int bf) {
-    if (!bf) { vstore((float *)p + i, x); return; }
-#ifdef HAVE_CVTNEPS2BF16
-    __m256bh b = _mm512_cvtneps_pbh((__m512)x);
-    memcpy((u16 *)p + i, &b, sizeof b);
-#else
-    vu u = (vu)x;
-    vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    r = (vu)vselect(x != x, (vf)((u >> 16) | 0x40u), (vf)r);
-    vh h = __builtin_convertvector(r, vh);
-    memcpy((u16 *)p + i, &h, sizeof h);
-#endif
-}
-static inline float load_any(const void *p, long i, int bf) {
-    return bf ? bf2f(((const u16 *)p)[i]) : ((const float *)p)[i];
-}
-static inline void store_any(void *p, long i, float x, int bf) {
-    if (bf) ((u16 *)p)[i] = f2bf(x);
-    else ((float *)p)[i] = x;
-}
-
-/* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): 2^n * p(r) with
- * n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7 minimax polynomial of
- * exp on |r| <= ln2 / 2 (error ~1 ulp). Below -87 the result is flushed to 0 (exp(-87) is
- * already within 2^-126 of 0). */
-static inline vf vexp_nonpos(vf x) {
-    const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    vf t = x * 1.44269504088896341f + magic;
-    vf n = t - magic;
-    vf r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    vf p = vsplat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf e = p * (vf)bits;
-    return vselect(x < -87.0f, vsplat(0.0f), e);
-}
-
-static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
-
-/* phi(x); NaN propagates (x <= 0 is false for NaN, which takes the x + 1 branch). */
-static inline vf vphi(int kind, vf x) {
-    vi nonpos = x <= 0.0f;
-    vf low = kind == PHI_ELU ? vexp_nonpos(x) : vsplat(1.0f);
-    return vselect(nonpos, low, x + 1.0f);
-}
-
-static inline float sphi(int kind, float x) {
-    if (x <= 0.0f) return kind == PHI_ELU ? sexp_nonpos(x) : 1.0f;
-    return x + 1.0f;
-}
-
-/* phi'(x), given x and f = phi(x): 1 for x > 0; else f = exp(x) for 1 + elu and 0 for 1 + relu
- * (torch's relu has gradient 0 at 0). From x, not from f alone: for 0 < x < 2^-24, 1 + x
- * rounds to exactly 1. */
-static inline vf vdphi(int kind, vf x, vf f) {
-    return vselect(x > 0.0f, vsplat(1.0f), kind == PHI_ELU ? f : vsplat(0.0f));
-}
-
-static inline float sdphi(int kind, float x, float f) {
-    return x > 0.0f ? 1.0f : (kind == PHI_ELU ? f : 0.0f);
-}
-
-/* The sum of a vector's lanes, by halving (a scalar loop over 16 lanes costs more than the
- * dot product it finishes). */
-#if LA_W >= 8 && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
-static inline float hsum8(vf8 h) {
-    vf4 c = __builtin_shufflevector(h, h, 0, 1, 2, 3);
-    vf4 d = __builtin_shufflevector(h, h, 4, 5, 6, 7);
-    vf4 q = c + d;
-    return (q[0] + q[2]) + (q[1] + q[3]);
-}
-#if LA_W == 16
-static inline float hsum(vf x) {
-    vf8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
-    vf8 b = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-    return hsum8(a + b);
-}
-#else
-static inline float hsum(vf x) { return hsum8(x); }
-#endif
-#elif LA_W == 4
-static inline float hsum(vf x) { return (x[0] + x[2]) + (x[1] + x[3]); }
-#else /* __builtin_shufflevector needs GCC >= 12; scalars need nothing */
-static inline float hsum(vf x) {
-    float s = 0.0f;
-    for (int i = 0; i < W; ++i) s += x[i];
-    return s;
-}
-#endif
-
-/* a . b with a float32 or bfloat16 (abf), b float32. */
-static inline float dot_any(const void *a, long ai, int abf, const float *b, long n) {
-    vf acc = vsplat(0.0f);
-    long j = 0;
-    for (; j + W <= n; j += W) acc += vload_any(a, ai + j, abf) * vload(b + j);
-    float s = hsum(acc);
-    for (; j < n; ++j) s += load_any(a, ai + j, abf) * b[j];
-    return s;
-}
-
-static inline float dot(const float *a, const float *b, long n) {
-    vf acc = vsplat(0.0f);
-    long j = 0;
-    for (; j + W <= n; j += W) acc += vload(a + j) * vload(b + j);
-    float s = hsum(acc);
-    for (; j < n; ++j) s += a[j] * b[j];
-    return s;
-}
 
 /* out[n, t] = phi(x[n, t]) for t < T (rows of D), zero where keep[n, t] == 0; z[n] += sum_t
  * out[n, t] (as stored, i.e. after rounding to bfloat16) when z is not NULL. x and out are
  * float32 or bfloat16 (xbf, obf); keep: NULL or bytes with head stride ks. */
-void la_phi(int kind, const void *x, int xbf, long N, long T, long D, long xs, void *out, int obf,
+static void la_phi(int kind, const void *x, int xbf, long N, long T, long D, long xs, void *out, int obf,
             long R, float *z, const unsigned char *keep, long ks) {
     for (long n = 0; n < N; ++n) {
         long xn = n * xs, on = n * R * D;
@@ -310,13 +95,6 @@ static inline const float *f32_rows(const void *x, long i0, int bf, long n, floa
     return buf;
 }
 
-/* dst[j0:j0+n] = src[0:n] * s, dst float32 or bfloat16 (any n: whole vectors, then a scalar
- * tail). */
-static inline void scale_row(void *dst, long j0, int bf, const float *src, float s, long n) {
-    long j = 0;
-    for (; j + W <= n; j += W) vstore_any(dst, j0 + j, vload(src + j) * s, bf);
-    for (; j < n; ++j) store_any(dst, j0 + j, src[j] * s, bf);
-}
 
 /* The gradient of one output row o = num / s, s = guarded(den) (den here includes eps), from
  * g = dL/do: writes dn = g / s and returns ds = -(g . o) / s, or 0 where den == 0 (the guard's
@@ -353,7 +131,7 @@ static inline float causal_den(const float *fq_i, const float *z, const float *A
  * scalars (sx, ds, coef) are (N, R); out, g and dx are views with head strides os, gs, dxs. */
 
 /* out[n, t] = num[n, t] / guarded(den); num, fq and out float32 or bfloat16 (nbf, fbf, obf). */
-void la_normalise(const void *num, int nbf, const void *fq, int fbf, const float *z, long zrows,
+static void la_normalise(const void *num, int nbf, const void *fq, int fbf, const float *z, long zrows,
                   const float *sx, long N, long T, long R, long L, long Dv, float eps, void *out,
                   int obf, long os) {
     for (long n = 0; n < N; ++n)
@@ -370,7 +148,7 @@ void la_normalise(const void *num, int nbf, const void *fq, int fbf, const float
 /* Gradient of o = num / s, s = guarded(den), given g = dL/do and the output o itself:
  * dnum = g / s and ds = -(g . o) / s (= -(g . num) / s^2), or 0 where den + eps == 0 (the
  * guard's constant branch). o and g are views with head strides os and gs. */
-void la_norm_grad(const float *o, long os, const float *fq, const float *z, long zrows,
+static void la_norm_grad(const float *o, long os, const float *fq, const float *z, long zrows,
                   const float *sx, const float *g, long gs, long N, long T, long R, long L,
                   long Dv, float eps, float *dnum, float *ds) {
     for (long n = 0; n < N; ++n)
@@ -383,7 +161,7 @@ void la_norm_grad(const float *o, long os, const float *fq, const float *z, long
 /* dx[n, t] = (dphi[n, t] + c * vec[n, t / vrows]) * phi'(x[n, t]) with c = coef[n, t] (1 where
  * coef is NULL; no term where vec is NULL); zero where keep[n, t] == 0. x: the inputs, rows of
  * L with head stride xs; f = phi(x) in a buffer. */
-void la_grad_phi(int kind, const float *dphi, const float *x, long xs, const float *f,
+static void la_grad_phi(int kind, const float *dphi, const float *x, long xs, const float *f,
                  const float *coef, const float *vec, long vrows, long N, long T, long R, long L,
                  const unsigned char *keep, long ks, float *dx, long dxs) {
     for (long n = 0; n < N; ++n)
@@ -401,7 +179,7 @@ void la_grad_phi(int kind, const float *dphi, const float *x, long xs, const flo
 
 /* Causal chunks: A (B, C, C), float32 or bfloat16 (abf), loses its strictly upper triangle
  * (j > i) in place, and rs[b, i] = sum_{j <= i} A[b, i, j] (float32). */
-void la_mask_rowsum(void *A, int abf, long B, long C, float *rs) {
+static void la_mask_rowsum(void *A, int abf, long B, long C, float *rs) {
     size_t es = abf ? 2 : 4;
     for (long b = 0; b < B; ++b)
         for (long i = 0; i < C; ++i) {
@@ -415,7 +193,7 @@ void la_mask_rowsum(void *A, int abf, long B, long C, float *rs) {
 
 /* The gradient of the masked scores: A[b, i, j] = A[b, i, j] + ds[b, i] for j <= i, else 0
  * (ds: the normaliser's gradient, as every kept score adds to the row's normaliser). */
-void la_mask_add(float *A, long B, long C, const float *ds) {
+static void la_mask_add(float *A, long B, long C, const float *ds) {
     for (long b = 0; b < B; ++b)
         for (long i = 0; i < C; ++i) {
             float *row = A + (b * C + i) * C;
@@ -428,7 +206,7 @@ void la_mask_add(float *A, long B, long C, const float *ds) {
 /* Exclusive prefix sums over chunks, in place: P (N, n, F) of per-chunk sums becomes, chunk by
  * chunk, S0[h] + the sum of the chunks before it (after it, with reverse), and S1[h] (N, F)
  * receives the total S0[h] + all chunks. S1 may be S0. */
-void la_prefix(float *P, long N, long n, long F, const float *S0, float *S1, int reverse) {
+static void la_prefix(float *P, long N, long n, long F, const float *S0, float *S1, int reverse) {
     for (long h = 0; h < N; ++h) {
         float *Ph = P + h * n * F;
         long j = 0;
@@ -551,7 +329,7 @@ static void scores(long Cn, long C, long L, const float *fq, const float *fkT, f
  * out: rows of Dv, stride os; all float32, or all bfloat16 with bf. S (N, L, Dv) and z (N, L),
  * float32: the state before, updated in place to the state after. work: 2 C L + L C + C C +
  * 2 C Dv floats. Returns 0, or -1 on bad sizes. */
-int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
+static int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
                       const void *v, long vs, long N, long T, long L, long Dv, long C, float eps,
                       float *S, float *z, void *out, long os, float *work) {
     if (C % W || L % W || Dv % W) return -1;
@@ -592,7 +370,7 @@ int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, l
  * with dn = g / s, ds = -(g . o) / s from the output o and its gradient g. G and Gz leave as
  * the gradient of the state before the block. dq, dk, dv: rows with head strides. work:
  * nc (2 C L + L Dv + L) + 2 C C + Dv C + 2 Dv L + 2 C L + C Dv + C floats, nc = ceil(T / C). */
-int la_causal_backward(int kind, const float *q, long qs, const float *k, long ks,
+static int la_causal_backward(int kind, const float *q, long qs, const float *k, long ks,
                        const float *v, long vs, const float *o, long os, const float *g, long gs,
                        long N, long T, long L, long Dv, long C, float eps, const float *S_in,
                        const float *z_in, float *G, float *Gz, float *dq, long dqs, float *dk,
@@ -673,7 +451,7 @@ int la_causal_backward(int kind, const float *q, long qs, const float *k, long k
  *     queries:  o = phi(q) S / guarded(phi(q) . z + eps)
  * Tq queries, Tk keys; q, k, v, out float32, or bfloat16 with bf; S (N, L, Dv), z (N, L)
  * float32 in/out (the sums include what they held). work: C L + 2 C Dv floats. */
-int la_noncausal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
+static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
                          const void *v, long vs, long N, long Tq, long Tk, long L, long Dv,
                          long C, float eps, float *S, float *z, void *out, long os,
                          float *work) {
@@ -706,7 +484,7 @@ int la_noncausal_forward(int kind, int bf, const void *q, long qs, const void *k
  * S, z: the final sums of the forward; G, Gz in/out. The query pass (dq, G, Gz) runs over
  * the Tq queries, the key pass (dk, dv, from G and Gz) over the Tk keys; parts & 1 and parts & 2
  * select them, so that the query pass can be fed in blocks. work: 2 C L + 2 L Dv + C Dv. */
-int la_noncausal_backward(int kind, int parts, const float *q, long qs, const float *k, long ks,
+static int la_noncausal_backward(int kind, int parts, const float *q, long qs, const float *k, long ks,
                           const float *v, long vs, const float *o, long os, const float *g,
                           long gs, long N, long Tq, long Tk, long L, long Dv, long C, float eps,
                           const float *S, const float *z, float *G, float *Gz, float *dq,
@@ -751,191 +529,156 @@ int la_noncausal_backward(int kind, int parts, const float *q, long qs, const fl
     return 0;
 }
 
-/* ------------------------------------------------ the (gated) delta rule, forward, float32
- * Per head, state S (K x V, rows of V floats), token t with log-gate g_t (none: 0), strength
- * beta_t and q~ = s q_t, k~ = k_t (each divided by sqrt(sum x^2 + 1e-6) first with l2norm):
- *     a = exp(g_t),  u = beta_t (v_t - a S^T k~),  S <- a S + k~ u^T,
- *     o_t = S^T q~ = a (S_old^T q~) + (q~ . k~) u.
- * Column j of S, u and o depends on column j of S and v_t only, so the kernels walk one block
- * of columns (GDR_NB vectors) at a time, through all the tokens of a chunk of GDR_TC: the block
- * stays in L1, and the pass that writes token t's state also sums k~_{t+1}^T S and
- * q~_{t+1}^T S for the next token, so each token costs one pass over S (one load, one store
- * and four multiply-adds per element with a gate, three without). This is the sequential
- * recurrence, exact in float32 arithmetic: at K = V = 64 it needs fewer operations per token
- * (3 K V multiply-adds + K V multiplies) than the chunked WY form (3 K V + C (3 K / 2 + V)
- * multiply-adds) and no triangular solve.
- * The step is T = 1. */
-#if LA_W == 8 || (LA_W == 4 && !(defined(__ARM_NEON) || defined(__ARM_NEON__)))
-#define GDR_NB 2 /* 16 registers: u, two sums and a row of S per vector, plus broadcasts */
-#else
-#define GDR_NB 4 /* 32 registers (AVX-512, NEON), or scalars */
-#endif
-#define GDR_TC 64 /* tokens prepared at a time (normalised q, k; gates) */
-#define GDR_EPS 1e-6f
-
-/* Floats of work la_gdr_forward needs for a head dimension K. */
-long la_gdr_work(long K) { return GDR_TC * (2 * K + 3); }
-
-/* kacc = S^T kn, qacc = S^T qn over the block of nb vectors at S (rows of V). */
-static inline __attribute__((always_inline)) void gdr_dots(int nb, long K, const float *S,
-                                                           long V, const float *kn,
-                                                           const float *qn, vf *kacc,
-                                                           vf *qacc) {
-    vf ka[GDR_NB], qa[GDR_NB];
-    for (int j = 0; j < nb; ++j) ka[j] = qa[j] = vsplat(0.0f);
-    for (long i = 0; i < K; ++i) {
-        vf ki = vsplat(kn[i]), qi = vsplat(qn[i]);
-        for (int j = 0; j < nb; ++j) {
-            vf s = vload(S + i * V + j * W);
-            ka[j] += ki * s;
-            qa[j] += qi * s;
-        }
-    }
-    for (int j = 0; j < nb; ++j) kacc[j] = ka[j], qacc[j] = qa[j];
-}
-
-/* Sout[i] = a Sin[i] + kn[i] u (i < K) over the block (a = 1 unless gated); with next, also
- * kacc = Sout^T kn1 and qacc = Sout^T qn1 (the next token's sums). Sout may be Sin. */
-static inline __attribute__((always_inline)) void gdr_update(int nb, int gated, int next,
-                                                             long K, const float *Sin,
-                                                             float *Sout, long V, float a,
-                                                             const float *kn, const vf *u,
-                                                             const float *kn1,
-                                                             const float *qn1, vf *kacc,
-                                                             vf *qacc) {
-    vf ka[GDR_NB], qa[GDR_NB], av = vsplat(a);
-    for (int j = 0; j < nb; ++j) ka[j] = qa[j] = vsplat(0.0f);
-    for (long i = 0; i < K; ++i) {
-        vf ki = vsplat(kn[i]);
-        vf k1 = vsplat(next ? kn1[i] : 0.0f), q1 = vsplat(next ? qn1[i] : 0.0f);
-        for (int j = 0; j < nb; ++j) {
-            vf s = vload(Sin + i * V + j * W);
-            s = gated ? av * s + ki * u[j] : s + ki * u[j];
-            vstore(Sout + i * V + j * W, s);
-            if (next) {
-                ka[j] += k1 * s;
-                qa[j] += q1 * s;
-            }
-        }
-    }
-    if (next)
-        for (int j = 0; j < nb; ++j) kacc[j] = ka[j], qacc[j] = qa[j];
-}
-
-/* Tokens [0, Tc) of one head's prepared chunk (qn, kn rows of K; a, b, qk one per token) over
- * the block of nb vectors of columns at Sin / Sout / v / o (offset to the block already): the
- * first token reads Sin, every token writes Sout (which may be Sin). v, o: token strides vt,
- * ot. */
-static inline __attribute__((always_inline)) void gdr_cols(int nb, int gated, long Tc, long K,
-                                                           long V, const float *qn,
-                                                           const float *kn, const float *a,
-                                                           const float *b, const float *qk,
-                                                           const float *v, long vt,
-                                                           const float *Sin, float *Sout,
-                                                           float *o, long ot) {
-    vf ka[GDR_NB], qa[GDR_NB], u[GDR_NB];
-    gdr_dots(nb, K, Sin, V, kn, qn, ka, qa);
-    for (long t = 0; t < Tc; ++t) {
-        float at = gated ? a[t] : 1.0f;
-        vf bt = vsplat(b[t]), qkt = vsplat(qk[t]);
-        for (int j = 0; j < nb; ++j) {
-            vf vj = vload(v + t * vt + j * W);
-            u[j] = gated ? bt * (vj - at * ka[j]) : bt * (vj - ka[j]);
-            vstore(o + t * ot + j * W, (gated ? at * qa[j] : qa[j]) + qkt * u[j]);
-        }
-        const float *src = t == 0 ? Sin : Sout;
-        if (t + 1 < Tc)
-            gdr_update(nb, gated, 1, K, src, Sout, V, at, kn + t * K, u, kn + (t + 1) * K,
-                       qn + (t + 1) * K, ka, qa);
-        else
-            gdr_update(nb, gated, 0, K, src, Sout, V, at, kn + t * K, u, NULL, NULL, ka, qa);
-    }
-}
-
-/* gdr_cols specialised for constant (nb, gated): the sums stay in registers. */
-static void gdr_cols_any(int nb, int gated, long Tc, long K, long V, const float *qn,
-                         const float *kn, const float *a, const float *b, const float *qk,
-                         const float *v, long vt, const float *Sin, float *Sout, float *o,
-                         long ot) {
-/* Cases beyond this ISA's GDR_NB are constant-false (and never asked for). */
-#define G_(c, gt)                                                                             \
-    case c * 2 + gt:                                                                          \
-        if (c <= GDR_NB)                                                                      \
-            gdr_cols(c <= GDR_NB ? c : GDR_NB, gt, Tc, K, V, qn, kn, a, b, qk, v, vt, Sin,    \
-                     Sout, o, ot);                                                            \
-        break;
-    switch (nb * 2 + gated) {
-        G_(1, 0) G_(1, 1) G_(2, 0) G_(2, 1) G_(3, 0) G_(3, 1) G_(4, 0) G_(4, 1)
-        default: break;
-    }
-#undef G_
-}
-
-/* Prepare Tc tokens: qn = s q (/ |q|), kn = k (/ |k|), a = exp(g) (1 without g), b = beta,
- * qk = qn . kn. q, k: token strides qt, kt; beta, g: one float per token. */
-static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, long kt,
-                     const float *beta, const float *g, float scale, int l2norm, float *qn,
-                     float *kn, float *a, float *b, float *qk) {
-    for (long t = 0; t < Tc; ++t) {
-        const float *qr = q + t * qt, *kr = k + t * kt;
-        float sq = scale, sk = 1.0f;
-        if (l2norm) {
-            sq *= 1.0f / sqrtf(dot(qr, qr, K) + GDR_EPS);
-            sk = 1.0f / sqrtf(dot(kr, kr, K) + GDR_EPS);
-        }
-        scale_row(qn + t * K, 0, 0, qr, sq, K);
-        scale_row(kn + t * K, 0, 0, kr, sk, K);
-        /* a subnormal decay (g in (-104, -87]) would make subnormal states, which cost
-         * microcode assists in every later pass: 0 instead (sexp_nonpos flushes below -87) */
-        a[t] = g ? sexp_nonpos(g[t]) : 1.0f;
-        b[t] = beta[t];
-        qk[t] = dot(qn + t * K, kn + t * K, K);
-    }
-}
-
-/* The (gated) delta rule over T tokens of N heads (T = 1: one decoding step), columns
- * [v0, v1) of the state and the output (all V columns: v0 = 0, v1 = V; a subset lets threads
- * share one head). q, k: rows of K with head strides qs, ks and token strides qt, kt; v, o:
- * rows of V (head strides vs, os; token strides vt, ot); beta, g: T floats per head (head
- * strides bs, gs), g NULL for the ungated rule; S_in, S_out: (N, K, V) contiguous, S_out may
- * be S_in (in place). work: la_gdr_work(K) floats. Returns 0, or -1 on sizes it does not take
- * (V, v0, v1 multiples of the vector width W, 0 <= v0 <= v1 <= V, K >= 1). */
-int la_gdr_forward(const float *q, long qs, long qt, const float *k, long ks, long kt,
-                   const float *v, long vs, long vt, const float *beta, long bs, const float *g,
-                   long gs, long N, long T, long K, long V, long v0, long v1, float scale,
-                   int l2norm, const float *S_in, float *S_out, float *o, long os, long ot,
-                   float *work) {
-    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0)
-        return -1;
-    float *qn = work, *kn = qn + GDR_TC * K, *a = kn + GDR_TC * K, *b = a + GDR_TC;
-    float *qk = b + GDR_TC;
-    for (long n = 0; n < N; ++n) {
-        const float *Sin = S_in + n * K * V;
-        float *Sout = S_out + n * K * V;
-        if (T == 0 && Sin != Sout)
-            for (long i = 0; i < K; ++i)
-                memcpy(Sout + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
-        for (long t0 = 0; t0 < T; t0 += GDR_TC) {
-            long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
-            gdr_prep(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt,
-                     beta + n * bs + t0, g ? g + n * gs + t0 : NULL, scale, l2norm, qn, kn, a,
-                     b, qk);
-            for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
-                int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
-                gdr_cols_any(nb, g != NULL, Tc, K, V, qn, kn, a, b, qk,
-                             v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
-                             Sout + j0, o + n * os + t0 * ot + j0, ot);
-            }
-        }
-    }
+/* ------------------------------------------------------------------ the Python entry points
+ * One argument struct per kernel (ops/native/common.h); linattn/ops/linear/native.py mirrors
+ * each in ctypes and the layouts are checked against la_linear_abi when the library loads. */
+#define LA_PHI_ARGS(X, la_s) \
+    X(la_s, int, kind, 'i') X(la_s, const void *, x, 'p') X(la_s, int, xbf, 'i') X(la_s, long, N, 'l') \
+    X(la_s, long, T, 'l') X(la_s, long, D, 'l') X(la_s, long, xs, 'l') X(la_s, void *, out, 'p') \
+    X(la_s, int, obf, 'i') X(la_s, long, R, 'l') X(la_s, float *, z, 'p') \
+    X(la_s, const unsigned char *, keep, 'p') X(la_s, long, ks, 'l')
+LA_ARGS(la_phi_args, LA_PHI_ARGS)
+int la_phi_call(const la_phi_args *a) {
+    la_phi(a->kind, a->x, a->xbf, a->N, a->T, a->D, a->xs, a->out, a->obf, a->R, a->z, a->keep,
+           a->ks);
     return 0;
 }
 
-/* One decoding step of N heads with contiguous rows (q, k (N, K); v, o (N, V); beta, g (N)):
- * la_gdr_forward with T = 1, in fewer arguments (each costs the ctypes call time). */
-int la_gdr_step(const float *q, const float *k, const float *v, const float *beta,
-                const float *g, long N, long K, long V, float scale, int l2norm,
-                const float *S_in, float *S_out, float *o, float *work) {
-    return la_gdr_forward(q, K, K, k, K, K, v, V, V, beta, 1, g, 1, N, 1, K, V, 0, V, scale,
-                          l2norm, S_in, S_out, o, V, V, work);
+#define LA_NORMALISE_ARGS(X, la_s) \
+    X(la_s, const void *, num, 'p') X(la_s, int, nbf, 'i') X(la_s, const void *, fq, 'p') \
+    X(la_s, int, fbf, 'i') X(la_s, const float *, z, 'p') X(la_s, long, zrows, 'l') \
+    X(la_s, const float *, sx, 'p') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, R, 'l') \
+    X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, float, eps, 'f') X(la_s, void *, out, 'p') \
+    X(la_s, int, obf, 'i') X(la_s, long, os, 'l')
+LA_ARGS(la_normalise_args, LA_NORMALISE_ARGS)
+int la_normalise_call(const la_normalise_args *a) {
+    la_normalise(a->num, a->nbf, a->fq, a->fbf, a->z, a->zrows, a->sx, a->N, a->T, a->R, a->L,
+                 a->Dv, a->eps, a->out, a->obf, a->os);
+    return 0;
 }
+
+#define LA_NORM_GRAD_ARGS(X, la_s) \
+    X(la_s, const float *, o, 'p') X(la_s, long, os, 'l') X(la_s, const float *, fq, 'p') \
+    X(la_s, const float *, z, 'p') X(la_s, long, zrows, 'l') X(la_s, const float *, sx, 'p') \
+    X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
+    X(la_s, long, R, 'l') X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, float, eps, 'f') \
+    X(la_s, float *, dnum, 'p') X(la_s, float *, ds, 'p')
+LA_ARGS(la_norm_grad_args, LA_NORM_GRAD_ARGS)
+int la_norm_grad_call(const la_norm_grad_args *a) {
+    la_norm_grad(a->o, a->os, a->fq, a->z, a->zrows, a->sx, a->g, a->gs, a->N, a->T, a->R, a->L,
+                 a->Dv, a->eps, a->dnum, a->ds);
+    return 0;
+}
+
+#define LA_GRAD_PHI_ARGS(X, la_s) \
+    X(la_s, int, kind, 'i') X(la_s, const float *, dphi, 'p') X(la_s, const float *, x, 'p') \
+    X(la_s, long, xs, 'l') X(la_s, const float *, f, 'p') X(la_s, const float *, coef, 'p') \
+    X(la_s, const float *, vec, 'p') X(la_s, long, vrows, 'l') X(la_s, long, N, 'l') \
+    X(la_s, long, T, 'l') X(la_s, long, R, 'l') X(la_s, long, L, 'l') \
+    X(la_s, const unsigned char *, keep, 'p') X(la_s, long, ks, 'l') X(la_s, float *, dx, 'p') \
+    X(la_s, long, dxs, 'l')
+LA_ARGS(la_grad_phi_args, LA_GRAD_PHI_ARGS)
+int la_grad_phi_call(const la_grad_phi_args *a) {
+    la_grad_phi(a->kind, a->dphi, a->x, a->xs, a->f, a->coef, a->vec, a->vrows, a->N, a->T, a->R,
+                a->L, a->keep, a->ks, a->dx, a->dxs);
+    return 0;
+}
+
+#define LA_MASK_ROWSUM_ARGS(X, la_s) \
+    X(la_s, void *, A, 'p') X(la_s, int, abf, 'i') X(la_s, long, B, 'l') X(la_s, long, C, 'l') \
+    X(la_s, float *, rs, 'p')
+LA_ARGS(la_mask_rowsum_args, LA_MASK_ROWSUM_ARGS)
+int la_mask_rowsum_call(const la_mask_rowsum_args *a) {
+    la_mask_rowsum(a->A, a->abf, a->B, a->C, a->rs);
+    return 0;
+}
+
+#define LA_MASK_ADD_ARGS(X, la_s) \
+    X(la_s, float *, A, 'p') X(la_s, long, B, 'l') X(la_s, long, C, 'l') X(la_s, const float *, ds, 'p')
+LA_ARGS(la_mask_add_args, LA_MASK_ADD_ARGS)
+int la_mask_add_call(const la_mask_add_args *a) {
+    la_mask_add(a->A, a->B, a->C, a->ds);
+    return 0;
+}
+
+#define LA_PREFIX_ARGS(X, la_s) \
+    X(la_s, float *, P, 'p') X(la_s, long, N, 'l') X(la_s, long, n, 'l') X(la_s, long, F, 'l') \
+    X(la_s, const float *, S0, 'p') X(la_s, float *, S1, 'p') X(la_s, int, reverse, 'i')
+LA_ARGS(la_prefix_args, LA_PREFIX_ARGS)
+int la_prefix_call(const la_prefix_args *a) {
+    la_prefix(a->P, a->N, a->n, a->F, a->S0, a->S1, a->reverse);
+    return 0;
+}
+
+#define LA_CAUSAL_FORWARD_ARGS(X, la_s) \
+    X(la_s, int, kind, 'i') X(la_s, int, bf, 'i') X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') \
+    X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') X(la_s, const void *, v, 'p') \
+    X(la_s, long, vs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, L, 'l') \
+    X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') X(la_s, float, eps, 'f') X(la_s, float *, S, 'p') \
+    X(la_s, float *, z, 'p') X(la_s, void *, out, 'p') X(la_s, long, os, 'l') X(la_s, float *, work, 'p')
+LA_ARGS(la_causal_forward_args, LA_CAUSAL_FORWARD_ARGS)
+int la_causal_forward_call(const la_causal_forward_args *a) {
+    return (int)la_causal_forward(a->kind, a->bf, a->q, a->qs, a->k, a->ks, a->v, a->vs, a->N, a->T,
+            a->L, a->Dv, a->C, a->eps, a->S, a->z, a->out, a->os, a->work);
+}
+
+#define LA_CAUSAL_BACKWARD_ARGS(X, la_s) \
+    X(la_s, int, kind, 'i') X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') \
+    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, const float *, v, 'p') \
+    X(la_s, long, vs, 'l') X(la_s, const float *, o, 'p') X(la_s, long, os, 'l') \
+    X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
+    X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') X(la_s, float, eps, 'f') \
+    X(la_s, const float *, S_in, 'p') X(la_s, const float *, z_in, 'p') X(la_s, float *, G, 'p') \
+    X(la_s, float *, Gz, 'p') X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') X(la_s, float *, dk, 'p') \
+    X(la_s, long, dks, 'l') X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') X(la_s, float *, work, 'p')
+LA_ARGS(la_causal_backward_args, LA_CAUSAL_BACKWARD_ARGS)
+int la_causal_backward_call(const la_causal_backward_args *a) {
+    return (int)la_causal_backward(a->kind, a->q, a->qs, a->k, a->ks, a->v, a->vs, a->o, a->os,
+            a->g, a->gs, a->N, a->T, a->L, a->Dv, a->C, a->eps, a->S_in, a->z_in, a->G, a->Gz,
+            a->dq, a->dqs, a->dk, a->dks, a->dv, a->dvs, a->work);
+}
+
+#define LA_NONCAUSAL_FORWARD_ARGS(X, la_s) \
+    X(la_s, int, kind, 'i') X(la_s, int, bf, 'i') X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') \
+    X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') X(la_s, const void *, v, 'p') \
+    X(la_s, long, vs, 'l') X(la_s, long, N, 'l') X(la_s, long, Tq, 'l') X(la_s, long, Tk, 'l') \
+    X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') X(la_s, float, eps, 'f') \
+    X(la_s, float *, S, 'p') X(la_s, float *, z, 'p') X(la_s, void *, out, 'p') X(la_s, long, os, 'l') \
+    X(la_s, float *, work, 'p')
+LA_ARGS(la_noncausal_forward_args, LA_NONCAUSAL_FORWARD_ARGS)
+int la_noncausal_forward_call(const la_noncausal_forward_args *a) {
+    return (int)la_noncausal_forward(a->kind, a->bf, a->q, a->qs, a->k, a->ks, a->v, a->vs, a->N,
+            a->Tq, a->Tk, a->L, a->Dv, a->C, a->eps, a->S, a->z, a->out, a->os, a->work);
+}
+
+#define LA_NONCAUSAL_BACKWARD_ARGS(X, la_s) \
+    X(la_s, int, kind, 'i') X(la_s, int, parts, 'i') X(la_s, const float *, q, 'p') \
+    X(la_s, long, qs, 'l') X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') \
+    X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, const float *, o, 'p') \
+    X(la_s, long, os, 'l') X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, long, N, 'l') \
+    X(la_s, long, Tq, 'l') X(la_s, long, Tk, 'l') X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') \
+    X(la_s, long, C, 'l') X(la_s, float, eps, 'f') X(la_s, const float *, S, 'p') \
+    X(la_s, const float *, z, 'p') X(la_s, float *, G, 'p') X(la_s, float *, Gz, 'p') \
+    X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') X(la_s, float *, dk, 'p') X(la_s, long, dks, 'l') \
+    X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') X(la_s, float *, work, 'p')
+LA_ARGS(la_noncausal_backward_args, LA_NONCAUSAL_BACKWARD_ARGS)
+int la_noncausal_backward_call(const la_noncausal_backward_args *a) {
+    return (int)la_noncausal_backward(a->kind, a->parts, a->q, a->qs, a->k, a->ks, a->v, a->vs,
+            a->o, a->os, a->g, a->gs, a->N, a->Tq, a->Tk, a->L, a->Dv, a->C, a->eps, a->S, a->z,
+            a->G, a->Gz, a->dq, a->dqs, a->dk, a->dks, a->dv, a->dvs, a->work);
+}
+
+static const la_struct la_linear_structs[] = {
+    LA_STRUCT_ENTRY(la_phi_args),
+    LA_STRUCT_ENTRY(la_normalise_args),
+    LA_STRUCT_ENTRY(la_norm_grad_args),
+    LA_STRUCT_ENTRY(la_grad_phi_args),
+    LA_STRUCT_ENTRY(la_mask_rowsum_args),
+    LA_STRUCT_ENTRY(la_mask_add_args),
+    LA_STRUCT_ENTRY(la_prefix_args),
+    LA_STRUCT_ENTRY(la_causal_forward_args),
+    LA_STRUCT_ENTRY(la_causal_backward_args),
+    LA_STRUCT_ENTRY(la_noncausal_forward_args),
+    LA_STRUCT_ENTRY(la_noncausal_backward_args),
+};
+LA_ABI_TABLE(la_linear_abi, la_linear_structs)

@@ -1,0 +1,167 @@
+"""Does a compiled backend win on this machine? Measured once per CPU, kernels, torch and thread
+count, and remembered.
+
+:func:`linattn.ops.dispatch.select` asks :func:`winner` before it lets ``auto`` take a compiled
+backend for a form ("causal fwd+bwd", "step", ...). The measurement times the backends'
+functions directly on the op's calibration problem (registered with
+:func:`~linattn.ops.dispatch.register_calibration`): every ISA build the CPU can run (on an
+AVX-512 CPU, the 16-float and the 8-float build: on AMD Zen 4 the narrower one can be as fast)
+against every torch backend, medians of a few calls after a warm-up. The fastest build wins if
+it beats the fastest torch backend; otherwise the op's torch rule applies.
+
+It runs in a fresh thread (so the user's grad mode, inference mode, autocast or a trace in
+progress do not leak in) with the caller's thread count, and the result is written atomically
+to ``calibration-<machine>-<cpu>.json`` in the cache folder, keyed by a fingerprint of the
+kernels' source and torch's version: delete the file to measure again. A failed measurement
+means the torch path, with a warning, never an error in the user's call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from linattn import _cbuild
+from linattn._io import user_cache_dir, write_atomic
+from linattn.profiling import median_time
+
+__all__ = ["winner", "verdict", "cache_path", "forget"]
+
+#: median of this many calls per candidate, after one warm-up call
+REPEATS = 3
+
+_verdicts: dict[tuple, dict] = {}
+_LOCK = threading.Lock()
+
+
+def cache_path() -> Path:
+    return user_cache_dir() / f"calibration-{platform.machine()}-{_cbuild.cpu_tag()}.json"
+
+
+def _fingerprint() -> str:
+    from linattn.ops import native
+
+    try:
+        src = native.source()
+    except OSError:
+        src = b""
+    return hashlib.sha256(src + torch.__version__.encode()).hexdigest()[:12]
+
+
+def forget() -> None:
+    """Drop the verdicts held in memory (the file stays): the next call reads or measures."""
+    with _LOCK:
+        _verdicts.clear()
+
+
+def winner(op: str, form: str, backend: str, isas: list[str], torch_backends: list[str],
+           problem: Callable) -> str | None:
+    """The ISA build of the compiled ``backend`` that wins ``form`` on this machine, or None
+    where a torch backend is faster (or the measurement failed)."""
+    win = verdict(op, form, backend, isas, torch_backends, problem)["winner"]
+    return None if win == "torch" else win
+
+
+def verdict(op: str, form: str, backend: str, isas: list[str], torch_backends: list[str],
+            problem: Callable) -> dict:
+    """``{"ms": {candidate: median ms}, "winner": isa or "torch"}`` for ``form``: from memory,
+    else from the cache file, else measured (and written there)."""
+    threads = torch.get_num_threads()
+    key = (op, form, backend, tuple(isas), tuple(torch_backends), threads)
+    found = _verdicts.get(key)
+    if found is not None:
+        return found
+    with _LOCK:  # concurrent first calls measure once, not against each other
+        found = _verdicts.get(key)
+        if found is None:
+            found = _verdicts[key] = _cached_or_measured(
+                op, form, backend, isas, torch_backends, problem, threads)
+    return found
+
+
+def _valid(result: object, isas: list[str], candidates: list[str]) -> bool:
+    if not isinstance(result, dict) or set(result) != {"ms", "winner"}:
+        return False
+    ms, win = result["ms"], result["winner"]
+    return (isinstance(ms, dict) and set(ms) == set(candidates)
+            and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0
+                    for x in ms.values())
+            and win in [*isas, "torch"])
+
+
+def _cached_or_measured(op, form, backend, isas, torch_backends, problem, threads) -> dict:
+    candidates = [f"{backend}:{isa}" for isa in isas] + list(torch_backends)
+    fp = _fingerprint()
+    entry = f"{fp}|{op}|{form}|{','.join(candidates)}|threads={threads}"
+    path = cache_path()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
+    result = cached.get(entry)
+    if _valid(result, isas, candidates):
+        return result
+    try:
+        result = _in_clean_thread(lambda: _measure(backend, isas, torch_backends, problem),
+                                  threads)
+    except Exception as exc:  # noqa: BLE001 - a failed measurement must not fail the user's call
+        _cbuild.warn_once(f"calibration:{op}", f"linattn: could not measure the compiled "
+                          f"{op} ({type(exc).__name__}: {exc}); using the PyTorch path")
+        return {"ms": {}, "winner": "torch"}  # for this process only, not written
+    kept = {k: v for k, v in cached.items() if isinstance(k, str) and k.startswith(fp + "|")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({**kept, entry: result}, indent=1).encode())
+    except OSError:
+        pass  # an unwritable cache only means measuring again in the next process
+    return result
+
+
+def _measure(backend: str, isas: list[str], torch_backends: list[str],
+             problem: Callable) -> dict:
+    from linattn.ops.dispatch import Choice
+
+    run = problem()  # the inputs, built once
+    ms = {}
+    for isa in isas:
+        ms[f"{backend}:{isa}"] = round(1e3 * median_time(run(Choice(backend, isa)), REPEATS), 4)
+    for name in torch_backends:
+        ms[name] = round(1e3 * median_time(run(Choice(name)), REPEATS), 4)
+    best_isa = min(isas, key=lambda isa: ms[f"{backend}:{isa}"])
+    best_torch = min(ms[name] for name in torch_backends) if torch_backends else math.inf
+    win = best_isa if ms[f"{backend}:{best_isa}"] < best_torch else "torch"
+    return {"ms": ms, "winner": win}
+
+
+def _in_clean_thread(fn, threads: int):
+    """fn() in a new thread with ``threads`` torch threads, whose autograd state (grad mode,
+    inference mode, autocast, saved-tensor hooks, a checkpoint or a trace being recorded) and
+    dispatch policy are the defaults, not those of the user's call that triggered it."""
+    box: dict = {}
+
+    def run():
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with torch.inference_mode(False), torch.enable_grad():
+                box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+        finally:
+            torch.set_num_threads(before)
+
+    worker = threading.Thread(target=run, name="linattn-calibration")
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -1,0 +1,269 @@
+#ifndef LA_COMMON_H
+#define LA_COMMON_H
+/* What every op's C kernels share (linattn.ops.native): vector types and widths per ISA,
+ * bfloat16 conversions, exp and phi, dot products, and the argument-struct tables.
+ *
+ * The rest of this comment describes the linear-attention kernels (ops/linear/kernels.c), the
+ * first kernels written on these helpers.
+ *
+ * Element-wise passes of the CPU fast path (linattn.ops.linear.native), float32.
+ *
+ * The matrix products of linear attention run through torch (MKL reaches the matmul roofline
+ * on 64-wide blocks); what torch does slowly is everything between them: 1 + elu (torch's exp
+ * costs ~0.6 ns per element here), the normaliser and the normalisation, and the gradient of
+ * phi. Each function below makes one pass over a block that is still in cache.
+ *
+ * Layout: a block holds N heads x T tokens. Rows (one token of one head) are contiguous; a
+ * "head stride" (xs, os, ...) in elements says where head n starts, so a view x[:, t0:t1] of a
+ * (N, T_total, D) tensor is passed without a copy. Outputs without a stride are contiguous.
+ *
+ * Vectors use GCC/clang vector extensions whose width follows the instruction set the compiler
+ * targets (-march=native at build time): 16 floats on AVX-512, 8 on AVX/AVX2, 4 on SSE2 and
+ * aarch64 NEON, 1 (plain scalars) elsewhere or with -DLA_W=1. A width the hardware does not
+ * have would be split by the compiler into narrower registers and spill (16 floats on a
+ * 16-register AVX2 core ran 6-7x below its FMA peak), so the register tiles of the products
+ * (MR rows x NV vectors) are sized per width as well, to the register file of that ISA.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#ifndef LA_W
+#if defined(__AVX512F__)
+#define LA_W 16
+#elif defined(__AVX__)
+#define LA_W 8
+#elif defined(__SSE2__) || defined(__ARM_NEON) || defined(__ARM_NEON__)
+#define LA_W 4
+#else
+#define LA_W 1
+#endif
+#endif
+#define W LA_W
+
+/* Register tiles: MR rows x NV vectors of accumulators, plus NV vectors of B and one
+ * broadcast of A, must fit the register file (32 vector registers on AVX-512 and NEON, 16 on
+ * AVX2 and SSE2; ~16 scalar FP registers for the scalar form). */
+#if LA_W == 16
+#define MR 6
+#define NV 4 /* 24 + 4 + 1 of 32 registers, 64 columns */
+#elif LA_W == 8
+#define MR 6
+#define NV 2 /* 12 + 2 + 1 of 16, 16 columns (the 6x16 shape of BLIS' Haswell kernel) */
+#elif LA_W == 4 && (defined(__ARM_NEON) || defined(__ARM_NEON__))
+#define MR 6
+#define NV 4 /* 24 + 4 + 1 of 32, 16 columns */
+#elif LA_W == 4
+#define MR 6
+#define NV 2 /* 12 + 2 + 1 of 16 */
+#else
+#define MR 4
+#define NV 3 /* 12 + 3 + 1 scalars */
+#endif
+
+#if LA_W == 16 && defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_CVTNEPS2BF16 1 /* one instruction rounds 16 floats to bfloat16 */
+#endif
+
+typedef float vf __attribute__((vector_size(4 * LA_W)));
+typedef int vi __attribute__((vector_size(4 * LA_W)));
+
+enum { PHI_ELU = 0, PHI_RELU = 1 };
+
+static inline vf vload(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
+static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+/* All lanes = a. (Not (vf){0} + a: adding 0 is not a no-op for -0.0, so that costs an add.) */
+#if LA_W == 16
+#define LA_LANES(a) a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a
+#elif LA_W == 8
+#define LA_LANES(a) a, a, a, a, a, a, a, a
+#elif LA_W == 4
+#define LA_LANES(a) a, a, a, a
+#else
+#define LA_LANES(a) a
+#endif
+static inline vf vsplat(float a) { return (vf){LA_LANES(a)}; }
+static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+
+/* bfloat16 <-> float32. A bfloat16 is the high half of a float32; rounding to it is to nearest,
+ * ties to even, NaN kept a (quiet) NaN. Buffers flagged "bf" hold bfloat16, others float32;
+ * indices below are in elements. */
+typedef unsigned short u16;
+typedef u16 vh __attribute__((vector_size(2 * LA_W)));
+typedef unsigned vu __attribute__((vector_size(4 * LA_W)));
+
+static inline float bf2f(u16 h) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline u16 f2bf(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    if (f != f) return (u16)((u >> 16) | 0x40);
+    return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline vf vload_any(const void *p, long i, int bf) {
+    if (!bf) return vload((const float *)p + i);
+    vh h;
+    memcpy(&h, (const u16 *)p + i, sizeof h);
+    return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+static inline void vstore_any(void *p, long i, vf x, int bf) {
+    if (!bf) { vstore((float *)p + i, x); return; }
+#ifdef HAVE_CVTNEPS2BF16
+    __m256bh b = _mm512_cvtneps_pbh((__m512)x);
+    memcpy((u16 *)p + i, &b, sizeof b);
+#else
+    vu u = (vu)x;
+    vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    r = (vu)vselect(x != x, (vf)((u >> 16) | 0x40u), (vf)r);
+    vh h = __builtin_convertvector(r, vh);
+    memcpy((u16 *)p + i, &h, sizeof h);
+#endif
+}
+static inline float load_any(const void *p, long i, int bf) {
+    return bf ? bf2f(((const u16 *)p)[i]) : ((const float *)p)[i];
+}
+static inline void store_any(void *p, long i, float x, int bf) {
+    if (bf) ((u16 *)p)[i] = f2bf(x);
+    else ((float *)p)[i] = x;
+}
+
+/* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): 2^n * p(r) with
+ * n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7 minimax polynomial of
+ * exp on |r| <= ln2 / 2 (error ~1 ulp). Below -87 the result is flushed to 0 (exp(-87) is
+ * already within 2^-126 of 0). */
+static inline vf vexp_nonpos(vf x) {
+    const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    vf t = x * 1.44269504088896341f + magic;
+    vf n = t - magic;
+    vf r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    vf p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+    vf e = p * (vf)bits;
+    return vselect(x < -87.0f, vsplat(0.0f), e);
+}
+
+static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
+
+/* phi(x); NaN propagates (x <= 0 is false for NaN, which takes the x + 1 branch). */
+static inline vf vphi(int kind, vf x) {
+    vi nonpos = x <= 0.0f;
+    vf low = kind == PHI_ELU ? vexp_nonpos(x) : vsplat(1.0f);
+    return vselect(nonpos, low, x + 1.0f);
+}
+
+static inline float sphi(int kind, float x) {
+    if (x <= 0.0f) return kind == PHI_ELU ? sexp_nonpos(x) : 1.0f;
+    return x + 1.0f;
+}
+
+/* phi'(x), given x and f = phi(x): 1 for x > 0; else f = exp(x) for 1 + elu and 0 for 1 + relu
+ * (torch's relu has gradient 0 at 0). From x, not from f alone: for 0 < x < 2^-24, 1 + x
+ * rounds to exactly 1. */
+static inline vf vdphi(int kind, vf x, vf f) {
+    return vselect(x > 0.0f, vsplat(1.0f), kind == PHI_ELU ? f : vsplat(0.0f));
+}
+
+static inline float sdphi(int kind, float x, float f) {
+    return x > 0.0f ? 1.0f : (kind == PHI_ELU ? f : 0.0f);
+}
+
+/* The sum of a vector's lanes, by halving (a scalar loop over 16 lanes costs more than the
+ * dot product it finishes). */
+#if LA_W >= 8 && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+static inline float hsum8(vf8 h) {
+    vf4 c = __builtin_shufflevector(h, h, 0, 1, 2, 3);
+    vf4 d = __builtin_shufflevector(h, h, 4, 5, 6, 7);
+    vf4 q = c + d;
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+#if LA_W == 16
+static inline float hsum(vf x) {
+    vf8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+    vf8 b = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+    return hsum8(a + b);
+}
+#else
+static inline float hsum(vf x) { return hsum8(x); }
+#endif
+#elif LA_W == 4
+static inline float hsum(vf x) { return (x[0] + x[2]) + (x[1] + x[3]); }
+#else /* __builtin_shufflevector needs GCC >= 12; scalars need nothing */
+static inline float hsum(vf x) {
+    float s = 0.0f;
+    for (int i = 0; i < W; ++i) s += x[i];
+    return s;
+}
+#endif
+
+/* a . b with a float32 or bfloat16 (abf), b float32. */
+static inline float dot_any(const void *a, long ai, int abf, const float *b, long n) {
+    vf acc = vsplat(0.0f);
+    long j = 0;
+    for (; j + W <= n; j += W) acc += vload_any(a, ai + j, abf) * vload(b + j);
+    float s = hsum(acc);
+    for (; j < n; ++j) s += load_any(a, ai + j, abf) * b[j];
+    return s;
+}
+
+static inline float dot(const float *a, const float *b, long n) {
+    vf acc = vsplat(0.0f);
+    long j = 0;
+    for (; j + W <= n; j += W) acc += vload(a + j) * vload(b + j);
+    float s = hsum(acc);
+    for (; j < n; ++j) s += a[j] * b[j];
+    return s;
+}
+
+/* dst[j0:j0+n] = src[0:n] * s, dst float32 or bfloat16 (any n: whole vectors, then a scalar
+ * tail). */
+static inline void scale_row(void *dst, long j0, int bf, const float *src, float s, long n) {
+    long j = 0;
+    for (; j + W <= n; j += W) vstore_any(dst, j0 + j, vload(src + j) * s, bf);
+    for (; j < n; ++j) store_any(dst, j0 + j, src[j] * s, bf);
+}
+
+/* ------------------------------------------------------------------ the Python boundary
+ * Every kernel that Python calls takes ONE argument struct (`la_<kernel>_args`) through an entry
+ * point `la_<kernel>_call(const la_<kernel>_args *)`. Each struct is declared once, as a field
+ * list X(S, type, name, kind) from which the macros below make both the struct and a table of
+ * its layout (name, offset, size, kind) that Python reads back (`la_<op>_abi(i)`): the ctypes
+ * mirror of each struct (linattn/ops/native/abi.py) is checked against that table when the
+ * library loads, so a field added, removed, reordered or retyped on one side only raises there
+ * instead of corrupting memory. kind: 'i' int, 'l' long, 'f' float, 'p' pointer. */
+#include <stddef.h>
+
+typedef struct {
+    const char *name;
+    long offset, size;
+    char kind;
+} la_field;
+
+typedef struct {
+    const char *name;
+    long size, nfields;
+    const la_field *fields;
+} la_struct;
+
+#define LA_DECLARE_FIELD(S, type, name, kind) type name;
+#define LA_DESCRIBE_FIELD(S, type, name, kind) {#name, (long)offsetof(S, name), (long)sizeof(type), kind},
+/* typedef struct {...} S; and its layout table S_fields */
+#define LA_ARGS(S, FIELDS)                                                                     \
+    typedef struct { FIELDS(LA_DECLARE_FIELD, S) } S;                                          \
+    static const la_field S##_fields[] = {FIELDS(LA_DESCRIBE_FIELD, S)};
+#define LA_STRUCT_ENTRY(S) {#S, (long)sizeof(S), (long)(sizeof(S##_fields) / sizeof(la_field)), S##_fields}
+/* const la_struct *FN(long i): the i-th struct of TABLE, NULL past the end */
+#define LA_ABI_TABLE(FN, TABLE)                                                                \
+    const la_struct *FN(long i) {                                                              \
+        return i >= 0 && i < (long)(sizeof(TABLE) / sizeof(TABLE[0])) ? &TABLE[i] : NULL;      \
+    }
+
+#endif /* LA_COMMON_H */

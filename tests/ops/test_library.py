@@ -1,0 +1,94 @@
+"""linattn's kernels as PyTorch custom ops (ops/_library.py): registered, traceable, checked by
+``torch.library.opcheck`` (schema, fake implementation, autograd registration, AOT dispatch),
+and called directly, without the op dispatcher, only when nothing needs it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from linattn.ops import _library
+from linattn.ops.delta import native as delta_native
+from linattn.ops.linear import native as linear_native
+
+needs_native = pytest.mark.skipif(linear_native.kernels() is None,
+                                  reason=f"compiled path: {linear_native.unavailable()}")
+
+
+def test_tracing_is_detected_under_every_tracer():
+    x = torch.randn(3)
+    assert not _library.tracing(x, None, 1.0)
+    with FakeTensorMode():
+        assert _library.tracing(torch.randn(3))
+    seen = []
+    torch.vmap(lambda t: seen.append(_library.tracing(t)) or t)(torch.randn(2, 3))
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    make_fx(lambda t: seen.append(_library.tracing(t)) or t * 2)(torch.randn(2))
+    torch.compile(lambda t: t * 2 if _library.tracing(t) else t, fullgraph=True)(x)
+    assert seen == [True, True]
+    assert torch.equal(torch.compile(lambda t: t * 2 if _library.tracing(t) else t,
+                                     fullgraph=True)(x), x * 2)
+
+
+def test_the_ops_are_registered_in_the_linattn_namespace():
+    for name in ("linear_attention_fwd", "linear_attention_bwd", "gdr_forward", "gdr_step"):
+        assert hasattr(torch.ops.linattn, name), name
+
+
+def _linear_args(is_causal, grad=False, T=40, keep=False):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, T, 16, generator=g).requires_grad_(grad) for _ in range(3))
+    S0, z0 = torch.zeros(3, 16, 16), torch.zeros(3, 16)
+    mask = (torch.rand(3, T, generator=g) < 0.8) if keep else None
+    return (q, k, v, S0, z0, mask, 0, 1e-6, 16, 16, is_causal, "native")
+
+
+@needs_native
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("keep", [False, True])
+def test_opcheck_linear_attention(is_causal, keep):
+    torch.library.opcheck(torch.ops.linattn.linear_attention_fwd.default,
+                          _linear_args(is_causal, grad=True, keep=keep))
+
+
+@needs_native
+@pytest.mark.parametrize("gated", [False, True])
+def test_opcheck_delta_rule(gated):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 16, generator=g) for _ in range(3))
+    beta, gate = torch.rand(1, 2, 9, generator=g), -torch.rand(1, 2, 9, generator=g)
+    S0 = torch.zeros(1, 2, 16, 16)
+    torch.library.opcheck(torch.ops.linattn.gdr_forward.default,
+                          (q, k, v, beta, gate if gated else None, S0, None, 0.25, True,
+                           "native"))
+    step = (q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0],
+            gate[:, :, 0] if gated else None, S0, 0.25, True, "native")
+    torch.library.opcheck(torch.ops.linattn.gdr_step.default, step)
+
+
+@needs_native
+def test_plain_eager_calls_skip_the_op_dispatcher(monkeypatch):
+    """No gradient and no trace: the kernel is called directly; gradients or a trace: the
+    registered op (which records the autograd formula / the graph node)."""
+    used = []
+    op = linear_native._FORWARD
+    real = op.op
+    monkeypatch.setattr(op, "op", lambda *a: used.append(1) or real(*a))
+    with torch.no_grad():
+        op(*_linear_args(True, grad=True))
+    op(*_linear_args(True, grad=False))
+    assert used == []
+    out = op(*_linear_args(True, grad=True))[0]
+    assert used == [1] and out.requires_grad
+    step = delta_native.delta_rule_step_native
+    real_step = step.op
+    monkeypatch.setattr(step, "op", lambda *a: used.append(2) or real_step(*a))
+    x = torch.randn(1, 2, 16)
+    args = (x, x, x, torch.rand(1, 2), None, torch.zeros(1, 2, 16, 16), 0.25, True, "native")
+    step(*args)
+    assert used == [1]
+    with FakeTensorMode() as mode:
+        step(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    assert used == [1, 2]
