@@ -65,7 +65,8 @@ import torch
 import torch.nn.functional as F
 
 from linattn._io import atomic_path, write_json
-from linattn.cli.lm import flushed_denormals, load_model, stdlib_corpus
+from linattn.lm import load_model, stdlib_corpus
+from linattn.lm.training import flushed_denormals
 from linattn.profiling import cpu_description
 
 DEFAULT_CONTEXTS = (256, 1024, 4096, 16384, 65536)

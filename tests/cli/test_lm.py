@@ -1,4 +1,5 @@
-"""``linattn lm``: a tiny train run, checkpoint + resume to the identical result, generate."""
+"""``linattn lm``: a tiny train run, checkpoint + resume to the identical result, generate, the
+user errors. The library behind it is tested in tests/lm/."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from linattn.cli import main
-from linattn.cli.lm import load_model, stdlib_corpus
+from linattn.lm import load_model
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
 TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--context", "32",
@@ -19,12 +20,6 @@ TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--context",
 def records(run):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in lines]
-
-
-def test_corpus_is_the_stdlib_split_by_file():
-    tr, va, info = stdlib_corpus(300_000)
-    assert 0 < len(va) < len(tr) and len(tr) + len(va) <= 300_000
-    assert b"def " in tr and info["files"] > 1
 
 
 def test_train_interrupt_resume_matches_uninterrupted(tmp_path, capsys):
@@ -71,7 +66,7 @@ def test_hybrid_trains_saves_and_generates(tmp_path, capsys):
     assert main(["lm", "train", "--out", str(tmp_path), "--steps", "2", "--attention", "hybrid",
                  "--window", "4", *TINY]) == 0
     model, _ = load_model(tmp_path)
-    assert (model.config["attention"], model.config["window"]) == ("hybrid", 4)
+    assert (model.config.attention, model.config.window) == ("hybrid", 4)
     capsys.readouterr()
     assert main(["lm", "generate", "--model", str(tmp_path), "--prompt", "def ",
                  "--max-new-tokens", "5", "--seed", "0", "--threads", "1"]) == 0
@@ -79,14 +74,53 @@ def test_hybrid_trains_saves_and_generates(tmp_path, capsys):
 
 
 def test_user_errors(tmp_path, capsys):
+    def error(*argv):
+        assert main(list(argv)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("linattn lm: error: ") and err.count("\n") == 1, err
+        return err
+
     for bad in (["--window", "4"], ["--attention", "hybrid", "--window", "0"]):
-        assert main(["lm", "train", "--out", str(tmp_path / "w"), "--steps", "1", *bad,
-                     *TINY]) == 2
-        assert "--window" in capsys.readouterr().err
-    assert main(["lm", "train", "--out", str(tmp_path / "x"), *TINY]) == 2  # no budget
-    assert main(["lm", "train", "--out", str(tmp_path / "y"), "--resume", "--steps", "1",
-                 *TINY]) == 2
-    assert main(["lm", "generate", "--model", str(tmp_path / "none"), "--prompt", "a"]) == 2
+        assert "--window: " in error("lm", "train", "--out", str(tmp_path / "w"), "--steps",
+                                     "1", *bad, *TINY)
+    assert "--feature-map: not used with attention='gated_delta'" in error(
+        "lm", "train", "--out", str(tmp_path / "f"), "--steps", "1", "--attention",
+        "gated_delta", "--feature-map", "relu", *TINY)
+    assert "--steps, --max-time: " in error("lm", "train", "--out", str(tmp_path / "x"),
+                                            *TINY)  # no budget
+    assert "--warmup: expected a positive integer" in error(
+        "lm", "train", "--out", str(tmp_path / "x"), "--steps", "1", *TINY, "--warmup", "0")
+    assert "--resume: no checkpoint in" in error(
+        "lm", "train", "--out", str(tmp_path / "y"), "--resume", "--steps", "1", *TINY)
+    assert "cannot load a model" in error("lm", "generate", "--model", str(tmp_path / "none"),
+                                          "--prompt", "a")
+    assert not (tmp_path / "w").exists() and not (tmp_path / "x").exists()
+
+
+def test_existing_run_and_empty_prompt_are_user_errors(tmp_path, capsys):
+    assert main(["lm", "train", "--out", str(tmp_path), "--steps", "1", *TINY]) == 0
+    capsys.readouterr()
+    assert main(["lm", "train", "--out", str(tmp_path), "--steps", "1", *TINY]) == 2
+    assert "already holds a run; pass --resume or choose a new --out" in capsys.readouterr().err
+    assert main(["lm", "generate", "--model", str(tmp_path), "--prompt", ""]) == 2
+    assert "--prompt: give at least one character" in capsys.readouterr().err
+
+
+def test_attention_choices_come_from_the_mixer_registry_without_torch():
+    """The parser is built by every `linattn` command: its --attention choices are the
+    registry's kinds, read without importing torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from linattn.cli import build_parser; p = build_parser(); "
+            "from linattn.nn.mixers import MIXERS; "
+            "a = p._subparsers._group_actions[0].choices['lm']._subparsers._group_actions[0]; "
+            "t = a.choices['train']; "
+            "c = next(x for x in t._actions if x.dest == 'attention').choices; "
+            "print(list(c) == list(MIXERS), 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.stdout.split() == ["True", "False"], res.stderr
 
 
 @pytest.mark.parametrize("argv", [["lm"], ["lm", "--help"]])
@@ -96,22 +130,3 @@ def test_help(argv, capsys):
     except SystemExit as e:
         assert e.code == 0
     assert "lm" in capsys.readouterr().out
-
-
-def test_flushed_denormals_is_scoped():
-    """Training flushes subnormals (the softmax kernel's speed) and leaves the process as it
-    found it: Python's float parsing obeys the same mode."""
-    import platform
-
-    from linattn.cli.lm import flushed_denormals
-
-    def subnormal_quarter() -> float:
-        return (torch.tensor(2e-38, dtype=torch.float32) / 4).item()
-
-    assert subnormal_quarter() != 0.0
-    with flushed_denormals():
-        inside = subnormal_quarter()
-    assert subnormal_quarter() != 0.0
-    assert float("2.2250738585072014e-309") != 0.0
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        assert inside == 0.0

@@ -232,6 +232,79 @@ def test_decayed_attention_bad_arguments():
         DecayedMultiheadAttention(16, 3)
 
 
+# --- LMConfig: the configuration, checked in one place ---
+
+
+def test_config_is_the_constructors_keywords_and_saves_as_before():
+    from dataclasses import FrozenInstanceError
+
+    from linattn.nn import LMConfig
+
+    m = _model(decay=torch.tensor([0.5, 0.6, 0.7, 0.8]))
+    c = m.config
+    assert isinstance(c, LMConfig) and c.decay == (0.5, 0.6000000238418579, 0.699999988079071,
+                                                   0.800000011920929)
+    # the dict earlier versions stored as model.config (window only for the hybrid)
+    assert list(c.to_dict()) == ["vocab_size", "d_model", "num_layers", "num_heads",
+                                 "feature_map", "dropout", "mlp_dim", "attention", "decay",
+                                 "chunk_size"]
+    assert LMConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(FrozenInstanceError):
+        c.d_model = 8
+    torch.manual_seed(0)
+    a = LinearTransformerLM.from_config(c)
+    torch.manual_seed(0)
+    b = LinearTransformerLM(**c.kwargs())
+    assert a.config == c and list(a.state_dict()) == list(m.state_dict())
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    assert LinearTransformerLM.from_config(c.to_dict()).config == c
+
+
+def test_config_reads_the_dicts_of_earlier_checkpoints():
+    from linattn.nn import LMConfig
+    from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
+
+    cli = {"vocab_size": 256, "d_model": 16, "num_layers": 1, "num_heads": 2,
+           "feature_map": "elu", "dropout": 0.0, "attention": "linear", "chunk_size": None}
+    c = LMConfig.from_dict(cli)  # the command's subset; an unset chunk_size
+    assert (c.chunk_size, c.mlp_dim, c.decay) == (DEFAULT_CHUNK_SIZE, None, None)
+    with pytest.warns(DeprecationWarning, match="'layers' is deprecated"):
+        old = LMConfig.from_dict({**{k: v for k, v in cli.items() if k != "num_layers"},
+                                  "layers": 1})
+    assert old == c
+    # a feature map saved with a kind that ignores it (it had no effect) is dropped
+    soft = LMConfig.from_dict({**cli, "attention": "softmax", "feature_map": "relu"})
+    assert soft.feature_map == "elu"
+    for bad, match in (({**cli, "nope": 1}, "unknown keys"), ({"d_model": 4}, "missing keys"),
+                       ([1], "expected a dict"),
+                       ({**cli, "attention": "hybrid", "window": 0}, "window: expected")):
+        with pytest.raises(ValueError, match=f"^model config: .*{match}"):
+            LMConfig.from_dict(bad)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="both 'heads'"):
+        LMConfig.from_dict({**cli, "heads": 4})
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"vocab_size": 0}, "^vocab_size: expected a positive integer"),
+    ({"num_heads": True}, "^num_heads: expected a positive integer"),
+    ({"dropout": 1.0}, r"^dropout: expected a number in \[0, 1\)"),
+    ({"mlp_dim": 0}, "^mlp_dim"),
+    ({"chunk_size": 0}, "^chunk_size"),
+    ({"feature_map": "nope"}, "^feature_map: unknown name 'nope'"),
+    ({"decay": [0.5] * 3}, r"^decay: expected 4 values in \(0, 1\]"),
+    ({"decay": [0.5, 0.5, 0.5, 0.0]}, "^decay"),
+    ({"attention": "nope"}, "^attention: expected one of linear, softmax, hybrid, gated_delta"),
+    ({"attention": "softmax", "feature_map": "relu"},
+     "^feature_map: not used with attention='softmax' \\(only with 'linear' or 'hybrid'\\)"),
+])
+def test_config_errors_name_the_field(bad, match):
+    from linattn.nn import LMConfig
+
+    with pytest.raises(ValueError, match=match):
+        LMConfig(**{"vocab_size": V, "d_model": 32, "num_layers": 1, "num_heads": 4, **bad})
+
+
 # --- attention="hybrid": sliding-window softmax + linear attention (linattn.ops.window) ---
 
 
@@ -276,7 +349,8 @@ def test_hybrid_has_the_linear_models_parameters_and_keys():
     lin, hyb = _model("linear"), _hybrid()
     assert lin.num_parameters() == hyb.num_parameters()
     assert list(lin.state_dict()) == list(hyb.state_dict())
-    assert hyb.config["window"] == 5 and "window" not in lin.config
+    assert hyb.config.window == 5 and lin.config.window is None
+    assert hyb.config.to_dict()["window"] == 5 and "window" not in lin.config.to_dict()
     assert "window=5" in repr(hyb.blocks[0].attn)
 
 
@@ -308,8 +382,11 @@ def test_hybrid_bad_arguments():
     from linattn.nn.lm import DEFAULT_WINDOW, DecayedMultiheadAttention
 
     assert DecayedMultiheadAttention(16, 2, attention="hybrid").window == DEFAULT_WINDOW
-    with pytest.raises(ValueError, match="^window: only used with attention='hybrid'"):
+    with pytest.raises(ValueError, match="^window: not used with attention='linear' "
+                                         r"\(only with 'hybrid'\), got 8"):
         LinearTransformerLM(V, 32, 1, 4, window=8)
+    with pytest.raises(ValueError, match="^window: only used with attention='hybrid'"):
+        DecayedMultiheadAttention(16, 2, window=8)  # the module's own check
     for bad in (0, -3, 2.5):
         with pytest.raises(ValueError, match="^window: expected a positive integer"):
             LinearTransformerLM(V, 32, 1, 4, attention="hybrid", window=bad)
@@ -318,3 +395,133 @@ def test_hybrid_bad_arguments():
         _, lin_state = _model("linear")(_ids(T=3), return_state=True)
     with pytest.raises(TypeError, match="^state: expected a WindowLinearAttentionState"):
         m(_ids(T=1), lin_state, return_state=True)
+
+
+# --- tracing: torch.compile(fullgraph=True) and torch.export (issue 23 §2) ---
+#
+# The model's own code traces for every kind (the id range check stays out of traced code).
+# Kinds in BLOCKED_IN_OPS still fail inside linattn.ops, on value checks that read tensors
+# (data-dependent branches): flip them when the ops trace. With those checks lifted (a scratch
+# patch), every test here passes for every kind except the compiled backward of "linear" and
+# "gated_delta": AOTAutograd's traced strides of a gradient leaving the ops' chunked forms
+# differ from eager's, and a view in the backward graph fails ("view size is not compatible").
+# The "aot_eager" backend runs Dynamo (the fullgraph capture) and AOTAutograd (the backward
+# graph) without compiling C++ (inductor: the slow test below).
+
+BLOCKED_IN_OPS = {
+    "linear": "linattn/ops/_common.py check_gamma branches on the decays' values",
+    "softmax": "linattn/ops/_common.py check_gamma and ops/decay_softmax/op.py "
+               "check_decay_softmax_inputs branch on the decays' values",
+    "gated_delta": "linattn/ops/delta/op.py check_beta and ops/gated/op.py check_gate branch "
+                   "on the gates' values",
+}
+KINDS = [pytest.param(kind, marks=pytest.mark.xfail(strict=False, reason=BLOCKED_IN_OPS[kind]))
+         if kind in BLOCKED_IN_OPS else kind for kind in ("linear", "softmax", "hybrid",
+                                                          "gated_delta")]
+TOL = {"rtol": 64 * torch.finfo(torch.float32).eps, "atol": 64 * torch.finfo(torch.float32).eps}
+
+
+def _tiny(attention):
+    """One layer, d_model 16, T ≤ 32: traces in about a second a graph."""
+    torch.manual_seed(0)
+    kw = {"window": 4} if attention == "hybrid" else {}
+    return LinearTransformerLM(V, 16, 1, 2, attention=attention, chunk_size=8, **kw).eval()
+
+
+def _assert_states_close(got, want):
+    got, want = got.to_dict(), want.to_dict()
+    assert list(got) == list(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], **TOL, msg=k)
+
+
+@pytest.mark.parametrize("attention", KINDS)
+def test_compile_fullgraph_forward_and_backward_equal_eager(attention):
+    torch._dynamo.reset()
+    m, ids = _tiny(attention), _ids(T=20)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids), m(ids), **TOL)
+    m.train()
+    grads = []
+    for f in (m, compiled):
+        m.zero_grad()
+        f(ids).logsumexp(-1).mean().backward()
+        grads.append([p.grad.clone() for p in m.parameters()])
+    for g_compiled, g_eager in zip(*grads[::-1], strict=True):
+        torch.testing.assert_close(g_compiled, g_eager, **TOL)
+
+
+@pytest.mark.parametrize("attention", KINDS)
+def test_compile_fullgraph_with_a_state_equals_eager(attention):
+    """Prefill, a continuing chunk and a one-token step, each through the compiled model."""
+    torch._dynamo.reset()
+    m, ids = _tiny(attention), _ids(T=24)
+    step = torch.compile(lambda x, st: m(x, st, return_state=True), fullgraph=True,
+                         backend="aot_eager")
+    with torch.no_grad():
+        _, st = m(ids[:, :9], return_state=True)
+        for chunk in (ids[:, 9:23], ids[:, 23:]):
+            got, got_st = step(chunk, st)
+            want, st = m(chunk, st, return_state=True)
+            torch.testing.assert_close(got, want, **TOL)
+            _assert_states_close(got_st, st)
+    assert got_st.position == 24
+
+
+@pytest.mark.parametrize("attention", KINDS)
+def test_export_equals_eager(attention):
+    m, ids = _tiny(attention), _ids(T=16)
+    ep = torch.export.export(m, (ids,))
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(ids), m(ids), **TOL)
+
+
+@pytest.mark.parametrize("attention", KINDS)
+def test_export_with_a_state_equals_eager(attention):
+    """The states are pytrees (their tensors the leaves), so an exported step takes and
+    returns an LMState."""
+
+    class Continue(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids, state):
+            return self.lm(ids, state, return_state=True)
+
+    m, ids = _tiny(attention), _ids(T=20)
+    with torch.no_grad():
+        _, st = m(ids[:, :12], return_state=True)
+        want, want_st = m(ids[:, 12:], st, return_state=True)
+    ep = torch.export.export(Continue(m), (ids[:, 12:], st))
+    with torch.no_grad():
+        got, got_st = ep.module()(ids[:, 12:], st)
+    torch.testing.assert_close(got, want, **TOL)
+    _assert_states_close(got_st, want_st)
+
+
+def test_traced_forward_keeps_the_dtype_and_shape_checks():
+    """Under tracing only the value range goes unchecked (it is data); a bad dtype or shape
+    still fails, as a ValueError under export and inside Dynamo's error under compile."""
+    m = _tiny("hybrid")
+    with pytest.raises(ValueError, match="ids: expected an integer tensor"):
+        torch.export.export(m, (torch.zeros(1, 4),))
+    with pytest.raises(ValueError, match="ids: expected shape"):
+        torch.export.export(m, (torch.zeros(4, dtype=torch.long),))
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="ids: expected an integer tensor"):
+        compiled(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="ids: values must lie in"):
+        m(torch.tensor([[0, V]]))  # eager: checked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", KINDS)
+def test_inductor_compiles_the_forward(attention):
+    torch._dynamo.reset()
+    m, ids = _tiny(attention), _ids(T=16)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, fullgraph=True)(ids), m(ids), rtol=1e-5,
+                                   atol=1e-5)

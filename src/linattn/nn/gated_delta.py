@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn.nn.attention import MultiheadAttentionBase
+from linattn.nn.mixers import StateDict
 from linattn.ops.delta.op import delta_rule, delta_rule_step
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
@@ -33,8 +34,9 @@ __all__ = ["GatedDeltaAttention", "DeltaRuleState"]
 
 
 @dataclass(frozen=True)
-class DeltaRuleState:
-    """The per-layer decoding state of :class:`GatedDeltaAttention`: S (B, H, d, d), float32."""
+class DeltaRuleState(StateDict):
+    """The per-layer decoding state of :class:`GatedDeltaAttention`: S (B, H, d, d), float32;
+    :meth:`to_dict` / :meth:`from_dict` save it as ``{"S": S}``."""
 
     S: Tensor
 

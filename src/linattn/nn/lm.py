@@ -35,22 +35,45 @@ Gated DeltaNet (``attention="gated_delta"``) mixes tokens with the gated delta r
 keys, a (d, d) state per head. It has its own parameters (gates, output gate and norm) and no
 use for the ``decay`` buffer or a feature map.
 
+The kinds and the modules that compute them are listed once, in :data:`linattn.nn.mixers.MIXERS`
+(a new mixer is its module and one line there); :class:`LMConfig` holds and checks a model's
+configuration.
+
 Shapes: ids (B, T) integers in [0, vocab_size) → logits (B, T, vocab_size).
+
+Tracing: the forward runs under ``torch.compile(model, fullgraph=True)`` and
+``torch.export.export``. The id checks that read tensor values (the vocabulary range) run in
+eager mode only; dtype and shape checks run while tracing too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import numbers
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from linattn._config import renamed_keywords
+from linattn._config import rename_deprecated, renamed_keywords
+from linattn.feature_maps import FEATURE_MAPS
 from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAttentionBase
 from linattn.nn.encoder import PreNormBlock
-from linattn.nn.gated_delta import DeltaRuleState, GatedDeltaAttention
+from linattn.nn.mixers import (
+    DEFAULT_WINDOW,
+    MIXERS,
+    OPTION_DEFAULTS,
+    StateDict,
+    build_mixer,
+    get_mixer,
+    mixer_options,
+    state_fields,
+    state_from_dict,
+    state_to_dict,
+    state_types,
+)
 from linattn.ops.decay.op import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.decay_softmax.op import decay_softmax_attention
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
@@ -62,13 +85,8 @@ from linattn.ops.window.op import (
     window_linear_attention_step,
 )
 
-__all__ = ["LinearTransformerLM", "LMState", "KVCache", "DecayedMultiheadAttention",
-           "DecoderBlock", "default_decays"]
-
-ATTENTION_KINDS = ("linear", "softmax", "hybrid", "gated_delta")
-
-#: The hybrid's window when none is given.
-DEFAULT_WINDOW = 64
+__all__ = ["LinearTransformerLM", "LMConfig", "LMState", "KVCache", "DecayedMultiheadAttention",
+           "DecoderBlock", "default_decays", "DEFAULT_WINDOW"]
 
 
 def default_decays(num_heads: int) -> Tensor:
@@ -77,7 +95,7 @@ def default_decays(num_heads: int) -> Tensor:
 
 
 @dataclass(frozen=True)
-class KVCache:
+class KVCache(StateDict):
     """The softmax baseline's per-layer state: k, v of every token so far, (B, H, T, d) each."""
 
     k: Tensor
@@ -88,7 +106,8 @@ class KVCache:
 class LMState:
     """Per-layer decoding state of :class:`LinearTransformerLM`.
 
-    ``layers[i]`` is a :class:`~linattn.ops.linear.recurrent.LinearAttentionState` (S: (B, H, ℓ, d),
+    ``layers[i]`` is the state type of the model's kind (:data:`linattn.nn.mixers.MIXERS`): a
+    :class:`~linattn.ops.linear.recurrent.LinearAttentionState` (S: (B, H, ℓ, d),
     z: (B, H, ℓ)) for linear attention — the same size after 1 token or 1 million — a
     :class:`~linattn.ops.window.WindowLinearAttentionState` for the hybrid (S, z and a ring
     buffer k, v: (B, H, w, d), also constant), a
@@ -102,32 +121,28 @@ class LMState:
     position: int = 0
 
     def to_dict(self) -> dict[str, Tensor]:
+        """``position`` and ``layers.{i}.{field}`` for every field of every layer's state (int
+        counters as int64 scalars), tensors detached and cloned."""
         out = {"position": torch.tensor(self.position, dtype=torch.int64)}
         for i, st in enumerate(self.layers):
-            names = (("S", "z", "k", "v") if isinstance(st, WindowLinearAttentionState)
-                     else ("S", "z") if isinstance(st, LinearAttentionState)
-                     else ("S",) if isinstance(st, DeltaRuleState) else ("k", "v"))
-            for name in names:
-                out[f"layers.{i}.{name}"] = getattr(st, name).detach().clone()
-            if isinstance(st, WindowLinearAttentionState):
-                out[f"layers.{i}.count"] = torch.tensor(st.count, dtype=torch.int64)
+            out.update(state_to_dict(st, f"layers.{i}."))
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Tensor]) -> LMState:
+    def from_dict(cls, d: Mapping[str, Tensor], attention: str | None = None) -> LMState:
+        """The state saved by :meth:`to_dict`. Each layer's state type is ``attention``'s (a
+        kind of :data:`~linattn.nn.mixers.MIXERS`), or without it the one registered type
+        whose fields are that layer's entries. ValueError for a missing entry or entries that
+        fit no (or several) state types."""
+        want = None if attention is None else get_mixer(attention).state_class()
         try:
             layers, i = [], 0
-            while f"layers.{i}.S" in d or f"layers.{i}.k" in d:
-                if f"layers.{i}.S" in d and f"layers.{i}.k" in d:  # the hybrid's state
-                    layers.append(WindowLinearAttentionState(
-                        d[f"layers.{i}.S"], d[f"layers.{i}.z"], d[f"layers.{i}.k"],
-                        d[f"layers.{i}.v"], int(d[f"layers.{i}.count"])))
-                elif f"layers.{i}.S" in d and f"layers.{i}.z" not in d:  # Gated DeltaNet
-                    layers.append(DeltaRuleState(d[f"layers.{i}.S"]))
-                elif f"layers.{i}.S" in d:
-                    layers.append(LinearAttentionState(d[f"layers.{i}.S"], d[f"layers.{i}.z"]))
-                else:
-                    layers.append(KVCache(d[f"layers.{i}.k"], d[f"layers.{i}.v"]))
+            while True:
+                prefix = f"layers.{i}."
+                names = {k[len(prefix):] for k in d if k.startswith(prefix)}
+                if not names:
+                    break
+                layers.append(state_from_dict(want or _state_type(names, i), d, prefix))
                 i += 1
             return cls(layers, int(d["position"]))
         except KeyError as err:
@@ -137,6 +152,17 @@ class LMState:
         """Bytes held by the state (what decoding keeps in memory besides the weights)."""
         return sum(t.numel() * t.element_size() for t in self.to_dict().values()
                    if t.dim() > 0)
+
+
+def _state_type(names: set[str], layer: int) -> type:
+    """The registered state type saved as the entries ``names``."""
+    found = {cls for cls in state_types().values() if set(state_fields(cls)) == names}
+    if len(found) == 1:
+        return found.pop()
+    kinds = ("no state type of " + ", ".join(MIXERS) if not found else
+             "several state types: " + ", ".join(sorted(c.__name__ for c in found)))
+    raise ValueError(f"state dict: the entries {sorted(names)} of layer {layer} fit {kinds}; "
+                     "pass attention=")
 
 
 class DecayedMultiheadAttention(MultiheadAttentionBase):
@@ -153,6 +179,9 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
     (both share :class:`~linattn.nn.attention.MultiheadAttentionBase`); the decays are a fixed
     buffer, not parameters. ``embed_dim=`` is a deprecated alias of ``d_model=``."""
 
+    #: the kinds this module computes → the method that mixes (q, k, v, state) -> (o, state)
+    MODES = {"linear": "_decayed_linear", "softmax": "_decayed_softmax", "hybrid": "_hybrid"}
+
     @renamed_keywords(EMBED_DIM_ALIAS)
     def __init__(
         self,
@@ -168,8 +197,8 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
         dropout: float = 0.0,
         window: int | None = None,
     ) -> None:
-        if attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention: expected one of {ATTENTION_KINDS}, got {attention!r}")
+        if attention not in self.MODES:
+            raise ValueError(f"attention: expected one of {tuple(self.MODES)}, got {attention!r}")
         if attention == "hybrid":
             window = check_window(DEFAULT_WINDOW if window is None else window)
         elif window is not None:
@@ -194,40 +223,43 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
         :class:`~linattn.ops.window.WindowLinearAttentionState` (hybrid) or a :class:`KVCache`
         (k, v: (B, H, position + T, d))."""
         q, k, v = self.project(x)
-        T = q.shape[2]
-        if self.attention == "hybrid":
-            if state is not None and not isinstance(state, WindowLinearAttentionState):
-                raise TypeError(
-                    f"state: expected a WindowLinearAttentionState, got {type(state).__name__}")
-            if T == 1 and state is not None:  # a decoding step: O(w·d + ℓ·d) per head
-                o, new = window_linear_attention_step(
-                    q[:, :, 0], k[:, :, 0], v[:, :, 0], state, window=self.window,
-                    feature_map=self.feature_map)
-                o = o.unsqueeze(2)
-            else:
-                o, new = window_linear_attention(
-                    q, k, v, window=self.window, feature_map=self.feature_map,
-                    chunk_size=self.chunk_size, initial_state=state, return_state=True)
-        elif self.attention == "linear":
-            g = self.decay.to(q.dtype)
-            if T == 1 and state is not None:  # a decoding step: the recurrence, O(ℓ·d) per head
-                o, new = decay_linear_attention_step(
-                    q[:, :, 0], k[:, :, 0], v[:, :, 0], g, state, feature_map=self.feature_map)
-                o = o.unsqueeze(2)
-            else:
-                o, new = decay_linear_attention(
-                    q, k, v, g, feature_map=self.feature_map, chunk_size=self.chunk_size,
-                    initial_state=state, return_state=True)
-        else:
-            if state is not None:
-                if not isinstance(state, KVCache):
-                    raise TypeError(f"state: expected a KVCache, got {type(state).__name__}")
-                k, v = torch.cat([state.k, k], 2), torch.cat([state.v, v], 2)
-            new = KVCache(k, v)
-            # ALiBi: weight × γ^(i−j), i.e. bias (i − j)·log γ ≤ 0, queries at the last T of
-            # the cached positions; the op folds the bias into the causal SDPA kernel
-            o = decay_softmax_attention(q, k, v, self.decay.to(q.dtype))
+        o, new = getattr(self, self.MODES[self.attention])(q, k, v, state)
         return self.merge(o), new
+
+    def _decayed_linear(self, q: Tensor, k: Tensor, v: Tensor,
+                        state: LinearAttentionState | None) -> tuple[Tensor, LinearAttentionState]:
+        g = self.decay.to(q.dtype)
+        if q.shape[2] == 1 and state is not None:  # a decoding step: the recurrence, O(ℓ·d)
+            o, new = decay_linear_attention_step(
+                q[:, :, 0], k[:, :, 0], v[:, :, 0], g, state, feature_map=self.feature_map)
+            return o.unsqueeze(2), new
+        return decay_linear_attention(q, k, v, g, feature_map=self.feature_map,
+                                      chunk_size=self.chunk_size, initial_state=state,
+                                      return_state=True)
+
+    def _decayed_softmax(self, q: Tensor, k: Tensor, v: Tensor,
+                         state: KVCache | None) -> tuple[Tensor, KVCache]:
+        if state is not None:
+            if not isinstance(state, KVCache):
+                raise TypeError(f"state: expected a KVCache, got {type(state).__name__}")
+            k, v = torch.cat([state.k, k], 2), torch.cat([state.v, v], 2)
+        # ALiBi: weight × γ^(i−j), i.e. bias (i − j)·log γ ≤ 0, queries at the last T of the
+        # cached positions; the op folds the bias into the causal SDPA kernel
+        return decay_softmax_attention(q, k, v, self.decay.to(q.dtype)), KVCache(k, v)
+
+    def _hybrid(self, q: Tensor, k: Tensor, v: Tensor, state: WindowLinearAttentionState | None
+                ) -> tuple[Tensor, WindowLinearAttentionState]:
+        if state is not None and not isinstance(state, WindowLinearAttentionState):
+            raise TypeError(
+                f"state: expected a WindowLinearAttentionState, got {type(state).__name__}")
+        if q.shape[2] == 1 and state is not None:  # a decoding step: O(w·d + ℓ·d) per head
+            o, new = window_linear_attention_step(
+                q[:, :, 0], k[:, :, 0], v[:, :, 0], state, window=self.window,
+                feature_map=self.feature_map)
+            return o.unsqueeze(2), new
+        return window_linear_attention(
+            q, k, v, window=self.window, feature_map=self.feature_map,
+            chunk_size=self.chunk_size, initial_state=state, return_state=True)
 
     def extra_repr(self) -> str:
         window = f", window={self.window}" if self.window is not None else ""
@@ -237,31 +269,126 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
 
 class DecoderBlock(PreNormBlock):
     """Pre-norm causal block (the :class:`~linattn.nn.encoder.PreNormBlock` layout of
-    :class:`~linattn.nn.encoder.EncoderBlock`) whose attention is
-    :class:`DecayedMultiheadAttention`: ``block(x, state, position)`` with x (B, T, E) ->
-    (x (B, T, E), new state)."""
+    :class:`~linattn.nn.encoder.EncoderBlock`) whose attention is the mixer of kind
+    ``attention`` (:func:`linattn.nn.mixers.build_mixer`; :class:`DecayedMultiheadAttention` by
+    default): ``block(x, state, position)`` with x (B, T, E) -> (x (B, T, E), new state).
+    ``feature_map``, ``decay`` and ``window`` go to the kinds that take them; setting one that
+    the kind does not take is a ValueError."""
 
     def __init__(self, d_model: int, num_heads: int, mlp_dim: int | None = None, *,
                  feature_map: FeatureMapSpec = "elu", attention: str = "linear",
                  decay: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  dropout: float = 0.0, window: int | None = None) -> None:
-        attn: nn.Module
-        if attention == "gated_delta":
-            for name, value in (("decay", decay), ("window", window)):
-                if value is not None:
-                    raise ValueError(f"{name}: not used with attention='gated_delta' (its decays "
-                                     f"are learned per token), got {value!r}")
-            attn = GatedDeltaAttention(d_model, num_heads, chunk_size=chunk_size, dropout=dropout)
-        else:
-            attn = DecayedMultiheadAttention(
-                d_model, num_heads, feature_map=feature_map, attention=attention, decay=decay,
-                chunk_size=chunk_size, dropout=dropout, window=window)
+        attn = build_mixer(attention, d_model, num_heads, chunk_size=chunk_size, dropout=dropout,
+                           feature_map=feature_map, decay=decay, window=window)
         super().__init__(d_model, attn, mlp_dim, dropout)
 
-    def forward(self, x: Tensor, state: LinearAttentionState | KVCache | None = None,
-                position: int = 0) -> tuple[Tensor, LinearAttentionState | KVCache]:
+    def forward(self, x: Tensor, state: Any = None, position: int = 0) -> tuple[Tensor, Any]:
         a, new = self.attn(self.norm1(x), state, position)
         return self.mlp_residual(x + a), new
+
+
+#: Deprecated spellings accepted in saved model configurations (with a DeprecationWarning).
+RENAMED: dict[str, str] = {"embed_dim": "d_model", "layers": "num_layers",
+                           "depth": "num_layers", "heads": "num_heads"}
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """The configuration of a :class:`LinearTransformerLM` (the keywords of its constructor),
+    checked when it is made: ValueError naming the field for a bad value or for an option that
+    the ``attention`` kind does not take (:data:`linattn.nn.mixers.MIXERS` says which).
+
+    ``decay`` is kept as a tuple of floats; ``chunk_size`` None means
+    :data:`~linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`. :meth:`to_dict` is the dict stored in
+    checkpoints (``window`` only when set); :meth:`from_dict` reads it back, also as saved by
+    earlier versions."""
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    feature_map: FeatureMapSpec = OPTION_DEFAULTS["feature_map"]
+    dropout: float = 0.0
+    mlp_dim: int | None = None
+    attention: str = next(iter(MIXERS))
+    decay: tuple[float, ...] | None = OPTION_DEFAULTS["decay"]
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    window: int | None = OPTION_DEFAULTS["window"]
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads"):
+            _positive_int(name, getattr(self, name))
+        mixer_options(self.attention, {name: getattr(self, name) for name in OPTION_DEFAULTS})
+        if self.window is not None:
+            check_window(self.window)
+        if self.decay is not None:
+            try:
+                decay = tuple(float(g) for g in self.decay)
+            except (TypeError, ValueError):
+                decay = None
+            if decay is None or len(decay) != self.num_heads or \
+                    not all(0 < g <= 1 for g in decay):
+                raise ValueError(f"decay: expected {self.num_heads} values in (0, 1], "
+                                 f"got {self.decay!r}")
+            object.__setattr__(self, "decay", decay)
+        if self.chunk_size is None:
+            object.__setattr__(self, "chunk_size", DEFAULT_CHUNK_SIZE)
+        _positive_int("chunk_size", self.chunk_size)
+        if self.mlp_dim is not None:
+            _positive_int("mlp_dim", self.mlp_dim)
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real) \
+                or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout: expected a number in [0, 1), got {self.dropout!r}")
+        if isinstance(self.feature_map, str) and self.feature_map.lower() not in FEATURE_MAPS:
+            raise ValueError(f"feature_map: unknown name {self.feature_map!r}; choose from "
+                             f"{', '.join(sorted(FEATURE_MAPS))}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keywords of ``LinearTransformerLM(**kwargs)`` for this configuration."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as a plain dict (``decay`` a list; ``window`` only when set, as
+        the configurations of the other kinds were saved without it)."""
+        out = self.kwargs()
+        out["decay"] = None if self.decay is None else list(self.decay)
+        if self.window is None:
+            del out["window"]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "model config") -> LMConfig:
+        """The configuration saved as ``d`` (:meth:`to_dict`, or the raw dicts of earlier
+        checkpoints): deprecated names (``embed_dim``, ``layers``, ``depth``, ``heads``) are
+        renamed with a DeprecationWarning, a ``chunk_size`` of None is the default, and a
+        ``feature_map`` saved with a kind that does not use one (it was ignored) is dropped.
+        ValueError naming ``where`` and the key for unknown or missing keys and bad values."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{where}: expected a dict, got {type(d).__name__}")
+        try:
+            d = rename_deprecated(d, RENAMED, where, stacklevel=3)
+        except TypeError as err:
+            raise ValueError(str(err)) from None
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}")
+        missing = [n for n in ("vocab_size", "d_model", "num_layers", "num_heads") if n not in d]
+        if missing:
+            raise ValueError(f"{where}: missing keys {missing}")
+        spec = MIXERS.get(d.get("attention", cls.attention))
+        if spec is not None and "feature_map" not in spec.options:
+            d.pop("feature_map", None)
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: {err}") from None
 
 
 class LinearTransformerLM(nn.Module):
@@ -271,20 +398,24 @@ class LinearTransformerLM(nn.Module):
     ``logits = model(ids)``; ``logits, state = model(ids, state, return_state=True)`` for a chunk
     of any length after the tokens summarised by ``state`` (1 token: the O(1) recurrent step;
     more: the chunked parallel form, a prefill); :meth:`generate` = prefill, then steps.
+    ``LinearTransformerLM.from_config(config)`` builds the model of an :class:`LMConfig` (or of
+    its saved dict); ``model.config`` is the model's :class:`LMConfig`.
 
     Args:
         vocab_size: V. d_model: E. num_layers, num_heads: depth and H (head dim E / H).
-        feature_map: φ (linear attention only): a name, a
+        feature_map: φ (linear and hybrid only): a name, a
             :class:`~linattn.feature_maps.FeatureMap` template or a factory; every layer gets
             its own map (:func:`~linattn.nn.attention.own_feature_map`), never a shared one.
         dropout: after the embedding, the attention output and in the MLPs.
         mlp_dim: hidden width of the MLPs (default 4E).
-        attention: ``"linear"`` (this model), ``"softmax"`` (the SDPA + KV-cache baseline,
-            same parameters, same code), ``"hybrid"`` (exact softmax over the last ``window``
-            tokens + linear attention before them, one normaliser, undecayed; constant state)
-            or ``"gated_delta"`` (Gated DeltaNet, :mod:`linattn.nn.gated_delta`; learned
-            decays, its own gate parameters, no feature map).
-        decay: (H,) per-head decays in (0, 1] (default :func:`default_decays`).
+        attention: a kind of :data:`linattn.nn.mixers.MIXERS`: ``"linear"`` (this model),
+            ``"softmax"`` (the SDPA + KV-cache baseline, same parameters, same code),
+            ``"hybrid"`` (exact softmax over the last ``window`` tokens + linear attention
+            before them, one normaliser, undecayed; constant state) or ``"gated_delta"``
+            (Gated DeltaNet, :mod:`linattn.nn.gated_delta`; learned decays, its own gate
+            parameters, no feature map).
+        decay: (H,) per-head decays in (0, 1] (default :func:`default_decays`; not with
+            ``"gated_delta"``).
         chunk_size: C of the chunked parallel form (default
             :data:`~linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
         window: the hybrid's w (default :data:`DEFAULT_WINDOW`); only with ``"hybrid"``.
@@ -296,42 +427,49 @@ class LinearTransformerLM(nn.Module):
                  decay: list[float] | None = None,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, window: int | None = None) -> None:
         super().__init__()
-        for name, val in (("vocab_size", vocab_size), ("d_model", d_model),
-                          ("num_layers", num_layers), ("num_heads", num_heads)):
-            if not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {val!r}")
-        self.config = dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers,
-                           num_heads=num_heads, feature_map=feature_map, dropout=dropout,
-                           mlp_dim=mlp_dim, attention=attention,
-                           decay=None if decay is None else [float(g) for g in decay],
-                           chunk_size=chunk_size)
-        if window is not None:  # configs of the other kinds keep their earlier keys
-            self.config["window"] = window
-        self.vocab_size = vocab_size
-        self.embed = nn.Embedding(vocab_size, d_model)
+        self.config = c = LMConfig(
+            vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, num_heads=num_heads,
+            feature_map=feature_map, dropout=dropout, mlp_dim=mlp_dim, attention=attention,
+            decay=decay, chunk_size=chunk_size, window=window)
+        _register_pytree(get_mixer(c.attention).state_class())  # a kind added at run time
+        self.vocab_size = c.vocab_size
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
         nn.init.normal_(self.embed.weight, std=0.02)  # tied with the output: small logits at init
-        self.drop = nn.Dropout(dropout)
-        g = None if decay is None else torch.tensor(decay, dtype=torch.float32)
+        self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            DecoderBlock(d_model, num_heads, mlp_dim, feature_map=feature_map,
-                         attention=attention, decay=g, chunk_size=chunk_size, dropout=dropout,
-                         window=window)
-            for _ in range(num_layers))
-        self.norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab_size, bias=False)
+            DecoderBlock(c.d_model, c.num_heads, c.mlp_dim, feature_map=c.feature_map,
+                         attention=c.attention, decay=c.decay, chunk_size=c.chunk_size,
+                         dropout=c.dropout, window=c.window)
+            for _ in range(c.num_layers))
+        self.norm = nn.LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.head.weight = self.embed.weight
 
+    @classmethod
+    def from_config(cls, config: LMConfig | Mapping[str, Any]) -> LinearTransformerLM:
+        """The model of ``config`` (an :class:`LMConfig`, or a dict read by
+        :meth:`LMConfig.from_dict`)."""
+        if not isinstance(config, LMConfig):
+            config = LMConfig.from_dict(config)
+        return cls(**config.kwargs())
+
     def check_ids(self, ids: Tensor) -> None:
-        """ValueError unless ids is an integer (B, T) tensor, T ≥ 1, with 0 ≤ id < vocab_size."""
+        """ValueError unless ids is an integer (B, T) tensor, T ≥ 1, with 0 ≤ id < vocab_size.
+
+        The range is read off the values, which a trace does not know: under
+        ``torch.compile``/``torch.export`` only the type, dtype and shape are checked (an id
+        out of range then fails in the embedding lookup)."""
         if not isinstance(ids, Tensor):
             raise ValueError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
-        if ids.dtype in (torch.bool,) or ids.is_floating_point() or ids.is_complex():
+        if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
             raise ValueError(f"ids: expected an integer tensor, got dtype {ids.dtype}")
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {tuple(ids.shape)}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise ValueError(f"ids: values must lie in [0, {self.vocab_size}), got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
+        if torch.compiler.is_compiling() or ids.numel() == 0:
+            return
+        lo, hi = (int(t) for t in torch.aminmax(ids))
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"ids: values must lie in [0, {self.vocab_size}), got [{lo}, {hi}]")
 
     def forward(self, ids: Tensor, state: LMState | None = None, return_state: bool = False):
         """ids: (B, T) -> logits (B, T, V) [and the new :class:`LMState`]."""
@@ -392,3 +530,21 @@ class LinearTransformerLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _register_pytree(cls: type) -> None:
+    """``cls`` (a state dataclass) as a pytree, its fields the leaves, so that
+    ``torch.export`` takes and returns it; a type registered already is left as it is."""
+    from torch.utils._pytree import SUPPORTED_NODES
+
+    if cls not in SUPPORTED_NODES:
+        torch.export.register_dataclass(
+            cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+
+
+def _register_pytrees() -> None:
+    for cls in (*state_types().values(), LMState):
+        _register_pytree(cls)
+
+
+_register_pytrees()

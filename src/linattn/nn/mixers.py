@@ -1,0 +1,205 @@
+"""The token mixers of :class:`~linattn.nn.lm.LinearTransformerLM`: one registry entry per
+``attention=`` kind.
+
+A *mixer* is the module of a decoder layer that mixes tokens: ``mixer(x, state, position) ->
+(out, new_state)`` with x and out (B, T, E), ``state`` None (nothing seen yet) or what the
+previous call returned after ``position`` tokens. Every mixer is built as
+``Module(d_model, num_heads, chunk_size=..., dropout=..., **options)`` and returns a state of
+one type: a dataclass of tensors (and int counters), which :func:`state_to_dict` /
+:func:`state_from_dict` save as a flat dict of tensors.
+
+:data:`MIXERS` is the one list of kinds: the model builds its layers from it
+(:func:`build_mixer`), :class:`~linattn.nn.lm.LMConfig` checks options against it (an option a
+kind does not take is a ValueError naming it), ``linattn lm train --attention`` takes its
+choices from it, :class:`~linattn.nn.lm.LMState` saves and restores the state types it names,
+and those types are registered as pytrees for ``torch.export``. Adding a mixer (say gated
+linear attention) is its module, its state dataclass and one line::
+
+    "gla": MixerSpec("linattn.nn.gla:GLAAttention", "linattn.nn.gla:GLAState", {},
+                     "gated linear attention, learned per-key decays"),
+
+(tests and docs aside). A state whose fields are another kind's (e.g. a lone ``S``) needs
+``LMState.from_dict(d, attention=...)`` to be told apart. A kind needing an option that no
+kind takes yet also adds it to :data:`OPTION_DEFAULTS`, to the :class:`~linattn.nn.lm.LMConfig`
+fields and to the command's flags.
+
+This module does not import torch (the command line reads :data:`MIXERS` to build its parser):
+classes are named ``"module:attribute"`` and imported on first use (a class itself works too,
+e.g. for a mixer registered at run time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MixerSpec", "MIXERS", "OPTION_DEFAULTS", "DEFAULT_WINDOW", "get_mixer",
+           "is_unset", "mixer_options", "build_mixer", "state_types", "state_fields",
+           "state_to_dict", "state_from_dict", "StateDict"]
+
+#: The hybrid's window when none is given.
+DEFAULT_WINDOW = 64
+
+#: The mixer options the model passes on (:class:`~linattn.nn.lm.LMConfig` fields) and their
+#: *unset* value: a kind that does not take an option accepts it only at this value.
+#: None for ``decay`` and ``window`` means "the kind's default".
+OPTION_DEFAULTS: dict[str, Any] = {"feature_map": "elu", "decay": None, "window": None}
+
+
+def _resolve(path: str | type) -> Any:
+    if not isinstance(path, str):
+        return path
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    """One ``attention=`` kind.
+
+    Attributes:
+        module: the mixer class or its ``"module:Class"`` (see the module docstring for its
+            contract).
+        state: the state dataclass its forward returns, or its ``"module:Class"``.
+        options: the options of :data:`OPTION_DEFAULTS` the kind takes → its default for each
+            (None: the module's own default, e.g. :func:`~linattn.nn.lm.default_decays`).
+            Any other option must stay unset.
+        summary: one line for ``--help`` and the docs.
+        kwargs: fixed keywords for the constructor (a module that computes several kinds is
+            told which one).
+    """
+
+    module: str | type
+    state: str | type
+    options: Mapping[str, Any]
+    summary: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def module_class(self) -> type:
+        return _resolve(self.module)
+
+    def state_class(self) -> type:
+        return _resolve(self.state)
+
+
+_DECAYED = "linattn.nn.lm:DecayedMultiheadAttention"
+
+#: ``attention=`` kind → its mixer. The first is the default.
+MIXERS: dict[str, MixerSpec] = {
+    "linear": MixerSpec(
+        _DECAYED, "linattn.ops.linear.recurrent:LinearAttentionState",
+        {"feature_map": "elu", "decay": None},
+        "decayed linear attention (recurrent state)", {"attention": "linear"}),
+    "softmax": MixerSpec(
+        _DECAYED, "linattn.nn.lm:KVCache", {"decay": None},
+        "softmax with the decays as an ALiBi bias (SDPA baseline, KV cache)",
+        {"attention": "softmax"}),
+    "hybrid": MixerSpec(
+        _DECAYED, "linattn.ops.window.op:WindowLinearAttentionState",
+        {"feature_map": "elu", "decay": None, "window": DEFAULT_WINDOW},
+        "exact softmax over the last `window` tokens, linear attention before them",
+        {"attention": "hybrid"}),
+    "gated_delta": MixerSpec(
+        "linattn.nn.gated_delta:GatedDeltaAttention", "linattn.nn.gated_delta:DeltaRuleState",
+        {}, "Gated DeltaNet: the gated delta rule, learned decays"),
+}
+
+
+def get_mixer(attention: object) -> MixerSpec:
+    """The entry of ``attention``; ValueError naming ``attention`` for an unknown kind."""
+    spec = MIXERS.get(attention) if isinstance(attention, str) else None
+    if spec is None:
+        raise ValueError(f"attention: expected one of {', '.join(MIXERS)}, got {attention!r}")
+    return spec
+
+
+def is_unset(value: Any, unset: Any) -> bool:
+    """Whether an option's ``value`` is its unset value ``unset`` (of :data:`OPTION_DEFAULTS`)."""
+    if unset is None:
+        return value is None
+    return type(value) is type(unset) and value == unset
+
+
+def mixer_options(attention: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor keywords of ``attention``'s mixer for the model-level ``options``
+    (names of :data:`OPTION_DEFAULTS`): the options it takes, unset ones replaced by its
+    defaults, plus its fixed keywords. ValueError naming the option when one it does not take
+    is set."""
+    spec = get_mixer(attention)
+    out = {}
+    for name, value in options.items():
+        if name not in OPTION_DEFAULTS:
+            raise TypeError(f"{name}: not a mixer option (expected one of "
+                            f"{', '.join(OPTION_DEFAULTS)})")
+        unset = is_unset(value, OPTION_DEFAULTS[name])
+        if name in spec.options:
+            out[name] = spec.options[name] if unset else value
+        elif not unset:
+            users = " or ".join(repr(k) for k, s in MIXERS.items() if name in s.options)
+            raise ValueError(f"{name}: not used with attention={attention!r} (only with "
+                             f"{users}), got {value!r}")
+    return {**out, **spec.kwargs}
+
+
+def build_mixer(attention: str, d_model: int, num_heads: int, *, chunk_size: int,
+                dropout: float = 0.0, **options: Any) -> Any:
+    """The mixer module of kind ``attention`` (see :func:`mixer_options` for ``options``)."""
+    kwargs = mixer_options(attention, options)
+    return MIXERS[attention].module_class()(d_model, num_heads, chunk_size=chunk_size,
+                                            dropout=dropout, **kwargs)
+
+
+def state_types() -> dict[str, type]:
+    """``attention`` kind → its state class (imports the classes)."""
+    return {name: spec.state_class() for name, spec in MIXERS.items()}
+
+
+# -- states as flat dicts of tensors ---------------------------------------------------------
+
+
+def _int_fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.type in (int, "int")}
+
+
+def state_to_dict(state: Any, prefix: str = "") -> dict[str, Any]:
+    """A state dataclass as ``{prefix + field: tensor}`` in field order: tensors detached and
+    cloned, int fields (counters) as int64 scalars."""
+    import torch
+
+    ints = _int_fields(type(state))
+    out = {}
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        out[prefix + f.name] = (torch.tensor(value, dtype=torch.int64) if f.name in ints
+                                else value.detach().clone())
+    return out
+
+
+def state_from_dict(cls: type, d: Mapping[str, Any], prefix: str = "") -> Any:
+    """The ``cls`` state stored by :func:`state_to_dict`; KeyError for a missing entry."""
+    ints = _int_fields(cls)
+    return cls(**{f.name: int(d[prefix + f.name]) if f.name in ints else d[prefix + f.name]
+                  for f in dataclasses.fields(cls)})
+
+
+def state_fields(cls: type) -> tuple[str, ...]:
+    """The entries a ``cls`` state is saved as (its dataclass fields)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+class StateDict:
+    """Mixin of a state dataclass: :meth:`to_dict` / :meth:`from_dict` as a flat dict of
+    tensors (:func:`state_to_dict`, :func:`state_from_dict`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return state_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any:
+        try:
+            return state_from_dict(cls, d)
+        except KeyError as err:
+            raise ValueError(f"state dict: missing entry {err}") from None

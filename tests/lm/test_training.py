@@ -1,0 +1,123 @@
+"""linattn.lm.training: TrainConfig, the Trainer API (in memory, checkpoints, resume),
+evaluate, flushed_denormals."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from linattn.lm import LMConfig, TrainConfig, Trainer, evaluate, train
+from linattn.lm.training import flushed_denormals
+from linattn.nn import LinearTransformerLM
+from linattn.train_loop import CheckpointError
+
+TEXT = b"".join(b"def f%d(x):\n    return x + %d\n" % (i, i) for i in range(200))
+CORPUS = (TEXT, TEXT[:1000], {"files": 2, "python": "test", "train_bytes": len(TEXT),
+                               "val_bytes": 1000})
+MODEL = LMConfig(vocab_size=256, d_model=16, num_layers=1, num_heads=2, chunk_size=8)
+TRAIN = TrainConfig(context=16, batch_size=4, steps=4, val_tokens=128, eval_every=2, warmup=2)
+
+
+def test_train_config_checks_its_fields():
+    assert TrainConfig(max_time=1.5).to_dict()["max_time"] == 1.5
+    assert TrainConfig.from_dict(TRAIN.to_dict()) == TRAIN
+    for bad, match in (({}, "^steps, max_time: give a budget"),
+                       ({"steps": 0}, "^steps: expected a positive integer"),
+                       ({"steps": 1, "context": 2.0}, "^context"),
+                       ({"steps": 1, "lr": 0.0}, "^lr: expected a finite number > 0"),
+                       ({"max_time": float("inf")}, "^max_time"),
+                       ({"steps": 1, "weight_decay": -1.0}, "^weight_decay"),
+                       ({"steps": 1, "seed": True}, "^seed")):
+        with pytest.raises(ValueError, match=match):
+            TrainConfig(**bad)
+    with pytest.raises(ValueError, match="train config: unknown keys"):
+        TrainConfig.from_dict({"steps": 1, "nope": 1})
+
+
+def test_train_in_memory_returns_the_result():
+    result = train(MODEL, TRAIN, corpus=CORPUS)
+    assert result["steps"] == 4 and result["attention"] == "linear"
+    assert result["val_bpc"] > 0 and result["model"] == MODEL.to_dict()
+    assert result["parameters"] == LinearTransformerLM.from_config(MODEL).num_parameters()
+    with pytest.raises(ValueError, match="^resume"):
+        Trainer(MODEL, TRAIN, corpus=CORPUS, resume=True)
+    with pytest.raises(ValueError, match="^vocab_size: byte tokens"):
+        Trainer(LMConfig(100, 16, 1, 2), TRAIN, corpus=CORPUS)
+
+
+def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    want = Trainer(MODEL.to_dict(), TRAIN, out=a, corpus=CORPUS).run()
+
+    def stop_at_2(loop):
+        if loop.step == 2:
+            loop.request_stop()
+
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(MODEL, TRAIN, out=b, corpus=CORPUS, on_step=stop_at_2).run()
+    with pytest.raises(FileExistsError):
+        Trainer(MODEL, TRAIN, out=b, corpus=CORPUS)
+    with pytest.raises(FileNotFoundError):
+        Trainer(MODEL, TRAIN, out=tmp_path / "c", corpus=CORPUS, resume=True)
+    with pytest.raises(CheckpointError, match="made with other options"):
+        Trainer(LMConfig(256, 16, 1, 2, chunk_size=4), TRAIN, out=b, corpus=CORPUS, resume=True)
+    # the budget may grow on resume: a longer run is the same run
+    resumed = Trainer(MODEL, TRAIN, out=b, corpus=CORPUS, resume=True)
+    assert resumed.loop.step == 2
+    got = resumed.run()
+    assert got["val_bpc"] == want["val_bpc"] and got["steps"] == 4
+    assert json.loads((b / "result.json").read_text())["val_bpc"] == want["val_bpc"]
+    assert (a / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_checkpoint_of_the_earlier_cli_resumes(tmp_path):
+    """Earlier versions stored the CLI's subset of the config (no mlp_dim, no decay): it is
+    compared in today's spelling."""
+    out = tmp_path / "run"
+    Trainer(MODEL, TRAIN, out=out, corpus=CORPUS).run()
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    old = {k: v for k, v in ck["meta"]["model_config"].items() if k not in ("mlp_dim", "decay")}
+    ck["meta"]["model_config"] = old
+    torch.save(ck, out / "checkpoint.pt")
+    longer = TrainConfig(**{**TRAIN.to_dict(), "steps": 5})
+    assert Trainer(MODEL, longer, out=out, corpus=CORPUS, resume=True).run()["steps"] == 5
+
+
+def test_evaluate_keeps_the_mode_and_scores_bits():
+    torch.manual_seed(0)
+    model = LinearTransformerLM.from_config(MODEL).train()
+    ids = torch.randint(0, 256, (300,))
+    bpc = evaluate(model, ids, 16, 128)
+    assert model.training and 0 < bpc < 9  # about log2(256) = 8 for an untrained model
+
+
+def test_flushed_denormals_is_scoped():
+    """Training flushes subnormals (the softmax kernel's speed) and leaves the process as it
+    found it: Python's float parsing obeys the same mode."""
+    import platform
+
+    def subnormal_quarter() -> float:
+        return (torch.tensor(2e-38, dtype=torch.float32) / 4).item()
+
+    assert subnormal_quarter() != 0.0
+    with flushed_denormals():
+        inside = subnormal_quarter()
+    assert subnormal_quarter() != 0.0
+    assert float("2.2250738585072014e-309") != 0.0
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert inside == 0.0
+
+
+def test_feature_map_instance_needs_no_checkpoint(tmp_path):
+    from linattn.feature_maps import ReluPlusOne
+
+    cfg = LMConfig(256, 16, 1, 2, feature_map=ReluPlusOne())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert train(cfg, TrainConfig(context=16, batch_size=2, steps=1, val_tokens=32),
+                     corpus=CORPUS)["steps"] == 1
+    with pytest.raises(ValueError, match="^feature_map: a checkpoint stores"):
+        Trainer(cfg, TRAIN, out=tmp_path, corpus=CORPUS)
