@@ -402,11 +402,10 @@ def test_hybrid_bad_arguments():
 # The model's own code traces for every kind (the id range check stays out of traced code).
 # Kinds in BLOCKED_IN_OPS still fail inside linattn.ops, on value checks that read tensors
 # (data-dependent branches): flip them when the ops trace. With those checks lifted (a scratch
-# patch), every test here passes for every kind except the compiled backward of "linear" and
-# "gated_delta": AOTAutograd's traced strides of a gradient leaving the ops' chunked forms
-# differ from eager's, and a view in the backward graph fails ("view size is not compatible").
-# The "aot_eager" backend runs Dynamo (the fullgraph capture) and AOTAutograd (the backward
-# graph) without compiling C++ (inductor: the slow test below).
+# patch skipping them under torch.compiler.is_compiling()), every test here passes for every
+# kind, the slow inductor one included. The "aot_eager" backend runs Dynamo (the fullgraph
+# capture) and AOTAutograd (the backward graph) without compiling C++ (inductor: the slow
+# test below).
 
 BLOCKED_IN_OPS = {
     "linear": "linattn/ops/_common.py check_gamma branches on the decays' values",

@@ -70,8 +70,11 @@ class GatedDeltaAttention(MultiheadAttentionBase):
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """β (B, H, T) in (0, 1) and g (B, H, T) ≤ 0 for x (B, T, E)."""
         beta = torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
-        g = -self.A_log.exp() * F.softplus(self.decay_proj(x) + self.dt_bias)
-        return beta, g.transpose(1, 2)
+        # softplus on a (B, H, T) tensor laid out as such: torch 2.13's fake strides of
+        # softplus_backward follow its input and eager's its gradient, so a compiled backward
+        # with the two in different layouts fails on a view
+        a = (self.decay_proj(x) + self.dt_bias).transpose(1, 2).contiguous()
+        return beta, -self.A_log.exp()[:, None] * F.softplus(a)
 
     def forward(self, x: Tensor, state: DeltaRuleState | None = None,
                 position: int = 0) -> tuple[Tensor, DeltaRuleState]:

@@ -229,6 +229,10 @@ class DecayedMultiheadAttention(MultiheadAttentionBase):
     def _decayed_linear(self, q: Tensor, k: Tensor, v: Tensor,
                         state: LinearAttentionState | None) -> tuple[Tensor, LinearAttentionState]:
         g = self.decay.to(q.dtype)
+        # (B, H, T, d) in memory: φ's backward then sees one layout (torch 2.13's fake strides
+        # of elu_backward follow its input, eager's the gradient: a compiled backward of
+        # transposed q, k fails on a view)
+        q, k = q.contiguous(), k.contiguous()
         if q.shape[2] == 1 and state is not None:  # a decoding step: the recurrence, O(ℓ·d)
             o, new = decay_linear_attention_step(
                 q[:, :, 0], k[:, :, 0], v[:, :, 0], g, state, feature_map=self.feature_map)
