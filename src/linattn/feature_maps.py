@@ -106,20 +106,33 @@ class ReluPlusOne(FeatureMap):
 
 
 @functools.lru_cache(maxsize=64)
-def _monomial_indices(dim: int, degree: int) -> tuple[Tensor, Tensor]:
+def _monomial_table(dim: int, degree: int) -> tuple[tuple[tuple[int, ...], ...],
+                                                    tuple[float, ...]]:
     """Index tuples of all monomials of ``degree`` in ``dim`` variables (with repetition) and the
-    square roots of their multinomial coefficients.
+    square roots of their multinomial coefficients, as plain tuples (what a traced graph can
+    hold as a constant).
 
-    Returns ``idx: (M, degree)`` and ``coef: (M,)``, ``M = C(dim + degree - 1, degree)``, with
+    ``M = C(dim + degree - 1, degree)`` tuples, with
     ``(x·y)^degree = Σ_m coef_m² Π_j x[idx_mj] y[idx_mj]``.
     """
-    combos = list(itertools.combinations_with_replacement(range(dim), degree))
+    combos = tuple(itertools.combinations_with_replacement(range(dim), degree))
     coef = []
     for c in combos:
         n = math.factorial(degree)
         for _, grp in itertools.groupby(c):
             n //= math.factorial(len(list(grp)))
         coef.append(math.sqrt(n))
+    return combos, tuple(coef)
+
+
+@torch.compiler.assume_constant_result  # a traced graph keeps the table as a constant
+def _monomial_table_constant(dim: int, degree: int):
+    return _monomial_table(dim, degree)
+
+
+def _monomial_indices(dim: int, degree: int) -> tuple[Tensor, Tensor]:
+    """:func:`_monomial_table` as tensors: ``idx: (M, degree)`` and ``coef: (M,)``."""
+    combos, coef = _monomial_table_constant(dim, degree)
     idx = torch.tensor(combos, dtype=torch.long).reshape(len(combos), degree)
     return idx, torch.tensor(coef, dtype=torch.float64)
 

@@ -386,12 +386,12 @@ def test_report_names_the_backend_and_build_of_every_form():
 
 def test_policy_chunk_size_reaches_every_chunked_op(monkeypatch):
     """Policy.chunk_size is the default chunk of every chunked op, not only linear attention's."""
-    from linattn.ops.delta import op as delta_op
+    from linattn.ops.delta import chunk as delta_chunk
     from linattn.ops.gated import op as gated_op
 
     seen = []
-    real_d, real_g = delta_op._chunked, gated_op.chunked_form
-    monkeypatch.setattr(delta_op, "_chunked", lambda *a: seen.append(a[-1]) or real_d(*a))
+    real_d, real_g = delta_chunk.chunked_form, gated_op.chunked_form
+    monkeypatch.setattr(delta_chunk, "chunked_form", lambda *a: seen.append(a[-1]) or real_d(*a))
     monkeypatch.setattr(gated_op, "chunked_form", lambda *a: seen.append(a[-1]) or real_g(*a))
     q, k, v, beta = _delta_args(T=20)
     with dispatch.use(impl="portable", chunk_size=4):

@@ -92,3 +92,28 @@ def test_plain_eager_calls_skip_the_op_dispatcher(monkeypatch):
     with FakeTensorMode() as mode:
         step(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
     assert used == [1, 2]
+
+
+@needs_native
+def test_the_ops_compute_the_same_function_where_the_kernels_cannot_be_had(monkeypatch):
+    """An exported program names the ops; run where no compiled library loads (no compiler),
+    they compute the same function in torch operations, gradients included."""
+    args = _linear_args(True, grad=True, keep=True)
+    want = linear_native._FORWARD(*args)
+    want[0].sum().backward()
+    want_grads = [x.grad.clone() for x in args[:3]]
+    for x in args[:3]:
+        x.grad = None
+    x = torch.randn(1, 2, 16)
+    step = (x, x, x, torch.rand(1, 2), None, torch.randn(1, 2, 16, 16), 0.25, True, "native")
+    want_step = delta_native.delta_rule_step_native(*step)
+    monkeypatch.setattr(linear_native, "kernels", lambda isa="native": None)
+    monkeypatch.setattr(delta_native, "kernels", lambda isa="native": None)
+    got = linear_native._FORWARD(*args)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    got[0].sum().backward()
+    for x, g in zip(args[:3], want_grads, strict=True):
+        torch.testing.assert_close(x.grad, g, rtol=1e-4, atol=1e-5)
+    for a, b in zip(delta_native.delta_rule_step_native(*step), want_step, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -97,7 +97,9 @@ def check_eps(eps: object, name: str = "eps") -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(eps).__name__}")
     value = float(eps)
-    if not math.isfinite(value) or value < 0:
+    # (comparisons rather than math.isfinite, which a graph traced with dynamic shapes cannot
+    # evaluate on a symbolic float)
+    if value != value or value == math.inf or value < 0:
         raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
     return value
 

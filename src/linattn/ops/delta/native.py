@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from linattn.ops._library import KernelOp
+from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.native import check_rc, empty_hugepage, load, pool
 from linattn.ops.native.abi import Args, LayoutError, bind
 
@@ -108,12 +109,12 @@ def unavailable(isa: str = "native") -> str | None:
     return _why.get(isa) or unavailable_reason(isa)
 
 
-def _kernels(isa: str) -> dict:
+def _kernels_here(isa: str) -> dict | None:
+    """The kernels of ``isa``, else of this machine's native build (a traced program names the
+    build chosen where it was traced), else None: the ops then compute the same function in
+    torch operations (:mod:`linattn.ops.delta.chunk`)."""
     fns = kernels(isa)
-    if fns is None:
-        raise RuntimeError(f"linattn native path: the {isa} build is not available "
-                           f"({unavailable(isa)})")
-    return fns
+    return fns if fns is not None or isa == "native" else kernels("native")
 
 
 # ------------------------------------------------------------------------------------ the calls
@@ -220,7 +221,9 @@ def _prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0
     S0 the checked initial state (..., K, V) float32 — with ``cu_seqlens`` (batch size 1),
     (N, ..., K, V), one per packed sequence. Returns (o (..., T, V) in q's dtype, the final
     state float32, S0's shape)."""
-    fns = _kernels(isa)
+    fns = _kernels_here(isa)
+    if fns is None:
+        return torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, 64)
     *batch, T, K = q.shape
     V = v.shape[-1]
     if cu_seqlens is None:  # one span over every head
@@ -261,7 +264,9 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
     the new state float32 (..., K, V)). Lean on purpose (contiguous inputs are passed as they
     are, outputs allocated in their final shape): this is the whole per-token cost of
     decoding."""
-    fns = _kernels(isa)
+    fns = _kernels_here(isa)
+    if fns is None:
+        return torch_step(q_t, k_t, v_t, beta_t, S, g_t, None, None, scale, l2norm)
     K, V = S.shape[-2], S.shape[-1]
     N = beta_t.numel()
     q, k, v = _vec(q_t, N), _vec(k_t, N), _vec(v_t, N)

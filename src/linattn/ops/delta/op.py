@@ -46,34 +46,23 @@ from linattn.ops._common import (
     check_qkv,
     check_step_inputs,
     needs_grad,
-    to_chunks,
 )
 from linattn.ops._library import tracing
 from linattn.ops.delta import native as delta_native
+from linattn.ops.delta.chunk import L2_EPS, l2_normalised, torch_prefill, torch_step
 from linattn.ops.dispatch import Backend, Choice
 from linattn.ops.gated.op import (
     check_gate,
     checked_tensor,
-    decayed,
     initial_state_for,
     resolve_scale,
-    segsum,
 )
-from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
+from linattn.ops.varlen import check_cu_seqlens
 
-__all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "check_beta", "OP"]
+__all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "L2_EPS", "check_beta", "OP"]
 
 #: The op's name in the dispatcher; its forms are "prefill" (delta_rule) and "step".
 OP = "delta_rule"
-
-#: Added to Σx² before the square root in :func:`l2_normalised` (as flash-linear-attention).
-L2_EPS = 1e-6
-
-
-def l2_normalised(x: Tensor) -> Tensor:
-    """x / sqrt(Σx² + 1e-6) along the last dimension."""
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
-
 
 def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
     """β of exactly ``shape`` in the accumulation dtype; errors name ``name``."""
@@ -151,50 +140,7 @@ def _prefill(choice: Choice, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
     if choice.backend == "native":
         return delta_native.delta_rule_native(q, k, v, beta, g, S0, cu, s, qk_l2norm,
                                               choice.isa)
-    acc, out_dtype = beta.dtype, q.dtype
-    q, k, v = q.to(acc), k.to(acc), v.to(acc)
-    if qk_l2norm:
-        q, k = l2_normalised(q), l2_normalised(k)
-    if cu is not None:
-        (qp, kp, vp, bp, gp), keep = packed([q, k, v, beta, g], cu)
-        o, S = _chunked(qp * s, kp, vp, bp, gp, S0, C)
-        o = unpacked(o, cu, keep)
-    else:
-        o, S = _chunked(q * s, k, v, beta, g, S0, C)
-    return o.to(out_dtype), S
-
-
-def _chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S: Tensor,
-             C: int) -> tuple[Tensor, Tensor]:
-    """The chunked form on checked inputs in the accumulation dtype (q already scaled)."""
-    *batch, T, K = q.shape
-    V = v.shape[-1]
-    if T == 0:
-        return q @ S, S
-    C = max(1, min(C, T))
-    # zero padding to whole chunks: k = v = 0, β = 0 and gate 0 leave the state as it was
-    qc, kc, vc = (to_chunks(x, C) for x in (q, k, v))  # (..., n, C, ·)
-    n = qc.shape[-3]
-    bc = to_chunks(beta.unsqueeze(-1), C)  # (..., n, C, 1)
-    gc = q.new_zeros(*batch, n, C) if g is None else to_chunks(g.unsqueeze(-1), C).squeeze(-1)
-    seg = segsum(gc)
-    decay = seg.exp()  # Γ: (..., n, C, C), 0 above the diagonal
-    into = gc.cumsum(-1).exp().unsqueeze(-1)  # γ_i: (..., n, C, 1)
-    outof = seg[..., -1, :].exp().unsqueeze(-1)  # Γ[C−1, j]
-    idx = torch.arange(C, device=q.device)
-    below = idx[:, None] > idx[None, :]
-    A = torch.where(below, (kc @ kc.transpose(-1, -2)) * decay * bc, q.new_zeros(()))
-    rhs = torch.cat([bc * vc, (bc * into) * kc], dim=-1)  # (..., n, C, V + K)
-    X = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
-    U_free, W = X[..., :V], X[..., V:]  # U = U_free − W S_0
-    P = (qc @ kc.transpose(-1, -2)) * decay  # causal: Γ is 0 above the diagonal
-    q_in, k_out, through = qc * into, kc * outof, into[..., -1, :]  # through: (..., n, 1)
-    outs = []
-    for c in range(n):
-        U = U_free[..., c, :, :] - W[..., c, :, :] @ S
-        outs.append(q_in[..., c, :, :] @ S + P[..., c, :, :] @ U)
-        S = through[..., c, :, None] * S + k_out[..., c, :, :].transpose(-1, -2) @ U
-    return torch.cat(outs, dim=-2)[..., :T, :], S
+    return torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C)
 
 
 def delta_rule_step(
@@ -231,22 +177,8 @@ def delta_rule_step(
         return delta_native.delta_rule_step_native(q_t, k_t, v_t, beta_t, g_t, S,
                                                    resolve_scale(scale, K), qk_l2norm,
                                                    choice.isa)
-    return _torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, resolve_scale(scale, K),
+    return torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, resolve_scale(scale, K),
                        qk_l2norm)
-
-
-def _torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, scale: float, qk_l2norm: bool):
-    """The step in torch operations, on checked arguments (beta_t, S in the accumulation
-    dtype; the gates are checked here)."""
-    acc = beta_t.dtype
-    S = decayed(S, g_t, gk_t, gv_t, q_t)
-    q, k = q_t.to(acc), k_t.to(acc)
-    if qk_l2norm:
-        q, k = l2_normalised(q), l2_normalised(k)
-    u = beta_t.unsqueeze(-1) * (v_t.to(acc) - (k.unsqueeze(-2) @ S).squeeze(-2))
-    S = S + k.unsqueeze(-1) * u.unsqueeze(-2)
-    o = ((q * scale).unsqueeze(-2) @ S).squeeze(-2)
-    return o.to(q_t.dtype), S
 
 
 # ------------------------------------------------------------------------------- backends
@@ -288,7 +220,7 @@ def _problem(form: str):
                         delta_native.delta_rule_step_native(q, k, v, beta, g, S, d ** -0.5, True,
                                                             choice.isa)
                     else:
-                        _torch_step(q, k, v, beta, S, g, None, None, d ** -0.5, True)
+                        torch_step(q, k, v, beta, S, g, None, None, d ** -0.5, True)
             return steps
         return run
 

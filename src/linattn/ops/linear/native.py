@@ -576,10 +576,10 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor, keep: Tens
     Returns the output (N, Tq, Dv), the final state S, z, and what the backward reads: the
     state before each block (nb, N, L, Dv), (nb, N, L) when causal, empty tensors otherwise
     (the backward then reads the final S, z)."""
-    fns = kernels(isa)
-    if fns is None:
-        raise RuntimeError(f"linattn native path: the {isa} build is not available "
-                           f"({unavailable(isa)})")
+    fns = _kernels_here(isa)
+    if fns is None:  # a traced program run where the kernels cannot be had: the same function
+        out, S, z = _portable(q, k, v, S0, z0, keep, kind, eps, chunk, is_causal)
+        return out, S, z, S0.new_empty(0), z0.new_empty(0)
     N, Tq, L = q.shape
     Dv = v.shape[2]
     out = empty_hugepage(q, N, Tq, Dv)
@@ -604,18 +604,21 @@ def _forward_fake(q, k, v, S0, z0, keep, kind, eps, block, chunk, is_causal, isa
     return out, S, z, S0.new_empty(nb, N, L, Dv), z0.new_empty(nb, N, L)
 
 
-def _backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S_states: Tensor,
-              z_states: Tensor, S: Tensor, z: Tensor, out: Tensor, g_out: Tensor | None,
-              g_S: Tensor | None, g_z: Tensor | None, kind: int, eps: float, block: int,
-              chunk: int, is_causal: bool, isa: str
+def _backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, z0: Tensor,
+              S_states: Tensor, z_states: Tensor, S: Tensor, z: Tensor, out: Tensor,
+              g_out: Tensor | None, g_S: Tensor | None, g_z: Tensor | None, kind: int,
+              eps: float, block: int, chunk: int, is_causal: bool, isa: str
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``linattn::linear_attention_bwd``: the gradients of q, k, v and of the initial state
     (S0, z0) from those of the output and the final state (None: zero). Not differentiable
     itself (``create_graph`` takes the recomputing formula in :func:`_backward_formula`)."""
-    fns = kernels(isa)
-    if fns is None:
-        raise RuntimeError(f"linattn native path: the {isa} build is not available "
-                           f"({unavailable(isa)})")
+    fns = _kernels_here(isa)
+    if fns is None:  # as in _forward: the portable form, differentiated by autograd
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_(True) for x in (q, k, v, S0, z0)]
+            outs = _portable(*leaves, keep, kind, eps, chunk, is_causal)
+            grads = graph_grads(list(outs), [g_out, g_S, g_z], leaves, [True] * 5)
+        return tuple(g.detach() for g in grads)
     if q.dtype != torch.float32:  # the dispatcher routes bfloat16 with gradients away
         raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
     N, Tq, L = q.shape
@@ -634,8 +637,8 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S_states: Te
     return dq, dk, dv, G, Gz
 
 
-def _backward_fake(q, k, v, keep, S_states, z_states, S, z, out, g_out, g_S, g_z, kind, eps,
-                   block, chunk, is_causal, isa):
+def _backward_fake(q, k, v, keep, S0, z0, S_states, z_states, S, z, out, g_out, g_S, g_z, kind,
+                   eps, block, chunk, is_causal, isa):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(S),
             torch.empty_like(z))
 
@@ -658,13 +661,28 @@ def _backward_formula(ctx, g_out, g_S, g_z, _g_states, _g_zstates):
     if torch.is_grad_enabled():  # create_graph=True: a gradient that is differentiable
         grads = _differentiable_backward(ctx, (g_out, g_S, g_z))
     else:
-        grads = _BACKWARD(q, k, v, keep, S_states, z_states, S, z, out, g_out, g_S, g_z, kind,
-                          eps, block, chunk, is_causal, isa)
+        grads = _BACKWARD(q, k, v, keep, S0, z0, S_states, z_states, S, z, out, g_out, g_S,
+                          g_z, kind, eps, block, chunk, is_causal, isa)
     return (*grads, None, None, None, None, None, None, None)
 
 
 _FORWARD = KernelOp("linear_attention_fwd", _forward, _forward_fake,
                     backward=_backward_formula, setup_context=_setup_context)
+
+
+def _kernels_here(isa: str) -> dict | None:
+    """The kernels of ``isa``, else of this machine's native build (a traced program names the
+    build chosen where it was traced), else None."""
+    fns = kernels(isa)
+    return fns if fns is not None or isa == "native" else kernels("native")
+
+
+def _portable(q, k, v, S0, z0, keep, kind, eps, chunk, is_causal):
+    """(out, S, z) of the custom op's inputs by the portable form (new tensors)."""
+    keep = None if keep is None else keep.unsqueeze(-1)
+    out, total = portable_forward(_MAP_OF_KIND[kind](), q, k, v, keep, eps, chunk, is_causal,
+                                  torch.cat([S0, z0.unsqueeze(-1)], -1))
+    return out, total[..., :-1].contiguous(), total[..., -1].contiguous()
 
 
 def _differentiable_backward(ctx, grads):

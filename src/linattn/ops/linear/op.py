@@ -201,8 +201,9 @@ def linear_attention(
     grad = needs_grad(q, k, v, S0)
     choice = dispatch.select(OP, _form(is_causal, grad), q.dtype, q.device.type, grad,
                              _traits(fmap, keep), None if traced else q.shape[-2], traced)
-    o, total = _run(choice, q, k, v, fmap, is_causal, keep, eps, chunk, pol.block_for(chunk),
-                    S0)
+    # (pol.block_for(chunk), spelled out: a traced graph reads the policy's fields, not methods)
+    block = max(chunk, pol.block_size // chunk * chunk)
+    o, total = _run(choice, q, k, v, fmap, is_causal, keep, eps, chunk, block, S0)
     if return_state:
         return o, LinearAttentionState(S=total[..., :-1], z=total[..., -1])
     return o

@@ -1,0 +1,89 @@
+"""The (gated) delta rule in torch operations: the chunked WY form, the step, the L2 norm.
+
+The portable backend of :mod:`linattn.ops.delta.op` (every device and dtype, differentiable) and
+what the compiled ops fall back to where their kernels cannot be had (an exported program run on
+a machine without a C compiler). The maths is in :mod:`linattn.ops.delta`'s op docstring.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._common import to_chunks
+from linattn.ops.gated.op import decayed, segsum
+from linattn.ops.varlen import packed, unpacked
+
+__all__ = ["L2_EPS", "l2_normalised", "chunked_form", "torch_prefill", "torch_step"]
+
+#: Added to Σx² before the square root in :func:`l2_normalised` (as flash-linear-attention).
+L2_EPS = 1e-6
+
+
+def l2_normalised(x: Tensor) -> Tensor:
+    """x / sqrt(Σx² + 1e-6) along the last dimension."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def torch_prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, s: float,
+                  S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int) -> tuple[Tensor, Tensor]:
+    """The chunked form on checked arguments (beta, g, S0 in the accumulation dtype; ``cu`` the
+    checked cumulative lengths of a packed batch, or None). Returns (o in q's dtype, S)."""
+    acc, out_dtype = beta.dtype, q.dtype
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    if qk_l2norm:
+        q, k = l2_normalised(q), l2_normalised(k)
+    if cu is not None:
+        (qp, kp, vp, bp, gp), keep = packed([q, k, v, beta, g], cu)
+        o, S = chunked_form(qp * s, kp, vp, bp, gp, S0, C)
+        o = unpacked(o, cu, keep)
+    else:
+        o, S = chunked_form(q * s, k, v, beta, g, S0, C)
+    return o.to(out_dtype), S
+
+
+def chunked_form(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S: Tensor,
+             C: int) -> tuple[Tensor, Tensor]:
+    """The chunked form on checked inputs in the accumulation dtype (q already scaled)."""
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    if T == 0:
+        return q @ S, S
+    C = max(1, min(C, T))
+    # zero padding to whole chunks: k = v = 0, β = 0 and gate 0 leave the state as it was
+    qc, kc, vc = (to_chunks(x, C) for x in (q, k, v))  # (..., n, C, ·)
+    n = qc.shape[-3]
+    bc = to_chunks(beta.unsqueeze(-1), C)  # (..., n, C, 1)
+    gc = q.new_zeros(*batch, n, C) if g is None else to_chunks(g.unsqueeze(-1), C).squeeze(-1)
+    seg = segsum(gc)
+    decay = seg.exp()  # Γ: (..., n, C, C), 0 above the diagonal
+    into = gc.cumsum(-1).exp().unsqueeze(-1)  # γ_i: (..., n, C, 1)
+    outof = seg[..., -1, :].exp().unsqueeze(-1)  # Γ[C−1, j]
+    idx = torch.arange(C, device=q.device)
+    below = idx[:, None] > idx[None, :]
+    A = torch.where(below, (kc @ kc.transpose(-1, -2)) * decay * bc, q.new_zeros(()))
+    rhs = torch.cat([bc * vc, (bc * into) * kc], dim=-1)  # (..., n, C, V + K)
+    X = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    U_free, W = X[..., :V], X[..., V:]  # U = U_free − W S_0
+    P = (qc @ kc.transpose(-1, -2)) * decay  # causal: Γ is 0 above the diagonal
+    q_in, k_out, through = qc * into, kc * outof, into[..., -1, :]  # through: (..., n, 1)
+    outs = []
+    for c in range(n):
+        U = U_free[..., c, :, :] - W[..., c, :, :] @ S
+        outs.append(q_in[..., c, :, :] @ S + P[..., c, :, :] @ U)
+        S = through[..., c, :, None] * S + k_out[..., c, :, :].transpose(-1, -2) @ U
+    return torch.cat(outs, dim=-2)[..., :T, :], S
+
+
+def torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, scale: float, qk_l2norm: bool):
+    """The step in torch operations, on checked arguments (beta_t, S in the accumulation
+    dtype; the gates are checked here)."""
+    acc = beta_t.dtype
+    S = decayed(S, g_t, gk_t, gv_t, q_t)
+    q, k = q_t.to(acc), k_t.to(acc)
+    if qk_l2norm:
+        q, k = l2_normalised(q), l2_normalised(k)
+    u = beta_t.unsqueeze(-1) * (v_t.to(acc) - (k.unsqueeze(-2) @ S).squeeze(-2))
+    S = S + k.unsqueeze(-1) * u.unsqueeze(-2)
+    o = ((q * scale).unsqueeze(-2) @ S).squeeze(-2)
+    return o.to(q_t.dtype), S
