@@ -220,6 +220,26 @@ int main(void) {
             ++failures;
             printf("FAIL: la_gdr_step differs from la_gdr_forward (rc %d)\n", rc);
         }
+        /* the step's own value checks: a NaN beta is -2, a NaN or positive gate -3, and the
+         * outputs are not touched */
+        float nan = NAN, keep = S1[0];
+        S1[0] = 12345.0f;
+        b[1] = nan;
+        int bad_beta = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        b[1] = 0.5f;
+        g[2] = 0.25f;
+        int pos_gate = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        g[2] = nan;
+        int nan_gate = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int no_gate = la_gdr_step(q, k, v, b, NULL, SN, SK, SV, 0.3f, 1, S0, S2, o2, wk);
+        ++checks;
+        if (bad_beta != -2 || pos_gate != -3 || nan_gate != -3 || no_gate != 0
+            || S1[0] != 12345.0f) {
+            ++failures;
+            printf("FAIL: la_gdr_step value checks (%d %d %d %d)\n", bad_beta, pos_gate,
+                   nan_gate, no_gate);
+        }
+        S1[0] = keep;
     }
     /* sizes it must refuse: V not a multiple of W (W > 1), columns out of range */
     float dummy[64] = {0};

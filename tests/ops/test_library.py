@@ -33,8 +33,12 @@ def test_tracing_is_detected_under_every_tracer():
 
 
 def test_the_ops_are_registered_in_the_linattn_namespace():
+    import linattn.ops
+
+    names = linattn.ops.register_custom_ops()
     for name in ("linear_attention_fwd", "linear_attention_bwd", "gdr_forward", "gdr_step"):
         assert hasattr(torch.ops.linattn, name), name
+        assert f"linattn::{name}" in names
 
 
 def _linear_args(is_causal, grad=False, T=40, keep=False):

@@ -31,7 +31,22 @@ OPS: dict[str, tuple[str, ...]] = {
 #: public name -> the op folder that exports it
 EXPORTS: dict[str, str] = {name: op for op, names in OPS.items() for name in names}
 
-__all__ = ["OPS", "EXPORTS", "reference", *EXPORTS]
+__all__ = ["OPS", "EXPORTS", "reference", "register_custom_ops", *EXPORTS]
+
+
+def register_custom_ops() -> list[str]:
+    """Import every op folder's compiled glue, which registers its ``linattn::`` custom ops
+    with PyTorch, and return their names: what a process that runs an exported program (e.g.
+    an AOTInductor package) calls before loading it."""
+    import importlib.util
+
+    import torch
+
+    for op in OPS:
+        if importlib.util.find_spec(f"linattn.ops.{op}.native") is not None:
+            importlib.import_module(f"linattn.ops.{op}.native")
+    return sorted(name for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("linattn::"))
 
 
 def __getattr__(name: str):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -20,7 +20,14 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
     """Raise TypeError/ValueError naming the argument when q, k, v do not fit together.
 
-    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv); ``same_length`` also asks Tq == Tk."""
+    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv); ``same_length`` also asks Tq == Tk.
+    Valid inputs pass a few cheap comparisons first (short calls are dominated by checks)."""
+    if (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+            and q.dtype == k.dtype == v.dtype and q.is_floating_point() and q.dim() >= 2
+            and q.shape[-1] > 0 and q.shape[-1] == k.shape[-1] and q.shape[:-2] == k.shape[:-2]
+            and k.shape[:-1] == v.shape[:-1] and (not same_length or q.shape[-2] == k.shape[-2])
+            and q.device == k.device == v.device):
+        return
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -81,7 +88,15 @@ def key_mask_for(key_padding_mask: Tensor | None, k: Tensor,
 
 
 def check_step_inputs(q_t: Tensor, k_t: Tensor, v_t: Tensor) -> None:
-    """:func:`check_qkv` for one decoding step: q_t, k_t (..., D), v_t (..., Dv)."""
+    """:func:`check_qkv` for one decoding step: q_t, k_t (..., D), v_t (..., Dv).
+
+    Valid inputs pass a few cheap comparisons (this is on every decoding step); anything else
+    goes through :func:`check_qkv`, which says what is wrong."""
+    if (isinstance(q_t, Tensor) and isinstance(k_t, Tensor) and isinstance(v_t, Tensor)
+            and q_t.dtype == k_t.dtype == v_t.dtype and q_t.is_floating_point()
+            and q_t.dim() >= 1 and q_t.shape == k_t.shape and q_t.shape[-1] > 0
+            and q_t.shape[:-1] == v_t.shape[:-1] and q_t.device == k_t.device == v_t.device):
+        return
     for name, t in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -128,9 +143,16 @@ def check_gamma(gamma: float | Tensor, batch: tuple[int, ...], like: Tensor) -> 
         ) from None
 
 
+#: One shared instance per feature-map name (the named maps hold no parameters): building an
+#: nn.Module per call cost more than a short call's arithmetic.
+_NAMED_MAPS: dict[str, FeatureMap] = {name: cls() for name, cls in FEATURE_MAPS.items()}
+
+
 def resolve(feature_map: str | FeatureMap, eps: object) -> tuple[FeatureMap, float]:
     """The feature map and the checked ``eps`` (None: the map's own default)."""
-    fmap = get_feature_map(feature_map)
+    fmap = _NAMED_MAPS.get(feature_map) if isinstance(feature_map, str) else None
+    if fmap is None:
+        fmap = get_feature_map(feature_map)
     if eps is None:
         return fmap, check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
     return fmap, check_eps(eps)

@@ -60,7 +60,8 @@ class KernelOp:
             self.op.register_autograd(backward, setup_context=setup_context)
 
     def __call__(self, *args):
-        tensors = [a for a in args if isinstance(a, Tensor)]
-        if tracing(*tensors) or (self.differentiable and _wants_grad(tensors)):
+        if tracing(*args):
+            return self.op(*args)
+        if self.differentiable and _wants_grad([a for a in args if isinstance(a, Tensor)]):
             return self.op(*args)
         return self.impl(*args)

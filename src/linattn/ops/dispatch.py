@@ -266,8 +266,9 @@ def select(op: str, form: str, dtype: torch.dtype, device: str, grad: bool,
     call. Repeated calls with the same facts cost a dictionary lookup."""
     pol = _POLICY.get()
     setting = native_setting()
-    key = (op, form, dtype, device, grad, traits, length, tracing, pol, setting,
-           os.environ.get("LINATTN_NATIVE_ISA", ""), torch.get_num_threads())
+    # (the policy fields the choice depends on: hashing the whole dataclass costs more)
+    key = (op, form, dtype, device, grad, traits, length, tracing, pol.impl, pol.fused_min_t,
+           setting, os.environ.get("LINATTN_NATIVE_ISA", ""), torch.get_num_threads())
     choice = _memo.get(key)
     if choice is None:
         choice = _select(op, form, dtype, device, grad, traits, length, tracing, pol, setting)

@@ -184,10 +184,16 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
 }
 
 /* One decoding step of N heads with contiguous rows (q, k (N, K); v, o (N, V); beta, g (N)):
- * la_gdr_forward with T = 1, in fewer arguments (each costs the ctypes call time). */
+ * la_gdr_forward with T = 1, in fewer arguments. It also checks the step's values, which the
+ * Python side then need not (a tensor reduction there costs more than this whole loop): returns
+ * -2 if a beta is NaN, -3 if a log-gate is NaN or positive, before anything is written. */
 static int la_gdr_step(const float *q, const float *k, const float *v, const float *beta,
-                const float *g, long N, long K, long V, float scale, int l2norm,
-                const float *S_in, float *S_out, float *o, float *work) {
+                       const float *g, long N, long K, long V, float scale, int l2norm,
+                       const float *S_in, float *S_out, float *o, float *work) {
+    for (long n = 0; n < N; ++n) {
+        if (beta[n] != beta[n]) return -2;
+        if (g && !(g[n] <= 0.0f)) return -3;
+    }
     return la_gdr_forward(q, K, K, k, K, K, v, V, V, beta, 1, g, 1, N, 1, K, V, 0, V, scale,
                           l2norm, S_in, S_out, o, V, V, work);
 }

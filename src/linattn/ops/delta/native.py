@@ -41,6 +41,7 @@ from torch import Tensor
 
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
+from linattn.ops.gated.op import check_gate
 from linattn.ops.native import check_rc, empty_hugepage, load, pool
 from linattn.ops.native.abi import Args, LayoutError, bind
 
@@ -266,6 +267,7 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
     decoding."""
     fns = _kernels_here(isa)
     if fns is None:
+        _check_step_values(beta_t, g_t)
         return torch_step(q_t, k_t, v_t, beta_t, S, g_t, None, None, scale, l2norm)
     K, V = S.shape[-2], S.shape[-1]
     N = beta_t.numel()
@@ -276,6 +278,7 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
     S_out = torch.empty_like(S_in)
     o = torch.empty(v_t.shape, dtype=torch.float32)  # (..., V), row-major
     if N * K * V >= PARALLEL_MIN and torch.get_num_threads() > 1:  # a large batch: threads
+        _check_step_values(b, g)  # (la_gdr_forward does not; a reduction is cheap at this size)
         _forward(fns, q.view(N, 1, K), k.view(N, 1, K), v.view(N, 1, V), b.view(N, 1),
                  None if g is None else g.view(N, 1), scale, l2norm, S_in.view(N, K, V),
                  S_out.view(N, K, V), o.view(N, 1, V))
@@ -286,8 +289,25 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
             l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(), S_out=S_out.data_ptr(),
             o=o.data_ptr(), work=_work(fns, K).data_ptr()))
         if rc:
-            check_rc(rc, "la_gdr_step")
+            _refused_step(rc, beta_t, g_t)
     return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
+
+
+def _check_step_values(beta_t: Tensor, g_t: Tensor | None) -> None:
+    """In Python, what la_gdr_step checks itself (for the calls that do not run it)."""
+    if bool(beta_t.isnan().any()):
+        _refused_step(-2, beta_t, g_t)
+    if g_t is not None:
+        check_gate(g_t, "g_t", tuple(g_t.shape), g_t)
+
+
+def _refused_step(rc: int, beta_t: Tensor, g_t: Tensor | None) -> None:
+    """The kernel's own value checks (la_gdr_step): the errors the torch path raises."""
+    if rc == -2:
+        raise ValueError("beta_t: contains nan")
+    if rc == -3 and g_t is not None:
+        check_gate(g_t, "g_t", tuple(g_t.shape), g_t)  # raises, naming the values
+    check_rc(rc, "la_gdr_step")
 
 
 def _step_fake(q_t, k_t, v_t, beta_t, g_t, S, scale, l2norm, isa):

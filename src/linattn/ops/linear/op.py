@@ -62,9 +62,10 @@ def __getattr__(name: str):
 def _traits(fmap: FeatureMap, keep: Tensor | None) -> tuple[str, ...]:
     """What the backends ask of a call beyond dtype, device and gradients."""
     traits = []
-    if type(fmap) in native.MAP_KINDS:
-        traits.append("map:compiled")
-    if getattr(fmap, "tokenwise", True) and not any(p.requires_grad for p in fmap.parameters()):
+    if type(fmap) in native.MAP_KINDS:  # token-wise, no parameters
+        traits += ["map:compiled", "map:tokenwise"]
+    elif getattr(fmap, "tokenwise", True) and not any(p.requires_grad
+                                                      for p in fmap.parameters()):
         traits.append("map:tokenwise")
     if keep is not None:
         traits.append("masked")
