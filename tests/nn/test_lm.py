@@ -524,3 +524,14 @@ def test_inductor_compiles_the_forward(attention):
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(m, fullgraph=True)(ids), m(ids), rtol=1e-5,
                                    atol=1e-5)
+
+
+def test_fake_ids_skip_the_value_check():
+    """Fake tensors (what export and make_fx trace with) carry no values either: the range
+    check stays out of them, the shapes come through."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m = _tiny("hybrid")
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        logits = m(mode.from_tensor(_ids(T=8)))
+    assert logits.shape == (2, 8, V)

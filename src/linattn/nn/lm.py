@@ -74,6 +74,7 @@ from linattn.nn.mixers import (
     state_to_dict,
     state_types,
 )
+from linattn.ops._library import tracing
 from linattn.ops.decay.op import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.decay_softmax.op import decay_softmax_attention
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
@@ -461,7 +462,8 @@ class LinearTransformerLM(nn.Module):
         """ValueError unless ids is an integer (B, T) tensor, T ≥ 1, with 0 ≤ id < vocab_size.
 
         The range is read off the values, which a trace does not know: under
-        ``torch.compile``/``torch.export`` only the type, dtype and shape are checked (an id
+        ``torch.compile``/``torch.export`` (or any trace or transform,
+        :func:`linattn.ops._library.tracing`) only the type, dtype and shape are checked (an id
         out of range then fails in the embedding lookup)."""
         if not isinstance(ids, Tensor):
             raise ValueError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
@@ -469,7 +471,7 @@ class LinearTransformerLM(nn.Module):
             raise ValueError(f"ids: expected an integer tensor, got dtype {ids.dtype}")
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {tuple(ids.shape)}")
-        if torch.compiler.is_compiling() or ids.numel() == 0:
+        if tracing(ids) or ids.numel() == 0:  # values unknown (compile, export, fake, vmap)
             return
         lo, hi = (int(t) for t in torch.aminmax(ids))
         if lo < 0 or hi >= self.vocab_size:
