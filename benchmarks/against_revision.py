@@ -1,0 +1,98 @@
+"""This checkout's default path against another git revision's, side by side in one process.
+
+A speed figure from another session is another machine's and another day's load; a regression
+check needs both sides in the same rounds. This script extracts ``src/linattn`` of ``--base``
+(``git archive``) into a temporary folder under another package name, imports both, and times
+``linear_attention`` (default policy: whatever each revision's dispatcher takes) in interleaved
+rounds — one call of each per round, after a warm-up round that also lets each side build and
+calibrate its compiled kernels — for every form: non-causal and causal, forward and
+forward+backward. Prints the CPU, the shape, the medians and the ratio new / base::
+
+    python benchmarks/against_revision.py --base e6f496c [-T 65536 -H 8 -d 64] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import linattn
+from linattn.profiling import cpu_description
+
+ROOT = Path(__file__).resolve().parents[1]
+ALIAS = "linattn_base"
+
+
+def import_revision(rev: str, where: Path):
+    """``src/linattn`` of ``rev`` as the package ``linattn_base`` (its absolute imports of
+    ``linattn`` rewritten), imported."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src/linattn"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    pkg = where / "src" / "linattn"
+    target = where / ALIAS
+    pkg.rename(target)
+    pattern = re.compile(r"\blinattn(?=[.\s:]|$)")
+    for path in target.rglob("*.py"):
+        text = path.read_text()
+        text = re.sub(r'(["\'])linattn\.', rf"\1{ALIAS}.", text)  # lazy-import tables
+        text = pattern.sub(ALIAS, text)
+        path.write_text(text)
+    sys.path.insert(0, str(where))
+    return importlib.import_module(ALIAS)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="the git revision to compare against")
+    p.add_argument("-T", type=int, default=65536)
+    p.add_argument("-B", type=int, default=1)
+    p.add_argument("-H", type=int, default=8)
+    p.add_argument("-d", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="linattn-base-") as tmp:
+        base = import_revision(args.base, Path(tmp))
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+        print(f"{cpu_description()}; torch {torch.__version__}; {args.threads} thread(s)")
+        print(f"B={args.B} H={args.H} T={args.T} d=Dv={args.d}, float32, 1 + elu; medians of "
+              f"{args.rounds} interleaved rounds after a warm-up round\n")
+        print(f"| form | pass | base {args.base} | this checkout ({head}, uncommitted "
+              "changes included) | this / base |")
+        print("|---|---|---|---|---|")
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(args.B, args.H, args.T, args.d, generator=g)
+                   for _ in range(3))
+        for is_causal in (False, True):
+            for backward in (False, True):
+                times = {"base": [], "head": []}
+                for rnd in range(args.rounds + 1):
+                    for name, mod in (("base", base), ("head", linattn)):
+                        xs = [x.clone().requires_grad_(backward) for x in (q, k, v)]
+                        t0 = time.perf_counter()
+                        with torch.set_grad_enabled(backward):
+                            o = mod.linear_attention(*xs, is_causal=is_causal)
+                            if backward:
+                                o.sum().backward()
+                        if rnd:
+                            times[name].append(time.perf_counter() - t0)
+                b, h = (statistics.median(times[n]) for n in ("base", "head"))
+                print(f"| {'causal' if is_causal else 'non-causal'} | "
+                      f"{'fwd+bwd' if backward else 'forward'} | {b * 1e3:.0f} ms | "
+                      f"{h * 1e3:.0f} ms | {h / b:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
