@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from linattn.cli.lm import flushed_denormals
+from linattn.lm.training import flushed_denormals
 from linattn.nn.lm import default_decays
 from linattn.ops.decay_softmax.op import decay_softmax_attention
 from linattn.profiling import cpu_description

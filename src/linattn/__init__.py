@@ -18,6 +18,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "feature_maps": ("linattn.feature_maps", None),
     "nn": ("linattn.nn", None),
     "fla": ("linattn.fla", None),
+    "lm": ("linattn.lm", None),
     "reference": ("linattn.ops.reference", None),
     **{name: (f"linattn.ops.{op}", name) for name, op in _OP_EXPORTS.items()},
 }

@@ -400,23 +400,12 @@ def test_hybrid_bad_arguments():
 # --- tracing: torch.compile(fullgraph=True) and torch.export (issue 23 §2) ---
 #
 # The model's own code traces for every kind (the id range check stays out of traced code).
-# Kinds in BLOCKED_IN_OPS still fail inside linattn.ops, on value checks that read tensors
-# (data-dependent branches): flip them when the ops trace. With those checks lifted (a scratch
-# patch skipping them under torch.compiler.is_compiling()), every test here passes for every
-# kind, the slow inductor one included. The "aot_eager" backend runs Dynamo (the fullgraph
+# Every attention kind traces: the ops' value checks become assertion nodes of the graph
+# (linattn.ops._common.check_values). The "aot_eager" backend runs Dynamo (the fullgraph
 # capture) and AOTAutograd (the backward graph) without compiling C++ (inductor: the slow
 # test below).
 
-BLOCKED_IN_OPS = {
-    "linear": "linattn/ops/_common.py check_gamma branches on the decays' values",
-    "softmax": "linattn/ops/_common.py check_gamma and ops/decay_softmax/op.py "
-               "check_decay_softmax_inputs branch on the decays' values",
-    "gated_delta": "linattn/ops/delta/op.py check_beta and ops/gated/op.py check_gate branch "
-                   "on the gates' values",
-}
-KINDS = [pytest.param(kind, marks=pytest.mark.xfail(strict=False, reason=BLOCKED_IN_OPS[kind]))
-         if kind in BLOCKED_IN_OPS else kind for kind in ("linear", "softmax", "hybrid",
-                                                          "gated_delta")]
+KINDS = ["linear", "softmax", "hybrid", "gated_delta"]
 TOL = {"rtol": 64 * torch.finfo(torch.float32).eps, "atol": 64 * torch.finfo(torch.float32).eps}
 
 
@@ -535,3 +524,45 @@ def test_fake_ids_skip_the_value_check():
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         logits = m(mode.from_tensor(_ids(T=8)))
     assert logits.shape == (2, 8, V)
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_gated_delta_traces_on_the_compiled_and_the_torch_path(monkeypatch, native):
+    """Gated DeltaNet with a head dimension the compiled kernels take (16): inference traced with
+    the compiled path (linattn::gdr_forward for the prefill, linattn::gdr_step for a decoding
+    step in the graph) or the torch path (no linattn op), equal to eager."""
+    from linattn.ops import dispatch
+    from linattn.ops.delta import native as delta_native
+
+    if native == "1" and delta_native.kernels() is None:
+        pytest.skip(f"compiled path: {delta_native.unavailable()}")
+    monkeypatch.setenv("LINATTN_NATIVE", native)
+    dispatch._memo.clear()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = LinearTransformerLM(V, 32, 1, 2, attention="gated_delta", chunk_size=8).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids, state):
+            return self.lm(ids, state, return_state=True)
+
+    ids = _ids(T=12)
+    with torch.no_grad():
+        want, st = m(ids[:, :11], return_state=True)
+        want_step, want_st = m(ids[:, 11:], st, return_state=True)
+        prefill = torch.export.export(m, (ids[:, :11],))
+        step = torch.export.export(Step(m), (ids[:, 11:], st))
+        torch.testing.assert_close(prefill.module()(ids[:, :11]), want, **TOL)
+        got, got_st = step.module()(ids[:, 11:], st)
+        torch.testing.assert_close(got, want_step, **TOL)
+        _assert_states_close(got_st, want_st)
+        compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(ids[:, :11]), want, **TOL)
+    for ep, op in ((prefill, "linattn.gdr_forward"), (step, "linattn.gdr_step")):
+        targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+        assert any(t.startswith(op) for t in targets) == (native == "1"), targets
+    dispatch._memo.clear()

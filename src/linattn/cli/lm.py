@@ -31,21 +31,6 @@ from linattn.nn.mixers import DEFAULT_WINDOW, MIXERS  # torch-free
 
 DEFAULT_OUT = "runs/lm"
 
-#: names that moved to the library (:mod:`linattn.lm`) → their module, still importable from
-#: here for the scripts that import them (loaded on first use: they import torch)
-MOVED = {"flushed_denormals": "linattn.lm.training", "evaluate": "linattn.lm.training",
-         "LMTraining": "linattn.lm.training", "load_model": "linattn.lm.generation",
-         "stdlib_corpus": "linattn.lm.data"}
-
-
-def __getattr__(name: str):
-    if name not in MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(MOVED[name]), name)
-
-
 #: parsed names that are not options of the library's configurations
 _NOT_OPTIONS = {"command", "action", "func", "out", "model"}
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
+from linattn.ops._library import tracing
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -129,12 +131,24 @@ def check_chunk_size(chunk_size: object, default: int) -> int:
     return int(chunk_size)
 
 
+def check_values(ok: Tensor, message: str, detail: Callable[[], str] | None = None) -> None:
+    """Raise ValueError(``message`` + ``detail()``) unless every element of the bool tensor
+    ``ok`` is True. Inside a traced graph (``torch.compile``, ``torch.export``) the check cannot
+    branch on values: it becomes an assertion node of the graph, which raises RuntimeError with
+    ``message`` when the compiled program runs."""
+    if tracing(ok):
+        torch._assert_async(ok.all(), message)
+        return
+    if not bool(ok.all()):
+        raise ValueError(message + ("" if detail is None else detail()))
+
+
 def check_gamma(gamma: float | Tensor, batch: tuple[int, ...], like: Tensor) -> Tensor:
     """Decays γ as a tensor of shape ``batch`` in ``like``'s dtype and device; ValueError
     naming ``gamma`` outside [0, 1] or when it does not broadcast to ``batch``."""
     g = torch.as_tensor(gamma, dtype=like.dtype, device=like.device)
-    if g.isnan().any() or (g < 0).any() or (g > 1).any():
-        raise ValueError(f"gamma: expected decays in [0, 1], got {gamma!r}")
+    check_values((g >= 0) & (g <= 1), "gamma: expected decays in [0, 1]",  # nan fails both
+                 lambda: f", got {gamma!r}")
     try:
         return g.broadcast_to(batch)
     except RuntimeError:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.ops._common import block_ranges, check_gamma, check_qkv
+from linattn.ops._common import block_ranges, check_gamma, check_qkv, check_values
 
 DEFAULT_BLOCK_SIZE = 512
 
@@ -61,8 +61,8 @@ def check_decay_softmax_inputs(q: Tensor, k: Tensor, v: Tensor, gamma: float | T
         raise ValueError(f"k: expected at least as many keys as queries (the queries are the "
                          f"last T of S positions), got {S} keys for {T} queries")
     g = check_gamma(gamma, tuple(q.shape[:-2]), q)
-    if (g == 0).any():
-        raise ValueError(f"gamma: expected decays in (0, 1] (log γ must be finite), got {gamma!r}")
+    check_values(g != 0, "gamma: expected decays in (0, 1] (log γ must be finite)",
+                 lambda: f", got {gamma!r}")
     if scale is None:
         scale = q.shape[-1] ** -0.5
     elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:

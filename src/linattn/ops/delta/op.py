@@ -45,6 +45,7 @@ from linattn.ops._common import (
     check_chunk_size,
     check_qkv,
     check_step_inputs,
+    check_values,
     needs_grad,
 )
 from linattn.ops._library import tracing
@@ -67,8 +68,7 @@ OP = "delta_rule"
 def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
     """β of exactly ``shape`` in the accumulation dtype; errors name ``name``."""
     checked_tensor(beta, name, shape, like)
-    if beta.isnan().any():
-        raise ValueError(f"{name}: contains nan")
+    check_values(beta == beta, f"{name}: contains nan")
     return beta.to(accumulation_dtype(like.dtype))
 
 

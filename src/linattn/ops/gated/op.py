@@ -42,6 +42,7 @@ from linattn.ops._common import (
     check_chunk_size,
     check_qkv,
     check_step_inputs,
+    check_values,
     to_chunks,
 )
 from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
@@ -93,9 +94,9 @@ def check_gate(
     if gate is None:
         return None
     checked_tensor(gate, name, shape, like)
-    if not bool((gate <= 0).all()):  # one reduction: nan fails the comparison too
-        raise ValueError(f"{name}: expected log-gates <= 0 (the state decays by exp(gate)), "
-                         f"got values in [{gate.min().item():g}, {gate.max().item():g}]")
+    check_values(gate <= 0,  # nan fails the comparison too
+                 f"{name}: expected log-gates <= 0 (the state decays by exp(gate))",
+                 lambda: f", got values in [{gate.min().item():g}, {gate.max().item():g}]")
     return gate.to(accumulation_dtype(like.dtype))
 
 
