@@ -4,9 +4,9 @@ A speed figure from another session is another machine's and another day's load;
 check needs both sides in the same rounds. This script extracts ``src/linattn`` of ``--base``
 (``git archive``) into a temporary folder under another package name, imports both, and times
 ``linear_attention`` (default policy: whatever each revision's dispatcher takes) in interleaved
-rounds — one call of each per round, after a warm-up round that also lets each side build and
-calibrate its compiled kernels — for every form: non-causal and causal, forward and
-forward+backward. Prints the CPU, the shape, the medians and the ratio new / base::
+rounds — one call of each per round, in alternating order, after a warm-up round that also lets
+each side build and calibrate its compiled kernels — for every form: non-causal and causal,
+forward and forward+backward. Prints the CPU, the shape, the medians and the ratio new / base::
 
     python benchmarks/against_revision.py --base e6f496c [-T 65536 -H 8 -d 64] [--threads 1]
 """
@@ -78,8 +78,11 @@ def main() -> None:
         for is_causal in (False, True):
             for backward in (False, True):
                 times = {"base": [], "head": []}
+                sides = [("base", base), ("head", linattn)]
                 for rnd in range(args.rounds + 1):
-                    for name, mod in (("base", base), ("head", linattn)):
+                    # the order alternates: a call that follows another pays for what the first
+                    # left behind (freed pages, allocator state) — up to 40 % at T = 65536
+                    for name, mod in (sides if rnd % 2 else sides[::-1]):
                         xs = [x.clone().requires_grad_(backward) for x in (q, k, v)]
                         t0 = time.perf_counter()
                         with torch.set_grad_enabled(backward):
