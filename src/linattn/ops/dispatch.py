@@ -265,13 +265,15 @@ def select(op: str, form: str, dtype: torch.dtype, device: str, grad: bool,
     Raises ValueError when the policy names a backend that the op lacks or that cannot take the
     call. Repeated calls with the same facts cost a dictionary lookup."""
     pol = _POLICY.get()
-    setting = native_setting()
-    # (the policy fields the choice depends on: hashing the whole dataclass costs more)
+    env = os.environ
+    # (the policy fields the choice depends on: hashing the whole dataclass costs more; the
+    # variables as set, parsed only on a miss: this is on every decoding step)
     key = (op, form, dtype, device, grad, traits, length, tracing, pol.impl, pol.fused_min_t,
-           setting, os.environ.get("LINATTN_NATIVE_ISA", ""), torch.get_num_threads())
+           env.get("LINATTN_NATIVE"), env.get("LINATTN_NATIVE_ISA"), torch.get_num_threads())
     choice = _memo.get(key)
     if choice is None:
-        choice = _select(op, form, dtype, device, grad, traits, length, tracing, pol, setting)
+        choice = _select(op, form, dtype, device, grad, traits, length, tracing, pol,
+                         native_setting())
         if len(_memo) > 4096:
             _memo.clear()
         _memo[key] = choice
