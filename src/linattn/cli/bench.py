@@ -163,7 +163,7 @@ def selection_table() -> None:
     from linattn.ops import dispatch
 
     print(f"default path (impl='auto'), {torch.get_num_threads()} thread(s): what each form "
-          "takes, from the dispatcher's calibration (median ms per candidate)\n")
+          "takes, from the dispatcher's calibration (the fastest of 5 calls per candidate, ms)\n")
     print("| op | form | takes | build | calibration |")
     print("|---|---|---|---|---|")
     for r in dispatch.report():
