@@ -34,6 +34,7 @@ import torch
 
 from linattn import _cbuild
 from linattn._io import user_cache_dir, write_atomic
+from linattn.ops._choice import Choice
 
 __all__ = ["winner", "verdict", "cache_path", "forget"]
 
@@ -136,8 +137,6 @@ def _cached_or_measured(op, form, backend, isas, torch_backends, problem, thread
 
 def _measure(backend: str, isas: list[str], torch_backends: list[str],
              problem: Callable) -> dict:
-    from linattn.ops.dispatch import Choice
-
     run = problem()  # the inputs, built once
     thunks = {f"{backend}:{isa}": run(Choice(backend, isa)) for isa in isas}
     thunks.update({name: run(Choice(name)) for name in torch_backends})

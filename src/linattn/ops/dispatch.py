@@ -46,9 +46,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 
 import torch
+
+from linattn.ops import calibration
+from linattn.ops._choice import Choice
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
            "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
@@ -203,13 +205,6 @@ class Backend:
         return None if self.accepts is None else self.accepts(traits)
 
 
-class Choice(NamedTuple):
-    """What :func:`select` decided: the backend's name and, for a compiled one, the build."""
-
-    backend: str
-    isa: str | None = None
-
-
 _REGISTRY: dict[str, list[Backend]] = {}
 _PROBLEMS: dict[str, dict[str, Callable[[], Callable[[Choice], Callable[[], object]]]]] = {}
 _LOCK = threading.Lock()
@@ -296,8 +291,6 @@ def _select(op, form, dtype, device, grad, traits, length, tracing, pol, setting
             return Choice(backend.name, isas[0])
         problem = _PROBLEMS.get(op, {}).get(form)
         if problem is not None:  # auto: measured, per form, among the builds
-            from linattn.ops import calibration
-
             winner = calibration.winner(op, form, backend.name, isas, _torch_names(entries),
                                         problem)
             if winner is not None:
@@ -366,8 +359,6 @@ def report() -> list[dict]:
     """What the default path takes on this machine, per op and calibration form, at the current
     thread count: the backend, the build and the calibration's medians (ms). For
     ``linattn bench`` and the docs; measures what was not measured yet."""
-    from linattn.ops import calibration
-
     rows = []
     for op, forms in _PROBLEMS.items():
         for form in forms:
