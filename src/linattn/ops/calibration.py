@@ -34,6 +34,7 @@ import torch
 
 from linattn import _cbuild
 from linattn._io import user_cache_dir, write_atomic
+from linattn.ops import native
 from linattn.ops._choice import Choice
 
 __all__ = ["winner", "verdict", "cache_path", "forget"]
@@ -55,8 +56,6 @@ def cache_path() -> Path:
 
 
 def _fingerprint() -> str:
-    from linattn.ops import native
-
     try:
         src = native.source()
     except OSError:

@@ -51,6 +51,7 @@ import torch
 
 from linattn.ops import calibration
 from linattn.ops._choice import Choice
+from linattn.ops.native import ISA_FLAGS, runnable_isas
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
            "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
@@ -146,8 +147,6 @@ def isa_setting() -> str | None:
     """``LINATTN_NATIVE_ISA`` (one build for every compiled call, unmeasured against the
     others), or None. ValueError naming the variable for an unknown build; read only when a
     compiled backend is considered (with ``LINATTN_NATIVE=0`` it is never read)."""
-    from linattn.ops.native import ISA_FLAGS
-
     value = os.environ.get("LINATTN_NATIVE_ISA", "").strip()
     if not value:
         return None
@@ -327,8 +326,6 @@ def _explicit(op, entries, impl, dtype, device, grad, traits, tracing, setting) 
 def _compiled(entries, dtype, device, grad, traits, tracing):
     """The compiled backend that can take the call and the ISA builds it can run here (the
     one of LINATTN_NATIVE_ISA, else every runnable one), or None."""
-    from linattn.ops.native import runnable_isas
-
     for backend in entries:
         if not backend.compiled or backend.refuses(dtype, device, grad, traits, tracing):
             continue
@@ -369,8 +366,6 @@ def report() -> list[dict]:
                 row.update(backend="torch", isa=None, times=None,
                            why="LINATTN_NATIVE=0" if setting == "0" else "no compiled backend")
             else:
-                from linattn.ops.native import runnable_isas
-
                 forced = isa_setting()
                 isas = [forced] if forced else runnable_isas()
                 if compiled.available is not None:

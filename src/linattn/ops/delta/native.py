@@ -42,7 +42,7 @@ from torch import Tensor
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.gated.op import check_gate
-from linattn.ops.native import check_rc, empty_hugepage, load, pool
+from linattn.ops.native import check_rc, empty_hugepage, load, pool, unavailable_reason
 from linattn.ops.native.abi import Args, LayoutError, bind
 
 __all__ = ["delta_rule_native", "delta_rule_step_native", "kernels", "unavailable",
@@ -103,8 +103,6 @@ def kernels(isa: str = "native") -> dict | None:
 
 def unavailable(isa: str = "native") -> str | None:
     """Why :func:`kernels` gives None for ``isa``, or None if it loads."""
-    from linattn.ops.native import unavailable_reason
-
     if kernels(isa) is not None:
         return None
     return _why.get(isa) or unavailable_reason(isa)

@@ -13,7 +13,7 @@ learned online regression, not the sum of linear attention. With ``qk_l2norm=Tru
 divided by their L2 norm first (``x / sqrt(Σx² + 1e-6)``), as the published models do, which
 keeps ``I − β k kᵀ`` a contraction for β ∈ (0, 2).
 
-Three forms, held together by tests in float64 (``tests/ops/test_delta.py``):
+Three forms, held together by tests in float64 (``tests/ops/delta/test_op.py``):
 
 * :func:`delta_rule` — the chunked parallel form (the WY / UT-transform representation). Inside
   a chunk of C tokens with decays ``Γ[i, j] = exp(Σ_{j<t≤i} g_t)`` (a segment sum,

@@ -13,7 +13,7 @@ fixed decay is the constant ``g_t = log γ``; :mod:`linattn.ops.decay` (φ featu
 is that case run through this module's chunked form with the values extended by a column of
 ones.
 
-Three forms, held together by tests in float64 (``tests/ops/test_gated.py``):
+Three forms, held together by tests in float64 (``tests/ops/gated/test_op.py``):
 
 * :func:`gated_linear_attention` — the chunked parallel form (chunk size C). With
   ``b_i = Σ_{t≤i} g_t`` inside a chunk, row i sees key j of the same chunk through

@@ -1,9 +1,9 @@
 r"""Chunked, buffer-reusing linear attention with a recomputing backward (the CPU fast path).
 
-The portable forms in :mod:`linattn.ops.linear` apply φ to the whole sequence, build [V, 1] and
-the per-chunk states as full-size temporaries, and let autograd keep all of them. On a CPU that
-time goes to allocating and streaming T-sized tensors, not to the matmuls. Here every pass
-walks the sequence in chunks of C tokens, so each temporary is (N, C, ·) and stays in cache:
+The portable forms in :mod:`linattn.ops.linear.portable` apply φ to the whole sequence, build
+[V, 1] and the per-chunk states as full-size temporaries, and let autograd keep all of them. On a
+CPU that time goes to allocating and streaming T-sized tensors, not to the matmuls. Here every
+pass walks the sequence in chunks of C tokens, so each temporary is (N, C, ·) and stays in cache:
 
 non-causal, forward
     pass 1, keys:    KV1 += φ(k_c)ᵀ [v_c, 1]                     (N, ℓ, Dv+1)
@@ -26,7 +26,8 @@ backward
 Used by :func:`linattn.linear_attention` for long sequences on CPU when the feature map is
 token-wise and has no trainable parameters (their gradients would need autograd's own graph);
 everything else takes the portable path. Both agree to rounding, tested in float64. (float32
-with 1 + elu or 1 + relu takes :mod:`linattn.ops.native` instead, where that is available.)
+with 1 + elu or 1 + relu takes :mod:`linattn.ops.linear.native` instead, where that is
+available.)
 """
 
 from __future__ import annotations

@@ -63,7 +63,14 @@ from linattn.feature_maps import EluPlusOne, ReluPlusOne
 from linattn.ops._common import block_ranges, flatten_heads, graph_grads
 from linattn.ops._library import KernelOp
 from linattn.ops.linear.portable import portable_forward
-from linattn.ops.native import bf16_products, check_rc, empty_hugepage, load, pool
+from linattn.ops.native import (
+    bf16_products,
+    check_rc,
+    empty_hugepage,
+    load,
+    pool,
+    unavailable_reason,
+)
 from linattn.ops.native.abi import Args, LayoutError, bind
 
 __all__ = ["native_linear_attention", "kernels", "unavailable", "phi", "MAP_KINDS"]
@@ -194,8 +201,6 @@ def kernels(isa: str = "native") -> dict | None:
 
 def unavailable(isa: str = "native") -> str | None:
     """Why :func:`kernels` gives None for ``isa``, or None if it loads."""
-    from linattn.ops.native import unavailable_reason
-
     if kernels(isa) is not None:
         return None
     return _why.get(isa) or unavailable_reason(isa)
