@@ -10,7 +10,7 @@ so that a busy machine slows them alike), for each ``--threads`` count:
 * (b) linattn's torch path: :func:`linattn.delta_rule` chunked (WY / UT form, chunk
   ``--chunk``) and :func:`linattn.delta_rule_step` under ``dispatch.use(impl="torch")`` (what
   ``LINATTN_NATIVE=0`` runs);
-* (c) linattn's compiled path (ops/delta_native.py, ``la_gdr_forward`` in ops/native/_native.c),
+* (c) linattn's compiled path (ops/delta/native.py, ``la_gdr_forward`` in ops/delta/kernels.c),
   forced (``impl="native"``; the default takes it where its calibration measured it faster).
 
 Decode: the median of ``--steps`` steps per implementation, each from the state the previous

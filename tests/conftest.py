@@ -144,7 +144,8 @@ def linear_path(request):
     """Run the test once per implementation behind ``linattn.linear_attention``: the portable
     whole-tensor form, and the fast paths forced on for every length with
     :data:`SMALL_BLOCKS` (short test sequences span several blocks): float32 with 1 + elu or
-    1 + relu takes the compiled path (ops/native.py) there, the rest the torch chunked one."""
+    1 + relu takes the compiled path (ops/linear/native.py) there, the rest the torch chunked
+    one."""
     from linattn.ops import dispatch
 
     impl = "fast" if request.param == "fused" else "portable"

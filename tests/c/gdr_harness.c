@@ -1,4 +1,4 @@
-/* Stand-alone check of la_gdr_forward (the (gated) delta rule in src/linattn/ops/native/_native.c)
+/* Stand-alone check of la_gdr_forward (the (gated) delta rule in src/linattn/ops/delta/kernels.c)
  * against a naive double-precision recurrence, without Python or torch, for building the kernel
  * in every vector form (-DLA_W=1/4/8/16 or whatever the -m flags pick) and on other ISAs (an
  * aarch64 build under qemu), as tests/c/native_harness.c does for the linear-attention kernels:

@@ -1,4 +1,4 @@
-/* Stand-alone check of the one-pass kernels of src/linattn/ops/native/_native.c against a naive
+/* Stand-alone check of the one-pass kernels of src/linattn/ops/linear/kernels.c against a naive
  * double-precision reference (explicit T x T similarities), without Python or torch: for
  * building the kernels in every vector form (-DLA_W=1/4/8/16, or whatever the -m flags pick)
  * and on other ISAs (an aarch64 build run under qemu), see .ci/cross_isa.sh.
@@ -35,7 +35,7 @@
 
 /* The kernels are called through volatile pointers: the compiler then cannot inline them into
  * this file or clone them for the constant arguments below, so what runs is the code a shared
- * library of _native.c exports (and the build is much faster). */
+ * library built from kernels.c exports (and the build is much faster). */
 static __typeof__(la_noncausal_forward) *volatile noncausal_forward = la_noncausal_forward;
 static __typeof__(la_noncausal_backward) *volatile noncausal_backward = la_noncausal_backward;
 static __typeof__(la_causal_forward) *volatile causal_forward = la_causal_forward;

@@ -1,4 +1,5 @@
-"""The fused chunked path (ops/fused.py) against the quadratic reference and the portable path.
+"""The fused chunked path (ops/linear/fused.py) against the quadratic reference and the portable
+path.
 
 ``dispatch.use(impl="fast")`` forces it on for every length and tiny blocks make even
 short sequences span several blocks, so block boundaries, partial chunks and state hand-over
@@ -245,7 +246,7 @@ for impl in impls:
         got = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=65536)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 got, _ = fused_linear_attention(q, k, v, EluPlusOne(), is_causal=True, keep=None, eps=0.0,
-                                chunk=65536, block=65536)  # on its own, without linear.py's clamp
+                                chunk=65536, block=65536)  # on its own, without op.py's clamp
 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 print("ok", *impls)
 """
