@@ -95,9 +95,9 @@ def _set_isa(isa: str | None) -> None:
 
 def _timing_cell(spec: dict) -> dict:
     """Median times of every path for one form, side by side in one process: rounds that call
-    each path once in turn, then one 2048² matmul of the same dtype (the roofline). On a shared
-    machine whose speed comes in phases, the paths and their roofline are then measured in the
-    same phases. Round 0 warms up (kernels, buffers, pages)."""
+    each path once in turn (in rotating order), then one 2048² matmul of the same dtype (the
+    roofline). On a shared machine whose speed comes in phases, the paths and their roofline
+    are then measured in the same phases. Round 0 warms up (kernels, buffers, pages)."""
     import torch
 
     from linattn.ops import dispatch
@@ -110,8 +110,12 @@ def _timing_cell(spec: dict) -> dict:
     a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     times: dict[str, list[float]] = {label: [] for label, _, _ in spec["paths"]}
     roof: list[float] = []
+    paths = spec["paths"]
     for rnd in range(spec["repeats"] + 1):
-        for label, impl, isa in spec["paths"]:
+        # rotating order: a call pays for what the previous one left behind (freed pages
+        # returned to the system, a cold cache): up to 2x after the portable path's gigabyte
+        shift = rnd % len(paths)
+        for label, impl, isa in paths[shift:] + paths[:shift]:
             _set_isa(isa)
             with dispatch.use(impl=impl):
                 t0 = time.perf_counter()
