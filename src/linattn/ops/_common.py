@@ -179,7 +179,7 @@ def features(
 
     Values of padded keys must be zeroed too (:func:`zero_padded`)."""
     acc = accumulation_dtype(q.dtype)
-    fq = fmap.forward_queries(q.to(acc))
+    fq = fmap.forward_queries(traced_contiguous(q.to(acc)))
     return fq, masked_key_features(fmap, k.to(acc), keep)
 
 
@@ -187,7 +187,17 @@ def masked_key_features(fmap: FeatureMap, k: Tensor, keep: Tensor | None) -> Ten
     """φ(k) with the rows of padded keys 0. A padded key may hold nan or inf: it is replaced by
     0 *before* φ, so that the backward never forms 0·φ'(nan) = nan and its gradient is exactly
     0; its feature row is zeroed after φ too, since φ(0) ≠ 0 for most maps."""
-    return zero_padded(fmap.forward_keys(zero_padded(k, keep)), keep)
+    return zero_padded(fmap.forward_keys(traced_contiguous(zero_padded(k, keep))), keep)
+
+
+def traced_contiguous(x: Tensor) -> Tensor:
+    """``x``, made contiguous inside a traced graph only. torch 2.13 predicts the strides of the
+    gradient of ``elu`` (and ``softplus``) from a non-contiguous input differently from what
+    eager kernels produce, and a graph traced on a transposed view (q, k as (B, H, T, D) views
+    of (B, T, H, D) projections) then fails in its backward (a ``view`` of a gradient that is
+    not laid out as predicted) when the graph runs without Inductor (``aot_eager``). In eager
+    the copy would cost memory traffic for nothing."""
+    return x.contiguous() if tracing(x) else x
 
 
 def zero_padded(x: Tensor, keep: Tensor | None) -> Tensor:

@@ -92,6 +92,7 @@ from linattn.ops._common import (
     key_mask_for,
     masked_key_features,
     to_chunks,
+    traced_contiguous,
     zero_padded,
 )
 
@@ -204,7 +205,7 @@ def flowformer_attention(
     keep_k = key_mask_for(key_padding_mask, k)
     keep_q = query_mask_for(query_padding_mask, q)
     acc = accumulation_dtype(q.dtype)
-    fq = fmap.forward_queries(q.to(acc))  # (..., Tq, ℓ), every row: each gets an output
+    fq = fmap.forward_queries(traced_contiguous(q.to(acc)))  # (..., Tq, ℓ): every row
     fk = masked_key_features(fmap, k.to(acc), keep_k)  # (..., Tk, ℓ), padded rows 0
     sq = zero_padded(fq, keep_q)  # the sinks that enter the query sums
     v = zero_padded(v.to(acc), keep_k)
