@@ -42,8 +42,8 @@ from torch import Tensor
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.gated.op import check_gate
-from linattn.ops.native import check_rc, empty_hugepage, load, pool, unavailable_reason
-from linattn.ops.native.abi import Args, LayoutError, bind
+from linattn.ops.native import KernelSet, build_or_native, check_rc, empty_hugepage, pool
+from linattn.ops.native.abi import Args
 
 __all__ = ["delta_rule_native", "delta_rule_step_native", "kernels", "unavailable",
            "V_MULTIPLE"]
@@ -77,43 +77,31 @@ class GdrStepArgs(Args):
 
 #: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
 KERNELS: dict[str, type[Args]] = {"gdr_forward": GdrForwardArgs, "gdr_step": GdrStepArgs}
-_bound: dict[str, dict | None] = {}
-_why: dict[str, str] = {}
 _tls = threading.local()
+
+
+def _work_size(lib) -> dict:
+    lib.la_gdr_work.restype, lib.la_gdr_work.argtypes = c_long, [c_long]
+    return {"work": lib.la_gdr_work}
+
+
+_KERNELS = KernelSet("la_delta_abi", KERNELS, extra=_work_size)
 
 
 def kernels(isa: str = "native") -> dict | None:
     """The delta-rule kernels of one ISA build (name -> ctypes function taking its struct; and
     "work": the scratch size in floats for a head dimension K), or None where that build cannot
-    be had or its layouts do not match (see :func:`unavailable`)."""
-    fns = _bound.get(isa, False)
-    if fns is False:
-        lib = load(isa)
-        fns = None
-        if lib is not None:
-            try:
-                fns = bind(lib, "la_delta_abi", KERNELS)
-                lib.la_gdr_work.restype, lib.la_gdr_work.argtypes = c_long, [c_long]
-                fns["work"] = lib.la_gdr_work
-            except (LayoutError, AttributeError) as err:
-                fns, _why[isa] = None, f"its argument structs do not match the C side ({err})"
-        _bound[isa] = fns
-    return fns
+    be had (see :func:`unavailable`)."""
+    return _KERNELS.get(isa)
 
 
 def unavailable(isa: str = "native") -> str | None:
     """Why :func:`kernels` gives None for ``isa``, or None if it loads."""
-    if kernels(isa) is not None:
-        return None
-    return _why.get(isa) or unavailable_reason(isa)
+    return _KERNELS.unavailable(isa)
 
 
 def _kernels_here(isa: str) -> dict | None:
-    """The kernels of ``isa``, else of this machine's native build (a traced program names the
-    build chosen where it was traced), else None: the ops then compute the same function in
-    torch operations (:mod:`linattn.ops.delta.chunk`)."""
-    fns = kernels(isa)
-    return fns if fns is not None or isa == "native" else kernels("native")
+    return build_or_native(kernels, isa)
 
 
 # ------------------------------------------------------------------------------------ the calls

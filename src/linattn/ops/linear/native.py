@@ -64,14 +64,14 @@ from linattn.ops._common import block_ranges, flatten_heads, graph_grads
 from linattn.ops._library import KernelOp
 from linattn.ops.linear.portable import portable_forward
 from linattn.ops.native import (
+    KernelSet,
     bf16_products,
+    build_or_native,
     check_rc,
     empty_hugepage,
-    load,
     pool,
-    unavailable_reason,
 )
-from linattn.ops.native.abi import Args, LayoutError, bind
+from linattn.ops.native.abi import Args
 
 __all__ = ["native_linear_attention", "kernels", "unavailable", "phi", "MAP_KINDS"]
 
@@ -178,32 +178,18 @@ KERNELS: dict[str, type[Args]] = {
     "causal_backward": CausalBackwardArgs, "noncausal_forward": NoncausalForwardArgs,
     "noncausal_backward": NoncausalBackwardArgs,
 }
-_bound: dict[str, dict | None] = {}
-_why: dict[str, str] = {}
+_KERNELS = KernelSet("la_linear_abi", KERNELS)
 
 
 def kernels(isa: str = "native") -> dict | None:
     """The linear-attention kernels of one ISA build (name -> ctypes function taking its
-    struct), or None where that build cannot be had or its layouts do not match (see
-    :func:`unavailable`)."""
-    fns = _bound.get(isa, False)
-    if fns is False:
-        lib = load(isa)
-        fns = None
-        if lib is not None:
-            try:
-                fns = bind(lib, "la_linear_abi", KERNELS)
-            except (LayoutError, AttributeError) as err:
-                _why[isa] = f"its argument structs do not match the C side ({err})"
-        _bound[isa] = fns
-    return fns
+    struct), or None where that build cannot be had (see :func:`unavailable`)."""
+    return _KERNELS.get(isa)
 
 
 def unavailable(isa: str = "native") -> str | None:
     """Why :func:`kernels` gives None for ``isa``, or None if it loads."""
-    if kernels(isa) is not None:
-        return None
-    return _why.get(isa) or unavailable_reason(isa)
+    return _KERNELS.unavailable(isa)
 
 
 def _ptr(x: Tensor | None) -> int | None:
@@ -676,10 +662,7 @@ _FORWARD = KernelOp("linear_attention_fwd", _forward, _forward_fake,
 
 
 def _kernels_here(isa: str) -> dict | None:
-    """The kernels of ``isa``, else of this machine's native build (a traced program names the
-    build chosen where it was traced), else None."""
-    fns = kernels(isa)
-    return fns if fns is not None or isa == "native" else kernels("native")
+    return build_or_native(kernels, isa)
 
 
 def _portable(q, k, v, S0, z0, keep, kind, eps, chunk, is_causal):

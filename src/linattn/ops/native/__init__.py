@@ -21,15 +21,17 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from torch import Tensor
 
 from linattn import _cbuild
+from linattn.ops.native.abi import Args, LayoutError, bind
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "unavailable_reason", "describe",
-           "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc"]
+           "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc", "KernelSet"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -144,6 +146,51 @@ def describe(isa: str = "native") -> str:
         return f"{isa}: not available ({unavailable_reason(isa)})"
     tile = lib.la_tile()
     return f"{isa}: {lib.la_width()}-float vectors, {tile // 100}x{tile % 100} register tile"
+
+
+class KernelSet:
+    """One op's kernels — its ``la_<name>_call`` entry points, each with its argument struct's
+    mirror (``mirrors``: name -> :class:`~linattn.ops.native.abi.Args`), described by the C
+    layout table ``table`` — bound per ISA build on first use, after the layout check.
+    ``extra(lib)`` may add plain functions of the library (name -> typed ctypes function)."""
+
+    def __init__(self, table: str, mirrors: dict[str, type[Args]],
+                 extra: Callable[[ctypes.CDLL], dict] | None = None) -> None:
+        self.table, self.mirrors, self.extra = table, mirrors, extra
+        self._bound: dict[str, dict | None] = {}
+        self._why: dict[str, str] = {}
+
+    def get(self, isa: str = "native") -> dict | None:
+        """The kernels of the ``isa`` build (name -> ctypes function), or None where that build
+        cannot be had or its layouts do not match (:meth:`unavailable` says why)."""
+        fns = self._bound.get(isa, False)
+        if fns is False:
+            lib = load(isa)
+            fns = None
+            if lib is not None:
+                try:
+                    fns = bind(lib, self.table, self.mirrors)
+                    if self.extra is not None:
+                        fns.update(self.extra(lib))
+                except (LayoutError, AttributeError) as err:
+                    fns = None
+                    self._why[isa] = f"its argument structs do not match the C side ({err})"
+            self._bound[isa] = fns
+        return fns
+
+    def unavailable(self, isa: str = "native") -> str | None:
+        """Why :meth:`get` gives None for ``isa``, or None if it loads."""
+        if self.get(isa) is not None:
+            return None
+        return self._why.get(isa) or unavailable_reason(isa)
+
+
+def build_or_native(get: Callable[[str], dict | None], isa: str) -> dict | None:
+    """``get(isa)``, else this machine's native build: a traced program names the build chosen
+    where it was traced, which another CPU may lack. None where neither loads (the ops then
+    compute the same function with torch operations)."""
+    fns = get(isa)
+    return fns if fns is not None or isa == "native" else get("native")
 
 
 def check_rc(rc: int, name: str) -> None:
