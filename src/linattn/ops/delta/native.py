@@ -27,7 +27,7 @@ hand-over; a decoding step runs on the calling thread.
 Inside PyTorch: the prefill and the step are the custom ops ``linattn::gdr_forward`` and
 ``linattn::gdr_step`` (forward only: the dispatcher never sends a call that wants gradients
 here), so that ``torch.compile`` and ``torch.export`` keep them in the graph; plain eager calls
-run the kernel directly (the op dispatcher's ~8 µs would be a sixth of a decoding step).
+run the kernel directly (the op dispatcher's ~8 µs would be a quarter of a decoding step).
 """
 
 from __future__ import annotations
