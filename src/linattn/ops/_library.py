@@ -4,8 +4,8 @@ Each compiled kernel is registered with :func:`torch.library.custom_op` under th
 namespace, with a fake implementation (output shapes and dtypes only) and, where it has one, its
 gradient as the op's autograd formula. ``torch.compile`` and ``torch.export`` then trace it as
 one node of the graph without ever reading a data pointer, AOTInductor packages it as a call to
-the op, and an exported program runs it wherever ``linattn`` has been imported (which registers
-the ops: ``import linattn.ops.linear.native`` or simply using an op).
+the op, and an exported program runs it in any process that has registered the ops
+(:func:`linattn.ops.register_custom_ops`, or simply using an op).
 
 A call through the op dispatcher costs about 8 µs (measured on an AMD EPYC); a whole decoding
 step of the delta rule (16 heads, K = V = 64) about 30. So :class:`KernelOp` calls the kernel
