@@ -7,9 +7,11 @@ one-line errors as their ops (the tests hold both to the messages); restating th
 in each module would invite the copies to drift apart, so they live here once. The ops have
 their own checks (:mod:`linattn.ops._common`); no op may import this module.
 
-Only validation lives here: each function raises TypeError/ValueError naming the argument, or
-returns the checked value (a float, or γ as a tensor). Masks, features, similarity matrices
-and normalisers (the maths that the references exist to state) are written in each reference.
+Only the arguments live here: each check raises TypeError/ValueError naming the argument, or
+returns the checked value (a float, or γ as a tensor), and :func:`kept_keys` reads a padding
+mask the one way the API defines. What is done with the keys that are kept — features,
+similarity matrices, masks of the attention pattern, normalisers (the maths the references exist
+to state) — is written in each reference.
 Imports: torch and the standard library only.
 """
 
@@ -21,7 +23,7 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["check_qkv", "check_eps", "check_padding_mask", "check_gamma"]
+__all__ = ["check_qkv", "check_eps", "check_padding_mask", "check_gamma", "kept_keys"]
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
@@ -91,3 +93,14 @@ def check_gamma(gamma: object, batch: tuple[int, ...], dtype: torch.dtype,
     except RuntimeError:
         raise ValueError(f"gamma: shape {tuple(g.shape)} does not broadcast to the batch shape "
                          f"{batch}") from None
+
+
+def kept_keys(key_padding_mask: Tensor | None, k: Tensor) -> Tensor:
+    """Which keys take part, as a bool tensor that broadcasts against a (..., Tk) row of
+    similarities: (Tk,) all True without a mask; else ``~key_padding_mask`` (True = padding in
+    the argument) shaped (B, 1, …, 1, Tk), one axis fewer than k (the mask is checked first)."""
+    Tk = k.shape[-2]
+    if key_padding_mask is None:
+        return torch.ones(Tk, dtype=torch.bool, device=k.device)
+    kept = ~key_padding_mask.to(k.device)
+    return kept.reshape(k.shape[0], *[1] * (k.dim() - 3), Tk) if k.dim() > 2 else kept

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
+from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv, kept_keys
 
 __all__ = ['linear_attention']
 
@@ -46,12 +46,8 @@ def linear_attention(
     Tq, Tk = q.shape[-2], k.shape[-2]
     zero = q.new_zeros(())
 
-    # kept[..., j]: key j takes part, (Tk,) or (B, 1, …, 1, Tk) with one axis fewer than k
-    kept = torch.ones(Tk, dtype=torch.bool, device=q.device)
-    if key_padding_mask is not None:
-        kept = ~key_padding_mask.to(q.device)
-        if k.dim() > 2:
-            kept = kept.reshape(k.shape[0], *[1] * (k.dim() - 3), Tk)
+    # kept[..., j]: key j takes part, (Tk,) or (B, 1, …, 1, Tk)
+    kept = kept_keys(key_padding_mask, k)
     # A padded key or value may hold anything, nan and inf included: it is set to 0 before φ,
     # so that it reaches neither the sums nor the gradients.
     k = torch.where(kept[..., :, None], k, zero)

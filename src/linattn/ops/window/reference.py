@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
+from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv, kept_keys
 
 __all__ = ['window_linear_attention']
 
@@ -61,12 +61,8 @@ def window_linear_attention(
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     zero = q.new_zeros(())
 
-    # kept[..., j]: key j takes part, (T,) or (B, 1, …, 1, T) with one axis fewer than k
-    kept = torch.ones(T, dtype=torch.bool, device=q.device)
-    if key_padding_mask is not None:
-        kept = ~key_padding_mask.to(q.device)
-        if k.dim() > 2:
-            kept = kept.reshape(k.shape[0], *[1] * (k.dim() - 3), T)
+    # kept[..., j]: key j takes part, (Tk,) or (B, 1, …, 1, Tk)
+    kept = kept_keys(key_padding_mask, k)
     # padded keys and values (which may hold nan or inf) are 0: they reach nothing
     k = torch.where(kept[..., :, None], k, zero)
     v = torch.where(kept[..., :, None], v, zero)
