@@ -55,7 +55,7 @@ from linattn.ops.native import ISA_FLAGS, runnable_isas
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
            "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
-           "register_calibration", "calibration_forms", "report"]
+           "register_calibration", "report"]
 
 #: The causal chunk length C of every chunked form (linear, relative, decayed attention, the
 #: models built on them) when a call gives none: the one home of this number.
@@ -235,10 +235,6 @@ def register_calibration(op: str, forms: dict[str, Callable[[], Callable[[Choice
         _memo.clear()
 
 
-def calibration_forms(op: str) -> list[str]:
-    return list(_PROBLEMS.get(op, {}))
-
-
 # ------------------------------------------------------------------------------------ select
 _memo: dict[tuple, Choice] = {}
 
@@ -329,13 +325,20 @@ def _compiled(entries, dtype, device, grad, traits, tracing):
     for backend in entries:
         if not backend.compiled or backend.refuses(dtype, device, grad, traits, tracing):
             continue
-        forced = isa_setting()
-        isas = [forced] if forced else runnable_isas()
-        if backend.available is not None:
-            isas = [isa for isa in isas if backend.available(isa) is None]
+        isas = _builds(backend)
         if isas:
             return backend, isas
     return None
+
+
+def _builds(backend: Backend) -> list[str]:
+    """The ISA builds that can run a compiled backend here: the one of LINATTN_NATIVE_ISA, else
+    every build this CPU runs ("native" first), less those that do not load."""
+    forced = isa_setting()
+    isas = [forced] if forced else runnable_isas()
+    if backend.available is not None:
+        isas = [isa for isa in isas if backend.available(isa) is None]
+    return isas
 
 
 def _torch_rule(entries, dtype, device, grad, traits, length, tracing, pol, fast) -> Choice:
@@ -354,7 +357,7 @@ def _torch_rule(entries, dtype, device, grad, traits, length, tracing, pol, fast
 # ------------------------------------------------------------------------------------ report
 def report() -> list[dict]:
     """What the default path takes on this machine, per op and calibration form, at the current
-    thread count: the backend, the build and the calibration's medians (ms). For
+    thread count: the backend, the build and the calibration's times (ms, the fastest call). For
     ``linattn bench`` and the docs; measures what was not measured yet."""
     rows = []
     for op, forms in _PROBLEMS.items():
@@ -366,10 +369,7 @@ def report() -> list[dict]:
                 row.update(backend="torch", isa=None, times=None,
                            why="LINATTN_NATIVE=0" if setting == "0" else "no compiled backend")
             else:
-                forced = isa_setting()
-                isas = [forced] if forced else runnable_isas()
-                if compiled.available is not None:
-                    isas = [i for i in isas if compiled.available(i) is None]
+                isas = _builds(compiled)
                 if not isas:
                     row.update(backend="torch", isa=None, times=None,
                                why=compiled.available("native") if compiled.available else "")
