@@ -4,7 +4,8 @@ Parsing 144 MB of text is most of the exercise's work, and a C loop does it ~5x 
 anything numpy or Python offer (see docs/benchmarks.md). The package ships the C source, not a
 binary: the first call compiles it (:mod:`linattn._cbuild`: the machine's C compiler, a cache
 folder keyed by source and platform) and later calls just load it with :mod:`ctypes`. Without a
-compiler :func:`load` returns None and the caller uses its pure Python/numpy parser.
+compiler (or where the build fails its test call in a child interpreter: :data:`CHECK`)
+:func:`load` returns None, with one warning, and the caller uses its pure Python/numpy parser.
 ``LINATTN_SOLVE_PARSER=python`` forces that fallback.
 """
 
@@ -19,6 +20,19 @@ import numpy as np
 from linattn import _cbuild
 
 SOURCE = Path(__file__).with_name("_solve_parse.c")
+
+#: The test call a fresh build must pass in a child interpreter before it is used
+#: (:func:`linattn._cbuild.build_library`): two numbers parsed, and where they stopped.
+CHECK = """\
+buf = b"1.5 -2\\n"
+out, stop = (ctypes.c_double * 2)(), ctypes.c_longlong()
+lib.lap_parse.restype = ctypes.c_longlong
+lib.lap_parse.argtypes = [ctypes.c_char_p, ctypes.c_longlong, ctypes.c_longlong,
+                          ctypes.c_void_p, ctypes.c_longlong, ctypes.POINTER(ctypes.c_longlong)]
+got = lib.lap_parse(buf, len(buf), 0, out, 2, ctypes.byref(stop))
+if (got, list(out), stop.value) != (2, [1.5, -2.0], 6):
+    raise SystemExit(f"lap_parse gave {got}, {list(out)}, stop {stop.value}")
+"""
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -47,7 +61,8 @@ def load() -> ctypes.CDLL | None:
     _tried = True
     if os.environ.get("LINATTN_SOLVE_PARSER", "").lower() == "python":
         return None
-    lib = _cbuild.load_library(SOURCE, "solve_parse", ["-O2"])
+    lib = _cbuild.load_library(SOURCE, "solve_parse", ["-O2"], check=CHECK,
+                               symbols=("lap_parse",))
     _lib = None if lib is None else _declare(lib)
     return _lib
 

@@ -4,20 +4,29 @@ The package ships C sources, not binaries. Each op with compiled kernels keeps t
 (``ops/<op>/kernels.c``); they share the vector helpers and the argument-struct macros of
 ``ops/native/common.h``. :func:`load` joins ``native.c`` and every ``ops/*/kernels.c`` into one
 translation unit and builds it on first use (:mod:`linattn._cbuild`: cached per source, flags
-and CPU, verified before loading, one build at a time) for the CPU at hand (``-march=native``)
-or for another ISA variant (``avx512``, ``avx2``, ``generic``, ``scalar``). Ops bind their
-kernels with :func:`linattn.ops.native.abi.bind`, which checks every argument struct's layout
-against the C side first.
+and CPU, test-loaded in a child interpreter before its first use, one build at a time) for the
+CPU at hand (``-march=native``) or for another ISA variant (``avx512``, ``avx2``, ``generic``,
+``scalar``). Ops bind their kernels with :func:`linattn.ops.native.abi.bind`, which checks every
+argument struct's layout against the C side first.
+
+A library is used only if it has the library-wide entry points (:func:`required_symbols`:
+``la_width``, ``la_tile`` and every op's layout table ``la_<op>_abi``); anything else (a
+foreign file in the cache, a build that does not load) means "no compiled library", one
+warning, and the torch paths. A native build falls back to the compiler's baseline flags only
+where the compiler refused ``-march=native`` (or what it built did not load), never after a
+hang or a full disk, which would fail the same way and only hide the cause.
 
 Which build (if any) a call runs is decided by :mod:`linattn.ops.dispatch`, which owns
 ``LINATTN_NATIVE`` and ``LINATTN_NATIVE_ISA``; this module only builds and loads. Without a C
-compiler :func:`load` returns None and the torch paths run instead.
+compiler, or where the build fails in any way, :func:`load` returns None (it never raises)
+and the torch paths run instead.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import threading
 import warnings
@@ -30,8 +39,9 @@ from torch import Tensor
 from linattn import _cbuild
 from linattn.ops.native.abi import Args, LayoutError, bind
 
-__all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "unavailable_reason", "describe",
-           "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc", "KernelSet"]
+__all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
+           "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
+           "KernelSet"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -55,6 +65,7 @@ _ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"},
               "avx2": {"avx2", "fma"}}
 
 _libs: dict[str, ctypes.CDLL | None] = {}
+_reasons: dict[str, str] = {}  # isa -> why load(isa) gave None
 _LOAD_LOCK = threading.Lock()
 
 
@@ -66,6 +77,30 @@ def source() -> bytes:
     for path in (HEADER, *SOURCES):
         parts.append(f'#line 1 "{path.parent.name}/{path.name}"\n{path.read_text()}\n')
     return "".join(parts).encode()
+
+
+def required_symbols(src: bytes) -> tuple[str, ...]:
+    """The entry points a library built from ``src`` must have: ``la_width``, ``la_tile`` and
+    the layout table of each op (``LA_ABI_TABLE(la_<op>_abi, ...)`` in its kernels.c)."""
+    tables = sorted(set(re.findall(rb"LA_ABI_TABLE\((la_\w+_abi)\b", src)))
+    return ("la_width", "la_tile", *(t.decode() for t in tables))
+
+
+def _check_code(symbols: tuple[str, ...]) -> str:
+    """The test call of a fresh build (run in a child interpreter by :mod:`linattn._cbuild`):
+    vector width and register tile are sane and each layout table answers."""
+    tables = [s for s in symbols if s.endswith("_abi")]
+    return (
+        "for name in ('la_width', 'la_tile'):\n"
+        "    getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []\n"
+        "if lib.la_width() < 1 or lib.la_tile() < 101:\n"
+        "    raise SystemExit(f'la_width() = {lib.la_width()}, la_tile() = {lib.la_tile()}')\n"
+        f"for name in {tables!r}:\n"
+        "    fn = getattr(lib, name)\n"
+        "    fn.restype, fn.argtypes = ctypes.c_void_p, [ctypes.c_long]\n"
+        "    if not fn(0):\n"
+        "        raise SystemExit(name + '(0) is NULL')\n"
+    )
 
 
 def _check_isa(isa: str) -> str:
@@ -97,31 +132,54 @@ def load(isa: str = "native") -> ctypes.CDLL | None:
     if lib is False:
         with _LOAD_LOCK:
             if isa not in _libs:
-                _libs[isa] = _load(isa)
+                try:
+                    _libs[isa] = _load(isa)
+                except Exception as e:  # unforeseen: the torch path, never an error in an op
+                    _reasons[isa] = f"unexpected {type(e).__name__}: {e}"
+                    _cbuild.warn_once(f"load:{isa}", f"linattn: could not load the {isa} build "
+                                      f"of the compiled path ({_reasons[isa]}); using the "
+                                      "PyTorch path.")
+                    _libs[isa] = None
             lib = _libs[isa]
     return lib
 
 
+def flag_sets(isa: str) -> list[list[str]]:
+    """The compiler flags :func:`load` tries for ``isa``, in order."""
+    tries = [["-O3", "-fno-math-errno", *ISA_FLAGS[_check_isa(isa)]]]
+    if isa == "native":
+        tries.append(["-O3"])  # a compiler that refuses -march=native
+    return tries
+
+
 def _load(isa: str) -> ctypes.CDLL | None:
     if not can_run(isa):
+        _reasons[isa] = f"this CPU cannot run the {isa} build"
         warnings.warn(f"linattn: this CPU cannot run the {isa} build of the compiled path "
                       f"(needs {', '.join(sorted(_ISA_NEEDS[isa]))}); using the PyTorch path",
                       RuntimeWarning, stacklevel=4)
         return None
     try:
         src = source()
-    except OSError:
+    except OSError as e:
+        _reasons[isa] = f"the C sources cannot be read ({e})"
+        _cbuild.warn_once("native-sources", f"linattn: {_reasons[isa]}; using the PyTorch path.")
         return None
-    base = ["-O3", "-fno-math-errno"]
-    tries = [base + ISA_FLAGS[isa]]
-    if isa == "native":
-        tries.append(["-O3"])  # a compiler without -march=native
-    for flags in tries:  # warn (once) only when the last try fails too
-        lib = _cbuild.load_library(src, "native", flags, warn=flags is tries[-1])
-        if lib is not None and hasattr(lib, "la_width"):
-            for name in ("la_width", "la_tile"):
-                getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
-            return lib
+    symbols = required_symbols(src)
+    tries = flag_sets(isa)
+    for flags in tries:
+        try:
+            lib = _cbuild.build_library(src, "native", flags, check=_check_code(symbols),
+                                        symbols=symbols)
+        except _cbuild.BuildError as err:
+            if err.other_flags_may_help and flags is not tries[-1]:
+                continue  # the compiler refused -march=native: its baseline, without a warning
+            _reasons[isa] = err.reason
+            _cbuild.warn_failure("native", err)  # once per process
+            return None
+        for name in ("la_width", "la_tile"):
+            getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
+        return lib
     return None
 
 
@@ -129,6 +187,8 @@ def unavailable_reason(isa: str = "native") -> str | None:
     """Why :func:`load` gives None (for skip messages and warnings), or None if it loads."""
     if load(isa) is not None:
         return None
+    if isa in _reasons:
+        return _reasons[isa]
     missing = [p.name for p in (HEADER, *SOURCES) if not p.exists()]
     if missing:
         return f"the C sources {', '.join(missing)} are not installed beside {__name__}"
