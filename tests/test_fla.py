@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,9 +74,12 @@ FLA_SIGNATURES["fused_recurrent_gdn"] = FLA_SIGNATURES["fused_recurrent_gated_de
 
 @pytest.mark.parametrize("name", sorted(FLA_SIGNATURES))
 def test_signature_matches_fla(name):
+    """fla's parameters in fla's order with fla's defaults, and **kwargs last in every function
+    (also where fla has none: head_first= is then the documented ValueError everywhere)."""
     params = list(inspect.signature(getattr(fla, name)).parameters.values())
     got = [(p.name, KW if p.kind is p.VAR_KEYWORD else p.default) for p in params]
-    assert got == FLA_SIGNATURES[name]
+    want = FLA_SIGNATURES[name]
+    assert got == (want if want[-1] == ("kwargs", KW) else [*want, ("kwargs", KW)])
     kinds = {p.kind for p in params if p.kind is not p.VAR_KEYWORD}
     assert kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD}
     assert getattr(fla, name).__doc__
@@ -502,3 +506,193 @@ def test_minus_infinity_gate_is_a_reset(assert_close):
     o4 = fla.chunk_gated_delta_rule(q[:, 5:], k[:, 5:], v[:, 5:], g[:, 5:].clamp_min(-1e30),
                                     x["beta"][:, 5:])[0]
     assert_close(o3[:, 5:], o4)
+
+
+# ----------------------------------------------------------------------------- issue 24
+
+DEPRECATED = {"fused_chunk_gla", "fused_chunk_delta_rule"}  # raise NotImplementedError (as fla)
+
+
+def required(name: str, x: dict) -> dict:
+    """The required arguments of fla function ``name`` from make()'s tensors, by keyword."""
+    args = {}
+    for p in inspect.signature(getattr(fla, name)).parameters.values():
+        if p.default is p.empty and p.kind is not p.VAR_KEYWORD:
+            args[p.name] = x["gk"] if (name, p.name) == ("chunk_gla", "g") else x[p.name]
+    return args
+
+
+def takes(name: str, param: str) -> bool:
+    return param in inspect.signature(getattr(fla, name)).parameters
+
+
+@pytest.mark.parametrize("name", sorted(fla.__all__))
+def test_every_function_refuses_head_first_and_unknown_keywords(name):
+    """``head_first=`` is the documented ValueError everywhere (it was an unexpected-keyword
+    TypeError where the function had no **kwargs); unknown keywords are a one-line TypeError."""
+    x = make(T=3)
+    fn = getattr(fla, name)
+    for value in (False, True):
+        with pytest.raises(ValueError, match=r"^head_first: removed \(in fla too\)"):
+            fn(**required(name, x), head_first=value)
+    if name in DEPRECATED:
+        with pytest.raises(NotImplementedError):
+            fn(**required(name, x), bogus=1)
+        return
+    with pytest.raises(TypeError, match=rf"^{fn.__name__}\(\) got unexpected keyword "
+                                        r"argument\(s\) bogus$"):
+        fn(**required(name, x), bogus=1)
+    o, _ = fn(**required(name, x))  # and without them it runs
+    assert o.shape[:2] == (2, 3)
+
+
+BETA_FUNCTIONS = ["chunk_delta_rule", "fused_recurrent_delta_rule", "parallel_delta_rule",
+                  "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+
+
+@pytest.mark.parametrize("name", BETA_FUNCTIONS)
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")])
+def test_non_finite_beta_is_refused(name, bad):
+    """β = ±inf gave all-nan outputs (only nan was refused)."""
+    x = make(T=5)
+    beta = x["beta"].clone()
+    beta[0, 2, 1] = bad
+    args = {**required(name, x), "beta": beta}
+    with pytest.raises(ValueError, match=r"^beta: expected finite values, got [^\n]+$"):
+        getattr(fla, name)(**args)
+    if takes(name, "per_value_beta") or name.startswith("fused_recurrent"):
+        wide = beta[..., None].expand(*beta.shape, 3).clone()
+        with pytest.raises(ValueError, match=r"^beta: expected finite values"):
+            getattr(fla, name)(**{**args, "beta": wide})
+
+
+@pytest.mark.parametrize("name", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
+def test_infinite_beta_logits_are_saturated_sigmoids(name):
+    """With ``use_beta_sigmoid_in_kernel`` beta holds logits: ±inf are sigmoid 1 and 0, valid;
+    nan is still refused."""
+    x = make(T=5)
+    logits = torch.randn(2, 5, 2, dtype=torch.float64)
+    logits[0, 1, 0], logits[1, 3, 1] = float("inf"), -float("inf")
+    fn = getattr(fla, name)
+    args = {**required(name, x), "use_beta_sigmoid_in_kernel": True}
+    o, _ = fn(**{**args, "beta": logits})
+    want, _ = fn(**{**required(name, x), "beta": torch.sigmoid(logits)})
+    assert torch.isfinite(o).all()
+    torch.testing.assert_close(o, want)
+    logits[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"^beta: "):
+        fn(**{**args, "beta": logits})
+
+
+def _t0_cases():
+    """(name, extra keyword arguments) for every function with an initial state, with the
+    layouts and modes that take other paths (state_v_first, reverse, per-key/value gates,
+    per-value beta, the normalised linear attention's (kv, z) tuple)."""
+    cases = []
+    for name in sorted(fla.__all__):
+        if name in DEPRECATED or not takes(name, "initial_state"):
+            continue
+        cases.append((name, {}))
+        if takes(name, "state_v_first"):
+            cases.append((name, {"state_v_first": True}))
+        if takes(name, "reverse"):
+            cases.append((name, {"reverse": True}))
+        if takes(name, "normalize"):
+            cases.append((name, {"normalize": False}))
+            cases.append((name, {"normalize": True, "z": True}))
+        if takes(name, "gv"):
+            cases.append((name, {"gv": True}))
+        if name.startswith("fused_recurrent") and takes(name, "beta"):
+            cases.append((name, {"wide_beta": True}))
+    return cases
+
+
+@pytest.mark.parametrize("name, extra", _t0_cases(),
+                         ids=lambda x: x if isinstance(x, str) else "-".join(x) or "plain")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_empty_sequence_returns_a_new_state(name, extra, dtype):
+    """T = 0 with an initial state returns its values in a new tensor, never the argument itself
+    (chunk_simple_gla returned h0: updating the result in place changed the caller's h0)."""
+    x = make(T=0, dtype=dtype)
+    extra = dict(extra)
+    args = required(name, x)
+    h0 = x["h0"]
+    if extra.pop("state_v_first", False):
+        args["state_v_first"] = True
+        h0 = h0.transpose(-1, -2).contiguous()
+    z0 = None
+    if extra.pop("z", False):
+        z0 = torch.randn(2, 1, 2, 4, dtype=dtype)
+        init = (h0, z0)
+    else:
+        init = h0
+    if extra.pop("gv", False):
+        args["gv"] = x["gv"]
+    if extra.pop("wide_beta", False):
+        args["beta"] = x["beta"][..., None].expand(*x["beta"].shape, 3)
+    o, S = getattr(fla, name)(**args, **extra, initial_state=init, output_final_state=True)
+    assert o.shape == (2, 0, 2, 3)
+    if isinstance(S, tuple):  # normalize=True (the default of *chunk_linear_attn): (kv, z)
+        S, z = S
+        if z0 is None:  # no key sum given: zeros
+            assert (z == 0).all()
+        else:
+            assert z.untyped_storage().data_ptr() != z0.untyped_storage().data_ptr()
+            torch.testing.assert_close(z, z0, rtol=0, atol=0)
+    assert S.untyped_storage().data_ptr() != h0.untyped_storage().data_ptr()
+    torch.testing.assert_close(S, h0, rtol=0, atol=0)
+
+
+def _scalar_cases():
+    """(name, parameter) for every scalar parameter of every function."""
+    flags = ("output_final_state", "reverse", "state_v_first", "normalize",
+             "use_qk_l2norm_in_kernel", "output_attentions")
+    return [(name, p) for name in sorted(fla.__all__) if name not in DEPRECATED
+            for p in ("scale", *flags) if takes(name, p)]
+
+
+@pytest.mark.parametrize("name, param", _scalar_cases())
+def test_numpy_scalars_are_accepted(name, param):
+    """np.float32 scales and np.bool_ flags were refused (``scale: expected a finite real
+    number or None, got np.float32(0.5)``)."""
+    x = make(T=4)
+    fn = getattr(fla, name)
+    args = required(name, x)
+    values = [(np.float32(0.5), 0.5), (np.float64(0.25), 0.25)] if param == "scale" else \
+        [(np.True_, True), (np.False_, False)]
+    if (name, param) == ("parallel_delta_rule", "output_attentions"):  # True: not supported
+        with pytest.raises(NotImplementedError, match="^output_attentions: "):
+            fn(**args, output_attentions=np.True_)
+        values = values[1:]
+    for np_value, value in values:
+        got, want = fn(**args, **{param: np_value}), fn(**args, **{param: value})
+        for a, b in zip(got, want, strict=True):
+            if isinstance(a, tuple):
+                for c, d in zip(a, b, strict=True):
+                    torch.testing.assert_close(c, d, rtol=0, atol=0)
+            elif a is not None:
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+            else:
+                assert b is None
+
+
+@pytest.mark.parametrize("name, param", _scalar_cases())
+def test_bools_are_not_numbers_and_numbers_are_not_flags(name, param):
+    x = make(T=4)
+    fn = getattr(fla, name)
+    bad = [True, np.True_, "0.5"] if param == "scale" else ["yes", 0.5, None, np.float64(1.0)]
+    for value in bad:
+        with pytest.raises((TypeError, ValueError), match=rf"^{param}: expected [^\n]+$"):
+            fn(**required(name, x), **{param: value})
+
+
+def test_numpy_chunk_size():
+    x = make(T=9)
+    for name in ("chunk_simple_gla", "chunk_retention", "chunk_delta_rule",
+                 "chunk_gated_delta_rule"):
+        args = required(name, x)
+        want = getattr(fla, name)(**args, chunk_size=4)[0]
+        torch.testing.assert_close(getattr(fla, name)(**args, chunk_size=np.int64(4))[0], want,
+                                   rtol=0, atol=0)
+        with pytest.raises(ValueError, match=r"^chunk_size: expected a positive integer"):
+            getattr(fla, name)(**args, chunk_size=np.True_)

@@ -48,7 +48,11 @@ fused_recurrent_gated_delta_rule   yes, same; ``gk``/``gv``/per-value beta run t
 
 Not supported: ``cp_context`` (context parallelism: NotImplementedError), ``head_first`` (removed
 in fla too: ValueError), keyword arguments fla silently ignores (TypeError here), gates > 0
-(ValueError: a log-decay must be ≤ 0; fla does not check). ``chunk_size=`` (where fla takes it)
+(ValueError: a log-decay must be ≤ 0; fla does not check), β of nan or ±inf (ValueError; as logits
+with ``use_beta_sigmoid_in_kernel`` only nan). Every function takes ``**kwargs`` (fla's
+signature, plus ``**kwargs`` where fla has none), so that ``head_first=`` is that ValueError and
+an unknown name that TypeError everywhere. Scalars: ``scale`` any finite real number (NumPy's
+included; bools refused), flags bools (NumPy's included). ``chunk_size=`` (where fla takes it)
 is forwarded as linattn's chunk size, which changes speed only; ``cu_seqlens_cpu`` and
 ``chunk_indices`` are accepted and unused (they are GPU synchronisation hints).
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,7 +120,6 @@ def test_chunk_size_must_be_a_positive_integer(name, chunk):
 
 @pytest.mark.parametrize("name", CHUNKED)
 def test_numpy_integer_chunk_size_is_accepted(name):
-    np = pytest.importorskip("numpy")
     q, k, v = _qkv()
     torch.testing.assert_close(CALLS[name](q, k, v, chunk_size=np.int64(4)),
                                CALLS[name](q, k, v, chunk_size=4), rtol=0, atol=0)
@@ -201,3 +201,256 @@ def test_cosformer_default_eps_gives_the_reference_values():
     q = q - 1.0  # many non-positive coordinates: small normalisers, where eps matters
     torch.testing.assert_close(linattn.cosformer_attention(q, k, v),
                                reference.cosformer_attention(q, k, v), rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- issue 24: scalars
+
+
+def _storages(x) -> set[int]:
+    """The storages of every non-empty tensor in x (see :func:`_tensors`)."""
+    return {t.untyped_storage().data_ptr() for t in _tensors(x) if t.numel()}
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    """The tensors of an output: a tensor, a state dataclass or a tuple of them, in order."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, tuple):
+        return [t for part in x for t in _tensors(part)]
+    return [getattr(x, f) for f in ("S", "z", "k", "v") if hasattr(x, f)]
+
+
+def _beta(T=T):
+    return torch.rand(B, H, T, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+
+#: ops with a flag argument: name -> (call(**flags), the flags it takes)
+FLAGGED = {
+    "linear_attention": (lambda **kw: linattn.linear_attention(*_qkv(), **kw),
+                         ("is_causal", "return_state")),
+    "relative_linear_attention": (lambda **kw: linattn.relative_linear_attention(
+        *_qkv(), _r(), **kw), ("is_causal",)),
+    "cosformer_attention": (lambda **kw: linattn.cosformer_attention(*_qkv(), **kw),
+                            ("is_causal",)),
+    "flowformer_attention": (lambda **kw: linattn.flowformer_attention(*_qkv(), **kw),
+                             ("is_causal",)),
+    "window_linear_attention": (lambda **kw: linattn.window_linear_attention(
+        *_qkv(), window=2, **kw), ("is_causal", "return_state")),
+    "decay_linear_attention": (lambda **kw: linattn.decay_linear_attention(
+        *_qkv(), 0.5, **kw), ("return_state",)),
+    "gated_linear_attention": (lambda **kw: linattn.gated_linear_attention(*_qkv(), **kw),
+                               ("return_state",)),
+    "delta_rule": (lambda **kw: linattn.delta_rule(*_qkv(), _beta(), **kw),
+                   ("return_state", "qk_l2norm")),
+    "delta_rule_step": (lambda **kw: linattn.delta_rule_step(
+        *(_step(x) for x in _qkv()), _beta()[..., 0], **kw), ("qk_l2norm",)),
+}
+FLAG_CASES = [(name, flag) for name, (_, flags) in FLAGGED.items() for flag in flags]
+
+
+@pytest.mark.parametrize("name, flag", FLAG_CASES)
+@pytest.mark.parametrize("value", ["yes", None, 1, 0, 2, 1.0, torch.tensor(True)])
+def test_flags_must_be_bools(name, flag, value):
+    """A flag that is not a bool was taken by its truth value (is_causal="no" was causal)."""
+    call, _ = FLAGGED[name]
+    kw = {flag: value}
+    if flag == "return_state" and name in ("linear_attention", "window_linear_attention"):
+        kw["is_causal"] = True
+    with pytest.raises(TypeError, match=rf"^{flag}: expected a bool, got \w+$"):
+        call(**kw)
+
+
+@pytest.mark.parametrize("name, flag", FLAG_CASES)
+def test_numpy_bools_are_flags(name, flag):
+    call, _ = FLAGGED[name]
+    extra = {"is_causal": True} if flag == "return_state" and name in (
+        "linear_attention", "window_linear_attention") else {}
+    for value in (True, False):
+        got = call(**{flag: np.bool_(value)}, **extra)
+        want = call(**{flag: value}, **extra)
+        assert type(got) is type(want)
+        for a, b in zip(_tensors(got), _tensors(want), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+#: ops with a ``scale``: name -> call(scale)
+SCALED = {
+    "gated_linear_attention": lambda s: linattn.gated_linear_attention(*_qkv(), scale=s),
+    "gated_linear_attention_step": lambda s: linattn.gated_linear_attention_step(
+        *(_step(x) for x in _qkv()), scale=s)[0],
+    "delta_rule": lambda s: linattn.delta_rule(*_qkv(), _beta(), scale=s),
+    "delta_rule_step": lambda s: linattn.delta_rule_step(
+        *(_step(x) for x in _qkv()), _beta()[..., 0], scale=s)[0],
+    "decay_softmax_attention": lambda s: linattn.decay_softmax_attention(
+        *_qkv(), 0.9, scale=s),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+def test_numpy_scales_are_accepted(name):
+    want = SCALED[name](0.5)
+    for s in (np.float32(0.5), np.float64(0.5)):
+        torch.testing.assert_close(SCALED[name](s), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+@pytest.mark.parametrize("scale", [True, np.True_, "0.5", 0.5 + 0j])
+def test_scale_must_be_a_real_number(name, scale):
+    with pytest.raises(TypeError, match=r"^scale: expected a real number or None, got \w+$"):
+        SCALED[name](scale)
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"),
+                                   pytest.param(10 ** 400, id="10**400")])
+def test_scale_must_be_finite(name, scale):
+    with pytest.raises(ValueError, match=r"^scale: expected a finite "):
+        SCALED[name](scale)
+
+
+@pytest.mark.parametrize("name", [*CALLS, *STEPS])
+def test_eps_too_large_for_a_float_is_named(name):
+    with pytest.raises(ValueError, match=r"^eps: expected a finite number >= 0, got an "
+                                         r"integer of 1329 bits$"):
+        {**CALLS, **STEPS}[name](*_qkv(), eps=10 ** 400)
+
+
+def test_numpy_eps_and_chunk_sizes_are_accepted():
+    q, k, v = _qkv()
+    want = linattn.gated_linear_attention(q, k, v, chunk_size=2)
+    torch.testing.assert_close(linattn.gated_linear_attention(q, k, v, chunk_size=np.int32(2)),
+                               want, rtol=0, atol=0)
+    want = linattn.delta_rule(q, k, v, _beta(), chunk_size=2)
+    torch.testing.assert_close(linattn.delta_rule(q, k, v, _beta(), chunk_size=np.int64(2)),
+                               want, rtol=0, atol=0)
+    torch.testing.assert_close(linattn.linear_attention(q, k, v, eps=np.float32(0.5)),
+                               linattn.linear_attention(q, k, v, eps=0.5), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("chunk", [np.True_, np.float64(2.0)])
+def test_numpy_non_integers_are_not_chunk_sizes(chunk):
+    with pytest.raises(ValueError, match=r"^chunk_size: expected a positive integer, got "):
+        linattn.gated_linear_attention(*_qkv(), chunk_size=chunk)
+
+
+#: every op, step and reference that takes ``gamma``: name -> call(gamma)
+GAMMA_CALLS = {
+    "decay_linear_attention": lambda g: linattn.decay_linear_attention(*_qkv(), g),
+    "decay_linear_attention_step": lambda g: linattn.decay_linear_attention_step(
+        *(_step(x) for x in _qkv()), g, _state()),
+    "decay_softmax_attention": lambda g: linattn.decay_softmax_attention(*_qkv(), g),
+    "reference.decay_linear_attention": lambda g: reference.decay_linear_attention(*_qkv(), g),
+    "reference.decay_softmax_attention": lambda g: reference.decay_softmax_attention(*_qkv(), g),
+}
+
+
+@pytest.mark.parametrize("name", list(GAMMA_CALLS))
+@pytest.mark.parametrize("gamma", ["0.9", None, True, np.True_, 0.5 + 0j, object(),
+                                   torch.tensor([True, True, True]), ["0.9"]],
+                         ids=lambda g: type(g).__name__)
+def test_gamma_must_be_a_number_or_a_tensor(name, gamma):
+    with pytest.raises(TypeError, match=r"^gamma: expected a number or a tensor of real "
+                                        r"numbers, got [^\n]+$"):
+        GAMMA_CALLS[name](gamma)
+
+
+@pytest.mark.parametrize("name", list(GAMMA_CALLS))
+@pytest.mark.parametrize("gamma", [pytest.param(10 ** 400, id="10**400"), -1, float("nan")])
+def test_gamma_out_of_range_is_named(name, gamma):
+    with pytest.raises(ValueError, match=r"^gamma: expected decays in [^\n]+$"):
+        GAMMA_CALLS[name](gamma)
+
+
+@pytest.mark.parametrize("name", list(GAMMA_CALLS))
+def test_numpy_and_list_gammas_are_accepted(name):
+    want = GAMMA_CALLS[name](torch.tensor([0.5, 0.75, 0.9], dtype=torch.float64))
+    got = GAMMA_CALLS[name](np.array([0.5, 0.75, 0.9]))
+    for a, b in zip(_tensors(got), _tensors(want), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    GAMMA_CALLS[name](np.float32(0.5))
+    GAMMA_CALLS[name]([0.5, 0.75, 0.9])
+
+
+# ----------------------------------------------------------------------------- issue 24: T = 0
+
+
+def _cu_empty():
+    return torch.tensor([0, 0, 0])
+
+
+#: ops with a state at T = 0: name -> (call(q, k, v) with an initial state -> (o, state), the
+#: initial state)
+def _stateful_at_t0():
+    q, k, v = _qkv(T=0)
+    q1, k1, v1 = (x[:1] for x in (q, k, v))
+    gen = torch.Generator().manual_seed(3)
+    S0 = torch.randn(B, H, D, DV, generator=gen, dtype=torch.float64)
+    S0n = torch.randn(2, H, D, DV, generator=gen, dtype=torch.float64)
+    st = LinearAttentionState(S=S0.clone(), z=torch.rand(B, H, D, dtype=torch.float64))
+    stn = LinearAttentionState(S=S0n.clone(), z=torch.rand(2, H, D, dtype=torch.float64))
+    _, wst = linattn.window_linear_attention(*_qkv(T=3), window=2, return_state=True)
+    g0, b0 = torch.zeros(B, H, 0, dtype=torch.float64), torch.zeros(B, H, 0, dtype=torch.float64)
+    return {
+        "gated_linear_attention": (lambda: linattn.gated_linear_attention(
+            q, k, v, initial_state=S0, return_state=True), S0),
+        "gated_linear_attention g": (lambda: linattn.gated_linear_attention(
+            q, k, v, g0, initial_state=S0, return_state=True), S0),
+        "gated_linear_attention cu_seqlens": (lambda: linattn.gated_linear_attention(
+            q1, k1, v1, initial_state=S0n, return_state=True, cu_seqlens=_cu_empty()), S0n),
+        "delta_rule": (lambda: linattn.delta_rule(q, k, v, b0, g0, initial_state=S0,
+                                                  return_state=True), S0),
+        "delta_rule cu_seqlens": (lambda: linattn.delta_rule(
+            q1, k1, v1, b0[:1], initial_state=S0n, return_state=True,
+            cu_seqlens=_cu_empty()), S0n),
+        "delta_rule float32": (lambda: linattn.delta_rule(
+            q.float(), k.float(), v.float(), b0.float(), initial_state=S0.float(),
+            return_state=True), S0.float()),
+        "linear_attention": (lambda: linattn.linear_attention(
+            q, k, v, is_causal=True, initial_state=st, return_state=True), st),
+        "linear_attention cu_seqlens": (lambda: linattn.linear_attention(
+            q1, k1, v1, is_causal=True, initial_state=stn, return_state=True,
+            cu_seqlens=_cu_empty()), stn),
+        "decay_linear_attention": (lambda: linattn.decay_linear_attention(
+            q, k, v, 0.5, initial_state=st, return_state=True), st),
+        "window_linear_attention": (lambda: linattn.window_linear_attention(
+            q, k, v, window=2, initial_state=wst, return_state=True), wst),
+    }
+
+
+@pytest.mark.parametrize("name", list(_stateful_at_t0()))
+def test_empty_sequence_returns_a_new_state(name):
+    """T = 0 returns the initial state's values in new tensors, never the input itself (a
+    caller updating the returned state in place would change its input)."""
+    call, S0 = _stateful_at_t0()[name]
+    o, S = call()
+    assert o.shape[-2] == 0
+    assert S is not S0
+    assert not _storages(S) & _storages(S0)
+    for a, b in zip(_tensors(S), _tensors(S0), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if hasattr(S0, "count"):
+        assert S.count == S0.count
+
+
+@pytest.mark.parametrize("which", ["linear", "window"])
+@pytest.mark.parametrize("arg, value, exc", [
+    ("batch_shape", 3, TypeError), ("batch_shape", "23", TypeError),
+    ("batch_shape", (2, -1), ValueError), ("batch_shape", (2.0,), ValueError),
+    ("num_features", -1, ValueError), ("num_features", "4", ValueError),
+    ("num_features", True, ValueError), ("num_features", 10 ** 30, ValueError),
+    ("value_dim", 1.5, ValueError), ("dtype", torch.long, TypeError), ("dtype", "float", TypeError),
+])
+def test_state_zeros_sizes_are_named(which, arg, value, exc):
+    """zeros() of the states: torch's own errors ("zeros(): argument 'size' failed to unpack
+    the object at pos 3") named no argument."""
+    kw = {"batch_shape": (2, 3), "num_features": 4, "value_dim": 5}
+    if which == "window":
+        kw.update(head_dim=4, window=3)
+        cls = linattn.WindowLinearAttentionState
+    else:
+        cls = LinearAttentionState
+    with pytest.raises(exc, match=rf"^{arg}: expected [^\n]+$"):
+        cls.zeros(**{**kw, arg: value})
+    st = cls.zeros(**{**kw, "batch_shape": torch.Size([np.int64(2), 3]),
+                      "num_features": np.int64(4)})
+    assert st.S.shape == (2, 3, 4, 5)

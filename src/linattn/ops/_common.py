@@ -105,30 +105,118 @@ def check_step_inputs(q_t: Tensor, k_t: Tensor, v_t: Tensor) -> None:
     check_qkv(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), same_length=True)
 
 
+def is_bool(x: object) -> bool:
+    """Whether ``x`` is a Python or a NumPy bool. A Python bool is a ``numbers.Integral`` and
+    ``np.bool_`` is no ``numbers.Number`` at all, so each check of a number or a flag asks this
+    first. (NumPy is not imported: its scalar types are recognised by name.)"""
+    return isinstance(x, bool) or (type(x).__module__ == "numpy"
+                                   and type(x).__name__ in ("bool_", "bool"))
+
+
+def shown(x: object) -> str:
+    """``repr(x)`` for an error message, one short line: an integer too long to print (Python
+    refuses to print more than 4,300 digits) is given by its size, a tensor of more than a few
+    numbers by its range (a tensor's repr spans lines)."""
+    if isinstance(x, numbers.Integral) and not is_bool(x) and abs(int(x)) >= 10 ** 60:
+        return f"{'-' if x < 0 else ''}an integer of {abs(int(x)).bit_length()} bits"
+    if isinstance(x, Tensor) and not tracing(x):
+        if x.dim() <= 1 and x.numel() <= 8:
+            return repr(x.tolist())
+        if x.numel() and not x.is_complex():
+            y = x.detach().double()
+            return f"a tensor of shape {tuple(x.shape)} with values in [{y.min().item():g}, " \
+                   f"{y.max().item():g}]"
+        return f"a tensor of shape {tuple(x.shape)}"
+    return repr(x)
+
+
+def check_flag(x: object, name: str) -> bool:
+    """``x`` as a bool; TypeError naming ``name`` unless a Python or a NumPy bool (a flag taken
+    by its truth value would make ``is_causal="no"`` causal)."""
+    if x is True or x is False:
+        return x
+    if is_bool(x):
+        return bool(x)
+    raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+
+
+def _finite_float(x: numbers.Real) -> float | None:
+    """float(x), or None when x is not finite (an integer too large for a float included)."""
+    try:
+        value = float(x)
+    except OverflowError:
+        return None
+    # (comparisons rather than math.isfinite, which a graph traced with dynamic shapes cannot
+    # evaluate on a symbolic float)
+    return None if value != value or value in (math.inf, -math.inf) else value
+
+
+def check_scale(scale: object, K: int, *, positive: bool = False) -> float:
+    """``scale`` as a float, or the default ``K**-0.5`` for None; TypeError naming ``scale``
+    unless a real number (bools refused; NumPy numbers taken), ValueError unless finite (and
+    > 0 if ``positive``)."""
+    if scale is None:
+        return K ** -0.5
+    if type(scale) is float and scale - scale == 0 and (scale > 0 or not positive):
+        return scale  # the common case, on every decoding step: finite (inf − inf is nan)
+    if is_bool(scale) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+    value = _finite_float(scale)
+    if value is None or (positive and not value > 0):
+        what = "positive number" if positive else "real number"
+        raise ValueError(f"scale: expected a finite {what}, got {shown(scale)}")
+    return value
+
+
 def check_eps(eps: object, name: str = "eps") -> float:
     """``eps`` as a float; TypeError unless a real number, ValueError unless finite and >= 0.
 
     0 is allowed: it is the default of every strictly positive feature map. A nan would turn
     every output into nan, inf every output into 0, and a negative value can cancel the
     normaliser, so each is refused rather than computed."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+    if is_bool(eps) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(eps).__name__}")
-    value = float(eps)
-    # (comparisons rather than math.isfinite, which a graph traced with dynamic shapes cannot
-    # evaluate on a symbolic float)
-    if value != value or value == math.inf or value < 0:
-        raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
+    value = _finite_float(eps)
+    if value is None or value < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {shown(eps)}")
     return value
+
+
+def check_positive_int(x: object, name: str) -> int:
+    """``x`` as an int; ValueError naming ``name`` unless a positive integer (NumPy integers
+    taken, bools and integral floats refused). Any size: callers clamp what they allocate."""
+    if is_bool(x) or not isinstance(x, numbers.Integral) or x < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {shown(x)}")
+    return int(x)
+
+
+def check_size(x: object, name: str) -> int:
+    """A tensor size: ``x`` as an int; ValueError naming ``name`` unless an integer in
+    [0, 2**63) (what a torch size can hold)."""
+    if is_bool(x) or not isinstance(x, numbers.Integral) or not 0 <= x < 2 ** 63:
+        raise ValueError(f"{name}: expected an integer >= 0, got {shown(x)}")
+    return int(x)
+
+
+def check_state_sizes(batch_shape: object, dtype: object, **sizes: object
+                      ) -> tuple[tuple[int, ...], dict[str, int]]:
+    """The arguments of a state's ``zeros()``: ``batch_shape`` a sequence of sizes, ``dtype`` a
+    floating-point torch.dtype and each of ``sizes`` a size (:func:`check_size`); errors name
+    the argument. Returns the batch shape as a tuple and the sizes as ints."""
+    if isinstance(batch_shape, (str, bytes, Tensor)) or not hasattr(batch_shape, "__iter__"):
+        raise TypeError(f"batch_shape: expected a tuple of integers, got "
+                        f"{type(batch_shape).__name__}")
+    shape = tuple(check_size(n, "batch_shape") for n in batch_shape)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype: expected a floating-point torch.dtype, got {dtype!r}")
+    return shape, {name: check_size(n, name) for name, n in sizes.items()}
 
 
 def check_chunk_size(chunk_size: object, default: int) -> int:
     """``chunk_size`` (None: ``default``) as an int; ValueError unless a positive integer."""
     if chunk_size is None:
         return default
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) \
-            or chunk_size < 1:
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
-    return int(chunk_size)
+    return check_positive_int(chunk_size, "chunk_size")
 
 
 def check_values(ok: Tensor, message: str, detail: Callable[[], str] | None = None) -> None:
@@ -143,12 +231,49 @@ def check_values(ok: Tensor, message: str, detail: Callable[[], str] | None = No
         raise ValueError(message + ("" if detail is None else detail()))
 
 
-def check_gamma(gamma: float | Tensor, batch: tuple[int, ...], like: Tensor) -> Tensor:
-    """Decays γ as a tensor of shape ``batch`` in ``like``'s dtype and device; ValueError
-    naming ``gamma`` outside [0, 1] or when it does not broadcast to ``batch``."""
-    g = torch.as_tensor(gamma, dtype=like.dtype, device=like.device)
+def nonfinite(x: Tensor) -> str:
+    """Which of nan, inf, -inf occur in ``x`` (for an error message; reads the values)."""
+    found = [name for name, bad in (("nan", x.isnan()), ("inf", x == math.inf),
+                                    ("-inf", x == -math.inf)) if bool(bad.any())]
+    return " and ".join(found) or "none"
+
+
+def gamma_tensor(gamma: object, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """γ as a tensor in ``dtype`` on ``device``: a real number, a tensor, or what
+    ``torch.as_tensor`` takes (a list, a NumPy array) of real numbers; TypeError naming
+    ``gamma`` for anything else (a string, None, a bool, complex numbers, a bool tensor), and
+    ValueError for a number too large for a float (out of [0, 1] anyway)."""
+    def refused(what: str) -> TypeError:
+        return TypeError(f"gamma: expected a number or a tensor of real numbers, got {what}")
+
+    if isinstance(gamma, Tensor):
+        g = gamma
+    elif is_bool(gamma) or isinstance(gamma, (str, bytes)) or gamma is None:
+        raise refused(type(gamma).__name__)
+    elif isinstance(gamma, numbers.Real):
+        value = _finite_float(gamma)
+        if value is None and not isinstance(gamma, numbers.Integral):
+            value = float(gamma)  # nan or ±inf: refused with the range below
+        if value is None:
+            raise ValueError(f"gamma: expected decays in [0, 1], got {shown(gamma)}")
+        return torch.tensor(value, dtype=dtype, device=device)
+    else:
+        try:
+            g = torch.as_tensor(gamma)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise refused(type(gamma).__name__) from None
+    if g.dtype == torch.bool or g.is_complex():
+        raise refused(f"a tensor of {g.dtype}")
+    return g.to(dtype=dtype, device=device)
+
+
+def check_gamma(gamma: object, batch: tuple[int, ...], like: Tensor) -> Tensor:
+    """Decays γ as a tensor of shape ``batch`` in ``like``'s dtype and device; TypeError naming
+    ``gamma`` unless numbers (:func:`gamma_tensor`), ValueError outside [0, 1] or when it does
+    not broadcast to ``batch``."""
+    g = gamma_tensor(gamma, like.dtype, like.device)
     check_values((g >= 0) & (g <= 1), "gamma: expected decays in [0, 1]",  # nan fails both
-                 lambda: f", got {gamma!r}")
+                 lambda: f", got {shown(gamma)}")
     try:
         return g.broadcast_to(batch)
     except RuntimeError:

@@ -5,14 +5,13 @@ token-by-token scan for the variants that have no chunked form here. See :mod:`l
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from linattn.ops._common import accumulation_dtype
+from linattn.ops._common import accumulation_dtype, check_scale, is_bool, nonfinite
 from linattn.ops.varlen import check_cu_seqlens
 
 # ----------------------------------------------------------------------------- validation
@@ -65,8 +64,11 @@ def _gate(name: str, g: object, shape: tuple[int, ...]) -> Tensor | None:
     return g
 
 
-def _beta(beta: object, B: int, T: int, H: int, V: int, *, per_value: bool) -> Tensor:
-    """beta (B, T, H), or also (B, T, H, V) if ``per_value``."""
+def _beta(beta: object, B: int, T: int, H: int, V: int, *, per_value: bool,
+          logits: bool = False) -> Tensor:
+    """beta (B, T, H), or also (B, T, H, V) if ``per_value``: finite (nan or ±inf make every
+    later output nan), or with ``logits`` (use_beta_sigmoid_in_kernel) not nan (a logit of ±inf
+    is a sigmoid of 1 or 0)."""
     if not isinstance(beta, Tensor) or not beta.is_floating_point():
         raise TypeError(f"beta: expected a floating-point tensor, got "
                         f"{beta.dtype if isinstance(beta, Tensor) else type(beta).__name__}")
@@ -74,21 +76,21 @@ def _beta(beta: object, B: int, T: int, H: int, V: int, *, per_value: bool) -> T
     if tuple(beta.shape) not in ok:
         want = " or ".join(str(s) for s in ok)
         raise ValueError(f"beta: expected shape {want}, got {tuple(beta.shape)}")
-    if beta.numel() and beta.isnan().any():
-        raise ValueError("beta: contains nan")
+    if logits:
+        if beta.numel() and beta.isnan().any():
+            raise ValueError("beta: expected logits that are not nan "
+                             "(use_beta_sigmoid_in_kernel=True), got nan")
+    elif beta.numel() and not beta.isfinite().all():
+        raise ValueError(f"beta: expected finite values, got {nonfinite(beta)}")
     return beta
 
 
 def _scale(scale: object, K: int, *, positive: bool = False) -> float:
-    if scale is None:
-        return K ** -0.5
-    if isinstance(scale, Tensor) and scale.numel() == 1:
+    """scale (None: ``K**-0.5``): a finite real number (NumPy numbers and one-element tensors
+    taken, bools refused), > 0 if ``positive``."""
+    if isinstance(scale, Tensor) and scale.numel() == 1 and scale.dtype != torch.bool:
         scale = scale.item()
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite real number or None, got {scale!r}")
-    if positive and scale <= 0:
-        raise ValueError(f"scale: expected a positive number, got {scale!r}")
-    return float(scale)
+    return check_scale(scale, K, positive=positive)
 
 
 def _varlen(cu_seqlens: object, q: Tensor) -> Tensor | None:
@@ -115,15 +117,17 @@ def _state(name: str, x: object, N: int, H: int, K: int, V: int,
 
 
 def _flag(name: str, x: object) -> bool:
-    if not isinstance(x, (bool, int)) or isinstance(x, int) and x not in (0, 1):
-        raise ValueError(f"{name}: expected a bool, got {x!r}")
-    return bool(x)
+    """A Python or NumPy bool, or (as before) a Python int 0 or 1."""
+    if is_bool(x) or (type(x) is int and x in (0, 1)):
+        return bool(x)
+    raise ValueError(f"{name}: expected a bool, got {x!r}")
 
 
 def _kwargs(fn: str, kwargs: dict, allowed: tuple[str, ...] = ()) -> dict:
-    """fla's extra keyword arguments: ``head_first`` (removed in fla: ValueError),
-    ``transpose_state_layout`` (fla's deprecated name of state_v_first), those in ``allowed``;
-    anything else is a TypeError (fla ignores unknown names silently)."""
+    """fla's extra keyword arguments, which every function takes (``**kwargs``) and checks here
+    first: ``head_first`` (removed in fla: ValueError), ``transpose_state_layout`` (fla's
+    deprecated name of state_v_first) and the others in ``allowed``; anything else is a
+    TypeError (fla ignores unknown names silently)."""
     if "head_first" in kwargs:
         raise ValueError("head_first: removed (in fla too); inputs are (B, T, H, ...)")
     unknown = sorted(set(kwargs) - set(allowed))

@@ -23,7 +23,38 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["check_qkv", "check_eps", "check_padding_mask", "check_gamma", "kept_keys"]
+__all__ = ["check_qkv", "check_eps", "check_scale", "check_padding_mask", "check_gamma",
+           "kept_keys", "shown"]
+
+
+def _is_bool(x: object) -> bool:
+    """A Python or a NumPy bool (np.bool_ is no numbers.Number; a Python bool is Integral)."""
+    return isinstance(x, bool) or (type(x).__module__ == "numpy"
+                                   and type(x).__name__ in ("bool_", "bool"))
+
+
+def shown(x: object) -> str:
+    """repr(x) on one short line: a huge integer by its size, a tensor of more than a few
+    numbers by its range."""
+    if isinstance(x, numbers.Integral) and not _is_bool(x) and abs(int(x)) >= 10 ** 60:
+        return f"{'-' if x < 0 else ''}an integer of {abs(int(x)).bit_length()} bits"
+    if isinstance(x, Tensor):
+        if x.dim() <= 1 and x.numel() <= 8:
+            return repr(x.tolist())
+        if x.numel() and not x.is_complex():
+            y = x.detach().double()
+            return f"a tensor of shape {tuple(x.shape)} with values in [{y.min().item():g}, " \
+                   f"{y.max().item():g}]"
+        return f"a tensor of shape {tuple(x.shape)}"
+    return repr(x)
+
+
+def _float(x: numbers.Real) -> float:
+    """float(x), with an integer too large for a float as inf (refused by every caller)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
@@ -59,11 +90,25 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
 def check_eps(eps: object, name: str = "eps") -> float:
     """``eps`` as a float: TypeError unless a real number (bool refused), ValueError unless finite
     and ≥ 0. ``name`` is what the errors call it (a feature map's default names its map)."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+    if _is_bool(eps) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(eps).__name__}")
-    value = float(eps)
+    value = _float(eps)
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
+        raise ValueError(f"{name}: expected a finite number >= 0, got {shown(eps)}")
+    return value
+
+
+def check_scale(scale: object, default: float, *, positive: bool = False) -> float:
+    """``scale`` as a float (None: ``default``): TypeError unless a real number (bools
+    refused), ValueError unless finite (and > 0 if ``positive``)."""
+    if scale is None:
+        return default
+    if _is_bool(scale) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+    value = _float(scale)
+    if not math.isfinite(value) or (positive and not value > 0):
+        what = "positive number" if positive else "real number"
+        raise ValueError(f"scale: expected a finite {what}, got {shown(scale)}")
     return value
 
 
@@ -83,11 +128,30 @@ def check_padding_mask(mask: object, x: Tensor, name: str, x_name: str) -> None:
 
 def check_gamma(gamma: object, batch: tuple[int, ...], dtype: torch.dtype,
                 device: torch.device) -> Tensor:
-    """Decays γ as a tensor of shape ``batch`` in ``dtype`` on ``device``; ValueError naming
-    ``gamma`` outside [0, 1] (nan included) or when it does not broadcast to ``batch``."""
-    g = torch.as_tensor(gamma, dtype=dtype, device=device)
+    """Decays γ as a tensor of shape ``batch`` in ``dtype`` on ``device``: TypeError naming
+    ``gamma`` unless real numbers (a number, a tensor, a list or an array of them; bools and
+    strings refused), ValueError outside [0, 1] (nan included) or when it does not broadcast
+    to ``batch``."""
+    def refused(what: str) -> TypeError:
+        return TypeError(f"gamma: expected a number or a tensor of real numbers, got {what}")
+
+    if _is_bool(gamma) or isinstance(gamma, (str, bytes)) or gamma is None:
+        raise refused(type(gamma).__name__)
+    if isinstance(gamma, numbers.Real) and not isinstance(gamma, Tensor):
+        value = _float(gamma)
+        if not 0 <= value <= 1:
+            raise ValueError(f"gamma: expected decays in [0, 1], got {shown(gamma)}")
+        g = torch.tensor(value, dtype=dtype, device=device)
+    else:
+        try:
+            g = torch.as_tensor(gamma)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise refused(type(gamma).__name__) from None
+        if g.dtype == torch.bool or g.is_complex():
+            raise refused(f"a tensor of {g.dtype}")
+        g = g.to(dtype=dtype, device=device)
     if g.isnan().any() or (g < 0).any() or (g > 1).any():
-        raise ValueError(f"gamma: expected decays in [0, 1], got {gamma!r}")
+        raise ValueError(f"gamma: expected decays in [0, 1], got {shown(gamma)}")
     try:
         return g.broadcast_to(batch)
     except RuntimeError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,3 +105,90 @@ def test_more_queries_than_keys_is_refused():
     q, k, v = qkv(6, 4)
     with pytest.raises(ValueError, match="k: expected at least as many keys"):
         decay_softmax_attention(q, k, v, GAMMAS)
+
+
+# ----------------------------------------------------------------------------- issue 24
+
+
+@pytest.mark.parametrize("S", [0, 5])
+def test_no_queries_give_an_empty_output(S):
+    """T = 0 (also with S = 0 keys) is an empty (..., 0, Dv) output, as in the other ops
+    (``torch.cat`` of no blocks used to raise), connected to the inputs for backward."""
+    q, k, v = (t.requires_grad_() for t in qkv(0, S, 8, 3))
+    out = decay_softmax_attention(q, k, v, GAMMAS)
+    assert out.shape == (2, 4, 0, 3) and out.dtype == q.dtype
+    assert reference.decay_softmax_attention(q, k, v, GAMMAS).shape == (2, 4, 0, 3)
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and (t.grad == 0).all()
+
+
+@pytest.mark.parametrize("T,S,block_size", [(1, 1, 512), (1, 4, 512), (5, 5, 2), (3, 7, 2)])
+def test_double_backward(T, S, block_size):
+    """``create_graph=True`` differentiates a recomputation (the CPU flash kernel's backward is
+    not differentiable): second derivatives in float64 against finite differences."""
+    q, k, v = (t.requires_grad_() for t in qkv(T, S, 3, 2))
+    gamma = torch.tensor([0.75, 0.9, 0.99, 0.995], dtype=torch.float64, requires_grad=True)
+
+    def f(q, k, v, gamma):
+        return decay_softmax_attention(q, k, v, gamma, block_size=block_size)
+
+    torch.autograd.gradgradcheck(f, (q, k, v, gamma))
+    # and the first gradient built with create_graph equals the plain one
+    out = f(q, k, v, gamma)
+    g1 = torch.autograd.grad(out.pow(2).sum(), (q, k, v, gamma), create_graph=True)
+    g2 = torch.autograd.grad(f(q, k, v, gamma).pow(2).sum(), (q, k, v, gamma))
+    for a, b in zip(g1, g2, strict=True):
+        assert a.requires_grad
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_gradient_to_some_inputs_only_and_twice_with_retain_graph():
+    q, k, v = qkv(6, 9, 4, 3)
+    k.requires_grad_()
+    out = decay_softmax_attention(q, k, v, GAMMAS, block_size=4)
+    w = torch.randn_like(out)
+    (g1,) = torch.autograd.grad(out, k, w, retain_graph=True)
+    (g2,) = torch.autograd.grad(out, k, w)
+    ref = reference.decay_softmax_attention(q, k, v, GAMMAS)
+    (want,) = torch.autograd.grad(ref, k, w)
+    torch.testing.assert_close(g1, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g2, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan"), 0.0, -1.0,
+                                   pytest.param(10 ** 400, id="10**400")])
+def test_scale_must_be_finite_and_positive(scale):
+    q, k, v = qkv(10, 10)
+    for fn in (decay_softmax_attention, reference.decay_softmax_attention):
+        with pytest.raises(ValueError, match=r"^scale: expected a finite positive number"):
+            fn(q, k, v, GAMMAS, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [True, "0.5", [0.5]])
+def test_scale_must_be_a_number(scale):
+    q, k, v = qkv(4, 4)
+    for fn in (decay_softmax_attention, reference.decay_softmax_attention):
+        with pytest.raises(TypeError, match=r"^scale: expected a real number or None, got "):
+            fn(q, k, v, GAMMAS, scale=scale)
+
+
+def test_numpy_scalars_are_accepted():
+    q, k, v = qkv(9, 9)
+    want = decay_softmax_attention(q, k, v, float(np.float32(0.9)), scale=0.5, block_size=4)
+    got = decay_softmax_attention(q, k, v, np.float32(0.9), scale=np.float32(0.5),
+                                  block_size=np.int64(4))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("block_size", [0, -1, 2.0, True, "4", None])
+def test_block_size_must_be_a_positive_integer(block_size):
+    q, k, v = qkv(4, 4)
+    with pytest.raises(ValueError, match=r"^block_size: expected a positive integer, got "):
+        decay_softmax_attention(q, k, v, GAMMAS, block_size=block_size)
+
+
+def test_huge_block_size_is_one_block():
+    q, k, v = qkv(9, 12)
+    torch.testing.assert_close(decay_softmax_attention(q, k, v, GAMMAS, block_size=10 ** 30),
+                               decay_softmax_attention(q, k, v, GAMMAS), rtol=0, atol=0)

@@ -149,7 +149,8 @@ def test_gradients_match_the_reference():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"beta": torch.zeros(2, 3, 22, dtype=F64)}, "beta: expected shape"),
-    ({"beta": torch.full((2, 3, 23), torch.nan, dtype=F64)}, "beta: contains nan"),
+    ({"beta": torch.full((2, 3, 23), torch.nan, dtype=F64)},
+     "beta: expected finite values, got nan"),
     ({"beta": [0.5]}, "beta: expected a torch.Tensor"),
     ({"g": torch.full((2, 3, 23), 1.0, dtype=F64)}, "g: expected log-gates <= 0"),
     ({"qk_l2norm": 1}, "qk_l2norm: expected a bool"),
@@ -160,3 +161,22 @@ def test_bad_arguments_are_named(kwargs, match):
     args = {"beta": beta, **kwargs}
     with pytest.raises((TypeError, ValueError), match=match):
         delta_rule(q, k, v, **args)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")])
+def test_non_finite_beta_is_refused(bad):
+    """β = ±inf made every output nan (only nan was refused). The prefill checks β on every
+    path; the step on the torch path (the compiled step's kernel checks nan itself and leaves
+    ±inf unchecked, see delta_rule_step's docstring)."""
+    from linattn.ops import dispatch
+
+    q, k, v, beta, g = _inputs()
+    beta = beta.clone()
+    beta[1, 2, 7] = bad
+    with pytest.raises(ValueError, match=r"^beta: expected finite values, got [^\n]+$"):
+        delta_rule(q, k, v, beta, g)
+    with pytest.raises(ValueError, match=r"^beta: expected finite values"):
+        delta_rule(q.float(), k.float(), v.float(), beta.float(), g.float())
+    with dispatch.use(impl="portable"), \
+            pytest.raises(ValueError, match=r"^beta_t: expected finite values, got [^\n]+$"):
+        delta_rule_step(q[..., 7, :], k[..., 7, :], v[..., 7, :], beta[..., 7], g_t=g[..., 7])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -287,7 +288,11 @@ def test_empty_sequence():
     q1, k1, v1 = _qkv(T=5)
     _, st = window_linear_attention(q1, k1, v1, window=3, return_state=True)
     out, st2 = window_linear_attention(q, k, v, window=3, initial_state=st, return_state=True)
-    assert out.shape == (2, 3, 0, 3) and st2 is st
+    assert out.shape == (2, 3, 0, 3) and st2.count == st.count
+    for part in ("S", "z", "k", "v"):  # the same values in new tensors (issue 24)
+        a, b = getattr(st2, part), getattr(st, part)
+        assert torch.equal(a, b)
+        assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("window", [0, -1, 1.5, True, "4", None])
@@ -377,3 +382,46 @@ def test_keyword_only_and_shared_defaults():
     for name, p in ref.parameters.items():
         assert op.parameters[name].default == p.default, name
         assert op.parameters[name].kind == p.kind, name
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_window_longer_than_any_sequence(is_causal):
+    """A window of 10**30 is softmax attention, as any w >= T is (it overflowed a tensor
+    comparison): the op and the reference take any positive integer."""
+    q, k, v = _qkv(T=7)
+    want = window_linear_attention(q, k, v, window=7, is_causal=is_causal)
+    for w in (8, 2 ** 63, 10 ** 30):
+        torch.testing.assert_close(window_linear_attention(q, k, v, window=w, is_causal=is_causal),
+                                   want, rtol=0, atol=0)
+        torch.testing.assert_close(reference(q, k, v, window=w, is_causal=is_causal), want)
+
+
+def test_state_window_has_a_stated_bound():
+    """A state keeps a ring buffer of ``window`` keys: windows above the stated bound are a
+    ValueError naming ``window``, not an overflow inside torch."""
+    from linattn.ops.window.op import MAX_STATE_WINDOW
+
+    q, k, v = _qkv(T=3)
+    huge = 10 ** 30
+    match = rf"^window: a state keeps the last `window` keys: expected at most " \
+            rf"{MAX_STATE_WINDOW}, got {huge}$"
+    st = WindowLinearAttentionState.zeros((2, 3), 4, 4, 3, 2, dtype=F64)
+    calls = [
+        lambda: WindowLinearAttentionState.zeros((2, 3), 4, 4, 3, huge),
+        lambda: window_linear_attention(q, k, v, window=huge, return_state=True),
+        lambda: window_linear_attention(q[..., :0, :], k[..., :0, :], v[..., :0, :],
+                                        window=huge, return_state=True),
+        lambda: window_linear_attention(q, k, v, window=huge, initial_state=st),
+        lambda: window_linear_attention_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], st,
+                                             window=huge),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+@pytest.mark.parametrize("window", [np.int64(3), np.int32(3)])
+def test_numpy_window(window):
+    q, k, v = _qkv(T=6)
+    torch.testing.assert_close(window_linear_attention(q, k, v, window=window),
+                               window_linear_attention(q, k, v, window=3), rtol=0, atol=0)

@@ -43,6 +43,7 @@ from linattn.feature_maps import FeatureMap
 from linattn.ops import dispatch
 from linattn.ops._common import (
     check_chunk_size,
+    check_flag,
     check_gamma,
     check_qkv,
     check_step_inputs,
@@ -91,6 +92,7 @@ def decay_linear_attention(
         (..., T, Dv) in q's dtype (and the final state if ``return_state``).
     """
     check_qkv(q, k, v, same_length=True)
+    return_state = check_flag(return_state, "return_state")
     fmap, eps = resolve(feature_map, eps)
     fq, fk = features(fmap, q, k)
     v1 = values_with_ones(v, fq.dtype)  # (..., T, Dv+1): numerator and normaliser together

@@ -46,7 +46,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.ops._common import block_ranges, check_gamma, check_qkv, check_values
+from linattn.ops._common import (
+    block_ranges,
+    check_gamma,
+    check_positive_int,
+    check_qkv,
+    check_scale,
+    check_values,
+    graph_grads,
+    needs_grad,
+    shown,
+)
+from linattn.ops._library import tracing
 
 DEFAULT_BLOCK_SIZE = 512
 
@@ -62,12 +73,8 @@ def check_decay_softmax_inputs(q: Tensor, k: Tensor, v: Tensor, gamma: float | T
                          f"last T of S positions), got {S} keys for {T} queries")
     g = check_gamma(gamma, tuple(q.shape[:-2]), q)
     check_values(g != 0, "gamma: expected decays in (0, 1] (log γ must be finite)",
-                 lambda: f", got {gamma!r}")
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
-        raise ValueError(f"scale: expected a positive number, got {scale!r}")
-    return g.log(), float(scale)
+                 lambda: f", got {shown(gamma)}")
+    return g.log(), check_scale(scale, q.shape[-1], positive=True)
 
 
 def decay_softmax_attention(
@@ -82,13 +89,30 @@ def decay_softmax_attention(
     """Causal softmax attention with the bias ``(i − j)·log γ`` (module docstring).
 
     q: (..., T, D) at positions S − T … S − 1; k: (..., S, D); v: (..., S, Dv); gamma in (0, 1]
-    broadcastable to ``...`` (e.g. (H,) for q of shape (B, H, T, D)); scale defaults to
-    ``D**-0.5``; ``block_size`` query rows per kernel call. Returns (..., T, Dv) in q's dtype.
-    T = S is a whole sequence, T < S a chunk after a KV cache of S − T tokens.
+    broadcastable to ``...`` (e.g. (H,) for q of shape (B, H, T, D)); scale, a finite positive
+    number, defaults to ``D**-0.5``; ``block_size`` query rows per kernel call. Returns
+    (..., T, Dv) in q's dtype (T = 0: an empty output). T = S is a whole sequence, T < S a
+    chunk after a KV cache of S − T tokens.
+
+    Differentiable twice: the backward of the CPU flash kernel is not differentiable itself, so
+    with ``create_graph=True`` (gradient penalties, Hessian-vector products) the backward
+    differentiates a recomputation in plain torch operations (:func:`_math_attention`, a
+    (block_size, S) score matrix per block) instead.
     """
     logg, scale = check_decay_softmax_inputs(q, k, v, gamma, scale)
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    block_size = check_positive_int(block_size, "block_size")
+    if q.shape[-2] == 0:  # no query: an empty output, still connected to every input
+        return v[..., :0, :] + (q[..., :1] + k[..., :0, :1]) * 0 + logg[..., None, None] * 0
+    o = _blocked(q, k, v, logg, scale, block_size, F.scaled_dot_product_attention)
+    if needs_grad(q, k, v, logg) and not tracing(q, k, v, logg):
+        return _SecondOrder.apply(o, q, k, v, logg, scale, block_size)
+    return o
+
+
+def _blocked(q: Tensor, k: Tensor, v: Tensor, logg: Tensor, scale: float, block_size: int,
+             attention) -> Tensor:
+    """The blocked computation of the module docstring on checked arguments (T ≥ 1), with
+    ``attention`` in place of ``F.scaled_dot_product_attention`` (same signature)."""
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     q, k, v, logg = q.to(work), k.to(work), v.to(work), logg.to(work)
@@ -96,7 +120,7 @@ def decay_softmax_attention(
     key_pos = torch.arange(S, device=q.device, dtype=work)
     if T == 1:  # a decoding step: its bias row is S numbers, cheaper than extending k by one
         bias = ((S - 1 - key_pos) * logg[..., None])[..., None, :]  # (..., 1, S), ≤ 0
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        o = attention(q, k, v, attn_mask=bias, scale=scale)
         return o.to(dtype)
     width = max(D + 1, Dv)
     batch = q.shape[:-2]
@@ -110,12 +134,54 @@ def decay_softmax_attention(
         k_ext = torch.cat([k[..., :end, :], coord.expand(*batch, end, 1),
                            k.new_zeros(*batch, end, width - D - 1)], -1)
         if p == 0:
-            o = F.scaled_dot_product_attention(q_ext[..., lo:hi, :], k_ext, v_pad[..., :end, :],
-                                               is_causal=True, scale=scale)
+            o = attention(q_ext[..., lo:hi, :], k_ext, v_pad[..., :end, :], is_causal=True,
+                          scale=scale)
         else:  # row r sees keys j <= p + r (lower-right causal)
             mask = (torch.arange(end, device=q.device)[None, :]
                     <= torch.arange(p, end, device=q.device)[:, None])
-            o = F.scaled_dot_product_attention(q_ext[..., lo:hi, :], k_ext, v_pad[..., :end, :],
-                                               attn_mask=mask, scale=scale)
+            o = attention(q_ext[..., lo:hi, :], k_ext, v_pad[..., :end, :], attn_mask=mask,
+                          scale=scale)
         outs.append(o[..., :Dv])
     return torch.cat(outs, -2).to(dtype)
+
+
+def _math_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                    is_causal: bool = False, scale: float = 1.0) -> Tensor:
+    """``F.scaled_dot_product_attention``'s function for the calls :func:`_blocked` makes (a
+    float bias, a bool mask, or causal with as many keys as queries), in plain torch
+    operations: differentiable any number of times."""
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if is_causal:
+        attn_mask = (torch.arange(k.shape[-2], device=q.device)[None, :]
+                     <= torch.arange(q.shape[-2], device=q.device)[:, None])
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))  # every row keeps a key
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    return scores.softmax(-1) @ v
+
+
+class _SecondOrder(torch.autograd.Function):
+    """The identity on the op's output ``o``, which also takes the op's inputs, so that its
+    backward can choose the path of the gradient.
+
+    A plain backward passes the gradient on to ``o``'s own graph: the flash kernel's backward,
+    as without this node (which costs ~30 µs per call). With ``create_graph=True`` that backward is not
+    differentiable, so this node sends nothing into ``o``'s graph and returns the inputs'
+    gradients itself instead: a recomputation of the output with :func:`_math_attention` from
+    the saved inputs, differentiated by autograd with the graph kept."""
+
+    @staticmethod
+    def forward(ctx, o, q, k, v, logg, scale, block_size):
+        ctx.save_for_backward(q, k, v, logg)
+        ctx.cfg = (scale, block_size)
+        return o.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not torch.is_grad_enabled():
+            return grad, None, None, None, None, None, None
+        q, k, v, logg = ctx.saved_tensors  # create_graph=True: a differentiable gradient
+        o = _blocked(q, k, v, logg, *ctx.cfg, _math_attention)
+        grads = graph_grads([o], [grad], [q, k, v, logg], list(ctx.needs_input_grad[1:5]))
+        return None, *grads, None, None

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops._reference_checks import check_gamma, check_qkv
+from linattn.ops._reference_checks import check_gamma, check_qkv, check_scale, shown
 
 __all__ = ['decay_softmax_attention']
 
@@ -31,8 +31,8 @@ def decay_softmax_attention(
     the ground truth of :mod:`linattn.ops.decay_softmax`, in float64.
 
     q: (..., T, D); k: (..., S, D) with S ≥ T; v: (..., S, Dv); gamma in (0, 1] broadcastable to
-    ``...`` (taken in q's dtype, as the op takes it; its log in float64); scale a positive number
-    (None: D**-0.5). Returns (..., T, Dv) in q's dtype."""
+    ``...`` (taken in q's dtype, as the op takes it; its log in float64); scale a finite positive
+    number (None: D**-0.5). Returns (..., T, Dv) in q's dtype."""
     check_qkv(q, k, v, same_length=False)
     T, S = q.shape[-2], k.shape[-2]
     if S < T:
@@ -40,11 +40,9 @@ def decay_softmax_attention(
                          f"last T of S positions), got {S} keys for {T} queries")
     g = check_gamma(gamma, tuple(q.shape[:-2]), q.dtype, q.device)
     if (g == 0).any():
-        raise ValueError(f"gamma: expected decays in (0, 1] (log γ must be finite), got {gamma!r}")
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
-        raise ValueError(f"scale: expected a positive number, got {scale!r}")
+        raise ValueError("gamma: expected decays in (0, 1] (log γ must be finite), got "
+                         f"{shown(gamma)}")
+    scale = check_scale(scale, q.shape[-1] ** -0.5, positive=True)
 
     f64 = torch.float64
     i = torch.arange(S - T, S, device=q.device, dtype=f64)[:, None]  # query positions

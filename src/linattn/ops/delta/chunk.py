@@ -47,8 +47,8 @@ def chunked_form(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None
     """The chunked form on checked inputs in the accumulation dtype (q already scaled)."""
     *batch, T, K = q.shape
     V = v.shape[-1]
-    if T == 0:
-        return q @ S, S
+    if T == 0:  # the state as it was, in a new tensor (never the caller's initial state)
+        return q @ S, S.clone()
     C = max(1, min(C, T))
     # zero padding to whole chunks: k = v = 0, β = 0 and gate 0 leave the state as it was
     qc, kc, vc = (to_chunks(x, C) for x in (q, k, v))  # (..., n, C, ·)

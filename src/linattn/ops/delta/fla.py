@@ -85,7 +85,7 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
     gv = _gate("gv", gv, (B, T, HV, V))
     if beta is None:
         beta = q.new_ones(B, T, HV)
-    beta = _beta(beta, B, T, HV, V, per_value=per_value_beta)
+    beta = _beta(beta, B, T, HV, V, per_value=per_value_beta, logits=sig)
     if sig:
         beta = torch.sigmoid(beta) * (2 if neg else 1)
     cu = _varlen(cu_seqlens, q)
@@ -174,10 +174,13 @@ def fused_recurrent_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`chunk_delta_rule` with fla's recurrent signature: beta None means ones, and beta may
     also be per value (B, T, H, V) (then the value columns run token by token through
-    :func:`linattn.ops.delta.delta_rule_step`); ``scale`` must be positive (as fla)."""
+    :func:`linattn.ops.delta.delta_rule_step`); ``scale`` must be positive (as fla).
+    ``**kwargs``: none taken (``head_first`` is a ValueError, other names a TypeError)."""
+    _kwargs("fused_recurrent_delta_rule", kwargs)
     return _delta(q, k, v, beta, scale=scale,
                   initial_state=initial_state, output_final_state=output_final_state,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
@@ -186,6 +189,7 @@ def fused_recurrent_delta_rule(
 
 def fused_chunk_delta_rule(**kwargs) -> tuple[Tensor, Tensor | None]:
     """Deprecated in fla (it raises there too): use :func:`chunk_delta_rule`."""
+    _kwargs("fused_chunk_delta_rule", kwargs, tuple(kwargs))  # head_first: the ValueError first
     raise NotImplementedError("fused_chunk_delta_rule is deprecated (in fla too); "
                               "use chunk_delta_rule")
 
@@ -197,9 +201,12 @@ def parallel_delta_rule(
     beta: Tensor,
     scale: float | None = None,
     output_attentions: bool = False,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`chunk_delta_rule` from a zero state under fla's parallel name: returns (o, None).
-    ``output_attentions=True`` (fla's materialised (B, H, T, T) matrix) is not supported."""
+    ``output_attentions=True`` (fla's materialised (B, H, T, T) matrix) is not supported.
+    ``**kwargs``: none taken (``head_first`` is a ValueError, other names a TypeError)."""
+    _kwargs("parallel_delta_rule", kwargs)
     if _flag("output_attentions", output_attentions):
         raise NotImplementedError("output_attentions: parallel_delta_rule's attention matrix is "
                                   "not supported by linattn.fla")

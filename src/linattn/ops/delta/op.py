@@ -43,10 +43,12 @@ from linattn.ops import dispatch
 from linattn.ops._common import (
     accumulation_dtype,
     check_chunk_size,
+    check_flag,
     check_qkv,
     check_step_inputs,
     check_values,
     needs_grad,
+    nonfinite,
 )
 from linattn.ops._library import tracing
 from linattn.ops.delta import native as delta_native
@@ -66,9 +68,11 @@ __all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "L2_EPS", "check_be
 OP = "delta_rule"
 
 def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """β of exactly ``shape`` in the accumulation dtype; errors name ``name``."""
+    """β of exactly ``shape`` in the accumulation dtype; errors name ``name``: a nan or ±inf
+    β turns every later output into nan."""
     checked_tensor(beta, name, shape, like)
-    check_values(beta == beta, f"{name}: contains nan")
+    check_values(beta.isfinite(), f"{name}: expected finite values",
+                 lambda: f", got {nonfinite(beta)}")
     return beta.to(accumulation_dtype(like.dtype))
 
 
@@ -111,7 +115,8 @@ def delta_rule(
     g = check_gate(g, "g", (*batch, T), q)
     s = resolve_scale(scale, K)
     C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
-    _check_flag(qk_l2norm, "qk_l2norm")
+    qk_l2norm = check_flag(qk_l2norm, "qk_l2norm")
+    return_state = check_flag(return_state, "return_state")
     cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, q)
     states = (*batch, K, V) if cu is None else (len(cu) - 1, *batch[1:], K, V)
     S0 = initial_state_for(initial_state, "initial_state", states, q)
@@ -121,11 +126,6 @@ def delta_rule(
                              None if traced else T, traced)
     o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C)
     return (o, S) if return_state else o
-
-
-def _check_flag(x: object, name: str) -> None:
-    if not isinstance(x, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
 
 
 def _traits(V: int, per_key_or_value_gates: bool = False) -> tuple[str, ...]:
@@ -161,14 +161,20 @@ def delta_rule_step(
     ``S' = e^{g}·diag(e^{gk})·S·diag(e^{gv})``, ``u = β_t (v_t − S'ᵀk_t)``, ``S ← S' + k_t uᵀ``,
     ``o_t = Sᵀ(s·q_t)``. q_t, k_t: (..., K); v_t: (..., V); beta_t, g_t: (...); gk_t (..., K);
     gv_t (..., V); state (..., K, V) or None (zeros). Returns o_t (..., V) in q_t's dtype and
-    the new state (float32, or float64 for float64 inputs)."""
+    the new state (float32, or float64 for float64 inputs).
+
+    β must be finite: the torch path raises ValueError for nan or ±inf. The compiled path (the
+    dispatcher's choice for plain float32 decoding on CPU) leaves the value checks to its
+    kernel, which refuses nan β and gates > 0 but not ±inf β: there an infinite β gives an
+    inf/nan output and state, unchecked (a check here would be a tensor reduction on every
+    decoding step, ~5 µs, a tenth of the step)."""
     check_step_inputs(q_t, k_t, v_t)
     *batch, K = q_t.shape
     batch = tuple(batch)
     V = v_t.shape[-1]
     checked_tensor(beta_t, "beta_t", batch, q_t)
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
-    _check_flag(qk_l2norm, "qk_l2norm")
+    qk_l2norm = check_flag(qk_l2norm, "qk_l2norm")
     s = resolve_scale(scale, K)
     traced = tracing(q_t, k_t, v_t, beta_t, state)
     grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)

@@ -86,6 +86,7 @@ from linattn.ops._common import (
     causal_mask,
     check_chunk_size,
     check_eps,
+    check_flag,
     check_qkv,
     clamped_chunk,
     guarded,
@@ -198,6 +199,7 @@ def flowformer_attention(
     Returns:
         (..., Tq, Dv) in q's dtype.
     """
+    is_causal = check_flag(is_causal, "is_causal")
     check_qkv(q, k, v, same_length=is_causal)
     fmap = flow_feature_map(feature_map)
     eps = flow_eps(eps)

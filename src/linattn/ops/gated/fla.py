@@ -166,8 +166,12 @@ def fused_chunk_simple_gla(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
-    """:func:`chunk_simple_gla` with fla's fused-chunk signature (no state_v_first)."""
+    """:func:`chunk_simple_gla` with fla's fused-chunk signature (no state_v_first; ``**kwargs``
+    takes no name here: it is there so that ``head_first`` is the ValueError it is
+    everywhere)."""
+    _kwargs("fused_chunk_simple_gla", kwargs)
     return _simple_gla(q, k, v, g, g_gamma, scale, initial_state,
                        output_final_state, False, False, cu_seqlens)
 
@@ -191,15 +195,19 @@ def parallel_simple_gla(
     output_attentions: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
     cu_seqlens_cpu: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``parallel_simple_gla``: :func:`chunk_simple_gla` from a zero state, returning
     ``(o, attn)``: attn (B, H, T, T) = ``scale·q_i·k_j·exp(g_{j+1} + … + g_i)`` for j ≤ i (0
-    above), in q's dtype, if ``output_attentions`` (not with ``cu_seqlens``, as fla) else None."""
+    above), in q's dtype, if ``output_attentions`` (not with ``cu_seqlens``, as fla) else None.
+    ``**kwargs``: none taken (``head_first`` is a ValueError, other names a TypeError)."""
+    _kwargs("parallel_simple_gla", kwargs)
     B, T, H, _, K = _qkv(q, k, v)
     s = _scale(scale, K)
     g = _gate("g", g, (B, T, H))
     cu = _varlen(cu_seqlens, q)
-    if _flag("output_attentions", output_attentions) and cu is not None:
+    output_attentions = _flag("output_attentions", output_attentions)
+    if output_attentions and cu is not None:
         raise ValueError("output_attentions: not supported with cu_seqlens (as in fla)")
     o, _ = _gla(q, k, v, g=g, scale=s, initial_state=None,
                 output_final_state=False, cu=cu)
@@ -217,6 +225,7 @@ def chunk_gla(
     state_v_first: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
     cu_seqlens_cpu: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
     """Gated linear attention (GLA) with per-key gates:
     ``S_t = diag(exp(g_t))·S_{t−1} + k_t v_tᵀ``, ``o_t = S_tᵀ(scale·q_t)``.
@@ -228,15 +237,17 @@ def chunk_gla(
         q, k: (B, T, H, K); v: (B, T, H, V); g: (B, T, H, K) log decays ≤ 0.
         scale, initial_state (N, H, K, V), output_final_state, state_v_first, cu_seqlens
             (N + 1,), cu_seqlens_cpu (ignored): as :func:`chunk_simple_gla`.
+        **kwargs: ``transpose_state_layout`` (fla's old name of ``state_v_first``).
 
     Returns:
         o (B, T, H, V) in q's dtype; final state (N, H, K, V) or None.
     """
+    kw = _kwargs("chunk_gla", kwargs, ("transpose_state_layout",))
+    svf = _state_v_first(state_v_first, kw)
     B, T, H, _, K = _qkv(q, k, v)
     g = _gate("g", g, (B, T, H, K))
     if g is None:
         raise ValueError("g: chunk_gla needs the per-key gates (B, T, H, K)")
-    svf = _flag("state_v_first", state_v_first)
     cu = _varlen(cu_seqlens, q)
     N = B if cu is None else len(cu) - 1
     S0 = _state("initial_state", initial_state, N, H, K, v.shape[-1], svf)
@@ -284,6 +295,7 @@ def fused_recurrent_gla(
 
 def fused_chunk_gla(**kwargs) -> tuple[Tensor, Tensor | None]:
     """Deprecated in fla (it raises there too): use :func:`chunk_gla`."""
+    _kwargs("fused_chunk_gla", kwargs, tuple(kwargs))  # head_first: the ValueError first
     raise NotImplementedError("fused_chunk_gla is deprecated (in fla too); use chunk_gla")
 
 
@@ -347,8 +359,10 @@ def fused_chunk_retention(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
-    """:func:`chunk_retention` with fla's fused-chunk signature."""
+    """:func:`chunk_retention` with fla's fused-chunk signature (``**kwargs``: none taken)."""
+    _kwargs("fused_chunk_retention", kwargs)
     _qkv(q, k, v)
     return _simple_gla(q, k, v, None, _retention_gamma(q.shape[2], q),
                        scale, initial_state, output_final_state, False, False, cu_seqlens)
@@ -361,9 +375,11 @@ def parallel_retention(
     scale: float | None = None,
     output_attentions: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`parallel_simple_gla` with RetNet's decays (see :func:`chunk_retention`):
-    returns (o (B, T, H, V), attn (B, H, T, T) or None)."""
+    returns (o (B, T, H, V), attn (B, H, T, T) or None). ``**kwargs``: none taken."""
+    _kwargs("parallel_retention", kwargs)
     B, T, H, _, _ = _qkv(q, k, v)
     g = _retention_gamma(H, q).expand(B, T, H)
     return parallel_simple_gla(q, k, v, g, scale, output_attentions, cu_seqlens)

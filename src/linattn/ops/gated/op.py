@@ -40,7 +40,9 @@ from linattn.ops import dispatch
 from linattn.ops._common import (
     accumulation_dtype,
     check_chunk_size,
+    check_flag,
     check_qkv,
+    check_scale,
     check_step_inputs,
     check_values,
     to_chunks,
@@ -111,13 +113,9 @@ def initial_state_for(state: Tensor | None, name: str, shape: tuple[int, ...],
 
 
 def resolve_scale(scale: float | None, K: int) -> float:
-    """``scale`` or the default ``K**-0.5``; ValueError unless a finite real number."""
-    if scale is None:
-        return K ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale != scale \
-            or abs(scale) == float("inf"):
-        raise ValueError(f"scale: expected a finite real number or None, got {scale!r}")
-    return float(scale)
+    """``scale`` or the default ``K**-0.5``; TypeError unless a real number (NumPy numbers
+    taken, bools refused), ValueError unless finite (:func:`linattn.ops._common.check_scale`)."""
+    return check_scale(scale, K)
 
 
 def decayed(S: Tensor, g_t: object, gk_t: object, gv_t: object, like: Tensor) -> Tensor:
@@ -175,6 +173,7 @@ def gated_linear_attention(
     gk = check_gate(gk, "gk", (*batch, T, K), q)
     s = resolve_scale(scale, K)
     C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
+    return_state = check_flag(return_state, "return_state")
     if cu_seqlens is not None:
         cu = check_cu_seqlens(cu_seqlens, q)
         state_shape = (len(cu) - 1, *batch[1:], K, V)
@@ -199,8 +198,8 @@ def chunked_form(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor |
     second call rather than as zero padding (a padded row would still decay the state)."""
     acc = S.dtype
     *batch, T, K = q.shape
-    if T == 0:
-        return q.to(acc) @ S, S
+    if T == 0:  # the state as it was, in a new tensor (never the caller's initial state)
+        return q.to(acc) @ S, S.clone()
     C = max(1, min(C, T))
     constant = g is not None and g.shape[-1] == 1
     if constant and T % C:

@@ -11,6 +11,7 @@ from torch import Tensor
 from linattn.ops._common import accumulation_dtype
 from linattn.ops._fla import (
     _flag,
+    _kwargs,
     _qkv,
     _scale,
     _state,
@@ -99,6 +100,7 @@ def chunk_linear_attn(
     output_final_state: bool = False,
     normalize: bool = True,
     cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | tuple | None]:
     """Plain causal linear attention (fla's ``fla.ops.linear_attn.chunk_linear_attn``):
     ``S_t = S_{t−1} + k_t v_tᵀ``, ``o_t = S_tᵀ(scale·q_t)`` — no feature map (apply yours to q
@@ -114,10 +116,12 @@ def chunk_linear_attn(
         output_final_state: return the final state: (N, H, K, V), or with ``normalize`` the tuple
             (kv (N, H, K, V), z (N, 1, H, K) in k's dtype); else None.
         cu_seqlens: (N + 1,) packed sequences (B = 1).
+        **kwargs: none taken (``head_first`` is a ValueError, other names a TypeError).
 
     Returns:
         o (B, T, H, V) in q's dtype, and the final state or None.
     """
+    _kwargs("chunk_linear_attn", kwargs)
     return _linear_attn(q, k, v, scale, initial_state, output_final_state,
                         False, normalize, cu_seqlens)
 
@@ -131,8 +135,10 @@ def fused_chunk_linear_attn(
     output_final_state: bool = False,
     normalize: bool = True,
     cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | tuple | None]:
     """:func:`chunk_linear_attn` under fla's fused-chunk name (normalize default True)."""
+    _kwargs("fused_chunk_linear_attn", kwargs)
     return _linear_attn(q, k, v, scale, initial_state,
                         output_final_state, False, normalize, cu_seqlens)
 
@@ -147,9 +153,11 @@ def fused_recurrent_linear_attn(
     reverse: bool = False,
     normalize: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
 ) -> tuple[Tensor, Tensor | tuple | None]:
     """:func:`chunk_linear_attn` with fla's recurrent signature: ``reverse`` (scan from the last
     token; the key sum runs backwards too) and ``normalize`` defaulting to **False** (as fla)."""
+    _kwargs("fused_recurrent_linear_attn", kwargs)
     return _linear_attn(q, k, v, scale, initial_state,
                         output_final_state, reverse, normalize, cu_seqlens)
 

@@ -25,6 +25,7 @@ from linattn.feature_maps import EluPlusOne, FeatureMap
 from linattn.ops import dispatch
 from linattn.ops._common import (
     check_chunk_size,
+    check_flag,
     check_qkv,
     clamped_chunk,
     key_mask_for,
@@ -180,6 +181,8 @@ def linear_attention(
     place before ``backward`` raises autograd's usual error. ``LINATTN_NATIVE=0`` turns the
     compiled path off, ``LINATTN_NATIVE=1`` skips the measurement.
     """
+    is_causal = check_flag(is_causal, "is_causal")
+    return_state = check_flag(return_state, "return_state")
     check_qkv(q, k, v, same_length=is_causal)
     if not is_causal and (initial_state is not None or return_state):
         raise ValueError("initial_state/return_state: only defined for is_causal=True")

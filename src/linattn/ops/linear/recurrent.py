@@ -18,6 +18,7 @@ from torch import Tensor
 from linattn.feature_maps import FeatureMap
 from linattn.ops._common import (
     accumulation_dtype,
+    check_state_sizes,
     check_step_inputs,
     features,
     normalise,
@@ -48,12 +49,13 @@ class LinearAttentionState:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> LinearAttentionState:
-        """The empty state (no token seen yet)."""
+        """The empty state (no token seen yet); errors name the argument."""
+        shape, n = check_state_sizes(batch_shape, dtype, num_features=num_features,
+                                     value_dim=value_dim)
         acc = accumulation_dtype(dtype)
-        shape = tuple(batch_shape)
         return cls(
-            S=torch.zeros(*shape, num_features, value_dim, dtype=acc, device=device),
-            z=torch.zeros(*shape, num_features, dtype=acc, device=device),
+            S=torch.zeros(*shape, n["num_features"], n["value_dim"], dtype=acc, device=device),
+            z=torch.zeros(*shape, n["num_features"], dtype=acc, device=device),
         )
 
     def check(

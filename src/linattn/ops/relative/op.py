@@ -44,6 +44,7 @@ from linattn.ops import dispatch
 from linattn.ops._common import (
     causal_chunked,
     check_chunk_size,
+    check_flag,
     check_qkv,
     features,
     key_mask_for,
@@ -196,6 +197,7 @@ def relative_linear_attention(
         (B, H, T, Dv) in q's dtype; sums in float32 at least, FFT in that dtype too.
     """
     check_qkv(q, k, v, same_length=True)
+    is_causal = check_flag(is_causal, "is_causal")
     check_r(r, q)
     if method not in ("auto", "fft", "direct"):
         raise ValueError(f"method: expected 'auto', 'fft' or 'direct', got {method!r}")

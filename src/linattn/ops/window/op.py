@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -68,13 +68,17 @@ from linattn.ops._common import (
     accumulation_dtype,
     causal_chunked,
     check_chunk_size,
+    check_flag,
+    check_positive_int,
     check_qkv,
+    check_state_sizes,
     check_step_inputs,
     clamped_chunk,
     features,
     key_mask_for,
     normalise,
     resolve,
+    shown,
     to_chunks,
     values_with_ones,
     zero_padded,
@@ -86,14 +90,29 @@ __all__ = [
     "window_linear_attention",
     "window_linear_attention_step",
     "check_window",
+    "check_state_window",
+    "MAX_STATE_WINDOW",
 ]
+
+#: The largest window a :class:`WindowLinearAttentionState` takes: the state keeps a ring
+#: buffer of ``window`` keys and values, so a window is memory there (the stateless op takes any
+#: positive integer: a window longer than the sequence is the same as one of its length).
+MAX_STATE_WINDOW = 2 ** 31 - 1
 
 
 def check_window(window: object) -> int:
-    """``window`` as an int; ValueError naming it unless a positive integer."""
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise ValueError(f"window: expected a positive integer, got {window!r}")
-    return int(window)
+    """``window`` as an int; ValueError naming it unless a positive integer (of any size)."""
+    return check_positive_int(window, "window")
+
+
+def check_state_window(window: object) -> int:
+    """:func:`check_window`, and at most :data:`MAX_STATE_WINDOW` (a state's ring buffer holds
+    ``window`` keys): ValueError naming ``window`` above it."""
+    w = check_window(window)
+    if w > MAX_STATE_WINDOW:
+        raise ValueError(f"window: a state keeps the last `window` keys: expected at most "
+                         f"{MAX_STATE_WINDOW}, got {shown(window)}")
+    return w
 
 
 @dataclass(frozen=True)
@@ -128,15 +147,17 @@ class WindowLinearAttentionState:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> WindowLinearAttentionState:
-        """The empty state (no token seen yet)."""
-        w = check_window(window)
+        """The empty state (no token seen yet); errors name the argument."""
+        w = check_state_window(window)
+        b, n = check_state_sizes(batch_shape, dtype, num_features=num_features,
+                                 head_dim=head_dim, value_dim=value_dim)
         acc = accumulation_dtype(dtype)
-        b = tuple(batch_shape)
+        L, D, Dv = n["num_features"], n["head_dim"], n["value_dim"]
         return cls(
-            S=torch.zeros(*b, num_features, value_dim, dtype=acc, device=device),
-            z=torch.zeros(*b, num_features, dtype=acc, device=device),
-            k=torch.zeros(*b, w, head_dim, dtype=dtype, device=device),
-            v=torch.zeros(*b, w, value_dim, dtype=dtype, device=device),
+            S=torch.zeros(*b, L, Dv, dtype=acc, device=device),
+            z=torch.zeros(*b, L, dtype=acc, device=device),
+            k=torch.zeros(*b, w, D, dtype=dtype, device=device),
+            v=torch.zeros(*b, w, Dv, dtype=dtype, device=device),
             count=0,
         )
 
@@ -275,7 +296,9 @@ def window_linear_attention(
 
     Args:
         q, k: (..., T, D); v: (..., T, Dv). Leading dimensions usually (B, H).
-        window: w ≥ 1. Causal: keys i − w < j ≤ i are exact; non-causal: |i − j| < w.
+        window: w ≥ 1. Causal: keys i − w < j ≤ i are exact; non-causal: |i − j| < w. Any
+            positive integer (w ≥ T is softmax attention); with ``initial_state`` or
+            ``return_state`` at most :data:`MAX_STATE_WINDOW` (the state's ring buffer).
         feature_map, eps: as in :func:`linattn.linear_attention` (``eps`` None: the map's
             default); the softmax scale is 1/√D.
         is_causal: the causal window (default) or the band of ±w.
@@ -294,10 +317,12 @@ def window_linear_attention(
         raise ValueError(f"k: window attention needs as many keys as queries, got "
                          f"{k.shape[-2]} keys for {q.shape[-2]} queries")
     check_qkv(q, k, v, same_length=True)
-    w = check_window(window)
+    is_causal = check_flag(is_causal, "is_causal")
+    return_state = check_flag(return_state, "return_state")
+    stateful = initial_state is not None or return_state
+    w = check_state_window(window) if stateful else check_window(window)
     fmap, eps = resolve(feature_map, eps)
     chunk = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
-    stateful = initial_state is not None or return_state
     if stateful and not is_causal:
         raise ValueError("initial_state/return_state: only defined for is_causal=True")
     if stateful and key_padding_mask is not None:
@@ -320,24 +345,26 @@ def window_linear_attention(
         k, v = torch.cat([ctx_k, k], -2), torch.cat([ctx_v, v], -2)
         S0 = torch.cat([st.S, st.z.unsqueeze(-1)], -1).to(acc)
 
-    if T == 0:  # nothing to attend: an empty output, the state as it was
+    if T == 0:  # nothing to attend: an empty output, the state as it was (in new tensors)
         o = q.new_zeros(*q.shape[:-2], 0, v.shape[-1])
         if not return_state:
             return o
         if initial_state is not None:
-            return o, initial_state
+            return o, replace(st, S=st.S.clone(), z=st.z.clone(), k=st.k.clone(),
+                              v=st.v.clone())
         return o, WindowLinearAttentionState.zeros(q.shape[:-2], L, q.shape[-1], v.shape[-1],
                                                    w, dtype=q.dtype, device=q.device)
     N = P + T
     chunk = clamped_chunk(chunk, N)
     fq, fk = features(fmap, q, k, keep)
     v1 = values_with_ones(v, acc, keep)
-    far, total = _far(fq, fk, v1, w, is_causal, chunk, S0)
+    wn = min(w, N)  # no lag reaches N: a longer window is the same function (and any int)
+    far, total = _far(fq, fk, v1, wn, is_causal, chunk, S0)
     far_den = far[..., -1] + eps
     lam, absd = _log_far(far_den)
     kz = zero_padded(k.to(acc), keep)
     num, den, m = _band(q.to(acc), kz, v1[..., :-1], None if keep is None else keep[..., 0],
-                        lam, w, is_causal, chunk)
+                        lam, wn, is_causal, chunk)
     o = _combine(num, den, far[..., :-1], far_den, absd, m)[..., P:, :].to(q.dtype)
     if not return_state:
         return o
@@ -368,7 +395,7 @@ def window_linear_attention_step(
     z: O(w·(D + Dv) + ℓ·Dv) per token. Returns o_t (..., Dv) in q_t's dtype and the new state
     (the old one untouched)."""
     check_step_inputs(q_t, k_t, v_t)
-    w = check_window(window)
+    w = check_state_window(window)
     fmap, eps = resolve(feature_map, eps)
     fq, fk = features(fmap, q_t, k_t)
     acc = fq.dtype

@@ -45,7 +45,7 @@ def window_linear_attention(
     check_qkv(q, k, v, same_length=True)
     if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
         raise ValueError(f"window: expected a positive integer, got {window!r}")
-    w = int(window)
+    w = min(int(window), max(q.shape[-2], 1))  # lags stay below T: a longer window is the same
     fmap = get_feature_map(feature_map)
     if eps is None:
         eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
