@@ -1,5 +1,7 @@
 """The shared training loop on a toy regression: crash/stop -> resume is bit-identical,
-metrics.jsonl holds each record once, Ctrl-C saves and the previous SIGINT handler comes back."""
+metrics.jsonl holds each record once, Ctrl-C saves and the previous SIGINT handler comes back;
+a diverging run stops with one error and keeps its last good checkpoint, a damaged checkpoint
+is one CheckpointError, a full disk one OSError naming the file."""
 
 from __future__ import annotations
 
@@ -12,7 +14,14 @@ import pytest
 import torch
 from torch import nn
 
-from linattn.train_loop import CheckpointError, Stopped, TrainLoop, read_checkpoint
+from linattn.train_loop import (
+    CheckpointError,
+    NonFiniteError,
+    Stopped,
+    TrainLoop,
+    first_non_finite,
+    read_checkpoint,
+)
 
 
 class Toy(TrainLoop):
@@ -170,4 +179,101 @@ def test_resume_rejects_other_meta_and_garbage(tmp_path):
 def test_fresh_run_rewrites_stale_metrics(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 99}\n')
     Toy(tmp_path, steps=4).run()
+    assert metric_steps(tmp_path) == [2, 4]
+
+
+# --- divergence, damaged checkpoints, a full disk (issue 24) ---
+
+
+class Diverging(Toy):
+    """Toy whose loss turns NaN at step ``bad`` (0-based), as a far too high learning rate
+    does."""
+
+    def __init__(self, tmp, bad, **kw):
+        super().__init__(tmp, **kw)
+        self.bad = bad
+
+    def loss(self):
+        loss = super().loss()
+        return loss * float("nan") if self.step == self.bad else loss
+
+
+def test_a_non_finite_loss_stops_before_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    loop = Diverging(tmp_path, bad=5, steps=10, save_at=(2, 4))
+    with pytest.raises(NonFiniteError, match=r"^training diverged at step 6: the loss is nan .*"
+                                             r"lower the learning rate .*ck/checkpoint.pt keeps "
+                                             r"step 4\)$"):
+        loop.run()
+    assert loop.step == 5  # the bad step was not applied
+    assert all(torch.isfinite(v).all() for v in loop.model.state_dict().values())
+    ck = read_checkpoint(tmp_path / "ck" / "checkpoint.pt")
+    assert ck["step"] == 4 and first_non_finite(ck["model"]) is None
+    assert isinstance(NonFiniteError("x"), ValueError)  # the library's error: a ValueError
+    with pytest.raises(NonFiniteError, match="at step 1: .*no checkpoint was written"):
+        Diverging(tmp_path / "b", bad=0).run()
+    assert not (tmp_path / "b" / "ck" / "checkpoint.pt").exists()
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path):
+    loop = Toy(tmp_path, steps=2)
+    loop.run()
+    with torch.no_grad():
+        loop.model[0].weight[0, 0] = float("inf")
+    with pytest.raises(NonFiniteError, match=r"0.weight holds non-finite values; .*keeps step 2"):
+        loop.save_checkpoint()
+    assert read_checkpoint(tmp_path / "ck" / "checkpoint.pt")["step"] == 2
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda ck: ck["model"]["0.weight"].fill_(float("nan")), "0.weight holds non-finite"),
+    (lambda ck: ck.pop("optimizer"), "does not fit this model"),
+    (lambda ck: ck.pop("meta"), "incomplete checkpoint"),
+    (lambda ck: ck.update(step=-1), "corrupt checkpoint"),
+    (lambda ck: ck.update(history="[" * 100_000), "corrupt checkpoint"),
+    (lambda ck: ck.update(history="not json"), "corrupt checkpoint"),
+])
+def test_damaged_checkpoint_is_one_checkpoint_error(tmp_path, edit, match):
+    Toy(tmp_path, steps=2).run()
+    path = tmp_path / "ck" / "checkpoint.pt"
+    ck = torch.load(path, weights_only=True)
+    edit(ck)
+    torch.save(ck, path)
+    with pytest.raises(CheckpointError, match=match) as err:
+        Toy(tmp_path, steps=2).load_checkpoint()
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "empty or truncated file"),
+    (b"garbage\x80\x03", "not a torch checkpoint"),
+    (b"PK\x03\x04junk", "corrupt or truncated archive"),
+])
+def test_unreadable_checkpoint_reason_is_short(tmp_path, data, reason):
+    (tmp_path / "checkpoint.pt").write_bytes(data)
+    with pytest.raises(CheckpointError, match=reason) as err:
+        read_checkpoint(tmp_path / "checkpoint.pt")
+    assert "weights_only" not in str(err.value)
+
+
+def test_full_disk_keeps_the_checkpoint_and_names_the_file(tmp_path, monkeypatch):
+    """A write that fails (ENOSPC) is an OSError naming the checkpoint; the previous one and
+    metrics.jsonl stay whole."""
+    import errno
+
+    import linattn._io as io_mod
+
+    loop = Toy(tmp_path, steps=4, save_at=(2,))
+    real = io_mod.Path.write_bytes
+
+    def full(self, data):
+        if self.name.startswith(".checkpoint.pt") and loop.step == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(io_mod.Path, "write_bytes", full)
+    with pytest.raises(OSError, match="No space left on device") as err:
+        loop.run()
+    assert err.value.filename == str(tmp_path / "ck" / "checkpoint.pt")
+    assert read_checkpoint(tmp_path / "ck" / "checkpoint.pt")["step"] == 2
+    assert [p.name for p in (tmp_path / "ck").iterdir()] == ["checkpoint.pt"]  # no temp file
     assert metric_steps(tmp_path) == [2, 4]

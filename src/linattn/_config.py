@@ -8,23 +8,35 @@
 * Removed options: a saved configuration may still name an option that was removed, at the
   value that meant "off"; any other value cannot be honoured (:func:`drop_removed`).
 * Types and ranges of the fields (:func:`check_field_types`, :func:`check_ranges`).
+* Options declared once (:class:`Check`): the type and allowed values of a value that both a
+  library configuration and a command-line flag take. The library checks values with
+  :meth:`Check.check` (a one-line ValueError naming the field), the commands parse their flags
+  with :meth:`Check.parse` (argparse's ``type=``: a bad flag is a one-line error before anything
+  is loaded). Shared declarations live here (:data:`THREADS`, :data:`POSITIVE_INT`,
+  :data:`FEATURE_MAP_NAMES`); those of one configuration beside it, torch-free
+  (:data:`linattn.nn.mixers.CONFIG_CHECKS`, :mod:`linattn.lm.options`).
+* Thread counts (:func:`capped_threads`, :func:`set_threads`): checked, and capped at the CPUs
+  this process may run on with one warning (torch and OpenMP crash on absurd counts).
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import inspect
 import math
 import numbers
+import os
+import sys
 import typing
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
-
-import numpy as np
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = ["rename_deprecated", "renamed_keywords", "Removed", "drop_removed",
-           "check_field_types", "check_ranges"]
+           "check_field_types", "check_ranges", "Range", "Check", "THREADS", "POSITIVE_INT",
+           "INTEGER", "FEATURE_MAP_NAMES", "available_cpus", "capped_threads", "set_threads"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,10 +101,19 @@ def drop_removed(d: Mapping[str, Any], removed: Removed, where: str,
     return out
 
 
+def _is_bool(value: Any) -> bool:
+    """A Python or NumPy bool (NumPy is not imported for this: the commands' parsers use these
+    checks, and a NumPy bool exists only once NumPy is loaded)."""
+    if isinstance(value, bool):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.bool_)
+
+
 def _type_ok(value: Any, kind: Any) -> bool:
     if kind is bool:
-        return isinstance(value, (bool, np.bool_))
-    if isinstance(value, (bool, np.bool_)):  # True is an int to Python, not to a config
+        return _is_bool(value)
+    if _is_bool(value):  # True is an int to Python, not to a config
         return False
     if kind is int:
         return isinstance(value, numbers.Integral)
@@ -115,16 +136,157 @@ def check_field_types(values: Mapping[str, Any], cls: type, where: str) -> None:
                              f"{kind.__name__}, got {value!r}")
 
 
-#: An allowed range: (low, high, low inclusive, high inclusive).
-Range = tuple[float, float, bool, bool]
+class Range(NamedTuple):
+    """An allowed interval of numbers: (low, high, low inclusive, high inclusive)."""
+
+    low: float
+    high: float
+    low_inclusive: bool = True
+    high_inclusive: bool = False
+
+    def holds(self, v: Any) -> bool:
+        """Whether the number ``v`` lies in the interval (NaN never does)."""
+        lo, hi, lo_in, hi_in = self
+        return bool((v >= lo if lo_in else v > lo) and (v <= hi if hi_in else v < hi))
+
+    def interval(self) -> str:
+        lo, hi, lo_in, hi_in = self
+        return f"{'[' if lo_in else '('}{lo}, {hi}{']' if hi_in else ')'}"
 
 
-def check_ranges(values: Mapping[str, Any], ranges: Mapping[str, Range], where: str) -> None:
-    """ValueError naming the first value of ``values`` outside its range in ``ranges``."""
-    for name, (lo, hi, lo_in, hi_in) in ranges.items():
+def check_ranges(values: Mapping[str, Any], ranges: Mapping[str, tuple], where: str) -> None:
+    """ValueError naming the first value of ``values`` outside its range in ``ranges``
+    (:class:`Range`, or plain tuples of its four fields)."""
+    for name, r in ranges.items():
         if name not in values:
             continue
-        v = values[name]
-        if not ((v >= lo if lo_in else v > lo) and (v <= hi if hi_in else v < hi)):
-            interval = f"{'[' if lo_in else '('}{lo}, {hi}{']' if hi_in else ')'}"
-            raise ValueError(f"{where}: {name} must be in {interval}, got {v!r}")
+        v, r = values[name], Range(*r)
+        if not r.holds(v):
+            raise ValueError(f"{where}: {name} must be in {r.interval()}, got {v!r}")
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The type and allowed values of one option, declared once for the library and the
+    command line (module docstring).
+
+    ``kind``: int (integers, not bools), float (finite real numbers) or str; ``range``: the
+    allowed interval of a number; ``choices``: the allowed strings (compared in lower case);
+    ``optional``: None is allowed too."""
+
+    kind: type
+    range: Range | None = None
+    choices: tuple[str, ...] | None = None
+    optional: bool = False
+
+    def expected(self) -> str:
+        """What a value must be, as error messages say it: 'a positive integer', 'a finite
+        number > 0', 'a number in [0, 1)', 'one of elu, relu'."""
+        if self.choices is not None:
+            return "one of " + ", ".join(self.choices)
+        if self.kind is str:
+            return "a string"
+        noun = "integer" if self.kind is int else "number"
+        r = self.range
+        if r is None:
+            return "an integer" if self.kind is int else "a finite number"
+        lo, hi, lo_in, hi_in = r
+        if math.isinf(hi) and not hi_in:
+            if self.kind is int and lo_in and lo in (0, 1):
+                return "a positive integer" if lo == 1 else "a non-negative integer"
+            if math.isinf(lo):
+                return f"an {noun}" if self.kind is int else "a finite number"
+            first = "an integer" if self.kind is int else "a finite number"
+            return f"{first} {'>=' if lo_in else '>'} {_number(lo)}"
+        return (f"{'an' if self.kind is int else 'a'} {noun} in {'[' if lo_in else '('}"
+                f"{_number(lo)}, {_number(hi)}{']' if hi_in else ')'}")
+
+    def check(self, name: str, value: Any) -> Any:
+        """``value`` if it is allowed (a str choice in its canonical lower case), else a
+        ValueError ``"{name}: expected ..., got ..."``."""
+        if value is None and self.optional:
+            return None
+        if self.kind is str:
+            ok = isinstance(value, str) and (self.choices is None
+                                             or value.lower() in self.choices)
+            if not ok:
+                raise ValueError(f"{name}: expected {self.expected()}, got {value!r}")
+            return value if self.choices is None else value.lower()
+        if self.kind is int:
+            ok = isinstance(value, numbers.Integral) and not _is_bool(value)
+        else:
+            ok = (isinstance(value, numbers.Real) and not _is_bool(value)
+                  and math.isfinite(value))
+        if not ok or (self.range is not None and not self.range.holds(value)):
+            raise ValueError(f"{name}: expected {self.expected()}, got {value!r}")
+        return value
+
+    def parse(self, text: str) -> Any:
+        """The value of a command-line flag (argparse's ``type=``): argparse reports an
+        ``ArgumentTypeError`` as ``argument --flag: expected ..., got ...``."""
+        shown = repr(text)
+        if self.kind is str:
+            value: Any = text
+        else:
+            try:
+                value = int(text) if self.kind is int else float(text)
+                shown = text
+            except ValueError:
+                value = None
+        try:
+            if value is None:
+                raise ValueError
+            return self.check("", value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {self.expected()}, got {shown}") from None
+
+
+#: An integer >= 1 (sizes, counts, steps).
+POSITIVE_INT = Check(int, Range(1, math.inf))
+#: Any integer (seeds).
+INTEGER = Check(int)
+#: Torch threads: ``n_threads`` of the estimator, ``--threads`` of every command. Counts above
+#: the CPUs available are capped there (:func:`capped_threads`).
+THREADS = Check(int, Range(1, math.inf))
+#: The feature maps a configuration or a flag may name (the keys of
+#: :data:`linattn.feature_maps.FEATURE_MAPS`, which imports torch; a test holds them equal).
+FEATURE_MAP_NAMES: tuple[str, ...] = ("elu", "relu", "taylor", "polynomial")
+FEATURE_MAP = Check(str, choices=FEATURE_MAP_NAMES)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def capped_threads(n: Any, name: str = "n_threads") -> int:
+    """``n`` checked as a thread count (:data:`THREADS`: ValueError naming ``name``) and capped
+    at :func:`available_cpus`, with one RuntimeWarning when it is: torch and OpenMP abort or
+    crash on counts far above the machine's (100,000 threads: SIGSEGV)."""
+    n = int(THREADS.check(name, n))
+    have = available_cpus()
+    if n > have:
+        warnings.warn(f"{name}: {n} threads asked for, this machine gives the process {have} "
+                      f"CPU(s); using {have}", RuntimeWarning, stacklevel=3)
+        return have
+    return n
+
+
+def set_threads(n: Any, name: str = "n_threads") -> int | None:
+    """``torch.set_num_threads`` with the count :func:`capped_threads` allows; None leaves
+    torch's setting. Returns the count set."""
+    if n is None:
+        return None
+    n = capped_threads(n, name)
+    import torch
+
+    torch.set_num_threads(n)
+    return n

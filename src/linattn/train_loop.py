@@ -35,22 +35,30 @@ KeyboardInterrupt; a second one interrupts at once. The previous handler (whatev
 
 With ``torch.distributed`` initialised, rank 0 alone shows progress and writes files, and a stop
 on any rank stops every rank at the same step (an all-reduce of the stop flag).
+
+Divergence: a step whose loss or gradient norm is not finite (a learning rate far too high)
+raises :class:`NonFiniteError` before the optimiser applies it, and no checkpoint is written
+from weights that are not finite: the last checkpoint written stays the last good state. With
+several ranks the gradient norm decides (DDP's all-reduce gives every rank the same one, NaN
+included), so every rank stops at the same step.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import pickle
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from linattn._io import atomic_path, write_atomic
+from linattn._io import append_text, write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +67,8 @@ if TYPE_CHECKING:
 # torch is imported inside the methods: `linattn lm` subclasses TrainLoop in its CLI module,
 # which every `linattn` command imports, and the light commands should not pay for torch.
 
-__all__ = ["TrainLoop", "CheckpointError", "Stopped", "CHECKPOINT_FILE", "read_checkpoint"]
+__all__ = ["TrainLoop", "CheckpointError", "NonFiniteError", "Stopped", "CHECKPOINT_FILE",
+           "read_checkpoint", "first_non_finite"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = "linattn-train/1"
@@ -68,6 +77,23 @@ FORMAT = "linattn-train/1"
 class CheckpointError(ValueError):
     """A checkpoint or model folder is missing, incomplete, corrupt or made for another
     configuration."""
+
+
+class NonFiniteError(ValueError):
+    """Training diverged: a loss, a gradient or the weights are not finite (NaN or infinite).
+    Raised before the step is applied and before any checkpoint of it is written."""
+
+
+def first_non_finite(tensors: Mapping[str, Any]) -> str | None:
+    """The name of the first floating-point tensor of ``tensors`` (a state dict) holding a NaN
+    or an infinity, or None."""
+    import torch
+
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) \
+                and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 class Stopped(KeyboardInterrupt):
@@ -81,14 +107,46 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """The checkpoint dict stored at ``path`` (see the module docstring for its keys)."""
+#: What ``torch.load`` raises for a file that is not a checkpoint it can read safely.
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError,
+               RecursionError, KeyError, TypeError, AttributeError, IndexError)
+
+
+def load_error_reason(err: BaseException) -> str:
+    """A short reason for a failed ``torch.load(..., weights_only=True)`` (torch's own
+    messages run to several sentences, and its advice to load the file unsafely is not ours)."""
+    if isinstance(err, pickle.UnpicklingError):
+        return "not a torch checkpoint, or one holding more than tensors and plain values"
+    if isinstance(err, EOFError):
+        return "empty or truncated file"
+    if isinstance(err, RecursionError):
+        return "nested too deeply"
+    if isinstance(err, RuntimeError) and "PytorchStreamReader" in str(err):
+        return "not a torch checkpoint (corrupt or truncated archive)"
+    if isinstance(err, OSError):
+        return err.strerror or first_line(err)
+    return first_line(err)[:200]
+
+
+def torch_load(path: str | os.PathLike) -> Any:
+    """``torch.load(path, weights_only=True)`` with torch's warnings about the file (its pickle
+    protocol) kept off the terminal; the errors of :data:`LOAD_ERRORS` pass through."""
+    import warnings
+
     import torch
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.load(path, weights_only=True)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The checkpoint dict stored at ``path`` (see the module docstring for its keys)."""
     try:
-        ck = torch.load(path, weights_only=True)
-    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        raise CheckpointError(f"{path}: unreadable checkpoint ({first_line(err)})") from None
+        ck = torch_load(path)
+    except LOAD_ERRORS as err:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({load_error_reason(err)})"
+                              ) from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a {FORMAT} checkpoint")
     return ck
@@ -149,6 +207,7 @@ class TrainLoop:
         self.history: list[dict] = []
         self._stop = False
         self._last_save = time.perf_counter()
+        self._saved_step: int | None = None  # the step of the checkpoint on disk, if any
 
     # -- what a trainer supplies ---------------------------------------------------------------
     def loss(self) -> torch.Tensor:
@@ -245,8 +304,16 @@ class TrainLoop:
         loss = self.loss()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.clip:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(),
+                                        self.clip if self.clip else math.inf)
+        # the gradient norm is every rank's (DDP all-reduced the gradients); the loss is this
+        # rank's alone, so with several ranks it would stop one rank and leave the others
+        # waiting: there a non-finite loss shows in the (NaN) gradients
+        finite = torch_isfinite(norm) and (self.world > 1 or torch_isfinite(loss.detach()))
+        if not finite:
+            raise NonFiniteError(self._diverged(
+                self.step + 1, f"the loss is {float(loss.detach()):g} and the gradient norm "
+                f"{float(norm):g}"))
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -288,14 +355,22 @@ class TrainLoop:
                 bar.close()
         return self.history
 
+    def _diverged(self, step: int, what: str) -> str:
+        """The message of a :class:`NonFiniteError` at ``step``."""
+        if self._saved_step is not None and self.checkpoint_path is not None:
+            kept = f"{self.checkpoint_path} keeps step {self._saved_step}"
+        else:
+            kept = "no checkpoint was written"
+        return (f"training diverged at step {step}: {what}; lower the learning rate "
+                f"({kept})")
+
     # -- metrics ---------------------------------------------------------------------------------
     def _log(self, record: dict, bar) -> None:
         self.history.append(record)
         if bar is not None:
             bar.write(self.describe(record))
         if self.metrics_path is not None and self.writes:
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_text(self.metrics_path, json.dumps(record) + "\n")
 
     def _write_metrics(self) -> None:
         if self.metrics_path is not None and self.writes:
@@ -330,11 +405,17 @@ class TrainLoop:
         path = self.checkpoint_path
         if path is None or not self.writes:
             return None
+        bad = first_non_finite(self.model.state_dict())
+        if bad is not None:  # never replace the last good checkpoint with a diverged state
+            raise NonFiniteError(self._diverged(self.step, f"{bad} holds non-finite values"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = self.state()
-        with atomic_path(path) as tmp:
-            torch.save(state, tmp)
+        # serialised in memory, then written by Python: a failed write (a full disk) is an
+        # OSError naming the file, where torch.save's own writer raises a RuntimeError
+        buffer = io.BytesIO()
+        torch.save(self.state(), buffer)
+        write_atomic(path, buffer.getbuffer())
         self._last_save = time.perf_counter()
+        self._saved_step = self.step
         return path
 
     def load_checkpoint(self) -> bool:
@@ -349,17 +430,44 @@ class TrainLoop:
         """Continue from the checkpoint dict ``ck`` (read from ``path``)."""
         import torch
 
-        self.check_meta(ck["meta"], path)
         try:
-            self.model.load_state_dict(ck["model"])
+            meta, weights = ck["meta"], ck["model"]
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}: incomplete checkpoint ({first_line(err)})") from None
+        self.check_meta(meta, path)
+        bad = first_non_finite(weights) if isinstance(weights, Mapping) else None
+        if bad is not None:
+            raise CheckpointError(f"{path}: {bad} holds non-finite values (NaN or infinity)")
+        try:
+            self.model.load_state_dict(weights)
             self.optimizer.load_state_dict(ck["optimizer"])
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(ck["scheduler"])
-        except (KeyError, RuntimeError, ValueError, TypeError) as err:
+        except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as err:
             raise CheckpointError(f"{path}: does not fit this model ({first_line(err)})") from None
-        torch.set_rng_state(ck["rng"]["torch"])
-        if "cuda" in ck["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
-        self.step, self.elapsed = ck["step"], ck["elapsed"]
-        self.history = json.loads(ck["history"])
-        self.load_extra_state(ck["extra"])
+        try:
+            rng = ck["rng"]
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            step, elapsed = ck["step"], ck["elapsed"]
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0 or \
+                    isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or \
+                    not math.isfinite(elapsed):
+                raise ValueError(f"step {step!r}, elapsed {elapsed!r}")
+            history = json.loads(ck["history"])
+            if not isinstance(history, list):
+                raise ValueError("history is not a list")
+            self.step, self.elapsed, self.history = step, float(elapsed), history
+            self.load_extra_state(ck["extra"])
+        except (KeyError, TypeError, ValueError, RuntimeError, RecursionError,
+                AttributeError) as err:
+            raise CheckpointError(f"{path}: corrupt checkpoint ({first_line(err)})") from None
+        self._saved_step = self.step
+
+
+def torch_isfinite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite."""
+    import torch
+
+    return bool(torch.isfinite(t).all())

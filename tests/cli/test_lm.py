@@ -130,3 +130,17 @@ def test_help(argv, capsys):
     except SystemExit as e:
         assert e.code == 0
     assert "lm" in capsys.readouterr().out
+
+
+def test_generate_refuses_a_diverged_checkpoint(tmp_path, capsys):
+    """Non-finite weights are refused at load, naming the file and the first such tensor."""
+    assert main(["lm", "train", "--out", str(tmp_path), "--steps", "1", *TINY]) == 0
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    ck["model"]["embed.weight"][7, 0] = float("nan")
+    torch.save(ck, tmp_path / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["lm", "generate", "--model", str(tmp_path), "--prompt", "a"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"linattn lm: error: {tmp_path / 'checkpoint.pt'}: embed.weight holds "
+                   "non-finite values (NaN or infinity); the model is unusable\n")

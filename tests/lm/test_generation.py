@@ -43,3 +43,31 @@ def test_generate_text_is_seeded_and_decodes_utf8():
     assert "".join(generate_text(model, "def ", 20, temperature=0)) == want
     with pytest.raises(ValueError, match="^prompt: give at least one character"):
         generate_text(model, "", 5)
+
+
+def test_non_finite_or_garbage_checkpoint_is_refused(tmp_path):
+    model = _model()
+    sd = model.state_dict()
+    sd["blocks.0.mlp.0.weight"][2, 3] = float("nan")
+    torch.save({"meta": {"model_config": model.config.to_dict()}, "model": sd},
+               tmp_path / "nan.pt")
+    with pytest.raises(CheckpointError, match=r"nan.pt: blocks.0.mlp.0.weight holds "
+                                              r"non-finite values \(NaN or infinity\)"):
+        load_model(tmp_path / "nan.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"garbage\x80\x03")
+    with pytest.raises(CheckpointError, match=r"garbage.pt: cannot load a model \(not a torch "
+                                              r"checkpoint") as err:
+        load_model(tmp_path / "garbage.pt")
+    assert "weights_only" not in str(err.value)  # not torch's advice to load it unsafely
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"temperature": float("nan")}, "^temperature: expected a finite number >= 0, got nan"),
+    ({"temperature": -1.0}, "^temperature: expected a finite number >= 0"),
+    ({"top_k": 0}, "^top_k: expected a positive integer"),
+    ({"max_new_tokens": -1}, "^max_new_tokens: expected a non-negative integer"),
+    ({"seed": 1.5}, "^seed: expected an integer"),
+])
+def test_generate_text_checks_its_options_at_once(kw, match):
+    with pytest.raises(ValueError, match=match):
+        generate_text(_model(), "def ", **{"max_new_tokens": 3, **kw})

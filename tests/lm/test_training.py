@@ -30,7 +30,14 @@ def test_train_config_checks_its_fields():
                        ({"steps": 1, "lr": 0.0}, "^lr: expected a finite number > 0"),
                        ({"max_time": float("inf")}, "^max_time"),
                        ({"steps": 1, "weight_decay": -1.0}, "^weight_decay"),
-                       ({"steps": 1, "seed": True}, "^seed")):
+                       ({"steps": 1, "seed": True}, "^seed"),
+                       # issue 24: these trained forever or failed in max() of no budget
+                       ({"steps": -1}, "^steps: expected a positive integer, got -1"),
+                       ({"max_time": -5.0}, "^max_time: expected a finite number > 0"),
+                       ({"max_time": 0.0}, "^max_time: expected a finite number > 0"),
+                       ({"steps": 1, "lr": float("nan")}, "^lr: expected a finite number > 0"),
+                       ({"steps": 1, "lr": float("inf")}, "^lr: expected a finite number > 0"),
+                       ({"steps": 1, "eval_every": 0}, "^eval_every: expected a positive")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)
     with pytest.raises(ValueError, match="train config: unknown keys"):
@@ -121,3 +128,26 @@ def test_feature_map_instance_needs_no_checkpoint(tmp_path):
                      corpus=CORPUS)["steps"] == 1
     with pytest.raises(ValueError, match="^feature_map: a checkpoint stores"):
         Trainer(cfg, TRAIN, out=tmp_path, corpus=CORPUS)
+
+
+def test_a_diverging_run_stops_with_one_error_and_keeps_its_checkpoint(tmp_path):
+    """A learning rate far too high: the loss turns NaN; the run stops before applying that
+    step (NonFiniteError, a ValueError), the last checkpoint is the last good state and no
+    result is written."""
+    from linattn.train_loop import NonFiniteError, first_non_finite, read_checkpoint
+
+    config = TrainConfig(context=16, batch_size=4, steps=20, val_tokens=128, eval_every=10,
+                         warmup=1, lr=1e30)
+    with pytest.raises(NonFiniteError, match=r"^training diverged at step \d+: the loss is nan"
+                                             r".* keeps step \d+\)$") as err:
+        Trainer(MODEL, config, out=tmp_path, corpus=CORPUS, checkpoint_every=0).run()
+    ck = read_checkpoint(tmp_path / "checkpoint.pt")
+    assert f"keeps step {ck['step']})" in str(err.value)
+    assert first_non_finite(ck["model"]) is None
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_checkpoint_every_is_checked():
+    for bad in (-1.0, float("nan"), "60"):
+        with pytest.raises(ValueError, match="^checkpoint_every: expected a finite number >= 0"):
+            Trainer(MODEL, TRAIN, corpus=CORPUS, checkpoint_every=bad)

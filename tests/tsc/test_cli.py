@@ -5,6 +5,7 @@ subset committed under ``tests/data/FordA`` (64 TRAIN and 40 TEST series), so no
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +91,7 @@ def test_cuda_device_without_cuda(tmp_path, capsys, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without
-    for action in (["train", "--out", str(tmp_path / "r")], ["evaluate", "--model", "x"]):
+    for action in (["train", "--out", str(tmp_path / "r")], ["evaluate", "--model", str(tmp_path)]):
         code, _, err = run(capsys, *action, "--device", "cuda")
         assert code == 2
         one_line_error(err, "--device: device 'cuda': CUDA is not available")
@@ -309,3 +310,79 @@ def test_shipped_model_is_the_final_recipe_and_reproduces_its_score():
         return
     assert_score_to_the_series(shipped, X_test, y_test,
                                json.loads((SHIPPED / "test.json").read_text()))
+
+
+# --- issue 24: in process, what the table of tests/cli/test_contract.py leaves to torch ---
+
+
+@pytest.fixture(scope="module")
+def forda_model(tmp_path_factory):
+    """A tiny model of FordA's series (length 500), saved."""
+    X, y, _, _ = load_ucr("FordA", data_dir=DATA)
+    folder = tmp_path_factory.mktemp("forda") / "model"
+    LinearAttentionClassifier(patch=20, d_model=8, num_layers=1, num_heads=2, head_dim=4,
+                              mlp_dim=16, epochs=1, min_steps=0, min_batches=0,
+                              n_threads=1).fit(X[:SUBSET], y[:SUBSET]).save(folder)
+    return folder
+
+
+def test_evaluate_refuses_non_finite_weights(forda_model, tmp_path, capsys):
+    """A NaN weight used to give accuracy 0.6000, ROC AUC 0.5000 and exit 0."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(forda_model, tmp_path / "m")
+    w = load_file(str(tmp_path / "m" / "model.safetensors"))
+    w["norm.weight"][:] = float("nan")
+    save_file(w, str(tmp_path / "m" / "model.safetensors"))
+    code, out, err = run(capsys, "evaluate", "--model", str(tmp_path / "m"), "--data-dir",
+                         str(DATA), "--no-baselines", "--report-dir", str(tmp_path / "r"))
+    assert code == 2 and out == ""
+    one_line_error(err, "model.safetensors: norm.weight holds non-finite values")
+    assert not (tmp_path / "r").exists()
+
+
+def test_evaluate_config_nested_too_deeply(forda_model, tmp_path, capsys):
+    shutil.copytree(forda_model, tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_bytes(b"{\"a\": " * 100_000)
+    code, _, err = run(capsys, "evaluate", "--model", str(tmp_path / "m"), "--data-dir",
+                       str(DATA), "--no-baselines")
+    assert code == 2
+    one_line_error(err, "config.json: not valid JSON")
+
+
+class _FullOutput:
+    """Standard output on a full disk: every write fails with ENOSPC."""
+
+    def write(self, text):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    flush = write
+
+
+def test_evaluate_to_a_full_stdout_is_one_line(forda_model, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", _FullOutput())
+    code = main(["forda", "evaluate", "--model", str(forda_model), "--data-dir", str(DATA),
+                 "--no-baselines", "--threads", "1", "--report-dir", str(tmp_path)])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == "linattn forda: error: cannot write the output (No space left on device)\n"
+    assert (tmp_path / "report.md").is_file()  # the report itself is whole
+
+
+def test_a_diverging_train_stops_with_one_line_and_keeps_the_checkpoint(tmp_path, capsys):
+    import torch
+
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "train", "--out", str(out), "--subset", str(SUBSET), "--epochs",
+                       "3", "--stages", "full", "--set", "lr=1e30", "--threads", "1",
+                       "--quiet", "--data-dir", str(DATA), *TINY)
+    assert code == 2
+    one_line_error(err, "training diverged at step 2: the loss is nan")
+    ck = torch.load(out / "full" / "checkpoint" / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 1 and all(torch.isfinite(v).all() for v in ck["model"].values())
+    assert not (out / "full" / "model").exists() and not (out / "model").exists()

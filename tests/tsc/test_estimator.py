@@ -522,3 +522,61 @@ def test_config_saved_before_min_steps_loads_with_it_off(saved_model, tmp_path):
     assert LinearAttentionClassifier.load(edited).get_params()["min_batches"] == 0
     np.testing.assert_array_equal(old.predict_proba(X),
                                   LinearAttentionClassifier.load(folder).predict_proba(X))
+
+
+# --- issue 24: non-finite weights, deep JSON, divergence, thread counts ---
+
+
+def test_non_finite_weights_are_refused_at_load(saved_model, tmp_path):
+    """A model whose weights hold a NaN used to load and predict one class for everything."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "m"
+    shutil.copytree(saved_model[0], folder)
+    w = load_file(str(folder / "model.safetensors"))
+    w["blocks.0.mlp.0.weight"][1, 2] = float("nan")
+    w["head.weight"][0, 0] = float("inf")
+    save_file(w, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model.safetensors: blocks.0.mlp.0.weight holds "
+                                              r"non-finite values") as err:
+        LinearAttentionClassifier.load(folder)
+    assert str(err.value).startswith(str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("data", [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{", b""])
+def test_unparsable_config_json_is_a_checkpoint_error(saved_model, tmp_path, data):
+    folder = tmp_path / "m"
+    shutil.copytree(saved_model[0], folder)
+    (folder / "config.json").write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"config.json: not valid JSON"):
+        LinearAttentionClassifier.load(folder)
+
+
+def test_a_diverging_fit_raises_and_leaves_the_checkpoint_good(tmp_path):
+    from linattn.train_loop import NonFiniteError, first_non_finite, read_checkpoint
+
+    X, y = toy(n=40, length=16, n_classes=2)
+    # one batch an epoch: a checkpoint after step 1, the loss NaN at step 2
+    clf = LinearAttentionClassifier(**{**TINY, "epochs": 5, "batch_size": 64}, lr=1e30)
+    with pytest.raises(NonFiniteError, match=r"^training diverged at step 2: the loss is nan.*"
+                                             r"checkpoint.pt keeps step 1\)$"):
+        clf.fit(X, y, checkpoint_dir=tmp_path / "ck")
+    ck = read_checkpoint(tmp_path / "ck" / "checkpoint.pt")
+    assert ck["step"] == 1 and first_non_finite(ck["model"]) is None
+
+
+def test_thread_counts_are_capped_at_the_cpus(monkeypatch):
+    """n_threads=10**9 aborted inside libgomp and 100000 crashed with SIGSEGV: counts above the
+    CPUs available are capped with one warning (torch.set_num_threads is recorded here, not
+    called with absurd counts)."""
+    from linattn._config import available_cpus
+
+    X, y = toy(n=20, length=16, n_classes=2)
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.append(n) or real(min(n, 2)))
+    with pytest.warns(RuntimeWarning, match=r"n_threads: 1000000000 threads asked for, .* using"):
+        LinearAttentionClassifier(**{**TINY, "n_threads": 10**9}).fit(X, y)
+    assert seen and seen[0] == available_cpus()
+    with pytest.raises(ValueError, match="n_threads must be None or a positive integer"):
+        LinearAttentionClassifier(**{**TINY, "n_threads": -1}).fit(X, y)

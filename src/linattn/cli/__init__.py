@@ -2,30 +2,166 @@
 
 Each subcommand module defines ``register(subparsers)``, which adds its parser and sets
 ``func`` (a callable taking the parsed ``argparse.Namespace`` and returning an exit status).
-User errors are raised as :class:`UserError` and printed as one line on stderr with exit
-status 2, never as a traceback.
+
+The contract (docs/design.md): a user error is one line on stderr, ``linattn COMMAND: error:
+...``, and exit status 2, never a traceback. Two layers keep it for every subcommand:
+
+* **Arguments**: a flag's type and range are declared once, as a :class:`linattn._config.Check`
+  shared with the library configuration that takes the same value, and the flag is parsed with
+  it (``type=check.parse``): a bad value fails while parsing, before torch or any data is
+  loaded. argparse's own errors are one line too (:class:`Parser`: no usage block).
+* **Errors**: :func:`main` is the one place that turns what a user can cause into one line and
+  exit 2: :class:`UserError` (raised by the subcommands), argparse's errors, ``OSError`` (an
+  unwritable folder, a full disk: the file and the reason), the library's
+  :class:`~linattn.train_loop.CheckpointError` (a corrupt or mismatched file) and
+  :class:`~linattn.train_loop.NonFiniteError` (training diverged). Standard output is guarded:
+  a failed write (``> /dev/full``) is ``cannot write the output (...)``, and a reader that left
+  (``| head``) ends the command quietly with status 1, as Unix tools do.
+
+So a new flag is covered by declaring its :class:`~linattn._config.Check` (beside its
+configuration) and passing ``type=check.parse``; a new subcommand by raising
+:class:`UserError`, ``OSError`` or those library errors, never printing tracebacks itself, and
+by a row in the table of tests/cli/test_contract.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
 
 from linattn import __version__
+from linattn.train_loop import CheckpointError, NonFiniteError
 
 # Subcommand modules, in the order they are listed by --help.
 SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm")
+
+__all__ = ["UserError", "OutputError", "Parser", "build_parser", "main", "SUBCOMMANDS",
+           "probe_output_dir", "read_json_file"]
 
 
 class UserError(Exception):
     """A problem with the user's input: reported in one line, exit status 2."""
 
 
+class _ArgumentError(UserError):
+    """argparse's error, with the command it belongs to (``linattn lm``)."""
+
+    def __init__(self, message: str, command: str) -> None:
+        super().__init__(message)
+        self.command = command
+
+
+class OutputError(OSError):
+    """Standard output cannot be written (a full disk, ``/dev/full``)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line (:func:`main` prints them), not a usage
+    block and a second line; subparsers are of this class too."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        command = " ".join(self.prog.split()[:2])  # "linattn lm train" -> "linattn lm"
+        raise _ArgumentError(message.removeprefix("argument "), command)
+
+
+class _GuardedOutput:
+    """Standard output whose failed writes raise :class:`OutputError` (BrokenPipeError, the
+    reader leaving, passes through as it is)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _guard(self, method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise OutputError(err.errno, f"cannot write the output ({err.strerror or err})"
+                              ) from None
+
+    def write(self, text):
+        return self._guard(self._stream.write, text)
+
+    def flush(self):
+        return self._guard(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _drop_stdout(stream) -> None:
+    """Point the process's standard output at /dev/null once a write to it failed, so that
+    the interpreter's flush of what is still buffered, at exit, does not fail a second time
+    with a traceback (a stream other than the process's own is left alone)."""
+    if stream is None or stream is not sys.__stdout__:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OSError: ``FILE: reason`` (both files of a rename or copy)."""
+    if isinstance(err, OutputError):
+        return err.strerror
+    reason = err.strerror or str(err) or type(err).__name__
+    if err.filename is None:
+        return reason
+    files = str(err.filename) + ("" if err.filename2 is None else f" -> {err.filename2}")
+    return f"{files}: {reason}"
+
+
+def probe_output_dir(path: str | os.PathLike, option: str) -> None:
+    """Fail now, as a :class:`UserError` naming ``option``, if folder ``path`` cannot be created
+    or written, instead of after minutes of work: the missing folders are created, a file is
+    written and everything made here is removed again."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path)
+    made = []
+    try:
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir()
+            made.append(p)
+        if not path.is_dir():
+            raise UserError(f"{option}: {path}: not a folder")
+        with tempfile.TemporaryFile(dir=path) as f:
+            f.write(b"\0")
+            f.flush()
+    except OSError as err:
+        raise UserError(f"{option}: {describe_os_error(err)}") from None
+    finally:
+        for p in reversed(made):
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+
+def read_json_file(path: str | os.PathLike) -> object:
+    """The JSON value in a user's file; a :class:`UserError` in one line naming the file for a
+    file that is not UTF-8, not JSON or nested too deeply to parse (an unreadable one is an
+    OSError, which :func:`main` reports)."""
+    from linattn._io import read_json
+
+    try:
+        return read_json(path)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="linattn", description="Linear attention for PyTorch: tools and benchmarks."
     )
     parser.add_argument("--version", action="version", version=f"linattn {__version__}")
@@ -43,16 +179,49 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warning
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 0
+    command = "linattn"
+    stdout = sys.stdout
+    guarded = stdout is not None and not isinstance(stdout, _GuardedOutput)
+    if guarded:
+        sys.stdout = _GuardedOutput(stdout)
     try:
-        return int(args.func(args) or 0)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return _flushed(0)
+        command = f"linattn {args.command}"
+        return _flushed(int(args.func(args) or 0))
+    except _ArgumentError as err:
+        return _error(err.command, str(err))
     except UserError as err:
-        print(f"linattn {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return _error(command, str(err))
+    except BrokenPipeError:  # `| head`: the reader left; end quietly, as Unix tools do
+        _drop_stdout(stdout)
+        return 1
+    except OSError as err:
+        if isinstance(err, OutputError):
+            _drop_stdout(stdout)
+        return _error(command, describe_os_error(err))
+    except (CheckpointError, NonFiniteError) as err:
+        return _error(command, str(err).strip().splitlines()[0] if str(err).strip() else
+                      type(err).__name__)
     except KeyboardInterrupt:
-        print(f"linattn {args.command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if guarded:
+            sys.stdout = stdout
+
+
+def _flushed(status: int) -> int:
+    """``status`` once standard output is written out (a full disk fails here, inside the
+    error layer, not at the interpreter's exit)."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    return status
+
+
+def _error(command: str, message: str) -> int:
+    print(f"{command}: error: {message}", file=sys.stderr)
+    return 2

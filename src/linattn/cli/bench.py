@@ -26,6 +26,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from linattn._config import FEATURE_MAP, POSITIVE_INT, THREADS
 from linattn._io import atomic_path
 
 DTYPES = ("float32", "bfloat16", "float64")
@@ -35,19 +36,22 @@ DTYPES = ("float32", "bfloat16", "float64")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure linear attention against the matmul roofline")
-    p.add_argument("-T", type=int, default=65536, help="sequence length (default 65536)")
-    p.add_argument("-B", type=int, default=1)
-    p.add_argument("-H", type=int, default=8)
-    p.add_argument("-d", type=int, default=64, help="head dimension, also Dv")
+    size = POSITIVE_INT.parse
+    p.add_argument("-T", type=size, default=65536, help="sequence length (default 65536)")
+    p.add_argument("-B", type=size, default=1)
+    p.add_argument("-H", type=size, default=8)
+    p.add_argument("-d", type=size, default=64, help="head dimension, also Dv")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument("--feature-map", default="elu")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--feature-map", type=FEATURE_MAP.parse, default="elu",
+                   help=f"one of {', '.join(FEATURE_MAP.choices)} (default: %(default)s)")
+    p.add_argument("--repeats", type=size, default=3)
+    p.add_argument("--threads", type=THREADS.parse, default=None,
+                   help="torch intra-op threads (capped at the CPUs available)")
     p.add_argument("--no-portable", action="store_true", help="skip the portable-path rows")
     p.add_argument("--isa", nargs="+", default=["native"], metavar="ISA",
                    help="compiled-path builds to measure: native (default), avx512, avx2, "
                         "generic, scalar")
-    p.add_argument("--crossover", type=int, nargs="*", default=None, metavar="T",
+    p.add_argument("--crossover", type=size, nargs="*", default=None, metavar="T",
                    help="sequence lengths for the SDPA comparison (default 256 … 16384)")
     p.add_argument("--no-crossover", action="store_true")
     p.add_argument("--plot", default="bench.png", help="log-log plot of the crossover (PNG)")
@@ -281,27 +285,26 @@ def plot(results: dict, path: Path) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linattn.cli import UserError
+    from linattn.cli import UserError, probe_output_dir
 
-    for name in ("T", "B", "H", "d", "repeats"):
-        if getattr(args, name) < 1:
-            raise UserError(f"-{name if len(name) == 1 else '-' + name}: expected a positive "
-                            f"integer, got {getattr(args, name)}")
-    from linattn.ops.native import ISA_FLAGS
+    out = Path(args.plot)
+    if not args.no_crossover:
+        if not out.parent.is_dir():
+            raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
+        probe_output_dir(out.parent, "--plot")  # writable, before minutes of measuring
+    from linattn.ops.native import ISA_FLAGS  # imports torch
 
     for isa in args.isa:
         if isa not in ISA_FLAGS:
             raise UserError(f"--isa: expected one of {', '.join(ISA_FLAGS)}, got {isa!r}")
-    out = Path(args.plot)
-    if not args.no_crossover and not out.parent.is_dir():
-        raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
     # Measuring children inherit this: idle OpenMP threads that spin instead of sleeping make
     # small parallel regions crawl when other work shares the cores (set it to override).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from linattn._config import set_threads
+
+    set_threads(args.threads, "--threads")
 
     dtype = getattr(torch, args.dtype)
     selection_table()

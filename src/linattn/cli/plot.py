@@ -16,8 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linattn.cli import UserError
+    from linattn.cli import UserError, probe_output_dir
 
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise UserError(f"--output: folder {str(out.parent)!r} does not exist")
+    probe_output_dir(out.parent, "--output")
     try:
         import matplotlib
 
@@ -25,9 +29,6 @@ def run(args: argparse.Namespace) -> int:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UserError("matplotlib is not installed: pip install 'linattn[plot]'") from None
-    out = Path(args.output)
-    if not out.parent.is_dir():
-        raise UserError(f"--output: folder {str(out.parent)!r} does not exist")
     fig = feature_maps_figure(plt)
     with atomic_path(out, suffix=".png") as tmp:  # no half-written PNG if interrupted
         fig.savefig(tmp, dpi=120)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 import sys
 import threading
@@ -78,28 +77,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UserError(f"cannot read standard input ({err.strerror or err})") from None
     text = solve(data, importer=importer, engine=args.engine)
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # e.g. `| head`: the reader left; no traceback for that
-        _drop_stdout()
-        return 1
-    except OSError as err:  # e.g. `> /dev/full`: a full disk is the user's to fix
-        _drop_stdout()
-        raise UserError(f"cannot write the output ({err.strerror or err})") from None
+    # `> /dev/full` (one line) and `| head` (quiet): the guarded stdout of linattn.cli.main
+    sys.stdout.write(text)
+    sys.stdout.flush()
     return 0
-
-
-def _drop_stdout() -> None:
-    """Discard what is still buffered for stdout, so that the interpreter's flush at exit
-    does not fail a second time and print a traceback."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
-    sys.stdout = None  # type: ignore[assignment]
 
 
 def solve(

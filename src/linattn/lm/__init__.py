@@ -18,10 +18,34 @@ The model itself is :class:`linattn.nn.LinearTransformerLM`, configured by
     print("def " + "".join(generate_text(model, "def ", 100)))
 """
 
-from linattn.lm.data import stdlib_corpus
-from linattn.lm.generation import generate_text, load_model
-from linattn.lm.training import LMTraining, TrainConfig, Trainer, evaluate, train
-from linattn.nn.lm import LMConfig
+from __future__ import annotations
 
-__all__ = ["LMConfig", "TrainConfig", "Trainer", "LMTraining", "train", "evaluate",
-           "load_model", "generate_text", "stdlib_corpus"]
+import importlib
+
+#: public name -> its module, imported on first use: :mod:`linattn.lm.options` (what
+#: ``linattn lm`` checks its flags against) imports without torch.
+_EXPORTS = {
+    "LMConfig": "linattn.nn.lm",
+    "TrainConfig": "linattn.lm.training",
+    "Trainer": "linattn.lm.training",
+    "LMTraining": "linattn.lm.training",
+    "train": "linattn.lm.training",
+    "evaluate": "linattn.lm.training",
+    "load_model": "linattn.lm.generation",
+    "generate_text": "linattn.lm.generation",
+    "stdlib_corpus": "linattn.lm.data",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'linattn.lm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import codecs
 import os
-import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from linattn.lm.options import check_generate
 from linattn.nn.lm import LinearTransformerLM, LMConfig
-from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, first_line
+from linattn.train_loop import (
+    CHECKPOINT_FILE,
+    LOAD_ERRORS,
+    CheckpointError,
+    first_line,
+    first_non_finite,
+    load_error_reason,
+    torch_load,
+)
 
 __all__ = ["load_model", "generate_text"]
 
@@ -33,13 +41,19 @@ def load_model(path: str | os.PathLike) -> tuple[LinearTransformerLM, dict]:
     path = Path(path)
     f = path / CHECKPOINT_FILE if path.is_dir() else path
     try:
-        ck = torch.load(f, weights_only=True)
+        ck = torch_load(f)
+    except LOAD_ERRORS as err:
+        raise CheckpointError(f"{f}: cannot load a model ({load_error_reason(err)})") from None
+    try:
         config = LMConfig.from_dict(ck.get("meta", ck)["model_config"], f"{f}: model_config")
         model = LinearTransformerLM.from_config(config)
         model.load_state_dict(ck["model"])
-    except (OSError, KeyError, RuntimeError, EOFError, TypeError, ValueError, AttributeError,
-            pickle.UnpicklingError) as err:
+    except (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as err:
         raise CheckpointError(f"{f}: cannot load a model ({first_line(err)})") from None
+    bad = first_non_finite(ck["model"])
+    if bad is not None:  # a diverged model samples garbage (or fails in multinomial)
+        raise CheckpointError(f"{f}: {bad} holds non-finite values (NaN or infinity); the model "
+                              "is unusable")
     return model.eval(), ck
 
 
@@ -49,7 +63,10 @@ def generate_text(model: LinearTransformerLM, prompt: str, max_new_tokens: int =
     """The text a byte-level ``model`` continues ``prompt`` with, piece by piece as it is
     sampled (:meth:`~linattn.nn.LinearTransformerLM.stream`; seeded by ``seed``): each piece
     is what the bytes so far decode to as UTF-8 (invalid sequences replaced), the prompt not
-    included. ValueError at once (not at the first piece) for an empty prompt."""
+    included. ValueError at once (not at the first piece) for an empty prompt or an option out
+    of range (:data:`linattn.lm.options.GENERATE_CHECKS`)."""
+    check_generate({"max_new_tokens": max_new_tokens, "temperature": temperature,
+                    "top_k": top_k, "seed": seed})
     data = prompt.encode("utf-8")
     if not data:
         raise ValueError("prompt: give at least one character")

@@ -25,7 +25,6 @@ budget and the validation cadence (:data:`FREE`), nothing else.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 
 from linattn._io import write_json
 from linattn.lm.data import byte_ids, stdlib_corpus, training_windows, validation_windows
+from linattn.lm.options import CHECKPOINT_EVERY, check_train_config
 from linattn.nn.lm import LinearTransformerLM, LMConfig
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop
 
@@ -70,25 +70,7 @@ class TrainConfig:
     corpus_bytes: int = 4_000_000
 
     def __post_init__(self) -> None:
-        for name in ("context", "batch_size", "warmup", "val_tokens", "eval_every",
-                     "corpus_bytes", "steps"):
-            value = getattr(self, name)
-            if name == "steps" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
-        for name, low in (("lr", 0.0), ("weight_decay", None), ("max_time", 0.0)):
-            value = getattr(self, name)
-            if name == "max_time" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                    or not math.isfinite(value) or value < 0 or (low is not None and value <= low):
-                want = "a finite number >= 0" if low is None else "a finite number > 0"
-                raise ValueError(f"{name}: expected {want}, got {value!r}")
-        if self.steps is None and self.max_time is None:
-            raise ValueError("steps, max_time: give a budget, either or both")
+        check_train_config(self.to_dict())  # declared once: linattn.lm.options
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -279,6 +261,7 @@ class Trainer:
                  on_step: Callable[[TrainLoop], None] | None = None) -> None:
         if not isinstance(model_config, LMConfig):
             model_config = LMConfig.from_dict(model_config)
+        CHECKPOINT_EVERY.check("checkpoint_every", checkpoint_every)
         if model_config.vocab_size < VOCAB_SIZE:
             raise ValueError(f"vocab_size: byte tokens need at least {VOCAB_SIZE}, "
                              f"got {model_config.vocab_size}")

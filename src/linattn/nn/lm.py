@@ -49,7 +49,6 @@ eager mode only; dtype and shape checks run while tracing too.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -58,7 +57,6 @@ import torch
 from torch import Tensor, nn
 
 from linattn._config import rename_deprecated, renamed_keywords
-from linattn.feature_maps import FEATURE_MAPS
 from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAttentionBase
 from linattn.nn.encoder import PreNormBlock
 from linattn.nn.mixers import (
@@ -67,8 +65,8 @@ from linattn.nn.mixers import (
     OPTION_DEFAULTS,
     StateDict,
     build_mixer,
+    check_config,
     get_mixer,
-    mixer_options,
     state_fields,
     state_from_dict,
     state_to_dict,
@@ -298,11 +296,6 @@ RENAMED: dict[str, str] = {"embed_dim": "d_model", "layers": "num_layers",
                            "depth": "num_layers", "heads": "num_heads"}
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-
-
 @dataclass(frozen=True)
 class LMConfig:
     """The configuration of a :class:`LinearTransformerLM` (the keywords of its constructor),
@@ -327,11 +320,10 @@ class LMConfig:
     window: int | None = OPTION_DEFAULTS["window"]
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads"):
-            _positive_int(name, getattr(self, name))
-        mixer_options(self.attention, {name: getattr(self, name) for name in OPTION_DEFAULTS})
-        if self.window is not None:
-            check_window(self.window)
+        if self.chunk_size is None:
+            object.__setattr__(self, "chunk_size", DEFAULT_CHUNK_SIZE)
+        # types, ranges, the kind's options: declared torch-free in linattn.nn.mixers
+        check_config({f.name: getattr(self, f.name) for f in fields(self)})
         if self.decay is not None:
             try:
                 decay = tuple(float(g) for g in self.decay)
@@ -342,17 +334,6 @@ class LMConfig:
                 raise ValueError(f"decay: expected {self.num_heads} values in (0, 1], "
                                  f"got {self.decay!r}")
             object.__setattr__(self, "decay", decay)
-        if self.chunk_size is None:
-            object.__setattr__(self, "chunk_size", DEFAULT_CHUNK_SIZE)
-        _positive_int("chunk_size", self.chunk_size)
-        if self.mlp_dim is not None:
-            _positive_int("mlp_dim", self.mlp_dim)
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real) \
-                or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout: expected a number in [0, 1), got {self.dropout!r}")
-        if isinstance(self.feature_map, str) and self.feature_map.lower() not in FEATURE_MAPS:
-            raise ValueError(f"feature_map: unknown name {self.feature_map!r}; choose from "
-                             f"{', '.join(sorted(FEATURE_MAPS))}")
 
     def kwargs(self) -> dict[str, Any]:
         """The keywords of ``LinearTransformerLM(**kwargs)`` for this configuration."""
@@ -504,7 +485,7 @@ class LinearTransformerLM(nn.Module):
         makes sampling reproducible."""
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
-        if temperature < 0:
+        if not temperature >= 0:  # NaN too
             raise ValueError(f"temperature: expected >= 0, got {temperature}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k: expected a positive integer, got {top_k}")

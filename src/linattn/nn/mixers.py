@@ -23,6 +23,11 @@ linear attention) is its module, its state dataclass and one line::
 kind takes yet also adds it to :data:`OPTION_DEFAULTS`, to the :class:`~linattn.nn.lm.LMConfig`
 fields and to the command's flags.
 
+The model's configuration is checked here too, torch-free (:data:`CONFIG_CHECKS`,
+:func:`check_config`): :class:`~linattn.nn.lm.LMConfig` calls it when it is made, and
+``linattn lm train`` parses its flags with the same declarations and checks the whole
+configuration before torch is imported.
+
 This module does not import torch (the command line reads :data:`MIXERS` to build its parser):
 classes are named ``"module:attribute"`` and imported on first use (a class itself works too,
 e.g. for a mixer registered at run time).
@@ -32,11 +37,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MixerSpec", "MIXERS", "OPTION_DEFAULTS", "DEFAULT_WINDOW", "get_mixer",
+from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
+
+__all__ = ["MixerSpec", "MIXERS", "OPTION_DEFAULTS", "DEFAULT_WINDOW", "CONFIG_CHECKS",
+           "check_config", "get_mixer",
            "is_unset", "mixer_options", "build_mixer", "state_types", "state_fields",
            "state_to_dict", "state_from_dict", "StateDict"]
 
@@ -142,6 +151,45 @@ def mixer_options(attention: str, options: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{name}: not used with attention={attention!r} (only with "
                              f"{users}), got {value!r}")
     return {**out, **spec.kwargs}
+
+
+#: The type and range of the fields of :class:`~linattn.nn.lm.LMConfig` (and of the
+#: ``linattn lm train`` flags that set them): declared once, torch-free. ``chunk_size`` None is
+#: the default chunk; ``feature_map`` is checked when it is a name (an instance or a factory
+#: is the module's to check); ``attention`` and ``decay`` are checked by :func:`check_config`.
+CONFIG_CHECKS: dict[str, Check] = {
+    "vocab_size": POSITIVE_INT,
+    "d_model": POSITIVE_INT,
+    "num_layers": POSITIVE_INT,
+    "num_heads": POSITIVE_INT,
+    "mlp_dim": Check(int, Range(1, math.inf), optional=True),
+    "chunk_size": Check(int, Range(1, math.inf), optional=True),
+    "window": Check(int, Range(1, math.inf), optional=True),
+    "dropout": Check(float, Range(0.0, 1.0, True, False)),
+    "feature_map": FEATURE_MAP,
+}
+
+
+def check_config(values: Mapping[str, Any]) -> None:
+    """Check a language model's configuration (the fields of
+    :class:`~linattn.nn.lm.LMConfig`; the sizes are required, the rest optional): ValueError
+    naming the field for a value of the wrong type or range (:data:`CONFIG_CHECKS`), an option
+    the ``attention`` kind does not take (:func:`mixer_options`), or ``d_model`` not divisible
+    by ``num_heads``."""
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads"):
+        CONFIG_CHECKS[name].check(name, values[name])
+    mixer_options(values.get("attention", next(iter(MIXERS))),
+                  {name: values.get(name, unset) for name, unset in OPTION_DEFAULTS.items()})
+    for name in ("window", "chunk_size", "mlp_dim", "dropout"):
+        if name in values:
+            CONFIG_CHECKS[name].check(name, values[name])
+    fmap = values.get("feature_map")
+    if isinstance(fmap, str) and fmap.lower() not in FEATURE_MAP.choices:
+        raise ValueError(f"feature_map: unknown name {fmap!r}; choose from "
+                         f"{', '.join(sorted(FEATURE_MAP.choices))}")
+    d_model, num_heads = values["d_model"], values["num_heads"]
+    if d_model % num_heads:
+        raise ValueError(f"num_heads: d_model {d_model} is not divisible by {num_heads}")
 
 
 def build_mixer(attention: str, d_model: int, num_heads: int, *, chunk_size: int,

@@ -2,16 +2,31 @@
 
 ``FordATransformer`` is the encoder (torch module); ``LinearAttentionClassifier`` wraps it as a
 scikit-learn estimator (needs the ``forda`` extra: scikit-learn, safetensors, tqdm).
+
+The names load on first use, so that torch-free parts (:mod:`linattn.tsc.recipes`, which
+``linattn forda`` checks its options against) import without torch.
 """
 
-from linattn.tsc.model import FordATransformer, ModelConfig
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "FordATransformer": "linattn.tsc.model",
+    "ModelConfig": "linattn.tsc.model",
+    "LinearAttentionClassifier": "linattn.tsc.estimator",  # scikit-learn: an optional extra
+}
 
 __all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier"]
 
 
 def __getattr__(name: str):
-    if name == "LinearAttentionClassifier":  # scikit-learn is an optional dependency
-        from linattn.tsc.estimator import LinearAttentionClassifier
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'linattn.tsc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
 
-        return LinearAttentionClassifier
-    raise AttributeError(f"module 'linattn.tsc' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

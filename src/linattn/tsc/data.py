@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+
+# torch is imported where it is used: `linattn forda` reads a run's split before loading torch
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 __all__ = ["stratified_split", "validation_split", "encode_labels", "augment", "epoch_generator",
            "fill_nan_padding", "MISSING", "VAL_FRACTION", "VAL_SEED"]
@@ -101,6 +106,8 @@ def fill_nan_padding(X: np.ndarray, name: str = "X", missing: str = "error") -> 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """The generator of one epoch's shuffle and augmentation: a function of (seed, epoch) only,
     so a resumed run draws exactly what an uninterrupted one would."""
+    import torch
+
     return torch.Generator().manual_seed((seed * 1_000_003 + epoch * 7919) % (2**63))
 
 
@@ -110,6 +117,8 @@ def augment(
     """Circular time shift by ``shifts[b]`` samples and amplitude scale by ``scales[b]``.
 
     x: (B, L); shifts: (B,) int64 or None; scales: (B,) or None."""
+    import torch
+
     if shifts is not None:
         L = x.shape[1]
         idx = (torch.arange(L).unsqueeze(0) - shifts.unsqueeze(1)) % L

@@ -22,7 +22,6 @@ data) and of :class:`~linattn.tsc.training.TrainConfig` (less ``seed``, which is
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import numbers
 import os
@@ -36,8 +35,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from linattn._config import check_field_types, rename_deprecated
-from linattn._io import atomic_path
+from linattn._config import THREADS, capped_threads, check_field_types, rename_deprecated
+from linattn._io import read_json, write_atomic
+from linattn.train_loop import first_non_finite
 from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding
 from linattn.tsc.model import (
     REMOVED_OPTIONS,
@@ -105,10 +105,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _positive_int_or_none(value: Any, name: str, where: str) -> None:
-    if value is not None and (isinstance(value, (bool, np.bool_))
-                              or not isinstance(value, numbers.Integral) or value < 1):
-        raise ValueError(f"{where}: {name} must be None or a positive integer, got {value!r}")
+def _check_threads(value: Any, where: str) -> None:
+    """``n_threads``: None or a thread count (:data:`linattn._config.THREADS`)."""
+    if value is not None:
+        try:
+            THREADS.check("n_threads", value)
+        except ValueError:
+            raise ValueError(f"{where}: n_threads must be None or {THREADS.expected()}, got "
+                             f"{value!r}") from None
 
 
 def _parse_device(value: Any, where: str) -> torch.device:
@@ -151,15 +155,18 @@ def check_device(value: Any, where: str) -> torch.device:
 
 
 class _ThreadLimit:
-    """Run a block with ``torch.set_num_threads(n)`` (None: leave as is), then restore."""
+    """Run a block with ``torch.set_num_threads(n)`` (None: leave as is), then restore. A
+    count above the CPUs available is capped there, with one warning
+    (:func:`linattn._config.capped_threads`)."""
 
     def __init__(self, n: int | None) -> None:
         self.n, self.old = n, None
 
     def __enter__(self):
         if self.n is not None:
+            n = capped_threads(self.n, "n_threads")
             self.old = torch.get_num_threads()
-            torch.set_num_threads(self.n)
+            torch.set_num_threads(n)
 
     def __exit__(self, *exc):
         if self.old is not None:
@@ -239,7 +246,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
                              f"instance is not supported), got {seed!r}")
-        _positive_int_or_none(self.n_threads, "n_threads", where)
+        _check_threads(self.n_threads, where)
         check_device(self.device, where)
         if not isinstance(self.missing, str) or self.missing not in MISSING:
             raise ValueError(f"{where}: missing must be one of {', '.join(map(repr, MISSING))}, "
@@ -328,14 +335,14 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     # -- persistence --------
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into folder ``path`` (created)."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         check_is_fitted(self, "model_")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         weights = {k: v.detach().cpu().contiguous() for k, v in self.model_.state_dict().items()}
-        with atomic_path(path / "model.safetensors") as tmp:
-            save_file(weights, str(tmp))
+        # serialised in memory, written by Python: a full disk is an OSError naming the file
+        write_atomic(path / "model.safetensors", save(weights))
         write_json(path / "config.json", {
             "format": FORMAT,
             "params": {k: str(v) if k == "device" else _plain(v)
@@ -371,9 +378,11 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             if not p.is_file():
                 raise CheckpointError(f"{p}: missing (not a saved LinearAttentionClassifier)")
         try:
-            cfg = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{cfg_path}: not valid JSON ({err})") from None
+            cfg = read_json(cfg_path)  # also a file nested too deeply to parse
+        except OSError as err:
+            raise CheckpointError(f"{cfg_path}: cannot be read ({err.strerror or err})") from None
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
         if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
             raise CheckpointError(f"{cfg_path}: not a {FORMAT} config")
         try:
@@ -399,6 +408,10 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         _compare_shapes(w_path, cfg_path.name,
                         {k: tuple(v.shape) for k, v in weights.items()}, expected)
+        bad = first_non_finite({k: weights[k] for k in expected})
+        if bad is not None:  # a diverged or damaged model would predict one class, silently
+            raise CheckpointError(f"{w_path}: {bad} holds non-finite values (NaN or infinity); "
+                                  "the model is unusable")
         model.load_state_dict(weights)
         model.to(dev)
         model.eval()

@@ -4,10 +4,13 @@ a markdown report."""
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 
 import numpy as np
 
+from linattn._io import atomic_path, write_atomic
+from linattn.train_loop import CheckpointError
 from linattn.tsc.data import VAL_FRACTION, VAL_SEED, encode_labels, stratified_split
 from linattn.tsc.metrics import accuracy, confusion_matrix, macro_f1, roc_auc
 
@@ -165,10 +168,45 @@ def _baselines(X_train, y_train, X_test, y_test, val_fraction: float, seed: int,
     return out
 
 
+#: The fields of a ``metrics.jsonl`` record the report reads: required, optional.
+_RECORD_FIELDS = (("epoch", "train_loss", "time_s"), ("val_loss", "val_acc", "val_f1"))
+
+
 def read_metrics(path: Path) -> list[dict]:
-    if not Path(path).is_file():
+    """The records of a training stage's ``metrics.jsonl`` (none if there is no file);
+    :class:`~linattn.train_loop.CheckpointError` naming the file and line for one that is not
+    a training record (malformed JSON, missing or non-numeric fields)."""
+    path = Path(path)
+    if not path.is_file():
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not UTF-8 text") from None
+    records = []
+    required, optional = _RECORD_FIELDS
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except (ValueError, RecursionError):
+            r = None
+        ok = isinstance(r, dict) and all(
+            isinstance(r.get(k), numbers.Real) and not isinstance(r.get(k), bool)
+            for k in required) and all(
+            r.get(k) is None or (isinstance(r[k], numbers.Real) and not isinstance(r[k], bool))
+            for k in optional)
+        if not ok:
+            raise CheckpointError(f"{path}: line {i}: not a training record")
+        records.append(r)
+    return records
+
+
+def _save_figure(fig, path: Path) -> None:
+    """``fig`` as PNG ``path``, atomically (no half-written file on a full disk)."""
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=90)
 
 
 def _plt():
@@ -197,8 +235,10 @@ def plot_curves(stages: dict[str, list[dict]], path: Path) -> Path | None:
     if ax2.lines:
         ax2.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        _save_figure(fig, path)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -215,8 +255,10 @@ def plot_confusion(cm: list[list[int]], classes: list, path: Path) -> Path:
     ax.set_yticks(range(len(classes)), [str(c) for c in classes])
     ax.set_xlabel("predicted"), ax.set_ylabel("true"), ax.set_title("confusion matrix")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        _save_figure(fig, path)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -236,8 +278,10 @@ def plot_kernels(kernels: np.ndarray, patch: int, path: Path) -> Path:
         ax.set_xlabel("lag j − i (samples)")
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        _save_figure(fig, path)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -295,5 +339,5 @@ def write_report(out: Path, *, run: dict, test: dict, base: dict, stages: dict[s
               "head's positional term adds to the score of a key m patches away.", "",
               "![relative kernels](relative_kernels.png)", ""]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    write_atomic(path, "\n".join(lines).encode())
     return path

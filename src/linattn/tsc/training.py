@@ -26,7 +26,6 @@ dropout streams of ranks above 0 are not restored.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pickle
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn._config import Range, Removed, check_field_types, check_ranges, drop_removed
-from linattn._io import write_json
+from linattn._io import read_json, write_json
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop, first_line
 from linattn.tsc.data import augment, epoch_generator
 from linattn.tsc.metrics import accuracy, macro_f1
@@ -412,11 +411,11 @@ def _read_legacy(root: Path, steps_per_epoch: int) -> tuple[dict, Path]:
     from safetensors.torch import load_file
 
     try:
-        d = root / json.loads((root / "latest.json").read_text())["dir"]
+        d = root / read_json(root / "latest.json")["dir"]
     except (OSError, ValueError, KeyError, TypeError):
         raise CheckpointError(f"{root / 'latest.json'}: does not point at a checkpoint") from None
     try:
-        meta = json.loads((d / "config.json").read_text())
+        meta = read_json(d / "config.json")
         weights = load_file(str(d / "model.safetensors"))
         state = torch.load(d / "state.pt", weights_only=True)
         return {
@@ -427,5 +426,5 @@ def _read_legacy(root: Path, steps_per_epoch: int) -> tuple[dict, Path]:
             "extra": {"loss_sum": state["loss_sum"], "n_seen": state["n_seen"]},
         }, d
     except (OSError, ValueError, KeyError, TypeError, SafetensorError, RuntimeError, EOFError,
-            pickle.UnpicklingError) as err:
+            pickle.UnpicklingError, RecursionError, AttributeError) as err:
         raise CheckpointError(f"{d}: unreadable checkpoint ({first_line(err)})") from None

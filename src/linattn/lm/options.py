@@ -1,0 +1,62 @@
+"""The language model's training and sampling options, declared once and torch-free: the
+library checks its values with them (:class:`~linattn.lm.training.TrainConfig`,
+:func:`~linattn.lm.generation.generate_text`, :class:`~linattn.lm.training.Trainer`) and
+``linattn lm`` parses its flags with them, so a bad flag fails before torch is imported. The
+model's own fields are declared beside its mixers (:data:`linattn.nn.mixers.CONFIG_CHECKS`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from linattn._config import INTEGER, POSITIVE_INT, Check, Range
+
+__all__ = ["TRAIN_CHECKS", "GENERATE_CHECKS", "CHECKPOINT_EVERY", "check_train_config",
+           "check_generate"]
+
+#: The fields of :class:`~linattn.lm.training.TrainConfig`. A budget is needed: ``steps``,
+#: ``max_time`` (training seconds) or both (:func:`check_train_config`).
+TRAIN_CHECKS: dict[str, Check] = {
+    "context": POSITIVE_INT,
+    "batch_size": POSITIVE_INT,
+    "lr": Check(float, Range(0.0, math.inf, False)),
+    "weight_decay": Check(float, Range(0.0, math.inf)),
+    "warmup": POSITIVE_INT,
+    "steps": Check(int, Range(1, math.inf), optional=True),
+    "max_time": Check(float, Range(0.0, math.inf, False), optional=True),
+    "seed": INTEGER,
+    "val_tokens": POSITIVE_INT,
+    "eval_every": POSITIVE_INT,
+    "corpus_bytes": POSITIVE_INT,
+}
+
+#: Seconds between periodic checkpoints (:class:`~linattn.lm.training.Trainer`; 0: every step).
+CHECKPOINT_EVERY = Check(float, Range(0.0, math.inf))
+
+#: The sampling options of :func:`~linattn.lm.generation.generate_text` (temperature 0:
+#: greedy; top_k None: every token).
+GENERATE_CHECKS: dict[str, Check] = {
+    "max_new_tokens": Check(int, Range(0, math.inf)),
+    "temperature": Check(float, Range(0.0, math.inf)),
+    "top_k": Check(int, Range(1, math.inf), optional=True),
+    "seed": INTEGER,
+}
+
+
+def check_train_config(values: Mapping[str, Any]) -> None:
+    """ValueError naming the field for a training option of the wrong type or range, or
+    ``steps, max_time`` when neither gives a budget."""
+    for name, check in TRAIN_CHECKS.items():
+        if name in values:
+            check.check(name, values[name])
+    if values.get("steps") is None and values.get("max_time") is None:
+        raise ValueError("steps, max_time: give a budget, either or both")
+
+
+def check_generate(values: Mapping[str, Any]) -> None:
+    """ValueError naming the option for a sampling option of the wrong type or range."""
+    for name, check in GENERATE_CHECKS.items():
+        if name in values:
+            check.check(name, values[name])

@@ -1,0 +1,432 @@
+"""The command-line contract, table-driven (docs/design.md, issue 24): every subcommand, given a
+bad option, a bad file or a failing disk, prints exactly one line on stderr and exits with
+status 2 — no traceback, no crash, no hang, no half-written file left behind.
+
+Each row runs the real command in a fresh process (``python -m linattn ...``), all rows in a
+small pool. Rows marked ``before_torch`` run with torch made unimportable: the option must be
+refused before torch (or any data) is loaded, which is what keeps such errors instant. A full
+disk is simulated without root by ``RLIMIT_FSIZE``: a write past the limit fails with EFBIG,
+an OSError like ENOSPC (Python ignores SIGXFSZ). The limit is set in the child by a trampoline
+that then runs ``linattn`` exactly as ``-m`` does (a ``preexec_fn`` is unsafe in a parent with
+threads, and this pool is threads). ``/dev/full`` stands in for a full standard output.
+
+The rows run real processes where only a real process shows the contract: a refusal before
+torch, a full disk, a full or closed standard output, a crash. What the same layers do after a
+model is loaded (non-finite weights, a diverging run, a failed write of the report's output) is
+tested in process, where torch is loaded already (tests/tsc/test_cli.py, tests/cli/test_lm.py,
+tests/lm/, tests/tsc/test_estimator.py), to keep this table to about half a minute.
+
+A new option or subcommand is covered by adding its rows to :data:`CASES`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("safetensors")
+pytest.importorskip("matplotlib")
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "FordA"  # the committed subset: 64 TRAIN, 40 TEST series
+HAS_FULL = os.path.exists("/dev/full")
+
+#: The trampoline: ``RLIMIT_FSIZE`` (argv[1], 0: none), torch made unimportable (argv[2]),
+#: then ``linattn`` run as ``python -m linattn`` runs it.
+TRAMPOLINE = """
+import resource, runpy, sys
+limit, no_torch = int(sys.argv[1]), sys.argv[2] == "1"
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+if no_torch:
+    sys.modules["torch"] = None  # import torch: ImportError, so the row must fail before it
+sys.argv = ["linattn", *sys.argv[3:]]
+runpy.run_module("linattn", run_name="__main__", alter_sys=True)
+"""
+
+#: `linattn bench` with its measuring tables stubbed out (a real run takes a minute): what is
+#: left is the SDPA crossover at one tiny length and the plot, whose write is under test.
+BENCH_PLOT_ONLY = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+from linattn.cli import bench, main
+bench.selection_table = lambda: None
+bench.efficiency_table = lambda args, dtype: None
+sys.exit(main(sys.argv[1:]))
+"""
+
+FORDA_PARAMS = {"patch": 20, "d_model": 8, "num_layers": 1, "num_heads": 2, "head_dim": 4,
+                "mlp_dim": 16, "epochs": 1, "min_steps": 0, "min_batches": 0, "random_state": 0}
+LM_TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--context", "32",
+           "--batch-size", "4", "--corpus-bytes", "300000", "--val-tokens", "512",
+           "--eval-every", "2", "--threads", "1", "--quiet", "--warmup", "2"]
+FORDA_TINY = [f"--set={k}={v}" for k, v in FORDA_PARAMS.items() if k != "random_state"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: ``argv(f, d)`` is the command line after ``linattn`` (``f``: the shared
+    fixtures, ``d``: this row's own folder, where its outputs go)."""
+
+    id: str
+    argv: Callable[[SimpleNamespace, Path], list[str]]
+    match: str  # in the one line on stderr
+    status: int = 2
+    before_torch: bool = False  # refused before torch is imported
+    fsize: int = 0  # RLIMIT_FSIZE in bytes (0: none): a full disk
+    stdout: str = ""  # "full": /dev/full; "head": the reader leaves after a few bytes
+    absent: tuple[str, ...] = ()  # paths under the row's folder that must not exist after
+    setup: Callable[[SimpleNamespace, Path], None] | None = None
+    code: str = ""  # python -c code instead of the trampoline (the bench plot's stubs)
+    stdin: bytes = b""
+
+
+def _lm(*extra: str) -> Callable:
+    return lambda f, d: ["lm", "train", "--out", str(d / "run"), "--steps", "2", *LM_TINY,
+                         *extra]
+
+
+def _gen(*extra: str, model: str = "lm") -> Callable:
+    return lambda f, d: ["lm", "generate", "--model", str(getattr(f, model)), "--prompt", "def ",
+                         "--threads", "1", *extra]
+
+
+def _forda_train(*extra: str) -> Callable:
+    return lambda f, d: ["forda", "train", "--out", str(d / "run"), "--subset", "64",
+                         "--quiet", "--threads", "1", "--data-dir", str(DATA), *FORDA_TINY,
+                         *extra]
+
+
+def _resume(run_json: str) -> Callable:
+    return lambda f, d: ["forda", "train", "--resume", "--out", str(getattr(f, run_json)),
+                         "--data-dir", str(DATA), "--threads", "1", "--quiet"]
+
+
+def _evaluate(model: str = "forda", *extra: str) -> Callable:
+    return lambda f, d: ["forda", "evaluate", "--model", str(getattr(f, model)), "--data-dir",
+                         str(DATA), "--no-baselines", "--threads", "1", "--report-dir",
+                         str(d / "report"), *extra]
+
+
+def _copy_forda_run(f: SimpleNamespace, d: Path) -> None:
+    shutil.copytree(f.forda, d / "run")
+
+
+def _bench(*extra: str) -> Callable:
+    return lambda f, d: ["bench", "-T", "16", "-H", "1", "-d", "4", "--repeats", "1",
+                         "--threads", "1", "--plot", str(d / "b.png"), *extra]
+
+
+CASES: list[Case] = [
+    # -- the command itself
+    Case("no-such-command", lambda f, d: ["frobnicate"], "invalid choice", before_torch=True),
+    Case("unknown-flag", lambda f, d: ["lm", "train", "--bogus"], "unrecognized arguments",
+         before_torch=True),
+    # -- solve
+    Case("solve-empty-input", lambda f, d: ["solve"], "empty input", before_torch=True),
+    Case("solve-stdout-full", lambda f, d: ["solve"], "cannot write the output", stdout="full",
+         stdin=b"1 1\n1\n1\n1\n"),
+    # -- forda train: options, folders, run.json, the disk, divergence
+    Case("forda-epochs-0", _forda_train("--epochs", "0"), "--epochs: expected a positive "
+         "integer, got 0", before_torch=True, absent=("run",)),
+    Case("forda-threads-0", _forda_train("--threads", "0"), "--threads: expected a positive "
+         "integer", before_torch=True, absent=("run",)),
+    Case("forda-stages", _forda_train("--stages", "test"), "--stages: expected val and/or full",
+         before_torch=True),
+    Case("forda-recipe", _forda_train("--recipe", "magic"), "--recipe: unknown recipe 'magic'",
+         before_torch=True),
+    Case("forda-out-at-a-file", lambda f, d: ["forda", "train", "--out", str(f.a_file / "x")],
+         "--out: ", before_torch=True),
+    Case("forda-out-in-proc", lambda f, d: ["forda", "train", "--out", "/proc/linattn-x"],
+         "--out: /proc/linattn-x: ", before_torch=True),
+    Case("forda-resume-garbage", _resume("run_garbage"), "run.json: not valid JSON",
+         before_torch=True),
+    Case("forda-resume-empty", _resume("run_empty"), "run.json: not valid JSON",
+         before_torch=True),
+    Case("forda-resume-not-an-object", _resume("run_list"), "run.json: expected a JSON object",
+         before_torch=True),
+    Case("forda-resume-bad-params", _resume("run_params"), "run.json: params: expected an "
+         "object", before_torch=True),
+    Case("forda-resume-bad-stages", _resume("run_stages"), "run.json: stages: expected",
+         before_torch=True),
+    Case("forda-resume-deep-json", _resume("run_deep"), "run.json: not valid JSON (nested too "
+         "deeply)", before_torch=True),
+    Case("forda-out-disk-full", _forda_train(), "run.json: File too large", fsize=200,
+         absent=("run",)),
+    Case("forda-export-disk-full",
+         lambda f, d: ["forda", "train", "--resume", "--out", str(d / "run"), "--data-dir",
+                       str(DATA), "--threads", "1", "--quiet", "--export", str(d / "export")],
+         "export/model.safetensors: File too large", fsize=2000, setup=_copy_forda_run,
+         absent=("export/model.safetensors", "export/config.json", "export/test.json")),
+    # -- forda evaluate
+    Case("evaluate-run-garbage", _evaluate("run_garbage"), "run.json: not valid JSON",
+         before_torch=True),
+    Case("evaluate-run-empty", _evaluate("run_empty"), "run.json: not valid JSON",
+         before_torch=True),
+    Case("evaluate-run-not-an-object", _evaluate("run_list"), "run.json: expected a JSON object",
+         before_torch=True),
+    Case("evaluate-run-deep-json", _evaluate("run_deep"), "run.json: not valid JSON (nested too "
+         "deeply)", before_torch=True),
+    Case("evaluate-threads", _evaluate("forda", "--threads", "-1"), "--threads: expected a "
+         "positive integer, got -1", before_torch=True),
+    Case("evaluate-report-dir-at-a-file",
+         lambda f, d: ["forda", "evaluate", "--model", str(f.forda), "--report-dir",
+                       str(f.a_file)], "--report-dir: ", before_torch=True),
+    Case("evaluate-report-dir-disk-full", _evaluate(), ".png: File too large", fsize=2000,
+         absent=("report/report.md",)),
+    # -- lm train
+    Case("lm-dropout-2", _lm("--dropout", "2"), "--dropout: expected a number in [0, 1), got 2",
+         before_torch=True, absent=("run",)),
+    Case("lm-lr-negative", _lm("--lr", "-1"), "--lr: expected a finite number > 0, got -1",
+         before_torch=True),
+    Case("lm-lr-nan", _lm("--lr", "nan"), "--lr: expected a finite number > 0, got nan",
+         before_torch=True),
+    Case("lm-lr-inf", _lm("--lr", "inf"), "--lr: expected a finite number > 0, got inf",
+         before_torch=True),
+    Case("lm-feature-map", _lm("--feature-map", "bogus"), "--feature-map: expected one of elu",
+         before_torch=True),
+    Case("lm-chunk-size-0", _lm("--chunk-size", "0"), "--chunk-size: expected a positive "
+         "integer", before_torch=True),
+    Case("lm-context-0", _lm("--context", "0"), "--context: expected a positive integer",
+         before_torch=True),
+    Case("lm-batch-size-0", _lm("--batch-size", "0"), "--batch-size: expected a positive "
+         "integer", before_torch=True),
+    Case("lm-eval-every-0", _lm("--eval-every", "0"), "--eval-every: expected a positive "
+         "integer", before_torch=True),
+    Case("lm-heads-do-not-divide", _lm("--d-model", "15", "--num-heads", "2"),
+         "--num-heads: d_model 15 is not divisible by 2", before_torch=True, absent=("run",)),
+    Case("lm-threads-negative", _lm("--threads", "-1"), "--threads: expected a positive integer",
+         before_torch=True),
+    Case("lm-steps-negative", _lm("--steps", "-1"), "--steps: expected a positive integer",
+         before_torch=True),
+    Case("lm-steps-0", _lm("--steps", "0"), "--steps: expected a positive integer",
+         before_torch=True),
+    Case("lm-max-time-negative", _lm("--max-time", "-5"), "--max-time: expected a finite "
+         "number > 0", before_torch=True),
+    Case("lm-max-time-0", _lm("--max-time", "0"), "--max-time: expected a finite number > 0",
+         before_torch=True),
+    Case("lm-no-budget", lambda f, d: ["lm", "train", "--out", str(d / "run"), *LM_TINY],
+         "--steps, --max-time: give a budget", before_torch=True),
+    Case("lm-window-without-hybrid", _lm("--window", "4"), "--window: not used with "
+         "attention='linear'", before_torch=True),
+    Case("lm-out-at-a-file", lambda f, d: ["lm", "train", "--out", str(f.a_file), "--steps",
+                                           "1", *LM_TINY], "--out: ", before_torch=True),
+    Case("lm-out-disk-full", _lm(), "run/checkpoint.pt: File too large", fsize=2000,
+         absent=("run/checkpoint.pt",)),
+    Case("lm-diverges", _lm("--lr", "1e30", "--steps", "20", "--checkpoint-every", "0"),
+         "training diverged at step 2: the loss is nan"),
+    # -- lm generate
+    Case("generate-temperature-nan", _gen("--temperature", "nan"), "--temperature: expected a "
+         "finite number >= 0, got nan", before_torch=True),
+    Case("generate-temperature-negative", _gen("--temperature", "-1"), "--temperature: "
+         "expected a finite number >= 0, got -1", before_torch=True),
+    Case("generate-top-k-0", _gen("--top-k", "0"), "--top-k: expected a positive integer",
+         before_torch=True),
+    Case("generate-max-new-tokens-negative", _gen("--max-new-tokens", "-1"),
+         "--max-new-tokens: expected a non-negative integer, got -1", before_torch=True),
+    Case("generate-threads-negative", _gen("--threads", "-2"), "--threads: expected a positive "
+         "integer, got -2", before_torch=True),
+    Case("generate-no-prompt", lambda f, d: ["lm", "generate"], "the following arguments are "
+         "required: --prompt", before_torch=True),
+    Case("generate-garbage-checkpoint", _gen(model="lm_garbage"), "cannot load a model (not a "
+         "torch checkpoint"),
+    Case("generate-stdout-full", _gen(), "cannot write the output", stdout="full"),
+    Case("generate-reader-leaves", _gen("--max-new-tokens", "100000"), "", status=1,
+         stdout="head"),
+    Case("generate-threads-capped", _gen("--threads", "100000", "--max-new-tokens", "2"),
+         "--threads: 100000 threads asked for", status=0),
+    # -- bench
+    Case("bench-feature-map", _bench("--feature-map", "bogus"), "--feature-map: expected one of",
+         before_torch=True),
+    Case("bench-crossover-negative", _bench("--crossover", "-1"), "--crossover: expected a "
+         "positive integer, got -1", before_torch=True),
+    Case("bench-T-0", _bench("-T", "0"), "-T: expected a positive integer, got 0",
+         before_torch=True),
+    Case("bench-threads-0", _bench("--threads", "0"), "--threads: expected a positive integer",
+         before_torch=True),
+    Case("bench-plot-folder-missing", lambda f, d: ["bench", "--plot", str(d / "no" / "b.png")],
+         "--plot: folder", before_torch=True),
+    Case("bench-plot-disk-full", _bench("--crossover", "8", "--no-portable"),
+         "b.png: File too large", absent=("b.png",), code=BENCH_PLOT_ONLY),
+    # -- plot
+    Case("plot-folder-missing", lambda f, d: ["plot", "feature-maps", "-o", str(d / "no" / "x")],
+         "--output: folder", before_torch=True),
+    Case("plot-disk-full", lambda f, d: ["plot", "feature-maps", "-o", str(d / "maps.png")],
+         "maps.png: File too large", fsize=2000, absent=("maps.png",)),
+]
+
+
+def _fixtures(root: Path) -> SimpleNamespace:
+    """The files the rows read, made in this process (torch is loaded here already): a FordA
+    run folder with a tiny model, an LM checkpoint, and broken copies of each. Training them
+    here also builds the compiled kernels and the dispatcher's calibration for one thread,
+    which the rows then find in the cache (a row under RLIMIT_FSIZE could not write them)."""
+    import torch
+
+    from linattn.datasets import load_ucr
+    from linattn.lm import LMConfig, TrainConfig, train
+    from linattn.tsc import LinearAttentionClassifier
+
+    f = SimpleNamespace()
+    threads = torch.get_num_threads()
+    try:
+        X, y, _, _ = load_ucr("FordA", data_dir=DATA)
+        est = LinearAttentionClassifier(**FORDA_PARAMS, n_threads=1).fit(X[:64], y[:64])
+        f.forda = root / "forda"
+        est.save(f.forda / "model")
+        est.save(f.forda / "full" / "model")
+        params = {k: v for k, v in est.get_params().items()
+                  if k not in ("n_threads", "device", "verbose")}
+        (f.forda / "run.json").write_text(json.dumps({
+            "recipe": "reference", "seed": 0, "params": params, "stages": ["full"],
+            "subset": 64, "val_split": {"fraction": 0.2, "seed": 0}, "wall_s": 1.0}))
+        torch.set_num_threads(1)
+        train(LMConfig(vocab_size=256, d_model=16, num_layers=1, num_heads=2),
+              TrainConfig(context=16, batch_size=2, steps=1, val_tokens=64, eval_every=1,
+                          warmup=1),
+              out=root / "lm", corpus=(b"def f(x):\n    return x\n" * 100, b"x = 1\n" * 50,
+                                       {}))
+        f.lm = root / "lm"
+    finally:
+        torch.set_num_threads(threads)
+
+    f.a_file = root / "a_file"
+    f.a_file.write_text("not a folder\n")
+    runs = {"run_garbage": b"\x00garbage{", "run_empty": b"", "run_list": b"[1, 2]",
+            "run_params": b'{"params": 3, "stages": ["full"]}',
+            "run_stages": b'{"params": {}, "stages": ["test"]}',
+            "run_deep": b"[" * 100_000 + b"]" * 100_000}
+    for name, data in runs.items():
+        d = root / name
+        shutil.copytree(f.forda / "model", d / "model")
+        (d / "run.json").write_bytes(data)
+        setattr(f, name, d)
+    f.lm_garbage = root / "lm_garbage"
+    f.lm_garbage.mkdir()
+    (f.lm_garbage / "checkpoint.pt").write_bytes(b"garbage\x80\x03")
+    return f
+
+
+@dataclass
+class Result:
+    status: int | None
+    stderr: str
+    seconds: float
+
+
+def _run(case: Case, f: SimpleNamespace, d: Path) -> Result:
+    d.mkdir(parents=True)
+    if case.setup is not None:
+        case.setup(f, d)
+    argv = case.argv(f, d)
+    if case.code:
+        cmd = [sys.executable, "-c", case.code, *argv]
+    elif case.fsize or case.before_torch:
+        cmd = [sys.executable, "-c", TRAMPOLINE, str(case.fsize), str(int(case.before_torch)),
+               *argv]
+    else:
+        cmd = [sys.executable, "-m", "linattn", *argv]
+    # one thread a process: the pool runs several on few cores (and the fixtures calibrated
+    # the dispatcher for one thread; a row under RLIMIT_FSIZE could not write a calibration)
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    if case.stdout == "head":  # `linattn ... | head -c 4`: read a little, then leave
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, cwd=d, env=env)
+        p.stdout.read(4)
+        p.stdout.close()
+        try:
+            err = p.stderr.read()
+            status = p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            return Result(None, "timed out", time.perf_counter() - t0)
+        return Result(status, err.decode(errors="replace"), time.perf_counter() - t0)
+    out = open("/dev/full", "wb") if case.stdout == "full" else subprocess.DEVNULL
+    try:
+        done = subprocess.run(cmd, input=case.stdin, stdout=out, stderr=subprocess.PIPE, cwd=d,
+                              env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        return Result(None, "timed out", time.perf_counter() - t0)
+    finally:
+        if case.stdout == "full":
+            out.close()
+    return Result(done.returncode, done.stderr.decode(errors="replace"),
+                  time.perf_counter() - t0)
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> dict[str, tuple[Result, Path]]:
+    """Every row, run in a pool of 3 processes at a time; the test of each row reads its
+    result."""
+    root = tmp_path_factory.mktemp("contract")
+    f = _fixtures(root / "fixtures")
+    cases = [c for c in CASES if HAS_FULL or c.stdout != "full"]
+    if not Path("/proc").is_dir():
+        cases = [c for c in cases if "proc" not in c.id]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(3) as pool:
+        futures = {c.id: pool.submit(_run, c, f, root / c.id) for c in cases}
+        results = {k: (fut.result(), root / k) for k, fut in futures.items()}
+    print(f"\ncontract table: {len(cases)} rows in {time.perf_counter() - t0:.1f} s")
+    for k, (r, _) in sorted(results.items(), key=lambda kv: -kv[1][0].seconds):
+        print(f"  {r.seconds:5.1f} s  {k}")
+    return results
+
+
+def _leftovers(d: Path) -> list[str]:
+    """Half-written files under ``d``: temporary files of an atomic write still there, JSON
+    files that do not parse, JSON-lines files with a line that does not."""
+    bad = []
+    for p in d.rglob("*"):
+        if p.name.startswith("."):
+            bad.append(f"{p}: a temporary file left behind")
+        elif p.is_file() and p.suffix in (".json", ".jsonl"):
+            text = p.read_text(errors="replace")
+            lines = text.splitlines() if p.suffix == ".jsonl" else [text]
+            try:
+                for line in lines:
+                    json.loads(line)
+            except ValueError:
+                bad.append(f"{p}: half written")
+    return bad
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_one_line_and_status(case: Case, table) -> None:
+    if case.id not in table:
+        pytest.skip("needs /dev/full or /proc")
+    result, d = table[case.id]
+    lines = result.stderr.splitlines()
+    assert result.status == case.status, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    if case.status == 1:  # the reader left: nothing to say
+        assert result.stderr == ""
+    else:
+        assert len(lines) == 1, result.stderr
+        assert case.match in lines[0], lines[0]
+    if case.status == 2:
+        assert lines[0].startswith("linattn") and ": error: " in lines[0], lines[0]
+    assert _leftovers(d) == []
+    for rel in case.absent:
+        assert not (d / rel).exists(), rel
+
+
+def test_the_table_covers_every_subcommand() -> None:
+    from linattn.cli import SUBCOMMANDS
+
+    covered = {c.id.split("-")[0] for c in CASES}
+    assert {"solve", "forda", "evaluate", "lm", "generate", "bench", "plot"} <= covered
+    assert set(SUBCOMMANDS) <= covered | {"evaluate", "generate"}
