@@ -180,3 +180,18 @@ def test_non_finite_beta_is_refused(bad):
     with dispatch.use(impl="portable"), \
             pytest.raises(ValueError, match=r"^beta_t: expected finite values, got [^\n]+$"):
         delta_rule_step(q[..., 7, :], k[..., 7, :], v[..., 7, :], beta[..., 7], g_t=g[..., 7])
+
+
+@pytest.mark.parametrize("flag", ["no", "False", 0, 1, None])
+def test_qk_l2norm_must_be_a_bool_in_the_step_as_in_the_prefill(flag):
+    """issue 24: ``delta_rule_step(..., qk_l2norm="no")`` used to normalise (a truthy string)
+    while ``delta_rule`` refused it; both refuse anything but a Python or NumPy bool."""
+    import numpy as np
+
+    q, k, v = (torch.randn(1, 2, 3, 8) for _ in range(3))
+    beta = torch.rand(1, 2, 3)
+    with pytest.raises(TypeError, match="^qk_l2norm: "):
+        delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0], qk_l2norm=flag)
+    with pytest.raises(TypeError, match="^qk_l2norm: "):
+        delta_rule(q, k, v, beta, qk_l2norm=flag)
+    delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0], qk_l2norm=np.True_)

@@ -166,8 +166,8 @@ class _SecondOrder(torch.autograd.Function):
     backward can choose the path of the gradient.
 
     A plain backward passes the gradient on to ``o``'s own graph: the flash kernel's backward,
-    as without this node (which costs ~30 µs per call). With ``create_graph=True`` that backward is not
-    differentiable, so this node sends nothing into ``o``'s graph and returns the inputs'
+    as without this node (which costs ~30 µs per call). With ``create_graph=True`` that backward
+    is not differentiable, so this node sends nothing into ``o``'s graph and returns the inputs'
     gradients itself instead: a recomputation of the output with :func:`_math_attention` from
     the saved inputs, differentiated by autograd with the graph kept."""
 
