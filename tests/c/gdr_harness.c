@@ -162,15 +162,15 @@ static void run(long N, long T, long K, long V, int gated, int l2norm, int mode)
     int rc = 0;
     if (mode == 0) {
         rc |= gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, 0, V,
-                          scale, l2norm, S0, S, o, os, ot, work);
+                          scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0, work);
     } else {
         memcpy(S, S0, (size_t)(N * K * V) * sizeof(float));
         long mid = mode == 2 ? (V / W / 2) * W : V;
         rc |= gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, 0, mid,
-                          scale, l2norm, S, S, o, os, ot, work);
+                          scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0, work);
         if (mode == 2)
             rc |= gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, mid,
-                              V, scale, l2norm, S, S, o, os, ot, work);
+                              V, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0, work);
     }
     ++checks;
     if (rc) {
@@ -214,7 +214,7 @@ int main(void) {
         for (int i = 0; i < SN * SK * SV; ++i) S0[i] = uni(-0.3, 0.3);
         int rc = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
         rc |= gdr_forward(q, SK, SK, k, SK, SK, v, SV, SV, b, 1, g, 1, SN, 1, SK, SV, 0, SV, 0.3f,
-                          1, S0, S2, o2, SV, SV, wk);
+                          1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0, wk);
         ++checks;
         if (rc || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
             ++failures;
@@ -244,10 +244,12 @@ int main(void) {
     /* sizes it must refuse: V not a multiple of W (W > 1), columns out of range */
     float dummy[64] = {0};
     int refused = gdr_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 1, 1, 4,
-                              16, 0, 32, 1.0f, 0, dummy, dummy, dummy, 0, 0, dummy) == -1;
+                              16, 0, 32, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0, NULL, 0, 0,
+                              dummy) == -1;
     if (W > 1)
         refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 1, 1, 4,
-                               W + 1, 0, W + 1, 1.0f, 0, dummy, dummy, dummy, 0, 0, dummy) == -1;
+                               W + 1, 0, W + 1, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0, NULL, 0, 0,
+                              dummy) == -1;
     ++checks;
     if (!refused) {
         ++failures;

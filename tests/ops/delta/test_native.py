@@ -261,49 +261,63 @@ def test_checks_still_guard_the_compiled_path(native_calls):
 
 
 def test_routing(monkeypatch):
-    """Where the compiled path does not apply (gradients, float64, V not a multiple of 16,
-    per-key gates in the step) ``auto`` runs torch even with LINATTN_NATIVE=1, and
-    impl="native" says why; impl="torch" and LINATTN_NATIVE=0 never take it."""
+    """Where the compiled path does not apply (float64, V not a multiple of 16, gradients of a
+    bfloat16 prefill or of a decoding step, per-key gates in the step) ``auto`` runs torch even
+    with LINATTN_NATIVE=1, and impl="native" says why; a float32 prefill that wants gradients
+    takes the compiled forward that saves what the compiled backward reads; impl="torch" and
+    LINATTN_NATIVE=0 never take either."""
     calls = []
-    real = delta_native.delta_rule_native
+    real, real_train = delta_native.delta_rule_native, delta_native.delta_rule_native_train
     monkeypatch.setattr(delta_native, "delta_rule_native",
-                        lambda *a: calls.append(1) or real(*a))
+                        lambda *a: calls.append("fwd") or real(*a))
+    monkeypatch.setattr(delta_native, "delta_rule_native_train",
+                        lambda *a: calls.append("train") or real_train(*a))
     q, k, v, beta, g = _inputs(1, 2, T=9, K=16, V=16)
     leaf = q.clone().requires_grad_(True)
     step = (q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0])
     monkeypatch.setenv("LINATTN_NATIVE", "1")
     delta_rule(q, k, v, beta, g)
-    assert calls == [1]
-    delta_rule(leaf, k, v, beta, g).sum().backward()  # the torch path: differentiable
-    assert leaf.grad is not None
+    assert calls == ["fwd"]
+    delta_rule(leaf, k, v, beta, g).sum().backward()  # float32 with gradients: compiled
+    assert calls == ["fwd", "train"] and leaf.grad is not None
+    leaf_b = q.bfloat16().requires_grad_(True)
+    kb, vb = k.bfloat16(), v.bfloat16()
+    delta_rule(leaf_b, kb, vb, beta, g).float().sum().backward()  # bfloat16: the torch path
+    assert leaf_b.grad is not None
     delta_rule(q.double(), k.double(), v.double(), beta.double(), g.double())
     delta_rule(q, k, v[..., :8], beta, g)
     with torch.no_grad():
-        delta_rule(leaf, k, v, beta, g)  # no gradient wanted: compiled
-    assert calls == [1, 1]
+        delta_rule(leaf, k, v, beta, g)  # no gradient wanted: the plain forward
+    assert calls == ["fwd", "train", "fwd"]
     steps = []
     monkeypatch.setattr(delta_native, "delta_rule_step_native",
                         lambda *a: steps.append(1) or (_ for _ in ()).throw(AssertionError))
     delta_rule_step(*step, gk_t=-torch.rand(1, 2, 16))
+    delta_rule_step(leaf[..., 0, :], *step[1:])[0].sum().backward()
     assert steps == []
     with dispatch.use(impl="native"):
-        for bad, why in ((lambda: delta_rule(leaf, k, v, beta, g), "no gradient"),
+        for bad, why in ((lambda: delta_rule(leaf_b, kb, vb, beta, g), "no gradient for torch.bf"),
                          (lambda: delta_rule(q, k, v[..., :8], beta, g), "multiple of 16"),
                          (lambda: delta_rule_step(*step, gk_t=-torch.rand(1, 2, 16)),
-                          "per-key or per-value")):
+                          "per-key or per-value"),
+                         (lambda: delta_rule_step(leaf[..., 0, :], *step[1:]),
+                          "no gradient for the decoding step")):
             with pytest.raises(ValueError, match=why):
                 bad()
     with dispatch.use(impl="torch"):
         delta_rule(q, k, v, beta, g)
+        delta_rule(leaf, k, v, beta, g)
     monkeypatch.setenv("LINATTN_NATIVE", "0")
     delta_rule(q, k, v, beta, g)
-    assert calls == [1, 1]
+    delta_rule(leaf, k, v, beta, g)
+    assert calls == ["fwd", "train", "fwd"]
 
 
-@pytest.mark.parametrize("form", ["prefill", "step"])
+@pytest.mark.parametrize("form", ["prefill", "prefill fwd+bwd", "step"])
 def test_calibration_problems_run_every_candidate(form):
     """The calibration times the compiled builds and the torch path on its problems directly:
-    each candidate runs (for the step: ten decoding steps)."""
+    each candidate runs (for the step: ten decoding steps; with gradients: forward and
+    backward)."""
     from linattn.ops.dispatch import Choice
 
     run = dispatch._PROBLEMS["delta_rule"][form]()

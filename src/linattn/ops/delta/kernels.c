@@ -77,14 +77,16 @@ static inline __attribute__((always_inline)) void gdr_update(int nb, int gated, 
 /* Tokens [0, Tc) of one head's prepared chunk (qn, kn rows of K; a, b, qk one per token) over
  * the block of nb vectors of columns at Sin / Sout / v / o (offset to the block already): the
  * first token reads Sin, every token writes Sout (which may be Sin). v, o: token strides vt,
- * ot. */
+ * ot. With wo (token stride wt), also each token's w = v_t - a S^T k~ (u = beta w), which the
+ * backward reads instead of recomputing S^T k~. */
 static inline __attribute__((always_inline)) void gdr_cols(int nb, int gated, long Tc, long K,
                                                            long V, const float *qn,
                                                            const float *kn, const float *a,
                                                            const float *b, const float *qk,
                                                            const float *v, long vt,
                                                            const float *Sin, float *Sout,
-                                                           float *o, long ot) {
+                                                           float *o, long ot, float *wo,
+                                                           long wt) {
     vf ka[GDR_NB], qa[GDR_NB], u[GDR_NB];
     gdr_dots(nb, K, Sin, V, kn, qn, ka, qa);
     for (long t = 0; t < Tc; ++t) {
@@ -92,7 +94,9 @@ static inline __attribute__((always_inline)) void gdr_cols(int nb, int gated, lo
         vf bt = vsplat(b[t]), qkt = vsplat(qk[t]);
         for (int j = 0; j < nb; ++j) {
             vf vj = vload(v + t * vt + j * W);
-            u[j] = gated ? bt * (vj - at * ka[j]) : bt * (vj - ka[j]);
+            vf wj = gated ? vj - at * ka[j] : vj - ka[j];
+            u[j] = bt * wj;
+            if (wo) vstore(wo + t * wt + j * W, wj);
             vstore(o + t * ot + j * W, (gated ? at * qa[j] : qa[j]) + qkt * u[j]);
         }
         const float *src = t == 0 ? Sin : Sout;
@@ -108,13 +112,13 @@ static inline __attribute__((always_inline)) void gdr_cols(int nb, int gated, lo
 static void gdr_cols_any(int nb, int gated, long Tc, long K, long V, const float *qn,
                          const float *kn, const float *a, const float *b, const float *qk,
                          const float *v, long vt, const float *Sin, float *Sout, float *o,
-                         long ot) {
+                         long ot, float *wo, long wt) {
 /* Cases beyond this ISA's GDR_NB are constant-false (and never asked for). */
 #define G_(c, gt)                                                                             \
     case c * 2 + gt:                                                                          \
         if (c <= GDR_NB)                                                                      \
             gdr_cols(c <= GDR_NB ? c : GDR_NB, gt, Tc, K, V, qn, kn, a, b, qk, v, vt, Sin,    \
-                     Sout, o, ot);                                                            \
+                     Sout, o, ot, wo, wt);                                                    \
         break;
     switch (nb * 2 + gated) {
         G_(1, 0) G_(1, 1) G_(2, 0) G_(2, 1) G_(3, 0) G_(3, 1) G_(4, 0) G_(4, 1)
@@ -150,13 +154,16 @@ static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, l
  * share one head). q, k: rows of K with head strides qs, ks and token strides qt, kt; v, o:
  * rows of V (head strides vs, os; token strides vt, ot); beta, g: T floats per head (head
  * strides bs, gs), g NULL for the ungated rule; S_in, S_out: (N, K, V) contiguous, S_out may
- * be S_in (in place). work: la_gdr_work(K) floats. Returns 0, or -1 on sizes it does not take
+ * be S_in (in place). What the backward (la_gdr_backward) reads, where a gradient is wanted:
+ * ckpt (head stride cs) the state before each chunk of GDR_TC tokens (ceil(T / GDR_TC) states
+ * of K x V), w (head and token strides ws, wt; rows of V) each token's w = v_t - a S^T k~; both
+ * NULL otherwise. work: la_gdr_work(K) floats. Returns 0, or -1 on sizes it does not take
  * (V, v0, v1 multiples of the vector width W, 0 <= v0 <= v1 <= V, K >= 1). */
 static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long ks, long kt,
                    const float *v, long vs, long vt, const float *beta, long bs, const float *g,
                    long gs, long N, long T, long K, long V, long v0, long v1, float scale,
                    int l2norm, const float *S_in, float *S_out, float *o, long os, long ot,
-                   float *work) {
+                   float *ckpt, long cs, float *w, long ws, long wt, float *work) {
     if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0)
         return -1;
     float *qn = work, *kn = qn + GDR_TC * K, *a = kn + GDR_TC * K, *b = a + GDR_TC;
@@ -172,11 +179,18 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
             gdr_prep(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt,
                      beta + n * bs + t0, g ? g + n * gs + t0 : NULL, scale, l2norm, qn, kn, a,
                      b, qk);
+            if (ckpt) { /* the state this chunk starts from, for the backward */
+                const float *from = t0 == 0 ? Sin : Sout;
+                float *to = ckpt + n * cs + (t0 / GDR_TC) * K * V;
+                for (long i = 0; i < K; ++i)
+                    memcpy(to + i * V + v0, from + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+            }
             for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
                 gdr_cols_any(nb, g != NULL, Tc, K, V, qn, kn, a, b, qk,
                              v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
-                             Sout + j0, o + n * os + t0 * ot + j0, ot);
+                             Sout + j0, o + n * os + t0 * ot + j0, ot,
+                             w ? w + n * ws + t0 * wt + j0 : NULL, wt);
             }
         }
     }
@@ -195,7 +209,248 @@ static int la_gdr_step(const float *q, const float *k, const float *v, const flo
         if (g && !(g[n] <= 0.0f)) return -3;
     }
     return la_gdr_forward(q, K, K, k, K, K, v, V, V, beta, 1, g, 1, N, 1, K, V, 0, V, scale,
-                          l2norm, S_in, S_out, o, V, V, work);
+                          l2norm, S_in, S_out, o, V, V, NULL, 0, NULL, 0, 0, work);
+}
+
+/* ----------------------------------------------- the (gated) delta rule, backward, float32
+ * (docs/theory.md, section 10, "The backward".) Per head, from the gradients of the outputs
+ * (dout, rows of V) and of the final state (dS, K x V; NULL: zero), the gradients of q, k, v,
+ * beta, g and of the initial state. With D the gradient of the state after token t
+ * (D = dS after the last token), q~, k~, a, beta as in the forward, w = v_t - a S_{t-1}^T k~
+ * (saved by the forward) and u = beta w, one token backwards is
+ *     D += q~ dout_t^T                       (o_t = S_t^T q~)
+ *     du = D^T k~,   dv_t = beta du,   dbeta_t = w . du,   c = -beta du
+ *     dq~ = a S_{t-1} dout_t + k~ (u . dout_t)          (= S_t dout_t)
+ *     dk~ = D u + a S_{t-1} c
+ *     E = D + k~ c^T,   dg_t = a <E, S_{t-1}>,   D <- a E
+ * and the gradients of q, k through the scale and the L2 norm at the end. S_{t-1} comes from
+ * the checkpoint the forward stored before each chunk of GDR_TC tokens, recomputed forward
+ * through the chunk (S <- a S + k~ u^T: w is saved, so no S^T k~ to sum again) into a buffer of
+ * one state per token of the chunk, then walked backwards.
+ * Layout: every value column j of S and D evolves alone given the per-token scalars and
+ * vectors (the forward's column independence), so the kernel keeps S and D transposed (V rows
+ * of Kp = K rounded up to 16 floats, zero padded) and walks blocks of GDB_R value rows: the
+ * block's states for a chunk (GDR_TC x GDB_R x Kp floats, 256 KiB at K = 64) stay in L2 and
+ * its D rows in L1. The sums over value rows (dq~, dk~, dg, dbeta) are then sums of vectors
+ * of K floats, added into per-token buffers block by block; only du (a sum over K) needs a
+ * horizontal sum, one per row and token. Per state element and token: 8 vector operations
+ * backwards (two passes over the row of D: D += q~ dout_j with du; then dk, dq, dg, E and
+ * a E) and 2 to recompute the state, against 4 in the forward. */
+#if LA_W == 8 || (LA_W == 4 && !(defined(__ARM_NEON) || defined(__ARM_NEON__)))
+#define GDB_KB 2 /* 16 registers: dk, dq, dg and k~ per vector, broadcasts, temporaries */
+#else
+#define GDB_KB 4
+#endif
+#define GDB_R 16 /* value rows per block */
+#define GDB_KP(K) (((K) + 15) / 16 * 16)
+
+/* Floats of work la_gdr_backward needs for head dimensions K, V. */
+long la_gdr_backward_work(long K, long V) {
+    long Kp = GDB_KP(K);
+    return V * Kp + (long)GDR_TC * GDB_R * Kp + 4L * GDR_TC * Kp + 8L * GDR_TC + 5L * GDB_R;
+}
+
+/* The token chunk: the forward's checkpoint interval. */
+long la_gdr_chunk(void) { return GDR_TC; }
+
+/* Prepare Tc tokens as gdr_prep does (the same qn, kn, a, to the bit), rows of Kp zero padded,
+ * and rq, rk the factors of the L2 norm (1 without l2norm). */
+static void gdb_prep(long Tc, long K, long Kp, const float *q, long qt, const float *k, long kt,
+                     const float *beta, const float *g, float scale, int l2norm, float *qn,
+                     float *kn, float *a, float *b, float *rq, float *rk) {
+    for (long t = 0; t < Tc; ++t) {
+        const float *qr = q + t * qt, *kr = k + t * kt;
+        float sq = scale, sk = 1.0f;
+        rq[t] = rk[t] = 1.0f;
+        if (l2norm) {
+            rq[t] = 1.0f / sqrtf(dot(qr, qr, K) + GDR_EPS);
+            rk[t] = 1.0f / sqrtf(dot(kr, kr, K) + GDR_EPS);
+            sq *= rq[t];
+            sk = rk[t];
+        }
+        scale_row(qn + t * Kp, 0, 0, qr, sq, K);
+        scale_row(kn + t * Kp, 0, 0, kr, sk, K);
+        for (long i = K; i < Kp; ++i) qn[t * Kp + i] = kn[t * Kp + i] = 0.0f;
+        a[t] = g ? sexp_nonpos(g[t]) : 1.0f;
+        b[t] = beta[t];
+    }
+}
+
+/* The states before each of the Tc tokens for value rows [j0, j0 + Rb), transposed: SB[m] is
+ * Rb rows of Kp (row stride Kp, token stride R Kp), SB[0] from the checkpoint ck (K x V). */
+static void gdb_recompute(int gated, long Tc, long K, long Kp, long V, long Rb, long j0,
+                          const float *ck, const float *w, long wt, const float *a,
+                          const float *b, const float *kn, float *SB) {
+    long ts = (long)GDB_R * Kp;
+    for (long r = 0; r < Rb; ++r) {
+        float *s0 = SB + r * Kp;
+        for (long i = 0; i < K; ++i) s0[i] = ck[i * V + j0 + r];
+        for (long i = K; i < Kp; ++i) s0[i] = 0.0f;
+    }
+    for (long m = 0; m + 1 < Tc; ++m) {
+        const float *src = SB + m * ts, *km = kn + m * Kp;
+        float *dst = SB + (m + 1) * ts;
+        vf av = vsplat(a[m]);
+        for (long r = 0; r < Rb; ++r) {
+            vf u = vsplat(b[m] * w[m * wt + j0 + r]);
+            for (long x = 0; x < Kp; x += W) {
+                vf s = vload(src + r * Kp + x);
+                vstore(dst + r * Kp + x, gated ? av * s + vload(km + x) * u : s + vload(km + x) * u);
+            }
+        }
+    }
+}
+
+/* The second pass of one token over a block's rows, for the nb vectors of columns at x (D,
+ * S: rows of Kp at the piece, kx: k~ at the piece): accumulates dk~, dq~ (before their
+ * per-token factors) into dk, dq and <E, S> into *gsum; D <- a E. ru, rc, rcp, rdo: each
+ * row's u_j, c_j, a c_j and dout_j. */
+static inline __attribute__((always_inline)) void gdb_piece(int nb, int gated, long Rb,
+                                                            long Kp, float am, const float *kx,
+                                                            float *D, const float *S,
+                                                            const float *ru, const float *rc,
+                                                            const float *rcp, const float *rdo,
+                                                            float *dk, float *dq,
+                                                            float *gsum) {
+    vf ak[GDB_KB], aq[GDB_KB], ag[GDB_KB], kv[GDB_KB], av = vsplat(am);
+    for (int x = 0; x < nb; ++x) {
+        ak[x] = aq[x] = ag[x] = vsplat(0.0f);
+        kv[x] = vload(kx + x * W);
+    }
+    for (long r = 0; r < Rb; ++r) {
+        vf u = vsplat(ru[r]), c = vsplat(rc[r]), cp = vsplat(rcp[r]), o = vsplat(rdo[r]);
+        float *Dr = D + r * Kp;
+        const float *Sr = S + r * Kp;
+        for (int x = 0; x < nb; ++x) {
+            vf d = vload(Dr + x * W), s = vload(Sr + x * W);
+            ak[x] += d * u + s * cp;
+            aq[x] += s * o;
+            vf e = d + c * kv[x];
+            ag[x] += e * s;
+            vstore(Dr + x * W, gated ? av * e : e);
+        }
+    }
+    vf gs = vsplat(0.0f);
+    for (int x = 0; x < nb; ++x) {
+        vstore(dk + x * W, vload(dk + x * W) + ak[x]);
+        vstore(dq + x * W, vload(dq + x * W) + aq[x]);
+        gs += ag[x];
+    }
+    *gsum += hsum(gs);
+}
+
+/* gdb_piece specialised for constant (nb, gated). */
+static void gdb_piece_any(int nb, int gated, long Rb, long Kp, float am, const float *kx,
+                          float *D, const float *S, const float *ru, const float *rc,
+                          const float *rcp, const float *rdo, float *dk, float *dq,
+                          float *gsum) {
+#define G_(c, gt)                                                                             \
+    case c * 2 + gt:                                                                          \
+        if (c <= GDB_KB)                                                                      \
+            gdb_piece(c <= GDB_KB ? c : GDB_KB, gt, Rb, Kp, am, kx, D, S, ru, rc, rcp, rdo,   \
+                      dk, dq, gsum);                                                          \
+        break;
+    switch (nb * 2 + gated) {
+        G_(1, 0) G_(1, 1) G_(2, 0) G_(2, 1) G_(3, 0) G_(3, 1) G_(4, 0) G_(4, 1)
+        default: break;
+    }
+#undef G_
+}
+
+/* The backward of la_gdr_forward over T tokens of N heads (all V columns). q, k: as the
+ * forward's; beta, g (NULL: ungated): T floats per head (strides bs, gs); ckpt (head stride
+ * cs), w (strides ws, wt): what the forward saved; dout: the output's gradient (rows of V,
+ * head and token strides dos, dot); dS: the final state's (N, K, V) contiguous, or NULL for
+ * zero; dS0: the initial state's, (N, K, V) contiguous. Outputs dq, dk (rows of K), dv (rows
+ * of V), dbeta and dg (NULL when ungated; one float per token), each with head and token
+ * strides. work: la_gdr_backward_work(K, V) floats. Returns 0, or -1 on sizes it does not
+ * take (K, V >= 1). */
+static int la_gdr_backward(const float *q, long qs, long qt, const float *k, long ks, long kt,
+                           const float *beta, long bs, const float *g, long gs, long N, long T,
+                           long K, long V, float scale, int l2norm, const float *ckpt, long cs,
+                           const float *w, long ws, long wt, const float *dout, long dos,
+                           long dot_, const float *dS, float *dS0, float *dq, long dqs,
+                           long dqt, float *dk, long dks, long dkt, float *dv, long dvs,
+                           long dvt, float *dbeta, long dbs, float *dg, long dgs,
+                           float *work) {
+    if (K < 1 || V < 1 || N < 0 || T < 0) return -1;
+    long Kp = GDB_KP(K), TC = GDR_TC;
+    int gated = g != NULL;
+    float *DT = work, *SB = DT + V * Kp, *qn = SB + TC * GDB_R * Kp, *kn = qn + TC * Kp;
+    float *dqb = kn + TC * Kp, *dkb = dqb + TC * Kp, *a = dkb + TC * Kp, *b = a + TC;
+    float *rq = b + TC, *rk = rq + TC, *gsum = rk + TC, *dbacc = gsum + TC, *ud = dbacc + TC;
+    float *ru = ud + TC, *rc = ru + GDB_R, *rcp = rc + GDB_R, *rdo = rcp + GDB_R;
+    for (long n = 0; n < N; ++n) {
+        for (long j = 0; j < V; ++j)
+            for (long i = 0; i < Kp; ++i)
+                DT[j * Kp + i] = i < K && dS ? dS[n * K * V + i * V + j] : 0.0f;
+        for (long t0 = (T - 1) / TC * TC; T > 0 && t0 >= 0; t0 -= TC) {
+            long Tc = T - t0 < TC ? T - t0 : TC;
+            const float *wc = w + n * ws + t0 * wt, *oc = dout + n * dos + t0 * dot_;
+            gdb_prep(Tc, K, Kp, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt,
+                     beta + n * bs + t0, g ? g + n * gs + t0 : NULL, scale, l2norm, qn, kn, a,
+                     b, rq, rk);
+            memset(dqb, 0, (size_t)(2 * TC * Kp) * sizeof(float)); /* dqb, dkb */
+            for (long m = 0; m < Tc; ++m) gsum[m] = dbacc[m] = ud[m] = 0.0f;
+            for (long j0 = 0; j0 < V; j0 += GDB_R) {
+                long Rb = V - j0 < GDB_R ? V - j0 : GDB_R;
+                gdb_recompute(gated, Tc, K, Kp, V, Rb, j0, ckpt + n * cs + t0 / TC * K * V, wc,
+                              wt, a, b, kn, SB);
+                for (long m = Tc - 1; m >= 0; --m) {
+                    const float *qm = qn + m * Kp, *km = kn + m * Kp, *wm = wc + m * wt + j0;
+                    const float *om = oc + m * dot_ + j0;
+                    float *dvm = dv + n * dvs + (t0 + m) * dvt + j0;
+                    float am = a[m], bm = b[m], dbs_ = 0.0f, uds = 0.0f;
+                    for (long r = 0; r < Rb; ++r) { /* D += q~ dout_j; du = D^T k~ */
+                        float *Dr = DT + (j0 + r) * Kp;
+                        vf oj = vsplat(om[r]), acc = vsplat(0.0f);
+                        for (long x = 0; x < Kp; x += W) {
+                            vf d = vload(Dr + x) + oj * vload(qm + x);
+                            vstore(Dr + x, d);
+                            acc += d * vload(km + x);
+                        }
+                        float du = hsum(acc), uj = bm * wm[r];
+                        dvm[r] = bm * du;
+                        dbs_ += wm[r] * du;
+                        uds += uj * om[r];
+                        ru[r] = uj, rc[r] = -bm * du, rcp[r] = am * rc[r], rdo[r] = om[r];
+                    }
+                    dbacc[m] += dbs_;
+                    ud[m] += uds;
+                    const float *Sm = SB + m * GDB_R * Kp;
+                    for (long x = 0; x < Kp; x += GDB_KB * W) {
+                        int nb = (Kp - x) / W < GDB_KB ? (int)((Kp - x) / W) : GDB_KB;
+                        gdb_piece_any(nb, gated, Rb, Kp, am, km + x, DT + j0 * Kp + x, Sm + x,
+                                      ru, rc, rcp, rdo, dkb + m * Kp + x, dqb + m * Kp + x,
+                                      gsum + m);
+                    }
+                }
+            }
+            for (long m = 0; m < Tc; ++m) { /* the per-token gradients of the chunk */
+                long t = t0 + m;
+                const float *qr = q + n * qs + t * qt, *km = kn + m * Kp;
+                float *dqr = dq + n * dqs + t * dqt, *dkr = dk + n * dks + t * dkt;
+                float *dqh = dqb + m * Kp, *dkh = dkb + m * Kp; /* in place */
+                for (long i = 0; i < K; ++i) dqh[i] = scale * (a[m] * dqh[i] + km[i] * ud[m]);
+                if (l2norm) { /* x^ = x r: dx = r (dx^ - x^ (x^ . dx^)) */
+                    float pq = 0.0f, pk = 0.0f;
+                    for (long i = 0; i < K; ++i) pq += qr[i] * dqh[i], pk += km[i] * dkh[i];
+                    pq *= rq[m];
+                    for (long i = 0; i < K; ++i) {
+                        dqr[i] = rq[m] * (dqh[i] - rq[m] * qr[i] * pq);
+                        dkr[i] = rk[m] * (dkh[i] - km[i] * pk);
+                    }
+                } else {
+                    for (long i = 0; i < K; ++i) dqr[i] = dqh[i], dkr[i] = dkh[i];
+                }
+                dbeta[n * dbs + t] = dbacc[m];
+                if (dg) dg[n * dgs + t] = a[m] * gsum[m];
+            }
+        }
+        for (long i = 0; i < K; ++i)
+            for (long j = 0; j < V; ++j) dS0[n * K * V + i * V + j] = DT[j * Kp + i];
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------ the Python entry points
@@ -209,12 +464,14 @@ static int la_gdr_step(const float *q, const float *k, const float *v, const flo
     X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, K, 'l') \
     X(la_s, long, V, 'l') X(la_s, long, v0, 'l') X(la_s, long, v1, 'l') X(la_s, float, scale, 'f') \
     X(la_s, int, l2norm, 'i') X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') \
-    X(la_s, float *, o, 'p') X(la_s, long, os, 'l') X(la_s, long, ot, 'l') X(la_s, float *, work, 'p')
+    X(la_s, float *, o, 'p') X(la_s, long, os, 'l') X(la_s, long, ot, 'l') \
+    X(la_s, float *, ckpt, 'p') X(la_s, long, cs, 'l') X(la_s, float *, w, 'p') \
+    X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') X(la_s, float *, work, 'p')
 LA_ARGS(la_gdr_forward_args, LA_GDR_FORWARD_ARGS)
 int la_gdr_forward_call(const la_gdr_forward_args *a) {
     return (int)la_gdr_forward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->beta,
             a->bs, a->g, a->gs, a->N, a->T, a->K, a->V, a->v0, a->v1, a->scale, a->l2norm, a->S_in,
-            a->S_out, a->o, a->os, a->ot, a->work);
+            a->S_out, a->o, a->os, a->ot, a->ckpt, a->cs, a->w, a->ws, a->wt, a->work);
 }
 
 #define LA_GDR_STEP_ARGS(X, la_s) \
@@ -229,8 +486,31 @@ int la_gdr_step_call(const la_gdr_step_args *a) {
             a->S_in, a->S_out, a->o, a->work);
 }
 
+#define LA_GDR_BACKWARD_ARGS(X, la_s) \
+    X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
+    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, const float *, beta, 'p') X(la_s, long, bs, 'l') X(la_s, const float *, g, 'p') \
+    X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, K, 'l') \
+    X(la_s, long, V, 'l') X(la_s, float, scale, 'f') X(la_s, int, l2norm, 'i') \
+    X(la_s, const float *, ckpt, 'p') X(la_s, long, cs, 'l') X(la_s, const float *, w, 'p') \
+    X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') X(la_s, const float *, dout, 'p') \
+    X(la_s, long, dos, 'l') X(la_s, long, dot, 'l') X(la_s, const float *, dS, 'p') \
+    X(la_s, float *, dS0, 'p') X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') \
+    X(la_s, long, dqt, 'l') X(la_s, float *, dk, 'p') X(la_s, long, dks, 'l') \
+    X(la_s, long, dkt, 'l') X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') \
+    X(la_s, long, dvt, 'l') X(la_s, float *, dbeta, 'p') X(la_s, long, dbs, 'l') \
+    X(la_s, float *, dg, 'p') X(la_s, long, dgs, 'l') X(la_s, float *, work, 'p')
+LA_ARGS(la_gdr_backward_args, LA_GDR_BACKWARD_ARGS)
+int la_gdr_backward_call(const la_gdr_backward_args *a) {
+    return (int)la_gdr_backward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->beta, a->bs, a->g,
+            a->gs, a->N, a->T, a->K, a->V, a->scale, a->l2norm, a->ckpt, a->cs, a->w, a->ws,
+            a->wt, a->dout, a->dos, a->dot, a->dS, a->dS0, a->dq, a->dqs, a->dqt, a->dk, a->dks,
+            a->dkt, a->dv, a->dvs, a->dvt, a->dbeta, a->dbs, a->dg, a->dgs, a->work);
+}
+
 static const la_struct la_delta_structs[] = {
     LA_STRUCT_ENTRY(la_gdr_forward_args),
     LA_STRUCT_ENTRY(la_gdr_step_args),
+    LA_STRUCT_ENTRY(la_gdr_backward_args),
 };
 LA_ABI_TABLE(la_delta_abi, la_delta_structs)

@@ -39,14 +39,15 @@ from ctypes import c_float, c_int, c_long, c_void_p
 import torch
 from torch import Tensor
 
+from linattn.ops._common import graph_grads
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.gated.op import check_gate
 from linattn.ops.native import KernelSet, build_or_native, check_rc, empty_hugepage, pool
-from linattn.ops.native.abi import Args
+from linattn.ops.native.abi import Args, LayoutError
 
-__all__ = ["delta_rule_native", "delta_rule_step_native", "kernels", "unavailable",
-           "V_MULTIPLE"]
+__all__ = ["delta_rule_native", "delta_rule_native_train", "delta_rule_step_native", "kernels",
+           "unavailable", "checkpoints", "V_MULTIPLE", "CHECKPOINT"]
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
@@ -64,7 +65,8 @@ class GdrForwardArgs(Args):
                 ("N", c_long), ("T", c_long), ("K", c_long), ("V", c_long), ("v0", c_long),
                 ("v1", c_long), ("scale", c_float), ("l2norm", c_int), ("S_in", c_void_p),
                 ("S_out", c_void_p), ("o", c_void_p), ("os", c_long), ("ot", c_long),
-                ("work", c_void_p)]
+                ("ckpt", c_void_p), ("cs", c_long), ("w", c_void_p), ("ws", c_long),
+                ("wt", c_long), ("work", c_void_p)]
 
 
 class GdrStepArgs(Args):
@@ -75,14 +77,38 @@ class GdrStepArgs(Args):
                 ("work", c_void_p)]
 
 
+class GdrBackwardArgs(Args):
+    _c_name_ = "la_gdr_backward_args"
+    _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
+                ("kt", c_long), ("beta", c_void_p), ("bs", c_long), ("g", c_void_p),
+                ("gs", c_long), ("N", c_long), ("T", c_long), ("K", c_long), ("V", c_long),
+                ("scale", c_float), ("l2norm", c_int), ("ckpt", c_void_p), ("cs", c_long),
+                ("w", c_void_p), ("ws", c_long), ("wt", c_long), ("dout", c_void_p),
+                ("dos", c_long), ("dot", c_long), ("dS", c_void_p), ("dS0", c_void_p),
+                ("dq", c_void_p), ("dqs", c_long), ("dqt", c_long), ("dk", c_void_p),
+                ("dks", c_long), ("dkt", c_long), ("dv", c_void_p), ("dvs", c_long),
+                ("dvt", c_long), ("dbeta", c_void_p), ("dbs", c_long), ("dg", c_void_p),
+                ("dgs", c_long), ("work", c_void_p)]
+
+
 #: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
-KERNELS: dict[str, type[Args]] = {"gdr_forward": GdrForwardArgs, "gdr_step": GdrStepArgs}
+KERNELS: dict[str, type[Args]] = {"gdr_forward": GdrForwardArgs, "gdr_step": GdrStepArgs,
+                                  "gdr_backward": GdrBackwardArgs}
+#: Tokens between two states the forward saves for the backward (GDR_TC in kernels.c, checked
+#: when the library loads): the backward recomputes the states of one chunk from the last.
+CHECKPOINT = 64
 _tls = threading.local()
 
 
 def _work_size(lib) -> dict:
     lib.la_gdr_work.restype, lib.la_gdr_work.argtypes = c_long, [c_long]
-    return {"work": lib.la_gdr_work}
+    lib.la_gdr_backward_work.restype = c_long
+    lib.la_gdr_backward_work.argtypes = [c_long, c_long]
+    lib.la_gdr_chunk.restype, lib.la_gdr_chunk.argtypes = c_long, []
+    if lib.la_gdr_chunk() != CHECKPOINT:
+        raise LayoutError(f"la_gdr_chunk() is {lib.la_gdr_chunk()}, not CHECKPOINT = "
+                          f"{CHECKPOINT}")
+    return {"work": lib.la_gdr_work, "backward_work": lib.la_gdr_backward_work}
 
 
 _KERNELS = KernelSet("la_delta_abi", KERNELS, extra=_work_size)
@@ -105,14 +131,16 @@ def _kernels_here(isa: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------ the calls
-def _work(fns: dict, K: int) -> Tensor:
-    """This thread's scratch buffer for head dimension K (la_gdr_work(K) floats)."""
+def _work(fns: dict, K: int, V: int | None = None) -> Tensor:
+    """This thread's scratch buffer for head dimension K: la_gdr_work(K) floats, or with V
+    the backward's la_gdr_backward_work(K, V)."""
     bufs = getattr(_tls, "bufs", None)
     if bufs is None:
         bufs = _tls.bufs = {}
-    buf = bufs.get(K)
+    buf = bufs.get((K, V))
     if buf is None:
-        buf = bufs[K] = torch.empty(fns["work"](K), dtype=torch.float32)
+        size = fns["work"](K) if V is None else fns["backward_work"](K, V)
+        buf = bufs[(K, V)] = torch.empty(size, dtype=torch.float32)
     return buf
 
 
@@ -164,10 +192,13 @@ def _run_parts(part, jobs: list, threads: int) -> None:
 
 
 def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-             s: float, l2norm: bool, S_in: Tensor, S_out: Tensor, o: Tensor) -> None:
+             s: float, l2norm: bool, S_in: Tensor, S_out: Tensor, o: Tensor,
+             ckpt: Tensor | None = None, w: Tensor | None = None) -> None:
     """The kernel over (N, T, ·) inputs whose last dimension is contiguous (any head and token
     strides), beta and g (N, T) with contiguous rows, S_in, S_out contiguous (N, K, V) (may be
-    one tensor), o (N, T, V); in parts on torch's threads when large enough."""
+    one tensor), o (N, T, V); in parts on torch's threads when large enough. With ckpt
+    (N, ceil(T / CHECKPOINT), K, V), contiguous per head) and w (N, T, V), rows contiguous), also
+    what the backward reads: the state before each chunk, and w = v − a Sᵀk̃ per token."""
     N, T, K = q.shape
     V = v.shape[2]
     threads = torch.get_num_threads() if N * T * K * V >= PARALLEL_MIN else 1
@@ -175,6 +206,8 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     f4 = 4  # bytes per float32 element
     qp, kp, vp, bp, Sp, Op, op = (x.data_ptr() for x in (q, k, v, beta, S_in, S_out, o))
     gp = None if g is None else g.data_ptr()
+    cp, cs = (None, 0) if ckpt is None else (ckpt.data_ptr(), ckpt.stride(0))
+    wp, ws, wt = (None, 0, 0) if w is None else (w.data_ptr(), w.stride(0), w.stride(1))
     fn = fns["gdr_forward"]
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
@@ -186,9 +219,45 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
             g=None if gp is None else gp + f4 * h0 * gs, gs=gs, N=h1 - h0, T=T, K=K, V=V,
             v0=v0, v1=v1, scale=s, l2norm=int(bool(l2norm)), S_in=Sp + f4 * h0 * K * V,
             S_out=Op + f4 * h0 * K * V, o=op + f4 * h0 * o.stride(0), os=o.stride(0),
-            ot=o.stride(1), work=_work(fns, K).data_ptr()))
+            ot=o.stride(1), ckpt=None if cp is None else cp + f4 * h0 * cs, cs=cs,
+            w=None if wp is None else wp + f4 * h0 * ws, ws=ws, wt=wt,
+            work=_work(fns, K).data_ptr()))
         check_rc(rc, "la_gdr_forward")
 
+    _run_parts(part, _jobs(N, V, threads), threads)
+
+
+def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | None, s: float,
+                    l2norm: bool, ckpt: Tensor, w: Tensor, g_o: Tensor, g_S: Tensor | None,
+                    dS0: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, dbeta: Tensor,
+                    dg: Tensor | None) -> None:
+    """la_gdr_backward over (N, T, ·) views with contiguous rows (any head and token strides;
+    beta, g, dbeta, dg (N, T) with contiguous rows; g_S, dS0 contiguous (N, K, V)), groups of
+    heads in parallel on torch's threads when large enough."""
+    N, T, K = q.shape
+    V = w.shape[2]
+    threads = torch.get_num_threads() if N * T * K * V >= PARALLEL_MIN else 1
+    f4 = 4
+    fn = fns["gdr_backward"]
+
+    def at(x: Tensor | None, h0: int) -> int | None:
+        return None if x is None else x.data_ptr() + f4 * h0 * x.stride(0)
+
+    def part(h0: int, h1: int, _v0: int, _v1: int) -> None:
+        rc = fn(GdrBackwardArgs(
+            q=at(q, h0), qs=q.stride(0), qt=q.stride(1), k=at(k, h0), ks=k.stride(0),
+            kt=k.stride(1), beta=at(beta, h0), bs=beta.stride(0), g=at(g, h0),
+            gs=0 if g is None else g.stride(0), N=h1 - h0, T=T, K=K, V=V, scale=s,
+            l2norm=int(bool(l2norm)), ckpt=at(ckpt, h0), cs=ckpt.stride(0), w=at(w, h0),
+            ws=w.stride(0), wt=w.stride(1), dout=at(g_o, h0), dos=g_o.stride(0),
+            dot=g_o.stride(1), dS=at(g_S, h0), dS0=at(dS0, h0), dq=at(dq, h0),
+            dqs=dq.stride(0), dqt=dq.stride(1), dk=at(dk, h0), dks=dk.stride(0),
+            dkt=dk.stride(1), dv=at(dv, h0), dvs=dv.stride(0), dvt=dv.stride(1),
+            dbeta=at(dbeta, h0), dbs=dbeta.stride(0), dg=at(dg, h0),
+            dgs=0 if dg is None else dg.stride(0), work=_work(fns, K, V).data_ptr()))
+        check_rc(rc, "la_gdr_backward")
+
+    threads = min(threads, max(N, 1))  # whole heads only (no column split)
     _run_parts(part, _jobs(N, V, threads), threads)
 
 
@@ -201,6 +270,17 @@ def _rows(x: Tensor, N: int) -> Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
+def _spans(q: Tensor, cu_seqlens: Tensor | None, *xs: Tensor | None
+           ) -> tuple[int, list[tuple[int, int]], tuple]:
+    """(H, spans, xs as (H, ...) sources): one span over every head, or with ``cu_seqlens``
+    (batch size 1) one span per packed sequence, each from its own state."""
+    batch, T = q.shape[:-2], q.shape[-2]
+    if cu_seqlens is None:
+        return math.prod(batch), [(0, T)], xs
+    spans = list(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True))
+    return math.prod(batch[1:]), spans, tuple(None if x is None else x[0] for x in xs)
+
+
 def _prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0: Tensor,
              cu_seqlens: Tensor | None, scale: float, l2norm: bool, isa: str
              ) -> tuple[Tensor, Tensor]:
@@ -210,30 +290,178 @@ def _prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0
     state float32, S0's shape)."""
     fns = _kernels_here(isa)
     if fns is None:
-        return torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, 64)
+        return torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, CHECKPOINT)
+    return _run_forward(fns, q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, False)[:2]
+
+
+def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+                 S0: Tensor, cu_seqlens: Tensor | None, scale: float, l2norm: bool,
+                 save: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The forward kernel over every span; with ``save``, also the backward's checkpoints
+    (H, :func:`checkpoints`, K, V) and w (H, T, V)."""
     *batch, T, K = q.shape
     V = v.shape[-1]
-    if cu_seqlens is None:  # one span over every head
-        heads, spans, src = batch, [(0, T)], (q, k, v, beta, g)
-    else:  # packed sequences (B = 1): one span each, each from its own state
-        heads, src = batch[1:], tuple(None if x is None else x[0] for x in (q, k, v, beta, g))
-        spans = list(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True))
-    H = math.prod(heads)
+    H, spans, src = _spans(q, cu_seqlens, q, k, v, beta, g)
     qf, kf, vf = (_rows(x, H) for x in src[:3])
     bf = src[3].reshape(H, T).contiguous()
     gf = None if g is None else src[4].reshape(H, T).contiguous()
     S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
     o = empty_hugepage(qf, H, T, V)
+    ckpt = w = None
+    if save:
+        ckpt = S.new_empty(H, checkpoints(T, cu_seqlens), K, V)
+        w = empty_hugepage(qf, H, T, V)
+    c = 0
     for i, (a, b) in enumerate(spans):
         Si = S[i * H:(i + 1) * H]  # updated in place
+        n = -(-(b - a) // CHECKPOINT)
         _forward(fns, qf[:, a:b], kf[:, a:b], vf[:, a:b], bf[:, a:b],
-                 None if gf is None else gf[:, a:b], scale, l2norm, Si, Si, o[:, a:b])
+                 None if gf is None else gf[:, a:b], scale, l2norm, Si, Si, o[:, a:b],
+                 None if ckpt is None else ckpt[:, c:c + n], None if w is None else w[:, a:b])
+        c += n
     o = o.view(*batch, T, V)
-    return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(S0.shape)
+    return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(S0.shape), ckpt, w
 
 
 def _prefill_fake(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa):
     return q.new_empty(*q.shape[:-1], v.shape[-1]), torch.empty_like(S0)
+
+
+# ---------------------------------------------------------------------- with gradients
+def checkpoints(T: int, cu_seqlens: Tensor | None) -> int:
+    """States the forward saves per head for the backward: one before each chunk of
+    :data:`CHECKPOINT` tokens, ceil(T / C); with ``cu_seqlens`` (N sequences, each chunked on
+    its own) room for T // C + N, a bound that reads no value (the shape function's)."""
+    if cu_seqlens is None:
+        return -(-T // CHECKPOINT)
+    return T // CHECKPOINT + cu_seqlens.shape[0] - 1
+
+
+def _train_forward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0: Tensor,
+                   cu_seqlens: Tensor | None, scale: float, l2norm: bool, isa: str
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``linattn::gdr_forward_train``: ``linattn::gdr_forward`` (same arguments, same o and
+    final state) that also returns what ``linattn::gdr_backward`` reads, its autograd formula:
+    the state before each chunk of :data:`CHECKPOINT` tokens (H, :func:`checkpoints`, K, V) and
+    w = v − a Sᵀk̃ per token (H, T, V), H the heads (batch dimensions, less the packed batch of
+    one)."""
+    fns = _kernels_here(isa)
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    if fns is None:  # no kernels here: the torch form (the backward differentiates it again)
+        H = math.prod(batch if cu_seqlens is None else batch[1:])
+        o, S = torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, CHECKPOINT)
+        return (o, S, S0.new_empty(H, checkpoints(T, cu_seqlens), K, V),
+                q.new_empty(H, T, V, dtype=torch.float32))
+    return _run_forward(fns, q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, True)
+
+
+def _train_forward_fake(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa):
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    H = math.prod(batch if cu_seqlens is None else batch[1:])
+    return (q.new_empty(*q.shape[:-1], V), torch.empty_like(S0),
+            S0.new_empty(H, checkpoints(T, cu_seqlens), K, V),
+            q.new_empty(H, T, V, dtype=torch.float32))
+
+
+def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+                    S0: Tensor, cu_seqlens: Tensor | None, ckpt: Tensor, w: Tensor,
+                    g_o: Tensor | None, g_S: Tensor | None, scale: float, l2norm: bool,
+                    isa: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``linattn::gdr_backward``: the gradients of q, k, v, beta, g (an empty tensor when g is
+    None) and of the initial state from those of the output and the final state (None: zero),
+    with ckpt and w from ``linattn::gdr_forward_train``. Not differentiable itself
+    (``create_graph`` takes :func:`_differentiable_backward`)."""
+    fns = _kernels_here(isa)
+    if fns is None:  # as in _train_forward: the torch form, differentiated by autograd
+        with torch.enable_grad():
+            leaves = [None if x is None else x.detach().requires_grad_(True)
+                      for x in (q, k, v, beta, g, S0)]
+            outs = torch_prefill(*leaves[:5], scale, leaves[5], cu_seqlens, l2norm, CHECKPOINT)
+            pairs = [(o, d) for o, d in zip(outs, (g_o, g_S), strict=True) if d is not None]
+            wanted = [x for x in leaves if x is not None]
+            got = torch.autograd.grad([o for o, _ in pairs], wanted, [d for _, d in pairs],
+                                      allow_unused=True)
+        got = iter(torch.zeros_like(x) if d is None else d for x, d in zip(wanted, got,
+                                                                          strict=True))
+        grads = [q.new_empty(0) if x is None else next(got).detach() for x in leaves]
+        return tuple(grads)
+    *batch, T, K = q.shape
+    V = v.shape[-1]
+    H, spans, (gq, gk, gb, gg, go) = _spans(q, cu_seqlens, q, k, beta, g, g_o)
+    qf, kf = _rows(gq, H), _rows(gk, H)
+    bf = gb.reshape(H, T).contiguous()
+    gf = None if g is None else gg.reshape(H, T).contiguous()
+    # a missing output gradient: one zero row read for every token (token and head strides 0)
+    go = q.new_zeros(1, 1, V).expand(H, T, V) if go is None else _rows(go, H)
+    gS = None if g_S is None else g_S.reshape(-1, K, V).contiguous()
+    dq, dk = q.new_empty(H, T, K), q.new_empty(H, T, K)
+    dv = empty_hugepage(qf, H, T, V)
+    dbeta = q.new_empty(H, T)
+    dg = None if g is None else q.new_empty(H, T)
+    dS0 = S0.new_empty(len(spans) * H, K, V)
+    c = 0
+    for i, (a, b) in enumerate(spans):
+        n = -(-(b - a) // CHECKPOINT)
+        heads = slice(i * H, (i + 1) * H)
+        _backward_heads(fns, qf[:, a:b], kf[:, a:b], bf[:, a:b],
+                        None if gf is None else gf[:, a:b], scale, l2norm, ckpt[:, c:c + n],
+                        w[:, a:b], go[:, a:b], None if gS is None else gS[heads], dS0[heads],
+                        dq[:, a:b], dk[:, a:b], dv[:, a:b], dbeta[:, a:b],
+                        None if dg is None else dg[:, a:b])
+        c += n
+    return (dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), dbeta.view(beta.shape),
+            q.new_empty(0) if dg is None else dg.view(g.shape), dS0.view(S0.shape))
+
+
+def _train_backward_fake(q, k, v, beta, g, S0, cu_seqlens, ckpt, w, g_o, g_S, scale, l2norm,
+                         isa):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(beta), q.new_empty(0) if g is None else torch.empty_like(g),
+            torch.empty_like(S0))
+
+
+_BACKWARD = KernelOp("gdr_backward", _train_backward, _train_backward_fake)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa = inputs
+    _, _, ckpt, w = output
+    ctx.set_materialize_grads(False)  # no zero gradients for the saved states
+    ctx.mark_non_differentiable(ckpt, w)
+    ctx.save_for_backward(q, k, v, beta, g, S0, cu_seqlens, ckpt, w)
+    ctx.cfg = (scale, l2norm, isa)
+
+
+def _backward_formula(ctx, g_o, g_S, _g_ckpt, _g_w):
+    q, k, v, beta, g, S0, cu_seqlens, ckpt, w = ctx.saved_tensors
+    scale, l2norm, isa = ctx.cfg
+    needs = ctx.needs_input_grad[:6]
+    if (g_o is None and g_S is None) or not any(needs):
+        return (None,) * 10
+    if torch.is_grad_enabled():  # create_graph=True: a gradient that is differentiable
+        grads = _differentiable_backward(ctx, g_o, g_S)
+    else:
+        grads = _BACKWARD(q, k, v, beta, g, S0, cu_seqlens, ckpt, w, g_o, g_S, scale, l2norm,
+                          isa)
+    return (*(d if need else None for d, need in zip(grads, needs, strict=True)),
+            None, None, None, None)
+
+
+def _differentiable_backward(ctx, g_o: Tensor | None, g_S: Tensor | None) -> list:
+    """The backward for ``create_graph=True`` (gradient penalties, Hessian-vector products):
+    the torch chunked form (:func:`linattn.ops.delta.chunk.torch_prefill`) on the saved
+    inputs, differentiated by autograd with the graph kept. The compiled backward's own result
+    is not differentiable, and a first gradient that silently did not require grad would drop
+    every term built on it."""
+    q, k, v, beta, g, S0, cu_seqlens, _, _ = ctx.saved_tensors
+    scale, l2norm, _ = ctx.cfg
+    o, S = torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, CHECKPOINT)
+    inputs = [q, k, v, beta, g, S0]
+    needs = [need and x is not None for x, need in zip(inputs, ctx.needs_input_grad[:6],
+                                                       strict=True)]
+    return graph_grads([o, S], [g_o, g_S], inputs, needs)
 
 
 def _vec(x: Tensor, N: int) -> Tensor:
@@ -301,4 +529,18 @@ def _step_fake(q_t, k_t, v_t, beta_t, g_t, S, scale, l2norm, isa):
 
 
 delta_rule_native = KernelOp("gdr_forward", _prefill, _prefill_fake)
+#: The forward that saves what its backward reads, with ``linattn::gdr_backward`` as its
+#: autograd formula: what the dispatcher runs when a gradient is wanted (returns o, S and the
+#: saved states; :func:`delta_rule_native_train` the first two).
+_FORWARD_TRAIN = KernelOp("gdr_forward_train", _train_forward, _train_forward_fake,
+                          backward=_backward_formula, setup_context=_setup_context)
+
+
+def delta_rule_native_train(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+                            S0: Tensor, cu_seqlens: Tensor | None, scale: float, l2norm: bool,
+                            isa: str) -> tuple[Tensor, Tensor]:
+    """:data:`delta_rule_native`'s contract (float32) with the compiled backward: (o, S),
+    differentiable in q, k, v, beta, g and S0."""
+    o, S, _, _ = _FORWARD_TRAIN(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa)
+    return o, S
 delta_rule_step_native = KernelOp("gdr_step", _step, _step_fake)

@@ -64,7 +64,8 @@ from linattn.ops.varlen import check_cu_seqlens
 
 __all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "L2_EPS", "check_beta", "OP"]
 
-#: The op's name in the dispatcher; its forms are "prefill" (delta_rule) and "step".
+#: The op's name in the dispatcher; its forms are "prefill" and "prefill fwd+bwd" (delta_rule
+#: without and with gradients wanted) and "step".
 OP = "delta_rule"
 
 def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -122,24 +123,27 @@ def delta_rule(
     S0 = initial_state_for(initial_state, "initial_state", states, q)
     traced = tracing(q, k, v, beta, g, initial_state)
     grad = needs_grad(q, k, v, beta, g, initial_state)
-    choice = dispatch.select(OP, "prefill", q.dtype, q.device.type, grad, _traits(V),
-                             None if traced else T, traced)
-    o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C)
+    choice = dispatch.select(OP, "prefill fwd+bwd" if grad else "prefill", q.dtype,
+                             q.device.type, grad, _traits(V), None if traced else T, traced)
+    o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad)
     return (o, S) if return_state else o
 
 
-def _traits(V: int, per_key_or_value_gates: bool = False) -> tuple[str, ...]:
+def _traits(V: int, per_key_or_value_gates: bool = False, step_grad: bool = False
+            ) -> tuple[str, ...]:
     traits = ("V:16",) if V and V % delta_native.V_MULTIPLE == 0 else ()
-    return (*traits, "gates:kv") if per_key_or_value_gates else traits
+    traits = (*traits, "gates:kv") if per_key_or_value_gates else traits
+    return (*traits, "step:grad") if step_grad else traits
 
 
 def _prefill(choice: Choice, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-             s: float, S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int
-             ) -> tuple[Tensor, Tensor]:
-    """The chosen backend on checked arguments (beta, g, S0 in the accumulation dtype)."""
+             s: float, S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int,
+             grad: bool = False) -> tuple[Tensor, Tensor]:
+    """The chosen backend on checked arguments (beta, g, S0 in the accumulation dtype); with
+    ``grad``, the compiled forward that saves what the compiled backward reads."""
     if choice.backend == "native":
-        return delta_native.delta_rule_native(q, k, v, beta, g, S0, cu, s, qk_l2norm,
-                                              choice.isa)
+        run = delta_native.delta_rule_native_train if grad else delta_native.delta_rule_native
+        return run(q, k, v, beta, g, S0, cu, s, qk_l2norm, choice.isa)
     return torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C)
 
 
@@ -179,7 +183,8 @@ def delta_rule_step(
     traced = tracing(q_t, k_t, v_t, beta_t, state)
     grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)
     choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,
-                             _traits(V, gk_t is not None or gv_t is not None), None, traced)
+                             _traits(V, gk_t is not None or gv_t is not None, grad), None,
+                             traced)
     if choice.backend == "native":
         # shapes here; the values (nan β, gates > 0) are checked by the kernel, which costs
         # nothing there and a tensor reduction here (a fifth of a decoding step)
@@ -194,17 +199,27 @@ def delta_rule_step(
 
 
 # ------------------------------------------------------------------------------- backends
+def _refuses(traits: tuple[str, ...]) -> str | None:
+    """Why the compiled backend cannot take a call with these traits, or None."""
+    if "V:16" not in traits:
+        return "needs V a multiple of 16"
+    if "gates:kv" in traits:
+        return "has no per-key or per-value gates"
+    if "step:grad" in traits:
+        return "has no gradient for the decoding step"
+    return None
+
+
 dispatch.register(Backend(
     OP, "native", compiled=True, devices=("cpu",),
-    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(),
-    available=delta_native.unavailable,
-    accepts=lambda traits: "needs V a multiple of 16" if "V:16" not in traits
-    else "has no per-key or per-value gates" if "gates:kv" in traits else None))
+    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(torch.float32,),
+    available=delta_native.unavailable, accepts=_refuses))
 dispatch.register(Backend(OP, "portable"))
 
 #: The calibration problems, float32, K = V = 64, qk_l2norm, gated: a prefill of 4 heads × 512
-#: tokens and 10 decoding steps of 16 heads (a few tens of ms in all).
-CALIBRATION = {"prefill": (4, 512, 64), "step": (16, 1, 64)}
+#: tokens, forward only and forward and backward (the gradients of every input), and 10
+#: decoding steps of 16 heads (a few tens of ms in all).
+CALIBRATION = {"prefill": (4, 512, 64), "prefill fwd+bwd": (4, 512, 64), "step": (16, 1, 64)}
 
 
 def _problem(form: str):
@@ -221,6 +236,19 @@ def _problem(form: str):
             def run(choice: Choice):
                 return lambda: _prefill(choice, q, k, v, beta, g, d ** -0.5, S0, None, True,
                                         dispatch.DEFAULT_CHUNK_SIZE)
+            return run
+        if form == "prefill fwd+bwd":
+            S0 = torch.zeros(1, N, d, d, dtype=f32)
+
+            def run(choice: Choice):
+                def once():
+                    xs = [x.detach().requires_grad_(True) for x in (q, k, v, beta, g, S0)]
+                    with torch.enable_grad():
+                        o, S = _prefill(choice, *xs[:5], d ** -0.5, xs[5], None, True,
+                                        dispatch.DEFAULT_CHUNK_SIZE, True)
+                        torch.autograd.backward([o, S], [torch.ones_like(o),
+                                                         torch.ones_like(S)])
+                return once
             return run
         S = torch.randn(1, N, d, d, generator=gen, dtype=f32) * 0.1
         q, k, v, beta, g = (t[:, :, 0] for t in (q, k, v, beta, g))

@@ -1,0 +1,421 @@
+/* Stand-alone check of la_gdr_backward (the backward of the (gated) delta rule in
+ * src/linattn/ops/delta/kernels.c) and of what la_gdr_forward saves for it (the state before
+ * each chunk of GDR_TC tokens, and w = v - a S^T k~ per token), against a naive
+ * double-precision reverse pass over every stored state, without Python or torch, for building
+ * the kernel in every vector form (-DLA_W=1/4/8/16 or whatever the -m flags pick) and on other
+ * ISAs (an aarch64 build under qemu), as tests/c/gdr_harness.c does for the forward:
+ *
+ *   cc -O3 -march=native -o /tmp/gdr_bwd tests/c/gdr_backward_harness.c -lm && /tmp/gdr_bwd
+ *
+ * The double reference is itself checked against central finite differences of the double
+ * forward on small problems (so that the derivation, not only its transcription into the
+ * kernel, is tested). Loss: L = sum_t dout_t . o_t + <dS, S_T>. Checked: gated and not, l2norm
+ * and not, K not a multiple of any width (7, 20) and wider than a register tile (80), V of one
+ * to four blocks of 16, T = 0, 1, 5, 64 (one chunk), 65 and 150 (partial chunks), dS given or
+ * NULL, head and token strides larger than the rows, and NaN guards around every output (only
+ * the rows may be written). Errors are max |kernel - reference| / max |reference| per array;
+ * above TOL the run fails.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../src/linattn/ops/delta/kernels.c"
+
+static __typeof__(la_gdr_forward) *volatile gdr_forward = la_gdr_forward;
+static __typeof__(la_gdr_backward) *volatile gdr_backward = la_gdr_backward;
+
+#define TOL 1e-4
+#define GUARD 64
+#define GUARD_BITS 0x7FC0DEADu
+
+static unsigned long long rng = 0x9E3779B97F4A7C15ull;
+static double urand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static float uni(double lo, double hi) { return (float)(lo + (hi - lo) * urand()); }
+
+static float guard_value(void) {
+    float f;
+    unsigned u = GUARD_BITS;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float *guarded_alloc(long n) {
+    float *p = malloc((size_t)(n + GUARD) * sizeof(float));
+    float gv = guard_value();
+    for (long i = 0; i < n + GUARD; ++i) p[i] = gv;
+    return p;
+}
+static int is_guard(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u == GUARD_BITS;
+}
+
+static int failures = 0, checks = 0;
+
+static void expect(const char *what, double err, double tol, const char *cfg) {
+    ++checks;
+    if (!(err <= tol)) {
+        ++failures;
+        printf("FAIL %s: %s error %.3g\n", cfg, what, err);
+    }
+}
+
+/* Everything outside H blocks (stride hs) of R rows (stride rs) of F floats still a guard. */
+static void expect_guards(const char *what, const float *p, long H, long hs, long R, long rs,
+                          long F, long total, const char *cfg) {
+    long bad = 0;
+    for (long i = 0; i < total + GUARD; ++i) {
+        int inside = 0;
+        if (hs > 0 && rs > 0) { /* (zero strides: nothing is inside) */
+            long n = i / hs, r = (i % hs) / rs, c = (i % hs) % rs;
+            inside = n < H && r < R && c < F;
+        }
+        if (!inside && !is_guard(p[i])) ++bad;
+    }
+    ++checks;
+    if (bad) {
+        ++failures;
+        printf("FAIL %s: %s: %ld guard values overwritten\n", cfg, what, bad);
+    }
+}
+
+/* One problem in double, contiguous: q, k (T, K), v (T, V), beta, g (T; g NULL: ungated),
+ * S0 (K, V). */
+typedef struct {
+    long T, K, V;
+    int l2norm;
+    double scale;
+    const double *q, *k, *v, *beta, *g, *S0;
+} problem;
+
+/* The forward: o (T, V) and, if S is not NULL, every state S[t] (T + 1 of K x V; S[0] = S0).
+ * Returns the final state in fin (K x V). */
+static void ref_forward(const problem *p, double *o, double *S, double *fin) {
+    long K = p->K, V = p->V;
+    double *cur = malloc((size_t)(K * V) * sizeof(double)), *kn = malloc(K * sizeof(double));
+    double *qn = malloc(K * sizeof(double)), *u = malloc(V * sizeof(double));
+    memcpy(cur, p->S0, (size_t)(K * V) * sizeof(double));
+    if (S) memcpy(S, cur, (size_t)(K * V) * sizeof(double));
+    for (long t = 0; t < p->T; ++t) {
+        const double *qr = p->q + t * K, *kr = p->k + t * K;
+        double nq = 0, nk = 0;
+        for (long i = 0; i < K; ++i) nq += qr[i] * qr[i], nk += kr[i] * kr[i];
+        double cq = p->l2norm ? 1 / sqrt(nq + 1e-6) : 1, ck = p->l2norm ? 1 / sqrt(nk + 1e-6) : 1;
+        for (long i = 0; i < K; ++i) qn[i] = p->scale * cq * qr[i], kn[i] = ck * kr[i];
+        double a = p->g ? exp(p->g[t]) : 1, b = p->beta[t];
+        for (long j = 0; j < V; ++j) {
+            double s = 0;
+            for (long i = 0; i < K; ++i) s += kn[i] * cur[i * V + j];
+            u[j] = b * (p->v[t * V + j] - a * s);
+        }
+        for (long i = 0; i < K; ++i)
+            for (long j = 0; j < V; ++j) cur[i * V + j] = a * cur[i * V + j] + kn[i] * u[j];
+        for (long j = 0; j < V; ++j) {
+            double s = 0;
+            for (long i = 0; i < K; ++i) s += qn[i] * cur[i * V + j];
+            o[t * V + j] = s;
+        }
+        if (S) memcpy(S + (t + 1) * K * V, cur, (size_t)(K * V) * sizeof(double));
+    }
+    memcpy(fin, cur, (size_t)(K * V) * sizeof(double));
+    free(cur), free(kn), free(qn), free(u);
+}
+
+/* L = sum dout . o + <dS, S_T> (dS NULL: 0). */
+static double ref_loss(const problem *p, const double *dout, const double *dS) {
+    long T = p->T, K = p->K, V = p->V;
+    double *o = malloc((size_t)(T * V + 1) * sizeof(double));
+    double *fin = malloc((size_t)(K * V) * sizeof(double)), L = 0;
+    ref_forward(p, o, NULL, fin);
+    for (long i = 0; i < T * V; ++i) L += dout[i] * o[i];
+    if (dS)
+        for (long i = 0; i < K * V; ++i) L += dS[i] * fin[i];
+    free(o), free(fin);
+    return L;
+}
+
+/* The gradients of L, the naive reverse pass over every stored state: dq, dk (T, K), dv
+ * (T, V), dbeta, dg (T), dS0 (K, V). */
+static void ref_backward(const problem *p, const double *dout, const double *dS, double *dq,
+                         double *dk, double *dv, double *dbeta, double *dg, double *dS0) {
+    long T = p->T, K = p->K, V = p->V;
+    double *S = malloc((size_t)((T + 1) * K * V) * sizeof(double));
+    double *o = malloc((size_t)(T * V + 1) * sizeof(double)), *D = dS0;
+    double *fin = malloc((size_t)(K * V) * sizeof(double));
+    double *qn = malloc(K * sizeof(double)), *kn = malloc(K * sizeof(double));
+    double *u = malloc(V * sizeof(double)), *wv = malloc(V * sizeof(double));
+    double *du = malloc(V * sizeof(double)), *dqn = malloc(K * sizeof(double));
+    double *dkn = malloc(K * sizeof(double));
+    ref_forward(p, o, S, fin);
+    for (long i = 0; i < K * V; ++i) D[i] = dS ? dS[i] : 0;
+    for (long t = T - 1; t >= 0; --t) {
+        const double *qr = p->q + t * K, *kr = p->k + t * K, *Sp = S + t * K * V;
+        const double *St = S + (t + 1) * K * V, *go = dout + t * V;
+        double nq = 0, nk = 0;
+        for (long i = 0; i < K; ++i) nq += qr[i] * qr[i], nk += kr[i] * kr[i];
+        double cq = p->l2norm ? 1 / sqrt(nq + 1e-6) : 1, ck = p->l2norm ? 1 / sqrt(nk + 1e-6) : 1;
+        for (long i = 0; i < K; ++i) qn[i] = p->scale * cq * qr[i], kn[i] = ck * kr[i];
+        double a = p->g ? exp(p->g[t]) : 1, b = p->beta[t];
+        for (long j = 0; j < V; ++j) {
+            double s = 0;
+            for (long i = 0; i < K; ++i) s += kn[i] * Sp[i * V + j];
+            wv[j] = p->v[t * V + j] - a * s;
+            u[j] = b * wv[j];
+        }
+        for (long i = 0; i < K; ++i) /* o_t = S_t^T qn */
+            for (long j = 0; j < V; ++j) D[i * V + j] += qn[i] * go[j];
+        for (long i = 0; i < K; ++i) {
+            dqn[i] = 0;
+            for (long j = 0; j < V; ++j) dqn[i] += St[i * V + j] * go[j];
+        }
+        double db = 0;
+        for (long j = 0; j < V; ++j) { /* S_t = a S_{t-1} + kn u^T, u = b (v - a S_{t-1}^T kn) */
+            du[j] = 0;
+            for (long i = 0; i < K; ++i) du[j] += D[i * V + j] * kn[i];
+            dv[t * V + j] = b * du[j];
+            db += wv[j] * du[j];
+        }
+        dbeta[t] = db;
+        double da = 0;
+        for (long i = 0; i < K; ++i) {
+            dkn[i] = 0;
+            for (long j = 0; j < V; ++j) {
+                double dp = -b * du[j]; /* p = a S_{t-1}^T kn */
+                dkn[i] += D[i * V + j] * u[j] + a * Sp[i * V + j] * dp;
+                double e = D[i * V + j] + kn[i] * dp; /* the gradient of a S_{t-1} */
+                da += e * Sp[i * V + j];
+                D[i * V + j] = a * e;
+            }
+        }
+        dg[t] = p->g ? a * da : 0;
+        for (long i = 0; i < K; ++i) dqn[i] *= p->scale;
+        double pq = 0, pk = 0; /* through the L2 norms */
+        for (long i = 0; i < K; ++i) pq += cq * qr[i] * dqn[i], pk += kn[i] * dkn[i];
+        for (long i = 0; i < K; ++i) {
+            dq[t * K + i] = p->l2norm ? cq * (dqn[i] - cq * qr[i] * pq) : dqn[i];
+            dk[t * K + i] = p->l2norm ? ck * (dkn[i] - kn[i] * pk) : dkn[i];
+        }
+    }
+    free(S), free(o), free(fin), free(qn), free(kn), free(u), free(wv), free(du), free(dqn);
+    free(dkn);
+}
+
+/* max |a - b| / max(|b|, 1e-3) over n values. */
+static double rel(const double *a, const double *b, long n) {
+    double m = 1e-3, e = 0;
+    for (long i = 0; i < n; ++i) {
+        if (fabs(b[i]) > m) m = fabs(b[i]);
+        double d = fabs(a[i] - b[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e / m;
+}
+
+/* The reference's gradients against central differences of ref_loss, every input. */
+static void check_reference(long T, long K, long V, int gated, int l2norm) {
+    char cfg[96];
+    snprintf(cfg, sizeof cfg, "reference vs finite differences T=%ld K=%ld V=%ld gated=%d "
+             "l2norm=%d", T, K, V, gated, l2norm);
+    long nq = T * K, nv = T * V, nS = K * V;
+    double *x = malloc((size_t)(2 * nq + nv + 2 * T + nS) * sizeof(double));
+    double *q = x, *k = q + nq, *v = k + nq, *beta = v + nv, *g = beta + T, *S0 = g + T;
+    double *dout = malloc((size_t)nv * sizeof(double)), *dS = malloc((size_t)nS * sizeof(double));
+    double kscale = l2norm ? 1 : 1 / sqrt((double)K);
+    for (long i = 0; i < nq; ++i) q[i] = uni(-1, 1) * kscale, k[i] = uni(-1, 1) * kscale;
+    for (long i = 0; i < nv; ++i) v[i] = uni(-1, 1), dout[i] = uni(-1, 1);
+    for (long t = 0; t < T; ++t) beta[t] = uni(0.1, 0.9), g[t] = uni(-1, -0.1);
+    for (long i = 0; i < nS; ++i) S0[i] = uni(-0.5, 0.5), dS[i] = uni(-1, 1);
+    problem p = {T, K, V, l2norm, 0.7, q, k, v, beta, gated ? g : NULL, S0};
+    double *grad = malloc((size_t)(2 * nq + nv + 2 * T + nS) * sizeof(double));
+    ref_backward(&p, dout, dS, grad, grad + nq, grad + 2 * nq, grad + 2 * nq + nv,
+                 grad + 2 * nq + nv + T, grad + 2 * nq + nv + 2 * T);
+    long n = 2 * nq + nv + 2 * T + nS;
+    double *fd = malloc((size_t)n * sizeof(double)), h = 1e-6;
+    for (long i = 0; i < n; ++i) {
+        double keep = x[i];
+        x[i] = keep + h;
+        double up = ref_loss(&p, dout, dS);
+        x[i] = keep - h;
+        double down = ref_loss(&p, dout, dS);
+        x[i] = keep;
+        fd[i] = (up - down) / (2 * h);
+        if (!gated && i >= 2 * nq + nv + T && i < 2 * nq + nv + 2 * T) fd[i] = 0; /* no g */
+    }
+    expect("gradients", rel(grad, fd, n), 1e-6, cfg);
+    free(x), free(dout), free(dS), free(grad), free(fd);
+}
+
+/* max |got - want| / max |want| over H heads of R rows of F (got: strides hs, rs). */
+static double rel_err(const float *got, long hs, long rs, const double *want, long H, long R,
+                      long F) {
+    double m = 1e-3, e = 0;
+    for (long n = 0; n < H; ++n)
+        for (long r = 0; r < R; ++r)
+            for (long c = 0; c < F; ++c) {
+                double w = want[(n * R + r) * F + c], d = fabs((double)got[n * hs + r * rs + c] - w);
+                if (fabs(w) > m) m = fabs(w);
+                if (!(d <= e)) e = d;
+            }
+    return e / m;
+}
+
+static void run(long N, long T, long K, long V, int gated, int l2norm, int with_dS) {
+    char cfg[160];
+    snprintf(cfg, sizeof cfg, "N=%ld T=%ld K=%ld V=%ld gated=%d l2norm=%d dS=%d W=%d", N, T, K,
+             V, gated, l2norm, with_dS, W);
+    long TC = la_gdr_chunk(), nc = (T + TC - 1) / TC;
+    /* inputs with gaps between rows and heads */
+    long qt = K + 3, qs = T * qt + 5, vt = V + 2, vs = T * vt + 7, ot = V + 1, os = T * ot + 3;
+    long wt = V + 5, ws = T * wt + 1, gt = V + 3, gs_ = T * gt + 2, cs = nc * K * V + 9;
+    long dqt = K + 1, dqs = T * dqt + 4, dvt = V + 4, dvs = T * dvt + 1, bst = T + 3;
+    float *q = guarded_alloc(N * qs), *k = guarded_alloc(N * qs), *v = guarded_alloc(N * vs);
+    float *beta = guarded_alloc(N * T), *g = guarded_alloc(N * T), *o = guarded_alloc(N * os);
+    float *S0 = guarded_alloc(N * K * V), *S = guarded_alloc(N * K * V);
+    float *ck = guarded_alloc(N * cs), *w = guarded_alloc(N * ws), *go = guarded_alloc(N * gs_);
+    float *dS = guarded_alloc(N * K * V), *dS0 = guarded_alloc(N * K * V);
+    float *dq = guarded_alloc(N * dqs), *dk = guarded_alloc(N * dqs), *dv = guarded_alloc(N * dvs);
+    float *db = guarded_alloc(N * bst), *dg = guarded_alloc(N * bst);
+    float *work = guarded_alloc(la_gdr_work(K)), *bwork = guarded_alloc(la_gdr_backward_work(K, V));
+    float kscale = l2norm ? 1.0f : 1.0f / sqrtf((float)K), scale = 1.0f / sqrtf((float)K);
+    for (long n = 0; n < N; ++n)
+        for (long t = 0; t < T; ++t) {
+            for (long i = 0; i < K; ++i) {
+                q[n * qs + t * qt + i] = uni(-1, 1) * kscale * 1.7f;
+                k[n * qs + t * qt + i] = uni(-1, 1) * kscale * 1.7f;
+            }
+            for (long j = 0; j < V; ++j)
+                v[n * vs + t * vt + j] = uni(-1, 1), go[n * gs_ + t * gt + j] = uni(-1, 1);
+            beta[n * T + t] = uni(0, 1);
+            g[n * T + t] = uni(-1, 0);
+        }
+    for (long i = 0; i < N * K * V; ++i) S0[i] = uni(-0.3, 0.3), dS[i] = uni(-1, 1);
+    const float *gp = gated ? g : NULL;
+    int rc = gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, 0, V, scale,
+                         l2norm, S0, S, o, os, ot, ck, cs, w, ws, wt, work);
+    rc |= gdr_backward(q, qs, qt, k, qs, qt, beta, T, gp, T, N, T, K, V, scale, l2norm, ck, cs,
+                       w, ws, wt, go, gs_, gt, with_dS ? dS : NULL, dS0, dq, dqs, dqt, dk, dqs,
+                       dqt, dv, dvs, dvt, db, bst, gated ? dg : NULL, bst, bwork);
+    ++checks;
+    if (rc) {
+        ++failures;
+        printf("FAIL %s: rc %d\n", cfg, rc);
+    }
+    /* the reference, head by head */
+    double *x = malloc((size_t)(2 * T * K + T * V + 2 * T + K * V + 1) * sizeof(double));
+    double *rq = x, *rk = rq + T * K, *rv = rk + T * K, *rb = rv + T * V, *rg = rb + T;
+    double *rS0 = rg + T;
+    double *rgo = malloc((size_t)(T * V + 1) * sizeof(double));
+    double *rdS = malloc((size_t)(K * V) * sizeof(double));
+    double *want = malloc((size_t)N * (2 * T * K + T * V + 2 * T + K * V + 1) * sizeof(double));
+    long per = 2 * T * K + T * V + 2 * T + K * V;
+    double *wS = malloc((size_t)(N * (K * V + nc * K * V + T * V) + 1) * sizeof(double));
+    for (long n = 0; n < N; ++n) {
+        for (long t = 0; t < T; ++t) {
+            for (long i = 0; i < K; ++i)
+                rq[t * K + i] = q[n * qs + t * qt + i], rk[t * K + i] = k[n * qs + t * qt + i];
+            for (long j = 0; j < V; ++j)
+                rv[t * V + j] = v[n * vs + t * vt + j], rgo[t * V + j] = go[n * gs_ + t * gt + j];
+            rb[t] = beta[n * T + t], rg[t] = g[n * T + t];
+        }
+        for (long i = 0; i < K * V; ++i) rS0[i] = S0[n * K * V + i], rdS[i] = dS[n * K * V + i];
+        problem p = {T, K, V, l2norm, scale, rq, rk, rv, rb, gated ? rg : NULL, rS0};
+        double *gw = want + n * per;
+        ref_backward(&p, rgo, with_dS ? rdS : NULL, gw, gw + T * K, gw + 2 * T * K,
+                     gw + 2 * T * K + T * V, gw + 2 * T * K + T * V + T,
+                     gw + 2 * T * K + T * V + 2 * T);
+        /* what the forward saves: the checkpoints and w, from every stored state */
+        double *Sall = malloc((size_t)((T + 1) * K * V) * sizeof(double));
+        double *oo = malloc((size_t)(T * V + 1) * sizeof(double));
+        double *fin = malloc((size_t)(K * V) * sizeof(double));
+        ref_forward(&p, oo, Sall, fin);
+        double *wc = wS + n * (nc * K * V + T * V);
+        for (long c = 0; c < nc; ++c)
+            memcpy(wc + c * K * V, Sall + c * TC * K * V, (size_t)(K * V) * sizeof(double));
+        double *ww = wc + nc * K * V;
+        for (long t = 0; t < T; ++t) {
+            double nk = 0;
+            for (long i = 0; i < K; ++i) nk += rk[t * K + i] * rk[t * K + i];
+            double ckk = l2norm ? 1 / sqrt(nk + 1e-6) : 1, a = gated ? exp(rg[t]) : 1;
+            for (long j = 0; j < V; ++j) {
+                double s = 0;
+                for (long i = 0; i < K; ++i) s += ckk * rk[t * K + i] * Sall[t * K * V + i * V + j];
+                ww[t * V + j] = rv[t * V + j] - a * s;
+            }
+        }
+        free(Sall), free(oo), free(fin);
+    }
+    /* compare, per array over all heads: the reference arrays are head-major blocks of per */
+    double *tmp = malloc((size_t)(N * (T * K + T * V + K * V + nc * K * V) + 1) * sizeof(double));
+#define GATHER(off, len)                                                                      \
+    for (long n = 0; n < N; ++n) memcpy(tmp + n * (len), want + n * per + (off), (size_t)(len) * sizeof(double));
+    GATHER(0, T * K)
+    expect("dq", rel_err(dq, dqs, dqt, tmp, N, T, K), TOL, cfg);
+    GATHER(T * K, T * K)
+    expect("dk", rel_err(dk, dqs, dqt, tmp, N, T, K), TOL, cfg);
+    GATHER(2 * T * K, T * V)
+    expect("dv", rel_err(dv, dvs, dvt, tmp, N, T, V), TOL, cfg);
+    GATHER(2 * T * K + T * V, T)
+    expect("dbeta", rel_err(db, bst, 1, tmp, N, 1, T), TOL, cfg);
+    if (gated) {
+        GATHER(2 * T * K + T * V + T, T)
+        expect("dg", rel_err(dg, bst, 1, tmp, N, 1, T), TOL, cfg);
+    }
+    GATHER(2 * T * K + T * V + 2 * T, K * V)
+    expect("dS0", rel_err(dS0, K * V, V, tmp, N, K, V), TOL, cfg);
+#undef GATHER
+    for (long n = 0; n < N; ++n)
+        memcpy(tmp + n * nc * K * V, wS + n * (nc * K * V + T * V),
+               (size_t)(nc * K * V) * sizeof(double));
+    expect("checkpoints", rel_err(ck, cs, V, tmp, N, nc * K, V), 2e-5, cfg);
+    for (long n = 0; n < N; ++n)
+        memcpy(tmp + n * T * V, wS + n * (nc * K * V + T * V) + nc * K * V,
+               (size_t)(T * V) * sizeof(double));
+    expect("w", rel_err(w, ws, wt, tmp, N, T, V), 2e-5, cfg);
+    expect_guards("checkpoints", ck, N, cs, nc * K, V, V, N * cs, cfg);
+    expect_guards("w", w, N, ws, T, wt, V, N * ws, cfg);
+    expect_guards("dq", dq, N, dqs, T, dqt, K, N * dqs, cfg);
+    expect_guards("dk", dk, N, dqs, T, dqt, K, N * dqs, cfg);
+    expect_guards("dv", dv, N, dvs, T, dvt, V, N * dvs, cfg);
+    expect_guards("dbeta", db, N, bst, 1, T, T, N * bst, cfg);
+    expect_guards("dg", dg, gated ? N : 0, bst, 1, T, T, N * bst, cfg);
+    expect_guards("dS0", dS0, 1, N * K * V, N * K, V, V, N * K * V, cfg);
+    free(tmp), free(x), free(rgo), free(rdS), free(want), free(wS);
+    free(q), free(k), free(v), free(beta), free(g), free(o), free(S0), free(S), free(ck), free(w);
+    free(go), free(dS), free(dS0), free(dq), free(dk), free(dv), free(db), free(dg), free(work);
+    free(bwork);
+}
+
+int main(void) {
+    for (int gated = 0; gated < 2; ++gated)
+        for (int l2 = 0; l2 < 2; ++l2) {
+            check_reference(6, 3, 4, gated, l2);
+            check_reference(3, 5, 2, gated, l2);
+        }
+    const long shapes[][2] = {{64, 64}, {20, 48}, {7, 16}, {80, 32}};
+    const long Ts[] = {0, 1, 5, 64, 65, 150};
+    for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; ++s)
+        for (unsigned t = 0; t < sizeof Ts / sizeof *Ts; ++t)
+            for (int gated = 0; gated < 2; ++gated)
+                for (int l2 = 0; l2 < 2; ++l2)
+                    run(s == 0 ? 3 : 2, Ts[t], shapes[s][0], shapes[s][1], gated, l2,
+                        (int)((t + s + gated) % 2));
+    float dummy[64] = {0};
+    ++checks;
+    if (gdr_backward(dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 1, 1, 0, 16, 1.0f, 0, dummy, 0,
+                     dummy, 0, 0, dummy, 0, 0, NULL, dummy, dummy, 0, 0, dummy, 0, 0, dummy, 0,
+                     0, dummy, 0, NULL, 0, dummy) != -1) {
+        ++failures;
+        printf("FAIL: K = 0 was not refused\n");
+    }
+    if (failures) {
+        printf("FAIL: %d of %d checks (W=%d)\n", failures, checks, W);
+        return 1;
+    }
+    printf("PASS: %d checks, la_gdr_backward, W=%d, GDB_KB=%d\n", checks, W, GDB_KB);
+    return 0;
+}
