@@ -119,9 +119,16 @@ def test_native_means_the_same_for_every_op():
         with pytest.raises(ValueError, match="multiple of 16"):
             linattn.delta_rule(*_delta_args(V=12))
         linattn.delta_rule(*_delta_args())  # float32, V = 16: taken
-        with pytest.raises(ValueError, match="no gradient"):
-            x = _delta_args()
+        x = _delta_args()  # float32 with a gradient: the compiled backward takes it
+        linattn.delta_rule(x[0].requires_grad_(), *x[1:]).sum().backward()
+        assert x[0].grad is not None and torch.isfinite(x[0].grad).all()
+        with pytest.raises(ValueError, match=r"no gradient for torch\.bfloat16"):
+            x = _delta_args(dtype=torch.bfloat16)
             linattn.delta_rule(x[0].requires_grad_(), *x[1:])
+        with pytest.raises(ValueError, match="no gradient for the decoding step"):
+            x = _delta_args()
+            linattn.delta_rule_step(x[0][:, :, 0].requires_grad_(), x[1][:, :, 0],
+                                    x[2][:, :, 0], x[3][:, :, 0])
 
 
 def test_named_backends_an_op_lacks_are_errors():
