@@ -37,7 +37,7 @@ def _parallel_and_stepwise(m, ids):
     return m(ids), torch.cat(steps, 1)
 
 
-@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta"])
+@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta", "gla"])
 def test_step_by_step_equals_parallel(attention):
     m, ids = _model(attention), _ids()
     full, stepped = _parallel_and_stepwise(m, ids)
@@ -45,7 +45,7 @@ def test_step_by_step_equals_parallel(attention):
     torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta"])
+@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta", "gla"])
 @pytest.mark.parametrize("split", [1, 8, 13])
 def test_prefill_then_continue_equals_whole(attention, split):
     m, ids = _model(attention), _ids()
@@ -294,7 +294,8 @@ def test_config_reads_the_dicts_of_earlier_checkpoints():
     ({"feature_map": "nope"}, "^feature_map: unknown name 'nope'"),
     ({"decay": [0.5] * 3}, r"^decay: expected 4 values in \(0, 1\]"),
     ({"decay": [0.5, 0.5, 0.5, 0.0]}, "^decay"),
-    ({"attention": "nope"}, "^attention: expected one of linear, softmax, hybrid, gated_delta"),
+    ({"attention": "nope"},
+     "^attention: expected one of linear, softmax, hybrid, gated_delta, gla, got 'nope'"),
     ({"attention": "softmax", "feature_map": "relu"},
      "^feature_map: not used with attention='softmax' \\(only with 'linear' or 'hybrid'\\)"),
 ])
@@ -405,7 +406,7 @@ def test_hybrid_bad_arguments():
 # capture) and AOTAutograd (the backward graph) without compiling C++ (inductor: the slow
 # test below).
 
-KINDS = ["linear", "softmax", "hybrid", "gated_delta"]
+KINDS = ["linear", "softmax", "hybrid", "gated_delta", "gla"]
 TOL = {"rtol": 64 * torch.finfo(torch.float32).eps, "atol": 64 * torch.finfo(torch.float32).eps}
 
 

@@ -26,11 +26,11 @@ SET = {"feature_map": "relu", "decay": [0.5, 0.9], "window": 4}  # a set value o
 
 
 def test_the_kinds_and_their_options():
-    assert list(MIXERS) == ["linear", "softmax", "hybrid", "gated_delta"]
+    assert list(MIXERS) == ["linear", "softmax", "hybrid", "gated_delta", "gla"]
     for spec in MIXERS.values():
         assert set(spec.options) <= set(OPTION_DEFAULTS) and spec.summary
     assert MIXERS["hybrid"].options["window"] == 64
-    assert set(MIXERS["gated_delta"].options) == set()
+    assert set(MIXERS["gated_delta"].options) == set(MIXERS["gla"].options) == set()
 
 
 @pytest.mark.parametrize("attention", list(MIXERS))
@@ -72,7 +72,7 @@ def test_mixer_options_fill_the_kinds_defaults():
     with pytest.raises(TypeError, match="^nope: not a mixer option"):
         mixer_options("linear", {"nope": 1})
     with pytest.raises(ValueError, match="^attention: expected one of linear, softmax, hybrid, "
-                                         "gated_delta, got 'nope'"):
+                                         "gated_delta, gla, got 'nope'"):
         mixer_options("nope", {})
 
 

@@ -12,11 +12,11 @@ one type: a dataclass of tensors (and int counters), which :func:`state_to_dict`
 (:func:`build_mixer`), :class:`~linattn.nn.lm.LMConfig` checks options against it (an option a
 kind does not take is a ValueError naming it), ``linattn lm train --attention`` takes its
 choices from it, :class:`~linattn.nn.lm.LMState` saves and restores the state types it names,
-and those types are registered as pytrees for ``torch.export``. Adding a mixer (say gated
-linear attention) is its module, its state dataclass and one line::
+and those types are registered as pytrees for ``torch.export``. Adding a mixer is its module,
+its state dataclass and one line, as gated linear attention was added::
 
     "gla": MixerSpec("linattn.nn.gla:GLAAttention", "linattn.nn.gla:GLAState", {},
-                     "gated linear attention, learned per-key decays"),
+                     "gated linear attention (GLA), learned per-key decays"),
 
 (tests and docs aside). A state whose fields are another kind's (e.g. a lone ``S``) needs
 ``LMState.from_dict(d, attention=...)`` to be told apart. A kind needing an option that no
@@ -114,6 +114,8 @@ MIXERS: dict[str, MixerSpec] = {
     "gated_delta": MixerSpec(
         "linattn.nn.gated_delta:GatedDeltaAttention", "linattn.nn.gated_delta:DeltaRuleState",
         {}, "Gated DeltaNet: the gated delta rule, learned decays"),
+    "gla": MixerSpec("linattn.nn.gla:GLAAttention", "linattn.nn.gla:GLAState", {},
+                     "gated linear attention (GLA), learned per-key decays"),
 }
 
 
