@@ -58,10 +58,16 @@ MEMORY_CONTEXTS = (4096, 8192, 16384)
 CORPUS_BYTES = 1_000_000
 
 
-def trainer(kind: str, context: int, batch: int, corpus: tuple) -> Trainer:
-    """The default ``linattn lm train`` model of ``kind`` and its training loop (seed 0, nothing
-    written): ``trainer(...).loop`` steps as the command does."""
-    return Trainer(LMConfig(256, 128, 4, 4, attention=kind),
+#: the model of ``linattn lm train`` by default (its flags' defaults)
+MODEL = {"vocab_size": 256, "d_model": 128, "num_layers": 4, "num_heads": 4}
+
+
+def trainer(kind: str, context: int, batch: int, corpus: tuple,
+            model: dict | None = None) -> Trainer:
+    """The default ``linattn lm train`` model of ``kind`` (``model``: other
+    :class:`~linattn.nn.LMConfig` sizes) and its training loop (seed 0, nothing written):
+    ``trainer(...).loop`` steps as the command does."""
+    return Trainer(LMConfig(**{**MODEL, **(model or {})}, attention=kind),
                    TrainConfig(context=context, batch_size=batch, steps=10**9,
                                corpus_bytes=CORPUS_BYTES),
                    corpus=corpus)
@@ -98,9 +104,11 @@ def recorded_choices() -> Iterator[set[tuple[str, str, str]]]:
 
 
 def time_shape(kinds: list[str], context: int, batch: int, rounds: int, warmup: int,
-               corpus: tuple) -> dict:
-    """Seconds a step per kind at one shape, interleaved rounds (module docstring)."""
-    runs = {k: trainer(k, context, batch, corpus) for k in kinds}
+               corpus: tuple, model: dict | None = None) -> dict:
+    """Seconds a step per kind at one shape, interleaved rounds (module docstring): per kind
+    the seconds of each round, their median and minimum, the median ratio to ``kinds[0]``,
+    the dispatcher's choices during the warm-up steps and the parameter count."""
+    runs = {k: trainer(k, context, batch, corpus, model) for k in kinds}
     backends = {}
     for k, t in runs.items():
         with recorded_choices() as made:
