@@ -494,6 +494,30 @@ def test_full_disk_is_not_a_refusal(
     assert count(log) == 2
 
 
+#: What gcc 12 printed when a file size limit (RLIMIT_FSIZE) stopped cc1 during a CI run.
+FILE_SIZE_LIMIT = (
+    'echo "cc: internal compiler error: File size limit exceeded signal terminated program cc1"'
+    " >&2\n"
+    'echo "Please submit a full bug report, with preprocessed source." >&2\n'
+    "exit 4\n"
+)
+
+
+def test_a_file_size_limit_is_not_a_refusal(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a .failed marker, so that every later process of that machine went without the
+    kernels for 24 h (a CLI test ran the first build of a fresh clone under ulimit -f)."""
+    log = tmp_path / "cc-runs"
+    log.touch()
+    fake_cc(tmp_path, monkeypatch, COMPILE.format(log=log, compile=FILE_SIZE_LIMIT))
+    src = source(tmp_path)
+    with pytest.warns(RuntimeWarning, match=r"could not compile fsize \(a file size limit "
+                      r"\(ulimit -f\) was reached: .*not a refusal"):
+        assert _cbuild.load_library(src, "fsize", ["-O2"]) is None
+    assert not list(cache.glob("*.failed"))
+
+
 @needs_cc
 def test_unwritable_record_uses_the_build_and_writes_no_marker(
     tmp_path: Path, cache: Path, runs: Path, monkeypatch: pytest.MonkeyPatch

@@ -419,7 +419,12 @@ _ENVIRONMENT = (
     ("Permission denied", "permission denied"),
     ("Cannot allocate memory", "out of memory"),
     ("memory exhausted", "out of memory"),
+    ("File size limit exceeded", "a file size limit (ulimit -f) was reached"),
+    ("File too large", "a file size limit (ulimit -f) was reached"),
     ("Killed signal terminated program", "the compiler was killed (out of memory?)"),
+    # any other signal that ended one of the compiler's own programs (cc1, as, ld): the
+    # machine stopped it, the source was not refused
+    ("signal terminated program", "a compiler process was stopped by a signal"),
 )
 
 

@@ -277,8 +277,13 @@ def _fixtures(root: Path) -> SimpleNamespace:
 
     from linattn.datasets import load_ucr
     from linattn.lm import LMConfig, TrainConfig, train
+    from linattn.ops import native
     from linattn.tsc import LinearAttentionClassifier
 
+    # every ISA build the rows may load (``linattn bench`` times each one), built here: a row
+    # under RLIMIT_FSIZE could not write it, and would say so on a second line of stderr
+    for isa in native.runnable_isas():
+        native.load(isa)
     f = SimpleNamespace()
     threads = torch.get_num_threads()
     try:
