@@ -93,6 +93,18 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
     S0 = _state("initial_state", initial_state, N, HV, K, V, state_v_first)
     if HV != H:  # grouped value attention: value head j reads q/k head j // (HV // H)
         q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
+    if gk is None and gv is None and beta.dim() == 3 and _one_token_each(T, cu):
+        # decoding: every sequence one token, the step on (N, HV, ·) views (the chunked form
+        # would cost several times the step here); states (N, HV, K, V) as the step's
+        n = q.shape[0] if cu is None else T
+        if S0 is None:
+            S0 = torch.zeros(n, HV, K, V, dtype=accumulation_dtype(q.dtype), device=q.device)
+        o_t, S = delta.delta_rule_step(
+            *(x.reshape(n, HV, x.shape[-1]) for x in (q, k, v)), beta.reshape(n, HV), S0,
+            g_t=None if g is None else g.reshape(n, HV), scale=s, qk_l2norm=l2)
+        o = o_t.view(B, T, HV, V)
+        return o, (None if not output_final_state else
+                   S.transpose(-1, -2).contiguous() if state_v_first else S)
     if gk is None and gv is None and beta.dim() == 3:
         o, S = delta.delta_rule(_hf(q), _hf(k), _hf(v), _hf(beta), _hf(g), scale=s,
                                 initial_state=S0, return_state=True, chunk_size=chunk_size,
@@ -105,6 +117,44 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
                      {"beta_t": _hf(beta), "g_t": _hf(g), "gk_t": _hf(gk), "gv_t": _hf(gv)},
                      S0, cu)
     return _finish(o, S, output_final_state, state_v_first)
+
+
+def _one_token_each(T: int, cu: Tensor | None) -> bool:
+    """Whether every sequence is one token: T = 1, or checked ``cu_seqlens`` 0, 1, ..., T
+    (a packed batch of decoding steps, as a server sends them)."""
+    if cu is None:
+        return T == 1
+    return T > 0 and cu.numel() == T + 1 and bool(torch.equal(cu, torch.arange(T + 1)))
+
+
+def _decode(q: object, k: object, v: object, g: object, beta: object, scale: object,
+            initial_state: object, output_final_state: object, l2norm: object,
+            positive_scale: bool) -> tuple[Tensor, Tensor | None] | None:
+    """The front door's decoding step: fla-layout q, k (B, 1, H, K), v (B, 1, H, V), g, beta
+    (B, 1, H) (g may be None), initial_state (B, H, K, V) straight to the compiled step
+    (:func:`linattn.ops.delta.op._plain_step`, no view made: (B, 1, H, ·) and (B, H, ·) are
+    the same memory), or None for anything else, which then takes the general path (with its
+    checks and their errors). A token costs the step's checks, not the chunked form's setup."""
+    if not (type(q) is Tensor and q.ndim == 4 and type(initial_state) is Tensor
+            and type(v) is Tensor and v.ndim == 4):
+        return None
+    B, T, H, K = q.shape
+    if T != 1:
+        return None
+    if beta is None or not (output_final_state is True or output_final_state is False):
+        return None  # (beta None means ones: the general path; fla's DeltaNet passes beta)
+    if scale is None:
+        s = K ** -0.5
+    elif type(scale) is float and scale - scale == 0 and (scale > 0 or not positive_scale):
+        s = scale
+    else:
+        return None  # any other scale: checked (and its error raised) by the general path
+    out = delta._plain_step(q, k, v, beta, initial_state, g, s, l2norm, False,
+                            (B, H, K, v.shape[-1]))
+    if out is None:
+        return None
+    o, S = out
+    return o, (S if output_final_state else None)
 
 
 def _per_value_beta_step(delta_rule_step: Callable, scale: float, l2: bool) -> Callable:
@@ -180,7 +230,12 @@ def fused_recurrent_delta_rule(
     also be per value (B, T, H, V) (then the value columns run token by token through
     :func:`linattn.ops.delta.delta_rule_step`); ``scale`` must be positive (as fla).
     ``**kwargs``: none taken (``head_first`` is a ValueError, other names a TypeError)."""
-    _kwargs("fused_recurrent_delta_rule", kwargs)
+    if kwargs:
+        _kwargs("fused_recurrent_delta_rule", kwargs)
+    fast = _decode(q, k, v, None, beta, scale, initial_state, output_final_state,
+                   use_qk_l2norm_in_kernel, True) if cu_seqlens is None else None
+    if fast is not None:
+        return fast
     return _delta(q, k, v, beta, scale=scale,
                   initial_state=initial_state, output_final_state=output_final_state,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
@@ -305,8 +360,16 @@ def fused_recurrent_gated_delta_rule(
     Runs :func:`linattn.ops.delta.delta_rule` (chunked) for scalar g and beta; with gk, gv or a
     per-value beta :func:`linattn.ops.delta.delta_rule_step` token by token (slower).
     ``**kwargs``: ``transpose_state_layout``. Returns (o (B, T, HV, V), final state or None)."""
-    kw = _kwargs("fused_recurrent_gated_delta_rule", kwargs, ("transpose_state_layout",))
+    kw = _kwargs("fused_recurrent_gated_delta_rule", kwargs, ("transpose_state_layout",)) \
+        if kwargs else kwargs
     svf = _state_v_first(state_v_first, kw)
+    if (gk is None and gv is None and cu_seqlens is None and svf is False
+            and use_gate_in_kernel is False and use_beta_sigmoid_in_kernel is False
+            and allow_neg_eigval is False):
+        fast = _decode(q, k, v, g, beta, scale, initial_state, output_final_state,
+                       use_qk_l2norm_in_kernel, True)
+        if fast is not None:
+            return fast
     return _delta(q, k, v, beta, g=g, gk=gk, gv=gv,
                   scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state,

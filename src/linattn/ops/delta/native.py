@@ -43,16 +43,24 @@ from linattn.ops._common import graph_grads
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.gated.op import check_gate
-from linattn.ops.native import KernelSet, build_or_native, check_rc, empty_hugepage, pool
+from linattn.ops.native import (
+    KernelSet,
+    build_or_native,
+    check_rc,
+    empty_hugepage,
+    run_parts,
+    threads_for,
+)
 from linattn.ops.native.abi import Args, LayoutError
 
 __all__ = ["delta_rule_native", "delta_rule_native_train", "delta_rule_step_native", "kernels",
-           "unavailable", "checkpoints", "V_MULTIPLE", "CHECKPOINT"]
+           "unavailable", "kernels_here", "checkpoints", "step_into", "V_MULTIPLE", "CHECKPOINT"]
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
-#: A call splits across threads from this many state-element updates (N·T·K·V): below it the
-#: hand-over to the pool (tens of µs) costs more than it saves. 2^20 is ~0.1 ms of kernel.
+#: A call splits across threads from this many state-element updates (N·T·K·V), through the
+#: library's thread policy (:func:`linattn.ops.native.threads_for`): below it the hand-over to
+#: the pool (tens of µs) costs more than it saves. 2^20 is ~0.1 ms of kernel.
 PARALLEL_MIN = 1 << 20
 
 
@@ -126,7 +134,9 @@ def unavailable(isa: str = "native") -> str | None:
     return _KERNELS.unavailable(isa)
 
 
-def _kernels_here(isa: str) -> dict | None:
+def kernels_here(isa: str) -> dict | None:
+    """The kernels of ``isa``, else of the native build, else None
+    (:func:`linattn.ops.native.build_or_native`)."""
     return build_or_native(kernels, isa)
 
 
@@ -163,32 +173,9 @@ def _jobs(N: int, V: int, threads: int) -> list[tuple[int, int, int, int]]:
 
 
 def _run_parts(part, jobs: list, threads: int) -> None:
-    """part(*job) for every job, on at most ``threads`` threads, the calling one included:
-    each takes the next job when it is done with one (ctypes releases the GIL)."""
-    if len(jobs) == 1 or threads <= 1:
-        for job in jobs:
-            part(*job)
-        return
-    todo, lock = iter(jobs), threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                job = next(todo, None)
-            if job is None:
-                return
-            part(*job)
-
-    helpers = min(threads, len(jobs)) - 1
-    workers = pool(helpers)  # the one pool of all compiled passes
-    futures = [workers.submit(worker) for _ in range(helpers)]
-    try:
-        worker()
-    finally:
-        for f in futures:  # all of them, even if this thread's jobs failed
-            f.exception()
-    for f in futures:
-        f.result()  # re-raise a helper's error
+    """part(*job) for every job, on at most ``threads`` threads, the calling one included
+    (:func:`linattn.ops.native.run_parts`: the library's one policy for its parallel regions)."""
+    run_parts(lambda _slot, *job: part(*job), jobs, threads)
 
 
 def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
@@ -201,7 +188,8 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     what the backward reads: the state before each chunk, and w = v − a Sᵀk̃ per token."""
     N, T, K = q.shape
     V = v.shape[2]
-    threads = torch.get_num_threads() if N * T * K * V >= PARALLEL_MIN else 1
+    # parts: head groups, or a head's column blocks (see _jobs)
+    threads = threads_for(N * T * K * V, max(N, V // V_MULTIPLE), PARALLEL_MIN)
     gs = 0 if g is None else g.stride(0)
     f4 = 4  # bytes per float32 element
     qp, kp, vp, bp, Sp, Op, op = (x.data_ptr() for x in (q, k, v, beta, S_in, S_out, o))
@@ -236,7 +224,7 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
     heads in parallel on torch's threads when large enough."""
     N, T, K = q.shape
     V = w.shape[2]
-    threads = torch.get_num_threads() if N * T * K * V >= PARALLEL_MIN else 1
+    threads = threads_for(N * T * K * V, N, PARALLEL_MIN)  # whole heads only (no column split)
     f4 = 4
     fn = fns["gdr_backward"]
 
@@ -257,7 +245,6 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
             dgs=0 if dg is None else dg.stride(0), work=_work(fns, K, V).data_ptr()))
         check_rc(rc, "la_gdr_backward")
 
-    threads = min(threads, max(N, 1))  # whole heads only (no column split)
     _run_parts(part, _jobs(N, V, threads), threads)
 
 
@@ -288,7 +275,7 @@ def _prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0
     S0 the checked initial state (..., K, V) float32 — with ``cu_seqlens`` (batch size 1),
     (N, ..., K, V), one per packed sequence. Returns (o (..., T, V) in q's dtype, the final
     state float32, S0's shape)."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:
         return torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, CHECKPOINT)
     return _run_forward(fns, q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, False)[:2]
@@ -345,7 +332,7 @@ def _train_forward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | No
     the state before each chunk of :data:`CHECKPOINT` tokens (H, :func:`checkpoints`, K, V) and
     w = v − a Sᵀk̃ per token (H, T, V), H the heads (batch dimensions, less the packed batch of
     one)."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     *batch, T, K = q.shape
     V = v.shape[-1]
     if fns is None:  # no kernels here: the torch form (the backward differentiates it again)
@@ -373,7 +360,7 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
     None) and of the initial state from those of the output and the final state (None: zero),
     with ckpt and w from ``linattn::gdr_forward_train``. Not differentiable itself
     (``create_graph`` takes :func:`_differentiable_backward`)."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:  # as in _train_forward: the torch form, differentiated by autograd
         with torch.enable_grad():
             leaves = [None if x is None else x.detach().requires_grad_(True)
@@ -479,11 +466,10 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
     the new state float32 (..., K, V)). Lean on purpose (contiguous inputs are passed as they
     are, outputs allocated in their final shape): this is the whole per-token cost of
     decoding."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:
         _check_step_values(beta_t, g_t)
         return torch_step(q_t, k_t, v_t, beta_t, S, g_t, None, None, scale, l2norm)
-    K, V = S.shape[-2], S.shape[-1]
     N = beta_t.numel()
     q, k, v = _vec(q_t, N), _vec(k_t, N), _vec(v_t, N)
     b = beta_t if beta_t.is_contiguous() else beta_t.contiguous()
@@ -491,20 +477,37 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
     S_in = S if S.is_contiguous() else S.contiguous()
     S_out = torch.empty_like(S_in)
     o = torch.empty(v_t.shape, dtype=torch.float32)  # (..., V), row-major
-    if N * K * V >= PARALLEL_MIN and torch.get_num_threads() > 1:  # a large batch: threads
-        _check_step_values(b, g)  # (la_gdr_forward does not; a reduction is cheap at this size)
-        _forward(fns, q.view(N, 1, K), k.view(N, 1, K), v.view(N, 1, V), b.view(N, 1),
+    rc = step_into(fns, q, k, v, b, g, S_in, S_out, o, scale, l2norm)
+    if rc:
+        _refused_step(rc, beta_t, g_t)
+    return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
+
+
+def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+              S_in: Tensor, S_out: Tensor, o: Tensor, scale: float, l2norm: bool) -> int:
+    """One compiled decoding step on contiguous float32 tensors: q, k (..., K), v (..., V),
+    beta, g (...) (g may be None), S_in (..., K, V) read, S_out (same shape; may be S_in: the
+    update in place) and o (..., V) written. Returns the kernel's code: 0, or -2 (a nan β) or
+    -3 (a nan or positive gate) with nothing written. A large batch runs in parts on threads
+    (:func:`linattn.ops.native.threads_for`); a decoding step of a model runs here, on the
+    calling thread."""
+    K, V = S_in.shape[-2], S_in.shape[-1]
+    N = beta.numel()
+    if threads_for(N * K * V, N, PARALLEL_MIN) > 1:
+        # la_gdr_forward checks no values: a reduction is cheap at this size
+        if bool(beta.isnan().any()):
+            return -2
+        if g is not None and not bool((g <= 0).all()):
+            return -3
+        _forward(fns, q.view(N, 1, K), k.view(N, 1, K), v.view(N, 1, V), beta.view(N, 1),
                  None if g is None else g.view(N, 1), scale, l2norm, S_in.view(N, K, V),
                  S_out.view(N, K, V), o.view(N, 1, V))
-    else:
-        rc = fns["gdr_step"](GdrStepArgs(
-            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), beta=b.data_ptr(),
-            g=None if g is None else g.data_ptr(), N=N, K=K, V=V, scale=scale,
-            l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(), S_out=S_out.data_ptr(),
-            o=o.data_ptr(), work=_work(fns, K).data_ptr()))
-        if rc:
-            _refused_step(rc, beta_t, g_t)
-    return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
+        return 0
+    return fns["gdr_step"](GdrStepArgs(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), beta=beta.data_ptr(),
+        g=None if g is None else g.data_ptr(), N=N, K=K, V=V, scale=scale,
+        l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(), S_out=S_out.data_ptr(),
+        o=o.data_ptr(), work=_work(fns, K).data_ptr()))
 
 
 def _check_step_values(beta_t: Tensor, g_t: Tensor | None) -> None:

@@ -159,6 +159,7 @@ def delta_rule_step(
     gv_t: Tensor | None = None,
     scale: float | None = None,
     qk_l2norm: bool = False,
+    inplace: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """One decoding step of the (gated) delta rule.
 
@@ -167,11 +168,15 @@ def delta_rule_step(
     gv_t (..., V); state (..., K, V) or None (zeros). Returns o_t (..., V) in q_t's dtype and
     the new state (float32, or float64 for float64 inputs).
 
-    β must be finite: the torch path raises ValueError for nan or ±inf. The compiled path (the
-    dispatcher's choice for plain float32 decoding on CPU) leaves the value checks to its
-    kernel, which refuses nan β and gates > 0 but not ±inf β: there an infinite β gives an
-    inf/nan output and state, unchecked (a check here would be a tensor reduction on every
-    decoding step, ~5 µs, a tenth of the step)."""
+    With ``inplace=True`` the new state is written into ``state`` (which must then be given, in
+    the accumulation dtype: float32, float64 for float64 inputs) and ``state`` itself is
+    returned: no new state per token (fla's ``inplace_final_state``). β must be finite and
+    log-gates ≤ 0 (ValueError otherwise, on every path; the compiled kernel checks nan β and the
+    gates itself, before it writes anything)."""
+    if gk_t is None and gv_t is None:
+        fast = _plain_step(q_t, k_t, v_t, beta_t, state, g_t, scale, qk_l2norm, inplace)
+        if fast is not None:
+            return fast
     check_step_inputs(q_t, k_t, v_t)
     *batch, K = q_t.shape
     batch = tuple(batch)
@@ -179,23 +184,115 @@ def delta_rule_step(
     checked_tensor(beta_t, "beta_t", batch, q_t)
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
     qk_l2norm = check_flag(qk_l2norm, "qk_l2norm")
+    if check_flag(inplace, "inplace") and (state is None or state.dtype != S.dtype):
+        raise ValueError(f"state: inplace=True needs a state in {S.dtype}, got "
+                         f"{'None' if state is None else state.dtype}")
     s = resolve_scale(scale, K)
     traced = tracing(q_t, k_t, v_t, beta_t, state)
     grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)
     choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,
                              _traits(V, gk_t is not None or gv_t is not None, grad), None,
                              traced)
+    beta_t = check_beta(beta_t, "beta_t", batch, q_t)
     if choice.backend == "native":
-        # shapes here; the values (nan β, gates > 0) are checked by the kernel, which costs
-        # nothing there and a tensor reduction here (a fifth of a decoding step)
+        # the gates' values (nan, > 0) are checked by the kernel, before it writes anything
         if g_t is not None:
             checked_tensor(g_t, "g_t", batch, q_t)
             g_t = g_t if g_t.dtype == torch.float32 else g_t.float()
-        beta = beta_t if beta_t.dtype == torch.float32 else beta_t.float()
-        return delta_native.delta_rule_step_native(q_t, k_t, v_t, beta, g_t, S, s, qk_l2norm,
-                                                   choice.isa)
-    beta_t = check_beta(beta_t, "beta_t", batch, q_t)
-    return torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, s, qk_l2norm)
+        o, S_new = delta_native.delta_rule_step_native(q_t, k_t, v_t, beta_t, g_t, S, s,
+                                                       qk_l2norm, choice.isa)
+    else:
+        o, S_new = torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, s, qk_l2norm)
+    if inplace:  # (the fast path above writes in place; here a copy, e.g. on the torch path)
+        state.copy_(S_new)
+        return o, state
+    return o, S_new
+
+
+#: The traits of a step the compiled backend takes (V a multiple of 16, no per-key or
+#: per-value gate, no gradient): what :func:`_plain_step` asks the dispatcher about.
+_PLAIN_TRAITS = ("V:16",)
+#: Up to this many β values are checked for ±inf in Python (a list and a sum, ~1 µs: no tensor
+#: reduction, which costs several µs, a fifth of a step); above, by a reduction.
+_PY_CHECK_MAX = 256
+
+
+def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: object,
+                g_t: object, scale: object, qk_l2norm: object, inplace: object,
+                state_shape: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor] | None:
+    """The common decoding step, straight to the compiled kernel, or None when the call is
+    anything else (then the full checks run, and they raise the errors).
+
+    The common step: plain float32 CPU tensors, contiguous, of consistent shapes (q_t, k_t
+    (..., K), v_t (..., V) with V a multiple of 16, beta_t and g_t (...), state (..., K, V)
+    given, or of ``state_shape``, a shape with the same elements in the same order: fla's
+    front door passes its (B, 1, H, ·) tensors and (B, H, K, V) state as they are, so that no
+    view is made), no gradient wanted, not traced, bool flags, a float scale, and the
+    dispatcher choosing the compiled backend. Returns o_t shaped as v_t and the new state
+    shaped as ``state``. Each check here is a comparison of attributes (a few
+    hundred ns each, ~5 µs in all) rather than the general checks' conversions and reductions,
+    because at H = 16, K = V = 64 the kernel itself takes ~7 µs. Values: finite β here (a sum
+    of the few values in Python), nan β and the gates in the kernel."""
+    T = Tensor
+    if not (type(q_t) is T and type(k_t) is T and type(v_t) is T and type(beta_t) is T
+            and type(state) is T and (g_t is None or type(g_t) is T)
+            and (qk_l2norm is True or qk_l2norm is False)
+            and (inplace is True or inplace is False)):
+        return None
+    f32 = torch.float32
+    if not (q_t.dtype is f32 and k_t.dtype is f32 and v_t.dtype is f32 and beta_t.dtype is f32
+            and state.dtype is f32 and (g_t is None or g_t.dtype is f32)):
+        return None
+    shape = q_t.shape
+    if not shape or k_t.shape != shape:
+        return None
+    batch, K = shape[:-1], shape[-1]
+    V = v_t.shape[-1]
+    if not (K and V and V % delta_native.V_MULTIPLE == 0 and v_t.shape[:-1] == batch
+            and beta_t.shape == batch and (g_t is None or g_t.shape == batch)
+            and state.shape == ((*batch, K, V) if state_shape is None else state_shape)):
+        return None
+    if not (q_t.is_cpu and k_t.is_cpu and v_t.is_cpu and beta_t.is_cpu and state.is_cpu
+            and (g_t is None or g_t.is_cpu)):
+        return None
+    if not (q_t.is_contiguous() and k_t.is_contiguous() and v_t.is_contiguous()
+            and beta_t.is_contiguous() and state.is_contiguous()
+            and (g_t is None or g_t.is_contiguous())):
+        return None
+    if scale is None:
+        s = K ** -0.5
+    elif type(scale) is float and scale - scale == 0:  # finite (inf − inf is nan)
+        s = scale
+    else:
+        return None
+    if tracing() or (torch.is_grad_enabled() and (
+            q_t.requires_grad or k_t.requires_grad or v_t.requires_grad
+            or beta_t.requires_grad or state.requires_grad
+            or (g_t is not None and g_t.requires_grad))):
+        return None
+    choice = dispatch.select(OP, "step", f32, "cpu", False, _PLAIN_TRAITS, None, False)
+    if choice.backend != "native":
+        return None
+    fns = delta_native.kernels_here(choice.isa)
+    if fns is None or not _finite(beta_t):
+        return None
+    o = torch.empty_like(v_t)
+    S_out = state if inplace else torch.empty_like(state)
+    if delta_native.step_into(fns, q_t, k_t, v_t, beta_t, g_t, state, S_out, o, s, qk_l2norm):
+        return None  # refused a value (nothing written): the full checks say which
+    return o, S_out
+
+
+def _finite(x: Tensor) -> bool:
+    """Whether every value of x is finite: for a few values the sum of a Python list (nan or
+    ±inf make it non-finite; a sum that overflows is looked at again, exactly)."""
+    n = x.numel()
+    if n <= _PY_CHECK_MAX and x.dim() <= 2:
+        vals = x.tolist()
+        total = vals if x.dim() == 0 else sum(vals) if x.dim() == 1 else sum(map(sum, vals))
+        if total - total == 0:
+            return True
+    return bool(x.isfinite().all())
 
 
 # ------------------------------------------------------------------------------- backends

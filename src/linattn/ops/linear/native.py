@@ -69,7 +69,8 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
-    pool,
+    run_parts,
+    threads_for,
 )
 from linattn.ops.native.abi import Args
 
@@ -81,6 +82,10 @@ _MAP_OF_KIND = {kind: cls for cls, kind in MAP_KINDS.items()}
 
 #: Tokens per chunk of the one-pass non-causal kernels (their features stay in L1).
 NONCAUSAL_CHUNK = 64
+#: A call splits its heads across threads from this many state-element updates
+#: (N·T·ℓ·Dv; :func:`linattn.ops.native.threads_for`): below it the hand-over to the pool costs
+#: more than the second thread saves (measured: benchmarks/threads.py, docs/benchmarks.md).
+PARALLEL_MIN = 1 << 22
 
 
 # --------------------------------------------------------------------------- the C boundary
@@ -388,21 +393,24 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
 
 
 def _over_heads(b: _Block, size: int, fn) -> None:
-    """fn(h0, h1, work) over groups of heads, one group per torch thread: the compiled passes
-    are single-threaded and heads are independent. ctypes releases the GIL during the call,
-    so Python threads run them in parallel. work: a float32 scratch buffer of ``size``."""
+    """fn(h0, h1, work) over groups of heads, on threads where the call is large enough
+    (:func:`linattn.ops.native.threads_for`, the library's one thread policy): the compiled
+    passes are single-threaded and heads are independent. ctypes releases the GIL during the
+    call, so Python threads run them in parallel. About four groups per thread, taken one at a
+    time (:func:`linattn.ops.native.run_parts`). work: a float32 scratch buffer of ``size``,
+    one per thread."""
     if b.N == 0:
         return
-    groups = min(torch.get_num_threads(), b.N)
-    bounds = [b.N * g // groups for g in range(groups + 1)]
-    works = [b.q.new_empty(size, dtype=torch.float32) for _ in range(groups)]
-    if groups == 1:
+    work = b.N * max(b.q.shape[1], b.k.shape[1]) * b.L * b.Dv  # state-element updates
+    threads = threads_for(work, b.N, PARALLEL_MIN)
+    works = [b.q.new_empty(size, dtype=torch.float32) for _ in range(threads)]
+    if threads == 1:
         fn(0, b.N, works[0])
         return
-    workers = pool(groups)
-    jobs = [workers.submit(fn, bounds[g], bounds[g + 1], works[g]) for g in range(groups)]
-    for job in jobs:
-        job.result()
+    parts = min(b.N, 4 * threads)
+    bounds = [b.N * i // parts for i in range(parts + 1)]
+    run_parts(lambda slot, h0, h1: fn(h0, h1, works[slot]),
+              [(bounds[i], bounds[i + 1]) for i in range(parts)], threads)
 
 
 def _fits_one_pass(L: int, Dv: int, chunk: int, masked: bool) -> bool:

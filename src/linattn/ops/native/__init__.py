@@ -34,6 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from linattn import _cbuild
@@ -41,7 +42,7 @@ from linattn.ops.native.abi import Args, LayoutError, bind
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
-           "KernelSet"]
+           "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -319,3 +320,63 @@ def pool(workers: int) -> ThreadPoolExecutor:
             _POOL = ThreadPoolExecutor(max(workers, os.cpu_count() or 1),
                                        thread_name_prefix="linattn")
         return _POOL
+
+
+# ------------------------------------------------------------------------- the thread policy
+#: The work (in the callers' unit: multiply-adds, about a nanosecond's worth each ten) below
+#: which a compiled pass stays on the calling thread. Handing parts to the pool costs a wake-up
+#: and a hand-back, 20-60 µs on a free core (benchmarks/threads.py); a part is worth a thread
+#: from about 2^20 state-element updates (~0.1 ms of kernel). Each op may pass its own unit's
+#: threshold to :func:`threads_for`; this is the default and the delta rule's.
+PARALLEL_MIN = 1 << 20
+
+
+def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
+    """The one thread policy of the compiled passes: how many threads (the calling one
+    included) a pass of ``work`` units that splits into at most ``parts`` independent parts
+    should use. 1 below ``min_work`` (a decoding step, a short prefill: the hand-over would cost
+    more than it saves), else at most torch's thread count, the parts, and one thread per
+    ``min_work`` of work, so that no thread is woken for less than it costs."""
+    n = torch.get_num_threads()
+    if n <= 1 or parts <= 1 or work < min_work:
+        return 1
+    return max(1, min(n, parts, work // max(min_work, 1)))
+
+
+def run_parts(part: Callable, jobs: list, threads: int) -> None:
+    """``part(slot, *job)`` for every job, on at most ``threads`` threads, the calling one
+    included; ``slot`` (0 for the calling thread, 1, 2, ... for helpers) is the index of the
+    thread running it, for per-thread scratch buffers. Threads take the next job when done with
+    one (ctypes releases the GIL), so a thread slowed by another process on its core holds no
+    one up; and a helper that has not started by the time the calling thread has run out of
+    jobs is cancelled, not waited for: with the other core busy, waiting for a descheduled
+    helper to wake only to find nothing left costs a scheduler time slice (milliseconds), so
+    the call falls back to the calling thread alone. Every job runs even when one fails; the
+    first error is raised after all have."""
+    if len(jobs) <= 1 or threads <= 1:
+        for job in jobs:
+            part(0, *job)
+        return
+    todo, lock = iter(jobs), threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker(slot: int) -> None:
+        while True:
+            with lock:
+                job = next(todo, None)
+            if job is None:
+                return
+            try:
+                part(slot, *job)
+            except BaseException as e:  # noqa: BLE001 -- re-raised below, after every job
+                errors.append(e)
+
+    helpers = min(threads, len(jobs)) - 1
+    workers = pool(helpers)  # the one pool of all compiled passes
+    futures = [workers.submit(worker, slot) for slot in range(1, helpers + 1)]
+    worker(0)
+    for f in futures:
+        if not f.cancel():  # started: it may hold a job, so wait for it
+            f.result()
+    if errors:
+        raise errors[0]
