@@ -1,0 +1,161 @@
+"""The MQAR harness's configuration, torch-free: the command line parses and checks it before
+torch is imported.
+
+:data:`MIXER_PRESETS` names the models the harness trains: every ``attention=`` kind of
+:data:`linattn.nn.mixers.MIXERS` under its own name, plus combinations of a kind and its options
+that the literature names (``based``: Taylor features with a sliding softmax window;
+``linear_plain``: linear attention without the LM's per-head decays, γ = 1).
+:class:`RecallConfig` is one training cell; :data:`DEFAULT_LRS` is the learning-rate sweep.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
+from linattn.nn.mixers import MIXERS, check_config
+
+__all__ = ["MIXER_PRESETS", "DEFAULT_LRS", "RecallConfig", "RECALL_CHECKS", "model_kwargs",
+           "check_mqar"]
+
+#: Zoology sweeps 4 learning rates from 1e-4 to 1e-2 (np.logspace(-4, -2, 4)); these are the
+#: issue's round values of the same span.
+DEFAULT_LRS: tuple[float, ...] = (1e-4, 5e-4, 1e-3, 5e-3)
+
+#: preset name → the LM options it sets (``decay: 1.0`` means γ = 1 for every head).
+MIXER_PRESETS: dict[str, dict[str, Any]] = {
+    **{kind: {"attention": kind} for kind in MIXERS},
+    "based": {"attention": "hybrid", "feature_map": "taylor"},
+    "linear_plain": {"attention": "linear", "decay": 1.0},
+}
+
+_POS_FLOAT = Check(float, Range(0.0, math.inf, False))
+
+#: Each field's type and range (the same declarations parse the command's flags).
+RECALL_CHECKS: dict[str, Check] = {
+    "mixer": Check(str, choices=tuple(MIXER_PRESETS)),
+    "feature_map": Check(str, choices=FEATURE_MAP.choices, optional=True),
+    "window": Check(int, Range(1, math.inf), optional=True),
+    "d_model": POSITIVE_INT,
+    "num_layers": POSITIVE_INT,
+    "num_heads": POSITIVE_INT,
+    "seq_len": Check(int, Range(4, math.inf)),
+    "num_kv_pairs": POSITIVE_INT,
+    "vocab_size": Check(int, Range(4, math.inf)),
+    "power_a": _POS_FLOAT,
+    "train_examples": POSITIVE_INT,
+    "val_examples": POSITIVE_INT,
+    "test_examples": POSITIVE_INT,
+    "epochs": POSITIVE_INT,
+    "batch_size": POSITIVE_INT,
+    "lr": Check(float, Range(0.0, math.inf, False), optional=True),
+    "weight_decay": Check(float, Range(0.0, math.inf)),
+    "stop_at": Check(float, Range(0.0, 1.0, False, True)),
+    "seed": Check(int),
+    "threads": POSITIVE_INT,
+}
+
+
+@dataclass(frozen=True)
+class RecallConfig:
+    """One MQAR cell: the data, the model and its training. ``lr`` None sweeps ``lrs`` and keeps
+    the rate with the best validation accuracy. ``stop_at``: a run stops at the end of the
+    first epoch whose validation accuracy reaches it (Zoology stops at 0.99). Checked when made:
+    ValueError naming the field."""
+
+    mixer: str = "gated_delta"
+    feature_map: str | None = None
+    window: int | None = None
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    seq_len: int = 256
+    num_kv_pairs: int = 16
+    vocab_size: int = 8192
+    power_a: float = 0.01
+    train_examples: int = 20_000
+    val_examples: int = 500
+    test_examples: int = 1_000
+    epochs: int = 8
+    batch_size: int = 64
+    lr: float | None = None
+    lrs: tuple[float, ...] = DEFAULT_LRS
+    weight_decay: float = 0.1
+    stop_at: float = 0.99
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name, check in RECALL_CHECKS.items():
+            object.__setattr__(self, name, check.check(name, getattr(self, name)))
+        lrs = tuple(self.lrs) if isinstance(self.lrs, (tuple, list)) else None
+        if not lrs:
+            raise ValueError(f"lrs: expected a non-empty list of numbers > 0, got {self.lrs!r}")
+        for lr in lrs:
+            RECALL_CHECKS["lr"].check("lrs", lr)
+        object.__setattr__(self, "lrs", lrs)
+        check_mqar(self.train_examples, self.seq_len, self.num_kv_pairs, self.vocab_size,
+                   self.power_a)
+        check_config({"vocab_size": self.vocab_size, **model_kwargs(self)})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["lrs"] = list(self.lrs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RecallConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"recall config: unknown keys {unknown}")
+        return cls(**d)
+
+
+def model_kwargs(cfg: RecallConfig) -> dict[str, Any]:
+    """The :class:`~linattn.nn.lm.LinearTransformerLM` keywords of ``cfg`` (its preset, then the
+    explicit ``feature_map`` / ``window``), without ``vocab_size``."""
+    kw: dict[str, Any] = dict(MIXER_PRESETS[cfg.mixer])
+    if kw.get("decay") is not None:
+        kw["decay"] = (float(kw["decay"]),) * cfg.num_heads
+    if cfg.feature_map is not None:
+        kw["feature_map"] = cfg.feature_map
+    if cfg.window is not None:
+        kw["window"] = cfg.window
+    return {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+            **kw}
+
+
+def _int(name: str, value: object, low: int) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def check_mqar(num_examples: object, seq_len: object, num_kv_pairs: object,
+               vocab_size: object, power_a: object) -> tuple[int, int, int, int, float]:
+    """The arguments of :func:`mqar` checked (one-line ValueError naming the argument) and
+    returned as Python numbers. The constraints are Zoology's: T even, 4P ≤ T (the query
+    region has a slot for every key), and enough distinct keys and values in each half of the
+    vocabulary."""
+    n = _int("num_examples", num_examples, 0)
+    T = _int("seq_len", seq_len, 4)
+    P = _int("num_kv_pairs", num_kv_pairs, 1)
+    V = _int("vocab_size", vocab_size, 4)
+    if T % 2:
+        raise ValueError(f"seq_len: expected an even length (pairs and query slots are two "
+                         f"tokens each), got {T}")
+    if 4 * P > T:
+        raise ValueError(f"seq_len: {T} is too short for {P} key-value pairs (need at least "
+                         f"4 * num_kv_pairs = {4 * P})")
+    if V // 2 - 1 < P:
+        raise ValueError(f"vocab_size: {V} gives {V // 2 - 1} distinct keys, fewer than "
+                         f"num_kv_pairs = {P}")
+    if (not isinstance(power_a, numbers.Real) or isinstance(power_a, bool)
+            or not math.isfinite(power_a) or power_a <= 0):
+        raise ValueError(f"power_a: expected a finite number > 0, got {power_a!r}")
+    return n, T, P, V, float(power_a)
