@@ -13,7 +13,7 @@ fixed decay is the constant ``g_t = log γ``; :mod:`linattn.ops.decay` (φ featu
 is that case run through this module's chunked form with the values extended by a column of
 ones.
 
-Three forms, held together by tests in float64 (``tests/ops/gated/test_op.py``):
+Four forms, held together by tests (``tests/ops/gated/``):
 
 * :func:`gated_linear_attention` — the chunked parallel form (chunk size C). With
   ``b_i = Σ_{t≤i} g_t`` inside a chunk, row i sees key j of the same chunk through
@@ -23,6 +23,12 @@ Three forms, held together by tests in float64 (``tests/ops/gated/test_op.py``):
   chunk is ``exp(b_{C−1}) S + Σ_j exp(Σ_{j<t<C} g_t) k_j v_jᵀ``. Every exponent is ≤ 0.
   O(T·C·(K + V) + T·K·V). Per-key gates use a (K, C, C) segment sum per chunk, one chunk at a
   time (memory O(B·H·K·C²), not O(T·K·C)).
+* :mod:`linattn.ops.gated.native` — the recurrence itself, compiled (``kernels.c``): forward
+  and backward (the reverse recurrence of the state's gradient through states recomputed from
+  one checkpoint per chunk, docs/theory.md §10), float32 on CPU, V a multiple of 16; and the
+  decoding step. The dispatcher (:mod:`linattn.ops.dispatch`, op "gated_linear_attention",
+  forms "prefill", "prefill fwd+bwd", "step") takes it where the calibration measured it
+  faster; the chunked form is the "portable" backend.
 * :func:`gated_linear_attention_step` — the recurrence, one token, also with a per-value gate
   ``gv`` (``S ← S·diag(e^{gv})``, what fla's ``fused_recurrent_*`` functions accept).
 * :func:`linattn.reference.gated_linear_attention` — the sequential float64 loop.
@@ -45,8 +51,12 @@ from linattn.ops._common import (
     check_scale,
     check_step_inputs,
     check_values,
+    needs_grad,
     to_chunks,
 )
+from linattn.ops._library import tracing
+from linattn.ops.dispatch import Backend, Choice
+from linattn.ops.gated import native as gated_native
 from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
 
 __all__ = [
@@ -56,7 +66,13 @@ __all__ = [
     "check_gate",
     "initial_state_for",
     "decayed",
+    "portable_prefill",
+    "OP",
 ]
+
+#: The op's name in the dispatcher; its forms are "prefill", "prefill fwd+bwd" (the call wants
+#: gradients) and "step".
+OP = "gated_linear_attention"
 
 
 def segsum(x: Tensor) -> Tensor:
@@ -174,18 +190,44 @@ def gated_linear_attention(
     s = resolve_scale(scale, K)
     C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     return_state = check_flag(return_state, "return_state")
-    if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, q)
-        state_shape = (len(cu) - 1, *batch[1:], K, V)
-        S0 = initial_state_for(initial_state, "initial_state", state_shape, q)
+    cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, q)
+    states = (*batch, K, V) if cu is None else (len(cu) - 1, *batch[1:], K, V)
+    S0 = initial_state_for(initial_state, "initial_state", states, q)
+    traced = tracing(q, k, v, g, gk, initial_state)
+    grad = needs_grad(q, k, v, g, gk, initial_state)
+    choice = dispatch.select(OP, "prefill fwd+bwd" if grad else "prefill", q.dtype,
+                             q.device.type, grad, _traits(V), None if traced else T, traced)
+    o, S = _prefill(choice, q, k, v, g, gk, s, S0, cu, grad, C)
+    return (o, S) if return_state else o
+
+
+def _traits(V: int, per_value_gate: bool = False, step_grad: bool = False) -> tuple[str, ...]:
+    """What the backends ask of a call beyond dtype, device and gradients."""
+    traits = ("V:16",) if V and V % gated_native.V_MULTIPLE == 0 else ()
+    if per_value_gate:
+        traits += ("gates:v",)
+    return (*traits, "step:grad") if step_grad else traits
+
+
+def _prefill(choice: Choice, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
+             gk: Tensor | None, s: float, S0: Tensor, cu: Tensor | None, grad: bool, C: int
+             ) -> tuple[Tensor, Tensor]:
+    """The chosen backend on checked arguments (g, gk, S0 in the accumulation dtype)."""
+    if choice.backend == "native":
+        return gated_native.gla_prefill(q, k, v, g, gk, S0, cu, s, grad, choice.isa)
+    return portable_prefill(q, k, v, g, gk, s, S0, cu, C)
+
+
+def portable_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None,
+                     s: float, S0: Tensor, cu: Tensor | None, C: int) -> tuple[Tensor, Tensor]:
+    """The chunked torch form on checked arguments, packed sequences included: (o in q's
+    dtype, the final state in S0's dtype). Differentiable."""
+    if cu is not None:
         xs, keep = packed([q, k, v, g, gk], cu)
         o, S = chunked_form(*xs, s, S0, C)
-        o = unpacked(o, cu, keep).to(q.dtype)
-    else:
-        S0 = initial_state_for(initial_state, "initial_state", (*batch, K, V), q)
-        o, S = chunked_form(q, k, v, g, gk, s, S0, C)
-        o = o.to(q.dtype)
-    return (o, S) if return_state else o
+        return unpacked(o, cu, keep).to(q.dtype), S
+    o, S = chunked_form(q, k, v, g, gk, s, S0, C)
+    return o.to(q.dtype), S
 
 
 def chunked_form(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None,
@@ -267,8 +309,80 @@ def gated_linear_attention_step(
     *batch, K = q_t.shape
     V = v_t.shape[-1]
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
+    traced = tracing(q_t, k_t, v_t, state, g_t, gk_t, gv_t)
+    grad = needs_grad(q_t, k_t, v_t, state, g_t, gk_t, gv_t)
+    choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,
+                             _traits(V, gv_t is not None, grad), None, traced)
+    if choice.backend == "native":
+        # shapes here; the gates' values (nan, > 0) are checked by the kernel, which costs
+        # nothing there and a tensor reduction here (a good part of a decoding step)
+        if g_t is not None:
+            checked_tensor(g_t, "g_t", tuple(batch), q_t)
+            g_t = g_t if g_t.dtype == torch.float32 else g_t.float()
+        if gk_t is not None:
+            checked_tensor(gk_t, "gk_t", (*batch, K), q_t)
+            gk_t = gk_t if gk_t.dtype == torch.float32 else gk_t.float()
+        return gated_native.gla_step(q_t, k_t, v_t, g_t, gk_t, S, resolve_scale(scale, K),
+                                     choice.isa)
     acc = S.dtype
     S = decayed(S, g_t, gk_t, gv_t, q_t)
     S = S + k_t.to(acc).unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)
     o = ((q_t.to(acc) * resolve_scale(scale, K)).unsqueeze(-2) @ S).squeeze(-2)
     return o.to(q_t.dtype), S
+
+
+# ------------------------------------------------------------------------------- backends
+dispatch.register(Backend(
+    OP, "native", compiled=True, devices=("cpu",),
+    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(torch.float32,),
+    available=gated_native.unavailable,
+    accepts=lambda traits: "needs V a multiple of 16" if "V:16" not in traits
+    else "has no per-value gates" if "gates:v" in traits
+    else "has no gradient for the decoding step" if "step:grad" in traits else None))
+dispatch.register(Backend(OP, "portable"))
+
+#: The calibration problems, float32, K = V = 64, scalar gates (the case where the chunked
+#: torch form is fastest): a prefill of 4 heads × 512 tokens, forward and forward + backward,
+#: and 10 decoding steps of 16 heads (a few tens of ms in all).
+CALIBRATION = {"prefill": (4, 512, 64), "prefill fwd+bwd": (4, 512, 64), "step": (16, 1, 64)}
+
+
+def _problem(form: str):
+    def build():
+        N, T, d = CALIBRATION[form]
+        gen = torch.Generator().manual_seed(0)
+        f32 = torch.float32  # whatever the default dtype of the triggering call
+        q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=f32) for _ in range(3))
+        g = torch.nn.functional.logsigmoid(torch.randn(1, N, T, generator=gen, dtype=f32))
+        s, C = d ** -0.5, dispatch.DEFAULT_CHUNK_SIZE
+        if form != "step":
+            backward = form == "prefill fwd+bwd"
+            S0 = torch.zeros(1, N, d, d, dtype=f32)
+
+            def run(choice: Choice):
+                def once():
+                    xs = [x.detach().requires_grad_(backward) for x in (q, k, v, g)]
+                    with torch.set_grad_enabled(backward):
+                        o, _ = _prefill(choice, *xs[:3], xs[3], None, s, S0, None, backward, C)
+                        if backward:
+                            o.sum().backward()
+                return once
+            return run
+        S = torch.randn(1, N, d, d, generator=gen, dtype=f32) * 0.1
+        q, k, v, g = (t[:, :, 0] for t in (q, k, v, g))
+
+        def run(choice: Choice):
+            def steps():
+                for _ in range(10):
+                    if choice.backend == "native":
+                        gated_native.gla_step(q, k, v, g, None, S, s, choice.isa)
+                    else:
+                        S1 = decayed(S, g, None, None, q) + k.unsqueeze(-1) * v.unsqueeze(-2)
+                        (q * s).unsqueeze(-2) @ S1
+            return steps
+        return run
+
+    return build
+
+
+dispatch.register_calibration(OP, {form: _problem(form) for form in CALIBRATION})

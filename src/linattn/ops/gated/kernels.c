@@ -1,0 +1,463 @@
+/* The gated linear attention (GLA) kernels of linattn.ops.gated.native (see ops/native/common.h).
+ *
+ * Per head, state S (K x V, rows of V floats), token t with the row decays
+ * a_t,i = exp(g_t + gk_t,i) (a missing gate counts as 0) and the scale s:
+ *     S_t = diag(a_t) S_{t-1} + k_t v_t^T,        o_t = s S_t^T q_t.
+ * Column j of S and o depends on column j of S and v_t only, so the kernels walk one block of
+ * columns (GLA_NB vectors) at a time through a chunk of tokens: the block stays in L1, and
+ * each token costs one pass over it (a multiply and two multiply-adds per element).
+ *
+ * The backward (docs/theory.md, section 10, "GLA: the compiled backward") runs the reverse
+ * recurrence of dS = dL/dS_t, with s do_t folded into d~_t:
+ *     dS_t = diag(a_{t+1}) dS_{t+1} + q_t d~_t^T    (dS_T: the final state's gradient),
+ *     dq_t = S_t d~_t,  dk_t = dS_t v_t,  dv_t = dS_t^T k_t,
+ *     dgk_t,i = a_t,i sum_j dS_t,ij S_{t-1},ij,  dg_t = sum_i dgk_t,i,  dS_0 = d(initial state).
+ * It needs S_t in reverse order: the forward stores the state before every chunk of C tokens
+ * (a checkpoint per chunk, never one per token); the backward recomputes a chunk's C states of
+ * one column block from its checkpoint into a buffer (C K GLA_NB W floats, L2-sized), then
+ * walks them backwards, reading only the state before each token (dq_t = diag(a_t) S_{t-1} d~_t
+ * + k_t (v_t . d~_t)). Row sums over the columns (dq, dk, dgk) are per-row vectors of W
+ * partial sums, W rows of which are reduced together by a transpose-and-add (gla_rsum). Every
+ * exponent is <= 0 and no state is ever divided by a decay: a gate of -inf (a reset) is exact.
+ * All arithmetic in float32; the sums follow the recurrence, so there is no chunking error. */
+#ifndef LA_COMMON_H
+#include "../native/common.h"
+#endif
+
+#if LA_W == 8 || (LA_W == 4 && !(defined(__ARM_NEON) || defined(__ARM_NEON__)))
+#define GLA_NB 2 /* 16 registers */
+#else
+#define GLA_NB 4 /* 32 registers (AVX-512, NEON), or scalars */
+#endif
+#define GLA_CMAX 64 /* the longest chunk (checkpoint interval) */
+
+static long gla_round_up(long K) { return (K + W - 1) / W * W; }
+
+/* Floats of work the kernels need for head dimension K and chunk C (<= GLA_CMAX): decays and
+ * gate gradients (C K each), row-sum partials (3 rows of W for each of K rounded up to W) and
+ * the backward's buffer of C states of one column block. */
+long la_gla_work(long K, long C) {
+    return 2 * C * K + 3 * gla_round_up(K) * W + C * K * GLA_NB * W;
+}
+
+/* a[t][i] = exp(g[t] + gk[t][i]) for Tc tokens (rows of K); g or gk may be NULL (not both).
+ * Flushed to 0 below exp(-87) (sexp_nonpos / vexp_nonpos): no subnormal states. */
+static void gla_decays(long Tc, long K, const float *g, const float *gk, long gkt, float *a) {
+    for (long t = 0; t < Tc; ++t) {
+        float gt = g ? g[t] : 0.0f, *at = a + t * K;
+        if (!gk) {
+            float e = sexp_nonpos(gt);
+            for (long i = 0; i < K; ++i) at[i] = e;
+            continue;
+        }
+        const float *row = gk + t * gkt;
+        long i = 0;
+        for (; i + W <= K; i += W) vstore(at + i, vexp_nonpos(vload(row + i) + gt));
+        for (; i < K; ++i) at[i] = sexp_nonpos(row[i] + gt);
+    }
+}
+
+/* ------------------------------------------------------------------------------ the forward
+ * Tokens [0, Tc) over one block of nb vectors of columns, S (rows of V, offset to the block)
+ * updated in place; q, k: token strides qt, kt; a: rows of K (gated only); v, o: token strides
+ * vt, ot, offset to the block. */
+static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated, long Tc,
+                                                               long K, long V, const float *q,
+                                                               long qt, const float *k, long kt,
+                                                               const float *a, const float *v,
+                                                               long vt, float *S, float scale,
+                                                               float *o, long ot) {
+    vf sv = vsplat(scale);
+    for (long t = 0; t < Tc; ++t) {
+        vf vv[GLA_NB], acc[GLA_NB];
+        for (int j = 0; j < nb; ++j) vv[j] = vload(v + t * vt + j * W), acc[j] = vsplat(0.0f);
+        const float *qr = q + t * qt, *kr = k + t * kt, *ar = gated ? a + t * K : NULL;
+        for (long i = 0; i < K; ++i) {
+            vf ki = vsplat(kr[i]), qi = vsplat(qr[i]), ai = vsplat(gated ? ar[i] : 1.0f);
+            float *Si = S + i * V;
+            for (int j = 0; j < nb; ++j) {
+                vf s = vload(Si + j * W);
+                s = gated ? ai * s + ki * vv[j] : s + ki * vv[j];
+                vstore(Si + j * W, s);
+                acc[j] += qi * s;
+            }
+        }
+        for (int j = 0; j < nb; ++j) vstore(o + t * ot + j * W, acc[j] * sv);
+    }
+}
+
+/* gla_fwd_cols specialised for constant (nb, gated). */
+static void gla_fwd_any(int nb, int gated, long Tc, long K, long V, const float *q, long qt,
+                        const float *k, long kt, const float *a, const float *v, long vt,
+                        float *S, float scale, float *o, long ot) {
+/* Cases beyond this ISA's GLA_NB are constant-false (and never asked for). */
+#define F_(c, gt)                                                                             \
+    case c * 2 + gt:                                                                          \
+        if (c <= GLA_NB)                                                                      \
+            gla_fwd_cols(c <= GLA_NB ? c : GLA_NB, gt, Tc, K, V, q, qt, k, kt, a, v, vt, S,   \
+                         scale, o, ot);                                                       \
+        break;
+    switch (nb * 2 + gated) {
+        F_(1, 0) F_(1, 1) F_(2, 0) F_(2, 1) F_(3, 0) F_(3, 1) F_(4, 0) F_(4, 1)
+        default: break;
+    }
+#undef F_
+}
+
+/* GLA over T tokens of N heads, columns [v0, v1) of the state and the output (all V columns:
+ * v0 = 0, v1 = V; a subset lets threads share a head). q, k: rows of K (head strides qs, ks,
+ * token strides qt, kt); v, o: rows of V (vs, vt; os, ot); g: T floats per head (head stride
+ * gs) or NULL; gk: rows of K (gks, gkt) or NULL; S_in, S_out: (N, K, V) contiguous, S_out may
+ * be S_in (in place). C: tokens per chunk (1..GLA_CMAX). ckpt: NULL, or where the state before
+ * each chunk goes: ceil(T / C) states of K x V per head (head stride cks; only the columns
+ * [v0, v1) are written). work: la_gla_work(K, C) floats. Returns 0, or -1 on sizes it does not
+ * take (V, v0, v1 multiples of the vector width W, 0 <= v0 <= v1 <= V, K >= 1). */
+static int la_gla_forward(const float *q, long qs, long qt, const float *k, long ks, long kt,
+                          const float *v, long vs, long vt, const float *g, long gs,
+                          const float *gk, long gks, long gkt, long N, long T, long K, long V,
+                          long v0, long v1, long C, float scale, const float *S_in,
+                          float *S_out, float *o, long os, long ot, float *ckpt, long cks,
+                          float *work) {
+    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
+        || C < 1 || C > GLA_CMAX)
+        return -1;
+    int gated = g != NULL || gk != NULL;
+    float *a = work;
+    size_t row = (size_t)(v1 - v0) * sizeof(float);
+    for (long n = 0; n < N; ++n) {
+        const float *Sin = S_in + n * K * V;
+        float *S = S_out + n * K * V;
+        if (Sin != S)
+            for (long i = 0; i < K; ++i) memcpy(S + i * V + v0, Sin + i * V + v0, row);
+        for (long t0 = 0, c = 0; t0 < T; t0 += C, ++c) {
+            long Tc = T - t0 < C ? T - t0 : C;
+            if (gated)
+                gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
+                           gkt, a);
+            if (ckpt) {
+                float *dst = ckpt + n * cks + c * K * V;
+                for (long i = 0; i < K; ++i) memcpy(dst + i * V + v0, S + i * V + v0, row);
+            }
+            for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
+                int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
+                gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
+                            kt, a, v + n * vs + t0 * vt + j0, vt, S + j0, scale,
+                            o + n * os + t0 * ot + j0, ot);
+            }
+        }
+    }
+    return 0;
+}
+
+/* One decoding step of N heads with contiguous rows (q, k, gk (N, K); v, o (N, V); g (N)):
+ * la_gla_forward with T = 1, in fewer arguments. It checks the gates itself (a tensor
+ * reduction in Python costs more than this whole loop): returns -3 if a log-gate is NaN or
+ * positive, before anything is written. */
+static int la_gla_step(const float *q, const float *k, const float *v, const float *g,
+                       const float *gk, long N, long K, long V, float scale, const float *S_in,
+                       float *S_out, float *o, float *work) {
+    for (long n = 0; n < N; ++n) {
+        if (g && !(g[n] <= 0.0f)) return -3;
+        if (gk)
+            for (long i = 0; i < K; ++i)
+                if (!(gk[n * K + i] <= 0.0f)) return -3;
+    }
+    return la_gla_forward(q, K, K, k, K, K, v, V, V, g, 1, gk, K, K, N, 1, K, V, 0, V, 1, scale,
+                          S_in, S_out, o, V, V, NULL, 0, work);
+}
+
+/* ----------------------------------------------------------------------------- the backward
+ * The sums of the lanes of W vectors x[0..W) (W floats apart), as one vector: lane r is the
+ * sum of x[r]. A transpose-and-add in log2(W) halving steps (2 shuffles and an add per output
+ * vector of each step: 45 operations for 16 sums at W = 16, against 16 horizontal sums). */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define GLA_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#endif
+static inline vf gla_rsum(const float *x) {
+#if LA_W == 1
+    return vload(x);
+#elif defined(GLA_SHUF) && LA_W == 16
+    vf y[8], z[4], w[2];
+    for (int p = 0; p < 8; ++p) {
+        vf a = vload(x + 2 * p * W), b = vload(x + (2 * p + 1) * W);
+        y[p] = GLA_SHUF(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+               + GLA_SHUF(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    for (int p = 0; p < 4; ++p)
+        z[p] = GLA_SHUF(y[2 * p], y[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
+                        26, 27)
+               + GLA_SHUF(y[2 * p], y[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
+                          29, 30, 31);
+    for (int p = 0; p < 2; ++p)
+        w[p] = GLA_SHUF(z[2 * p], z[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25,
+                        28, 29)
+               + GLA_SHUF(z[2 * p], z[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26,
+                          27, 30, 31);
+    return GLA_SHUF(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+           + GLA_SHUF(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#elif defined(GLA_SHUF) && LA_W == 8
+    vf y[4], z[2];
+    for (int p = 0; p < 4; ++p) {
+        vf a = vload(x + 2 * p * W), b = vload(x + (2 * p + 1) * W);
+        y[p] = GLA_SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + GLA_SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    for (int p = 0; p < 2; ++p)
+        z[p] = GLA_SHUF(y[2 * p], y[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13)
+               + GLA_SHUF(y[2 * p], y[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return GLA_SHUF(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14)
+           + GLA_SHUF(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#elif defined(GLA_SHUF) && LA_W == 4
+    vf y[2];
+    for (int p = 0; p < 2; ++p) {
+        vf a = vload(x + 2 * p * W), b = vload(x + (2 * p + 1) * W);
+        y[p] = GLA_SHUF(a, b, 0, 1, 4, 5) + GLA_SHUF(a, b, 2, 3, 6, 7);
+    }
+    return GLA_SHUF(y[0], y[1], 0, 2, 4, 6) + GLA_SHUF(y[0], y[1], 1, 3, 5, 7);
+#else
+    vf r;
+    for (int l = 0; l < W; ++l) r[l] = hsum(vload(x + l * W));
+    return r;
+#endif
+}
+
+/* dst[0..n) = (add ? dst + x : x) for the first n <= W lanes of x. */
+static inline void gla_put(float *dst, vf x, long n, int add) {
+    if (n == W) {
+        vstore(dst, add ? vload(dst) + x : x);
+        return;
+    }
+    float tmp[W];
+    vstore(tmp, x);
+    for (long l = 0; l < n; ++l) dst[l] = add ? dst[l] + tmp[l] : tmp[l];
+}
+
+/* One chunk of Tc tokens of one head over one block of nb vectors of columns, backwards.
+ * mode: 0 ungated, 1 a scalar gate only (a_t,i the same for every i: one gate gradient per
+ * token), 2 per-key gates. S0: the chunk's checkpoint (rows of V, offset to the block); dS:
+ * the gradient of the state after the chunk (rows of V, offset to the block), left holding
+ * the gradient of the state before it. buf: Tc K nb W floats; P: 3 KP W floats (KP = K
+ * rounded up to W, rows from K on zero); G: the gate gradients of the chunk (mode 2: Tc rows
+ * of K; mode 1: Tc floats). first: the first column block (stores dq, dk, G; later blocks add
+ * to them). */
+static inline __attribute__((always_inline)) void gla_bwd_cols(
+    int nb, int mode, long Tc, long K, long V, const float *q, long qt, const float *k, long kt,
+    const float *a, const float *v, long vt, const float *dout, long dt, float scale,
+    const float *S0, float *dS, float *buf, float *P, float *G, int first, float *dq, long dqt,
+    float *dk, long dkt, float *dv, long dvt) {
+    const long BW = nb * W, KB = K * BW, KP = gla_round_up(K);
+    /* buf[m]: the state before token m of the chunk (m = 0: the checkpoint), m < Tc */
+    for (long i = 0; i < K; ++i)
+        for (int j = 0; j < nb; ++j) vstore(buf + i * BW + j * W, vload(S0 + i * V + j * W));
+    for (long m = 0; m + 1 < Tc; ++m) {
+        vf vv[GLA_NB];
+        for (int j = 0; j < nb; ++j) vv[j] = vload(v + m * vt + j * W);
+        const float *prev = buf + m * KB, *kr = k + m * kt, *ar = mode ? a + m * K : NULL;
+        float *next = buf + (m + 1) * KB;
+        for (long i = 0; i < K; ++i) {
+            vf ki = vsplat(kr[i]), ai = vsplat(mode ? ar[i] : 1.0f);
+            for (int j = 0; j < nb; ++j) {
+                vf s = vload(prev + i * BW + j * W);
+                vstore(next + i * BW + j * W, mode ? ai * s + ki * vv[j] : s + ki * vv[j]);
+            }
+        }
+    }
+    vf sv = vsplat(scale);
+    for (long m = Tc - 1; m >= 0; --m) {
+        /* d~ = s do_m; dq_m = S_m d~ = diag(a_m) S_{m-1} d~ + k_m (v_m . d~): only the state
+         * before the token is read */
+        vf dd[GLA_NB], vv[GLA_NB], dva[GLA_NB], ga = vsplat(0.0f), vd = vsplat(0.0f);
+        for (int j = 0; j < nb; ++j) {
+            dd[j] = sv * vload(dout + m * dt + j * W);
+            vv[j] = vload(v + m * vt + j * W);
+            dva[j] = vsplat(0.0f);
+            vd += vv[j] * dd[j];
+        }
+        const float *Sp = buf + m * KB;
+        const float *qr = q + m * qt, *kr = k + m * kt, *ar = mode ? a + m * K : NULL;
+        for (long i = 0; i < K; ++i) {
+            vf qi = vsplat(qr[i]), ki = vsplat(kr[i]), ai = vsplat(mode ? ar[i] : 1.0f);
+            vf pq = vsplat(0.0f), pk = vsplat(0.0f), pg = vsplat(0.0f);
+            float *dSi = dS + i * V;
+            for (int j = 0; j < nb; ++j) {
+                vf sp = vload(Sp + i * BW + j * W);
+                vf d = vload(dSi + j * W) + qi * dd[j]; /* dS_t, row i */
+                pq += sp * dd[j];
+                pk += d * vv[j];
+                if (mode) pg += d * sp;
+                dva[j] += ki * d;
+                vstore(dSi + j * W, mode ? ai * d : d); /* the part that reaches S_{t-1} */
+            }
+            vstore(P + i * W, pq);
+            vstore(P + (KP + i) * W, pk);
+            if (mode == 2) vstore(P + (2 * KP + i) * W, pg);
+            if (mode == 1) ga += pg;
+        }
+        for (int j = 0; j < nb; ++j) vstore(dv + m * dvt + j * W, dva[j]);
+        float vds = hsum(vd);
+        vf vdv = vsplat(vds);
+        for (long i0 = 0; i0 < K; i0 += W) {
+            long n = K - i0 < W ? K - i0 : W;
+            vf rq = gla_rsum(P + i0 * W), rk = gla_rsum(P + (KP + i0) * W), rg = vsplat(0.0f);
+            if (mode == 2) rg = gla_rsum(P + (2 * KP + i0) * W);
+            if (n == W) {
+                vf av = mode ? vload(ar + i0) : vsplat(1.0f);
+                rq = av * rq + vload(kr + i0) * vdv;
+                rg *= av;
+            } else {
+                for (long l = 0; l < n; ++l) {
+                    float al = mode ? ar[i0 + l] : 1.0f;
+                    rq[l] = al * rq[l] + kr[i0 + l] * vds;
+                    rg[l] *= al;
+                }
+            }
+            gla_put(dq + m * dqt + i0, rq, n, !first);
+            gla_put(dk + m * dkt + i0, rk, n, !first);
+            if (mode == 2) gla_put(G + m * K + i0, rg, n, !first);
+        }
+        if (mode == 1) G[m] = (first ? 0.0f : G[m]) + ar[0] * hsum(ga);
+    }
+}
+
+/* gla_bwd_cols specialised for constant (nb, mode). */
+static void gla_bwd_any(int nb, int mode, long Tc, long K, long V, const float *q, long qt,
+                        const float *k, long kt, const float *a, const float *v, long vt,
+                        const float *dout, long dt, float scale, const float *S0, float *dS,
+                        float *buf, float *P, float *G, int first, float *dq, long dqt,
+                        float *dk, long dkt, float *dv, long dvt) {
+#define B_(c, md)                                                                             \
+    case c * 3 + md:                                                                          \
+        if (c <= GLA_NB)                                                                      \
+            gla_bwd_cols(c <= GLA_NB ? c : GLA_NB, md, Tc, K, V, q, qt, k, kt, a, v, vt, dout,  \
+                         dt, scale, S0, dS, buf, P, G, first, dq, dqt, dk, dkt, dv, dvt);     \
+        break;
+    switch (nb * 3 + mode) {
+        B_(1, 0) B_(1, 1) B_(1, 2) B_(2, 0) B_(2, 1) B_(2, 2) B_(3, 0) B_(3, 1) B_(3, 2)
+        B_(4, 0) B_(4, 1) B_(4, 2)
+        default: break;
+    }
+#undef B_
+}
+
+/* The gradients of la_gla_forward over T tokens of N heads (all V columns), from those of the
+ * output (dout: rows of V, head stride dos, token stride dot) and of the final state (dS_in:
+ * (N, K, V) contiguous, or NULL for zero). q, k, v, g, gk, C, scale: as the forward was called;
+ * ckpt: what it stored (head stride cks). Writes dq, dk (rows of K: dqs, dqt; dks, dkt), dv
+ * (rows of V: dvs, dvt), dg (T floats per head, head stride dgs; only with g), dgk (rows of K:
+ * dgks, dgkt; only with gk) and dS_out, the initial state's gradient ((N, K, V) contiguous; may
+ * be dS_in). work: la_gla_work(K, C) floats. Returns 0, or -1 on sizes it does not take. */
+static int la_gla_backward(const float *q, long qs, long qt, const float *k, long ks, long kt,
+                           const float *v, long vs, long vt, const float *g, long gs,
+                           const float *gk, long gks, long gkt, const float *dout, long dos,
+                           long dot, long N, long T, long K, long V, long C, float scale,
+                           const float *ckpt, long cks, const float *dS_in, float *dS_out,
+                           float *dq, long dqs, long dqt, float *dk, long dks, long dkt,
+                           float *dv, long dvs, long dvt, float *dg, long dgs, float *dgk,
+                           long dgks, long dgkt, float *work) {
+    if (K < 1 || V % W || N < 0 || T < 0 || C < 1 || C > GLA_CMAX || (T > 0 && !ckpt)
+        || (g && !dg) || (gk && !dgk))
+        return -1;
+    int mode = gk ? 2 : g ? 1 : 0;
+    const long KP = gla_round_up(K);
+    float *a = work, *G = a + C * K, *P = G + C * K, *buf = P + 3 * KP * W;
+    memset(P, 0, (size_t)(3 * KP * W) * sizeof(float)); /* rows from K on stay zero */
+    for (long n = 0; n < N; ++n) {
+        float *dS = dS_out + n * K * V;
+        if (!dS_in) memset(dS, 0, (size_t)(K * V) * sizeof(float));
+        else if (dS_in + n * K * V != dS)
+            memcpy(dS, dS_in + n * K * V, (size_t)(K * V) * sizeof(float));
+        for (long c = (T + C - 1) / C - 1; c >= 0; --c) {
+            long t0 = c * C, Tc = T - t0 < C ? T - t0 : C;
+            if (mode)
+                gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
+                           gkt, a);
+            for (long j0 = 0; j0 < V; j0 += GLA_NB * W) {
+                int nb = (V - j0) / W < GLA_NB ? (int)((V - j0) / W) : GLA_NB;
+                gla_bwd_any(nb, mode, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
+                            kt, a, v + n * vs + t0 * vt + j0, vt, dout + n * dos + t0 * dot + j0,
+                            dot, scale, ckpt + n * cks + c * K * V + j0, dS + j0, buf, P, G,
+                            j0 == 0, dq + n * dqs + t0 * dqt, dqt, dk + n * dks + t0 * dkt, dkt,
+                            dv + n * dvs + t0 * dvt + j0, dvt);
+            }
+            for (long m = 0; m < Tc; ++m) {
+                if (mode == 1) {
+                    dg[n * dgs + t0 + m] = G[m];
+                    continue;
+                }
+                if (mode == 0) break;
+                const float *Gm = G + m * K;
+                memcpy(dgk + n * dgks + (t0 + m) * dgkt, Gm, (size_t)K * sizeof(float));
+                if (g) {
+                    float s = 0.0f;
+                    for (long i = 0; i < K; ++i) s += Gm[i];
+                    dg[n * dgs + t0 + m] = s;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the Python entry points
+ * One argument struct per kernel (ops/native/common.h); linattn/ops/gated/native.py mirrors
+ * each in ctypes and the layouts are checked against la_gated_abi when the library loads. */
+#define LA_GLA_FORWARD_ARGS(X, la_s) \
+    X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
+    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
+    X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, const float *, gk, 'p') \
+    X(la_s, long, gks, 'l') X(la_s, long, gkt, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
+    X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, long, v0, 'l') X(la_s, long, v1, 'l') \
+    X(la_s, long, C, 'l') X(la_s, float, scale, 'f') X(la_s, const float *, S_in, 'p') \
+    X(la_s, float *, S_out, 'p') X(la_s, float *, o, 'p') X(la_s, long, os, 'l') \
+    X(la_s, long, ot, 'l') X(la_s, float *, ckpt, 'p') X(la_s, long, cks, 'l') \
+    X(la_s, float *, work, 'p')
+LA_ARGS(la_gla_forward_args, LA_GLA_FORWARD_ARGS)
+int la_gla_forward_call(const la_gla_forward_args *a) {
+    return la_gla_forward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->g, a->gs,
+                          a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V, a->v0, a->v1, a->C,
+                          a->scale, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt, a->cks,
+                          a->work);
+}
+
+#define LA_GLA_BACKWARD_ARGS(X, la_s) \
+    X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
+    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
+    X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, const float *, gk, 'p') \
+    X(la_s, long, gks, 'l') X(la_s, long, gkt, 'l') X(la_s, const float *, dout, 'p') \
+    X(la_s, long, dos, 'l') X(la_s, long, dot, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
+    X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, long, C, 'l') X(la_s, float, scale, 'f') \
+    X(la_s, const float *, ckpt, 'p') X(la_s, long, cks, 'l') X(la_s, const float *, dS_in, 'p') \
+    X(la_s, float *, dS_out, 'p') X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') \
+    X(la_s, long, dqt, 'l') X(la_s, float *, dk, 'p') X(la_s, long, dks, 'l') \
+    X(la_s, long, dkt, 'l') X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') \
+    X(la_s, long, dvt, 'l') X(la_s, float *, dg, 'p') X(la_s, long, dgs, 'l') \
+    X(la_s, float *, dgk, 'p') X(la_s, long, dgks, 'l') X(la_s, long, dgkt, 'l') \
+    X(la_s, float *, work, 'p')
+LA_ARGS(la_gla_backward_args, LA_GLA_BACKWARD_ARGS)
+int la_gla_backward_call(const la_gla_backward_args *a) {
+    return la_gla_backward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->g,
+                           a->gs, a->gk, a->gks, a->gkt, a->dout, a->dos, a->dot, a->N, a->T,
+                           a->K, a->V, a->C, a->scale, a->ckpt, a->cks, a->dS_in, a->dS_out,
+                           a->dq, a->dqs, a->dqt, a->dk, a->dks, a->dkt, a->dv, a->dvs, a->dvt,
+                           a->dg, a->dgs, a->dgk, a->dgks, a->dgkt, a->work);
+}
+
+#define LA_GLA_STEP_ARGS(X, la_s) \
+    X(la_s, const float *, q, 'p') X(la_s, const float *, k, 'p') X(la_s, const float *, v, 'p') \
+    X(la_s, const float *, g, 'p') X(la_s, const float *, gk, 'p') X(la_s, long, N, 'l') \
+    X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') \
+    X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, float *, o, 'p') \
+    X(la_s, float *, work, 'p')
+LA_ARGS(la_gla_step_args, LA_GLA_STEP_ARGS)
+int la_gla_step_call(const la_gla_step_args *a) {
+    return la_gla_step(a->q, a->k, a->v, a->g, a->gk, a->N, a->K, a->V, a->scale, a->S_in,
+                       a->S_out, a->o, a->work);
+}
+
+static const la_struct la_gated_structs[] = {
+    LA_STRUCT_ENTRY(la_gla_forward_args),
+    LA_STRUCT_ENTRY(la_gla_backward_args),
+    LA_STRUCT_ENTRY(la_gla_step_args),
+};
+LA_ABI_TABLE(la_gated_abi, la_gated_structs)

@@ -1,0 +1,512 @@
+r"""The compiled CPU forward and backward of gated linear attention (``kernels.c``).
+
+:func:`linattn.ops.gated.gated_linear_attention` and
+:func:`~linattn.ops.gated.gated_linear_attention_step` hand a call here, after their argument
+checks, when the dispatcher chose this backend (:mod:`linattn.ops.dispatch`, op
+"gated_linear_attention", forms "prefill", "prefill fwd+bwd" and "step"): a CPU call in float32
+accumulation (float32 inputs; bfloat16 and float16 are widened first, as the torch path does;
+gradients for float32 only), V a multiple of 16, an ISA build that loads, and (by default) the
+compiled path measured faster than the torch one on this machine. Scalar gates ``g``, per-key
+gates ``gk``, both or none.
+
+The kernels run the recurrence itself, per head and token, with the row decays
+``a_t = exp(g_t + gk_t)`` (module docstring of :mod:`linattn.ops.gated.op`)::
+
+    S ← diag(a_t) S + k_t v_tᵀ,    o_t = s Sᵀ q_t
+
+exact in float32 arithmetic (no chunking error), vectorised over the columns of S (a block of
+columns stays in L1 through a chunk of tokens): a multiply and two multiply-adds per element
+and token. The forward stores the state before every chunk of :func:`checkpoint_interval`
+tokens when gradients are wanted — one state per chunk, never one per token: K·V/C floats per
+token and head (as much as q at K = V = 64, C = 64; twice that at the C = 32 used there). The
+backward (docs/theory.md §10, "GLA: the compiled backward") walks the chunks from the last,
+recomputes each chunk's states from its checkpoint into an L2-sized buffer and runs the
+reverse recurrence ``dS ← diag(a_t) (dS + s q_t do_tᵀ)`` through them, giving dq, dk, dv, dg,
+dgk and the initial state's gradient: eight multiply-adds or multiplies per element and token,
+and three row sums over V per key dimension and token. Heads (and, in the forward, column
+blocks of a head when there are fewer heads than threads) run in parallel on torch's threads
+once a call is large enough to pay for the hand-over.
+
+Inside PyTorch: ``linattn::gla_forward`` (its backward, ``linattn::gla_backward``, registered as
+its autograd formula; ``create_graph=True`` differentiates the torch chunked form instead, so
+higher-order gradients are exact) and ``linattn::gla_step`` (forward only), with fake
+implementations, so that ``torch.compile`` and ``torch.export`` keep them in the graph; plain
+eager calls that want no gradient run the kernels directly.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from ctypes import c_float, c_long, c_void_p
+
+import torch
+from torch import Tensor
+
+from linattn.ops._common import graph_grads
+from linattn.ops._library import KernelOp
+from linattn.ops.native import KernelSet, build_or_native, check_rc, empty_hugepage, pool
+from linattn.ops.native.abi import Args
+
+__all__ = ["gla_prefill", "gla_step", "kernels", "unavailable", "checkpoint_interval",
+           "V_MULTIPLE"]
+
+#: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
+V_MULTIPLE = 16
+#: A call splits across threads from this many state-element updates (N·T·K·V): below it the
+#: hand-over to the pool (tens of µs) costs more than it saves.
+PARALLEL_MIN = 1 << 20
+_F4 = 4  # bytes per float32 element
+
+
+def checkpoint_interval(K: int) -> int:
+    """Tokens per checkpoint for head dimension K: the backward's buffer of one chunk's states
+    (C·K·64 floats on AVX-512) stays near 512 KiB, inside a core's L2 (C = 32 at K = 64)."""
+    return max(8, min(64, 2048 // max(K, 1)))
+
+
+# --------------------------------------------------------------------------- the C boundary
+class GlaForwardArgs(Args):
+    _c_name_ = "la_gla_forward_args"
+    _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
+                ("kt", c_long), ("v", c_void_p), ("vs", c_long), ("vt", c_long), ("g", c_void_p),
+                ("gs", c_long), ("gk", c_void_p), ("gks", c_long), ("gkt", c_long), ("N", c_long),
+                ("T", c_long), ("K", c_long), ("V", c_long), ("v0", c_long), ("v1", c_long),
+                ("C", c_long), ("scale", c_float), ("S_in", c_void_p), ("S_out", c_void_p),
+                ("o", c_void_p), ("os", c_long), ("ot", c_long), ("ckpt", c_void_p),
+                ("cks", c_long), ("work", c_void_p)]
+
+
+class GlaBackwardArgs(Args):
+    _c_name_ = "la_gla_backward_args"
+    _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
+                ("kt", c_long), ("v", c_void_p), ("vs", c_long), ("vt", c_long), ("g", c_void_p),
+                ("gs", c_long), ("gk", c_void_p), ("gks", c_long), ("gkt", c_long),
+                ("dout", c_void_p), ("dos", c_long), ("dot", c_long), ("N", c_long),
+                ("T", c_long), ("K", c_long), ("V", c_long), ("C", c_long), ("scale", c_float),
+                ("ckpt", c_void_p), ("cks", c_long), ("dS_in", c_void_p), ("dS_out", c_void_p),
+                ("dq", c_void_p), ("dqs", c_long), ("dqt", c_long), ("dk", c_void_p),
+                ("dks", c_long), ("dkt", c_long), ("dv", c_void_p), ("dvs", c_long),
+                ("dvt", c_long), ("dg", c_void_p), ("dgs", c_long), ("dgk", c_void_p),
+                ("dgks", c_long), ("dgkt", c_long), ("work", c_void_p)]
+
+
+class GlaStepArgs(Args):
+    _c_name_ = "la_gla_step_args"
+    _fields_ = [("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("g", c_void_p),
+                ("gk", c_void_p), ("N", c_long), ("K", c_long), ("V", c_long), ("scale", c_float),
+                ("S_in", c_void_p), ("S_out", c_void_p), ("o", c_void_p), ("work", c_void_p)]
+
+
+#: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
+KERNELS: dict[str, type[Args]] = {"gla_forward": GlaForwardArgs, "gla_backward": GlaBackwardArgs,
+                                  "gla_step": GlaStepArgs}
+_tls = threading.local()
+
+
+def _work_size(lib) -> dict:
+    lib.la_gla_work.restype, lib.la_gla_work.argtypes = c_long, [c_long, c_long]
+    return {"work": lib.la_gla_work}
+
+
+_KERNELS = KernelSet("la_gated_abi", KERNELS, extra=_work_size)
+
+
+def kernels(isa: str = "native") -> dict | None:
+    """The GLA kernels of one ISA build (name -> ctypes function taking its struct; and "work":
+    the scratch size in floats for head dimension K and chunk C), or None where that build
+    cannot be had (see :func:`unavailable`)."""
+    return _KERNELS.get(isa)
+
+
+def unavailable(isa: str = "native") -> str | None:
+    """Why :func:`kernels` gives None for ``isa``, or None if it loads."""
+    return _KERNELS.unavailable(isa)
+
+
+def _kernels_here(isa: str) -> dict | None:
+    return build_or_native(kernels, isa)
+
+
+# ------------------------------------------------------------------------------ the calls
+def _work(fns: dict, K: int, C: int) -> Tensor:
+    """This thread's scratch buffer for head dimension K and chunk C, sized by the build that
+    will use it: the size depends on the build's vector width (an AVX2 and an AVX-512 build
+    run in one thread during the calibration), so the key holds the build's kernels (the
+    entry keeps them alive: an ``id`` is never reused for another build's dict)."""
+    bufs = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    key = (id(fns), K, C)
+    entry = bufs.get(key)
+    if entry is None or entry[0] is not fns:
+        entry = bufs[key] = (fns, torch.empty(fns["work"](K, C), dtype=torch.float32))
+    return entry[1]
+
+
+def _jobs(N: int, V: int, threads: int, columns: bool) -> list[tuple[int, int, int, int]]:
+    """(h0, h1, v0, v1) parts of the work for ``threads`` threads: about four groups of heads
+    per thread (taken one at a time, so that a thread slowed by another process does not hold
+    the others up), or, with fewer heads than threads and ``columns``, each head's columns in
+    whole blocks of 16 (the forward only: the backward's row sums span every column)."""
+    if threads <= 1 or N == 0:
+        return [(0, N, 0, V)]
+    if N >= threads or not columns:
+        parts = min(N, 4 * threads)
+        bounds = [N * i // parts for i in range(parts + 1)]
+        return [(bounds[i], bounds[i + 1], 0, V) for i in range(parts)]
+    parts = min(threads // N, V // V_MULTIPLE)
+    blocks = V // V_MULTIPLE
+    cuts = [V_MULTIPLE * (blocks * i // parts) for i in range(parts + 1)]
+    return [(h, h + 1, cuts[i], cuts[i + 1]) for h in range(N) for i in range(parts)]
+
+
+def _run_parts(part, jobs: list, threads: int) -> None:
+    """part(*job) for every job, on at most ``threads`` threads, the calling one included:
+    each takes the next job when it is done with one (ctypes releases the GIL)."""
+    if len(jobs) == 1 or threads <= 1:
+        for job in jobs:
+            part(*job)
+        return
+    todo, lock = iter(jobs), threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                job = next(todo, None)
+            if job is None:
+                return
+            part(*job)
+
+    helpers = min(threads, len(jobs)) - 1
+    workers = pool(helpers)  # the one pool of all compiled passes
+    futures = [workers.submit(worker) for _ in range(helpers)]
+    try:
+        worker()
+    finally:
+        for f in futures:  # all of them, even if this thread's jobs failed
+            f.exception()
+    for f in futures:
+        f.result()  # re-raise a helper's error
+
+
+def _threads(N: int, T: int, K: int, V: int) -> int:
+    return torch.get_num_threads() if N * T * K * V >= PARALLEL_MIN else 1
+
+
+def _ptr(x: Tensor | None, h0: int = 0) -> int | None:
+    """The address of head h0 of a (N, ...) tensor, or None."""
+    return None if x is None else x.data_ptr() + _F4 * h0 * x.stride(0)
+
+
+def _forward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
+                  gk: Tensor | None, s: float, C: int, S: Tensor, o: Tensor,
+                  ckpt: Tensor | None, first: int) -> None:
+    """la_gla_forward over (N, T, ·) views (contiguous last dimension, any head and token
+    strides), g (N, T), gk (N, T, K), the state S (N, K, V) contiguous, updated in place; o
+    (N, T, V); ckpt (N, n, K, V) or None, this span's chunks from index ``first`` on."""
+    N, T, K = q.shape
+    V = v.shape[2]
+    threads = _threads(N, T, K, V)
+    fn, work = fns["gla_forward"], None
+
+    def part(h0: int, h1: int, v0: int, v1: int) -> None:
+        nonlocal work
+        rc = fn(GlaForwardArgs(
+            q=_ptr(q, h0), qs=q.stride(0), qt=q.stride(1), k=_ptr(k, h0), ks=k.stride(0),
+            kt=k.stride(1), v=_ptr(v, h0), vs=v.stride(0), vt=v.stride(1), g=_ptr(g, h0),
+            gs=0 if g is None else g.stride(0), gk=_ptr(gk, h0),
+            gks=0 if gk is None else gk.stride(0), gkt=0 if gk is None else gk.stride(1),
+            N=h1 - h0, T=T, K=K, V=V, v0=v0, v1=v1, C=C, scale=s, S_in=_ptr(S, h0),
+            S_out=_ptr(S, h0), o=_ptr(o, h0), os=o.stride(0), ot=o.stride(1),
+            ckpt=None if ckpt is None else _ptr(ckpt, h0) + _F4 * first * K * V,
+            cks=0 if ckpt is None else ckpt.stride(0), work=_work(fns, K, C).data_ptr()))
+        check_rc(rc, "la_gla_forward")
+
+    _run_parts(part, _jobs(N, V, threads, columns=True), threads)
+
+
+def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
+                   gk: Tensor | None, do: Tensor, s: float, C: int, ckpt: Tensor, first: int,
+                   dS: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, dg: Tensor | None,
+                   dgk: Tensor | None) -> None:
+    """la_gla_backward over one span, as :func:`_forward_span`; dS (N, K, V) contiguous holds
+    the final state's gradient and is turned in place into the initial state's; do (N, T, V)
+    any head and token strides (0 for none)."""
+    N, T, K = q.shape
+    V = v.shape[2]
+    threads = _threads(N, T, K, V)
+    fn = fns["gla_backward"]
+
+    def part(h0: int, h1: int, v0: int, v1: int) -> None:
+        rc = fn(GlaBackwardArgs(
+            q=_ptr(q, h0), qs=q.stride(0), qt=q.stride(1), k=_ptr(k, h0), ks=k.stride(0),
+            kt=k.stride(1), v=_ptr(v, h0), vs=v.stride(0), vt=v.stride(1), g=_ptr(g, h0),
+            gs=0 if g is None else g.stride(0), gk=_ptr(gk, h0),
+            gks=0 if gk is None else gk.stride(0), gkt=0 if gk is None else gk.stride(1),
+            dout=_ptr(do, h0), dos=do.stride(0), dot=do.stride(1), N=h1 - h0, T=T, K=K, V=V,
+            C=C, scale=s, ckpt=_ptr(ckpt, h0) + _F4 * first * K * V, cks=ckpt.stride(0),
+            dS_in=_ptr(dS, h0), dS_out=_ptr(dS, h0), dq=_ptr(dq, h0), dqs=dq.stride(0),
+            dqt=dq.stride(1), dk=_ptr(dk, h0), dks=dk.stride(0), dkt=dk.stride(1),
+            dv=_ptr(dv, h0), dvs=dv.stride(0), dvt=dv.stride(1), dg=_ptr(dg, h0),
+            dgs=0 if dg is None else dg.stride(0), dgk=_ptr(dgk, h0),
+            dgks=0 if dgk is None else dgk.stride(0), dgkt=0 if dgk is None else dgk.stride(1),
+            work=_work(fns, K, C).data_ptr()))
+        check_rc(rc, "la_gla_backward")
+
+    _run_parts(part, _jobs(N, V, threads, columns=False), threads)
+
+
+def _rows(x: Tensor, N: int) -> Tensor:
+    """x (..., T, F) as float32 (N, T, F) with a contiguous last dimension (a view when it is
+    one already)."""
+    x = x.reshape(N, *x.shape[-2:])
+    if x.dtype != torch.float32:
+        x = x.float()
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def _spans(T: int, cu_seqlens: Tensor | None) -> list[tuple[int, int]]:
+    if cu_seqlens is None:
+        return [(0, T)]
+    return list(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True))
+
+
+def _n_checkpoints(T, C: int, cu_seqlens: Tensor | None):
+    """Checkpoint slots per head: ceil(T / C), plus one per packed sequence (each starts a new
+    chunk); from the shapes only, so that the fake implementation gives the same."""
+    n = (T + C - 1) // C
+    return n if cu_seqlens is None else n + cu_seqlens.shape[0] - 1
+
+
+def _layout(q: Tensor, cu_seqlens: Tensor | None) -> tuple[list[int], int]:
+    """(the batch dimensions, the number of heads H that the kernels walk: every dimension
+    but T and the features, less the packed batch dimension of size 1 with cu_seqlens)."""
+    batch = list(q.shape[:-2])
+    heads = batch if cu_seqlens is None else batch[1:]
+    return batch, math.prod(heads)
+
+
+def _flat(q, k, v, g, gk, cu_seqlens):
+    """The inputs as float32 (H, T, ·) rows (the packed batch dimension dropped)."""
+    _, H = _layout(q, cu_seqlens)
+    T = q.shape[-2]
+    qf, kf, vf = (_rows(x, H) for x in (q, k, v))
+    gf = None if g is None else g.reshape(H, T).float().contiguous()
+    gkf = None if gk is None else _rows(gk, H)
+    return H, qf, kf, vf, gf, gkf
+
+
+# ------------------------------------------------------------------------ the custom ops
+def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None, S0: Tensor,
+             cu_seqlens: Tensor | None, scale: float, chunk: int, checkpoints: bool, isa: str
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """``linattn::gla_forward``: q, k (..., T, K), v (..., T, V), g (..., T) and gk (..., T, K)
+    float32 or None, S0 the checked initial state (..., K, V) float32 — with ``cu_seqlens``
+    (batch size 1), (N, ..., K, V), one per packed sequence. Returns o (..., T, V) in q's
+    dtype, the final state (S0's shape, float32) and, with ``checkpoints``, the state before
+    every chunk of ``chunk`` tokens of each sequence, (H, n, K, V) (else an empty tensor)."""
+    K, V, T = q.shape[-1], v.shape[-1], q.shape[-2]
+    batch, H = _layout(q, cu_seqlens)
+    n = _n_checkpoints(T, chunk, cu_seqlens) if checkpoints else 0
+    fns = _kernels_here(isa)
+    if fns is None:  # a traced program run where the kernels cannot be had: the same function
+        o, S = _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens)
+        return o.to(q.dtype), S, S0.new_zeros((H, n, K, V) if checkpoints else (0,))
+    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens)
+    S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
+    o = empty_hugepage(qf, H, T, V)
+    ckpt = S0.new_empty(H, n, K, V) if checkpoints else S0.new_empty(0)
+    first = 0
+    for i, (a, b) in enumerate(_spans(T, cu_seqlens)):
+        _forward_span(fns, qf[:, a:b], kf[:, a:b], vf[:, a:b],
+                      None if gf is None else gf[:, a:b], None if gkf is None else gkf[:, a:b],
+                      scale, chunk, S[i * H:(i + 1) * H], o[:, a:b],
+                      ckpt if checkpoints else None, first)
+        first += -(-(b - a) // chunk)
+    o = o.view(*batch, T, V)
+    return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(S0.shape), ckpt
+
+
+def _forward_fake(q, k, v, g, gk, S0, cu_seqlens, scale, chunk, checkpoints, isa):
+    K, V, T = q.shape[-1], v.shape[-1], q.shape[-2]
+    _, H = _layout(q, cu_seqlens)
+    ckpt = (S0.new_empty(H, _n_checkpoints(T, chunk, cu_seqlens), K, V) if checkpoints
+            else S0.new_empty(0))
+    return q.new_empty(*q.shape[:-1], V), torch.empty_like(S0), ckpt
+
+
+def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None,
+              S0: Tensor, ckpt: Tensor, cu_seqlens: Tensor | None, g_out: Tensor | None,
+              g_S: Tensor | None, scale: float, chunk: int, isa: str
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``linattn::gla_backward``: the gradients of q, k, v, g, gk and S0 (empty tensors for
+    absent gates) from those of the output and the final state (None: zero), with the
+    forward's checkpoints (recomputed when empty). Float32 only; not differentiable itself
+    (``create_graph`` differentiates the torch form, :func:`_differentiable_backward`)."""
+    fns = _kernels_here(isa)
+    if fns is None:  # as in _forward: the torch form, differentiated by autograd
+        with torch.enable_grad():
+            leaves = [None if x is None else x.detach().requires_grad_(True)
+                      for x in (q, k, v, g, gk, S0)]
+            outs = _torch_prefill(*leaves[:5], scale, leaves[5], cu_seqlens)
+            grads = graph_grads(list(outs), [g_out, g_S], leaves,
+                                [x is not None for x in leaves])
+        return tuple(q.new_empty(0) if x is None else x.detach() for x in grads)
+    if q.dtype != torch.float32:  # the dispatcher routes other dtypes with gradients away
+        raise RuntimeError(f"linattn native path: no GLA backward for {q.dtype}")
+    K, V, T = q.shape[-1], v.shape[-1], q.shape[-2]
+    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens)
+    if T and ckpt.numel() == 0:  # a forward run without checkpoints: take them now
+        ckpt = _forward(q, k, v, g, gk, S0, cu_seqlens, scale, chunk, True, isa)[2]
+    if g_out is None:
+        do = q.new_zeros(1, 1, V).expand(H, T, V)
+    else:
+        do = _rows(g_out, H)
+    dS = (S0.new_zeros(S0.shape) if g_S is None else g_S.float().clone()).reshape(-1, K, V)
+    dS = dS.contiguous()
+    dq, dk = empty_hugepage(qf, H, T, K), empty_hugepage(qf, H, T, K)
+    dv = empty_hugepage(qf, H, T, V)
+    dg = None if g is None else qf.new_empty(H, T)
+    dgk = None if gk is None else empty_hugepage(qf, H, T, K)
+    first = 0
+    for i, (a, b) in enumerate(_spans(T, cu_seqlens)):
+        _backward_span(fns, qf[:, a:b], kf[:, a:b], vf[:, a:b],
+                       None if gf is None else gf[:, a:b], None if gkf is None else gkf[:, a:b],
+                       do[:, a:b], scale, chunk, ckpt, first, dS[i * H:(i + 1) * H],
+                       dq[:, a:b], dk[:, a:b], dv[:, a:b], None if dg is None else dg[:, a:b],
+                       None if dgk is None else dgk[:, a:b])
+        first += -(-(b - a) // chunk)
+    return (dq.view(q.shape), dk.view(k.shape), dv.view(v.shape),
+            q.new_empty(0) if dg is None else dg.view(g.shape),
+            q.new_empty(0) if dgk is None else dgk.view(gk.shape), dS.view(S0.shape))
+
+
+def _backward_fake(q, k, v, g, gk, S0, ckpt, cu_seqlens, g_out, g_S, scale, chunk, isa):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty(0) if g is None else torch.empty_like(g),
+            q.new_empty(0) if gk is None else torch.empty_like(gk), torch.empty_like(S0))
+
+
+_BACKWARD = KernelOp("gla_backward", _backward, _backward_fake)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, g, gk, S0, cu_seqlens, scale, chunk, checkpoints, isa = inputs
+    ctx.set_materialize_grads(False)  # no zero gradients for the checkpoints
+    ctx.mark_non_differentiable(output[2])
+    ctx.save_for_backward(q, k, v, g, gk, S0, cu_seqlens, output[2])
+    ctx.cfg = (scale, chunk, isa)
+
+
+def _backward_formula(ctx, g_out, g_S, _g_ckpt):
+    q, k, v, g, gk, S0, cu_seqlens, ckpt = ctx.saved_tensors
+    scale, chunk, isa = ctx.cfg
+    needs = ctx.needs_input_grad[:6]
+    if g_out is None and g_S is None:
+        return (None,) * 11
+    if torch.is_grad_enabled():  # create_graph=True: a gradient that is differentiable
+        grads = _differentiable_backward(ctx, g_out, g_S)
+    else:
+        grads = _BACKWARD(q, k, v, g, gk, S0, ckpt, cu_seqlens, g_out, g_S, scale, chunk, isa)
+    grads = [x if need else None for x, need in zip(grads, needs, strict=True)]
+    return (*grads, None, None, None, None, None)
+
+
+_FORWARD = KernelOp("gla_forward", _forward, _forward_fake, backward=_backward_formula,
+                    setup_context=_setup_context)
+
+
+def _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens):
+    """(o, final state) by the torch chunked form, differentiable (float32 accumulation)."""
+    from linattn.ops.gated.op import portable_prefill  # (op imports this module)
+
+    return portable_prefill(q, k, v, g, gk, scale, S0, cu_seqlens, 64)
+
+
+def _differentiable_backward(ctx, g_out, g_S):
+    """The backward for ``create_graph=True`` (gradient penalties, Hessian-vector products):
+    the forward again in differentiable torch operations (the chunked form), differentiated by
+    autograd with the graph kept. The compiled backward's result is not differentiable, and a
+    first gradient that silently did not require grad would drop every term built on it."""
+    q, k, v, g, gk, S0, cu_seqlens, _ = ctx.saved_tensors
+    scale = ctx.cfg[0]
+    o, S = _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens)
+    leaves = [q, k, v, g, gk, S0]
+    needs = [need and x is not None for x, need in zip(leaves, ctx.needs_input_grad, strict=False)]
+    return graph_grads([o, S], [g_out, g_S], leaves, needs)
+
+
+def gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None,
+                S0: Tensor, cu_seqlens: Tensor | None, scale: float, grad: bool, isa: str
+                ) -> tuple[Tensor, Tensor]:
+    """The compiled prefill on checked arguments (g, gk, S0 in float32; S0 (N, ..., K, V)
+    with ``cu_seqlens``): (o in q's dtype, the final state). ``grad``: autograd will want
+    gradients (the forward then stores its checkpoints)."""
+    o, S, _ = _FORWARD(q, k, v, g, gk, S0, cu_seqlens, float(scale),
+                       checkpoint_interval(q.shape[-1]), bool(grad), isa)
+    return o, S
+
+
+# ------------------------------------------------------------------------------- the step
+def _vec(x: Tensor, N: int) -> Tensor:
+    """One step's x (..., F) as float32 rows, contiguous: x itself when it is one already."""
+    if x.dtype == torch.float32 and x.is_contiguous():
+        return x
+    return x.reshape(N, x.shape[-1]).to(torch.float32).contiguous()
+
+
+def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None,
+          S: Tensor, scale: float, isa: str) -> tuple[Tensor, Tensor]:
+    """``linattn::gla_step``: one decoding step. q_t, k_t (..., K), v_t (..., V), g_t (...) and
+    gk_t (..., K) float32 or None, S the state (..., K, V) float32, not modified. Returns (o_t
+    in q_t's dtype, the new state float32 (..., K, V)). The kernel checks the gates' values."""
+    fns = _kernels_here(isa)
+    if fns is None:
+        from linattn.ops.gated.op import decayed
+
+        S = decayed(S, g_t, gk_t, None, q_t)
+        S = S + k_t.float().unsqueeze(-1) * v_t.float().unsqueeze(-2)
+        o = ((q_t.float() * scale).unsqueeze(-2) @ S).squeeze(-2)
+        return o.to(q_t.dtype), S
+    K, V = S.shape[-2], S.shape[-1]
+    N = S.numel() // (K * V) if K * V else 0
+    q, k, v = _vec(q_t, N), _vec(k_t, N), _vec(v_t, N)
+    g = None if g_t is None else _vec(g_t.unsqueeze(-1), N)
+    gk = None if gk_t is None else _vec(gk_t, N)
+    S_in = S if S.is_contiguous() else S.contiguous()
+    S_out = torch.empty_like(S_in)
+    o = torch.empty(v_t.shape, dtype=torch.float32)
+    if N * K * V >= PARALLEL_MIN and torch.get_num_threads() > 1:  # a large batch: threads
+        _check_step_gates(g_t, gk_t)
+        _forward_span(fns, q.view(N, 1, K), k.view(N, 1, K), v.view(N, 1, V),
+                      None if g is None else g.view(N, 1), None if gk is None else gk.view(N, 1, K),
+                      scale, 1, S_out.view(N, K, V).copy_(S_in.view(N, K, V)), o.view(N, 1, V),
+                      None, 0)
+    else:
+        rc = fns["gla_step"](GlaStepArgs(
+            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=None if g is None else g.data_ptr(),
+            gk=None if gk is None else gk.data_ptr(), N=N, K=K, V=V, scale=scale,
+            S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
+            work=_work(fns, K, 1).data_ptr()))
+        if rc == -3:
+            _check_step_gates(g_t, gk_t)  # raises, naming the gate and its values
+        check_rc(rc, "la_gla_step")
+    return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
+
+
+def _check_step_gates(g_t: Tensor | None, gk_t: Tensor | None) -> None:
+    """In Python, what la_gla_step checks itself: the errors the torch path raises."""
+    from linattn.ops.gated.op import check_gate
+
+    if g_t is not None:
+        check_gate(g_t, "g_t", tuple(g_t.shape), g_t)
+    if gk_t is not None:
+        check_gate(gk_t, "gk_t", tuple(gk_t.shape), gk_t)
+
+
+def _step_fake(q_t, k_t, v_t, g_t, gk_t, S, scale, isa):
+    return v_t.new_empty(v_t.shape, dtype=q_t.dtype), torch.empty_like(S)
+
+
+gla_step = KernelOp("gla_step", _step, _step_fake)

@@ -1,0 +1,460 @@
+/* Stand-alone check of the GLA kernels (la_gla_forward, la_gla_backward, la_gla_step in
+ * src/linattn/ops/gated/kernels.c) against a naive double-precision recurrence, without Python
+ * or torch, for building them in every vector form (-DLA_W=1/4/8/16 or whatever the -m flags
+ * pick) and on other ISAs (aarch64 under qemu), as tests/c/gdr_harness.c does for the delta rule:
+ *
+ *   cc -O3 -march=native -o /tmp/gla_harness tests/c/gla_harness.c -lm && /tmp/gla_harness
+ *
+ * Reference, per head: a_t,i = exp(g_t + gk_t,i), S_t = diag(a_t) S_{t-1} + k_t v_t^T,
+ * o_t = s S_t^T q_t, every state kept; the backward walks them in reverse:
+ * dS_t = diag(a_{t+1}) dS_{t+1} + s q_t do_t^T, dq_t = s S_t do_t, dk_t = dS_t v_t,
+ * dv_t = dS_t^T k_t, dgk_t,i = a_t,i sum_j dS_t,ij S_{t-1},ij, dg_t = sum_i dgk_t,i, and the
+ * initial state's gradient diag(a_1) dS_1. That reference backward is itself checked against
+ * central differences of the reference forward (a loss sum w.o + sum W.S_T) on a small case.
+ * Checked: no gate, a scalar gate, per-key gates, both, hard resets (g = -inf) and decays that
+ * flush (g near -90); (K, V) with K not a multiple of any width; T = 0, 1, 5, 64, 65, 150; chunks
+ * C = 1, 7, 16, 64; head and token strides larger than the rows; the checkpoints against the
+ * reference's states; S_out apart from S_in and in place; the forward's columns in two calls
+ * (v0, v1) as threads share a head; the backward with and without a final-state gradient and in
+ * place (dS_out = dS_in); la_gla_step against la_gla_forward bit for bit and its gate checks.
+ * Buffers carry NaN guards past their ends and in the gaps between rows, which must come back
+ * untouched. Errors are max |kernel - reference| / max |reference| per array; above TOL the
+ * run fails.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../src/linattn/ops/gated/kernels.c"
+
+/* Through volatile pointers: what runs is the code a shared library exports, not a clone
+ * specialised for this file's constants. */
+static __typeof__(la_gla_forward) *volatile gla_forward = la_gla_forward;
+static __typeof__(la_gla_backward) *volatile gla_backward = la_gla_backward;
+
+#define TOL 3e-5
+#define GUARD 64
+#define GUARD_BITS 0x7FC0DEADu
+
+static unsigned long long rng = 0x2545F4914F6CDD1Dull;
+static double urand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static float uni(double lo, double hi) { return (float)(lo + (hi - lo) * urand()); }
+
+static float guard_value(void) {
+    float f;
+    unsigned u = GUARD_BITS;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* n floats plus GUARD, all set to the guard value. */
+static float *guarded_alloc(long n) {
+    float *p = malloc((size_t)(n + GUARD) * sizeof(float));
+    float gv = guard_value();
+    for (long i = 0; i < n + GUARD; ++i) p[i] = gv;
+    return p;
+}
+static int is_guard(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u == GUARD_BITS;
+}
+
+static int failures = 0, checks = 0;
+
+static void expect(const char *what, double err, const char *cfg) {
+    ++checks;
+    if (!(err <= TOL)) {
+        ++failures;
+        printf("FAIL %s: %s error %.3g\n", cfg, what, err);
+    }
+}
+
+/* H blocks (head stride hs) of R rows of F floats (row stride rs): everything else of the
+ * total + GUARD floats must still hold guards. */
+static void expect_guards(const char *what, const float *p, long H, long hs, long R, long rs,
+                          long F, long total, const char *cfg) {
+    long bad = 0;
+    for (long i = 0; i < total + GUARD; ++i) {
+        long n = i / hs, r = (i % hs) / rs, c = (i % hs) % rs;
+        int inside = n < H && r < R && c < F;
+        if (!inside && !is_guard(p[i])) ++bad;
+    }
+    ++checks;
+    if (bad) {
+        ++failures;
+        printf("FAIL %s: %s: %ld guard values overwritten\n", cfg, what, bad);
+    }
+}
+
+/* max |got - want| / max |want| over H heads of R rows of F (got: head stride gs, row stride
+ * gr; want contiguous). */
+static double rel_err(const float *got, long gs, long gr, const double *want, long H, long R,
+                      long F) {
+    double m = 1e-3, e = 0;
+    for (long n = 0; n < H; ++n)
+        for (long r = 0; r < R; ++r)
+            for (long j = 0; j < F; ++j) {
+                double w = want[(n * R + r) * F + j], d = fabs((double)got[n * gs + r * gr + j] - w);
+                if (fabs(w) > m) m = fabs(w);
+                if (!(d <= e)) e = d; /* NaN: e becomes NaN, which fails the check */
+            }
+    return e / m;
+}
+
+/* One problem: N heads, inputs with padded strides. */
+typedef struct {
+    long N, T, K, V, qt, qs, vt, vs, gkt, gks, ot, os;
+    float *q, *k, *v, *g, *gk, *S0, *dout, *dSf;
+    int use_g, use_gk;
+    float scale;
+} problem;
+
+static double ref_decay(const problem *p, long n, long t, long i) {
+    double x = 0;
+    if (p->use_g) x += p->g[n * p->T + t];
+    if (p->use_gk) x += p->gk[n * p->gks + t * p->gkt + i];
+    return exp(x);
+}
+
+/* States Sall (N, T + 1, K, V) (index 0: the initial state), outputs o (N, T, V). */
+static void ref_forward(const problem *p, double *Sall, double *o) {
+    long N = p->N, T = p->T, K = p->K, V = p->V;
+    for (long n = 0; n < N; ++n) {
+        double *S = Sall + n * (T + 1) * K * V;
+        for (long i = 0; i < K * V; ++i) S[i] = p->S0[n * K * V + i];
+        for (long t = 0; t < T; ++t) {
+            double *Sp = S + t * K * V, *Sn = Sp + K * V;
+            const float *qr = p->q + n * p->qs + t * p->qt, *kr = p->k + n * p->qs + t * p->qt;
+            const float *vr = p->v + n * p->vs + t * p->vt;
+            for (long i = 0; i < K; ++i) {
+                double a = ref_decay(p, n, t, i);
+                for (long j = 0; j < V; ++j) Sn[i * V + j] = a * Sp[i * V + j] + (double)kr[i] * vr[j];
+            }
+            for (long j = 0; j < V; ++j) {
+                double s = 0;
+                for (long i = 0; i < K; ++i) s += (double)qr[i] * Sn[i * V + j];
+                o[(n * T + t) * V + j] = p->scale * s;
+            }
+        }
+    }
+}
+
+/* Gradients of sum dout.o + sum dSf.S_T (dSf may be NULL): dq, dk (N, T, K), dv (N, T, V),
+ * dg (N, T), dgk (N, T, K), dS0 (N, K, V). */
+static void ref_backward(const problem *p, const double *Sall, const float *dSf, double *dq,
+                         double *dk, double *dv, double *dg, double *dgk, double *dS0) {
+    long N = p->N, T = p->T, K = p->K, V = p->V;
+    double *dS = malloc((size_t)(K * V + 1) * sizeof(double));
+    for (long n = 0; n < N; ++n) {
+        const double *S = Sall + n * (T + 1) * K * V;
+        for (long i = 0; i < K * V; ++i) dS[i] = dSf ? dSf[n * K * V + i] : 0.0;
+        for (long t = T - 1; t >= 0; --t) {
+            const double *St = S + (t + 1) * K * V, *Sp = S + t * K * V;
+            const float *qr = p->q + n * p->qs + t * p->qt, *kr = p->k + n * p->qs + t * p->qt;
+            const float *vr = p->v + n * p->vs + t * p->vt, *dr = p->dout + (n * T + t) * V;
+            double gsum = 0;
+            for (long i = 0; i < K; ++i) {
+                double sq = 0, sk = 0, sg = 0;
+                for (long j = 0; j < V; ++j) {
+                    double *d = dS + i * V + j;
+                    *d += p->scale * (double)qr[i] * dr[j];
+                    sq += St[i * V + j] * dr[j];
+                    sk += *d * vr[j];
+                    sg += *d * Sp[i * V + j];
+                }
+                double a = ref_decay(p, n, t, i);
+                dq[(n * T + t) * K + i] = p->scale * sq;
+                dk[(n * T + t) * K + i] = sk;
+                dgk[(n * T + t) * K + i] = a * sg;
+                gsum += a * sg;
+            }
+            dg[n * T + t] = gsum;
+            for (long j = 0; j < V; ++j) {
+                double s = 0;
+                for (long i = 0; i < K; ++i) s += (double)kr[i] * dS[i * V + j];
+                dv[(n * T + t) * V + j] = s;
+            }
+            for (long i = 0; i < K; ++i) {
+                double a = ref_decay(p, n, t, i);
+                for (long j = 0; j < V; ++j) dS[i * V + j] *= a;
+            }
+        }
+        for (long i = 0; i < K * V; ++i) dS0[n * K * V + i] = dS[i];
+    }
+    free(dS);
+}
+
+static problem make(long N, long T, long K, long V, int use_g, int use_gk, int strong) {
+    problem p = {N, T, K, V, 0};
+    p.qt = K + 3, p.qs = T * p.qt + 5, p.vt = V + 2, p.vs = T * p.vt + 7;
+    p.gkt = K + 1, p.gks = T * p.gkt + 2, p.ot = V + 1, p.os = T * p.ot + 3;
+    p.use_g = use_g, p.use_gk = use_gk, p.scale = 1.0f / sqrtf((float)K);
+    p.q = guarded_alloc(N * p.qs), p.k = guarded_alloc(N * p.qs), p.v = guarded_alloc(N * p.vs);
+    p.g = guarded_alloc(N * T), p.gk = guarded_alloc(N * p.gks), p.S0 = guarded_alloc(N * K * V);
+    p.dout = guarded_alloc(N * T * V), p.dSf = guarded_alloc(N * K * V);
+    for (long n = 0; n < N; ++n)
+        for (long t = 0; t < T; ++t) {
+            for (long i = 0; i < K; ++i) {
+                p.q[n * p.qs + t * p.qt + i] = uni(-1, 1);
+                p.k[n * p.qs + t * p.qt + i] = uni(-1, 1);
+                p.gk[n * p.gks + t * p.gkt + i] = uni(-0.7, 0);
+            }
+            for (long j = 0; j < V; ++j) p.v[n * p.vs + t * p.vt + j] = uni(-1, 1);
+            for (long j = 0; j < V; ++j) p.dout[(n * T + t) * V + j] = uni(-1, 1);
+            p.g[n * T + t] = uni(-0.3, 0);
+            if (strong && t % 17 == 3) p.g[n * T + t] = -INFINITY; /* a hard reset */
+            if (strong && t % 11 == 5) p.g[n * T + t] = -90.0f;    /* a decay that flushes */
+        }
+    for (long i = 0; i < N * K * V; ++i) p.S0[i] = uni(-0.5, 0.5), p.dSf[i] = uni(-0.5, 0.5);
+    return p;
+}
+
+static void release(problem *p) {
+    free(p->q), free(p->k), free(p->v), free(p->g), free(p->gk), free(p->S0), free(p->dout);
+    free(p->dSf);
+}
+
+static void run(long N, long T, long K, long V, long C, int use_g, int use_gk, int strong,
+                int mode) {
+    /* forward mode 0: S_out apart; 1: in place; 2: in place, columns in two calls. Backward:
+     * mode 0 with the final-state gradient; 1 without; 2 with it, in place. */
+    char cfg[200];
+    snprintf(cfg, sizeof cfg, "N=%ld T=%ld K=%ld V=%ld C=%ld g=%d gk=%d strong=%d mode=%d W=%d",
+             N, T, K, V, C, use_g, use_gk, strong, mode, W);
+    problem p = make(N, T, K, V, use_g, use_gk, strong);
+    long nc = (T + C - 1) / C, cks = nc * K * V + 9;
+    float *S = guarded_alloc(N * K * V), *o = guarded_alloc(N * p.os);
+    float *ckpt = guarded_alloc(N * cks), *work = guarded_alloc(la_gla_work(K, C));
+    double *Sall = malloc((size_t)(N * (T + 1) * K * V + 1) * sizeof(double));
+    double *oref = malloc((size_t)(N * T * V + 1) * sizeof(double));
+    ref_forward(&p, Sall, oref);
+    const float *g = use_g ? p.g : NULL, *gk = use_gk ? p.gk : NULL;
+    float *S0copy = malloc((size_t)(N * K * V + 1) * sizeof(float));
+    memcpy(S0copy, p.S0, (size_t)(N * K * V) * sizeof(float));
+    int rc = 0;
+    if (mode == 0) {
+        rc |= gla_forward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks,
+                          p.gkt, N, T, K, V, 0, V, C, p.scale, p.S0, S, o, p.os, p.ot, ckpt, cks,
+                          work);
+    } else {
+        memcpy(S, p.S0, (size_t)(N * K * V) * sizeof(float));
+        long mid = mode == 2 ? (V / W / 2) * W : V;
+        rc |= gla_forward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks,
+                          p.gkt, N, T, K, V, 0, mid, C, p.scale, S, S, o, p.os, p.ot, ckpt, cks,
+                          work);
+        if (mode == 2)
+            rc |= gla_forward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks,
+                              p.gkt, N, T, K, V, mid, V, C, p.scale, S, S, o, p.os, p.ot, ckpt,
+                              cks, work);
+    }
+    ++checks;
+    if (rc) {
+        ++failures;
+        printf("FAIL %s: forward rc %d\n", cfg, rc);
+    }
+    expect("o", rel_err(o, p.os, p.ot, oref, N, T, V), cfg);
+    double *Sfin = malloc((size_t)(N * K * V + 1) * sizeof(double));
+    double *Sck = malloc((size_t)(N * nc * K * V + 1) * sizeof(double));
+    for (long n = 0; n < N; ++n) {
+        memcpy(Sfin + n * K * V, Sall + (n * (T + 1) + T) * K * V, (size_t)(K * V) * sizeof(double));
+        for (long c = 0; c < nc; ++c)
+            memcpy(Sck + (n * nc + c) * K * V, Sall + (n * (T + 1) + c * C) * K * V,
+                   (size_t)(K * V) * sizeof(double));
+    }
+    expect("S", rel_err(S, K * V, V, Sfin, N, K, V), cfg);
+    if (nc) expect("checkpoints", rel_err(ckpt, cks, V, Sck, N, nc * K, V), cfg);
+    expect_guards("o", o, N, p.os, T, p.ot, V, N * p.os, cfg);
+    expect_guards("S", S, 1, N * K * V, N * K, V, V, N * K * V, cfg);
+    expect_guards("checkpoints", ckpt, N, cks, nc * K, V, V, N * cks, cfg);
+    if (mode == 0)
+        expect("S_in kept", memcmp(p.S0, S0copy, (size_t)(N * K * V) * sizeof(float)) ? 1.0 : 0.0,
+               cfg);
+
+    /* backward */
+    long dqt = K + 2, dqs = T * dqt + 3, dvt = V + 3, dvs = T * dvt + 1, dgs = T + 4;
+    long dgkt = K + 5, dgks = T * dgkt + 2;
+    float *dq = guarded_alloc(N * dqs), *dk = guarded_alloc(N * dqs), *dv = guarded_alloc(N * dvs);
+    float *dg = guarded_alloc(N * dgs), *dgk = guarded_alloc(N * dgks);
+    float *dS0 = guarded_alloc(N * K * V);
+    double *rq = malloc((size_t)(N * T * K + 1) * sizeof(double));
+    double *rk = malloc((size_t)(N * T * K + 1) * sizeof(double));
+    double *rv = malloc((size_t)(N * T * V + 1) * sizeof(double));
+    double *rg = malloc((size_t)(N * T + 1) * sizeof(double));
+    double *rgk = malloc((size_t)(N * T * K + 1) * sizeof(double));
+    double *rS0 = malloc((size_t)(N * K * V + 1) * sizeof(double));
+    const float *dSf = mode == 1 ? NULL : p.dSf;
+    ref_backward(&p, Sall, dSf, rq, rk, rv, rg, rgk, rS0);
+    if (mode == 2) memcpy(dS0, p.dSf, (size_t)(N * K * V) * sizeof(float));
+    rc = gla_backward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks, p.gkt,
+                      p.dout, T * V, V, N, T, K, V, C, p.scale, ckpt, cks,
+                      mode == 2 ? dS0 : dSf, dS0, dq, dqs, dqt, dk, dqs, dqt, dv, dvs, dvt,
+                      use_g ? dg : NULL, dgs, use_gk ? dgk : NULL, dgks, dgkt, work);
+    ++checks;
+    if (rc) {
+        ++failures;
+        printf("FAIL %s: backward rc %d\n", cfg, rc);
+    }
+    expect("dq", rel_err(dq, dqs, dqt, rq, N, T, K), cfg);
+    expect("dk", rel_err(dk, dqs, dqt, rk, N, T, K), cfg);
+    expect("dv", rel_err(dv, dvs, dvt, rv, N, T, V), cfg);
+    expect("dS0", rel_err(dS0, K * V, V, rS0, N, K, V), cfg);
+    expect_guards("dq", dq, N, dqs, T, dqt, K, N * dqs, cfg);
+    expect_guards("dk", dk, N, dqs, T, dqt, K, N * dqs, cfg);
+    expect_guards("dv", dv, N, dvs, T, dvt, V, N * dvs, cfg);
+    expect_guards("dS0", dS0, 1, N * K * V, N * K, V, V, N * K * V, cfg);
+    if (use_g) {
+        expect("dg", rel_err(dg, dgs, 1, rg, N, T, 1), cfg);
+        expect_guards("dg", dg, N, dgs, T, 1, 1, N * dgs, cfg);
+    } else {
+        expect_guards("dg untouched", dg, 0, 1, 0, 1, 0, N * dgs, cfg);
+    }
+    if (use_gk) {
+        expect("dgk", rel_err(dgk, dgks, dgkt, rgk, N, T, K), cfg);
+        expect_guards("dgk", dgk, N, dgks, T, dgkt, K, N * dgks, cfg);
+    } else {
+        expect_guards("dgk untouched", dgk, 0, 1, 0, 1, 0, N * dgks, cfg);
+    }
+    free(dq), free(dk), free(dv), free(dg), free(dgk), free(dS0);
+    free(rq), free(rk), free(rv), free(rg), free(rgk), free(rS0);
+    free(S0copy), free(S), free(o), free(ckpt), free(work), free(Sall), free(oref), free(Sfin);
+    free(Sck);
+    release(&p);
+}
+
+/* The reference backward against central differences of the reference forward. */
+static void check_reference(void) {
+    problem p = make(1, 6, 3, 2, 1, 1, 0);
+    long T = p.T, K = p.K, V = p.V;
+    double *Sall = malloc((size_t)((T + 1) * K * V) * sizeof(double));
+    double *o = malloc((size_t)(T * V) * sizeof(double));
+    double *dq = malloc((size_t)(T * K) * sizeof(double)), *dk = malloc((size_t)(T * K) * sizeof(double));
+    double *dv = malloc((size_t)(T * V) * sizeof(double)), *dg = malloc((size_t)T * sizeof(double));
+    double *dgk = malloc((size_t)(T * K) * sizeof(double)), *dS0 = malloc((size_t)(K * V) * sizeof(double));
+    ref_forward(&p, Sall, o);
+    ref_backward(&p, Sall, p.dSf, dq, dk, dv, dg, dgk, dS0);
+    /* (parameter, analytic gradient) pairs */
+    struct { float *x; double grad; } probes[] = {
+        {p.q + 2 * p.qt + 1, dq[2 * K + 1]}, {p.k + 4 * p.qt + 2, dk[4 * K + 2]},
+        {p.v + 1 * p.vt + 1, dv[1 * V + 1]}, {p.g + 3, dg[3]},
+        {p.gk + 2 * p.gkt + 0, dgk[2 * K + 0]}, {p.S0 + 4, dS0[4]},
+        {p.gk + 0 * p.gkt + 2, dgk[2]}, {p.k + 5 * p.qt + 0, dk[5 * K]},
+    };
+    for (unsigned i = 0; i < sizeof probes / sizeof *probes; ++i) {
+        float keep = *probes[i].x;
+        double h = 1e-3, L[2];
+        for (int side = 0; side < 2; ++side) {
+            *probes[i].x = keep + (float)(side ? h : -h);
+            ref_forward(&p, Sall, o);
+            double s = 0;
+            for (long t = 0; t < T * V; ++t) s += o[t] * p.dout[t];
+            for (long j = 0; j < K * V; ++j) s += Sall[T * K * V + j] * p.dSf[j];
+            L[side] = s;
+        }
+        double x1 = (double)(float)(keep + (float)h), x0 = (double)(float)(keep - (float)h);
+        *probes[i].x = keep;
+        double fd = (L[1] - L[0]) / (x1 - x0), err = fabs(fd - probes[i].grad);
+        ++checks;
+        if (!(err <= 1e-5 * (1 + fabs(fd)))) {
+            ++failures;
+            printf("FAIL: reference backward, probe %u: analytic %.9g, differences %.9g\n", i,
+                   probes[i].grad, fd);
+        }
+    }
+    free(Sall), free(o), free(dq), free(dk), free(dv), free(dg), free(dgk), free(dS0);
+    release(&p);
+}
+
+int main(void) {
+    check_reference();
+    const long shapes[][2] = {{64, 64}, {20, 48}, {16, 16}, {7, 32}};
+    const long Ts[] = {0, 1, 5, 64, 65, 150};
+    const long Cs[] = {64, 16, 7, 1};
+    const int gates[][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}, {1, 0, 1}, {1, 1, 1}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; ++s)
+        for (unsigned t = 0; t < sizeof Ts / sizeof *Ts; ++t)
+            for (unsigned gi = 0; gi < sizeof gates / sizeof *gates; ++gi)
+                for (int mode = 0; mode < 3; ++mode) {
+                    long C = Cs[(s + t + gi + mode) % 4];
+                    if (C == 1 && Ts[t] > 65) C = 16; /* keep the run short */
+                    run(s == 0 ? 3 : 2, Ts[t], shapes[s][0], shapes[s][1], C, gates[gi][0],
+                        gates[gi][1], gates[gi][2], mode);
+                }
+    /* la_gla_step: la_gla_forward with T = 1 on contiguous rows, bit for bit */
+    {
+        enum { SN = 3, SK = 20, SV = 32 };
+        static float q[SN * SK], k[SN * SK], v[SN * SV], g[SN], gk[SN * SK], S0[SN * SK * SV];
+        static float S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV], o2[SN * SV];
+        float *wk = malloc((size_t)la_gla_work(SK, 1) * sizeof(float));
+        for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
+        for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
+        for (int i = 0; i < SN; ++i) g[i] = uni(-1, 0);
+        for (int i = 0; i < SN * SK * SV; ++i) S0[i] = uni(-0.3, 0.3);
+        int rc = la_gla_step(q, k, v, g, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        rc |= gla_forward(q, SK, SK, k, SK, SK, v, SV, SV, g, 1, gk, SK, SK, SN, 1, SK, SV, 0, SV, 1,
+                          0.3f, S0, S2, o2, SV, SV, NULL, 0, wk);
+        ++checks;
+        if (rc || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
+            ++failures;
+            printf("FAIL: la_gla_step differs from la_gla_forward (rc %d)\n", rc);
+        }
+        /* the step's own gate checks: a NaN or positive gate is -3, and the outputs are not
+         * touched */
+        float keep = S1[0];
+        S1[0] = 12345.0f;
+        g[2] = 0.25f;
+        int pos_g = la_gla_step(q, k, v, g, NULL, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        g[2] = NAN;
+        int nan_g = la_gla_step(q, k, v, g, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        g[2] = -0.5f;
+        gk[SK + 3] = 1e-3f;
+        int pos_gk = la_gla_step(q, k, v, NULL, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        gk[SK + 3] = NAN;
+        int nan_gk = la_gla_step(q, k, v, g, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        int none = la_gla_step(q, k, v, NULL, NULL, SN, SK, SV, 0.3f, S0, S2, o2, wk);
+        ++checks;
+        if (pos_g != -3 || nan_g != -3 || pos_gk != -3 || nan_gk != -3 || none != 0
+            || S1[0] != 12345.0f) {
+            ++failures;
+            printf("FAIL: la_gla_step gate checks (%d %d %d %d %d)\n", pos_g, nan_g, pos_gk,
+                   nan_gk, none);
+        }
+        S1[0] = keep;
+        free(wk);
+    }
+    /* sizes they must refuse: V not a multiple of W (W > 1), columns out of range, C outside
+     * 1..GLA_CMAX, a backward without checkpoints or without a gate's gradient */
+    static float dummy[4096];
+    int refused = gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1,
+                              4, 16, 0, 32, 8, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0,
+                              dummy) == -1;
+    refused &= gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1, 4,
+                           16, 0, 16, 0, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0, dummy) == -1;
+    refused &= gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1, 4,
+                           16, 0, 16, GLA_CMAX + 1, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0,
+                           dummy) == -1;
+    refused &= gla_backward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy, 0,
+                            0, 1, 1, 4, 16, 8, 1.0f, NULL, 0, NULL, dummy, dummy, 0, 0, dummy, 0,
+                            0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy) == -1;
+    refused &= gla_backward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 0, dummy, 0,
+                            0, 1, 1, 4, 16, 8, 1.0f, dummy, 0, NULL, dummy, dummy, 0, 0, dummy, 0,
+                            0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy) == -1;
+    if (W > 1)
+        refused &= gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1,
+                               4, W + 1, 0, W + 1, 8, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0,
+                               dummy) == -1;
+    ++checks;
+    if (!refused) {
+        ++failures;
+        printf("FAIL: bad sizes were not refused\n");
+    }
+    if (failures) {
+        printf("FAIL: %d of %d checks (W=%d)\n", failures, checks, W);
+        return 1;
+    }
+    printf("PASS: %d checks, la_gla_forward/backward/step, W=%d, GLA_NB=%d\n", checks, W, GLA_NB);
+    return 0;
+}
