@@ -29,14 +29,14 @@ def test_pairs_at_the_start_keys_and_values_disjoint_and_unique(batch):
     keys, values = x[:, 0:2 * P:2], x[:, 1:2 * P:2]
     assert bool(((keys >= 1) & (keys < V // 2)).all())
     assert bool(((values >= V // 2) & (values < V)).all())
-    for row_k, row_v in zip(keys.tolist(), values.tolist()):
+    for row_k, row_v in zip(keys.tolist(), values.tolist(), strict=True):
         assert len(set(row_k)) == P and len(set(row_v)) == P
 
 
 def test_every_key_queried_once_and_target_is_its_value(batch):
     x, y = batch
-    for xi, yi in zip(x.tolist(), y.tolist()):
-        pairs = dict(zip(xi[0:2 * P:2], xi[1:2 * P:2]))
+    for xi, yi in zip(x.tolist(), y.tolist(), strict=True):
+        pairs = dict(zip(xi[0:2 * P:2], xi[1:2 * P:2], strict=True))
         queries = [t for t, target in enumerate(yi) if target != IGNORE_INDEX]
         assert len(queries) == P
         assert all(t >= 2 * P and (t - 2 * P) % 2 == 0 for t in queries)  # even slots

@@ -120,6 +120,7 @@ def train_one(cfg: RecallConfig, lr: float, data: dict[str, tuple[Tensor, Tensor
                               "train_time_s": 0.0, "diverged": False, "history": []}
     for epoch in range(cfg.epochs):
         order = torch.randperm(len(x), generator=gen)
+        losses = []
         t0 = time.perf_counter()
         for i in range(0, len(x), cfg.batch_size):
             idx = order[i:i + cfg.batch_size]
@@ -133,17 +134,19 @@ def train_one(cfg: RecallConfig, lr: float, data: dict[str, tuple[Tensor, Tensor
             opt.step()
             sched.step()
             record["steps"] += 1
+            losses.append(loss.detach())
         record["train_time_s"] += time.perf_counter() - t0
         record["epochs"] = epoch + 1
         if record["diverged"]:
             record["val_acc"] = 0.0
             break
         record["val_acc"] = accuracy(model, *data["val"])
-        record["history"].append({"epoch": epoch + 1, "loss": float(loss),
+        mean_loss = float(torch.stack(losses).mean())  # the epoch's mean training loss
+        record["history"].append({"epoch": epoch + 1, "loss": mean_loss,
                                   "val_acc": record["val_acc"]})
         if log is not None:
             log(f"{cfg.mixer} d={cfg.d_model} lr={lr:g} epoch {epoch + 1}: loss "
-                f"{float(loss):.3f}, val acc {record['val_acc']:.4f} "
+                f"{mean_loss:.3f}, val acc {record['val_acc']:.4f} "
                 f"({record['train_time_s']:.0f} s)")
         if record["val_acc"] >= cfg.stop_at:
             break

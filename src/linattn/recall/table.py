@@ -55,6 +55,7 @@ def run_grid(base: RecallConfig, mixers: Sequence[str], d_models: Sequence[int],
             if result is None:
                 result = run_cell(cfg, log)
                 if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
                     write_json(path, result)
             elif log is not None:
                 log(f"{cell_name(cfg)}: reusing {path}")

@@ -1,0 +1,166 @@
+"""The MQAR harness (linattn.recall.harness, .options, .table) on tiny problems."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from linattn.recall import RecallConfig, accuracy, build_model, mqar, query_logits, state_bytes
+from linattn.recall.harness import run_cell, splits, train_one
+from linattn.recall.options import MIXER_PRESETS, model_kwargs
+from linattn.recall.table import cell_name, format_table, run_grid
+
+TINY = {"d_model": 16, "num_heads": 2, "seq_len": 16, "num_kv_pairs": 2, "vocab_size": 32,
+        "train_examples": 64, "val_examples": 16, "test_examples": 16, "epochs": 1,
+        "batch_size": 32, "lr": 1e-3}
+
+
+def tol(dtype: torch.dtype) -> float:
+    return 100 * torch.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("mixer", list(MIXER_PRESETS))
+def test_query_logits_are_the_models_logits(mixer):
+    """The harness's shortcut (the head at query positions only) equals the model's forward."""
+    cfg = RecallConfig(mixer=mixer, **TINY)
+    model = build_model(cfg).eval()
+    x, y = mqar(3, 16, 2, vocab_size=32, seed=0)
+    with torch.no_grad():
+        full = model(x)[y != -100]
+        part = query_logits(model, x, y)
+    assert part.shape == (6, 32)
+    torch.testing.assert_close(part, full, rtol=tol(part.dtype), atol=tol(part.dtype))
+
+
+def test_presets_reach_the_model():
+    cfg = RecallConfig(mixer="based", **TINY)
+    assert model_kwargs(cfg)["attention"] == "hybrid"
+    assert model_kwargs(cfg)["feature_map"] == "taylor"
+    plain = build_model(RecallConfig(mixer="linear_plain", **TINY))
+    assert bool((plain.blocks[0].attn.decay == 1).all())
+    fm = RecallConfig(mixer="linear", feature_map="relu", **TINY)
+    assert model_kwargs(fm)["feature_map"] == "relu"
+
+
+def test_accuracy_counts_query_positions():
+    """A model that predicts every query right scores 1; the score is over queries only."""
+    cfg = RecallConfig(mixer="softmax", **TINY)
+    model = build_model(cfg)
+    x, y = mqar(8, 16, 2, vocab_size=32, seed=1)
+    acc = accuracy(model, x, y, batch_size=3)
+    assert 0.0 <= acc <= 1.0
+
+    class Oracle(torch.nn.Module):  # stands in for the head: logits peaked at the targets
+        def forward(self, h):
+            return torch.nn.functional.one_hot(want, 32).float()
+
+    want = y[y != -100]
+    model.head = Oracle()
+    assert accuracy(model, x, y, batch_size=8) == 1.0
+
+
+@pytest.mark.parametrize("mixer, expect", [
+    ("softmax", lambda c: 2 * c.num_layers * c.seq_len * c.d_model * 4),  # K and V, float32
+    ("gated_delta", lambda c: c.num_layers * c.num_heads * (c.d_model // c.num_heads) ** 2 * 4),
+])
+def test_state_bytes_from_the_states_tensors(mixer, expect):
+    cfg = RecallConfig(mixer=mixer, **TINY)
+    model = build_model(cfg)
+    x, _ = mqar(1, 16, 2, vocab_size=32)
+    assert state_bytes(model, x) == expect(cfg)
+
+
+def test_training_learns_and_is_recorded():
+    """A short run lowers the query loss; the record holds what the table reports."""
+    cfg = RecallConfig(mixer="softmax", **{**TINY, "epochs": 3, "stop_at": 1.0})
+    data = splits(cfg)
+    model, rec = train_one(cfg, 3e-3, data)
+    assert rec["epochs"] == 3 and rec["steps"] == 3 * 2 and not rec["diverged"]
+    assert rec["train_time_s"] > 0
+    losses = [h["loss"] for h in rec["history"]]
+    assert losses[-1] < losses[0]
+
+
+def test_divergence_is_recorded_not_raised(monkeypatch):
+    """A non-finite loss ends that rate's run with accuracy 0; the sweep goes on."""
+    import linattn.recall.harness as h
+
+    def broken(cfg):
+        model = build_model(cfg)
+        with torch.no_grad():
+            model.norm.weight.fill_(float("nan"))
+        return model
+
+    monkeypatch.setattr(h, "build_model", broken)
+    cfg = RecallConfig(mixer="linear", **TINY)
+    _, rec = train_one(cfg, 1e-3, splits(cfg))
+    assert rec["diverged"] and rec["val_acc"] == 0.0 and rec["steps"] == 0
+
+
+def test_sweep_picks_the_best_validation_rate(monkeypatch):
+    import linattn.recall.harness as h
+
+    scores = {1e-3: 0.2, 5e-3: 0.7, 1e-2: 0.4}
+
+    def fake(cfg, lr, data, log=None):
+        return build_model(cfg), {"lr": lr, "val_acc": scores[lr], "train_time_s": 1.0,
+                                  "epochs": 1, "steps": 1, "diverged": False, "history": []}
+
+    monkeypatch.setattr(h, "train_one", fake)
+    cfg = RecallConfig(mixer="gated_delta", **{**TINY, "lr": None, "lrs": (1e-3, 5e-3, 1e-2)})
+    r = run_cell(cfg)
+    assert r["lr"] == 5e-3 and r["val_acc"] == 0.7 and r["sweep_time_s"] == 3.0
+    assert 0.0 <= r["test_acc"] <= 1.0 and r["state_bytes"] > 0
+    json.dumps(r)  # JSON-able
+
+
+def test_splits_are_disjoint_seeds():
+    cfg = RecallConfig(mixer="softmax", **TINY)
+    d = splits(cfg)
+    assert not torch.equal(d["train"][0][:16], d["val"][0])
+    assert not torch.equal(d["val"][0], d["test"][0])
+
+
+def test_grid_saves_and_reuses_cells(tmp_path, monkeypatch):
+    import linattn.recall.harness as h
+
+    calls = []
+
+    def fake(cfg, log=None):
+        calls.append(cell_name(cfg))
+        return {"config": cfg.to_dict(), "test_acc": 0.5, "state_bytes": 1024, "lr": 1e-3,
+                "train_time_s": 2.0, "sweep_time_s": 8.0, "cpu": "x"}
+
+    monkeypatch.setattr(h, "run_cell", fake)
+    base = RecallConfig(mixer="softmax", **TINY)
+    res = run_grid(base, ["softmax", "linear:relu"], [16], tmp_path)
+    assert calls == ["softmax-d16-T16-P2", "linear-relu-d16-T16-P2"]
+    assert (tmp_path / "linear-relu-d16-T16-P2.json").exists()
+    run_grid(base, ["softmax"], [16], tmp_path)
+    assert len(calls) == 2  # reused
+    run_grid(dataclasses.replace(base, epochs=2), ["softmax"], [16], tmp_path)
+    assert len(calls) == 3  # another configuration: run again
+    table = format_table(res)
+    assert "| linear (relu) | 16 | 50.0 | 1,024 |" in table
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"mixer": "bogus"}, "mixer"),
+    ({"d_model": 0}, "d_model"),
+    ({"lr": -1.0}, "lr"),
+    ({"lrs": ()}, "lrs"),
+    ({"lrs": (1e-3, float("nan"))}, "lrs"),
+    ({"stop_at": 0.0}, "stop_at"),
+    ({"num_heads": 3}, "num_heads"),
+    ({"window": 4}, "window"),           # softmax takes no window
+    ({"seq_len": 6}, "seq_len"),         # too short for 2 pairs
+    ({"feature_map": "bogus"}, "feature_map"),
+])
+def test_bad_config_names_the_field(kwargs, name):
+    args = {**TINY, "mixer": "softmax", **kwargs}
+    with pytest.raises(ValueError, match=f"^{name}: ") as err:
+        RecallConfig(**args)
+    assert "\n" not in str(err.value)
