@@ -37,7 +37,7 @@ from linattn import __version__
 from linattn.train_loop import CheckpointError, NonFiniteError
 
 # Subcommand modules, in the order they are listed by --help.
-SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm")
+SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm", "recall")
 
 __all__ = ["UserError", "OutputError", "Parser", "build_parser", "main", "SUBCOMMANDS",
            "probe_output_dir", "read_json_file"]
