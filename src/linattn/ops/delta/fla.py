@@ -367,7 +367,7 @@ def fused_recurrent_gated_delta_rule(
             and use_gate_in_kernel is False and use_beta_sigmoid_in_kernel is False
             and allow_neg_eigval is False):
         fast = _decode(q, k, v, g, beta, scale, initial_state, output_final_state,
-                       use_qk_l2norm_in_kernel, True)
+                       use_qk_l2norm_in_kernel, False)
         if fast is not None:
             return fast
     return _delta(q, k, v, beta, g=g, gk=gk, gv=gv,
