@@ -4,7 +4,9 @@ torch is imported.
 :data:`MIXER_PRESETS` names the models the harness trains: every ``attention=`` kind of
 :data:`linattn.nn.mixers.MIXERS` under its own name, plus combinations of a kind and its options
 that the literature names (``based``: Taylor features with a sliding softmax window;
-``linear_plain``: linear attention without the LM's per-head decays, γ = 1).
+``linear_plain``: linear attention without the LM's per-head decays, γ = 1; ``hedgehog`` and
+``favor``: linear attention with the learnable Hedgehog map or Performer's FAVOR+ random
+features, which have no name in the LM's configuration and are passed as template instances).
 :class:`RecallConfig` is one training cell; :data:`DEFAULT_LRS` is the learning-rate sweep.
 """
 
@@ -31,7 +33,15 @@ MIXER_PRESETS: dict[str, dict[str, Any]] = {
     **{kind: {"attention": kind} for kind in MIXERS},
     "based": {"attention": "hybrid", "feature_map": "taylor"},
     "linear_plain": {"attention": "linear", "decay": 1.0},
+    "hedgehog": {"attention": "linear", "feature_map": "hedgehog"},
+    "favor": {"attention": "linear", "feature_map": "favor"},
 }
+
+#: Feature maps the presets name that the LM's configuration does not: name → a function of
+#: the head dimension building the template (imported when the model is built, not before).
+_MAP_BUILDERS = {"hedgehog": ("Hedgehog", lambda d: {"head_dim": d}),
+                 # m = 2d random features: the state of Hedgehog's 2m = 2d features
+                 "favor": ("FavorPlus", lambda d: {"head_dim": d, "num_features": 2 * d})}
 
 _POS_FLOAT = Check(float, Range(0.0, math.inf, False))
 
@@ -100,7 +110,7 @@ class RecallConfig:
         object.__setattr__(self, "lrs", lrs)
         check_mqar(self.train_examples, self.seq_len, self.num_kv_pairs, self.vocab_size,
                    self.power_a)
-        check_config({"vocab_size": self.vocab_size, **model_kwargs(self)})
+        check_config({"vocab_size": self.vocab_size, **model_kwargs(self, build_maps=False)})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -116,10 +126,21 @@ class RecallConfig:
         return cls(**d)
 
 
-def model_kwargs(cfg: RecallConfig) -> dict[str, Any]:
+def model_kwargs(cfg: RecallConfig, build_maps: bool = True) -> dict[str, Any]:
     """The :class:`~linattn.nn.lm.LinearTransformerLM` keywords of ``cfg`` (its preset, then the
-    explicit ``feature_map`` / ``window``), without ``vocab_size``."""
+    explicit ``feature_map`` / ``window``), without ``vocab_size``. A preset's map that has no
+    name in the LM (:data:`_MAP_BUILDERS`) is built as a template instance, or left None (the
+    kind's default) with ``build_maps=False``, which keeps this function torch-free for the
+    configuration's check."""
     kw: dict[str, Any] = dict(MIXER_PRESETS[cfg.mixer])
+    if kw.get("feature_map") in _MAP_BUILDERS and cfg.feature_map is None:
+        if build_maps:
+            from linattn import feature_maps
+
+            cls, args = _MAP_BUILDERS[kw["feature_map"]]
+            kw["feature_map"] = getattr(feature_maps, cls)(**args(cfg.d_model // cfg.num_heads))
+        else:
+            kw["feature_map"] = None
     if kw.get("decay") is not None:
         kw["decay"] = (float(kw["decay"]),) * cfg.num_heads
     if cfg.feature_map is not None:
