@@ -292,7 +292,12 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     qf, kf, vf = (_rows(x, H) for x in src[:3])
     bf = src[3].reshape(H, T).contiguous()
     gf = None if g is None else src[4].reshape(H, T).contiguous()
-    S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
+    S_in = S0.reshape(-1, K, V)
+    if cu_seqlens is None and T > 0 and S_in.is_contiguous():
+        S = torch.empty_like(S_in)  # the kernel reads S0 and writes S: no copy (torch's copy
+        # of a state this size splits over OpenMP threads, and waits for a busy partner)
+    else:  # per packed sequence, each span updates its states in place
+        S = S_in = S_in.clone(memory_format=torch.contiguous_format)
     o = empty_hugepage(qf, H, T, V)
     ckpt = w = None
     if save:
@@ -300,10 +305,11 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
         w = empty_hugepage(qf, H, T, V)
     c = 0
     for i, (a, b) in enumerate(spans):
-        Si = S[i * H:(i + 1) * H]  # updated in place
+        heads = slice(i * H, (i + 1) * H)  # (in place where S is S_in)
         n = -(-(b - a) // CHECKPOINT)
         _forward(fns, qf[:, a:b], kf[:, a:b], vf[:, a:b], bf[:, a:b],
-                 None if gf is None else gf[:, a:b], scale, l2norm, Si, Si, o[:, a:b],
+                 None if gf is None else gf[:, a:b], scale, l2norm, S_in[heads], S[heads],
+                 o[:, a:b],
                  None if ckpt is None else ckpt[:, c:c + n], None if w is None else w[:, a:b])
         c += n
     o = o.view(*batch, T, V)

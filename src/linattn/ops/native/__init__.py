@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -331,14 +332,27 @@ def pool(workers: int) -> ThreadPoolExecutor:
 PARALLEL_MIN = 1 << 20
 
 
+#: After a helper thread was late (:func:`run_parts`), passes below ``BACKOFF_WORK`` times
+#: their threshold stay on the calling thread for ``BACKOFF_S`` seconds: another process holds
+#: the other core, and every hand-over would wait for the scheduler. The first call after that
+#: tries threads again (one slow call a second at most).
+BACKOFF_S = 1.0
+BACKOFF_WORK = 64
+_late_until = 0.0
+
+
 def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
     """The one thread policy of the compiled passes: how many threads (the calling one
     included) a pass of ``work`` units that splits into at most ``parts`` independent parts
     should use. 1 below ``min_work`` (a decoding step, a short prefill: the hand-over would cost
-    more than it saves), else at most torch's thread count, the parts, and one thread per
-    ``min_work`` of work, so that no thread is woken for less than it costs."""
+    more than it saves), and 1 below ``BACKOFF_WORK · min_work`` for ``BACKOFF_S`` after a helper
+    was late (another process on the other core); else at most torch's thread count, the parts,
+    and one thread per ``min_work`` of work, so that no thread is woken for less than it
+    costs."""
     n = torch.get_num_threads()
     if n <= 1 or parts <= 1 or work < min_work:
+        return 1
+    if work < BACKOFF_WORK * min_work and time.monotonic() < _late_until:
         return 1
     return max(1, min(n, parts, work // max(min_work, 1)))
 
@@ -371,12 +385,21 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
             except BaseException as e:  # noqa: BLE001 -- re-raised below, after every job
                 errors.append(e)
 
+    global _late_until
     helpers = min(threads, len(jobs)) - 1
     workers = pool(helpers)  # the one pool of all compiled passes
+    start = time.monotonic()
     futures = [workers.submit(worker, slot) for slot in range(1, helpers + 1)]
     worker(0)
+    mine = time.monotonic() - start
+    late = False
     for f in futures:
-        if not f.cancel():  # started: it may hold a job, so wait for it
+        if f.cancel():  # never started while this thread ran every job: late
+            late = True
+        else:  # started: it may hold a job, so wait for it
             f.result()
+    # late too: waiting for the helpers took longer than this thread's own share
+    if late or time.monotonic() - start > 2 * mine:
+        _late_until = time.monotonic() + BACKOFF_S
     if errors:
         raise errors[0]

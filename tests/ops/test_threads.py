@@ -1,0 +1,94 @@
+"""The thread policy of the compiled passes (linattn.ops.native: threads_for, run_parts): small
+work stays on the calling thread, every job runs once, and a helper that is late (its core held
+by another process) is not waited for and makes the next small passes single-threaded."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from linattn.ops import native
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(native, "_late_until", 0.0)
+
+
+def test_small_work_stays_on_the_calling_thread(two_threads):
+    m = native.PARALLEL_MIN
+    assert native.threads_for(m - 1, 16) == 1  # a decoding step, a short prefill
+    assert native.threads_for(m, 16) == 1  # one threshold's worth: not worth a second thread
+    assert native.threads_for(2 * m, 16) == 2
+    assert native.threads_for(100 * m, 1) == 1  # one part cannot be split
+    assert native.threads_for(10, 16, min_work=5) == 2  # the op's own threshold
+
+
+def test_one_torch_thread_means_one(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert native.threads_for(1 << 40, 64) == 1
+
+
+def test_back_off_after_a_late_helper(two_threads, monkeypatch):
+    m = native.PARALLEL_MIN
+    monkeypatch.setattr(native, "_late_until", float("inf"))
+    assert native.threads_for(4 * m, 16) == 1
+    assert native.threads_for(native.BACKOFF_WORK * m, 16) == 2  # large work: threads anyway
+
+
+def test_every_job_runs_once_and_errors_come_after_all(two_threads):
+    done, slots = [], set()
+    lock = threading.Lock()
+
+    def part(slot, i):
+        with lock:
+            done.append(i)
+            slots.add(slot)
+        if i == 3:
+            raise RuntimeError("job 3")
+
+    with pytest.raises(RuntimeError, match="job 3"):
+        native.run_parts(part, [(i,) for i in range(10)], 2)
+    assert sorted(done) == list(range(10))
+    assert slots <= {0, 1}
+    done.clear()
+    native.run_parts(lambda slot, i: done.append((slot, i)), [(0,), (1,)], 1)
+    assert done == [(0, 0), (0, 1)]  # one thread: in order, on the calling thread
+
+
+def test_a_late_helper_is_not_waited_for(two_threads):
+    """Every pool thread blocked (as if descheduled): the calling thread runs every job alone,
+    returns without waiting, and small passes then stay on one thread for a while."""
+    pool = native.pool(1)
+    release = threading.Event()
+    blockers = [pool.submit(release.wait, 30) for _ in range(pool._max_workers)]
+    try:
+        ran = []
+        native.run_parts(lambda slot, i: ran.append((slot, i)), [(i,) for i in range(6)], 2)
+        assert sorted(ran) == [(0, i) for i in range(6)]
+        assert native.threads_for(2 * native.PARALLEL_MIN, 16) == 1
+    finally:
+        release.set()
+        for b in blockers:
+            b.result(timeout=30)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
+def test_helpers_share_real_work(two_threads):
+    """With a free pool, a helper takes jobs too (slot 1 appears) when jobs take a while."""
+    seen = set()
+    ev = threading.Event()
+
+    def part(slot, i):
+        seen.add(slot)
+        if slot == 0:
+            ev.wait(2)  # hold the calling thread until a helper has taken a job
+        else:
+            ev.set()
+
+    native.run_parts(part, [(i,) for i in range(4)], 2)
+    assert seen == {0, 1}
