@@ -46,7 +46,7 @@ def test_table_prints_a_row_per_cell(tmp_path, capsys):
     assert main(["recall", "table", "--mixers", "softmax,linear:relu", "--d-models", "16",
                  "--lr", "1e-3", "--out", str(tmp_path), *TINY]) == 0
     out = capsys.readouterr().out
-    assert "| softmax | 16 |" in out and "| linear (relu) | 16 |" in out
+    assert "| softmax | (16, 2) | 16 |" in out and "| linear (relu) | (16, 2) | 16 |" in out
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 

@@ -144,7 +144,7 @@ def test_grid_saves_and_reuses_cells(tmp_path, monkeypatch):
     run_grid(dataclasses.replace(base, epochs=2), ["softmax"], [16], tmp_path)
     assert len(calls) == 3  # another configuration: run again
     table = format_table(res)
-    assert "| linear (relu) | 16 | 50.0 | 1,024 |" in table
+    assert "| linear (relu) | (16, 2) | 16 | 50.0 | 1,024 |" in table
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -66,14 +66,16 @@ def run_grid(base: RecallConfig, mixers: Sequence[str], d_models: Sequence[int],
 def _row(r: dict[str, Any]) -> list[str]:
     c = r["config"]
     fmap = f" ({c['feature_map']})" if c.get("feature_map") else ""
-    return [f"{c['mixer']}{fmap}", str(c["d_model"]), f"{100 * r['test_acc']:.1f}",
+    return [f"{c['mixer']}{fmap}", f"({c['seq_len']}, {c['num_kv_pairs']})", str(c["d_model"]),
+            f"{100 * r['test_acc']:.1f}",
             f"{r['state_bytes']:,}", f"{r['lr']:g}", f"{r['train_time_s']:.0f}",
             f"{r['sweep_time_s']:.0f}"]
 
 
 def format_table(results: Iterable[dict]) -> str:
-    """A Markdown table: mixer, d_model, test accuracy %, decoding state bytes, chosen lr,
-    training seconds of the chosen run and of the whole sweep."""
-    head = ["mixer", "d_model", "test acc %", "state bytes", "lr", "train s", "sweep s"]
+    """A Markdown table: mixer, (seq_len, pairs), d_model, test accuracy %, decoding state
+    bytes, chosen lr, training seconds of the chosen run and of the whole sweep."""
+    head = ["mixer", "(T, pairs)", "d_model", "test acc %", "state bytes", "lr", "train s",
+            "sweep s"]
     rows = [head, ["---"] * len(head), *(_row(r) for r in results)]
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)

@@ -1,0 +1,109 @@
+"""MQAR per mixer: the table and the plot of docs/recall.md, one command.
+
+Runs the grid of ``linattn recall table`` (:func:`linattn.recall.run_grid`) with ``--jobs``
+cells at a time, each in its own process on one thread (2 jobs fill a 2-core machine), saves
+one JSON per cell in ``--out`` (cells already there with the same configuration are reused, so
+an interrupted run resumes), prints the Markdown table and, with matplotlib, plots test
+accuracy against d_model and against the decoding state in bytes.
+
+    flock /tmp/linattn-bench.lock .venv/bin/python benchmarks/mqar.py --out runs/recall/grid
+
+Options shape the grid (``--mixers``, ``--d-models``, ``--settings 256:16,512:64``) and the
+training budget (``--train-examples``, ``--epochs``, ``--lrs``); see ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from linattn.recall.options import DEFAULT_LRS, RecallConfig
+from linattn.recall.table import format_table, run_grid
+
+
+def _cell(base: RecallConfig, mixer: str, d_model: int, out: str) -> dict:
+    """One cell in a worker process (one thread, the config's)."""
+    return run_grid(base, [mixer], [d_model], out,
+                    log=lambda s: print(s, file=sys.stderr, flush=True))[0]
+
+
+def run(base: RecallConfig, mixers: list[str], d_models: list[int],
+        settings: list[tuple[int, int]], out: str, jobs: int) -> list[dict]:
+    """Every (setting, mixer, d_model) cell, ``jobs`` at a time; results in grid order."""
+    cells = [(dataclasses.replace(base, seq_len=T, num_kv_pairs=P), m, d)
+             for T, P in settings for m in mixers for d in d_models]
+    if jobs == 1:
+        return [_cell(c, m, d, out) for c, m, d in cells]
+    with ProcessPoolExecutor(jobs) as pool:
+        futures = [pool.submit(_cell, c, m, d, out) for c, m, d in cells]
+        return [f.result() for f in futures]
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Accuracy against d_model and against state bytes, one line per mixer and setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    lines: dict[str, list[dict]] = {}
+    for r in results:
+        c = r["config"]
+        fmap = f":{c['feature_map']}" if c.get("feature_map") else ""
+        lines.setdefault(f"{c['mixer']}{fmap} ({c['seq_len']}, {c['num_kv_pairs']})",
+                         []).append(r)
+    for label, rs in lines.items():
+        rs = sorted(rs, key=lambda r: r["config"]["d_model"])
+        acc = [100 * r["test_acc"] for r in rs]
+        axes[0].plot([r["config"]["d_model"] for r in rs], acc, "o-", label=label)
+        axes[1].plot([r["state_bytes"] for r in rs], acc, "o-", label=label)
+    axes[0].set_xlabel("d_model")
+    axes[1].set_xlabel("decoding state per sequence (bytes)")
+    axes[0].set_ylabel("MQAR test accuracy (%)")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--mixers", default="softmax,gated_delta,linear",
+                   help="comma-separated presets, optionally with :feature_map")
+    p.add_argument("--d-models", default="64")
+    p.add_argument("--settings", default="256:16", help="seq_len:pairs, comma-separated")
+    p.add_argument("--num-heads", type=int, default=2)
+    p.add_argument("--train-examples", type=int, default=20_000)
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS))
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--plot", default=None, help="PNG path (default: OUT/mqar.png)")
+    a = p.parse_args(argv)
+    settings = [tuple(int(v) for v in s.split(":")) for s in a.settings.split(",")]
+    base = RecallConfig(mixer="softmax", num_heads=a.num_heads,
+                        train_examples=a.train_examples, epochs=a.epochs,
+                        batch_size=a.batch_size, lrs=tuple(float(x) for x in a.lrs.split(",")))
+    results = run(base, a.mixers.split(","), [int(d) for d in a.d_models.split(",")],
+                  settings, a.out, a.jobs)
+    c = results[0]
+    print(f"MQAR, vocab {base.vocab_size}, {base.train_examples} train examples x "
+          f"{base.epochs} epochs, batch {base.batch_size}, lrs {a.lrs}; {c['cpu']}, "
+          f"{c['threads']} thread per run, {a.jobs} runs at a time")
+    print(format_table(results))
+    try:
+        plot(results, Path(a.plot or Path(a.out) / "mqar.png"))
+    except ImportError:
+        print("(no matplotlib: no plot)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
