@@ -11,8 +11,8 @@ Shapes: B=1, H=16, K=V=64, float32 (``--heads``, ``--dim``). The calls:
 
 "Busy" runs a second process, ``python -c "while True: pass"``, for the whole of that half of
 the run (not pinned: the scheduler places it), and kills it after. Each call is timed alone;
-rounds interleave every (call, thread count) pair in an order that rotates each round, so that
-each runs after a different one; the table gives the median (and minimum) per pair, in ms,
+rounds interleave every (call, thread count) pair in a new random order each round (seeded), so
+that each runs after different ones; the table gives the median (and minimum) per pair, in ms,
 and the ratio 2 threads / 1 thread of the medians (above 1: the second thread hurts). The
 thread count is torch's (``torch.set_num_threads``), which both torch's own operations and
 linattn's compiled passes (:func:`linattn.ops.native.threads_for`) follow. OMP_WAIT_POLICY is
@@ -25,6 +25,7 @@ left as the user's environment has it (unset: OpenMP's default, spin a while the
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,9 @@ def calls(H: int, d: int, delta_lengths: list[int], linear_lengths: list[int]
     S = r(1, H, d, d) * 0.1
     out["decode: delta_rule_step"] = lambda: linattn.delta_rule_step(q, k, v, beta, S, g_t=g,
                                                                      qk_l2norm=True)
+    S_own = S.clone()
+    out["decode: delta_rule_step inplace"] = lambda: linattn.delta_rule_step(
+        q, k, v, beta, S_own, g_t=g, qk_l2norm=True, inplace=True)
     fq, fk, fv = q[:, None], k[:, None], v[:, None]
     fb, fg = beta[:, None], g[:, None]
     out["decode: fla front door"] = lambda: fla.fused_recurrent_gated_delta_rule(
@@ -87,10 +91,12 @@ def measure(fns: dict[str, Callable[[], object]], threads: list[int], rounds: in
     pairs = [(name, n) for name in fns for n in threads]
     times: dict[tuple[str, int], list[float]] = {p: [] for p in pairs}
     clock = time.perf_counter
+    order = random.Random(0)
     with torch.no_grad():
         for i in range(warmup + rounds):
-            shift = i % len(pairs)
-            for name, n in pairs[shift:] + pairs[:shift]:
+            # a new order each round: each call runs after different ones (a rotation would
+            # keep every call's neighbour, and what it leaves in the caches, the same)
+            for name, n in order.sample(pairs, len(pairs)):
                 torch.set_num_threads(n)
                 t0 = clock()
                 fns[name]()
