@@ -324,6 +324,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | Non
                       scale, chunk, S[i * H:(i + 1) * H], o[:, a:b],
                       ckpt if checkpoints else None, first)
         first += -(-(b - a) // chunk)
+    if checkpoints and first < n:  # slots the shapes reserve that no chunk used: no garbage
+        ckpt[:, first:].zero_()
     o = o.view(*batch, T, V)
     return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(S0.shape), ckpt
 
