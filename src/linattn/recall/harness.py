@@ -2,7 +2,8 @@
 
 The protocol (Zoology's, scaled to a CPU; docs/recall.md lists the deviations): train,
 validation and test sets generated from three different seeds; cross-entropy at the query
-positions only; AdamW (weight decay 0.1) with a cosine schedule from ``lr`` to 0 over the run;
+positions only; AdamW (weight decay 0.1), a linear warm-up over 5 % of the steps, then a cosine
+schedule from ``lr`` to 0;
 a learning-rate sweep whose best rate is chosen on the *validation* accuracy, never on the test
 set; test accuracy is the fraction of query positions whose most likely token is the target.
 A run stops after the first epoch whose validation accuracy reaches ``stop_at`` (Zoology's
@@ -113,8 +114,12 @@ def train_one(cfg: RecallConfig, lr: float, data: dict[str, tuple[Tensor, Tensor
     steps_per_epoch = math.ceil(len(x) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+    # a linear warm-up over the first 5 % of the steps (AdamW's first updates at the sweep's
+    # larger rates otherwise knock a fresh model off), then cosine to 0
+    warm = max(1, total // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
+        opt, lambda s: min(1.0, (s + 1) / warm)
+        * 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
     gen = torch.Generator().manual_seed(cfg.seed)
     record: dict[str, Any] = {"lr": lr, "val_acc": 0.0, "epochs": 0, "steps": 0,
                               "train_time_s": 0.0, "diverged": False, "history": []}
