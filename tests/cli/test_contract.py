@@ -124,6 +124,14 @@ def _copy_forda_run(f: SimpleNamespace, d: Path) -> None:
     shutil.copytree(f.forda, d / "run")
 
 
+def _recall(*extra: str) -> Callable:
+    return lambda f, d: ["recall", "train", "--mixer", "softmax", "--lr", "1e-3", "--out",
+                         str(d / "run"), "--d-model", "16", "--seq-len", "16", "--pairs", "2",
+                         "--vocab-size", "32", "--train-examples", "32", "--val-examples", "8",
+                         "--test-examples", "8", "--epochs", "1", "--batch-size", "16",
+                         "--quiet", *extra]
+
+
 def _bench(*extra: str) -> Callable:
     return lambda f, d: ["bench", "-T", "16", "-H", "1", "-d", "4", "--repeats", "1",
                          "--threads", "1", "--plot", str(d / "b.png"), *extra]
@@ -260,6 +268,18 @@ CASES: list[Case] = [
          "--plot: folder", before_torch=True),
     Case("bench-plot-disk-full", _bench("--crossover", "8", "--no-portable"),
          "b.png: File too large", absent=("b.png",), code=BENCH_PLOT_ONLY),
+    # -- recall
+    Case("recall-pairs-too-many", _recall("--pairs", "5"), "--seq-len: 16 is too short for 5 "
+         "key-value pairs", before_torch=True, absent=("run",)),
+    Case("recall-lr-sweep-bad", _recall("--lr-sweep", "1e-3,-1"), "--lr-sweep: expected a "
+         "finite number > 0, got -1", before_torch=True),
+    Case("recall-mixers-bogus", lambda f, d: ["recall", "table", "--mixers", "softmax,bogus",
+                                              "--out", str(d / "grid")],
+         "--mixers: expected one of", before_torch=True),
+    Case("recall-out-at-a-file", lambda f, d: ["recall", "train", "--out", str(f.a_file)],
+         "--out: ", before_torch=True),
+    Case("recall-out-disk-full", _recall(), "run/result.json: File too large", fsize=200,
+         absent=("run/result.json",)),
     # -- plot
     Case("plot-folder-missing", lambda f, d: ["plot", "feature-maps", "-o", str(d / "no" / "x")],
          "--output: folder", before_torch=True),
@@ -433,5 +453,5 @@ def test_the_table_covers_every_subcommand() -> None:
     from linattn.cli import SUBCOMMANDS
 
     covered = {c.id.split("-")[0] for c in CASES}
-    assert {"solve", "forda", "evaluate", "lm", "generate", "bench", "plot"} <= covered
+    assert {"solve", "forda", "evaluate", "lm", "generate", "bench", "plot", "recall"} <= covered
     assert set(SUBCOMMANDS) <= covered | {"evaluate", "generate"}
