@@ -35,8 +35,10 @@ import torch
 
 from linattn.ops import dispatch, native
 from linattn.ops.delta import native as delta_native
-from linattn.ops.delta.op import delta_rule, delta_rule_step
-from linattn.profiling import cpu_flags, cpu_model
+from linattn.ops.delta.kda import KDA_CHUNK, recurrent_form
+from linattn.ops.delta.op import delta_rule, delta_rule_step, l2_normalised
+from linattn.ops.linear import linear_attention
+from linattn.profiling import PeakMemory, cpu_flags, cpu_model
 
 #: The published CPU anchor: MNN's AVX-512 gated delta rule, 16 heads, d = 64, on 4 pinned Xeon
 #: cores (quoted, not measured here).
@@ -156,6 +158,182 @@ def measure(threads: int, T: int, H: int, d: int, steps: int, repeats: int, chun
             "decode_min": decode_min}
 
 
+# ------------------------------------------------------------ training (issue 25, part 1)
+def _grad_inputs(T: int, H: int, d: int, seed: int = 0, per_key: bool = False) -> dict:
+    """Leaf tensors of one fwd+bwd problem, B = 1: q, k, v (1, H, T, d), β (1, H, T), the
+    log-gate (1, H, T) (per-key: (1, H, T, d), what Kimi Delta Attention's gate gives) and a
+    fixed output gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, H, T, d, generator=gen) for _ in range(3))
+    beta = torch.rand(1, H, T, generator=gen)
+    shape = (1, H, T, d) if per_key else (1, H, T)
+    g = torch.nn.functional.logsigmoid(torch.randn(*shape, generator=gen)) * 0.1
+    grad = torch.randn(1, H, T, d, generator=gen)
+    return {"q": q, "k": k, "v": v, "beta": beta, "g": g, "grad": grad}
+
+
+def _fwd_bwd(run, x: dict, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """One forward and backward of ``run(**leaves)`` -> o, o's gradient ``x["grad"]``: the
+    gradients of the leaves ``names`` (fresh leaves per call, as a training step has)."""
+    leaves = {n: t.detach().requires_grad_(n in names) for n, t in x.items() if n != "grad"}
+    with torch.enable_grad():
+        o = run(**leaves)
+        return list(torch.autograd.grad(o, [leaves[n] for n in names], x["grad"]))
+
+
+#: fwd+bwd implementations: name -> (dispatch policy, fn(q, k, v, beta, g) -> o, leaves)
+TRAIN = {
+    "gdn native": ("native", lambda q, k, v, beta, g: delta_rule(q, k, v, beta, g,
+                                                                 qk_l2norm=True),
+                   ("q", "k", "v", "beta", "g")),
+    "gdn torch": ("torch", lambda q, k, v, beta, g: delta_rule(q, k, v, beta, g, qk_l2norm=True,
+                                                               chunk_size=64),
+                  ("q", "k", "v", "beta", "g")),
+    "linear": ("auto", lambda q, k, v, beta, g: linear_attention(q, k, v, is_causal=True),
+               ("q", "k", "v")),
+}
+
+
+def measure_train(threads: int, T: int, H: int, d: int, repeats: int) -> dict:
+    """Median and minimum seconds of one fwd+bwd per implementation of :data:`TRAIN`, in
+    rotating order per round; the two gated delta rule paths checked against each other."""
+    torch.set_num_threads(threads)
+    x = _grad_inputs(T, H, d)
+    names = list(TRAIN)
+    grads = {}
+    for name in names:  # warm-up (and the linear op's calibration), agreement
+        impl, run, leaves = TRAIN[name]
+        with dispatch.use(impl=impl):
+            grads[name] = _fwd_bwd(run, x, leaves)
+    for a, b in zip(grads["gdn native"], grads["gdn torch"], strict=True):
+        err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+        if not err < 1e-3:
+            raise SystemExit(f"native and torch gradients differ by {err:.2e} (relative)")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            impl, run, leaves = TRAIN[name]
+            with dispatch.use(impl=impl):
+                t0 = time.perf_counter()
+                _fwd_bwd(run, x, leaves)
+                times[name].append(time.perf_counter() - t0)
+    return {name: (1e3 * statistics.median(ts), 1e3 * min(ts)) for name, ts in times.items()}
+
+
+def train_table(threads: list[int], T: int, H: int, d: int, repeats: int) -> None:
+    print(f"fwd+bwd, B = 1, H = {H}, T = {T}, K = V = {d}, fp32; gradients of q, k, v, beta, g "
+          f"(gated delta rule, qk_l2norm) or q, k, v (causal linear attention, elu, default "
+          f"dispatch); median (min) of {repeats}, rotating order.")
+    print()
+    print("| threads | gated delta rule, compiled fwd+bwd, ms | gated delta rule, torch chunked "
+          "(C = 64), ms | causal linear attention, ms | compiled GDN / linear | target <= 2x |")
+    print("|---|---:|---:|---:|---:|---|")
+    for th in threads:
+        r = measure_train(th, T, H, d, repeats)
+        n, t, lin = r["gdn native"], r["gdn torch"], r["linear"]
+        ratio = n[0] / lin[0]
+        print(f"| {th} | {n[0]:.0f} ({n[1]:.0f}) | {t[0]:.0f} ({t[1]:.0f}) | {lin[0]:.0f} "
+              f"({lin[1]:.0f}) | {ratio:.2f}x | {'met' if ratio <= 2 else 'NOT met'} |",
+              flush=True)
+    print()
+
+
+def _peak_child(name: str, T: int, H: int, d: int) -> None:
+    """In a fresh process: the peak extra resident bytes of one fwd+bwd of ``name``."""
+    torch.set_num_threads(1)
+    impl, run, leaves = TRAIN[name]
+    x = _grad_inputs(T, H, d)
+    with dispatch.use(impl=impl):
+        _fwd_bwd(run, _grad_inputs(64, H, d), leaves)  # the library loaded, the kernels built
+        with PeakMemory() as m:
+            _fwd_bwd(run, x, leaves)
+    print(m.extra_bytes)
+
+
+def memory_table(lengths: list[int], H: int, d: int) -> None:
+    """Peak extra resident memory of one fwd+bwd, one fresh child process per cell (an
+    allocator's freed pages from an earlier call would hide a smaller peak)."""
+    import subprocess
+    import sys
+    print(f"peak extra resident memory of one fwd+bwd (Linux VmHWM, reset at entry; inputs and "
+          f"output gradient excluded), B = 1, H = {H}, K = V = {d}, fp32, 1 thread, MiB; "
+          f"in parentheses: per 1,024 tokens")
+    print()
+    names = ["gdn native", "linear"]
+    print("| T | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for T in lengths:
+        cells = []
+        for name in names:
+            out = subprocess.run([sys.executable, __file__, "--peak-child", f"{name}:{T}:{H}:{d}"],
+                                 capture_output=True, text=True, check=True).stdout.split()[-1]
+            mib = None if out == "None" else int(out) / 2 ** 20
+            cells.append("n/a" if mib is None else f"{mib:.0f} ({mib * 1024 / T:.1f})")
+        print(f"| {T} | " + " | ".join(cells) + " |", flush=True)
+    print()
+
+
+def _kda_token_by_token(q, k, v, beta, g):
+    """Per-key gates token by token (what ``delta_rule`` ran them as before the chunked form,
+    through the step; here the leaner loop that per-value gates still take)."""
+    q, k = l2_normalised(q), l2_normalised(k)
+    S0 = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    return recurrent_form(q * q.shape[-1] ** -0.5, k, v, beta, None, g, None, S0)[0]
+
+
+#: per-key gates: name -> fn(q, k, v, beta, gk) -> o
+KDA = {"chunked": lambda q, k, v, beta, g: delta_rule(q, k, v, beta, None, g, qk_l2norm=True),
+       "token by token": _kda_token_by_token}
+
+
+def measure_kda(threads: int, T: int, H: int, d: int, repeats: int) -> dict:
+    """(forward, fwd+bwd) -> name -> (median, min) ms, rotating order; outputs checked."""
+    torch.set_num_threads(threads)
+    x = _grad_inputs(T, H, d, per_key=True)
+    leaves = ("q", "k", "v", "beta", "g")
+    names = list(KDA)
+    with torch.no_grad():
+        outs = [KDA[n](*(x[a] for a in leaves)) for n in names]
+    err = ((outs[0] - outs[1]).abs().max() / outs[1].abs().max()).item()
+    if not err < 1e-4:
+        raise SystemExit(f"chunked KDA differs from the token loop by {err:.2e} (relative)")
+    result = {}
+    for form in ("forward", "fwd+bwd"):
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(repeats):
+            for n in names[r % 2:] + names[:r % 2]:
+                t0 = time.perf_counter()
+                if form == "forward":
+                    with torch.no_grad():
+                        KDA[n](*(x[a] for a in leaves))
+                else:
+                    _fwd_bwd(lambda n=n, **kw: KDA[n](*(kw[a] for a in leaves)), x, leaves)
+                times[n].append(time.perf_counter() - t0)
+        result[form] = {n: (1e3 * statistics.median(ts), 1e3 * min(ts))
+                        for n, ts in times.items()}
+    return result
+
+
+def kda_table(lengths: list[int], threads: list[int], H: int, d: int, repeats: int) -> None:
+    print(f"per-key gates (KDA), B = 1, H = {H}, K = V = {d}, fp32, qk_l2norm, gk (1, H, T, K); "
+          f"chunked: delta_rule(..., gk=gk), chunks of {KDA_CHUNK}; token by token: "
+          f"kda.recurrent_form; fwd+bwd: gradients of q, k, v, beta, gk; median (min) of "
+          f"{repeats}, rotating order, ms.")
+    print()
+    print("| threads | T | forward: chunked | forward: token by token | speed-up "
+          "| fwd+bwd: chunked | fwd+bwd: token by token | speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for th in threads:
+        for T in lengths:
+            r = measure_kda(th, T, H, d, repeats)
+            f, b = r["forward"], r["fwd+bwd"]
+            c, t = "chunked", "token by token"
+            print(f"| {th} | {T} | {f[c][0]:.0f} ({f[c][1]:.0f}) | {f[t][0]:.0f} ({f[t][1]:.0f}) "
+                  f"| {f[t][0] / f[c][0]:.1f}x | {b[c][0]:.0f} ({b[c][1]:.0f}) "
+                  f"| {b[t][0]:.0f} ({b[t][1]:.0f}) | {b[t][0] / b[c][0]:.1f}x |", flush=True)
+    print()
+
+
 def cpu_line() -> str:
     model, flags = cpu_model(), cpu_flags()
     isa = [f for f in ("avx512f", "avx512_bf16", "avx2", "fma") if f in flags]
@@ -172,11 +350,36 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300, help="decoding steps (median)")
     ap.add_argument("--repeats", type=int, default=7, help="prefill calls (median)")
     ap.add_argument("--chunk", type=int, default=64, help="chunk of the torch chunked form")
+    ap.add_argument("--train", action="store_true",
+                    help="fwd+bwd: compiled and torch gated delta rule against causal linear "
+                         "attention at --train-tokens (issue 25)")
+    ap.add_argument("--train-tokens", type=int, default=4096)
+    ap.add_argument("--memory", default=None, metavar="T1,T2,...",
+                    help="peak memory of fwd+bwd at these lengths (1 thread, child processes)")
+    ap.add_argument("--kda", default=None, metavar="T1,T2,...",
+                    help="per-key gates (KDA): chunked against token by token at these lengths")
+    ap.add_argument("--peak-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.peak_child:
+        name, *dims = args.peak_child.split(":")
+        _peak_child(name, *map(int, dims))
+        return
     reason = delta_native.unavailable()
     if reason is not None:
         raise SystemExit(f"the compiled path is not available: {reason}")
     print(cpu_line())
+    threads = [int(t) for t in args.threads.split(",")]
+    if args.train or args.memory or args.kda:  # the issue-25 sections only
+        if args.train:
+            train_table(threads, args.train_tokens, args.heads, args.dim, args.repeats)
+        if args.memory:
+            memory_table([int(t) for t in args.memory.split(",")], args.heads, args.dim)
+        if args.kda:
+            kda_table([int(t) for t in args.kda.split(",")], threads, args.heads, args.dim,
+                      args.repeats)
+        print("load average (1, 5, 15 min) after: "
+              + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        return
     try:
         print("load average (1, 5, 15 min) before: "
               + " ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -193,19 +396,19 @@ def main() -> None:
              "torch": f"(b) linattn torch: chunked prefill (C = {args.chunk}), torch step",
              "native": "(c) linattn compiled (la_gdr_forward)"}
     results = {}
-    for threads in (int(t) for t in args.threads.split(",")):
-        r = results[threads] = measure(threads, args.tokens, args.heads, args.dim, args.steps,
+    for th in threads:
+        r = results[th] = measure(th, args.tokens, args.heads, args.dim, args.steps,
                                        args.repeats, args.chunk)
         d, p = r["decode"], r["prefill"]
         dm, pm = r["decode_min"], r["prefill_min"]
         for name, label in names.items():
-            print(f"| {threads} | {label} | {d[name]:.3f} ({dm[name]:.3f}) | "
+            print(f"| {th} | {label} | {d[name]:.3f} ({dm[name]:.3f}) | "
                   f"{p[name]:.1f} ({pm[name]:.1f}) |")
-        print(f"| {threads} | (c), decoding steps back to back (nothing between them) | "
+        print(f"| {th} | (c), decoding steps back to back (nothing between them) | "
               f"{d['native_alone']:.3f} ({dm['native_alone']:.3f}) | |")
         for a, b, label in (("loop", "torch", "(a) / (b)"), ("torch", "native", "(b) / (c)"),
                             ("loop", "native", "(a) / (c)")):
-            print(f"| {threads} | speed-up {label} | {d[a] / d[b]:.1f}x | {p[a] / p[b]:.1f}x |")
+            print(f"| {th} | speed-up {label} | {d[a] / d[b]:.1f}x | {p[a] / p[b]:.1f}x |")
     print(f"| 4 pinned Xeon cores | MNN AVX-512 (quoted, not measured) | {MNN['decode_ms']} | "
           f"{MNN['prefill_ms']} |")
     print()

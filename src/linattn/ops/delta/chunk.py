@@ -2,7 +2,9 @@
 
 The portable backend of :mod:`linattn.ops.delta.op` (every device and dtype, differentiable) and
 what the compiled ops fall back to where their kernels cannot be had (an exported program run on
-a machine without a C compiler). The maths is in :mod:`linattn.ops.delta`'s op docstring.
+a machine without a C compiler). The maths is in :mod:`linattn.ops.delta`'s op docstring; the
+per-key (KDA) chunked form and the token loop of per-value gates are in
+:mod:`linattn.ops.delta.kda`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 from torch import Tensor
 
 from linattn.ops._common import to_chunks
+from linattn.ops.delta.kda import per_key_chunked_form, recurrent_form
 from linattn.ops.gated.op import decayed, segsum
 from linattn.ops.varlen import packed, unpacked
 
@@ -26,19 +29,28 @@ def l2_normalised(x: Tensor) -> Tensor:
 
 
 def torch_prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, s: float,
-                  S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int) -> tuple[Tensor, Tensor]:
-    """The chunked form on checked arguments (beta, g, S0 in the accumulation dtype; ``cu`` the
-    checked cumulative lengths of a packed batch, or None). Returns (o in q's dtype, S)."""
+                  S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int,
+                  gk: Tensor | None = None, gv: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The torch forms on checked arguments (beta, the gates, S0 in the accumulation dtype;
+    ``cu`` the checked cumulative lengths of a packed batch, or None): the scalar-gate chunked
+    form, the per-key one for ``gk`` (:mod:`linattn.ops.delta.kda`), the token loop for ``gv``.
+    Returns (o in q's dtype, S)."""
     acc, out_dtype = beta.dtype, q.dtype
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     if qk_l2norm:
         q, k = l2_normalised(q), l2_normalised(k)
-    if cu is not None:
-        (qp, kp, vp, bp, gp), keep = packed([q, k, v, beta, g], cu)
-        o, S = chunked_form(qp * s, kp, vp, bp, gp, S0, C)
-        o = unpacked(o, cu, keep)
+    xs, keep = ([q, k, v, beta, g, gk, gv], None) if cu is None else \
+        packed([q, k, v, beta, g, gk, gv], cu)
+    q, k, v, beta, g, gk, gv = xs
+    if gv is not None:  # per-value gates: token by token (kda.py says why)
+        o, S = recurrent_form(q * s, k, v, beta, g, gk, gv, S0)
+    elif gk is not None:  # one per-key gate: e^g·diag(e^gk) = diag(e^(g+gk))
+        o, S = per_key_chunked_form(q * s, k, v, beta, gk if g is None else gk + g.unsqueeze(-1),
+                                    S0, C)
     else:
         o, S = chunked_form(q * s, k, v, beta, g, S0, C)
+    if cu is not None:
+        o = unpacked(o, cu, keep)
     return o.to(out_dtype), S
 
 
@@ -68,10 +80,13 @@ def chunked_form(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None
     P = (qc @ kc.transpose(-1, -2)) * decay  # causal: Γ is 0 above the diagonal
     q_in, k_out, through = qc * into, kc * outof, into[..., -1, :]  # through: (..., n, 1)
     outs = []
-    for c in range(n):
-        U = U_free[..., c, :, :] - W[..., c, :, :] @ S
-        outs.append(q_in[..., c, :, :] @ S + P[..., c, :, :] @ U)
-        S = through[..., c, :, None] * S + k_out[..., c, :, :].transpose(-1, -2) @ U
+    # unbind, not x[..., c, :, :]: the backward of n slices would fill n full-size zero tensors
+    for U_c, W_c, q_c, P_c, through_c, k_c in zip(
+            *(x.unbind(-3) for x in (U_free, W, q_in, P, through.unsqueeze(-1),
+                                      k_out.transpose(-1, -2))), strict=True):
+        U = U_c - W_c @ S
+        outs.append(q_c @ S + P_c @ U)
+        S = through_c * S + k_c @ U
     return torch.cat(outs, dim=-2)[..., :T, :], S
 
 

@@ -29,6 +29,8 @@ Three forms, held together by tests in float64 (``tests/ops/delta/test_op.py``):
   once; then ``O = diag(γ) Q S_0 + (Q Kᵀ ⊙ Γ) U`` and ``S_C = γ_C S_0 + (K ⊙ Γ[C−1, :])ᵀ U``.
   Only the last three products walk the chunks in order. O(T·C·(K + V) + T·K·V), memory
   O(T·C) beside the inputs.
+  Per-key gates ``gk`` (Kimi Delta Attention) have a chunked form of their own, with per-key
+  segment sums (:mod:`linattn.ops.delta.kda`); per-value gates ``gv`` run token by token.
 * :func:`delta_rule_step` — one token, also with fla's per-key (``gk``) and per-value (``gv``)
   gates applied to S before the update.
 * :func:`linattn.reference.delta_rule` — the sequential float64 loop.
@@ -83,6 +85,8 @@ def delta_rule(
     v: Tensor,
     beta: Tensor,
     g: Tensor | None = None,
+    gk: Tensor | None = None,
+    gv: Tensor | None = None,
     *,
     scale: float | None = None,
     initial_state: Tensor | None = None,
@@ -98,6 +102,10 @@ def delta_rule(
         beta: (..., T) write strengths (usually sigmoid outputs, in (0, 1); (0, 2) allows
             negative eigenvalues).
         g: (..., T) log-gates ≤ 0 (the gated delta rule); None: the plain delta rule.
+        gk: (..., T, K) per-key log-gates ≤ 0 (Kimi Delta Attention: ``S ← diag(e^{gk}) S``
+            before the update), −∞ allowed (a reset); chunked in chunks of at most
+            :data:`linattn.ops.delta.kda.KDA_CHUNK` tokens (:mod:`linattn.ops.delta.kda`).
+        gv: (..., T, V) per-value log-gates ≤ 0 (``S ← S diag(e^{gv})``): token by token.
         scale: the query scale s (default ``K**-0.5``).
         initial_state: (..., K, V) (zeros if None); with ``cu_seqlens``, (N, ..., K, V).
         return_state: also return the state after the last token.
@@ -114,6 +122,8 @@ def delta_rule(
     V = v.shape[-1]
     beta = check_beta(beta, "beta", (*batch, T), q)
     g = check_gate(g, "g", (*batch, T), q)
+    gk = check_gate(gk, "gk", (*batch, T, K), q)
+    gv = check_gate(gv, "gv", (*batch, T, V), q)
     s = resolve_scale(scale, K)
     C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     qk_l2norm = check_flag(qk_l2norm, "qk_l2norm")
@@ -121,11 +131,16 @@ def delta_rule(
     cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, q)
     states = (*batch, K, V) if cu is None else (len(cu) - 1, *batch[1:], K, V)
     S0 = initial_state_for(initial_state, "initial_state", states, q)
-    traced = tracing(q, k, v, beta, g, initial_state)
-    grad = needs_grad(q, k, v, beta, g, initial_state)
+    traced = tracing(q, k, v, beta, g, gk, gv, initial_state)
+    grad = needs_grad(q, k, v, beta, g, gk, gv, initial_state)
+    per_key_or_value = gk is not None or gv is not None
     choice = dispatch.select(OP, "prefill fwd+bwd" if grad else "prefill", q.dtype,
-                             q.device.type, grad, _traits(V), None if traced else T, traced)
-    o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad)
+                             q.device.type, grad, _traits(V, per_key_or_value),
+                             None if traced else T, traced)
+    if per_key_or_value:  # the torch forms only (the compiled backend refuses these gates)
+        o, S = torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C, gk, gv)
+    else:
+        o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad)
     return (o, S) if return_state else o
 
 
