@@ -176,3 +176,54 @@ def test_command_trains_and_generates(tmp_path, capsys):
     assert main(["lm", "train", "--out", str(tmp_path / "w"), "--steps", "1", "--attention",
                  "gla", "--window", "4", *tiny]) == 2
     assert "--window: not used with attention='gla'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_traces_on_the_compiled_and_the_torch_path(monkeypatch, native):
+    """GLA with a head dimension the compiled kernels take (16): the prefill and a decoding step
+    exported with the compiled path (linattn::gla_forward, linattn::gla_step in the graph) or
+    the torch path (no linattn op), and a compiled training step (forward and backward), all
+    equal to eager."""
+    from linattn.ops import dispatch
+    from linattn.ops.gated import native as gated_native
+
+    if native == "1" and gated_native.kernels() is None:
+        pytest.skip(f"compiled path: {gated_native.unavailable()}")
+    monkeypatch.setenv("LINATTN_NATIVE", native)
+    dispatch._memo.clear()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = LinearTransformerLM(V, 32, 1, 2, attention="gla", chunk_size=8).eval()
+    tol = _tol(torch.float32)
+
+    class Step(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids, state):
+            return self.lm(ids, state, return_state=True)
+
+    ids = _ids(T=12)
+    with torch.no_grad():
+        want, st = m(ids[:, :11], return_state=True)
+        want_step, want_st = m(ids[:, 11:], st, return_state=True)
+        prefill = torch.export.export(m, (ids[:, :11],))
+        step = torch.export.export(Step(m), (ids[:, 11:], st))
+        torch.testing.assert_close(prefill.module()(ids[:, :11]), want, **tol)
+        got, got_st = step.module()(ids[:, 11:], st)
+    torch.testing.assert_close(got, want_step, **tol)
+    torch.testing.assert_close(got_st.layers[0].kv, want_st.layers[0].kv, **tol)
+    for ep, op in ((prefill, "linattn.gla_forward"), (step, "linattn.gla_step")):
+        targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+        assert any(t.startswith(op) for t in targets) == (native == "1"), targets
+    m.train()
+    grads = []
+    for f in (m, torch.compile(m, fullgraph=True, backend="aot_eager")):
+        m.zero_grad()
+        f(ids).logsumexp(-1).mean().backward()
+        grads.append([p.grad.clone() for p in m.parameters()])
+    for g_compiled, g_eager in zip(*grads[::-1], strict=True):
+        torch.testing.assert_close(g_compiled, g_eager, **tol)
+    dispatch._memo.clear()
+    torch._dynamo.reset()

@@ -101,7 +101,11 @@ class GLAAttention(MultiheadAttentionBase):
         """x: (B, T, E) after ``state`` (or none). Returns (out (B, T, E), new state)."""
         if state is not None and not isinstance(state, GLAState):
             raise TypeError(f"state: expected a GLAState, got {type(state).__name__}")
-        q, k, v = self.project(x)  # (B, H, T, d) each
+        # laid out as (B, H, T, d): the compiled kernels read them so (the op would copy
+        # them anyway), and the fake (shape-only) gradients of linattn::gla_backward take the
+        # inputs' strides while the kernel returns contiguous ones, which breaks a compiled
+        # backward on the transposed views project() returns
+        q, k, v = (t.contiguous() for t in self.project(x))  # (B, H, T, d) each
         gk = self.gates(x)
         S0 = None if state is None else state.kv
         if x.shape[1] == 1 and state is not None:  # a decoding step: O(d²) per head
