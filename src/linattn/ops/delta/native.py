@@ -317,7 +317,7 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
 
 
 def _prefill_fake(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa):
-    return q.new_empty(*q.shape[:-1], v.shape[-1]), torch.empty_like(S0)
+    return q.new_empty(*q.shape[:-1], v.shape[-1]), S0.new_empty(S0.shape)
 
 
 # ---------------------------------------------------------------------- with gradients
@@ -353,7 +353,7 @@ def _train_forward_fake(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa):
     *batch, T, K = q.shape
     V = v.shape[-1]
     H = math.prod(batch if cu_seqlens is None else batch[1:])
-    return (q.new_empty(*q.shape[:-1], V), torch.empty_like(S0),
+    return (q.new_empty(*q.shape[:-1], V), S0.new_empty(S0.shape),
             S0.new_empty(H, checkpoints(T, cu_seqlens), K, V),
             q.new_empty(H, T, V, dtype=torch.float32))
 
@@ -410,9 +410,11 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
 
 def _train_backward_fake(q, k, v, beta, g, S0, cu_seqlens, ckpt, w, g_o, g_S, scale, l2norm,
                          isa):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            torch.empty_like(beta), q.new_empty(0) if g is None else torch.empty_like(g),
-            torch.empty_like(S0))
+    # contiguous, as the kernels return them: ``empty_like`` would keep a strided input's
+    # strides, and a compiled graph would then view the real (contiguous) gradients wrongly
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            beta.new_empty(beta.shape), q.new_empty(0) if g is None else g.new_empty(g.shape),
+            S0.new_empty(S0.shape))
 
 
 _BACKWARD = KernelOp("gdr_backward", _train_backward, _train_backward_fake)
