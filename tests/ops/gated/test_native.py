@@ -522,3 +522,26 @@ def test_the_ops_compute_the_same_function_without_kernels(monkeypatch, assert_c
         assert_close(x.grad, w, ulps=ULPS_GRAD)
     for a, b in zip(gated_native.gla_step(*step), want_step, strict=True):
         assert_close(a, b, ulps=ULPS_FWD)
+
+
+def test_opcheck_strided_inputs():
+    """Transposed (B, T, H, ·) views: the fake implementations give the kernels' contiguous
+    results, not the inputs' strides (a compiled training step views them otherwise)."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 19, 2, 16, generator=gen).div(4).transpose(1, 2)
+               for _ in range(3))
+    gk = F.logsigmoid(torch.randn(1, 19, 2, 16, generator=gen)).transpose(1, 2)
+    S0 = _state(1, 2, 16, 16).transpose(-1, -2)
+    xs = [x.requires_grad_(True) for x in (q, k, v, gk, S0)]
+    torch.library.opcheck(torch.ops.linattn.gla_forward.default,
+                          (*xs[:3], None, xs[3], xs[4], None, 0.25, 8, True, "native"))
+    o, S, ckpt = torch.ops.linattn.gla_forward.default(*(x.detach() for x in xs[:3]), None,
+                                                      gk.detach(), S0.detach(), None, 0.25, 8,
+                                                      True, "native")
+    torch.library.opcheck(torch.ops.linattn.gla_backward.default,
+                          (*(x.detach() for x in xs[:3]), None, gk.detach(), S0.detach(), ckpt,
+                           None, torch.randn(o.shape).transpose(-1, -2).contiguous()
+                           .transpose(-1, -2), None, 0.25, 8, "native"))
+    torch.library.opcheck(torch.ops.linattn.gla_step.default,
+                          (q[:, :, 0].detach(), k[:, :, 0].detach(), v[:, :, 0].detach(), None,
+                           gk[:, :, 0].detach(), S0.detach(), 0.25, "native"))

@@ -335,7 +335,7 @@ def _forward_fake(q, k, v, g, gk, S0, cu_seqlens, scale, chunk, checkpoints, isa
     _, H = _layout(q, cu_seqlens)
     ckpt = (S0.new_empty(H, _n_checkpoints(T, chunk, cu_seqlens), K, V) if checkpoints
             else S0.new_empty(0))
-    return q.new_empty(*q.shape[:-1], V), torch.empty_like(S0), ckpt
+    return q.new_empty(*q.shape[:-1], V), _dense(S0), ckpt
 
 
 def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None,
@@ -384,10 +384,16 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | No
             q.new_empty(0) if dgk is None else dgk.view(gk.shape), dS.view(S0.shape))
 
 
+def _dense(x: Tensor) -> Tensor:
+    """An empty tensor of x's shape and dtype, contiguous as the kernels' results always are
+    (``empty_like`` would keep a transposed input's strides, and a compiled graph then views
+    the real, contiguous result with the wrong ones)."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 def _backward_fake(q, k, v, g, gk, S0, ckpt, cu_seqlens, g_out, g_S, scale, chunk, isa):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            q.new_empty(0) if g is None else torch.empty_like(g),
-            q.new_empty(0) if gk is None else torch.empty_like(gk), torch.empty_like(S0))
+    return (_dense(q), _dense(k), _dense(v), q.new_empty(0) if g is None else _dense(g),
+            q.new_empty(0) if gk is None else _dense(gk), _dense(S0))
 
 
 _BACKWARD = KernelOp("gla_backward", _backward, _backward_fake)
@@ -508,7 +514,7 @@ def _check_step_gates(g_t: Tensor | None, gk_t: Tensor | None) -> None:
 
 
 def _step_fake(q_t, k_t, v_t, g_t, gk_t, S, scale, isa):
-    return v_t.new_empty(v_t.shape, dtype=q_t.dtype), torch.empty_like(S)
+    return v_t.new_empty(v_t.shape, dtype=q_t.dtype), _dense(S)
 
 
 gla_step = KernelOp("gla_step", _step, _step_fake)
