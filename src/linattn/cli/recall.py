@@ -129,11 +129,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=c["vocab_size"].parse, default=8192)
     p.add_argument("--power-a", type=c["power_a"].parse, default=0.01,
                    help="power law of the query gaps (Zoology: 0.01)")
-    p.add_argument("--train-examples", type=c["train_examples"].parse, default=20_000)
+    p.add_argument("--train-examples", type=c["train_examples"].parse, default=100_000,
+                   help="training examples (default 100,000: Zoology's training set, one epoch)")
     p.add_argument("--val-examples", type=c["val_examples"].parse, default=500)
     p.add_argument("--test-examples", type=c["test_examples"].parse, default=1_000)
-    p.add_argument("--epochs", type=c["epochs"].parse, default=8)
-    p.add_argument("--batch-size", type=c["batch_size"].parse, default=64)
+    p.add_argument("--epochs", type=c["epochs"].parse, default=1)
+    p.add_argument("--batch-size", type=c["batch_size"].parse, default=32)
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--lr", type=c["lr"].parse, help="one learning rate (no sweep)")
     rate.add_argument("--lr-sweep", dest="lrs", type=_list_of("lr"), nargs="?",

@@ -87,11 +87,11 @@ class RecallConfig:
     num_kv_pairs: int = 16
     vocab_size: int = 8192
     power_a: float = 0.01
-    train_examples: int = 20_000
+    train_examples: int = 100_000
     val_examples: int = 500
     test_examples: int = 1_000
-    epochs: int = 8
-    batch_size: int = 64
+    epochs: int = 1
+    batch_size: int = 32
     lr: float | None = None
     lrs: tuple[float, ...] = DEFAULT_LRS
     weight_decay: float = 0.1
