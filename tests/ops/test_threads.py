@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import threading
+import unittest.mock as mock
 
 import pytest
 import torch
 
-from linattn.ops import native
+import linattn
+from linattn.ops import dispatch, native
+from linattn.ops.linear import native as linear_native
 
 
 @pytest.fixture
@@ -92,3 +95,67 @@ def test_helpers_share_real_work(two_threads):
 
     native.run_parts(part, [(i,) for i in range(4)], 2)
     assert seen == {0, 1}
+
+
+@pytest.fixture
+def torch_threads():
+    """Torch's thread count, restored after the test whatever it did."""
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
+
+
+def test_torch_on_one_thread_narrows_and_restores(torch_threads):
+    torch.set_num_threads(2)
+    with native.torch_on_one_thread(True):
+        assert torch.get_num_threads() == 1
+        with native.torch_on_one_thread(True):  # nested: the inner one restores nothing
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    with native.torch_on_one_thread(False):  # work worth the threads: left alone
+        assert torch.get_num_threads() == 2
+    with pytest.raises(RuntimeError), native.torch_on_one_thread(True):
+        raise RuntimeError("the call failed")
+    assert torch.get_num_threads() == 2  # restored after an error too
+
+
+def test_concurrent_narrowings_restore_the_count_once_all_are_done(torch_threads):
+    """Torch's count is one for the process: two threads that narrow it at once must not
+    leave it at 1 (the second saving the first one's 1 and restoring that)."""
+    torch.set_num_threads(2)
+    inside, release = threading.Barrier(2), threading.Event()
+
+    def call():
+        with native.torch_on_one_thread(True):
+            inside.wait(timeout=10)
+            release.wait(timeout=10)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    release.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert torch.get_num_threads() == 2
+
+
+def test_a_small_linear_attention_call_leaves_torch_threads_as_they_were(torch_threads):
+    """The compiled linear attention runs its torch operations on one thread for small calls
+    (each of them would otherwise wait for the other OpenMP thread) and gives the count back."""
+    if linear_native.kernels() is None:
+        pytest.skip(f"compiled path: {linear_native.unavailable()}")
+    torch.set_num_threads(2)
+    q, k, v = (torch.randn(1, 2, 16, 16, requires_grad=True) for _ in range(3))
+    seen = []
+    real = native.torch_on_one_thread
+
+    def spy(small):
+        seen.append(small)
+        return real(small)
+
+    with mock.patch.object(linear_native, "torch_on_one_thread", spy), \
+            dispatch.use(impl="native"):
+        linattn.linear_attention(q, k, v, is_causal=True).sum().backward()
+    assert seen == [True, True]  # the forward and the backward, both small
+    assert torch.get_num_threads() == 2

@@ -71,6 +71,7 @@ from linattn.ops.native import (
     empty_hugepage,
     run_parts,
     threads_for,
+    torch_on_one_thread,
 )
 from linattn.ops.native.abi import Args
 
@@ -620,6 +621,13 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, 
         return tuple(g.detach() for g in grads)
     if q.dtype != torch.float32:  # the dispatcher routes bfloat16 with gradients away
         raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
+    with torch_on_one_thread(_small(q, v)):
+        return _native_backward(fns, q, k, v, keep, S0, S_states, z_states, S, z, out, g_out,
+                                g_S, g_z, kind, eps, block, chunk, is_causal)
+
+
+def _native_backward(fns, q, k, v, keep, S0, S_states, z_states, S, z, out, g_out, g_S, g_z,
+                     kind, eps, block, chunk, is_causal):
     N, Tq, L = q.shape
     Dv = v.shape[2]
     b = _Block(fns, kind, q, k, v, keep)
@@ -704,6 +712,23 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
     q (..., Tq, D), k (..., T, D), v (..., T, Dv), keep bool broadcastable to (..., T, 1) or
     None, S0 (..., ℓ, Dv + 1) or None. Returns the output (..., Tq, Dv) and the final state
     (..., ℓ, Dv + 1)."""
+    args = (q, k, v, fmap)
+    kw = {"is_causal": is_causal, "keep": keep, "eps": eps, "chunk": chunk, "block": block,
+          "S0": S0, "isa": isa}
+    if torch.compiler.is_compiling():  # a traced graph: its operations are the graph's
+        return _native_linear_attention(*args, **kw)
+    with torch_on_one_thread(_small(q, v)):
+        return _native_linear_attention(*args, **kw)
+
+
+def _small(q: Tensor, v: Tensor) -> bool:
+    """Whether a call is below the thread policy's threshold (its torch operations then run on
+    one thread too: :func:`linattn.ops.native.torch_on_one_thread`)."""
+    work = q.numel() * v.shape[-1]  # N·T·ℓ·Dv
+    return threads_for(work, q.numel() // max(q.shape[-1] * q.shape[-2], 1), PARALLEL_MIN) == 1
+
+
+def _native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0, isa):
     L, Dv = q.shape[-1], v.shape[-1]
     one_pass = _fits_one_pass(L, Dv, chunk if is_causal else NONCAUSAL_CHUNK, keep is not None)
     if q.dtype == torch.bfloat16 and not one_pass and not bf16_products():

@@ -31,8 +31,9 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ from linattn.ops.native.abi import Args, LayoutError, bind
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
-           "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts"]
+           "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -355,6 +356,41 @@ def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
     if work < BACKOFF_WORK * min_work and time.monotonic() < _late_until:
         return 1
     return max(1, min(n, parts, work // max(min_work, 1)))
+
+
+_NARROW_LOCK = threading.Lock()
+_narrowed = 0  # calls inside torch_on_one_thread now
+_saved_threads = 1  # torch's thread count before the first of them
+
+
+@contextmanager
+def torch_on_one_thread(small: bool) -> Iterator[None]:
+    """Torch's own operations inside a small compiled call (zeroing or copying a state,
+    joining the final state) on one thread, when ``small``. Torch splits every operation on
+    more than 32,768 elements over its OpenMP threads; around a kernel of a fraction of a
+    millisecond the hand-over costs more than the operation, and with the other core busy each
+    one waits for a descheduled thread: a causal ``linear_attention`` at T = 64 took 29 ms on
+    2 threads against 0.95 ms on 1 (benchmarks/threads.py). Torch's thread count is one for
+    the whole process: nested and concurrent calls are counted, the first narrows it and the
+    last restores it (another thread's torch operations meanwhile run on one thread too:
+    slower, never wrong). Not for traced code (the caller checks)."""
+    global _narrowed, _saved_threads
+    if not small:
+        yield
+        return
+    with _NARROW_LOCK:
+        if _narrowed == 0:
+            _saved_threads = torch.get_num_threads()
+            if _saved_threads > 1:
+                torch.set_num_threads(1)
+        _narrowed += 1
+    try:
+        yield
+    finally:
+        with _NARROW_LOCK:
+            _narrowed -= 1
+            if _narrowed == 0 and _saved_threads > 1:
+                torch.set_num_threads(_saved_threads)
 
 
 def run_parts(part: Callable, jobs: list, threads: int) -> None:
