@@ -159,3 +159,12 @@ def test_a_small_linear_attention_call_leaves_torch_threads_as_they_were(torch_t
         linattn.linear_attention(q, k, v, is_causal=True).sum().backward()
     assert seen == [True, True]  # the forward and the backward, both small
     assert torch.get_num_threads() == 2
+
+
+def test_torch_threads_reads_through_a_narrowing(torch_threads):
+    """The policy, the dispatcher's memo and the calibration's cache key read the user's count,
+    not the 1 of a small call running in another thread (which made a second calibration)."""
+    torch.set_num_threads(2)
+    with native.torch_on_one_thread(True):
+        assert torch.get_num_threads() == 1 and native.torch_threads() == 2
+    assert native.torch_threads() == 2

@@ -81,7 +81,7 @@ def verdict(op: str, form: str, backend: str, isas: list[str], torch_backends: l
             problem: Callable) -> dict:
     """``{"ms": {candidate: median ms}, "winner": isa or "torch"}`` for ``form``: from memory,
     else from the cache file, else measured (and written there)."""
-    threads = torch.get_num_threads()
+    threads = native.torch_threads()
     key = (op, form, backend, tuple(isas), tuple(torch_backends), threads)
     found = _verdicts.get(key)
     if found is not None:
@@ -182,7 +182,7 @@ def _in_clean_thread(fn, threads: int):
     box: dict = {}
 
     def run():
-        before = torch.get_num_threads()
+        before = native.torch_threads()
         torch.set_num_threads(threads)
         try:
             with torch.inference_mode(False), torch.enable_grad():

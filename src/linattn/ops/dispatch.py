@@ -51,7 +51,7 @@ import torch
 
 from linattn.ops import calibration
 from linattn.ops._choice import Choice
-from linattn.ops.native import ISA_FLAGS, runnable_isas
+from linattn.ops.native import ISA_FLAGS, runnable_isas, torch_threads
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
            "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
@@ -259,7 +259,7 @@ def select(op: str, form: str, dtype: torch.dtype, device: str, grad: bool,
     # (the policy fields the choice depends on: hashing the whole dataclass costs more; the
     # variables as set, parsed only on a miss: this is on every decoding step)
     key = (op, form, dtype, device, grad, traits, length, tracing, pol.impl, pol.fused_min_t,
-           env.get("LINATTN_NATIVE"), env.get("LINATTN_NATIVE_ISA"), torch.get_num_threads())
+           env.get("LINATTN_NATIVE"), env.get("LINATTN_NATIVE_ISA"), torch_threads())
     choice = _memo.get(key)
     if choice is None:
         choice = _select(op, form, dtype, device, grad, traits, length, tracing, pol,
@@ -363,7 +363,7 @@ def report() -> list[dict]:
     for op, forms in _PROBLEMS.items():
         for form in forms:
             compiled = next((b for b in _REGISTRY.get(op, ()) if b.compiled), None)
-            row = {"op": op, "form": form, "threads": torch.get_num_threads()}
+            row = {"op": op, "form": form, "threads": torch_threads()}
             setting = native_setting()
             if compiled is None or setting == "0":
                 row.update(backend="torch", isa=None, times=None,

@@ -33,7 +33,6 @@ run the kernel directly (the op dispatcher's ~8 µs would be a quarter of a deco
 from __future__ import annotations
 
 import math
-import threading
 from ctypes import c_float, c_int, c_long, c_void_p
 
 import torch
@@ -49,6 +48,7 @@ from linattn.ops.native import (
     check_rc,
     empty_hugepage,
     run_parts,
+    scratch,
     threads_for,
 )
 from linattn.ops.native.abi import Args, LayoutError
@@ -105,7 +105,6 @@ KERNELS: dict[str, type[Args]] = {"gdr_forward": GdrForwardArgs, "gdr_step": Gdr
 #: Tokens between two states the forward saves for the backward (GDR_TC in kernels.c, checked
 #: when the library loads): the backward recomputes the states of one chunk from the last.
 CHECKPOINT = 64
-_tls = threading.local()
 
 
 def _work_size(lib) -> dict:
@@ -142,16 +141,9 @@ def kernels_here(isa: str) -> dict | None:
 
 # ------------------------------------------------------------------------------------ the calls
 def _work(fns: dict, K: int, V: int | None = None) -> Tensor:
-    """This thread's scratch buffer for head dimension K: la_gdr_work(K) floats, or with V
-    the backward's la_gdr_backward_work(K, V)."""
-    bufs = getattr(_tls, "bufs", None)
-    if bufs is None:
-        bufs = _tls.bufs = {}
-    buf = bufs.get((K, V))
-    if buf is None:
-        size = fns["work"](K) if V is None else fns["backward_work"](K, V)
-        buf = bufs[(K, V)] = torch.empty(size, dtype=torch.float32)
-    return buf
+    """This thread's scratch buffer for head dimension K: la_gdr_work(K) floats of this build,
+    or with V the backward's la_gdr_backward_work(K, V)."""
+    return scratch(fns["work"](K) if V is None else fns["backward_work"](K, V))
 
 
 def _jobs(N: int, V: int, threads: int) -> list[tuple[int, int, int, int]]:

@@ -37,7 +37,6 @@ eager calls that want no gradient run the kernels directly.
 from __future__ import annotations
 
 import math
-import threading
 from ctypes import c_float, c_long, c_void_p
 
 import torch
@@ -45,7 +44,15 @@ from torch import Tensor
 
 from linattn.ops._common import graph_grads
 from linattn.ops._library import KernelOp
-from linattn.ops.native import KernelSet, build_or_native, check_rc, empty_hugepage, pool
+from linattn.ops.native import (
+    KernelSet,
+    build_or_native,
+    check_rc,
+    empty_hugepage,
+    run_parts,
+    scratch,
+    threads_for,
+)
 from linattn.ops.native.abi import Args
 
 __all__ = ["gla_prefill", "gla_step", "kernels", "unavailable", "checkpoint_interval",
@@ -101,9 +108,6 @@ class GlaStepArgs(Args):
 #: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
 KERNELS: dict[str, type[Args]] = {"gla_forward": GlaForwardArgs, "gla_backward": GlaBackwardArgs,
                                   "gla_step": GlaStepArgs}
-_tls = threading.local()
-
-
 def _work_size(lib) -> dict:
     lib.la_gla_work.restype, lib.la_gla_work.argtypes = c_long, [c_long, c_long]
     return {"work": lib.la_gla_work}
@@ -130,18 +134,9 @@ def _kernels_here(isa: str) -> dict | None:
 
 # ------------------------------------------------------------------------------ the calls
 def _work(fns: dict, K: int, C: int) -> Tensor:
-    """This thread's scratch buffer for head dimension K and chunk C, sized by the build that
-    will use it: the size depends on the build's vector width (an AVX2 and an AVX-512 build
-    run in one thread during the calibration), so the key holds the build's kernels (the
-    entry keeps them alive: an ``id`` is never reused for another build's dict)."""
-    bufs = getattr(_tls, "bufs", None)
-    if bufs is None:
-        bufs = _tls.bufs = {}
-    key = (id(fns), K, C)
-    entry = bufs.get(key)
-    if entry is None or entry[0] is not fns:
-        entry = bufs[key] = (fns, torch.empty(fns["work"](K, C), dtype=torch.float32))
-    return entry[1]
+    """This thread's scratch buffer for head dimension K and chunk C: la_gla_work(K, C) floats
+    of this build (the size depends on its vector width)."""
+    return scratch(fns["work"](K, C))
 
 
 def _jobs(N: int, V: int, threads: int, columns: bool) -> list[tuple[int, int, int, int]]:
@@ -162,36 +157,16 @@ def _jobs(N: int, V: int, threads: int, columns: bool) -> list[tuple[int, int, i
 
 
 def _run_parts(part, jobs: list, threads: int) -> None:
-    """part(*job) for every job, on at most ``threads`` threads, the calling one included:
-    each takes the next job when it is done with one (ctypes releases the GIL)."""
-    if len(jobs) == 1 or threads <= 1:
-        for job in jobs:
-            part(*job)
-        return
-    todo, lock = iter(jobs), threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                job = next(todo, None)
-            if job is None:
-                return
-            part(*job)
-
-    helpers = min(threads, len(jobs)) - 1
-    workers = pool(helpers)  # the one pool of all compiled passes
-    futures = [workers.submit(worker) for _ in range(helpers)]
-    try:
-        worker()
-    finally:
-        for f in futures:  # all of them, even if this thread's jobs failed
-            f.exception()
-    for f in futures:
-        f.result()  # re-raise a helper's error
+    """``part(*job)`` for every job on at most ``threads`` threads, through the library's one
+    thread policy (:func:`linattn.ops.native.run_parts`: a late helper is not waited for)."""
+    run_parts(lambda _slot, *job: part(*job), jobs, threads)
 
 
-def _threads(N: int, T: int, K: int, V: int) -> int:
-    return torch.get_num_threads() if N * T * K * V >= PARALLEL_MIN else 1
+def _threads(N: int, T: int, K: int, V: int, columns: bool) -> int:
+    """Threads for a pass over N heads of T tokens (:func:`linattn.ops.native.threads_for`);
+    ``columns``: a head may also split into blocks of 16 columns (the forward)."""
+    return threads_for(N * T * K * V, N * max(V // V_MULTIPLE, 1) if columns else N,
+                       PARALLEL_MIN)
 
 
 def _ptr(x: Tensor | None, h0: int = 0) -> int | None:
@@ -207,7 +182,7 @@ def _forward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
     (N, T, V); ckpt (N, n, K, V) or None, this span's chunks from index ``first`` on."""
     N, T, K = q.shape
     V = v.shape[2]
-    threads = _threads(N, T, K, V)
+    threads = _threads(N, T, K, V, columns=True)
     fn, work = fns["gla_forward"], None
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
@@ -235,7 +210,7 @@ def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
     any head and token strides (0 for none)."""
     N, T, K = q.shape
     V = v.shape[2]
-    threads = _threads(N, T, K, V)
+    threads = _threads(N, T, K, V, columns=False)
     fn = fns["gla_backward"]
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
@@ -485,7 +460,7 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tenso
     S_in = S if S.is_contiguous() else S.contiguous()
     S_out = torch.empty_like(S_in)
     o = torch.empty(v_t.shape, dtype=torch.float32)
-    if N * K * V >= PARALLEL_MIN and torch.get_num_threads() > 1:  # a large batch: threads
+    if _threads(N, 1, K, V, columns=True) > 1:  # a large batch: threads
         _check_step_gates(g_t, gk_t)
         _forward_span(fns, q.view(N, 1, K), k.view(N, 1, K), v.view(N, 1, V),
                       None if g is None else g.view(N, 1), None if gk is None else gk.view(N, 1, K),

@@ -44,7 +44,8 @@ from linattn.ops.native.abi import Args, LayoutError, bind
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
-           "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread"]
+           "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
+           "torch_threads", "scratch"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -324,6 +325,21 @@ def pool(workers: int) -> ThreadPoolExecutor:
         return _POOL
 
 
+_SCRATCH = threading.local()
+
+
+def scratch(floats: int) -> Tensor:
+    """This thread's scratch buffer for one kernel call, at least ``floats`` float32 long (grown
+    when a call needs more, never shrunk). Asked by size, not by the call's shapes: a kernel's
+    scratch depends on its build's vector width too, and the calibration runs an AVX2 and an
+    AVX-512 build in one thread (a buffer cached per head dimension alone was sized by one and
+    overrun by the other: heap corruption). One call at a time per thread uses it."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < floats:
+        buf = _SCRATCH.buf = torch.empty(max(floats, 1), dtype=torch.float32)
+    return buf
+
+
 # ------------------------------------------------------------------------- the thread policy
 #: The work (in the callers' unit: multiply-adds, about a nanosecond's worth each ten) below
 #: which a compiled pass stays on the calling thread. Handing parts to the pool costs a wake-up
@@ -350,7 +366,7 @@ def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
     was late (another process on the other core); else at most torch's thread count, the parts,
     and one thread per ``min_work`` of work, so that no thread is woken for less than it
     costs."""
-    n = torch.get_num_threads()
+    n = torch_threads()
     if n <= 1 or parts <= 1 or work < min_work:
         return 1
     if work < BACKOFF_WORK * min_work and time.monotonic() < _late_until:
@@ -361,6 +377,14 @@ def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
 _NARROW_LOCK = threading.Lock()
 _narrowed = 0  # calls inside torch_on_one_thread now
 _saved_threads = 1  # torch's thread count before the first of them
+
+
+def torch_threads() -> int:
+    """Torch's thread count as the user set it: while a :func:`torch_on_one_thread` call is
+    in progress (in any thread), the count it will restore, not its temporary 1. What the
+    thread policy, the dispatcher's memo and the calibration's cache key read."""
+    # no lock (this is on every decoding step): the count is saved before ``_narrowed`` counts
+    return _saved_threads if _narrowed else torch.get_num_threads()
 
 
 @contextmanager
