@@ -358,7 +358,14 @@ def _torch_rule(entries, dtype, device, grad, traits, length, tracing, pol, fast
 def report() -> list[dict]:
     """What the default path takes on this machine, per op and calibration form, at the current
     thread count: the backend, the build and the calibration's times (ms, the fastest call). For
-    ``linattn bench`` and the docs; measures what was not measured yet."""
+    ``linattn bench`` and the docs; measures what was not measured yet. Every op folder is
+    imported first: an op registers its backends when it is first used."""
+    import importlib
+
+    from linattn.ops import OPS
+
+    for name in OPS:
+        importlib.import_module(f"linattn.ops.{name}")
     rows = []
     for op, forms in _PROBLEMS.items():
         for form in forms:
