@@ -105,10 +105,10 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
         o = o_t.view(B, T, HV, V)
         return o, (None if not output_final_state else
                    S.transpose(-1, -2).contiguous() if state_v_first else S)
-    if gk is None and gv is None and beta.dim() == 3:
-        o, S = delta.delta_rule(_hf(q), _hf(k), _hf(v), _hf(beta), _hf(g), scale=s,
-                                initial_state=S0, return_state=True, chunk_size=chunk_size,
-                                cu_seqlens=cu, qk_l2norm=l2)
+    if beta.dim() == 3:  # per-key gates in chunks too; per-value gates there token by token
+        o, S = delta.delta_rule(_hf(q), _hf(k), _hf(v), _hf(beta), _hf(g), gk=_hf(gk),
+                                gv=_hf(gv), scale=s, initial_state=S0, return_state=True,
+                                chunk_size=chunk_size, cu_seqlens=cu, qk_l2norm=l2)
     else:
         step = _per_value_beta_step(delta.delta_rule_step, s, l2) if beta.dim() == 4 else \
             (lambda q_t, k_t, v_t, S, beta_t, **gates:
@@ -357,8 +357,9 @@ def fused_recurrent_gated_delta_rule(
     gk (B, T, HV, K), gv (B, T, HV, V): log decays ≤ 0 or None; beta (B, T, HV) or per value
     (B, T, HV, V), None means ones; the other arguments as :func:`chunk_gated_delta_rule`
     (``use_gate_in_kernel``, ``A_log``, ``dt_bias`` are named parameters here, as in fla).
-    Runs :func:`linattn.ops.delta.delta_rule` (chunked) for scalar g and beta; with gk, gv or a
-    per-value beta :func:`linattn.ops.delta.delta_rule_step` token by token (slower).
+    Runs :func:`linattn.ops.delta.delta_rule` for a beta per head (chunked for g and gk; gv
+    there token by token); a per-value beta :func:`linattn.ops.delta.delta_rule_step` token by
+    token (slower).
     ``**kwargs``: ``transpose_state_layout``. Returns (o (B, T, HV, V), final state or None)."""
     kw = _kwargs("fused_recurrent_gated_delta_rule", kwargs, ("transpose_state_layout",)) \
         if kwargs else kwargs
