@@ -155,6 +155,14 @@ def _no_cp(cp_context: object) -> None:
 # ----------------------------------------------------------------------------- layout helpers
 
 
+def _one_token_each(T: int, cu: Tensor | None) -> bool:
+    """Whether every sequence is one token: T = 1, or checked ``cu_seqlens`` 0, 1, ..., T
+    (a packed batch of decoding steps, as a server sends them)."""
+    if cu is None:
+        return T == 1
+    return T > 0 and cu.numel() == T + 1 and bool(torch.equal(cu, torch.arange(T + 1)))
+
+
 def _hf(x: Tensor | None) -> Tensor | None:
     """fla layout (B, T, H, ...) -> head-first (B, H, T, ...)."""
     return None if x is None else x.transpose(1, 2)

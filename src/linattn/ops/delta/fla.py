@@ -19,6 +19,7 @@ from linattn.ops._fla import (
     _hf,
     _kwargs,
     _no_cp,
+    _one_token_each,
     _qkv,
     _scale,
     _scan,
@@ -117,14 +118,6 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
                      {"beta_t": _hf(beta), "g_t": _hf(g), "gk_t": _hf(gk), "gv_t": _hf(gv)},
                      S0, cu)
     return _finish(o, S, output_final_state, state_v_first)
-
-
-def _one_token_each(T: int, cu: Tensor | None) -> bool:
-    """Whether every sequence is one token: T = 1, or checked ``cu_seqlens`` 0, 1, ..., T
-    (a packed batch of decoding steps, as a server sends them)."""
-    if cu is None:
-        return T == 1
-    return T > 0 and cu.numel() == T + 1 and bool(torch.equal(cu, torch.arange(T + 1)))
 
 
 def _decode(q: object, k: object, v: object, g: object, beta: object, scale: object,

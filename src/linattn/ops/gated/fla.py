@@ -15,6 +15,7 @@ from linattn.ops._fla import (
     _gate,
     _hf,
     _kwargs,
+    _one_token_each,
     _qkv,
     _reversed_cu,
     _scale,
@@ -54,6 +55,18 @@ def _gla(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,
         if cu is not None:
             cu = _reversed_cu(cu)
             initial_state = None if initial_state is None else initial_state.flip(0)
+    if _one_token_each(q.shape[1], cu):
+        # decoding: every sequence one token, the step on (N, H, ·) views (the chunked form
+        # costs several times the step here); reversing one token changes nothing
+        n, H, K, V = q.shape[0] * q.shape[1], q.shape[2], q.shape[3], v.shape[3]
+        S0 = initial_state if initial_state is not None else \
+            torch.zeros(n, H, K, V, dtype=accumulation_dtype(q.dtype), device=q.device)
+        o_t, S = gated_linear_attention_step(
+            *(x.reshape(n, H, x.shape[-1]) for x in (q, k, v)), S0, scale=scale,
+            g_t=None if g is None else g.reshape(n, H),
+            **{f"{name}_t": x.reshape(n, H, x.shape[-1])
+               for name, x in (("gk", gk), ("gv", gv)) if x is not None})
+        return _finish(o_t.view(v.shape).transpose(1, 2), S, output_final_state, state_v_first)
     if gv is None:
         o, S = gated_linear_attention(
             _hf(q), _hf(k), _hf(v), g=_hf(g), gk=_hf(gk), scale=scale,
