@@ -45,6 +45,12 @@ def test_presets_reach_the_model():
     assert model_kwargs(fm)["feature_map"] == "relu"
 
 
+def test_decay_reaches_the_model():
+    cfg = RecallConfig(mixer="softmax", decay=(0.05, 0.998), **TINY)
+    assert build_model(cfg).blocks[1].attn.decay.tolist() == pytest.approx([0.05, 0.998])
+    assert cfg.to_dict()["decay"] == [0.05, 0.998]
+
+
 def test_accuracy_counts_query_positions():
     """A model that predicts every query right scores 1; the score is over queries only."""
     cfg = RecallConfig(mixer="softmax", **TINY)
@@ -158,6 +164,9 @@ def test_grid_saves_and_reuses_cells(tmp_path, monkeypatch):
     ({"window": 4}, "window"),           # softmax takes no window
     ({"seq_len": 6}, "seq_len"),         # too short for 2 pairs
     ({"feature_map": "bogus"}, "feature_map"),
+    ({"decay": (0.5,)}, "decay"),        # one per head
+    ({"decay": (0.5, 1.5)}, "decay"),
+    ({"mixer": "gated_delta", "decay": (0.5, 0.9)}, "decay"),  # a kind without decays
 ])
 def test_bad_config_names_the_field(kwargs, name):
     args = {**TINY, "mixer": "softmax", **kwargs}

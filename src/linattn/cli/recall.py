@@ -29,7 +29,8 @@ from linattn.recall.options import (  # torch-free
 
 #: parsed names → RecallConfig fields (the rest are the command's own)
 _FIELDS = {"mixer": "mixer", "feature_map": "feature_map", "window": "window",
-           "d_model": "d_model", "num_layers": "num_layers", "num_heads": "num_heads",
+           "decay": "decay", "d_model": "d_model", "num_layers": "num_layers",
+           "num_heads": "num_heads",
            "seq_len": "seq_len", "pairs": "num_kv_pairs", "vocab_size": "vocab_size",
            "power_a": "power_a", "train_examples": "train_examples",
            "val_examples": "val_examples", "test_examples": "test_examples",
@@ -121,6 +122,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feature-map", type=c["feature_map"].parse,
                    help="φ of the kinds that take one (linear, hybrid)")
     p.add_argument("--window", type=c["window"].parse, help="the hybrid's softmax window")
+    p.add_argument("--decay", type=_list_of("decay"),
+                   help="per-head decays in (0, 1], comma-separated, one per head (linear, "
+                        "softmax, hybrid; default: the LM's)")
     p.add_argument("--num-layers", type=c["num_layers"].parse, default=2)
     p.add_argument("--num-heads", type=c["num_heads"].parse, default=2)
     p.add_argument("--seq-len", type=c["seq_len"].parse, default=256)

@@ -50,6 +50,7 @@ RECALL_CHECKS: dict[str, Check] = {
     "mixer": Check(str, choices=tuple(MIXER_PRESETS)),
     "feature_map": Check(str, choices=FEATURE_MAP.choices, optional=True),
     "window": Check(int, Range(1, math.inf), optional=True),
+    "decay": Check(float, Range(0.0, 1.0, False, True)),  # each value (checked by the LM)
     "d_model": POSITIVE_INT,
     "num_layers": POSITIVE_INT,
     "num_heads": POSITIVE_INT,
@@ -72,7 +73,8 @@ RECALL_CHECKS: dict[str, Check] = {
 
 @dataclass(frozen=True)
 class RecallConfig:
-    """One MQAR cell: the data, the model and its training. ``lr`` None sweeps ``lrs`` and keeps
+    """One MQAR cell: the data, the model and its training. ``decay``: the per-head decays of
+    the kinds that take them (default: the LM's, 1 − 2^−(2…9)). ``lr`` None sweeps ``lrs`` and keeps
     the rate with the best validation accuracy. ``stop_at``: a run stops at the end of the
     first epoch whose validation accuracy reaches it (Zoology stops at 0.99). Checked when made:
     ValueError naming the field."""
@@ -80,6 +82,7 @@ class RecallConfig:
     mixer: str = "gated_delta"
     feature_map: str | None = None
     window: int | None = None
+    decay: tuple[float, ...] | None = None
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 2
@@ -101,13 +104,22 @@ class RecallConfig:
 
     def __post_init__(self) -> None:
         for name, check in RECALL_CHECKS.items():
-            object.__setattr__(self, name, check.check(name, getattr(self, name)))
+            if name != "decay":  # a list: each value below
+                object.__setattr__(self, name, check.check(name, getattr(self, name)))
         lrs = tuple(self.lrs) if isinstance(self.lrs, (tuple, list)) else None
         if not lrs:
             raise ValueError(f"lrs: expected a non-empty list of numbers > 0, got {self.lrs!r}")
         for lr in lrs:
             RECALL_CHECKS["lr"].check("lrs", lr)
         object.__setattr__(self, "lrs", lrs)
+        if self.decay is not None:
+            decay = tuple(self.decay) if isinstance(self.decay, (tuple, list)) else ()
+            if len(decay) != self.num_heads:
+                raise ValueError(f"decay: expected {self.num_heads} values (one per head), "
+                                 f"got {self.decay!r}")
+            for g in decay:
+                RECALL_CHECKS["decay"].check("decay", g)
+            object.__setattr__(self, "decay", decay)
         check_mqar(self.train_examples, self.seq_len, self.num_kv_pairs, self.vocab_size,
                    self.power_a)
         check_config({"vocab_size": self.vocab_size, **model_kwargs(self, build_maps=False)})
@@ -115,6 +127,7 @@ class RecallConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["lrs"] = list(self.lrs)
+        d["decay"] = None if self.decay is None else list(self.decay)
         return d
 
     @classmethod
@@ -147,6 +160,8 @@ def model_kwargs(cfg: RecallConfig, build_maps: bool = True) -> dict[str, Any]:
         kw["feature_map"] = cfg.feature_map
     if cfg.window is not None:
         kw["window"] = cfg.window
+    if cfg.decay is not None:  # per-head decays of linear, softmax, hybrid (the LM's option)
+        kw["decay"] = cfg.decay
     return {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
             **kw}
 
