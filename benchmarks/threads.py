@@ -7,7 +7,9 @@ Shapes: B=1, H=16, K=V=64, float32 (``--heads``, ``--dim``). The calls:
   qk_l2norm), and the same through fla's front door
   (:func:`linattn.fla.fused_recurrent_gated_delta_rule` at T = 1);
 * ``delta_rule`` prefill of T tokens (``--delta-lengths``, default 64, 256, 2048);
-* ``linear_attention`` causal, 1 + elu, T tokens (``--linear-lengths``, default 64, 256, 4096).
+* ``linear_attention`` causal, 1 + elu, T tokens (``--linear-lengths``, default 64, 256, 4096);
+* ``gated_linear_attention_step`` and ``gated_linear_attention`` with per-key gates, T tokens
+  (``--gla-lengths``, default 64, 256, 2048).
 
 "Busy" runs a second process, ``python -c "while True: pass"``, for the whole of that half of
 the run (not pinned: the scheduler places it), and kills it after. Each call is timed alone;
@@ -50,8 +52,8 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def calls(H: int, d: int, delta_lengths: list[int], linear_lengths: list[int]
-          ) -> dict[str, Callable[[], object]]:
+def calls(H: int, d: int, delta_lengths: list[int], linear_lengths: list[int],
+          gla_lengths: list[int] = ()) -> dict[str, Callable[[], object]]:
     """name -> a call with its inputs bound (float32, B = 1, no gradients)."""
     gen = torch.Generator().manual_seed(0)
 
@@ -82,6 +84,15 @@ def calls(H: int, d: int, delta_lengths: list[int], linear_lengths: list[int]
         x = [r(1, H, T, d) for _ in range(3)]
         out[f"linear_attention causal T={T}"] = (
             lambda x=x: linattn.linear_attention(*x, is_causal=True))
+    gk_t = F.logsigmoid(r(1, H, d))
+    out["decode: gated_linear_attention_step (gk)"] = (
+        lambda: linattn.gated_linear_attention_step(q, k, v, S, gk_t=gk_t))
+    for T in gla_lengths:
+        x = [r(1, H, T, d) for _ in range(3)]
+        gk = F.logsigmoid(r(1, H, T, d))
+        out[f"gated_linear_attention (gk) T={T}"] = (
+            lambda x=x, gk=gk: linattn.gated_linear_attention(*x, gk=gk, initial_state=S,
+                                                              return_state=True))
     return out
 
 
@@ -116,11 +127,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--delta-lengths", default="64,256,2048")
     ap.add_argument("--linear-lengths", default="64,256,4096")
+    ap.add_argument("--gla-lengths", default="64,256,2048")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--no-busy", action="store_true", help="only the free-core half")
     args = ap.parse_args(argv)
     lens = [[int(x) for x in s.split(",") if x] for s in (args.delta_lengths,
-                                                           args.linear_lengths)]
+                                                           args.linear_lengths,
+                                                           args.gla_lengths)]
     fns = calls(args.heads, args.dim, *lens)
     results = {}
     for load in ("free", "busy")[:1 if args.no_busy else 2]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import threading
-import unittest.mock as mock
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import linattn
 from linattn.ops import dispatch, native
@@ -140,25 +140,35 @@ def test_concurrent_narrowings_restore_the_count_once_all_are_done(torch_threads
     assert torch.get_num_threads() == 2
 
 
-def test_a_small_linear_attention_call_leaves_torch_threads_as_they_were(torch_threads):
+def test_a_small_call_runs_torch_on_one_thread_and_gives_the_count_back(torch_threads,
+                                                                          monkeypatch):
     """The compiled linear attention runs its torch operations on one thread for small calls
-    (each of them would otherwise wait for the other OpenMP thread) and gives the count back."""
+    (each of them would otherwise wait for the other OpenMP thread), forward and backward, and
+    gives the count back; a large call keeps torch's threads."""
     if linear_native.kernels() is None:
         pytest.skip(f"compiled path: {linear_native.unavailable()}")
     torch.set_num_threads(2)
-    q, k, v = (torch.randn(1, 2, 16, 16, requires_grad=True) for _ in range(3))
     seen = []
-    real = native.torch_on_one_thread
+    for name in ("_causal_forward", "_causal_backward"):
+        real = getattr(linear_native, name)
 
-    def spy(small):
-        seen.append(small)
-        return real(small)
+        def spy(*a, real=real, name=name):
+            seen.append((name, torch.get_num_threads()))
+            return real(*a)
 
-    with mock.patch.object(linear_native, "torch_on_one_thread", spy), \
-            dispatch.use(impl="native"):
+        monkeypatch.setattr(linear_native, name, spy)
+    q, k, v = (torch.randn(1, 2, 16, 16, requires_grad=True) for _ in range(3))
+    with dispatch.use(impl="native"):
         linattn.linear_attention(q, k, v, is_causal=True).sum().backward()
-    assert seen == [True, True]  # the forward and the backward, both small
-    assert torch.get_num_threads() == 2
+        assert seen == [("_causal_forward", 1), ("_causal_backward", 1)]
+        assert torch.get_num_threads() == 2
+        seen.clear()
+        monkeypatch.setattr(native, "_late_until", 0.0)
+        big = linear_native.PARALLEL_MIN  # a call of 16 heads worth threads
+        T = 2 * big // (16 * 16 * 16)
+        q, k, v = (torch.randn(1, 16, T, 16) for _ in range(3))
+        linattn.linear_attention(q, k, v, is_causal=True)
+        assert seen == [("_causal_forward", 2)]
 
 
 def test_torch_threads_reads_through_a_narrowing(torch_threads):
@@ -168,3 +178,37 @@ def test_torch_threads_reads_through_a_narrowing(torch_threads):
     with native.torch_on_one_thread(True):
         assert torch.get_num_threads() == 1 and native.torch_threads() == 2
     assert native.torch_threads() == 2
+
+
+@pytest.mark.parametrize("op", ["gated", "delta"])
+def test_small_gated_and_delta_calls_run_torch_on_one_thread(op, torch_threads, monkeypatch):
+    """The same for GLA's and the delta rule's compiled forward and backward (their custom
+    ops say what is small: linattn.ops._library.KernelOp's ``small``)."""
+    from linattn.ops.delta import native as delta_native
+    from linattn.ops.gated import native as gated_native
+
+    mod = gated_native if op == "gated" else delta_native
+    if mod.kernels() is None:
+        pytest.skip(f"compiled path: {mod.unavailable()}")
+    torch.set_num_threads(2)
+    seen = []
+    names = (("_forward_span", "_backward_span") if op == "gated"
+             else ("_forward", "_backward_heads"))
+    for name in names:
+        real = getattr(mod, name)
+
+        def spy(*a, real=real, name=name, **kw):
+            seen.append(torch.get_num_threads())
+            return real(*a, **kw)
+
+        monkeypatch.setattr(mod, name, spy)
+    q, k, v = (torch.randn(1, 2, 16, 16, requires_grad=True) for _ in range(3))
+    with dispatch.use(impl="native"):
+        if op == "gated":
+            gk = F.logsigmoid(torch.randn(1, 2, 16, 16))
+            out = linattn.gated_linear_attention(q, k, v, gk=gk)
+        else:
+            out = linattn.delta_rule(q, k, v, torch.rand(1, 2, 16))
+        out.sum().backward()
+    assert seen and set(seen) == {1}, seen
+    assert torch.get_num_threads() == 2

@@ -15,6 +15,7 @@ transform and no gradient wanted — and goes through the registered op otherwis
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -42,16 +43,35 @@ def _wants_grad(tensors: list[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def _one_thread_when_small(fn: Callable, small: Callable[..., bool]) -> Callable:
+    """``fn`` run under :func:`linattn.ops.native.torch_on_one_thread` when ``small(*args)``
+    (the signature, and so the op's schema, is ``fn``'s)."""
+    from linattn.ops.native import torch_on_one_thread
+
+    @functools.wraps(fn)
+    def run(*args):
+        with torch_on_one_thread(small(*args)):
+            return fn(*args)
+
+    return run
+
+
 class KernelOp:
     """``linattn::<name>``: ``fn`` registered as a CPU custom op with the shape function
     ``fake`` and, if given, ``backward`` / ``setup_context`` as its autograd formula (see
     :meth:`torch.library.custom_op`; ``fn`` needs full type hints, its outputs must be new
     tensors). Calling the object runs ``fn`` directly in plain eager calls that want no
-    gradient, and the registered op otherwise."""
+    gradient, and the registered op otherwise. ``small(*args)``: whether a call is too small
+    for threads; its torch operations then run on one thread too
+    (:func:`linattn.ops.native.torch_on_one_thread`), in eager calls and inside compiled graphs
+    alike (the op's implementation runs eagerly in both)."""
 
     def __init__(self, name: str, fn: Callable, fake: Callable, *,
-                 backward: Callable | None = None, setup_context: Callable | None = None) -> None:
+                 backward: Callable | None = None, setup_context: Callable | None = None,
+                 small: Callable[..., bool] | None = None) -> None:
         self.name = f"{NAMESPACE}::{name}"
+        if small is not None:
+            fn = _one_thread_when_small(fn, small)
         self.impl = fn
         self.op = torch.library.custom_op(self.name, fn, mutates_args=(), device_types="cpu")
         self.op.register_fake(fake)

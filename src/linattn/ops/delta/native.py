@@ -47,6 +47,7 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
+    is_small,
     run_parts,
     scratch,
     threads_for,
@@ -409,7 +410,13 @@ def _train_backward_fake(q, k, v, beta, g, S0, cu_seqlens, ckpt, w, g_o, g_S, sc
             S0.new_empty(S0.shape))
 
 
-_BACKWARD = KernelOp("gdr_backward", _train_backward, _train_backward_fake)
+def _small(q: Tensor, k: Tensor, v: Tensor, *_) -> bool:
+    """Whether a call stays on one thread (its torch operations too): the library's policy
+    (:func:`linattn.ops.native.is_small`) with this op's threshold."""
+    return is_small(q, v, PARALLEL_MIN)
+
+
+_BACKWARD = KernelOp("gdr_backward", _train_backward, _train_backward_fake, small=_small)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -531,12 +538,12 @@ def _step_fake(q_t, k_t, v_t, beta_t, g_t, S, scale, l2norm, isa):
     return v_t.new_empty(v_t.shape, dtype=q_t.dtype), torch.empty_like(S)
 
 
-delta_rule_native = KernelOp("gdr_forward", _prefill, _prefill_fake)
+delta_rule_native = KernelOp("gdr_forward", _prefill, _prefill_fake, small=_small)
 #: The forward that saves what its backward reads, with ``linattn::gdr_backward`` as its
 #: autograd formula: what the dispatcher runs when a gradient is wanted (returns o, S and the
 #: saved states; :func:`delta_rule_native_train` the first two).
 _FORWARD_TRAIN = KernelOp("gdr_forward_train", _train_forward, _train_forward_fake,
-                          backward=_backward_formula, setup_context=_setup_context)
+                          backward=_backward_formula, setup_context=_setup_context, small=_small)
 
 
 def delta_rule_native_train(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,

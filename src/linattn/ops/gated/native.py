@@ -49,6 +49,7 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
+    is_small,
     run_parts,
     scratch,
     threads_for,
@@ -371,7 +372,13 @@ def _backward_fake(q, k, v, g, gk, S0, ckpt, cu_seqlens, g_out, g_S, scale, chun
             q.new_empty(0) if gk is None else _dense(gk), _dense(S0))
 
 
-_BACKWARD = KernelOp("gla_backward", _backward, _backward_fake)
+def _small(q: Tensor, k: Tensor, v: Tensor, *_) -> bool:
+    """Whether a call stays on one thread (its torch operations too): the library's policy
+    (:func:`linattn.ops.native.is_small`) with this op's threshold."""
+    return is_small(q, v, PARALLEL_MIN)
+
+
+_BACKWARD = KernelOp("gla_backward", _backward, _backward_fake, small=_small)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -397,7 +404,7 @@ def _backward_formula(ctx, g_out, g_S, _g_ckpt):
 
 
 _FORWARD = KernelOp("gla_forward", _forward, _forward_fake, backward=_backward_formula,
-                    setup_context=_setup_context)
+                    setup_context=_setup_context, small=_small)
 
 
 def _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens):

@@ -69,6 +69,7 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
+    is_small,
     run_parts,
     threads_for,
     torch_on_one_thread,
@@ -621,13 +622,6 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, 
         return tuple(g.detach() for g in grads)
     if q.dtype != torch.float32:  # the dispatcher routes bfloat16 with gradients away
         raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
-    with torch_on_one_thread(_small(q, v)):
-        return _native_backward(fns, q, k, v, keep, S0, S_states, z_states, S, z, out, g_out,
-                                g_S, g_z, kind, eps, block, chunk, is_causal)
-
-
-def _native_backward(fns, q, k, v, keep, S0, S_states, z_states, S, z, out, g_out, g_S, g_z,
-                     kind, eps, block, chunk, is_causal):
     N, Tq, L = q.shape
     Dv = v.shape[2]
     b = _Block(fns, kind, q, k, v, keep)
@@ -650,7 +644,8 @@ def _backward_fake(q, k, v, keep, S0, z0, S_states, z_states, S, z, out, g_out, 
             torch.empty_like(z))
 
 
-_BACKWARD = KernelOp("linear_attention_bwd", _backward, _backward_fake)
+_BACKWARD = KernelOp("linear_attention_bwd", _backward, _backward_fake,
+                     small=lambda q, k, v, *_: _small(q, v))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -674,7 +669,8 @@ def _backward_formula(ctx, g_out, g_S, g_z, _g_states, _g_zstates):
 
 
 _FORWARD = KernelOp("linear_attention_fwd", _forward, _forward_fake,
-                    backward=_backward_formula, setup_context=_setup_context)
+                    backward=_backward_formula, setup_context=_setup_context,
+                    small=lambda q, k, v, *_: _small(q, v))
 
 
 def _kernels_here(isa: str) -> dict | None:
@@ -724,8 +720,7 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
 def _small(q: Tensor, v: Tensor) -> bool:
     """Whether a call is below the thread policy's threshold (its torch operations then run on
     one thread too: :func:`linattn.ops.native.torch_on_one_thread`)."""
-    work = q.numel() * v.shape[-1]  # N·T·ℓ·Dv
-    return threads_for(work, q.numel() // max(q.shape[-1] * q.shape[-2], 1), PARALLEL_MIN) == 1
+    return is_small(q, v, PARALLEL_MIN)
 
 
 def _native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0, isa):

@@ -45,7 +45,7 @@ from linattn.ops.native.abi import Args, LayoutError, bind
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
-           "torch_threads", "scratch"]
+           "torch_threads", "scratch", "is_small"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -415,6 +415,15 @@ def torch_on_one_thread(small: bool) -> Iterator[None]:
             _narrowed -= 1
             if _narrowed == 0 and _saved_threads > 1:
                 torch.set_num_threads(_saved_threads)
+
+
+def is_small(q: Tensor, v: Tensor, min_work: int = PARALLEL_MIN) -> bool:
+    """Whether a pass over queries q (..., T, K) and values v (..., T, V) stays on one thread
+    (:func:`threads_for` with the N·T·K·V state-element updates of a recurrence, the heads as
+    its parts): what decides :func:`torch_on_one_thread` for the torch operations around the
+    kernels too."""
+    heads = q.numel() // max(q.shape[-1] * q.shape[-2], 1) if q.dim() >= 2 else 1
+    return threads_for(q.numel() * v.shape[-1], heads, min_work) == 1
 
 
 def run_parts(part: Callable, jobs: list, threads: int) -> None:
