@@ -61,9 +61,12 @@ __all__ = ["gla_prefill", "gla_step", "kernels", "unavailable", "checkpoint_inte
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
-#: A call splits across threads from this many state-element updates (N·T·K·V): below it the
-#: hand-over to the pool (tens of µs) costs more than it saves.
-PARALLEL_MIN = 1 << 20
+#: A call splits across threads from this many state-element updates (N·T·K·V). GLA's
+#: recurrence is light per update (a few ns a token and head at K = V = 64), so a prefill of
+#: 16 heads × 256 tokens (2^24) takes ~1.5 ms and gained 8 % from a free second core but lost
+#: 1.8× in median when that core was busy (benchmarks/threads.py): from 2^25 on, a second
+#: thread is worth its risk.
+PARALLEL_MIN = 1 << 25
 _F4 = 4  # bytes per float32 element
 
 
