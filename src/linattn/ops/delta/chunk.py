@@ -28,6 +28,11 @@ def l2_normalised(x: Tensor) -> Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
+def _differentiated(*xs: Tensor | None) -> bool:
+    """Whether autograd records this call (a tensor wants a gradient, grad mode is on)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
+
+
 def torch_prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, s: float,
                   S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int,
                   gk: Tensor | None = None, gv: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -42,7 +47,10 @@ def torch_prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | Non
     xs, keep = ([q, k, v, beta, g, gk, gv], None) if cu is None else \
         packed([q, k, v, beta, g, gk, gv], cu)
     q, k, v, beta, g, gk, gv = xs
-    if gv is not None:  # per-value gates: token by token (kda.py says why)
+    if gv is not None or (gk is not None and not _differentiated(q, k, v, beta, g, gk, S0)):
+        # per-value gates: token by token (kda.py says why); per-key gates without gradients
+        # too: the token loop's forward took 0.6-0.8x the chunked form's at T = 1,024-4,096,
+        # whose strength is the backward (3.5-13.7x faster; docs/benchmarks.md)
         o, S = recurrent_form(q * s, k, v, beta, g, gk, gv, S0)
     elif gk is not None:  # one per-key gate: e^g·diag(e^gk) = diag(e^(g+gk))
         o, S = per_key_chunked_form(q * s, k, v, beta, gk if g is None else gk + g.unsqueeze(-1),
