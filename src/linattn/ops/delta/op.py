@@ -62,6 +62,7 @@ from linattn.ops.gated.op import (
     initial_state_for,
     resolve_scale,
 )
+from linattn.ops.native import is_small, torch_on_one_thread
 from linattn.ops.varlen import check_cu_seqlens
 
 __all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "L2_EPS", "check_beta", "OP"]
@@ -137,11 +138,20 @@ def delta_rule(
     choice = dispatch.select(OP, "prefill fwd+bwd" if grad else "prefill", q.dtype,
                              q.device.type, grad, _traits(V, per_key_or_value),
                              None if traced else T, traced)
-    if per_key_or_value:  # the torch forms only (the compiled backend refuses these gates)
-        o, S = torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C, gk, gv)
-    else:
-        o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad)
+    if traced:  # a graph's operations are the graph's
+        o, S = _run(choice, q, k, v, beta, g, gk, gv, s, S0, cu, qk_l2norm, C, grad)
+    else:  # a small call's torch operations (casts, state copies) on one thread, as its kernels
+        with torch_on_one_thread(is_small(q, v, delta_native.PARALLEL_MIN)):
+            o, S = _run(choice, q, k, v, beta, g, gk, gv, s, S0, cu, qk_l2norm, C, grad)
     return (o, S) if return_state else o
+
+
+def _run(choice: Choice, q, k, v, beta, g, gk, gv, s, S0, cu, qk_l2norm, C, grad):
+    """The chosen backend on checked arguments; per-key or per-value gates take the torch forms
+    only (the compiled backend refuses them)."""
+    if gk is not None or gv is not None:
+        return torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C, gk, gv)
+    return _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad)
 
 
 def _traits(V: int, per_key_or_value_gates: bool = False, step_grad: bool = False

@@ -57,6 +57,7 @@ from linattn.ops._common import (
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import Backend, Choice
 from linattn.ops.gated import native as gated_native
+from linattn.ops.native import one_thread_when_small
 from linattn.ops.varlen import check_cu_seqlens, packed, unpacked
 
 __all__ = [
@@ -151,6 +152,7 @@ def decayed(S: Tensor, g_t: object, gk_t: object, gv_t: object, like: Tensor) ->
     return S
 
 
+@one_thread_when_small(gated_native.PARALLEL_MIN)
 def gated_linear_attention(
     q: Tensor,
     k: Tensor,

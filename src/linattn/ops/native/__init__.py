@@ -25,6 +25,7 @@ and the torch paths run instead.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import sys
@@ -45,7 +46,8 @@ from linattn.ops.native.abi import Args, LayoutError, bind
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
-           "torch_threads", "scratch", "is_small"]
+           "torch_threads", "scratch", "is_small",
+           "one_thread_when_small"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -424,6 +426,27 @@ def is_small(q: Tensor, v: Tensor, min_work: int = PARALLEL_MIN) -> bool:
     kernels too."""
     heads = q.numel() // max(q.shape[-1] * q.shape[-2], 1) if q.dim() >= 2 else 1
     return threads_for(q.numel() * v.shape[-1], heads, min_work) == 1
+
+
+def one_thread_when_small(min_work: int) -> Callable[[Callable], Callable]:
+    """Decorate an op ``fn(q, k, v, ...)`` so that an eager call below the policy's threshold
+    (:func:`is_small`) runs all of its torch operations on one thread: its argument checks
+    (value checks reduce over every gate), casts and state copies, not only its kernels. Traced
+    calls (fake or functional tensors, Dynamo) run ``fn`` as it is."""
+    from linattn.ops._library import tracing
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(q, k, v, *args, **kwargs):
+            if (torch.compiler.is_compiling() or not isinstance(q, Tensor)
+                    or not isinstance(v, Tensor) or q.dim() < 2 or tracing(q, k, v)):
+                return fn(q, k, v, *args, **kwargs)
+            with torch_on_one_thread(is_small(q, v, min_work)):
+                return fn(q, k, v, *args, **kwargs)
+
+        return run
+
+    return decorate
 
 
 def run_parts(part: Callable, jobs: list, threads: int) -> None:
