@@ -267,3 +267,21 @@ def test_step_refuses_positive_gates_without_writing(impl):
     with dispatch.use(impl=impl), pytest.raises(ValueError, match=r"^g_t: "):
         linattn.delta_rule_step(q, k, v, beta, S_in, g_t=g, inplace=True)
     assert torch.equal(S_in, S)
+
+
+def test_the_beta_check_reads_any_shape_without_a_reduction(monkeypatch):
+    """fla's β is (B, 1, H): its ±inf check is the sum of a Python list too (a tensor reduction
+    cost a third of a step), exact where that sum overflows, and refuses nan and ±inf."""
+    def no_reduction(*a, **kw):
+        raise AssertionError("a tensor reduction ran")
+
+    for shape in [(), (16,), (2, 16), (2, 1, 16)]:
+        assert delta_op._finite(torch.rand(shape))
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            x = torch.rand(shape)
+            x.view(-1)[0] = bad
+            assert not delta_op._finite(x)
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "isfinite", no_reduction)
+        assert delta_op._finite(torch.rand(2, 1, 16))
+    assert delta_op._finite(torch.full((1, 1, 16), 3e38))  # the Python sum overflows: exact

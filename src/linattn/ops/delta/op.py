@@ -311,10 +311,8 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
 def _finite(x: Tensor) -> bool:
     """Whether every value of x is finite: for a few values the sum of a Python list (nan or
     ±inf make it non-finite; a sum that overflows is looked at again, exactly)."""
-    n = x.numel()
-    if n <= _PY_CHECK_MAX and x.dim() <= 2:
-        vals = x.tolist()
-        total = vals if x.dim() == 0 else sum(vals) if x.dim() == 1 else sum(map(sum, vals))
+    if x.numel() <= _PY_CHECK_MAX:  # any number of dimensions (fla's β is (B, 1, H))
+        total = sum(x.reshape(-1).tolist())
         if total - total == 0:
             return True
     return bool(x.isfinite().all())
