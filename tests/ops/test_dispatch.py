@@ -400,7 +400,7 @@ def test_report_names_the_backend_and_build_of_every_form():
 def test_policy_chunk_size_reaches_every_chunked_op(monkeypatch):
     """Policy.chunk_size is the default chunk of every chunked op, not only linear attention's."""
     from linattn.ops.delta import chunk as delta_chunk
-    from linattn.ops.gated import op as gated_op
+    from linattn.ops.gated import chunk as gated_op
 
     seen = []
     real_d, real_g = delta_chunk.chunked_form, gated_op.chunked_form

@@ -21,6 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from linattn.ops.native import is_small, torch_on_one_thread
+
 __all__ = ["NAMESPACE", "KernelOp", "tracing"]
 
 NAMESPACE = "linattn"
@@ -44,16 +46,29 @@ def _wants_grad(tensors: list[Tensor]) -> bool:
 
 
 def _one_thread_when_small(fn: Callable, small: Callable[..., bool]) -> Callable:
-    """``fn`` run under :func:`linattn.ops.native.torch_on_one_thread` when ``small(*args)``
-    (the signature, and so the op's schema, is ``fn``'s)."""
-    from linattn.ops.native import torch_on_one_thread
-
+    """``fn`` run under :func:`linattn.ops.native.torch_on_one_thread` when ``small(*args,
+    **kwargs)`` (the signature, and so a custom op's schema, is ``fn``'s)."""
     @functools.wraps(fn)
-    def run(*args):
-        with torch_on_one_thread(small(*args)):
-            return fn(*args)
+    def run(*args, **kwargs):
+        with torch_on_one_thread(small(*args, **kwargs)):
+            return fn(*args, **kwargs)
 
     return run
+
+
+def one_thread_when_small(min_work: int) -> Callable[[Callable], Callable]:
+    """Decorate an op ``fn(q, k, v, ...)`` so that an eager call below the thread policy's
+    threshold (:func:`linattn.ops.native.is_small`) runs all of its torch operations on one
+    thread: its argument checks (value checks reduce over every gate), casts and state copies,
+    not only its kernels. Traced calls (fake or functional tensors, Dynamo) run ``fn`` as it
+    is."""
+    def small(q, k, v, *_, **__) -> bool:
+        if (torch.compiler.is_compiling() or not isinstance(q, Tensor)
+                or not isinstance(v, Tensor) or q.dim() < 2 or tracing(q, k, v)):
+            return False
+        return is_small(q, v, min_work)
+
+    return lambda fn: _one_thread_when_small(fn, small)
 
 
 class KernelOp:

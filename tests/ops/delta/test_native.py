@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from linattn.ops import dispatch
+from linattn.ops import dispatch, native
 from linattn.ops import reference as ref
 from linattn.ops.delta import native as delta_native
 from linattn.ops.delta.op import delta_rule, delta_rule_step
@@ -337,13 +337,13 @@ def test_parts_run_on_every_thread_and_errors_surface():
         if h0 == 5:
             raise RuntimeError("part 5")
 
-    jobs = delta_native._jobs(16, 64, 2)
+    jobs = native.head_jobs(16, 64, 2)
     assert len(jobs) == 8 and sum(h1 - h0 for h0, h1, *_ in jobs) == 16
-    delta_native._run_parts(lambda *j: done.append(j[0]), jobs, 2)
+    native.run_jobs(lambda *j: done.append(j[0]), jobs, 2)
     assert sorted(done) == [h0 for h0, *_ in jobs]
     done.clear()
     with pytest.raises(RuntimeError, match="part 5"):
-        delta_native._run_parts(part, [(h, h + 1, 0, 16) for h in range(12)], 3)
+        native.run_jobs(part, [(h, h + 1, 0, 16) for h in range(12)], 3)
     assert sorted(done) == list(range(12))
-    assert delta_native._jobs(1, 64, 4) == [(0, 1, 0, 16), (0, 1, 16, 32), (0, 1, 32, 48),
-                                           (0, 1, 48, 64)]
+    assert native.head_jobs(1, 64, 4) == [(0, 1, 0, 16), (0, 1, 16, 32), (0, 1, 32, 48),
+                                          (0, 1, 48, 64)]

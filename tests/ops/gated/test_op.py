@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from linattn import gated_linear_attention, gated_linear_attention_step
 from linattn.ops import reference
-from linattn.ops.gated.op import segsum
+from linattn.ops.gated.chunk import segsum
 
 F64 = torch.float64
 

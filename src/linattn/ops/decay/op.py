@@ -53,7 +53,7 @@ from linattn.ops._common import (
     values_with_ones,
 )
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
-from linattn.ops.gated.op import chunked_form
+from linattn.ops.gated.chunk import chunked_form
 from linattn.ops.linear.recurrent import LinearAttentionState, checked_state
 
 # DEFAULT_CHUNK_SIZE is re-exported from ops/dispatch.py, the one home of that number.

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from linattn.ops._common import to_chunks
 from linattn.ops.delta.kda import per_key_chunked_form, recurrent_form
-from linattn.ops.gated.op import decayed, segsum
+from linattn.ops.gated.chunk import decayed, segsum
 from linattn.ops.varlen import packed, unpacked
 
 __all__ = ["L2_EPS", "l2_normalised", "chunked_form", "torch_prefill", "torch_step"]

@@ -41,14 +41,15 @@ from torch import Tensor
 from linattn.ops._common import graph_grads
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
-from linattn.ops.gated.op import check_gate
+from linattn.ops.gated.chunk import check_gate
 from linattn.ops.native import (
     KernelSet,
     build_or_native,
     check_rc,
     empty_hugepage,
+    head_jobs,
     is_small,
-    run_parts,
+    run_jobs,
     scratch,
     threads_for,
 )
@@ -147,30 +148,6 @@ def _work(fns: dict, K: int, V: int | None = None) -> Tensor:
     return scratch(fns["work"](K) if V is None else fns["backward_work"](K, V))
 
 
-def _jobs(N: int, V: int, threads: int) -> list[tuple[int, int, int, int]]:
-    """(h0, h1, v0, v1) parts of the work for ``threads`` threads: about four groups of heads per
-    thread (threads take them one at a time, so that a thread slowed by another process on its
-    core does not hold the others up), or, with fewer heads than threads, each head's columns
-    split in whole blocks of 16 (each part prepares q and k again, so no more parts than
-    threads)."""
-    if threads <= 1 or N == 0:
-        return [(0, N, 0, V)]
-    if N >= threads:
-        parts = min(N, 4 * threads)
-        bounds = [N * i // parts for i in range(parts + 1)]
-        return [(bounds[i], bounds[i + 1], 0, V) for i in range(parts)]
-    parts = min(threads // N, V // V_MULTIPLE)
-    blocks = V // V_MULTIPLE
-    cuts = [V_MULTIPLE * (blocks * i // parts) for i in range(parts + 1)]
-    return [(h, h + 1, cuts[i], cuts[i + 1]) for h in range(N) for i in range(parts)]
-
-
-def _run_parts(part, jobs: list, threads: int) -> None:
-    """part(*job) for every job, on at most ``threads`` threads, the calling one included
-    (:func:`linattn.ops.native.run_parts`: the library's one policy for its parallel regions)."""
-    run_parts(lambda _slot, *job: part(*job), jobs, threads)
-
-
 def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
              s: float, l2norm: bool, S_in: Tensor, S_out: Tensor, o: Tensor,
              ckpt: Tensor | None = None, w: Tensor | None = None) -> None:
@@ -181,7 +158,7 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     what the backward reads: the state before each chunk, and w = v − a Sᵀk̃ per token."""
     N, T, K = q.shape
     V = v.shape[2]
-    # parts: head groups, or a head's column blocks (see _jobs)
+    # parts: head groups, or a head's column blocks (see linattn.ops.native.head_jobs)
     threads = threads_for(N * T * K * V, max(N, V // V_MULTIPLE), PARALLEL_MIN)
     gs = 0 if g is None else g.stride(0)
     f4 = 4  # bytes per float32 element
@@ -205,7 +182,7 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
             work=_work(fns, K).data_ptr()))
         check_rc(rc, "la_gdr_forward")
 
-    _run_parts(part, _jobs(N, V, threads), threads)
+    run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
 
 
 def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | None, s: float,
@@ -238,7 +215,7 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
             dgs=0 if dg is None else dg.stride(0), work=_work(fns, K, V).data_ptr()))
         check_rc(rc, "la_gdr_backward")
 
-    _run_parts(part, _jobs(N, V, threads), threads)
+    run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
 
 
 def _rows(x: Tensor, N: int) -> Tensor:

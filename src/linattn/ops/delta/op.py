@@ -56,7 +56,7 @@ from linattn.ops._library import tracing
 from linattn.ops.delta import native as delta_native
 from linattn.ops.delta.chunk import L2_EPS, l2_normalised, torch_prefill, torch_step
 from linattn.ops.dispatch import Backend, Choice
-from linattn.ops.gated.op import (
+from linattn.ops.gated.chunk import (
     check_gate,
     checked_tensor,
     initial_state_for,

@@ -3,14 +3,8 @@
 ``op.py`` holds the public functions; ``reference.py`` the ground truth the tests hold them to.
 """
 
-from linattn.ops.gated.op import (
-    check_gate,
-    decayed,
-    gated_linear_attention,
-    gated_linear_attention_step,
-    initial_state_for,
-    segsum,
-)
+from linattn.ops.gated.chunk import check_gate, decayed, initial_state_for, segsum
+from linattn.ops.gated.op import gated_linear_attention, gated_linear_attention_step
 
 __all__ = [
     "gated_linear_attention",

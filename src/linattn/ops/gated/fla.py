@@ -24,7 +24,8 @@ from linattn.ops._fla import (
     _state_v_first,
     _varlen,
 )
-from linattn.ops.gated.op import gated_linear_attention, gated_linear_attention_step, segsum
+from linattn.ops.gated.chunk import segsum
+from linattn.ops.gated.op import gated_linear_attention, gated_linear_attention_step
 
 __all__ = [
     "chunk_simple_gla",

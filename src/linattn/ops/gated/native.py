@@ -44,13 +44,15 @@ from torch import Tensor
 
 from linattn.ops._common import graph_grads
 from linattn.ops._library import KernelOp
+from linattn.ops.gated.chunk import check_gate, decayed, portable_prefill
 from linattn.ops.native import (
     KernelSet,
     build_or_native,
     check_rc,
     empty_hugepage,
+    head_jobs,
     is_small,
-    run_parts,
+    run_jobs,
     scratch,
     threads_for,
 )
@@ -143,29 +145,6 @@ def _work(fns: dict, K: int, C: int) -> Tensor:
     return scratch(fns["work"](K, C))
 
 
-def _jobs(N: int, V: int, threads: int, columns: bool) -> list[tuple[int, int, int, int]]:
-    """(h0, h1, v0, v1) parts of the work for ``threads`` threads: about four groups of heads
-    per thread (taken one at a time, so that a thread slowed by another process does not hold
-    the others up), or, with fewer heads than threads and ``columns``, each head's columns in
-    whole blocks of 16 (the forward only: the backward's row sums span every column)."""
-    if threads <= 1 or N == 0:
-        return [(0, N, 0, V)]
-    if N >= threads or not columns:
-        parts = min(N, 4 * threads)
-        bounds = [N * i // parts for i in range(parts + 1)]
-        return [(bounds[i], bounds[i + 1], 0, V) for i in range(parts)]
-    parts = min(threads // N, V // V_MULTIPLE)
-    blocks = V // V_MULTIPLE
-    cuts = [V_MULTIPLE * (blocks * i // parts) for i in range(parts + 1)]
-    return [(h, h + 1, cuts[i], cuts[i + 1]) for h in range(N) for i in range(parts)]
-
-
-def _run_parts(part, jobs: list, threads: int) -> None:
-    """``part(*job)`` for every job on at most ``threads`` threads, through the library's one
-    thread policy (:func:`linattn.ops.native.run_parts`: a late helper is not waited for)."""
-    run_parts(lambda _slot, *job: part(*job), jobs, threads)
-
-
 def _threads(N: int, T: int, K: int, V: int, columns: bool) -> int:
     """Threads for a pass over N heads of T tokens (:func:`linattn.ops.native.threads_for`);
     ``columns``: a head may also split into blocks of 16 columns (the forward)."""
@@ -202,7 +181,7 @@ def _forward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
             cks=0 if ckpt is None else ckpt.stride(0), work=_work(fns, K, C).data_ptr()))
         check_rc(rc, "la_gla_forward")
 
-    _run_parts(part, _jobs(N, V, threads, columns=True), threads)
+    run_jobs(part, head_jobs(N, V, threads, columns=True, block=V_MULTIPLE), threads)
 
 
 def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
@@ -233,7 +212,7 @@ def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
             work=_work(fns, K, C).data_ptr()))
         check_rc(rc, "la_gla_backward")
 
-    _run_parts(part, _jobs(N, V, threads, columns=False), threads)
+    run_jobs(part, head_jobs(N, V, threads, columns=False, block=V_MULTIPLE), threads)
 
 
 def _rows(x: Tensor, N: int) -> Tensor:
@@ -412,7 +391,6 @@ _FORWARD = KernelOp("gla_forward", _forward, _forward_fake, backward=_backward_f
 
 def _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens):
     """(o, final state) by the torch chunked form, differentiable (float32 accumulation)."""
-    from linattn.ops.gated.op import portable_prefill  # (op imports this module)
 
     return portable_prefill(q, k, v, g, gk, scale, S0, cu_seqlens, 64)
 
@@ -456,7 +434,6 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tenso
     in q_t's dtype, the new state float32 (..., K, V)). The kernel checks the gates' values."""
     fns = _kernels_here(isa)
     if fns is None:
-        from linattn.ops.gated.op import decayed
 
         S = decayed(S, g_t, gk_t, None, q_t)
         S = S + k_t.float().unsqueeze(-1) * v_t.float().unsqueeze(-2)
@@ -490,7 +467,6 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tenso
 
 def _check_step_gates(g_t: Tensor | None, gk_t: Tensor | None) -> None:
     """In Python, what la_gla_step checks itself: the errors the torch path raises."""
-    from linattn.ops.gated.op import check_gate
 
     if g_t is not None:
         check_gate(g_t, "g_t", tuple(g_t.shape), g_t)

@@ -25,7 +25,6 @@ and the torch paths run instead.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import re
 import sys
@@ -46,8 +45,7 @@ from linattn.ops.native.abi import Args, LayoutError, bind
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
-           "torch_threads", "scratch", "is_small",
-           "one_thread_when_small"]
+           "torch_threads", "scratch", "is_small", "head_jobs", "run_jobs"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -428,25 +426,28 @@ def is_small(q: Tensor, v: Tensor, min_work: int = PARALLEL_MIN) -> bool:
     return threads_for(q.numel() * v.shape[-1], heads, min_work) == 1
 
 
-def one_thread_when_small(min_work: int) -> Callable[[Callable], Callable]:
-    """Decorate an op ``fn(q, k, v, ...)`` so that an eager call below the policy's threshold
-    (:func:`is_small`) runs all of its torch operations on one thread: its argument checks
-    (value checks reduce over every gate), casts and state copies, not only its kernels. Traced
-    calls (fake or functional tensors, Dynamo) run ``fn`` as it is."""
-    from linattn.ops._library import tracing
+def head_jobs(N: int, V: int, threads: int, columns: bool = True, block: int = 16
+              ) -> list[tuple[int, int, int, int]]:
+    """(h0, h1, v0, v1) parts of a pass over N heads of V value columns for ``threads``
+    threads: about four groups of heads per thread (taken one at a time, so that a thread
+    slowed by another process does not hold the others up), or, with fewer heads than threads
+    and ``columns`` (the kernel can split a head's columns), each head's columns in whole
+    blocks of ``block`` (each part prepares q and k again, so no more parts than threads)."""
+    if threads <= 1 or N == 0:
+        return [(0, N, 0, V)]
+    if N >= threads or not columns:
+        parts = min(N, 4 * threads)
+        bounds = [N * i // parts for i in range(parts + 1)]
+        return [(bounds[i], bounds[i + 1], 0, V) for i in range(parts)]
+    parts = min(threads // N, V // block)
+    blocks = V // block
+    cuts = [block * (blocks * i // parts) for i in range(parts + 1)]
+    return [(h, h + 1, cuts[i], cuts[i + 1]) for h in range(N) for i in range(parts)]
 
-    def decorate(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def run(q, k, v, *args, **kwargs):
-            if (torch.compiler.is_compiling() or not isinstance(q, Tensor)
-                    or not isinstance(v, Tensor) or q.dim() < 2 or tracing(q, k, v)):
-                return fn(q, k, v, *args, **kwargs)
-            with torch_on_one_thread(is_small(q, v, min_work)):
-                return fn(q, k, v, *args, **kwargs)
 
-        return run
-
-    return decorate
+def run_jobs(part: Callable, jobs: list, threads: int) -> None:
+    """``part(*job)`` for every job: :func:`run_parts` for a part that needs no thread slot."""
+    run_parts(lambda _slot, *job: part(*job), jobs, threads)
 
 
 def run_parts(part: Callable, jobs: list, threads: int) -> None:
