@@ -37,7 +37,8 @@ def _parallel_and_stepwise(m, ids):
     return m(ids), torch.cat(steps, 1)
 
 
-@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta", "gla"])
+@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta", "gla",
+                                       "deltanet", "cosformer", "flowformer"])
 def test_step_by_step_equals_parallel(attention):
     m, ids = _model(attention), _ids()
     full, stepped = _parallel_and_stepwise(m, ids)
@@ -45,7 +46,8 @@ def test_step_by_step_equals_parallel(attention):
     torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta", "gla"])
+@pytest.mark.parametrize("attention", ["linear", "softmax", "gated_delta", "gla",
+                                       "deltanet", "cosformer", "flowformer"])
 @pytest.mark.parametrize("split", [1, 8, 13])
 def test_prefill_then_continue_equals_whole(attention, split):
     m, ids = _model(attention), _ids()
@@ -295,7 +297,8 @@ def test_config_reads_the_dicts_of_earlier_checkpoints():
     ({"decay": [0.5] * 3}, r"^decay: expected 4 values in \(0, 1\]"),
     ({"decay": [0.5, 0.5, 0.5, 0.0]}, "^decay"),
     ({"attention": "nope"},
-     "^attention: expected one of linear, softmax, hybrid, gated_delta, gla, got 'nope'"),
+     "^attention: expected one of linear, softmax, hybrid, gated_delta, gla, deltanet, "
+     "cosformer, flowformer, got 'nope'"),
     ({"attention": "softmax", "feature_map": "relu"},
      "^feature_map: not used with attention='softmax' \\(only with 'linear' or 'hybrid'\\)"),
 ])
@@ -406,7 +409,8 @@ def test_hybrid_bad_arguments():
 # capture) and AOTAutograd (the backward graph) without compiling C++ (inductor: the slow
 # test below).
 
-KINDS = ["linear", "softmax", "hybrid", "gated_delta", "gla"]
+KINDS = ["linear", "softmax", "hybrid", "gated_delta", "gla", "deltanet", "cosformer",
+         "flowformer"]
 TOL = {"rtol": 64 * torch.finfo(torch.float32).eps, "atol": 64 * torch.finfo(torch.float32).eps}
 
 
@@ -569,7 +573,7 @@ def test_gated_delta_traces_on_the_compiled_and_the_torch_path(monkeypatch, nati
     dispatch._memo.clear()
 
 
-@pytest.mark.parametrize("attention", ["gated_delta", "gla"])
+@pytest.mark.parametrize("attention", ["gated_delta", "gla", "deltanet"])
 def test_compiled_training_step_on_the_compiled_kernels(attention):
     """Head dimension 16, so that training takes the compiled forward and backward
     (linattn::gdr_forward_train / gdr_backward, linattn::gla_forward / gla_backward): a

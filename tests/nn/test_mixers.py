@@ -26,11 +26,14 @@ SET = {"feature_map": "relu", "decay": [0.5, 0.9], "window": 4}  # a set value o
 
 
 def test_the_kinds_and_their_options():
-    assert list(MIXERS) == ["linear", "softmax", "hybrid", "gated_delta", "gla"]
+    assert list(MIXERS) == ["linear", "softmax", "hybrid", "gated_delta", "gla", "deltanet",
+                            "cosformer", "flowformer"]
     for spec in MIXERS.values():
         assert set(spec.options) <= set(OPTION_DEFAULTS) and spec.summary
     assert MIXERS["hybrid"].options["window"] == 64
-    assert set(MIXERS["gated_delta"].options) == set(MIXERS["gla"].options) == set()
+    for kind in ("gated_delta", "gla", "deltanet", "cosformer", "flowformer"):
+        assert set(MIXERS[kind].options) == set(), kind
+    assert MIXERS["deltanet"].kwargs == {"gated": False}
 
 
 @pytest.mark.parametrize("attention", list(MIXERS))
@@ -72,7 +75,8 @@ def test_mixer_options_fill_the_kinds_defaults():
     with pytest.raises(TypeError, match="^nope: not a mixer option"):
         mixer_options("linear", {"nope": 1})
     with pytest.raises(ValueError, match="^attention: expected one of linear, softmax, hybrid, "
-                                         "gated_delta, gla, got 'nope'"):
+                                         "gated_delta, gla, deltanet, cosformer, flowformer, "
+                                         "got 'nope'"):
         mixer_options("nope", {})
 
 

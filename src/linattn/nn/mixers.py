@@ -116,6 +116,15 @@ MIXERS: dict[str, MixerSpec] = {
         {}, "Gated DeltaNet: the gated delta rule, learned decays"),
     "gla": MixerSpec("linattn.nn.gla:GLAAttention", "linattn.nn.gla:GLAState", {},
                      "gated linear attention (GLA), learned per-key decays"),
+    "deltanet": MixerSpec(
+        "linattn.nn.gated_delta:GatedDeltaAttention", "linattn.nn.gated_delta:DeltaRuleState",
+        {}, "DeltaNet: the delta rule without decays", {"gated": False}),
+    "cosformer": MixerSpec(
+        "linattn.nn.cosformer:CosFormerAttention", "linattn.nn.cosformer:CosFormerState", {},
+        "causal cosFormer: relu features re-weighted by cos of the lag (up to 1024 tokens)"),
+    "flowformer": MixerSpec(
+        "linattn.nn.flowformer:FlowformerAttention", "linattn.nn.flowformer:FlowState", {},
+        "causal Flowformer: sigmoid features normalised by conserved flows"),
 }
 
 

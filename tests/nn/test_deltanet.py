@@ -1,0 +1,109 @@
+"""DeltaNet (attention="deltanet"): GatedDeltaAttention with gated=False, the plain delta rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.nn import LinearTransformerLM, LMState
+from linattn.nn.gated_delta import DeltaRuleState, GatedDeltaAttention
+from linattn.nn.mixers import build_mixer
+from linattn.ops import reference
+
+V = 37
+
+
+def _lm(attention="deltanet", seed=0):
+    torch.manual_seed(seed)
+    return LinearTransformerLM(V, 32, 2, 4, attention=attention, chunk_size=8).eval()
+
+
+def _ids(B=2, T=29, seed=1):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_module_is_the_plain_delta_rule_of_its_projections():
+    """The output recomputed from the module's own projections with the float64 reference and
+    no decay (g = None)."""
+    torch.manual_seed(0)
+    m = GatedDeltaAttention(16, 2, gated=False).double()
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    out, state = m(x)
+    q, k, v = m.project(x)
+    beta, g = m.gates(x)
+    assert g is None
+    o, S = reference.delta_rule(F.silu(q), F.silu(k), v, beta, qk_l2norm=True)
+    gate = F.silu(m._heads(m.gate_proj(x)))
+    torch.testing.assert_close(out, m.merge(m.norm(o) * gate))
+    torch.testing.assert_close(state.S, S)
+
+
+def test_the_kind_builds_the_ungated_module_without_decay_parameters():
+    m = build_mixer("deltanet", 32, 4, chunk_size=8)
+    gated = build_mixer("gated_delta", 32, 4, chunk_size=8)
+    assert type(m) is GatedDeltaAttention and not m.gated and gated.gated
+    names = {n for n, _ in m.named_parameters()}
+    assert not names & {"A_log", "dt_bias", "decay_proj.weight"}
+    # the decay projection (E·H) and A_h, b_h (H each) are all that the gated module adds
+    extra = sum(p.numel() for p in gated.parameters()) - sum(p.numel() for p in m.parameters())
+    assert extra == 32 * 4 + 2 * 4
+    assert "attention='deltanet'" in repr(m) and "attention='gated_delta'" in repr(gated)
+    with pytest.raises(TypeError, match="^gated: expected a bool"):
+        GatedDeltaAttention(32, 4, gated=1)
+
+
+def test_mixer_decodes_token_by_token_as_the_chunked_form():
+    torch.manual_seed(0)
+    m = build_mixer("deltanet", 16, 2, chunk_size=4).eval()
+    x = torch.randn(2, 19, 16)
+    with torch.no_grad():
+        full, want = m(x)
+        state, steps = None, []
+        for t in range(x.shape[1]):
+            o, state = m(x[:, t:t + 1], state, t)
+            steps.append(o)
+        a, st = m(x[:, :7])
+        b, st = m(x[:, 7:], st, 7)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state.S, want.S, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(st.S, want.S, rtol=1e-5, atol=1e-5)
+
+
+def test_state_round_trips_with_and_without_the_kind():
+    """DeltaNet and Gated DeltaNet share DeltaRuleState: a saved state is restored as it, with
+    or without attention=, and continues identically."""
+    m = _lm()
+    ids = _ids(T=20)
+    with torch.no_grad():
+        sizes = [m(_ids(T=T), return_state=True)[1].nbytes() for T in (1, 10, 100)]
+        _, st = m(ids[:, :12], return_state=True)
+        saved = {k: v.clone() for k, v in st.to_dict().items()}
+        a = m(ids[:, 12:], st, return_state=True)[0]
+        for back in (LMState.from_dict(saved), LMState.from_dict(saved, attention="deltanet")):
+            assert isinstance(back.layers[0], DeltaRuleState) and back.position == 12
+            assert torch.equal(m(ids[:, 12:], back, return_state=True)[0], a)
+    assert sizes[0] == sizes[1] == sizes[2] == 2 * 2 * 4 * 8 * 8 * 4  # L·B·H·d·d·fp32
+
+
+def test_generates_and_trains():
+    m = _lm()
+    out = m.generate(_ids(T=4), 6, temperature=0)
+    with torch.no_grad():
+        torch.testing.assert_close(m(out[:, :-1])[:, 3:].argmax(-1), out[:, 4:])
+    m.train()
+    ids = _ids()
+    loss = F.cross_entropy(m(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="^decay: not used with attention='deltanet'"):
+        LinearTransformerLM(V, 32, 1, 4, attention="deltanet", decay=[0.9] * 4)
+    m = _lm()
+    with torch.no_grad():
+        _, kv = LinearTransformerLM(V, 32, 2, 4, attention="softmax")(_ids(T=3), return_state=True)
+    with pytest.raises(TypeError, match="^state: expected a DeltaRuleState"):
+        m(_ids(T=1), kv, return_state=True)
