@@ -30,7 +30,8 @@ def test_train_writes_result_json(tmp_path, capsys):
     saved = json.loads((out / "result.json").read_text())
     assert summary["test_acc"] == saved["test_acc"] and 0 <= saved["test_acc"] <= 1
     assert saved["config"]["mixer"] == "softmax" and saved["lr"] == 1e-3
-    assert saved["state_bytes"] == 2 * 2 * 16 * 16 * 4  # K and V caches, 2 layers, float32
+    # K and V caches (2 layers, float32) and the token shift's last 3 embeddings
+    assert saved["state_bytes"] == 2 * 2 * 16 * 16 * 4 + 3 * 16 * 4
     assert [p.name for p in out.iterdir()] == ["result.json"]  # no temporary left
 
 
@@ -53,6 +54,7 @@ def test_table_prints_a_row_per_cell(tmp_path, capsys):
 @pytest.mark.parametrize("argv, match", [
     (["--pairs", "5"], "--seq-len: 16 is too short for 5 key-value pairs"),
     (["--lr", "-1"], "--lr: expected a finite number > 0, got -1"),
+    (["--short-conv", "-1"], "--short-conv: expected"),
     (["--lr-sweep", "1e-3,x"], "--lr-sweep: expected a finite number > 0"),
     (["--mixer", "bogus"], "--mixer: expected one of"),
     (["--mixer", "softmax", "--window", "4"], "--window: not used with attention='softmax'"),

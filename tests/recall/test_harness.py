@@ -72,11 +72,13 @@ def test_accuracy_counts_query_positions():
     ("softmax", lambda c: 2 * c.num_layers * c.seq_len * c.d_model * 4),  # K and V, float32
     ("gated_delta", lambda c: c.num_layers * c.num_heads * (c.d_model // c.num_heads) ** 2 * 4),
 ])
-def test_state_bytes_from_the_states_tensors(mixer, expect):
-    cfg = RecallConfig(mixer=mixer, **TINY)
+@pytest.mark.parametrize("short_conv", [0, 4])
+def test_state_bytes_from_the_states_tensors(mixer, expect, short_conv):
+    cfg = RecallConfig(mixer=mixer, short_conv=short_conv, **TINY)
     model = build_model(cfg)
     x, _ = mqar(1, 16, 2, vocab_size=32)
-    assert state_bytes(model, x) == expect(cfg)
+    shift = max(short_conv - 1, 0) * cfg.d_model * 4  # the token shift's last k − 1 embeddings
+    assert state_bytes(model, x) == expect(cfg) + shift
 
 
 def test_training_learns_and_is_recorded():

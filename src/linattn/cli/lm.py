@@ -59,7 +59,7 @@ def _user_error(err: Exception, args: argparse.Namespace) -> UserError:
 
 #: The model's flags (LMConfig fields) and the training flags (TrainConfig fields).
 _MODEL = ("d_model", "num_layers", "num_heads", "feature_map", "dropout", "attention",
-          "chunk_size", "window")
+          "chunk_size", "window", "short_conv")
 _TRAIN = tuple(TRAIN_CHECKS)
 
 
@@ -164,6 +164,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m, c, gen = CONFIG_CHECKS, TRAIN_CHECKS, GENERATE_CHECKS  # each flag's type and range
     t.add_argument("--window", type=m["window"].parse,
                    help=f"{takes['window']} only: exact-softmax window (default {DEFAULT_WINDOW})")
+    t.add_argument("--short-conv", type=m["short_conv"].parse, default=0,
+                   help="token-shift width over the embeddings (default 0: none)")
     t.add_argument("--d-model", type=m["d_model"].parse, default=128)
     t.add_argument("--num-layers", "--layers", dest="num_layers", type=m["num_layers"].parse,
                    default=4)

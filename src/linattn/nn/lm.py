@@ -35,6 +35,15 @@ Gated DeltaNet (``attention="gated_delta"``) mixes tokens with the gated delta r
 keys, a (d, d) state per head. It has its own parameters (gates, output gate and norm) and no
 use for the ``decay`` buffer or a feature map.
 
+Token shift (``short_conv=k``, default 0: none): a depthwise causal convolution of width k over
+the token embeddings, ``e'_t = Σ_{j<k} w_j ⊙ e_{t−j}``, started at the identity (w_0 = 1, the
+rest 0, so a fresh model computes what it would without it). It hands every position its
+predecessors' identities, which no kind above can isolate on its own: the decays weigh a lag
+smoothly, softmax's bias favours the token itself, and linear attention has no order at all.
+Associative recall needs exactly that (a value must carry the key before it: an induction head,
+see docs/recall.md), which is why Zoology's, Based's and fla's models all have short
+convolutions. Decoding keeps the last k − 1 embeddings (:attr:`LMState.conv`).
+
 The kinds and the modules that compute them are listed once, in :data:`linattn.nn.mixers.MIXERS`
 (a new mixer is its module and one line there); :class:`LMConfig` holds and checks a model's
 configuration.
@@ -54,6 +63,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn._config import rename_deprecated, renamed_keywords
@@ -113,11 +123,14 @@ class LMState:
     :class:`~linattn.nn.gated_delta.DeltaRuleState` for Gated DeltaNet (S: (B, H, d, d)), or a
     :class:`KVCache` for the softmax baseline.
     ``position`` counts the tokens seen (the softmax bias reads the same count off the cache).
+    ``conv`` is the token shift's memory, the last k − 1 embeddings (B, k − 1, E), for a model
+    with ``short_conv=k`` (None otherwise).
     Save/restore with :meth:`to_dict` / :meth:`from_dict` (a flat dict of tensors, e.g. for
     ``safetensors``)."""
 
     layers: list = field(default_factory=list)
     position: int = 0
+    conv: Tensor | None = None
 
     def to_dict(self) -> dict[str, Tensor]:
         """``position`` and ``layers.{i}.{field}`` for every field of every layer's state (int
@@ -125,6 +138,8 @@ class LMState:
         out = {"position": torch.tensor(self.position, dtype=torch.int64)}
         for i, st in enumerate(self.layers):
             out.update(state_to_dict(st, f"layers.{i}."))
+        if self.conv is not None:
+            out["conv"] = self.conv.detach().clone()
         return out
 
     @classmethod
@@ -143,7 +158,7 @@ class LMState:
                     break
                 layers.append(state_from_dict(want or _state_type(names, i), d, prefix))
                 i += 1
-            return cls(layers, int(d["position"]))
+            return cls(layers, int(d["position"]), d.get("conv"))
         except KeyError as err:
             raise ValueError(f"state dict: missing entry {err}") from None
 
@@ -162,6 +177,38 @@ def _state_type(names: set[str], layer: int) -> type:
              "several state types: " + ", ".join(sorted(c.__name__ for c in found)))
     raise ValueError(f"state dict: the entries {sorted(names)} of layer {layer} fit {kinds}; "
                      "pass attention=")
+
+
+class TokenShift(nn.Module):
+    """The token shift of ``short_conv=k`` (module docstring): a depthwise causal convolution of
+    width k over time, (B, T, E) -> (B, T, E), ``y_t = Σ_{j<k} w_j ⊙ x_{t−j}``, with
+    ``weight`` (E, k) initialised to the identity (w_0 = 1). ``forward(x, tail)`` continues
+    after ``tail`` (B, k − 1, E), the k − 1 inputs before x (None: zeros, the sequence's start)
+    and returns (y, the new tail)."""
+
+    def __init__(self, d_model: int, kernel_size: int) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        weight = torch.zeros(d_model, kernel_size)
+        weight[:, 0] = 1.0  # w_0: the token itself
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x: Tensor, tail: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        B, T, E = x.shape
+        k = self.kernel_size
+        if tail is None:
+            tail = x.new_zeros(B, k - 1, E)
+        elif tail.shape != (B, k - 1, E):
+            raise ValueError(f"state.conv: expected shape {(B, k - 1, E)}, got "
+                             f"{tuple(tail.shape)}")
+        xp = torch.cat([tail.to(x.dtype), x], 1)  # (B, k − 1 + T, E)
+        # conv1d correlates: its last tap meets the newest input, so w is flipped to w_0 last
+        y = F.conv1d(xp.transpose(1, 2), self.weight.flip(1).unsqueeze(1).to(x.dtype),
+                     groups=E).transpose(1, 2)
+        return y, xp[:, xp.shape[1] - (k - 1):]
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, kernel_size={self.kernel_size}"
 
 
 class DecayedMultiheadAttention(MultiheadAttentionBase):
@@ -318,6 +365,7 @@ class LMConfig:
     decay: tuple[float, ...] | None = OPTION_DEFAULTS["decay"]
     chunk_size: int = DEFAULT_CHUNK_SIZE
     window: int | None = OPTION_DEFAULTS["window"]
+    short_conv: int = 0
 
     def __post_init__(self) -> None:
         if self.chunk_size is None:
@@ -346,6 +394,8 @@ class LMConfig:
         out["decay"] = None if self.decay is None else list(self.decay)
         if self.window is None:
             del out["window"]
+        if not self.short_conv:  # as saved before the option existed
+            del out["short_conv"]
         return out
 
     @classmethod
@@ -405,22 +455,26 @@ class LinearTransformerLM(nn.Module):
         chunk_size: C of the chunked parallel form (default
             :data:`~linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
         window: the hybrid's w (default :data:`DEFAULT_WINDOW`); only with ``"hybrid"``.
+        short_conv: width k of the token shift over the embeddings (module docstring); 0
+            (default) for none.
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int, *,
                  feature_map: FeatureMapSpec = "elu", dropout: float = 0.0,
                  mlp_dim: int | None = None, attention: str = "linear",
                  decay: list[float] | None = None,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE, window: int | None = None) -> None:
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, window: int | None = None,
+                 short_conv: int = 0) -> None:
         super().__init__()
         self.config = c = LMConfig(
             vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, num_heads=num_heads,
             feature_map=feature_map, dropout=dropout, mlp_dim=mlp_dim, attention=attention,
-            decay=decay, chunk_size=chunk_size, window=window)
+            decay=decay, chunk_size=chunk_size, window=window, short_conv=short_conv)
         _register_pytree(get_mixer(c.attention).state_class())  # a kind added at run time
         self.vocab_size = c.vocab_size
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         nn.init.normal_(self.embed.weight, std=0.02)  # tied with the output: small logits at init
+        self.shift = TokenShift(c.d_model, c.short_conv) if c.short_conv else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             DecoderBlock(c.d_model, c.num_heads, c.mlp_dim, feature_map=c.feature_map,
@@ -464,7 +518,7 @@ class LinearTransformerLM(nn.Module):
         if state is not None:
             if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
                 raise ValueError(f"state: expected an LMState with {len(self.blocks)} layers")
-        h = self.drop(self.embed(ids.long()))
+        h, conv = self.embed_tokens(ids, None if state is None else state.conv)
         pos = 0 if state is None else state.position
         new = []
         for i, block in enumerate(self.blocks):
@@ -472,8 +526,20 @@ class LinearTransformerLM(nn.Module):
             new.append(st)
         logits = self.head(self.norm(h))
         if return_state:
-            return logits, LMState(new, pos + ids.shape[1])
+            return logits, LMState(new, pos + ids.shape[1], conv)
         return logits
+
+    def embed_tokens(self, ids: Tensor, conv: Tensor | None = None
+                     ) -> tuple[Tensor, Tensor | None]:
+        """The blocks' input for ``ids`` (B, T): embeddings, token-shifted after ``conv`` (the
+        state's last k − 1 embeddings) where the model has ``short_conv``, then dropout.
+        Returns (h (B, T, E), the new ``conv``, None without a token shift)."""
+        h = self.embed(ids.long())
+        if self.shift is not None:
+            h, conv = self.shift(h, conv)
+        elif conv is not None:
+            raise ValueError("state.conv: this model has no token shift (short_conv=0)")
+        return self.drop(h), conv
 
     @torch.no_grad()
     def stream(self, ids: Tensor, max_new_tokens: int, temperature: float = 1.0,

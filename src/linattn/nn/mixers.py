@@ -176,6 +176,7 @@ CONFIG_CHECKS: dict[str, Check] = {
     "mlp_dim": Check(int, Range(1, math.inf), optional=True),
     "chunk_size": Check(int, Range(1, math.inf), optional=True),
     "window": Check(int, Range(1, math.inf), optional=True),
+    "short_conv": Check(int, Range(0, math.inf)),
     "dropout": Check(float, Range(0.0, 1.0, True, False)),
     "feature_map": FEATURE_MAP,
 }
@@ -191,7 +192,7 @@ def check_config(values: Mapping[str, Any]) -> None:
         CONFIG_CHECKS[name].check(name, values[name])
     mixer_options(values.get("attention", next(iter(MIXERS))),
                   {name: values.get(name, unset) for name, unset in OPTION_DEFAULTS.items()})
-    for name in ("window", "chunk_size", "mlp_dim", "dropout"):
+    for name in ("window", "chunk_size", "mlp_dim", "dropout", "short_conv"):
         if name in values:
             CONFIG_CHECKS[name].check(name, values[name])
     fmap = values.get("feature_map")

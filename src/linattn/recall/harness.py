@@ -68,7 +68,7 @@ def query_logits(model: LinearTransformerLM, ids: Tensor, targets: Tensor) -> Te
     tied output projection runs on P of T positions: at V = 8192 it is the largest matmul of
     the model, and only the queries are scored."""
     model.check_ids(ids)
-    h = model.drop(model.embed(ids))
+    h, _ = model.embed_tokens(ids)
     for block in model.blocks:  # the model's forward (LinearTransformerLM.forward), stateless
         h, _ = block(h, None, 0)
     return model.head(model.norm(h[targets != IGNORE_INDEX]))

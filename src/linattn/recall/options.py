@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
-from linattn.nn.mixers import MIXERS, check_config
+from linattn.nn.mixers import CONFIG_CHECKS, MIXERS, check_config
 
 __all__ = ["MIXER_PRESETS", "DEFAULT_LRS", "RecallConfig", "RECALL_CHECKS", "model_kwargs",
            "check_mqar"]
@@ -68,6 +68,7 @@ RECALL_CHECKS: dict[str, Check] = {
     "stop_at": Check(float, Range(0.0, 1.0, False, True)),
     "seed": Check(int),
     "threads": POSITIVE_INT,
+    "short_conv": CONFIG_CHECKS["short_conv"],
 }
 
 
@@ -101,6 +102,7 @@ class RecallConfig:
     stop_at: float = 0.99
     seed: int = 0
     threads: int = 1
+    short_conv: int = 4
 
     def __post_init__(self) -> None:
         for name, check in RECALL_CHECKS.items():
@@ -163,7 +165,7 @@ def model_kwargs(cfg: RecallConfig, build_maps: bool = True) -> dict[str, Any]:
     if cfg.decay is not None:  # per-head decays of linear, softmax, hybrid (the LM's option)
         kw["decay"] = cfg.decay
     return {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
-            **kw}
+            "short_conv": cfg.short_conv, **kw}
 
 
 def _int(name: str, value: object, low: int) -> int:
