@@ -39,6 +39,8 @@ def test_presets_reach_the_model():
     cfg = RecallConfig(mixer="based", **TINY)
     assert model_kwargs(cfg)["attention"] == "hybrid"
     assert model_kwargs(cfg)["feature_map"] == "taylor"
+    assert model_kwargs(cfg)["num_heads"] == 1  # Based's 16-dimensional heads: d_model / 16
+    assert model_kwargs(RecallConfig(mixer="based", **{**TINY, "d_model": 64}))["num_heads"] == 4
     plain = build_model(RecallConfig(mixer="linear_plain", **TINY))
     assert bool((plain.blocks[0].attn.decay == 1).all())
     fm = RecallConfig(mixer="linear", feature_map="relu", **TINY)

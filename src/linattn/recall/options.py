@@ -3,10 +3,12 @@ torch is imported.
 
 :data:`MIXER_PRESETS` names the models the harness trains: every ``attention=`` kind of
 :data:`linattn.nn.mixers.MIXERS` under its own name, plus combinations of a kind and its options
-that the literature names (``based``: Taylor features with a sliding softmax window;
-``linear_plain``: linear attention without the LM's per-head decays, γ = 1; ``hedgehog`` and
-``favor``: linear attention with the learnable Hedgehog map or Performer's FAVOR+ random
-features, which have no name in the LM's configuration and are passed as template instances).
+that the literature names (``based``: Taylor features of 16-dimensional heads with a sliding
+softmax window;
+``linear_plain``: linear attention without the LM's per-head decays, γ = 1; ``taylor``: the
+same with Based's Taylor features alone; ``hedgehog`` and ``favor``: the same with the learnable
+Hedgehog map or Performer's FAVOR+ random features, which have no name in the LM's
+configuration and are passed as template instances).
 :class:`RecallConfig` is one training cell; :data:`DEFAULT_LRS` is the learning-rate sweep.
 """
 
@@ -31,10 +33,14 @@ DEFAULT_LRS: tuple[float, ...] = (1e-4, 5e-4, 1e-3, 5e-3)
 #: preset name → the LM options it sets (``decay: 1.0`` means γ = 1 for every head).
 MIXER_PRESETS: dict[str, dict[str, Any]] = {
     **{kind: {"attention": kind} for kind in MIXERS},
-    "based": {"attention": "hybrid", "feature_map": "taylor"},
+    # Based's Taylor features act on 16-dimensional q, k (273 features a head, not the 1057 of
+    # 32 dimensions): ``head_dim`` sets the number of heads to d_model / 16
+    "based": {"attention": "hybrid", "feature_map": "taylor", "head_dim": 16},
     "linear_plain": {"attention": "linear", "decay": 1.0},
-    "hedgehog": {"attention": "linear", "feature_map": "hedgehog"},
-    "favor": {"attention": "linear", "feature_map": "favor"},
+    # the feature maps as published: plain linear attention (γ = 1), no decays
+    "taylor": {"attention": "linear", "feature_map": "taylor", "decay": 1.0, "head_dim": 16},
+    "hedgehog": {"attention": "linear", "feature_map": "hedgehog", "decay": 1.0},
+    "favor": {"attention": "linear", "feature_map": "favor", "decay": 1.0},
 }
 
 #: Feature maps the presets name that the LM's configuration does not: name → a function of
@@ -148,23 +154,25 @@ def model_kwargs(cfg: RecallConfig, build_maps: bool = True) -> dict[str, Any]:
     kind's default) with ``build_maps=False``, which keeps this function torch-free for the
     configuration's check."""
     kw: dict[str, Any] = dict(MIXER_PRESETS[cfg.mixer])
+    head_dim = kw.pop("head_dim", None)
+    heads = cfg.num_heads if head_dim is None else max(1, cfg.d_model // head_dim)
     if kw.get("feature_map") in _MAP_BUILDERS and cfg.feature_map is None:
         if build_maps:
             from linattn import feature_maps
 
             cls, args = _MAP_BUILDERS[kw["feature_map"]]
-            kw["feature_map"] = getattr(feature_maps, cls)(**args(cfg.d_model // cfg.num_heads))
+            kw["feature_map"] = getattr(feature_maps, cls)(**args(cfg.d_model // heads))
         else:
             kw["feature_map"] = None
     if kw.get("decay") is not None:
-        kw["decay"] = (float(kw["decay"]),) * cfg.num_heads
+        kw["decay"] = (float(kw["decay"]),) * heads
     if cfg.feature_map is not None:
         kw["feature_map"] = cfg.feature_map
     if cfg.window is not None:
         kw["window"] = cfg.window
     if cfg.decay is not None:  # per-head decays of linear, softmax, hybrid (the LM's option)
         kw["decay"] = cfg.decay
-    return {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+    return {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "num_heads": heads,
             "short_conv": cfg.short_conv, **kw}
 
 
