@@ -35,13 +35,23 @@ def test_shift_is_the_causal_convolution_it_claims():
     torch.testing.assert_close(tail, x[:, -2:])
 
 
-def test_a_fresh_shift_is_the_identity():
+def test_a_fresh_shift_keeps_the_token_and_opens_the_earlier_taps():
+    shift = TokenShift(256, 4)
+    w = shift.weight.detach()
+    assert torch.equal(w[:, 0], torch.ones(256))
+    # 768 draws of N(0, 0.5²): their spread within 20 % of 0.5 (a 5σ band is ±13 %)
+    assert abs(w[:, 1:].std().item() - TokenShift.INIT_STD) < 0.2 * TokenShift.INIT_STD
+
+
+def test_a_shift_at_the_identity_is_the_model_without_it():
     torch.manual_seed(0)
     plain = LinearTransformerLM(40, 16, 2, 2)
-    torch.manual_seed(0)
     shifted = LinearTransformerLM(40, 16, 2, 2, short_conv=4)
     missing = shifted.load_state_dict(plain.state_dict(), strict=False).missing_keys
     assert missing == ["shift.weight"]
+    with torch.no_grad():
+        shifted.shift.weight.zero_()
+        shifted.shift.weight[:, 0] = 1
     ids = torch.randint(0, 40, (2, 9))
     torch.testing.assert_close(shifted(ids), plain(ids), **TOL)
 
