@@ -291,7 +291,7 @@ def test_config_reads_the_dicts_of_earlier_checkpoints():
     ({"vocab_size": 0}, "^vocab_size: expected a positive integer"),
     ({"num_heads": True}, "^num_heads: expected a positive integer"),
     ({"dropout": 1.0}, r"^dropout: expected a number in \[0, 1\)"),
-    ({"mlp_dim": 0}, "^mlp_dim"),
+    ({"mlp_dim": -1}, "^mlp_dim"),  # 0 is no MLP
     ({"chunk_size": 0}, "^chunk_size"),
     ({"feature_map": "nope"}, "^feature_map: unknown name 'nope'"),
     ({"decay": [0.5] * 3}, r"^decay: expected 4 values in \(0, 1\]"),
@@ -596,3 +596,18 @@ def test_compiled_training_step_on_the_compiled_kernels(attention):
         grads.append([p.grad.clone() for p in m.parameters()])
     for g_compiled, g_eager in zip(*grads[::-1], strict=True):
         torch.testing.assert_close(g_compiled, g_eager, **TOL)
+
+
+def test_no_mlp_when_mlp_dim_is_zero():
+    """mlp_dim=0: attention is each layer's only sublayer (Zoology's recall models)."""
+    m = LinearTransformerLM(40, 16, 2, 2, mlp_dim=0)
+    assert all(b.mlp is None and b.norm2 is None for b in m.blocks)
+    assert not any("mlp" in name or "norm2" in name for name, _ in m.named_parameters())
+    ids = torch.randint(0, 40, (2, 6))
+    h, _ = m.embed_tokens(ids)
+    a, _ = m.blocks[0].attn(m.blocks[0].norm1(h), None, 0)
+    out, _ = m.blocks[0](h)
+    torch.testing.assert_close(out, h + a)  # x + attention, nothing after
+    m(ids).sum().backward()
+    with pytest.raises(ValueError, match="mlp_dim"):
+        LinearTransformerLM(40, 16, 2, 2, mlp_dim=-1)

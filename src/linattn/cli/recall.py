@@ -36,7 +36,7 @@ _FIELDS = {"mixer": "mixer", "feature_map": "feature_map", "window": "window",
            "val_examples": "val_examples", "test_examples": "test_examples",
            "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "lrs": "lrs",
            "weight_decay": "weight_decay", "stop_at": "stop_at", "seed": "seed",
-           "threads": "threads", "short_conv": "short_conv"}
+           "threads": "threads", "short_conv": "short_conv", "mlp_dim": "mlp_dim"}
 
 
 def _list_of(check_name: str) -> Callable[[str], list]:
@@ -127,6 +127,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "softmax, hybrid; default: the LM's)")
     p.add_argument("--short-conv", type=c["short_conv"].parse, default=4,
                    help="token-shift width over the embeddings, 0 for none (default 4)")
+    p.add_argument("--mlp-dim", type=c["mlp_dim"].parse, default=0,
+                   help="hidden width of each layer's MLP, 0 for none (default 0, as Zoology's)")
     p.add_argument("--num-layers", type=c["num_layers"].parse, default=2)
     p.add_argument("--num-heads", type=c["num_heads"].parse, default=2)
     p.add_argument("--seq-len", type=c["seq_len"].parse, default=256)

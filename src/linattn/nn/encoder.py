@@ -12,7 +12,8 @@ __all__ = ["PreNormBlock", "EncoderBlock", "LinearTransformerEncoder"]
 class PreNormBlock(nn.Module):
     """The pre-norm layout shared by the blocks: ``norm1``, the given attention ``attn``,
     ``norm2`` and the MLP ``Linear(E, mlp_dim) → GELU → Dropout → Linear(mlp_dim, E) → Dropout``
-    (mlp_dim defaults to 4E). Each subclass builds its own attention and defines ``forward``
+    (mlp_dim defaults to 4E; 0 for no MLP at all, e.g. Zoology's recall models, whose only
+    mixing is attention). Each subclass builds its own attention and defines ``forward``
     (``x + attn(norm1(x))`` then :meth:`mlp_residual`); this class has none.
 
     The submodules are registered in this order (norm1, attn, norm2, mlp) so that parameter
@@ -24,17 +25,22 @@ class PreNormBlock(nn.Module):
         mlp_dim = 4 * d_model if mlp_dim is None else mlp_dim
         self.norm1 = nn.LayerNorm(d_model)
         self.attn = attn
-        self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, mlp_dim),
-            nn.GELU(),
-            nn.Dropout(dropout),
-            nn.Linear(mlp_dim, d_model),
-            nn.Dropout(dropout),
-        )
+        self.norm2: nn.Module | None = None
+        self.mlp: nn.Module | None = None
+        if mlp_dim:
+            self.norm2 = nn.LayerNorm(d_model)
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, mlp_dim),
+                nn.GELU(),
+                nn.Dropout(dropout),
+                nn.Linear(mlp_dim, d_model),
+                nn.Dropout(dropout),
+            )
 
     def mlp_residual(self, x: Tensor) -> Tensor:
-        """``x + MLP(LN(x))``: (B, T, E) -> (B, T, E)."""
+        """``x + MLP(LN(x))`` (x itself without an MLP): (B, T, E) -> (B, T, E)."""
+        if self.mlp is None:
+            return x
         return x + self.mlp(self.norm2(x))
 
 

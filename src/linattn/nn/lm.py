@@ -450,7 +450,7 @@ class LinearTransformerLM(nn.Module):
             :class:`~linattn.feature_maps.FeatureMap` template or a factory; every layer gets
             its own map (:func:`~linattn.nn.attention.own_feature_map`), never a shared one.
         dropout: after the embedding, the attention output and in the MLPs.
-        mlp_dim: hidden width of the MLPs (default 4E).
+        mlp_dim: hidden width of the MLPs (default 4E; 0 for none).
         attention: a kind of :data:`linattn.nn.mixers.MIXERS`: ``"linear"`` (this model),
             ``"softmax"`` (the SDPA + KV-cache baseline, same parameters, same code),
             ``"hybrid"`` (exact softmax over the last ``window`` tokens + linear attention

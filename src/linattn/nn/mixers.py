@@ -173,7 +173,7 @@ CONFIG_CHECKS: dict[str, Check] = {
     "d_model": POSITIVE_INT,
     "num_layers": POSITIVE_INT,
     "num_heads": POSITIVE_INT,
-    "mlp_dim": Check(int, Range(1, math.inf), optional=True),
+    "mlp_dim": Check(int, Range(0, math.inf), optional=True),  # 0: no MLP
     "chunk_size": Check(int, Range(1, math.inf), optional=True),
     "window": Check(int, Range(1, math.inf), optional=True),
     "short_conv": Check(int, Range(0, math.inf)),

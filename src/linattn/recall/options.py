@@ -75,6 +75,7 @@ RECALL_CHECKS: dict[str, Check] = {
     "seed": Check(int),
     "threads": POSITIVE_INT,
     "short_conv": CONFIG_CHECKS["short_conv"],
+    "mlp_dim": Check(int, Range(0, math.inf)),
 }
 
 
@@ -109,6 +110,7 @@ class RecallConfig:
     seed: int = 0
     threads: int = 1
     short_conv: int = 4
+    mlp_dim: int = 0
 
     def __post_init__(self) -> None:
         for name, check in RECALL_CHECKS.items():
@@ -173,7 +175,7 @@ def model_kwargs(cfg: RecallConfig, build_maps: bool = True) -> dict[str, Any]:
     if cfg.decay is not None:  # per-head decays of linear, softmax, hybrid (the LM's option)
         kw["decay"] = cfg.decay
     return {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "num_heads": heads,
-            "short_conv": cfg.short_conv, **kw}
+            "short_conv": cfg.short_conv, "mlp_dim": cfg.mlp_dim, **kw}
 
 
 def _int(name: str, value: object, low: int) -> int:
