@@ -31,10 +31,13 @@ def _cell(base: RecallConfig, mixer: str, d_model: int, out: str) -> dict:
 
 
 def run(base: RecallConfig, mixers: list[str], d_models: list[int],
-        settings: list[tuple[int, int]], out: str, jobs: int) -> list[dict]:
-    """Every (setting, mixer, d_model) cell, ``jobs`` at a time; results in grid order."""
-    cells = [(dataclasses.replace(base, seq_len=T, num_kv_pairs=P), m, d)
-             for T, P in settings for m in mixers for d in d_models]
+        settings: list[tuple[int, int]], out: str, jobs: int,
+        seeds: list[int] | None = None) -> list[dict]:
+    """Every (setting, mixer, d_model, seed) cell, ``jobs`` at a time; results in grid
+    order."""
+    cells = [(dataclasses.replace(base, seq_len=T, num_kv_pairs=P, seed=s), m, d)
+             for T, P in settings for m in mixers for d in d_models
+             for s in (seeds or [base.seed])]
     if jobs == 1:
         return [_cell(c, m, d, out) for c, m, d in cells]
     with ProcessPoolExecutor(jobs) as pool:
@@ -84,18 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS))
+    p.add_argument("--seeds", default="0", help="comma-separated: data and weights per seed")
+    p.add_argument("--short-conv", type=int, default=RecallConfig.short_conv)
+    p.add_argument("--mlp-dim", type=int, default=RecallConfig.mlp_dim)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--plot", default=None, help="PNG path (default: OUT/mqar.png)")
     a = p.parse_args(argv)
     settings = [tuple(int(v) for v in s.split(":")) for s in a.settings.split(",")]
     base = RecallConfig(mixer="softmax", num_heads=a.num_heads,
                         train_examples=a.train_examples, epochs=a.epochs,
-                        batch_size=a.batch_size, lrs=tuple(float(x) for x in a.lrs.split(",")))
+                        batch_size=a.batch_size, lrs=tuple(float(x) for x in a.lrs.split(",")),
+                        short_conv=a.short_conv, mlp_dim=a.mlp_dim)
     results = run(base, a.mixers.split(","), [int(d) for d in a.d_models.split(",")],
-                  settings, a.out, a.jobs)
+                  settings, a.out, a.jobs, [int(s) for s in a.seeds.split(",")])
     c = results[0]
     print(f"MQAR, vocab {base.vocab_size}, {base.train_examples} train examples x "
-          f"{base.epochs} epochs, batch {base.batch_size}, lrs {a.lrs}; {c['cpu']}, "
+          f"{base.epochs} epochs, batch {base.batch_size}, lrs {a.lrs}, seeds {a.seeds}, "
+          f"token shift {base.short_conv}, MLP {base.mlp_dim or 'none'}; {c['cpu']}, "
           f"{c['threads']} thread per run, {a.jobs} runs at a time")
     print(format_table(results))
     try:

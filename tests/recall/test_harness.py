@@ -177,3 +177,20 @@ def test_bad_config_names_the_field(kwargs, name):
     with pytest.raises(ValueError, match=f"^{name}: ") as err:
         RecallConfig(**args)
     assert "\n" not in str(err.value)
+
+
+def test_grid_seeds_are_cells_and_one_row_of_the_table(tmp_path, monkeypatch):
+    import linattn.recall.harness as h
+
+    def fake(cfg, log=None):  # accuracy 0.25 for seed 0, 0.75 for seed 1
+        return {"config": cfg.to_dict(), "test_acc": 0.25 + 0.5 * cfg.seed,
+                "state_bytes": 64, "lr": 1e-3, "train_time_s": 2.0, "sweep_time_s": 2.0,
+                "cpu": "x"}
+
+    monkeypatch.setattr(h, "run_cell", fake)
+    base = RecallConfig(mixer="softmax", **TINY)
+    res = run_grid(base, ["softmax"], [16], tmp_path, seeds=[0, 1])
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "softmax-d16-T16-P2-s1.json", "softmax-d16-T16-P2.json"]
+    rows = format_table(res).splitlines()[2:]
+    assert rows == ["| softmax | (16, 2) | 16 | 50.0 | 64 | 25.0–75.0 | 2 | 0.001 | 2 | 2 |"]

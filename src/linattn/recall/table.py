@@ -20,9 +20,11 @@ __all__ = ["cell_name", "run_grid", "format_table", "load_cell"]
 
 
 def cell_name(cfg: RecallConfig) -> str:
-    """``<mixer>[-<feature map>]-d<d_model>-T<seq_len>-P<pairs>``: the cell's file stem."""
+    """``<mixer>[-<feature map>]-d<d_model>-T<seq_len>-P<pairs>[-s<seed>]``: the cell's file
+    stem (seed 0 unnamed)."""
     fmap = f"-{cfg.feature_map}" if cfg.feature_map else ""
-    return f"{cfg.mixer}{fmap}-d{cfg.d_model}-T{cfg.seq_len}-P{cfg.num_kv_pairs}"
+    seed = f"-s{cfg.seed}" if cfg.seed else ""
+    return f"{cfg.mixer}{fmap}-d{cfg.d_model}-T{cfg.seq_len}-P{cfg.num_kv_pairs}{seed}"
 
 
 def load_cell(path: Path, cfg: RecallConfig) -> dict | None:
@@ -38,44 +40,60 @@ def load_cell(path: Path, cfg: RecallConfig) -> dict | None:
 
 
 def run_grid(base: RecallConfig, mixers: Sequence[str], d_models: Sequence[int],
-             out: str | Path | None = None, log: Callable[[str], None] | None = None
-             ) -> list[dict]:
-    """Every (mixer, d_model) cell of ``base`` (mixer names of
+             out: str | Path | None = None, log: Callable[[str], None] | None = None,
+             seeds: Sequence[int] | None = None) -> list[dict]:
+    """Every (mixer, d_model, seed) cell of ``base`` (mixer names of
     :data:`~linattn.recall.options.MIXER_PRESETS`, optionally ``name:feature_map``, e.g.
-    ``linear:taylor``); results in grid order, each saved under ``out`` when given."""
+    ``linear:taylor``; ``seeds`` default ``base.seed`` alone: each seed draws its own data and
+    weights); results in grid order, each saved under ``out`` when given."""
     from linattn.recall.harness import run_cell
 
     results = []
-    for mixer in mixers:
+    for mixer, d, seed in ((m, d, s) for m in mixers for d in d_models
+                           for s in (seeds if seeds is not None else (base.seed,))):
         name, _, fmap = mixer.partition(":")
-        for d in d_models:
-            cfg = dataclasses.replace(base, mixer=name, d_model=d, feature_map=fmap or None)
-            path = None if out is None else Path(out) / f"{cell_name(cfg)}.json"
-            result = None if path is None else load_cell(path, cfg)
-            if result is None:
-                result = run_cell(cfg, log)
-                if path is not None:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_json(path, result)
-            elif log is not None:
-                log(f"{cell_name(cfg)}: reusing {path}")
-            results.append(result)
+        cfg = dataclasses.replace(base, mixer=name, d_model=d, feature_map=fmap or None,
+                                  seed=seed)
+        path = None if out is None else Path(out) / f"{cell_name(cfg)}.json"
+        result = None if path is None else load_cell(path, cfg)
+        if result is None:
+            result = run_cell(cfg, log)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json(path, result)
+        elif log is not None:
+            log(f"{cell_name(cfg)}: reusing {path}")
+        results.append(result)
     return results
 
 
-def _row(r: dict[str, Any]) -> list[str]:
-    c = r["config"]
+def _key(r: dict[str, Any]) -> tuple:
+    """A cell's configuration without its seed: the seeds of one key make one table row."""
+    return tuple(sorted((k, str(v)) for k, v in r["config"].items() if k != "seed"))
+
+
+def _row(rs: list[dict[str, Any]]) -> list[str]:
+    c = rs[0]["config"]
     fmap = f" ({c['feature_map']})" if c.get("feature_map") else ""
+    acc = [100 * r["test_acc"] for r in rs]
+    spread = f"{min(acc):.1f}–{max(acc):.1f}" if len(rs) > 1 else "–"
+    lrs = sorted({r["lr"] for r in rs})
     return [f"{c['mixer']}{fmap}", f"({c['seq_len']}, {c['num_kv_pairs']})", str(c["d_model"]),
-            f"{100 * r['test_acc']:.1f}",
-            f"{r['state_bytes']:,}", f"{r['lr']:g}", f"{r['train_time_s']:.0f}",
-            f"{r['sweep_time_s']:.0f}"]
+            f"{sum(acc) / len(acc):.1f}", f"{rs[0]['state_bytes']:,}", spread, str(len(rs)),
+            "/".join(f"{lr:g}" for lr in lrs),
+            f"{sum(r['train_time_s'] for r in rs) / len(rs):.0f}",
+            f"{sum(r['sweep_time_s'] for r in rs) / len(rs):.0f}"]
 
 
 def format_table(results: Iterable[dict]) -> str:
-    """A Markdown table: mixer, (seq_len, pairs), d_model, test accuracy %, decoding state
-    bytes, chosen lr, training seconds of the chosen run and of the whole sweep."""
-    head = ["mixer", "(T, pairs)", "d_model", "test acc %", "state bytes", "lr", "train s",
-            "sweep s"]
-    rows = [head, ["---"] * len(head), *(_row(r) for r in results)]
+    """A Markdown table, one row per configuration over its seeds: mixer, (seq_len, pairs),
+    d_model, mean test accuracy %, decoding state bytes, the test accuracies' range over the
+    seeds, the number of seeds, chosen lr(s), mean training seconds of the chosen run and of
+    the whole sweep."""
+    head = ["mixer", "(T, pairs)", "d_model", "test acc %", "state bytes", "range %", "seeds",
+            "lr", "train s", "sweep s"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault(_key(r), []).append(r)
+    rows = [head, ["---"] * len(head), *(_row(rs) for rs in groups.values())]
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
