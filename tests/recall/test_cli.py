@@ -51,6 +51,15 @@ def test_table_prints_a_row_per_cell(tmp_path, capsys):
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
+def test_table_seeds_make_one_row(tmp_path, capsys):
+    assert main(["recall", "table", "--mixers", "softmax", "--d-models", "16", "--seeds", "0,3",
+                 "--lr", "1e-3", "--out", str(tmp_path), *TINY]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("| softmax")][0].split(
+        " | ")[6] == "2"  # the seeds column
+    assert (tmp_path / "softmax-d16-T16-P2-s3.json").exists()
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--pairs", "5"], "--seq-len: 16 is too short for 5 key-value pairs"),
     (["--lr", "-1"], "--lr: expected a finite number > 0, got -1"),

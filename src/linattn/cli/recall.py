@@ -109,7 +109,8 @@ def table(args: argparse.Namespace) -> int:
     probe_output_dir(args.out, "--out")
     from linattn.recall.table import format_table, run_grid
 
-    results = run_grid(base, args.mixers, args.d_models, args.out, _log(args))
+    results = run_grid(base, args.mixers, args.d_models, args.out, _log(args),
+                       seeds=args.seeds or None)
     print(f"MQAR seq_len {base.seq_len}, {base.num_kv_pairs} pairs, vocab {base.vocab_size}; "
           f"{base.train_examples} train examples x {base.epochs} epochs; "
           f"{results[0]['cpu']}, {base.threads} thread(s)")
@@ -176,6 +177,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated, each one of {mixers}, optionally "
                         "with :feature_map (e.g. linear:taylor)")
     g.add_argument("--d-models", type=_list_of("d_model"), default=[64])
+    g.add_argument("--seeds", type=_list_of("seed"),
+                   help="comma-separated seeds, one cell each (default: --seed); the table "
+                        "shows their mean and range")
     g.add_argument("--out", required=True, help="folder for one JSON per cell (reused)")
     _common(g)
     g.set_defaults(func=table)
