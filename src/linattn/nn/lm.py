@@ -40,9 +40,8 @@ the token embeddings, ``e'_t = Σ_{j<k} w_j ⊙ e_{t−j}``, started at w_0 = 1 
 and w_{j≥1} ~ N(0, 0.5²) per channel. It hands every position its predecessors' identities,
 which no kind above can isolate on its own: the decays weigh a lag smoothly, softmax's bias
 favours the token itself, and linear attention has no order at all. The earlier taps start
-open because a shift started at the identity (w_{j≥1} = 0) stayed nearly closed: Gated
-DeltaNet at MQAR (256, 16) reached 0.3 % validation accuracy after 1,250 steps from the
-identity, 70.8 % from this start (docs/recall.md).
+open so that the gradient need not discover them (at MQAR the difference from an identity
+start was within the run-to-run spread: docs/recall.md).
 Associative recall needs exactly that (a value must carry the key before it: an induction head,
 see docs/recall.md), which is why Zoology's, Based's and fla's models all have short
 convolutions. Decoding keeps the last k − 1 embeddings (:attr:`LMState.conv`).
