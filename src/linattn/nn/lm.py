@@ -39,12 +39,12 @@ Token shift (``short_conv=k``, default 0: none): a depthwise causal convolution 
 the token embeddings, ``e'_t = Σ_{j<k} w_j ⊙ e_{t−j}``, started at w_0 = 1 (the token itself)
 and w_{j≥1} ~ N(0, 0.5²) per channel. It hands every position its predecessors' identities,
 which no kind above can isolate on its own: the decays weigh a lag smoothly, softmax's bias
-favours the token itself, and linear attention has no order at all. The earlier taps start
-open so that the gradient need not discover them (at MQAR the difference from an identity
-start was within the run-to-run spread: docs/recall.md).
-Associative recall needs exactly that (a value must carry the key before it: an induction head,
-see docs/recall.md), which is why Zoology's, Based's and fla's models all have short
-convolutions. Decoding keeps the last k − 1 embeddings (:attr:`LMState.conv`).
+favours the token itself, and linear attention has no order at all. Associative recall needs
+exactly that (a value must carry the key before it: an induction head, see docs/recall.md),
+which is why Zoology's, Based's and fla's models all have short convolutions. The earlier taps
+start open so that the gradient need not discover them (at MQAR the difference from an
+identity start was within the run-to-run spread). Decoding keeps the last k − 1 embeddings
+(:attr:`LMState.conv`).
 
 The kinds and the modules that compute them are listed once, in :data:`linattn.nn.mixers.MIXERS`
 (a new mixer is its module and one line there); :class:`LMConfig` holds and checks a model's
