@@ -46,7 +46,7 @@ from linattn.ops.cosformer.op import CosFormerFeatures
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 
 __all__ = ["CosFormerAttention", "CosFormerState", "DEFAULT_HORIZON", "cosformer_features",
-           "cosformer_step"]
+           "cosformer_chunked", "cosformer_step"]
 
 #: M, the lag at which the cosine weight reaches 0, and the most tokens a model decodes: 1024,
 #: four times the language model's default context (``linattn lm train --context 256``), so
@@ -76,29 +76,38 @@ def cosformer_features(x: Tensor, position: int, horizon: int) -> Tensor:
     return torch.cat([r * a.cos().unsqueeze(-1), r * a.sin().unsqueeze(-1)], dim=-1)
 
 
+def cosformer_chunked(q: Tensor, k: Tensor, v: Tensor, state: CosFormerState | None,
+                      position: int, horizon: int, chunk: int) -> tuple[Tensor, CosFormerState]:
+    """The causal form over q, k, v (B, H, T, d) after ``state`` (``position`` tokens), the
+    product in chunks of ``chunk`` continuing the state's sums. Returns (o (B, H, T, d) in the
+    accumulation dtype, the state after the T tokens)."""
+    acc = accumulation_dtype(q.dtype)
+    fq = cosformer_features(q.to(acc), position, horizon)
+    fk = cosformer_features(k.to(acc), position, horizon)
+    # [v, 1]: the numerator and the normaliser in one product (the state's last column is
+    # Σ φ(k), kept as its own field)
+    v1 = torch.cat([v.to(acc), v.new_ones(*v.shape[:-1], 1, dtype=acc)], -1)
+    S0 = None if state is None else torch.cat([state.kv, state.k_sum.unsqueeze(-1)], -1)
+    out, S = causal_chunked(fq, fk, v1, clamped_chunk(chunk, q.shape[-2]), S0)
+    o = normalise(out[..., :-1], out[..., -1], EPS)
+    return o, CosFormerState(S[..., :-1].contiguous(), S[..., -1].contiguous())
+
+
 def cosformer_step(q_t: Tensor, k_t: Tensor, v_t: Tensor, state: CosFormerState | None,
                    position: int, horizon: int) -> tuple[Tensor, CosFormerState]:
     """One decoding step at absolute position ``position``: q_t, k_t, v_t (B, H, d) ->
-    (o_t (B, H, d) in the accumulation dtype, the new state). O(d²) per head."""
-    acc = accumulation_dtype(q_t.dtype)
-    fq = cosformer_features(q_t.to(acc).unsqueeze(-2), position, horizon)[..., 0, :]
-    fk = cosformer_features(k_t.to(acc).unsqueeze(-2), position, horizon)[..., 0, :]
-    kv = fk.unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)  # φ(k_t) v_tᵀ: (B, H, 2d, d)
-    k_sum = fk
-    if state is not None:
-        kv, k_sum = state.kv + kv, state.k_sum + k_sum
-    num = torch.einsum("...l,...ld->...d", fq, kv)
-    den = torch.einsum("...l,...l->...", fq, k_sum)
-    o = normalise(num.unsqueeze(-2), den.unsqueeze(-1), EPS)[..., 0, :]
-    return o, CosFormerState(kv, k_sum)
+    (o_t (B, H, d) in the accumulation dtype, the new state): :func:`cosformer_chunked` over
+    one token, O(d²) per head."""
+    o, new = cosformer_chunked(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), state,
+                               position, horizon, 1)
+    return o[..., 0, :], new
 
 
 class CosFormerAttention(MultiheadAttentionBase):
     """Causal cosFormer mixing: (B, T, E) -> (B, T, E) with a :class:`CosFormerState`.
 
-    ``forward(x, state, position)``: the chunked causal form (chunks of ``chunk_size``, the
-    exclusive prefix of the chunk states carried across) for T > 1 or without a state, the
-    recurrent step (:func:`cosformer_step`) for T = 1 with one. ``position`` (the tokens
+    ``forward(x, state, position)``: the chunked causal form (:func:`cosformer_chunked`,
+    chunks of ``chunk_size``) continuing ``state``, one token or many. ``position`` (the tokens
     before x) sets the angles; ValueError when ``position + T`` exceeds ``horizon``.
     Parameters: the four projections of :class:`~linattn.nn.attention.MultiheadAttentionBase`
     (its ``feature_map`` is unused: the features are relu with the cos/sin weights).
@@ -129,26 +138,9 @@ class CosFormerAttention(MultiheadAttentionBase):
                 f"position: cosFormer's weights hold for {self.horizon} positions (horizon), got "
                 f"tokens {position} … {position + T - 1}")
         q, k, v = self.project(x)  # (B, H, T, d) each
-        if T == 1 and state is not None:  # a decoding step: O(d²) per head
-            o, new = cosformer_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state, position,
-                                    self.horizon)
-            o = o.unsqueeze(2)
-        else:
-            o, new = self._chunked(q, k, v, state, position)
+        # one form for every T: a decoding step (T = 1 with a state) is O(d²) per head
+        o, new = cosformer_chunked(q, k, v, state, position, self.horizon, self.chunk_size)
         return self.merge(o.to(x.dtype)), new
-
-    def _chunked(self, q: Tensor, k: Tensor, v: Tensor, state: CosFormerState | None,
-                 position: int) -> tuple[Tensor, CosFormerState]:
-        acc = accumulation_dtype(q.dtype)
-        fq = cosformer_features(q.to(acc), position, self.horizon)
-        fk = cosformer_features(k.to(acc), position, self.horizon)
-        # [v, 1]: the numerator and the normaliser in one product (the state's last column is
-        # Σ φ(k), kept as its own field)
-        v1 = torch.cat([v.to(acc), v.new_ones(*v.shape[:-1], 1, dtype=acc)], -1)
-        S0 = None if state is None else torch.cat([state.kv, state.k_sum.unsqueeze(-1)], -1)
-        out, S = causal_chunked(fq, fk, v1, clamped_chunk(self.chunk_size, q.shape[-2]), S0)
-        o = normalise(out[..., :-1], out[..., -1], EPS)
-        return o, CosFormerState(S[..., :-1].contiguous(), S[..., -1].contiguous())
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", attention='cosformer', chunk_size={self.chunk_size}, "

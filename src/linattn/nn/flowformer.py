@@ -21,9 +21,10 @@ it, so the causal form is a recurrence. **The state** holds those sums, per head
 the same size at every position. The count N is read from ``position`` (the tokens before the
 call), which the model passes.
 
-The chunked form (T > 1) computes the four flow sums as prefix sums (``cumsum``) continuing the
-state's and the product as :func:`linattn.ops._common.causal_chunked`; a decoding step (T = 1
-with a state) updates the sums directly (:func:`flowformer_step`). From an empty state at
+One form serves every length (:func:`flow_chunked`): the four flow sums as prefix sums
+(``cumsum``) continuing the state's and the product as
+:func:`linattn.ops._common.causal_chunked`; a decoding step is its one-token case
+(:func:`flowformer_step`). From an empty state at
 position 0 the module computes what :func:`linattn.flowformer_attention` (``is_causal=True``)
 computes on its projections.
 """
@@ -41,7 +42,7 @@ from linattn.ops._common import accumulation_dtype, causal_chunked, clamped_chun
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.flowformer.op import FLOW_EPS
 
-__all__ = ["FlowformerAttention", "FlowState", "flowformer_step"]
+__all__ = ["FlowformerAttention", "FlowState", "flow_chunked", "flowformer_step"]
 
 
 @dataclass(frozen=True)
@@ -64,40 +65,56 @@ def _flow(a: Tensor, x: Tensor, eps: float) -> Tensor:
     return torch.einsum("...l,...l->...", a + eps, x + eps)
 
 
+def flow_chunked(fq: Tensor, fk: Tensor, v: Tensor, state: FlowState | None, position: int,
+                 chunk: int, eps: float = FLOW_EPS) -> tuple[Tensor, FlowState]:
+    """The causal form over T tokens after ``state``: fq = φ(q), fk = φ(k) (B, H, T, ℓ) and v
+    (B, H, T, d), all in the accumulation dtype, after ``position`` tokens. Prefix sums start
+    from the state's sums, counts N(t) = position + t (t = 1 … T); the product runs in chunks
+    of ``chunk``. Returns (o (B, H, T, d), the state after the T tokens)."""
+    T = fq.shape[-2]
+    n = torch.arange(1, T + 1, device=fq.device, dtype=fq.dtype) + position  # (T,)
+
+    def prefix(x: Tensor, start: Tensor | None) -> Tensor:  # Σ_{s ≤ t} x_s (+ the state's)
+        s = x.cumsum(-2)
+        return s if start is None else s + start.unsqueeze(-2)
+
+    st = state
+    k_sum = prefix(fk, None if st is None else st.k_sum)  # (B, H, T, ℓ)
+    q_sum = prefix(fq, None if st is None else st.q_sum)
+    raw_in = guarded(_flow(fq, k_sum, eps), 0.0)  # N·I: (B, H, T)
+    raw_out = guarded(_flow(fk, q_sum, eps), 0.0)  # N·O
+    source_sum = prefix(fk * (n / raw_out).unsqueeze(-1), None if st is None else st.source_sum)
+    sink_sum = prefix(fq * (n / raw_in).unsqueeze(-1), None if st is None else st.sink_sum)
+    conserved_sink = _flow(fq, source_sum, eps) / n
+    conserved_source = (_flow(fk, sink_sum, eps) / n).clamp(-1.0, 1.0)
+    e = conserved_source.exp()  # Ô ≤ 1: bounded, no max to subtract
+    e_sum = e.cumsum(-1) if st is None else e.cumsum(-1) + st.e_sum.unsqueeze(-1)
+    competition = e * n / guarded(e_sum, 0.0)  # c_t: (B, H, T)
+    out, kv = causal_chunked(fq / raw_in.unsqueeze(-1), fk, v * competition.unsqueeze(-1),
+                             clamped_chunk(chunk, T), None if st is None else st.kv)
+    o = out * torch.sigmoid(conserved_sink).unsqueeze(-1)
+    last = (k_sum[..., -1, :], q_sum[..., -1, :], source_sum[..., -1, :],
+            sink_sum[..., -1, :], e_sum[..., -1])
+    return o, FlowState(*(t.contiguous() for t in last), kv)
+
+
 def flowformer_step(fq: Tensor, fk: Tensor, v: Tensor, state: FlowState | None, count: int,
                     eps: float = FLOW_EPS) -> tuple[Tensor, FlowState]:
     """One decoding step: the features fq = φ(q_t), fk = φ(k_t) (B, H, ℓ) and v_t (B, H, d),
     all in the accumulation dtype, of the ``count``-th token (counted from 1). Returns
-    (o_t (B, H, d), the new state). O(ℓ·d) per head."""
-    if state is None:
-        zeros = fq.new_zeros(fq.shape)
-        state = FlowState(zeros, zeros, zeros, zeros, fq.new_zeros(fq.shape[:-1]),
-                          fq.new_zeros(*fk.shape, v.shape[-1]))
-    n = float(count)
-    k_sum, q_sum = state.k_sum + fk, state.q_sum + fq  # the prefixes include token t itself
-    raw_in = guarded(_flow(fq, k_sum, eps), 0.0)  # N·I_t
-    raw_out = guarded(_flow(fk, q_sum, eps), 0.0)  # N·O_t
-    source_sum = state.source_sum + fk * (n / raw_out).unsqueeze(-1)  # + φ(k_t)/O_t
-    sink_sum = state.sink_sum + fq * (n / raw_in).unsqueeze(-1)  # + φ(q_t)/I_t
-    conserved_sink = _flow(fq, source_sum, eps) / n
-    conserved_source = (_flow(fk, sink_sum, eps) / n).clamp(-1.0, 1.0)
-    e = conserved_source.exp()  # Ô ≤ 1: bounded, no max to subtract
-    e_sum = state.e_sum + e
-    competition = e * n / guarded(e_sum, 0.0)  # c_t
-    kv = state.kv + fk.unsqueeze(-1) * (v * competition.unsqueeze(-1)).unsqueeze(-2)
-    o = torch.einsum("...l,...ld->...d", fq, kv)
-    o = o * (torch.sigmoid(conserved_sink) / raw_in).unsqueeze(-1)
-    return o, FlowState(k_sum, q_sum, source_sum, sink_sum, e_sum, kv)
+    (o_t (B, H, d), the new state): :func:`flow_chunked` over one token, O(ℓ·d) per head."""
+    o, new = flow_chunked(fq.unsqueeze(-2), fk.unsqueeze(-2), v.unsqueeze(-2), state,
+                          count - 1, 1, eps)
+    return o[..., 0, :], new
 
 
 class FlowformerAttention(MultiheadAttentionBase):
     """Causal Flow-Attention mixing: (B, T, E) -> (B, T, E) with a :class:`FlowState`.
 
-    ``forward(x, state, position)``: the chunked causal form for T > 1 or without a state, the
-    recurrent step (:func:`flowformer_step`) for T = 1 with one; ``position`` (the tokens before
-    x) gives the counts N. Parameters: the four projections of
-    :class:`~linattn.nn.attention.MultiheadAttentionBase` (its ``feature_map`` is unused: φ is
-    sigmoid).
+    ``forward(x, state, position)``: the causal form (:func:`flow_chunked`) continuing
+    ``state``, one token or many; ``position`` (the tokens before x) gives the counts N.
+    Parameters: the four projections of :class:`~linattn.nn.attention.MultiheadAttentionBase`
+    (its ``feature_map`` is unused: φ is sigmoid).
 
     Args:
         d_model: E. num_heads: H. head_dim: d (default E / H).
@@ -121,45 +138,9 @@ class FlowformerAttention(MultiheadAttentionBase):
         q, k, v = self.project(x)  # (B, H, T, d) each
         acc = accumulation_dtype(x.dtype)
         fq, fk, v = torch.sigmoid(q.to(acc)), torch.sigmoid(k.to(acc)), v.to(acc)
-        if x.shape[1] == 1 and state is not None:  # a decoding step: O(d²) per head
-            o, new = flowformer_step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state, position + 1,
-                                     self.eps)
-            o = o.unsqueeze(2)
-        else:
-            o, new = self._chunked(fq, fk, v, state, position)
+        # one form for every T: a decoding step (T = 1 with a state) is O(d²) per head
+        o, new = flow_chunked(fq, fk, v, state, position, self.chunk_size, self.eps)
         return self.merge(o.to(x.dtype)), new
-
-    def _chunked(self, fq: Tensor, fk: Tensor, v: Tensor, state: FlowState | None,
-                 position: int) -> tuple[Tensor, FlowState]:
-        """The causal form over T tokens after ``state``: prefix sums that start from the
-        state's sums, counts N(t) = position + t (t = 1 … T)."""
-        eps, T = self.eps, fq.shape[-2]
-        n = torch.arange(1, T + 1, device=fq.device, dtype=fq.dtype) + position  # (T,)
-
-        def prefix(x: Tensor, start: Tensor | None) -> Tensor:  # Σ_{s ≤ t} x_s (+ the state's)
-            s = x.cumsum(-2)
-            return s if start is None else s + start.unsqueeze(-2)
-
-        st = state
-        k_sum = prefix(fk, None if st is None else st.k_sum)  # (B, H, T, ℓ)
-        q_sum = prefix(fq, None if st is None else st.q_sum)
-        raw_in = guarded(_flow(fq, k_sum, eps), 0.0)  # N·I: (B, H, T)
-        raw_out = guarded(_flow(fk, q_sum, eps), 0.0)  # N·O
-        source_sum = prefix(fk * (n / raw_out).unsqueeze(-1),
-                            None if st is None else st.source_sum)
-        sink_sum = prefix(fq * (n / raw_in).unsqueeze(-1), None if st is None else st.sink_sum)
-        conserved_sink = _flow(fq, source_sum, eps) / n
-        conserved_source = (_flow(fk, sink_sum, eps) / n).clamp(-1.0, 1.0)
-        e = conserved_source.exp()
-        e_sum = e.cumsum(-1) if st is None else e.cumsum(-1) + st.e_sum.unsqueeze(-1)
-        competition = e * n / guarded(e_sum, 0.0)  # c_t: (B, H, T)
-        out, kv = causal_chunked(fq / raw_in.unsqueeze(-1), fk, v * competition.unsqueeze(-1),
-                                 clamped_chunk(self.chunk_size, T),
-                                 None if st is None else st.kv)
-        o = out * torch.sigmoid(conserved_sink).unsqueeze(-1)
-        last = (k_sum[..., -1, :], q_sum[..., -1, :], source_sum[..., -1, :],
-                sink_sum[..., -1, :], e_sum[..., -1])
-        return o, FlowState(*(t.contiguous() for t in last), kv)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", attention='flowformer', chunk_size={self.chunk_size}"
