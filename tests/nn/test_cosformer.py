@@ -58,21 +58,14 @@ def test_module_with_the_sequence_as_horizon_is_the_op_on_its_projections(chunk_
     torch.testing.assert_close(state.k_sum, fk.sum(-2))
 
 
-def test_mixer_decodes_token_by_token_as_the_chunked_form():
+def test_mixer_decodes_token_by_token_as_the_chunked_form(decode_three_ways):
     torch.manual_seed(0)
     m = build_mixer("cosformer", 16, 2, chunk_size=4).eval()
     assert m.horizon == DEFAULT_HORIZON
-    x = torch.randn(2, 19, 16)
-    with torch.no_grad():
-        full, want = m(x)
-        state, steps = None, []
-        for t in range(x.shape[1]):
-            o, state = m(x[:, t:t + 1], state, t)
-            steps.append(o)
-        a, st = m(x[:, :7])
-        b, st = m(x[:, 7:], st, 7)
-    torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
-    torch.testing.assert_close(torch.cat([a, b], 1), full, **TOL)
+    r = decode_three_ways(m, torch.randn(2, 19, 16))
+    full, want, state, st = r["full"], r["want"], r["state"], r["st"]
+    torch.testing.assert_close(r["steps"], full, **TOL)
+    torch.testing.assert_close(r["pieces"], full, **TOL)
     for got in (state, st):
         torch.testing.assert_close(got.kv, want.kv, **TOL)
         torch.testing.assert_close(got.k_sum, want.k_sum, **TOL)

@@ -53,21 +53,14 @@ def test_the_kind_builds_the_ungated_module_without_decay_parameters():
         GatedDeltaAttention(32, 4, gated=1)
 
 
-def test_mixer_decodes_token_by_token_as_the_chunked_form():
+def test_mixer_decodes_token_by_token_as_the_chunked_form(decode_three_ways):
     torch.manual_seed(0)
     m = build_mixer("deltanet", 16, 2, chunk_size=4).eval()
-    x = torch.randn(2, 19, 16)
-    with torch.no_grad():
-        full, want = m(x)
-        state, steps = None, []
-        for t in range(x.shape[1]):
-            o, state = m(x[:, t:t + 1], state, t)
-            steps.append(o)
-        a, st = m(x[:, :7])
-        b, st = m(x[:, 7:], st, 7)
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    r = decode_three_ways(m, torch.randn(2, 19, 16))
+    full, want, state, st = r["full"], r["want"], r["state"], r["st"]
+    torch.testing.assert_close(r["steps"], full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state.S, want.S, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(r["pieces"], full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(st.S, want.S, rtol=1e-5, atol=1e-5)
 
 

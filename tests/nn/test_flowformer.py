@@ -50,20 +50,13 @@ def test_module_is_the_causal_op_on_its_projections(chunk_size):
     assert state.e_sum.shape == (2, 2) and state.kv.shape == (2, 2, 8, 8)
 
 
-def test_mixer_decodes_token_by_token_as_the_chunked_form():
+def test_mixer_decodes_token_by_token_as_the_chunked_form(decode_three_ways):
     torch.manual_seed(0)
     m = build_mixer("flowformer", 16, 2, chunk_size=4).eval()
-    x = torch.randn(2, 19, 16)
-    with torch.no_grad():
-        full, want = m(x)
-        state, steps = None, []
-        for t in range(x.shape[1]):
-            o, state = m(x[:, t:t + 1], state, t)
-            steps.append(o)
-        a, st = m(x[:, :7])
-        b, st = m(x[:, 7:], st, 7)
-    torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
-    torch.testing.assert_close(torch.cat([a, b], 1), full, **TOL)
+    r = decode_three_ways(m, torch.randn(2, 19, 16))
+    full, want, state, st = r["full"], r["want"], r["state"], r["st"]
+    torch.testing.assert_close(r["steps"], full, **TOL)
+    torch.testing.assert_close(r["pieces"], full, **TOL)
     _assert_states_close(state, want)
     _assert_states_close(st, want)
 
