@@ -20,6 +20,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from linattn.cli.recall import parse_mix
 from linattn.recall.options import DEFAULT_LRS, RecallConfig
 from linattn.recall.table import format_table, run_grid
 
@@ -43,6 +44,10 @@ def run(base: RecallConfig, mixers: list[str], d_models: list[int],
     with ProcessPoolExecutor(jobs) as pool:
         futures = [pool.submit(_cell, c, m, d, out) for c, m, d in cells]
         return [f.result() for f in futures]
+
+
+def _mix_text(mix: tuple[tuple[int, int, int], ...]) -> str:
+    return ", ".join(f"{n} of ({T}, {P})" for T, P, n in mix) or "nothing"
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0", help="comma-separated: data and weights per seed")
     p.add_argument("--short-conv", type=int, default=RecallConfig.short_conv)
     p.add_argument("--mlp-dim", type=int, default=RecallConfig.mlp_dim)
+    p.add_argument("--train-mix", type=parse_mix, default=[],
+                   help="seq_len:pairs:examples sets trained on beside each cell's own")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--plot", default=None, help="PNG path (default: OUT/mqar.png)")
     a = p.parse_args(argv)
@@ -97,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     base = RecallConfig(mixer="softmax", num_heads=a.num_heads,
                         train_examples=a.train_examples, epochs=a.epochs,
                         batch_size=a.batch_size, lrs=tuple(float(x) for x in a.lrs.split(",")),
-                        short_conv=a.short_conv, mlp_dim=a.mlp_dim)
+                        short_conv=a.short_conv, mlp_dim=a.mlp_dim, train_mix=a.train_mix)
     results = run(base, a.mixers.split(","), [int(d) for d in a.d_models.split(",")],
                   settings, a.out, a.jobs, [int(s) for s in a.seeds.split(",")])
     c = results[0]
     print(f"MQAR, vocab {base.vocab_size}, {base.train_examples} train examples x "
           f"{base.epochs} epochs, batch {base.batch_size}, lrs {a.lrs}, seeds {a.seeds}, "
-          f"token shift {base.short_conv}, MLP {base.mlp_dim or 'none'}; {c['cpu']}, "
+          f"token shift {base.short_conv}, MLP {base.mlp_dim or 'none'}, "
+          f"mixed in {_mix_text(base.train_mix)}; {c['cpu']}, "
           f"{c['threads']} thread per run, {a.jobs} runs at a time")
     print(format_table(results))
     try:

@@ -43,6 +43,14 @@ def test_train_sweeps_rates(tmp_path, capsys):
     assert saved["val_acc"] == max(r["val_acc"] for r in saved["sweep"])
 
 
+def test_train_mix_trains_on_every_set(tmp_path, capsys):
+    assert main(["recall", "train", "--mixer", "linear", "--lr", "1e-3", "--out", str(tmp_path),
+                 "--train-mix", "8:1:40,12:2:8", *TINY]) == 0
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["config"]["train_mix"] == [[8, 1, 40], [12, 2, 8]]
+    assert saved["sweep"][0]["steps"] == 2 + 2 + 1
+
+
 def test_table_prints_a_row_per_cell(tmp_path, capsys):
     assert main(["recall", "table", "--mixers", "softmax,linear:relu", "--d-models", "16",
                  "--lr", "1e-3", "--out", str(tmp_path), *TINY]) == 0
@@ -70,6 +78,8 @@ def test_table_seeds_make_one_row(tmp_path, capsys):
     (["--num-heads", "3"], "--num-heads: d_model 16 is not divisible by 3"),
     (["--lr", "1e-3", "--lr-sweep"], "not allowed with argument"),
     (["--stop-at", "2"], "--stop-at: expected a number in (0, 1]"),
+    (["--train-mix", "8:1"], "--train-mix: expected seq_len:pairs:examples"),
+    (["--train-mix", "6:2:8"], "--train-mix: (6, 2, 8): seq_len: 6 is too short"),
 ])
 def test_train_bad_options_one_line(tmp_path, capsys, argv, match):
     _one_line_error(capsys, ["recall", "train", "--out", str(tmp_path / "r"), *TINY, *argv],

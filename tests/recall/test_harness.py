@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from linattn.recall import RecallConfig, accuracy, build_model, mqar, query_logits, state_bytes
-from linattn.recall.harness import run_cell, splits, train_one
+from linattn.recall.harness import _batches, run_cell, splits, train_one
 from linattn.recall.options import MIXER_PRESETS, model_kwargs
 from linattn.recall.table import cell_name, format_table, run_grid
 
@@ -157,6 +157,43 @@ def test_grid_saves_and_reuses_cells(tmp_path, monkeypatch):
     assert "| linear (relu) | (16, 2) | 16 | 50.0 | 1,024 |" in table
 
 
+def test_train_mix_sets_are_drawn_and_batched_by_shape():
+    """Each mixed-in set has its own shape and seed; an epoch holds every example of every set
+    once, one shape per batch, the shapes interleaved."""
+    cfg = RecallConfig(mixer="softmax", **TINY, train_mix=((8, 1, 40), (12, 2, 24)))
+    d = splits(cfg)
+    assert d["mix0"][0].shape == (40, 8) and d["mix1"][0].shape == (24, 12)
+    assert ((d["mix0"][1] != -100).sum(1) == 1).all() and ((d["mix1"][1] != -100).sum(1) == 2).all()
+    assert not torch.equal(d["mix1"][0][:16, :12], d["train"][0][:16, :12])
+    sets = [d["train"], d["mix0"], d["mix1"]]
+    batches = _batches(sets, 16, torch.Generator().manual_seed(0))
+    assert len(batches) == 4 + 3 + 2  # ceil(64/16) + ceil(40/16) + ceil(24/16)
+    shapes = [x.shape[1] for x, _ in batches]
+    assert shapes != sorted(shapes) and sorted(set(shapes)) == [8, 12, 16]
+    for T, (x, _) in zip((16, 8, 12), sets, strict=True):
+        seen = torch.cat([xb for xb, _ in batches if xb.shape[1] == T])
+        assert sorted(map(tuple, seen.tolist())) == sorted(map(tuple, x.tolist()))
+
+
+def test_train_mix_steps_and_round_trip():
+    cfg = RecallConfig(mixer="linear", **TINY, train_mix=[[8, 1, 40]])
+    assert cfg.train_mix == ((8, 1, 40),)
+    assert RecallConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    _, rec = train_one(cfg, 1e-3, splits(cfg))
+    assert rec["steps"] == 2 + 2  # 64 and 40 examples in batches of 32
+
+
+def test_old_cell_files_read_as_the_defaults(tmp_path):
+    """A cell saved before ``train_mix`` existed is the same configuration as one without it."""
+    from linattn.recall.table import load_cell
+
+    cfg = RecallConfig(mixer="softmax", **TINY)
+    old = {k: v for k, v in cfg.to_dict().items() if k != "train_mix"}
+    (tmp_path / "c.json").write_text(json.dumps({"config": old, "test_acc": 0.5}))
+    assert load_cell(tmp_path / "c.json", cfg)["test_acc"] == 0.5
+    assert load_cell(tmp_path / "c.json", dataclasses.replace(cfg, train_mix=((8, 1, 8),))) is None
+
+
 @pytest.mark.parametrize("kwargs, name", [
     ({"mixer": "bogus"}, "mixer"),
     ({"d_model": 0}, "d_model"),
@@ -171,6 +208,10 @@ def test_grid_saves_and_reuses_cells(tmp_path, monkeypatch):
     ({"decay": (0.5,)}, "decay"),        # one per head
     ({"decay": (0.5, 1.5)}, "decay"),
     ({"mixer": "gated_delta", "decay": (0.5, 0.9)}, "decay"),  # a kind without decays
+    ({"train_mix": ((8, 1),)}, "train_mix"),
+    ({"train_mix": ((6, 2, 8),)}, "train_mix"),   # too short for 2 pairs
+    ({"train_mix": ((8, 1, 0),)}, "train_mix"),
+    ({"train_mix": 3}, "train_mix"),
 ])
 def test_bad_config_names_the_field(kwargs, name):
     args = {**TINY, "mixer": "softmax", **kwargs}

@@ -36,7 +36,8 @@ _FIELDS = {"mixer": "mixer", "feature_map": "feature_map", "window": "window",
            "val_examples": "val_examples", "test_examples": "test_examples",
            "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "lrs": "lrs",
            "weight_decay": "weight_decay", "stop_at": "stop_at", "seed": "seed",
-           "threads": "threads", "short_conv": "short_conv", "mlp_dim": "mlp_dim"}
+           "threads": "threads", "short_conv": "short_conv", "mlp_dim": "mlp_dim",
+           "train_mix": "train_mix"}
 
 
 def _list_of(check_name: str) -> Callable[[str], list]:
@@ -49,6 +50,22 @@ def _list_of(check_name: str) -> Callable[[str], list]:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
         return [check.parse(t) for t in items]
     return parse
+
+
+def parse_mix(text: str) -> list[tuple[int, int, int]]:
+    """``64:4:20000,128:8:10000``: (seq_len, pairs, examples) triples, comma-separated; the
+    shapes themselves are checked by :class:`RecallConfig`."""
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        parts = item.split(":")
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            out.append(tuple(int(v) for v in parts))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected seq_len:pairs:examples, comma-separated, got {item!r}") from None
+    return out
 
 
 def _mixer_list(text: str) -> list[str]:
@@ -130,6 +147,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="token-shift width over the embeddings, 0 for none (default 4)")
     p.add_argument("--mlp-dim", type=c["mlp_dim"].parse, default=0,
                    help="hidden width of each layer's MLP, 0 for none (default 0, as Zoology's)")
+    p.add_argument("--train-mix", type=parse_mix, default=[],
+                   help="more training sets of other shapes, trained on beside the cell's, "
+                        "as seq_len:pairs:examples, comma-separated (e.g. 64:4:40000, "
+                        "Zoology's mixture of short and long sequences); evaluation stays at "
+                        "--seq-len/--pairs")
     p.add_argument("--num-layers", type=c["num_layers"].parse, default=2)
     p.add_argument("--num-heads", type=c["num_heads"].parse, default=2)
     p.add_argument("--seq-len", type=c["seq_len"].parse, default=256)

@@ -33,6 +33,8 @@ __all__ = ["build_model", "query_logits", "accuracy", "state_bytes", "train_one"
 
 #: split → offset of its generator seed (seed·3 + offset): different seeds never share a split.
 _SPLITS = {"train": 0, "val": 1, "test": 2}
+#: the seeds of the ``train_mix`` sets start here.
+_MIX_SEED = 1_000_000_007
 
 
 def cpu_name() -> str:
@@ -48,11 +50,30 @@ def cpu_name() -> str:
 
 
 def splits(cfg: RecallConfig) -> dict[str, tuple[Tensor, Tensor]]:
-    """The train / val / test (inputs, targets) of ``cfg``, each (N, seq_len) int64."""
+    """The train / val / test (inputs, targets) of ``cfg``, each (N, seq_len) int64, and
+    ``mix<i>`` for each set of ``cfg.train_mix`` (N_i, T_i)."""
     sizes = {"train": cfg.train_examples, "val": cfg.val_examples, "test": cfg.test_examples}
-    return {name: mqar(n, cfg.seq_len, cfg.num_kv_pairs, cfg.vocab_size, cfg.power_a,
+    data = {name: mqar(n, cfg.seq_len, cfg.num_kv_pairs, cfg.vocab_size, cfg.power_a,
                        seed=3 * cfg.seed + _SPLITS[name])
             for name, n in sizes.items()}
+    for i, (T, P, n) in enumerate(cfg.train_mix):
+        # seeds far from every split's (3·seed + 0…2): a mixed-in set never repeats one
+        data[f"mix{i}"] = mqar(n, T, P, cfg.vocab_size, cfg.power_a,
+                               seed=_MIX_SEED + 1000 * cfg.seed + i)
+    return data
+
+
+def _batches(sets: list[tuple[Tensor, Tensor]], batch_size: int,
+             gen: torch.Generator) -> list[tuple[Tensor, Tensor]]:
+    """One epoch of batches over every training set: each set shuffled and cut into batches of
+    ``batch_size`` (one shape per batch), then all the batches in one random order."""
+    out = []
+    for x, y in sets:
+        order = torch.randperm(len(x), generator=gen)
+        out += [(x[idx], y[idx]) for idx in order.split(batch_size)]
+    if len(sets) == 1:  # one set: its shuffled order (the draw of runs before train_mix)
+        return out
+    return [out[i] for i in torch.randperm(len(out), generator=gen).tolist()]
 
 
 def build_model(cfg: RecallConfig) -> LinearTransformerLM:
@@ -110,8 +131,8 @@ def train_one(cfg: RecallConfig, lr: float, data: dict[str, tuple[Tensor, Tensor
     epoch), ``epochs`` run, ``steps``, ``train_time_s`` (the optimisation only, evaluations
     excluded) and ``diverged`` (a non-finite loss ends the run; its accuracy is then 0)."""
     model = build_model(cfg)
-    x, y = data["train"]
-    steps_per_epoch = math.ceil(len(x) / cfg.batch_size)
+    sets = [data["train"], *(data[f"mix{i}"] for i in range(len(cfg.train_mix)))]
+    steps_per_epoch = sum(math.ceil(len(x) / cfg.batch_size) for x, _ in sets)
     total = steps_per_epoch * cfg.epochs
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     # a linear warm-up over the first 5 % of the steps (AdamW's first updates at the sweep's
@@ -124,12 +145,9 @@ def train_one(cfg: RecallConfig, lr: float, data: dict[str, tuple[Tensor, Tensor
     record: dict[str, Any] = {"lr": lr, "val_acc": 0.0, "epochs": 0, "steps": 0,
                               "train_time_s": 0.0, "diverged": False, "history": []}
     for epoch in range(cfg.epochs):
-        order = torch.randperm(len(x), generator=gen)
         losses = []
         t0 = time.perf_counter()
-        for i in range(0, len(x), cfg.batch_size):
-            idx = order[i:i + cfg.batch_size]
-            xb, yb = x[idx], y[idx]
+        for xb, yb in _batches(sets, cfg.batch_size, gen):
             loss = F.cross_entropy(query_logits(model, xb, yb).float(), yb[yb != IGNORE_INDEX])
             if not torch.isfinite(loss):
                 record["diverged"] = True

@@ -85,7 +85,14 @@ class RecallConfig:
     the kinds that take them (default: the LM's, 1 − 2^−(2…9)). ``lr`` None sweeps ``lrs`` and keeps
     the rate with the best validation accuracy. ``stop_at``: a run stops at the end of the
     first epoch whose validation accuracy reaches it (Zoology stops at 0.99). Checked when made:
-    ValueError naming the field."""
+    ValueError naming the field.
+
+    ``train_mix``: more training sets of other shapes, each ``(seq_len, num_kv_pairs,
+    examples)``, trained on beside the cell's own ``train_examples`` (Zoology's figure-2 runs
+    train on (64, 4), (128, 8) and (256, 16 … 64) at once: the short sequences teach the recall
+    circuit cheaply and the long ones extend it). Each batch holds one shape; the batches of
+    all the sets are shuffled together every epoch. Validation and test stay at the cell's
+    ``seq_len`` and ``num_kv_pairs``."""
 
     mixer: str = "gated_delta"
     feature_map: str | None = None
@@ -111,6 +118,7 @@ class RecallConfig:
     threads: int = 1
     short_conv: int = 4
     mlp_dim: int = 0
+    train_mix: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name, check in RECALL_CHECKS.items():
@@ -132,12 +140,15 @@ class RecallConfig:
             object.__setattr__(self, "decay", decay)
         check_mqar(self.train_examples, self.seq_len, self.num_kv_pairs, self.vocab_size,
                    self.power_a)
+        object.__setattr__(self, "train_mix", _check_mix(self.train_mix, self.vocab_size,
+                                                         self.power_a))
         check_config({"vocab_size": self.vocab_size, **model_kwargs(self, build_maps=False)})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["lrs"] = list(self.lrs)
         d["decay"] = None if self.decay is None else list(self.decay)
+        d["train_mix"] = [list(m) for m in self.train_mix]
         return d
 
     @classmethod
@@ -147,6 +158,27 @@ class RecallConfig:
         if unknown:
             raise ValueError(f"recall config: unknown keys {unknown}")
         return cls(**d)
+
+
+def _check_mix(mix: object, vocab_size: int, power_a: float) -> tuple[tuple[int, int, int], ...]:
+    """``train_mix`` as a tuple of (seq_len, num_kv_pairs, examples) int triples, each a valid
+    MQAR shape (:func:`check_mqar`); ValueError naming ``train_mix`` otherwise."""
+    items = tuple(mix) if isinstance(mix, (tuple, list)) else None
+    if items is None:
+        raise ValueError(f"train_mix: expected a list of (seq_len, pairs, examples), got {mix!r}")
+    out = []
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 3:
+            raise ValueError(f"train_mix: expected (seq_len, pairs, examples) triples, "
+                             f"got {item!r}")
+        try:
+            n, T, P, _, _ = check_mqar(item[2], item[0], item[1], vocab_size, power_a)
+        except ValueError as err:
+            raise ValueError(f"train_mix: {tuple(item)!r}: {err}") from None
+        if n < 1:
+            raise ValueError(f"train_mix: {tuple(item)!r}: expected at least 1 example")
+        out.append((T, P, n))
+    return tuple(out)
 
 
 def model_kwargs(cfg: RecallConfig, build_maps: bool = True) -> dict[str, Any]:

@@ -34,9 +34,13 @@ def load_cell(path: Path, cfg: RecallConfig) -> dict | None:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(saved, dict) or saved.get("config") != cfg.to_dict():
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         return None
-    return saved
+    try:  # through the dataclass: a file from before a field existed reads as its default
+        same = RecallConfig.from_dict(saved["config"]).to_dict() == cfg.to_dict()
+    except (TypeError, ValueError):
+        return None
+    return saved if same else None
 
 
 def run_grid(base: RecallConfig, mixers: Sequence[str], d_models: Sequence[int],
