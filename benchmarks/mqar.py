@@ -20,9 +20,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from linattn.cli.recall import parse_mix
+from linattn.cli.recall import parse_eval_at, parse_mix
 from linattn.recall.options import DEFAULT_LRS, RecallConfig
-from linattn.recall.table import format_table, run_grid
+from linattn.recall.table import format_table, run_grid, scores
 
 
 def _cell(base: RecallConfig, mixer: str, d_model: int, out: str) -> dict:
@@ -59,7 +59,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     lines: dict[str, list[dict]] = {}
-    for r in results:
+    for r in (view for result in results for view in scores(result)):
         c = r["config"]
         fmap = f":{c['feature_map']}" if c.get("feature_map") else ""
         lines.setdefault(f"{c['mixer']}{fmap} ({c['seq_len']}, {c['num_kv_pairs']})",
@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlp-dim", type=int, default=RecallConfig.mlp_dim)
     p.add_argument("--train-mix", type=parse_mix, default=[],
                    help="seq_len:pairs:examples sets trained on beside each cell's own")
+    p.add_argument("--eval-at", type=parse_eval_at, default=[],
+                   help="seq_len:pairs settings each trained model is also tested at")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--plot", default=None, help="PNG path (default: OUT/mqar.png)")
     a = p.parse_args(argv)
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     base = RecallConfig(mixer="softmax", num_heads=a.num_heads,
                         train_examples=a.train_examples, epochs=a.epochs,
                         batch_size=a.batch_size, lrs=tuple(float(x) for x in a.lrs.split(",")),
-                        short_conv=a.short_conv, mlp_dim=a.mlp_dim, train_mix=a.train_mix)
+                        short_conv=a.short_conv, mlp_dim=a.mlp_dim, train_mix=a.train_mix,
+                        eval_at=a.eval_at)
     results = run(base, a.mixers.split(","), [int(d) for d in a.d_models.split(",")],
                   settings, a.out, a.jobs, [int(s) for s in a.seeds.split(",")])
     c = results[0]

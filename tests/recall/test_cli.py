@@ -80,6 +80,8 @@ def test_table_seeds_make_one_row(tmp_path, capsys):
     (["--stop-at", "2"], "--stop-at: expected a number in (0, 1]"),
     (["--train-mix", "8:1"], "--train-mix: expected seq_len:pairs:examples"),
     (["--train-mix", "6:2:8"], "--train-mix: (6, 2, 8): seq_len: 6 is too short"),
+    (["--eval-at", "512"], "--eval-at: expected seq_len:pairs"),
+    (["--eval-at", "8:4"], "--eval-at: (8, 4): seq_len: 8 is too short"),
 ])
 def test_train_bad_options_one_line(tmp_path, capsys, argv, match):
     _one_line_error(capsys, ["recall", "train", "--out", str(tmp_path / "r"), *TINY, *argv],

@@ -183,6 +183,19 @@ def test_train_mix_steps_and_round_trip():
     assert rec["steps"] == 2 + 2  # 64 and 40 examples in batches of 32
 
 
+def test_eval_at_scores_the_model_at_other_settings(tmp_path):
+    """``eval_at``: the trained model tested at other shapes, each a row of the table."""
+    cfg = RecallConfig(mixer="softmax", **TINY, eval_at=((24, 3),))
+    r = run_cell(cfg)
+    (e,) = r["eval_at"]
+    assert (e["seq_len"], e["num_kv_pairs"]) == (24, 3) and 0.0 <= e["test_acc"] <= 1.0
+    # the KV cache grows with the length (2 layers, K and V, float32) plus the token shift's
+    assert e["state_bytes"] - r["state_bytes"] == 2 * 2 * (24 - 16) * 16 * 4
+    rows = format_table([r]).splitlines()[2:]
+    assert rows[0].startswith("| softmax | (16, 2) | 16 |")
+    assert rows[1].startswith(f"| softmax | (24, 3) via (16, 2) | 16 | {100 * e['test_acc']:.1f} |")
+
+
 def test_old_cell_files_read_as_the_defaults(tmp_path):
     """A cell saved before ``train_mix`` existed is the same configuration as one without it."""
     from linattn.recall.table import load_cell
@@ -212,6 +225,8 @@ def test_old_cell_files_read_as_the_defaults(tmp_path):
     ({"train_mix": ((6, 2, 8),)}, "train_mix"),   # too short for 2 pairs
     ({"train_mix": ((8, 1, 0),)}, "train_mix"),
     ({"train_mix": 3}, "train_mix"),
+    ({"eval_at": ((8, 1, 2),)}, "eval_at"),
+    ({"eval_at": ((7, 1),)}, "eval_at"),          # odd length
 ])
 def test_bad_config_names_the_field(kwargs, name):
     args = {**TINY, "mixer": "softmax", **kwargs}

@@ -37,7 +37,7 @@ _FIELDS = {"mixer": "mixer", "feature_map": "feature_map", "window": "window",
            "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "lrs": "lrs",
            "weight_decay": "weight_decay", "stop_at": "stop_at", "seed": "seed",
            "threads": "threads", "short_conv": "short_conv", "mlp_dim": "mlp_dim",
-           "train_mix": "train_mix"}
+           "train_mix": "train_mix", "eval_at": "eval_at"}
 
 
 def _list_of(check_name: str) -> Callable[[str], list]:
@@ -52,20 +52,28 @@ def _list_of(check_name: str) -> Callable[[str], list]:
     return parse
 
 
-def parse_mix(text: str) -> list[tuple[int, int, int]]:
-    """``64:4:20000,128:8:10000``: (seq_len, pairs, examples) triples, comma-separated; the
-    shapes themselves are checked by :class:`RecallConfig`."""
-    out = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        parts = item.split(":")
-        try:
-            if len(parts) != 3:
-                raise ValueError
-            out.append(tuple(int(v) for v in parts))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected seq_len:pairs:examples, comma-separated, got {item!r}") from None
-    return out
+def _shapes(size: int, what: str) -> Callable[[str], list[tuple[int, ...]]]:
+    """argparse ``type=`` for comma-separated ``a:b[:c]`` integer tuples of ``size`` numbers;
+    the shapes themselves are checked by :class:`RecallConfig`."""
+    def parse(text: str) -> list[tuple[int, ...]]:
+        out = []
+        for item in (t.strip() for t in text.split(",") if t.strip()):
+            parts = item.split(":")
+            try:
+                if len(parts) != size:
+                    raise ValueError
+                out.append(tuple(int(v) for v in parts))
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"expected {what}, comma-separated, got {item!r}") from None
+        return out
+    return parse
+
+
+#: ``64:4:20000,128:8:10000``: ``train_mix``'s (seq_len, pairs, examples) triples.
+parse_mix = _shapes(3, "seq_len:pairs:examples")
+#: ``512:64``: ``eval_at``'s (seq_len, pairs).
+parse_eval_at = _shapes(2, "seq_len:pairs")
 
 
 def _mixer_list(text: str) -> list[str]:
@@ -113,7 +121,8 @@ def train(args: argparse.Namespace) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)  # the probe leaves no folder behind
     write_json(Path(args.out) / "result.json", result)
     print(json.dumps({k: result[k] for k in ("test_acc", "val_acc", "lr", "state_bytes",
-                                             "train_time_s", "sweep_time_s", "parameters")}))
+                                             "train_time_s", "sweep_time_s", "parameters",
+                                             "eval_at")}))
     return 0
 
 
@@ -152,6 +161,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "as seq_len:pairs:examples, comma-separated (e.g. 64:4:40000, "
                         "Zoology's mixture of short and long sequences); evaluation stays at "
                         "--seq-len/--pairs")
+    p.add_argument("--eval-at", type=parse_eval_at, default=[],
+                   help="more seq_len:pairs settings, comma-separated, the trained model is "
+                        "also tested at (e.g. 512:64)")
     p.add_argument("--num-layers", type=c["num_layers"].parse, default=2)
     p.add_argument("--num-heads", type=c["num_heads"].parse, default=2)
     p.add_argument("--seq-len", type=c["seq_len"].parse, default=256)

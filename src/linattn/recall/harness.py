@@ -181,7 +181,8 @@ def run_cell(cfg: RecallConfig, log: Callable[[str], None] | None = None) -> dic
     validation accuracy; evaluate that model on the test set and measure its state. Runs on
     ``cfg.threads`` torch threads (restored after). Returns a JSON-able dict: ``config``,
     ``sweep`` (one record per rate), ``lr`` (chosen), ``val_acc``, ``test_acc``,
-    ``state_bytes``, ``parameters``, ``train_time_s`` (the chosen run's) and
+    ``state_bytes``, ``eval_at`` (``seq_len``, ``num_kv_pairs``, ``test_acc``, ``state_bytes``
+    at each of ``cfg.eval_at``), ``parameters``, ``train_time_s`` (the chosen run's) and
     ``sweep_time_s`` (all runs'), ``cpu``, ``torch``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
@@ -198,10 +199,16 @@ def run_cell(cfg: RecallConfig, log: Callable[[str], None] | None = None) -> dic
         model, rec = best
         test_acc = accuracy(model, *data["test"])
         nbytes = state_bytes(model, data["test"][0][:1])
+        more = []
+        for T, P in cfg.eval_at:  # the test split's seed, at each other shape
+            x, y = mqar(cfg.test_examples, T, P, cfg.vocab_size, cfg.power_a,
+                        seed=3 * cfg.seed + _SPLITS["test"])
+            more.append({"seq_len": T, "num_kv_pairs": P, "test_acc": accuracy(model, x, y),
+                         "state_bytes": state_bytes(model, x[:1])})
     finally:
         torch.set_num_threads(threads)
     return {"config": cfg.to_dict(), "sweep": sweep, "lr": rec["lr"], "val_acc": rec["val_acc"],
-            "test_acc": test_acc, "state_bytes": nbytes,
+            "test_acc": test_acc, "state_bytes": nbytes, "eval_at": more,
             "parameters": model.num_parameters(), "train_time_s": rec["train_time_s"],
             "sweep_time_s": sum(r["train_time_s"] for r in sweep), "cpu": cpu_name(),
             "threads": cfg.threads, "torch": torch.__version__}

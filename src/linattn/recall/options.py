@@ -92,7 +92,11 @@ class RecallConfig:
     train on (64, 4), (128, 8) and (256, 16 … 64) at once: the short sequences teach the recall
     circuit cheaply and the long ones extend it). Each batch holds one shape; the batches of
     all the sets are shuffled together every epoch. Validation and test stay at the cell's
-    ``seq_len`` and ``num_kv_pairs``."""
+    ``seq_len`` and ``num_kv_pairs``.
+
+    ``eval_at``: more ``(seq_len, num_kv_pairs)`` settings the trained model is also tested on
+    (``test_examples`` sequences each), as Zoology scores one trained model at several
+    settings, longer ones included; the learning rate is still chosen at the cell's own."""
 
     mixer: str = "gated_delta"
     feature_map: str | None = None
@@ -119,6 +123,7 @@ class RecallConfig:
     short_conv: int = 4
     mlp_dim: int = 0
     train_mix: tuple[tuple[int, int, int], ...] = ()
+    eval_at: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name, check in RECALL_CHECKS.items():
@@ -140,8 +145,10 @@ class RecallConfig:
             object.__setattr__(self, "decay", decay)
         check_mqar(self.train_examples, self.seq_len, self.num_kv_pairs, self.vocab_size,
                    self.power_a)
-        object.__setattr__(self, "train_mix", _check_mix(self.train_mix, self.vocab_size,
-                                                         self.power_a))
+        object.__setattr__(self, "train_mix", _check_shapes(
+            "train_mix", self.train_mix, 3, self.vocab_size, self.power_a))
+        object.__setattr__(self, "eval_at", _check_shapes(
+            "eval_at", self.eval_at, 2, self.vocab_size, self.power_a))
         check_config({"vocab_size": self.vocab_size, **model_kwargs(self, build_maps=False)})
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +156,7 @@ class RecallConfig:
         d["lrs"] = list(self.lrs)
         d["decay"] = None if self.decay is None else list(self.decay)
         d["train_mix"] = [list(m) for m in self.train_mix]
+        d["eval_at"] = [list(m) for m in self.eval_at]
         return d
 
     @classmethod
@@ -160,24 +168,26 @@ class RecallConfig:
         return cls(**d)
 
 
-def _check_mix(mix: object, vocab_size: int, power_a: float) -> tuple[tuple[int, int, int], ...]:
-    """``train_mix`` as a tuple of (seq_len, num_kv_pairs, examples) int triples, each a valid
-    MQAR shape (:func:`check_mqar`); ValueError naming ``train_mix`` otherwise."""
-    items = tuple(mix) if isinstance(mix, (tuple, list)) else None
-    if items is None:
-        raise ValueError(f"train_mix: expected a list of (seq_len, pairs, examples), got {mix!r}")
+def _check_shapes(name: str, items: object, size: int, vocab_size: int,
+                  power_a: float) -> tuple[tuple[int, ...], ...]:
+    """``train_mix`` ((seq_len, num_kv_pairs, examples) triples, ``size`` 3) or ``eval_at``
+    ((seq_len, num_kv_pairs) pairs, ``size`` 2) as a tuple of int tuples, each a valid MQAR
+    shape (:func:`check_mqar`); ValueError naming ``name`` otherwise."""
+    what = "(seq_len, pairs, examples)" if size == 3 else "(seq_len, pairs)"
+    if not isinstance(items, (tuple, list)):
+        raise ValueError(f"{name}: expected a list of {what}, got {items!r}")
     out = []
     for item in items:
-        if not isinstance(item, (tuple, list)) or len(item) != 3:
-            raise ValueError(f"train_mix: expected (seq_len, pairs, examples) triples, "
-                             f"got {item!r}")
+        if not isinstance(item, (tuple, list)) or len(item) != size:
+            raise ValueError(f"{name}: expected {what} items, got {item!r}")
+        n = item[2] if size == 3 else 1
         try:
-            n, T, P, _, _ = check_mqar(item[2], item[0], item[1], vocab_size, power_a)
+            n, T, P, _, _ = check_mqar(n, item[0], item[1], vocab_size, power_a)
         except ValueError as err:
-            raise ValueError(f"train_mix: {tuple(item)!r}: {err}") from None
+            raise ValueError(f"{name}: {tuple(item)!r}: {err}") from None
         if n < 1:
-            raise ValueError(f"train_mix: {tuple(item)!r}: expected at least 1 example")
-        out.append((T, P, n))
+            raise ValueError(f"{name}: {tuple(item)!r}: expected at least 1 example")
+        out.append((T, P, n) if size == 3 else (T, P))
     return tuple(out)
 
 

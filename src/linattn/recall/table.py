@@ -16,7 +16,7 @@ from typing import Any
 from linattn._io import write_json
 from linattn.recall.options import RecallConfig
 
-__all__ = ["cell_name", "run_grid", "format_table", "load_cell"]
+__all__ = ["cell_name", "run_grid", "format_table", "load_cell", "scores"]
 
 
 def cell_name(cfg: RecallConfig) -> str:
@@ -71,9 +71,25 @@ def run_grid(base: RecallConfig, mixers: Sequence[str], d_models: Sequence[int],
     return results
 
 
+def scores(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per setting a cell's model was tested at: the cell's own, then each of its
+    ``eval_at``; each is the result with ``config``'s ``seq_len``/``num_kv_pairs``,
+    ``test_acc`` and ``state_bytes`` of that setting, and ``trained_at`` (the cell's own
+    (seq_len, pairs)) on the extra ones. What the table and the plot show."""
+    out = [result]
+    c = result["config"]
+    for e in result.get("eval_at", ()):
+        out.append({**result, "config": {**c, "seq_len": e["seq_len"],
+                                         "num_kv_pairs": e["num_kv_pairs"]},
+                    "test_acc": e["test_acc"], "state_bytes": e["state_bytes"],
+                    "trained_at": (c["seq_len"], c["num_kv_pairs"])})
+    return out
+
+
 def _key(r: dict[str, Any]) -> tuple:
     """A cell's configuration without its seed: the seeds of one key make one table row."""
-    return tuple(sorted((k, str(v)) for k, v in r["config"].items() if k != "seed"))
+    return (tuple(sorted((k, str(v)) for k, v in r["config"].items() if k != "seed")),
+            r.get("trained_at"))
 
 
 def _row(rs: list[dict[str, Any]]) -> list[str]:
@@ -82,7 +98,10 @@ def _row(rs: list[dict[str, Any]]) -> list[str]:
     acc = [100 * r["test_acc"] for r in rs]
     spread = f"{min(acc):.1f}–{max(acc):.1f}" if len(rs) > 1 else "–"
     lrs = sorted({r["lr"] for r in rs})
-    return [f"{c['mixer']}{fmap}", f"({c['seq_len']}, {c['num_kv_pairs']})", str(c["d_model"]),
+    setting = f"({c['seq_len']}, {c['num_kv_pairs']})"
+    if rs[0].get("trained_at"):
+        setting += " via ({}, {})".format(*rs[0]["trained_at"])
+    return [f"{c['mixer']}{fmap}", setting, str(c["d_model"]),
             f"{sum(acc) / len(acc):.1f}", f"{rs[0]['state_bytes']:,}", spread, str(len(rs)),
             "/".join(f"{lr:g}" for lr in lrs),
             f"{sum(r['train_time_s'] for r in rs) / len(rs):.0f}",
@@ -97,7 +116,7 @@ def format_table(results: Iterable[dict]) -> str:
     head = ["mixer", "(T, pairs)", "d_model", "test acc %", "state bytes", "range %", "seeds",
             "lr", "train s", "sweep s"]
     groups: dict[tuple, list[dict]] = {}
-    for r in results:
+    for r in (view for result in results for view in scores(result)):
         groups.setdefault(_key(r), []).append(r)
     rows = [head, ["---"] * len(head), *(_row(rs) for rs in groups.values())]
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
