@@ -22,7 +22,7 @@ from pathlib import Path
 
 from linattn.cli.recall import parse_eval_at, parse_mix
 from linattn.recall.options import DEFAULT_LRS, RecallConfig
-from linattn.recall.table import format_table, run_grid, scores
+from linattn.recall.table import format_table, run_grid, saved_cells, scores
 
 
 def _cell(base: RecallConfig, mixer: str, d_model: int, out: str) -> dict:
@@ -101,7 +101,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="seq_len:pairs settings each trained model is also tested at")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--plot", default=None, help="PNG path (default: OUT/mqar.png)")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: the table and plot of every cell saved in --out")
     a = p.parse_args(argv)
+    if a.report:
+        results = saved_cells(a.out)
+        if not results:
+            p.error(f"--out: no cell results in {a.out}")
+        print(format_table(results))
+        _plot_or_say(results, Path(a.plot or Path(a.out) / "mqar.png"))
+        return 0
     settings = [tuple(int(v) for v in s.split(":")) for s in a.settings.split(",")]
     base = RecallConfig(mixer="softmax", num_heads=a.num_heads,
                         train_examples=a.train_examples, epochs=a.epochs,
@@ -117,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
           f"mixed in {_mix_text(base.train_mix)}; {c['cpu']}, "
           f"{c['threads']} thread per run, {a.jobs} runs at a time")
     print(format_table(results))
+    _plot_or_say(results, Path(a.plot or Path(a.out) / "mqar.png"))
+    return 0
+
+
+def _plot_or_say(results: list[dict], path: Path) -> None:
     try:
-        plot(results, Path(a.plot or Path(a.out) / "mqar.png"))
+        plot(results, path)
     except ImportError:
         print("(no matplotlib: no plot)", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

@@ -196,6 +196,22 @@ def test_eval_at_scores_the_model_at_other_settings(tmp_path):
     assert rows[1].startswith(f"| softmax | (24, 3) via (16, 2) | 16 | {100 * e['test_acc']:.1f} |")
 
 
+def test_saved_cells_reads_a_grid_back(tmp_path, monkeypatch):
+    import linattn.recall.harness as h
+    from linattn.recall.table import saved_cells
+
+    def fake(cfg, log=None):
+        return {"config": cfg.to_dict(), "test_acc": 0.5, "state_bytes": 64, "lr": 1e-3,
+                "train_time_s": 2.0, "sweep_time_s": 2.0, "cpu": "x"}
+
+    monkeypatch.setattr(h, "run_cell", fake)
+    base = RecallConfig(mixer="softmax", **TINY)
+    res = run_grid(base, ["softmax", "linear"], [16], tmp_path, seeds=[0, 1])
+    (tmp_path / "notes.json").write_text("[1, 2]")  # not a cell: skipped
+    back = saved_cells(tmp_path)
+    assert format_table(back) == format_table(sorted(res, key=lambda r: r["config"]["mixer"]))
+
+
 def test_old_cell_files_read_as_the_defaults(tmp_path):
     """A cell saved before ``train_mix`` existed is the same configuration as one without it."""
     from linattn.recall.table import load_cell

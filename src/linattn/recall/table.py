@@ -16,7 +16,7 @@ from typing import Any
 from linattn._io import write_json
 from linattn.recall.options import RecallConfig
 
-__all__ = ["cell_name", "run_grid", "format_table", "load_cell", "scores"]
+__all__ = ["cell_name", "run_grid", "format_table", "load_cell", "scores", "saved_cells"]
 
 
 def cell_name(cfg: RecallConfig) -> str:
@@ -41,6 +41,23 @@ def load_cell(path: Path, cfg: RecallConfig) -> dict | None:
     except (TypeError, ValueError):
         return None
     return saved if same else None
+
+
+def saved_cells(out: str | Path) -> list[dict]:
+    """Every cell result saved in ``out`` (files that are not one are skipped), ordered by
+    setting, width, mixer and seed: a grid's table redrawn without running anything."""
+    results = []
+    for path in Path(out).glob("*.json"):
+        try:
+            r = json.loads(path.read_text())
+            c = r["config"]
+            key = (c["seq_len"], c["num_kv_pairs"], c["d_model"], c["mixer"],
+                   c.get("feature_map") or "", c["seed"])
+            float(r["test_acc"])
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        results.append((key, r))
+    return [r for _, r in sorted(results, key=lambda kr: kr[0])]
 
 
 def run_grid(base: RecallConfig, mixers: Sequence[str], d_models: Sequence[int],
