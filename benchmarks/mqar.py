@@ -6,10 +6,13 @@ one JSON per cell in ``--out`` (cells already there with the same configuration 
 an interrupted run resumes), prints the Markdown table and, with matplotlib, plots test
 accuracy against d_model and against the decoding state in bytes.
 
-    flock /tmp/linattn-bench.lock .venv/bin/python benchmarks/mqar.py --out runs/recall/grid
+    flock /tmp/linattn-bench.lock .venv/bin/python benchmarks/mqar.py --out runs/recall/mix
 
-Options shape the grid (``--mixers``, ``--d-models``, ``--settings 256:16,512:64``) and the
-training budget (``--train-examples``, ``--epochs``, ``--lrs``); see ``--help``.
+The defaults are docs/recall.md's table: the 13 mixers at d_model 64, trained at (256, 16)
+with the :data:`~linattn.recall.options.TABLE_MIX` mixture, 2 epochs, lr 3e-3, tested at
+(256, 16) and (512, 64). Options shape the grid (``--mixers``, ``--d-models``, ``--settings``,
+``--eval-at``) and the training budget (``--train-examples``, ``--train-mix``, ``--epochs``,
+``--lrs``); ``--report`` redraws the table and plot of the cells in ``--out``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from linattn.cli.recall import parse_eval_at, parse_mix
-from linattn.recall.options import DEFAULT_LRS, RecallConfig
+from linattn.recall.options import TABLE_MIX, RecallConfig
 from linattn.recall.table import format_table, run_grid, saved_cells, scores
+
+#: docs/recall.md's table: every mixer the issue names.
+TABLE_MIXERS = ("softmax", "gated_delta", "deltanet", "gla", "linear", "linear_plain",
+                "linear_plain:relu", "hedgehog", "favor", "cosformer", "flowformer", "taylor",
+                "based")
 
 
 def _cell(base: RecallConfig, mixer: str, d_model: int, out: str) -> dict:
@@ -83,22 +91,26 @@ def plot(results: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--mixers", default="softmax,gated_delta,linear",
-                   help="comma-separated presets, optionally with :feature_map")
+    p.add_argument("--mixers", default=",".join(TABLE_MIXERS),
+                   help="comma-separated presets, optionally with :feature_map (default: the "
+                        "table's 13)")
     p.add_argument("--d-models", default="64")
     p.add_argument("--settings", default="256:16", help="seq_len:pairs, comma-separated")
     p.add_argument("--num-heads", type=int, default=2)
-    p.add_argument("--train-examples", type=int, default=100_000)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--train-examples", type=int, default=RecallConfig.train_examples)
+    p.add_argument("--epochs", type=int, default=RecallConfig.epochs)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS))
+    p.add_argument("--lrs", default="3e-3",
+                   help="comma-separated rates, the best on validation kept (default 3e-3)")
     p.add_argument("--seeds", default="0", help="comma-separated: data and weights per seed")
     p.add_argument("--short-conv", type=int, default=RecallConfig.short_conv)
     p.add_argument("--mlp-dim", type=int, default=RecallConfig.mlp_dim)
-    p.add_argument("--train-mix", type=parse_mix, default=[],
-                   help="seq_len:pairs:examples sets trained on beside each cell's own")
-    p.add_argument("--eval-at", type=parse_eval_at, default=[],
-                   help="seq_len:pairs settings each trained model is also tested at")
+    p.add_argument("--train-mix", type=parse_mix, default=list(TABLE_MIX),
+                   help="seq_len:pairs:examples sets trained on beside each cell's own, '' for "
+                        "none (default: linattn.recall.TABLE_MIX)")
+    p.add_argument("--eval-at", type=parse_eval_at, default=[(512, 64)],
+                   help="seq_len:pairs settings each trained model is also tested at "
+                        "(default 512:64)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--plot", default=None, help="PNG path (default: OUT/mqar.png)")
     p.add_argument("--report", action="store_true",

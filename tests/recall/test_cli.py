@@ -13,7 +13,8 @@ from linattn.cli import main
 
 TINY = ["--d-model", "16", "--num-heads", "2", "--seq-len", "16", "--pairs", "2",
         "--vocab-size", "32", "--train-examples", "64", "--val-examples", "16",
-        "--test-examples", "16", "--epochs", "1", "--batch-size", "32", "--quiet"]
+        "--test-examples", "16", "--epochs", "1", "--batch-size", "32", "--train-mix", "",
+        "--quiet"]
 
 
 def _one_line_error(capsys, argv: list[str], match: str) -> None:
@@ -45,7 +46,7 @@ def test_train_sweeps_rates(tmp_path, capsys):
 
 def test_train_mix_trains_on_every_set(tmp_path, capsys):
     assert main(["recall", "train", "--mixer", "linear", "--lr", "1e-3", "--out", str(tmp_path),
-                 "--train-mix", "8:1:40,12:2:8", *TINY]) == 0
+                 *TINY, "--train-mix", "8:1:40,12:2:8"]) == 0
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["config"]["train_mix"] == [[8, 1, 40], [12, 2, 8]]
     assert saved["sweep"][0]["steps"] == 2 + 2 + 1

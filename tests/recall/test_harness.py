@@ -15,7 +15,7 @@ from linattn.recall.table import cell_name, format_table, run_grid
 
 TINY = {"d_model": 16, "num_heads": 2, "seq_len": 16, "num_kv_pairs": 2, "vocab_size": 32,
         "train_examples": 64, "val_examples": 16, "test_examples": 16, "epochs": 1,
-        "batch_size": 32, "lr": 1e-3}
+        "batch_size": 32, "lr": 1e-3, "train_mix": ()}
 
 
 def tol(dtype: torch.dtype) -> float:
@@ -160,7 +160,7 @@ def test_grid_saves_and_reuses_cells(tmp_path, monkeypatch):
 def test_train_mix_sets_are_drawn_and_batched_by_shape():
     """Each mixed-in set has its own shape and seed; an epoch holds every example of every set
     once, one shape per batch, the shapes interleaved."""
-    cfg = RecallConfig(mixer="softmax", **TINY, train_mix=((8, 1, 40), (12, 2, 24)))
+    cfg = RecallConfig(mixer="softmax", **{**TINY, "train_mix": ((8, 1, 40), (12, 2, 24))})
     d = splits(cfg)
     assert d["mix0"][0].shape == (40, 8) and d["mix1"][0].shape == (24, 12)
     assert ((d["mix0"][1] != -100).sum(1) == 1).all() and ((d["mix1"][1] != -100).sum(1) == 2).all()
@@ -176,7 +176,7 @@ def test_train_mix_sets_are_drawn_and_batched_by_shape():
 
 
 def test_train_mix_steps_and_round_trip():
-    cfg = RecallConfig(mixer="linear", **TINY, train_mix=[[8, 1, 40]])
+    cfg = RecallConfig(mixer="linear", **{**TINY, "train_mix": [[8, 1, 40]]})
     assert cfg.train_mix == ((8, 1, 40),)
     assert RecallConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     _, rec = train_one(cfg, 1e-3, splits(cfg))
@@ -213,7 +213,8 @@ def test_saved_cells_reads_a_grid_back(tmp_path, monkeypatch):
 
 
 def test_old_cell_files_read_as_the_defaults(tmp_path):
-    """A cell saved before ``train_mix`` existed is the same configuration as one without it."""
+    """A cell saved before ``train_mix`` existed was trained without one: it is the same
+    configuration as one with none, not as one with today's default mixture."""
     from linattn.recall.table import load_cell
 
     cfg = RecallConfig(mixer="softmax", **TINY)
@@ -221,6 +222,7 @@ def test_old_cell_files_read_as_the_defaults(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"config": old, "test_acc": 0.5}))
     assert load_cell(tmp_path / "c.json", cfg)["test_acc"] == 0.5
     assert load_cell(tmp_path / "c.json", dataclasses.replace(cfg, train_mix=((8, 1, 8),))) is None
+    assert RecallConfig(mixer="softmax").train_mix  # the default is a mixture
 
 
 @pytest.mark.parametrize("kwargs, name", [

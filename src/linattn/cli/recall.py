@@ -24,6 +24,7 @@ from linattn.recall.options import (  # torch-free
     DEFAULT_LRS,
     MIXER_PRESETS,
     RECALL_CHECKS,
+    TABLE_MIX,
     RecallConfig,
 )
 
@@ -68,6 +69,11 @@ def _shapes(size: int, what: str) -> Callable[[str], list[tuple[int, ...]]]:
                     f"expected {what}, comma-separated, got {item!r}") from None
         return out
     return parse
+
+
+def _mix_flag(mix: tuple[tuple[int, ...], ...]) -> str:
+    """``train_mix`` as its flag: ``64:4:40000,128:8:20000``."""
+    return ",".join(":".join(str(v) for v in m) for m in mix)
 
 
 #: ``64:4:20000,128:8:10000``: ``train_mix``'s (seq_len, pairs, examples) triples.
@@ -156,11 +162,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="token-shift width over the embeddings, 0 for none (default 4)")
     p.add_argument("--mlp-dim", type=c["mlp_dim"].parse, default=0,
                    help="hidden width of each layer's MLP, 0 for none (default 0, as Zoology's)")
-    p.add_argument("--train-mix", type=parse_mix, default=[],
+    p.add_argument("--train-mix", type=parse_mix, default=list(TABLE_MIX),
                    help="more training sets of other shapes, trained on beside the cell's, "
-                        "as seq_len:pairs:examples, comma-separated (e.g. 64:4:40000, "
-                        "Zoology's mixture of short and long sequences); evaluation stays at "
-                        "--seq-len/--pairs")
+                        "as seq_len:pairs:examples, comma-separated, '' for none (default "
+                        f"{_mix_flag(TABLE_MIX)}: a mixture of short and long sequences, as "
+                        "Zoology's); evaluation stays at --seq-len/--pairs")
     p.add_argument("--eval-at", type=parse_eval_at, default=[],
                    help="more seq_len:pairs settings, comma-separated, the trained model is "
                         "also tested at (e.g. 512:64)")
@@ -172,11 +178,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=c["vocab_size"].parse, default=8192)
     p.add_argument("--power-a", type=c["power_a"].parse, default=0.01,
                    help="power law of the query gaps (Zoology: 0.01)")
-    p.add_argument("--train-examples", type=c["train_examples"].parse, default=100_000,
-                   help="training examples (default 100,000: Zoology's training set, one epoch)")
+    p.add_argument("--train-examples", type=c["train_examples"].parse, default=20_000,
+                   help="training examples at --seq-len/--pairs (default 20,000), besides "
+                        "--train-mix")
     p.add_argument("--val-examples", type=c["val_examples"].parse, default=500)
     p.add_argument("--test-examples", type=c["test_examples"].parse, default=1_000)
-    p.add_argument("--epochs", type=c["epochs"].parse, default=1)
+    p.add_argument("--epochs", type=c["epochs"].parse, default=2)
     p.add_argument("--batch-size", type=c["batch_size"].parse, default=32)
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--lr", type=c["lr"].parse, help="one learning rate (no sweep)")

@@ -17,6 +17,7 @@ from typing import Any
 _NAMES = {
     "mqar": "data", "gap_distribution": "data", "IGNORE_INDEX": "data",
     "RecallConfig": "options", "MIXER_PRESETS": "options", "DEFAULT_LRS": "options",
+    "TABLE_MIX": "options",
     "check_mqar": "options",
     "run_cell": "harness", "train_one": "harness", "accuracy": "harness",
     "state_bytes": "harness", "build_model": "harness", "query_logits": "harness",

@@ -27,6 +27,11 @@ def cell_name(cfg: RecallConfig) -> str:
     return f"{cfg.mixer}{fmap}-d{cfg.d_model}-T{cfg.seq_len}-P{cfg.num_kv_pairs}{seed}"
 
 
+#: fields that files saved before them lack, and the value those runs had (no mixture, no
+#: other settings), which is not today's default.
+_BEFORE = {"train_mix": [], "eval_at": []}
+
+
 def load_cell(path: Path, cfg: RecallConfig) -> dict | None:
     """The result saved at ``path`` if it was made with ``cfg``; None otherwise (missing,
     unreadable or another configuration)."""
@@ -37,7 +42,8 @@ def load_cell(path: Path, cfg: RecallConfig) -> dict | None:
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         return None
     try:  # through the dataclass: a file from before a field existed reads as its default
-        same = RecallConfig.from_dict(saved["config"]).to_dict() == cfg.to_dict()
+        config = {**_BEFORE, **saved["config"]}
+        same = RecallConfig.from_dict(config).to_dict() == cfg.to_dict()
     except (TypeError, ValueError):
         return None
     return saved if same else None
