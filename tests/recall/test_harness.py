@@ -155,6 +155,9 @@ def test_grid_saves_and_reuses_cells(tmp_path, monkeypatch):
     assert len(calls) == 3  # another configuration: run again
     table = format_table(res)
     assert "| linear (relu) | (16, 2) | 16 | 50.0 | 1,024 |" in table
+    one_head = run_grid(dataclasses.replace(base, num_heads=1), ["softmax"], [16], tmp_path)
+    assert calls[-1] == "softmax-d16-T16-P2-h1"  # its own file: the 2-head cell is kept
+    assert "| softmax, 1 head | (16, 2) | 16 |" in format_table(one_head)
 
 
 def test_train_mix_sets_are_drawn_and_batched_by_shape():

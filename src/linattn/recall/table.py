@@ -20,12 +20,15 @@ __all__ = ["cell_name", "run_grid", "format_table", "load_cell", "scores", "save
 
 
 def cell_name(cfg: RecallConfig) -> str:
-    """``<mixer>[-<feature map>]-d<d_model>-T<seq_len>-P<pairs>[-s<seed>]``: the cell's file
-    stem (seed 0 unnamed)."""
+    """``<mixer>[-<feature map>]-d<d_model>-T<seq_len>-P<pairs>[-h<heads>][-s<seed>]``: the
+    cell's file stem (the default head count and seed 0 unnamed)."""
     fmap = f"-{cfg.feature_map}" if cfg.feature_map else ""
+    heads = f"-h{cfg.num_heads}" if cfg.num_heads != _HEADS else ""
     seed = f"-s{cfg.seed}" if cfg.seed else ""
-    return f"{cfg.mixer}{fmap}-d{cfg.d_model}-T{cfg.seq_len}-P{cfg.num_kv_pairs}{seed}"
+    return f"{cfg.mixer}{fmap}-d{cfg.d_model}-T{cfg.seq_len}-P{cfg.num_kv_pairs}{heads}{seed}"
 
+
+_HEADS = RecallConfig.num_heads  # the default: unnamed in cell names and table rows
 
 #: fields that files saved before them lack, and the value those runs had (no mixture, no
 #: other settings), which is not today's default.
@@ -58,7 +61,7 @@ def saved_cells(out: str | Path) -> list[dict]:
             r = json.loads(path.read_text())
             c = r["config"]
             key = (c["seq_len"], c["num_kv_pairs"], c["d_model"], c["mixer"],
-                   c.get("feature_map") or "", c["seed"])
+                   c.get("feature_map") or "", c["num_heads"], c["seed"])
             float(r["test_acc"])
         except (OSError, ValueError, TypeError, KeyError):
             continue
@@ -118,6 +121,8 @@ def _key(r: dict[str, Any]) -> tuple:
 def _row(rs: list[dict[str, Any]]) -> list[str]:
     c = rs[0]["config"]
     fmap = f" ({c['feature_map']})" if c.get("feature_map") else ""
+    if c.get("num_heads", _HEADS) != _HEADS:
+        fmap += f", {c['num_heads']} head{'s' if c['num_heads'] > 1 else ''}"
     acc = [100 * r["test_acc"] for r in rs]
     spread = f"{min(acc):.1f}–{max(acc):.1f}" if len(rs) > 1 else "–"
     lrs = sorted({r["lr"] for r in rs})
