@@ -129,7 +129,7 @@ def _recall(*extra: str) -> Callable:
                          str(d / "run"), "--d-model", "16", "--seq-len", "16", "--pairs", "2",
                          "--vocab-size", "32", "--train-examples", "32", "--val-examples", "8",
                          "--test-examples", "8", "--epochs", "1", "--batch-size", "16",
-                         "--quiet", *extra]
+                         "--train-mix", "", "--quiet", *extra]
 
 
 def _bench(*extra: str) -> Callable:
