@@ -59,32 +59,52 @@ def _mix_text(mix: tuple[tuple[int, int, int], ...]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Accuracy against d_model and against state bytes, one line per mixer and setting."""
+    """Accuracy against d_model and against state bytes: one colour per mixer, one line style
+    per test setting, seeds averaged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    lines: dict[str, list[dict]] = {}
+    points: dict[tuple[str, str], dict[int, list[dict]]] = {}
     for r in (view for result in results for view in scores(result)):
         c = r["config"]
-        fmap = f":{c['feature_map']}" if c.get("feature_map") else ""
-        lines.setdefault(f"{c['mixer']}{fmap} ({c['seq_len']}, {c['num_kv_pairs']})",
-                         []).append(r)
-    for label, rs in lines.items():
-        rs = sorted(rs, key=lambda r: r["config"]["d_model"])
-        acc = [100 * r["test_acc"] for r in rs]
-        axes[0].plot([r["config"]["d_model"] for r in rs], acc, "o-", label=label)
-        axes[1].plot([r["state_bytes"] for r in rs], acc, "o-", label=label)
+        name = c["mixer"] + (f":{c['feature_map']}" if c.get("feature_map") else "")
+        if c.get("num_heads", RecallConfig.num_heads) != RecallConfig.num_heads:
+            name += f", {c['num_heads']} head(s)"
+        setting = f"({c['seq_len']}, {c['num_kv_pairs']})"
+        points.setdefault((name, setting), {}).setdefault(c["d_model"], []).append(r)
+    names = list(dict.fromkeys(n for n, _ in points))
+    settings = list(dict.fromkeys(t for _, t in points))
+    colours = plt.get_cmap("tab20")
+    styles = ["o-", "s--", "^:", "d-."]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+    for (name, setting), by_d in points.items():
+        ds = sorted(by_d)
+        acc = [100 * sum(r["test_acc"] for r in by_d[d]) / len(by_d[d]) for d in ds]
+        state = [by_d[d][0]["state_bytes"] for d in ds]
+        style = styles[settings.index(setting) % len(styles)]
+        colour = colours(names.index(name) % 20)
+        axes[0].plot(ds, acc, style, color=colour)
+        axes[1].plot(state, acc, style, color=colour)
+    handles = [plt.Line2D([], [], color=colours(i % 20), marker="o", ls="-", label=n)
+               for i, n in enumerate(names)]
+    handles += [plt.Line2D([], [], color="k", marker=styles[i % len(styles)][0],
+                           ls=styles[i % len(styles)][1:], label=f"tested at {t}")
+                for i, t in enumerate(settings)]
+    widths = sorted({d for by_d in points.values() for d in by_d})
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks(widths, [str(d) for d in widths])
     axes[0].set_xlabel("d_model")
+    axes[1].set_xscale("log")
+    axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # 2×10⁴ … overlap
     axes[1].set_xlabel("decoding state per sequence (bytes)")
     axes[0].set_ylabel("MQAR test accuracy (%)")
     for ax in axes:
-        ax.set_xscale("log")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path, dpi=120)
 
 
