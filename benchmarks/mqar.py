@@ -25,7 +25,7 @@ from pathlib import Path
 
 from linattn.cli.recall import parse_eval_at, parse_mix
 from linattn.recall.options import TABLE_MIX, RecallConfig
-from linattn.recall.table import format_table, run_grid, saved_cells, scores
+from linattn.recall.table import format_table, mixer_label, run_grid, saved_cells, scores
 
 #: docs/recall.md's table: every mixer the issue names.
 TABLE_MIXERS = ("softmax", "gated_delta", "deltanet", "gla", "linear", "linear_plain",
@@ -70,11 +70,8 @@ def plot(results: list[dict], path: Path) -> None:
     points: dict[tuple[str, str], dict[int, list[dict]]] = {}
     for r in (view for result in results for view in scores(result)):
         c = r["config"]
-        name = c["mixer"] + (f":{c['feature_map']}" if c.get("feature_map") else "")
-        if c.get("num_heads", RecallConfig.num_heads) != RecallConfig.num_heads:
-            name += f", {c['num_heads']} head(s)"
         setting = f"({c['seq_len']}, {c['num_kv_pairs']})"
-        points.setdefault((name, setting), {}).setdefault(c["d_model"], []).append(r)
+        points.setdefault((mixer_label(c), setting), {}).setdefault(c["d_model"], []).append(r)
     names = list(dict.fromkeys(n for n, _ in points))
     settings = list(dict.fromkeys(t for _, t in points))
     colours = plt.get_cmap("tab20")
@@ -116,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                         "table's 13)")
     p.add_argument("--d-models", default="64")
     p.add_argument("--settings", default="256:16", help="seq_len:pairs, comma-separated")
-    p.add_argument("--num-heads", type=int, default=2)
+    p.add_argument("--num-heads", type=int, default=RecallConfig.num_heads)
     p.add_argument("--train-examples", type=int, default=RecallConfig.train_examples)
     p.add_argument("--epochs", type=int, default=RecallConfig.epochs)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=RecallConfig.batch_size)
     p.add_argument("--lrs", default="3e-3",
                    help="comma-separated rates, the best on validation kept (default 3e-3)")
     p.add_argument("--seeds", default="0", help="comma-separated: data and weights per seed")
@@ -136,12 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true",
                    help="run nothing: the table and plot of every cell saved in --out")
     a = p.parse_args(argv)
+    png = Path(a.plot or Path(a.out) / "mqar.png")
     if a.report:
         results = saved_cells(a.out)
         if not results:
             p.error(f"--out: no cell results in {a.out}")
         print(format_table(results))
-        _plot_or_say(results, Path(a.plot or Path(a.out) / "mqar.png"))
+        _plot_or_say(results, png)
         return 0
     settings = [tuple(int(v) for v in s.split(":")) for s in a.settings.split(",")]
     base = RecallConfig(mixer="softmax", num_heads=a.num_heads,
@@ -158,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
           f"mixed in {_mix_text(base.train_mix)}; {c['cpu']}, "
           f"{c['threads']} thread per run, {a.jobs} runs at a time")
     print(format_table(results))
-    _plot_or_say(results, Path(a.plot or Path(a.out) / "mqar.png"))
+    _plot_or_say(results, png)
     return 0
 
 

@@ -169,7 +169,7 @@ def test_train_mix_sets_are_drawn_and_batched_by_shape():
     assert ((d["mix0"][1] != -100).sum(1) == 1).all() and ((d["mix1"][1] != -100).sum(1) == 2).all()
     assert not torch.equal(d["mix1"][0][:16, :12], d["train"][0][:16, :12])
     sets = [d["train"], d["mix0"], d["mix1"]]
-    batches = _batches(sets, 16, torch.Generator().manual_seed(0))
+    batches = list(_batches(sets, 16, torch.Generator().manual_seed(0)))
     assert len(batches) == 4 + 3 + 2  # ceil(64/16) + ceil(40/16) + ceil(24/16)
     shapes = [x.shape[1] for x, _ in batches]
     assert shapes != sorted(shapes) and sorted(set(shapes)) == [8, 12, 16]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -64,16 +64,17 @@ def splits(cfg: RecallConfig) -> dict[str, tuple[Tensor, Tensor]]:
 
 
 def _batches(sets: list[tuple[Tensor, Tensor]], batch_size: int,
-             gen: torch.Generator) -> list[tuple[Tensor, Tensor]]:
+             gen: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
     """One epoch of batches over every training set: each set shuffled and cut into batches of
-    ``batch_size`` (one shape per batch), then all the batches in one random order."""
-    out = []
-    for x, y in sets:
-        order = torch.randperm(len(x), generator=gen)
-        out += [(x[idx], y[idx]) for idx in order.split(batch_size)]
-    if len(sets) == 1:  # one set: its shuffled order (the draw of runs before train_mix)
-        return out
-    return [out[i] for i in torch.randperm(len(out), generator=gen).tolist()]
+    ``batch_size`` (one shape per batch), then all the batches in one random order. The plan
+    is indices; each batch is gathered when it is reached (not a second copy of the data)."""
+    plan = [(i, idx) for i, (x, _) in enumerate(sets)
+            for idx in torch.randperm(len(x), generator=gen).split(batch_size)]
+    if len(sets) > 1:  # one set keeps its shuffled order (the draw of runs before train_mix)
+        plan = [plan[j] for j in torch.randperm(len(plan), generator=gen).tolist()]
+    for i, idx in plan:
+        x, y = sets[i]
+        yield x[idx], y[idx]
 
 
 def build_model(cfg: RecallConfig) -> LinearTransformerLM:

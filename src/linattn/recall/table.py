@@ -16,7 +16,10 @@ from typing import Any
 from linattn._io import write_json
 from linattn.recall.options import RecallConfig
 
-__all__ = ["cell_name", "run_grid", "format_table", "load_cell", "scores", "saved_cells"]
+__all__ = ["cell_name", "run_grid", "format_table", "load_cell", "scores", "saved_cells",
+           "mixer_label"]
+
+_HEADS = RecallConfig.num_heads  # the default: unnamed in cell names and labels
 
 
 def cell_name(cfg: RecallConfig) -> str:
@@ -26,9 +29,6 @@ def cell_name(cfg: RecallConfig) -> str:
     heads = f"-h{cfg.num_heads}" if cfg.num_heads != _HEADS else ""
     seed = f"-s{cfg.seed}" if cfg.seed else ""
     return f"{cfg.mixer}{fmap}-d{cfg.d_model}-T{cfg.seq_len}-P{cfg.num_kv_pairs}{heads}{seed}"
-
-
-_HEADS = RecallConfig.num_heads  # the default: unnamed in cell names and table rows
 
 #: fields that files saved before them lack, and the value those runs had (no mixture, no
 #: other settings), which is not today's default.
@@ -118,18 +118,24 @@ def _key(r: dict[str, Any]) -> tuple:
             r.get("trained_at"))
 
 
+def mixer_label(c: dict[str, Any]) -> str:
+    """A cell's mixer as the table and the plot name it, from its saved ``config``:
+    ``mixer[ (feature map)][, N heads]`` (the default head count unnamed)."""
+    label = c["mixer"] + (f" ({c['feature_map']})" if c.get("feature_map") else "")
+    if c.get("num_heads", _HEADS) != _HEADS:
+        label += f", {c['num_heads']} head{'s' if c['num_heads'] > 1 else ''}"
+    return label
+
+
 def _row(rs: list[dict[str, Any]]) -> list[str]:
     c = rs[0]["config"]
-    fmap = f" ({c['feature_map']})" if c.get("feature_map") else ""
-    if c.get("num_heads", _HEADS) != _HEADS:
-        fmap += f", {c['num_heads']} head{'s' if c['num_heads'] > 1 else ''}"
     acc = [100 * r["test_acc"] for r in rs]
     spread = f"{min(acc):.1f}–{max(acc):.1f}" if len(rs) > 1 else "–"
     lrs = sorted({r["lr"] for r in rs})
     setting = f"({c['seq_len']}, {c['num_kv_pairs']})"
     if rs[0].get("trained_at"):
         setting += " via ({}, {})".format(*rs[0]["trained_at"])
-    return [f"{c['mixer']}{fmap}", setting, str(c["d_model"]),
+    return [mixer_label(c), setting, str(c["d_model"]),
             f"{sum(acc) / len(acc):.1f}", f"{rs[0]['state_bytes']:,}", spread, str(len(rs)),
             "/".join(f"{lr:g}" for lr in lrs),
             f"{sum(r['train_time_s'] for r in rs) / len(rs):.0f}",
