@@ -8,11 +8,14 @@ accuracy against d_model and against the decoding state in bytes.
 
     flock /tmp/linattn-bench.lock .venv/bin/python benchmarks/mqar.py --out runs/recall/mix
 
-The defaults are docs/recall.md's table: the 13 mixers at d_model 64, trained at (256, 16)
-with the :data:`~linattn.recall.options.TABLE_MIX` mixture, 2 epochs, lr 3e-3, tested at
-(256, 16) and (512, 64). Options shape the grid (``--mixers``, ``--d-models``, ``--settings``,
-``--eval-at``) and the training budget (``--train-examples``, ``--train-mix``, ``--epochs``,
-``--lrs``); ``--report`` redraws the table and plot of the cells in ``--out``.
+The defaults are docs/recall.md's whole table: the 13 mixers at d_model 64 and the
+``TABLE_EXTRA`` cells (Gated DeltaNet at d_model 128: one head in two seeds, two heads),
+trained at (256, 16) with the :data:`~linattn.recall.options.TABLE_MIX` mixture, 2 epochs,
+lr 3e-3, tested at (256, 16) and (512, 64); with two jobs the costliest cells start first.
+Options shape the grid (``--mixers``, ``--d-models``, ``--settings``, ``--eval-at``, ``--extra``;
+the extra cells are the table's only while neither ``--mixers`` nor ``--d-models`` is given)
+and the training budget (``--train-examples``, ``--train-mix``, ``--epochs``, ``--lrs``);
+``--report`` redraws the table and plot of the cells in ``--out``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,40 @@ from linattn.recall.table import format_table, mixer_label, run_grid, saved_cell
 TABLE_MIXERS = ("softmax", "gated_delta", "deltanet", "gla", "linear", "linear_plain",
                 "linear_plain:relu", "hedgehog", "favor", "cosformer", "flowformer", "taylor",
                 "based")
+#: The table's cells outside that grid: ``mixer/d_model/heads/seed`` (the best recurrent cell
+#: in two seeds, and the same width with the default two heads).
+TABLE_EXTRA = ("gated_delta/128/1/0", "gated_delta/128/1/1", "gated_delta/128/2/0")
+#: Relative cost of a cell's step (measured: docs/recall.md), to start the long cells first so
+#: that two jobs finish together; a mixer not named costs 1, and cost grows with d_model.
+_COST = {"based": 8.0, "taylor": 2.0}
+
+
+def parse_extra(text: str) -> list[tuple[str, int, int, int]]:
+    """``mixer/d_model/heads/seed,...`` → cells; '' → none."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        parts = item.split("/")
+        try:
+            if len(parts) != 4:
+                raise ValueError
+            mixer, d, h, s = parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+            if not mixer or min(d, h) < 1 or s < 0:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not mixer/d_model/heads/seed with positive sizes: {item!r}") from None
+        out.append((mixer, d, h, s))
+    return out
+
+
+def submission_order(cells: list[tuple[RecallConfig, str, int]]) -> list[int]:
+    """Indices of (config, mixer, d_model) cells, the costliest first (a stable sort: equal
+    costs keep the grid's order)."""
+    def cost(i: int) -> float:
+        _, mixer, d_model = cells[i]
+        return _COST.get(mixer.split(":")[0], 1.0) * d_model
+
+    return sorted(range(len(cells)), key=lambda i: -cost(i))
 
 
 def _cell(base: RecallConfig, mixer: str, d_model: int, out: str) -> dict:
@@ -41,17 +78,21 @@ def _cell(base: RecallConfig, mixer: str, d_model: int, out: str) -> dict:
 
 def run(base: RecallConfig, mixers: list[str], d_models: list[int],
         settings: list[tuple[int, int]], out: str, jobs: int,
-        seeds: list[int] | None = None) -> list[dict]:
-    """Every (setting, mixer, d_model, seed) cell, ``jobs`` at a time; results in grid
-    order."""
+        seeds: list[int] | None = None,
+        extra: list[tuple[str, int, int, int]] | None = None) -> list[dict]:
+    """Every (setting, mixer, d_model, seed) cell, then the ``extra`` cells
+    (mixer, d_model, heads, seed) at every setting, ``jobs`` at a time, the costliest started
+    first; results in that grid order."""
     cells = [(dataclasses.replace(base, seq_len=T, num_kv_pairs=P, seed=s), m, d)
              for T, P in settings for m in mixers for d in d_models
              for s in (seeds or [base.seed])]
+    cells += [(dataclasses.replace(base, seq_len=T, num_kv_pairs=P, num_heads=h, seed=s), m, d)
+              for T, P in settings for m, d, h, s in (extra or [])]
     if jobs == 1:
         return [_cell(c, m, d, out) for c, m, d in cells]
     with ProcessPoolExecutor(jobs) as pool:
-        futures = [pool.submit(_cell, c, m, d, out) for c, m, d in cells]
-        return [f.result() for f in futures]
+        futures = {i: pool.submit(_cell, *cells[i], out) for i in submission_order(cells)}
+        return [futures[i].result() for i in range(len(cells))]
 
 
 def _mix_text(mix: tuple[tuple[int, int, int], ...]) -> str:
@@ -108,10 +149,10 @@ def plot(results: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--mixers", default=",".join(TABLE_MIXERS),
+    p.add_argument("--mixers", default=None,
                    help="comma-separated presets, optionally with :feature_map (default: the "
                         "table's 13)")
-    p.add_argument("--d-models", default="64")
+    p.add_argument("--d-models", default=None, help="comma-separated (default 64)")
     p.add_argument("--settings", default="256:16", help="seq_len:pairs, comma-separated")
     p.add_argument("--num-heads", type=int, default=RecallConfig.num_heads)
     p.add_argument("--train-examples", type=int, default=RecallConfig.train_examples)
@@ -128,11 +169,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-at", type=parse_eval_at, default=[(512, 64)],
                    help="seq_len:pairs settings each trained model is also tested at "
                         "(default 512:64)")
+    p.add_argument("--extra", type=parse_extra, default=None,
+                   help="more cells beside the grid, mixer/d_model/heads/seed comma-separated, "
+                        "'' for none (default: the table's gated_delta cells at d_model 128 when "
+                        "neither --mixers nor --d-models is given, else none)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--plot", default=None, help="PNG path (default: OUT/mqar.png)")
     p.add_argument("--report", action="store_true",
                    help="run nothing: the table and plot of every cell saved in --out")
     a = p.parse_args(argv)
+    if a.extra is None:  # the table's extra cells belong to the table's grid only
+        table = a.mixers is None and a.d_models is None
+        a.extra = parse_extra(",".join(TABLE_EXTRA)) if table else []
+    a.mixers = a.mixers or ",".join(TABLE_MIXERS)
+    a.d_models = a.d_models or "64"
     png = Path(a.plot or Path(a.out) / "mqar.png")
     if a.report:
         results = saved_cells(a.out)
@@ -148,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                         short_conv=a.short_conv, mlp_dim=a.mlp_dim, train_mix=a.train_mix,
                         eval_at=a.eval_at)
     results = run(base, a.mixers.split(","), [int(d) for d in a.d_models.split(",")],
-                  settings, a.out, a.jobs, [int(s) for s in a.seeds.split(",")])
+                  settings, a.out, a.jobs, [int(s) for s in a.seeds.split(",")], a.extra)
     c = results[0]
     print(f"MQAR, vocab {base.vocab_size}, {base.train_examples} train examples x "
           f"{base.epochs} epochs, batch {base.batch_size}, lrs {a.lrs}, seeds {a.seeds}, "

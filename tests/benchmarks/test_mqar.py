@@ -27,3 +27,55 @@ def test_tiny_grid(load_benchmark, tmp_path, capsys):
     assert [line for line in again.splitlines() if line.startswith("| gated_delta")] == [
         line for line in out.splitlines() if line.startswith("| gated_delta")]
     assert (tmp_path / "mqar.png").stat().st_size > 0
+
+
+def test_extra_cells_and_their_order(load_benchmark, monkeypatch):
+    import argparse
+
+    mqar = load_benchmark("mqar")
+    assert mqar.parse_extra("gated_delta/128/1/0, linear_plain:relu/64/2/3") == [
+        ("gated_delta", 128, 1, 0), ("linear_plain:relu", 64, 2, 3)]
+    assert mqar.parse_extra("") == []
+    for bad in ("gated_delta/128/1", "gated_delta/0/1/0", "/64/2/0", "gla/64/two/0"):
+        with pytest.raises(argparse.ArgumentTypeError, match="mixer/d_model/heads/seed"):
+            mqar.parse_extra(bad)
+    seen = []
+    monkeypatch.setattr(mqar, "_cell", lambda c, m, d, out: seen.append(
+        (m, d, c.num_heads, c.seed, c.seq_len)) or {"mixer": m})
+    base = mqar.RecallConfig(mixer="softmax")
+    out = mqar.run(base, ["softmax", "based"], [64], [(256, 16)], "unused", 1, [0],
+                   extra=[("gated_delta", 128, 1, 1)])
+    assert [r["mixer"] for r in out] == ["softmax", "based", "gated_delta"]
+    assert seen[-1] == ("gated_delta", 128, 1, 1, 256)
+    cells = [(base, "softmax", 64), (base, "based", 64), (base, "taylor", 64),
+             (base, "gated_delta", 128), (base, "gla", 64)]
+    # Based first, then the d_model-128 cell and Taylor (equal cost: grid order), then the rest
+    assert mqar.submission_order(cells) == [1, 2, 3, 0, 4]
+
+
+class _Stop(Exception):
+    """Raised by a stand-in ``run`` once it has recorded what main passed to it."""
+
+
+def _record(calls):
+    def run(*a, **k):
+        calls.append(a)
+        raise _Stop
+
+    return run
+
+
+def test_the_table_extra_cells_only_with_the_tables_grid(load_benchmark, monkeypatch, tmp_path):
+    mqar = load_benchmark("mqar")
+    calls = []
+    monkeypatch.setattr(mqar, "run", _record(calls))
+    with pytest.raises(_Stop):
+        mqar.main(["--out", str(tmp_path)])
+    assert calls[-1][2] == [64] and len(calls[-1][1]) == 13
+    assert [e[0] for e in calls[-1][7]] == ["gated_delta"] * 3
+    with pytest.raises(_Stop):
+        mqar.main(["--out", str(tmp_path), "--mixers", "softmax"])
+    assert calls[-1][7] == [] and calls[-1][1] == ["softmax"]
+    with pytest.raises(_Stop):
+        mqar.main(["--out", str(tmp_path), "--d-models", "32", "--extra", "gla/32/1/0"])
+    assert calls[-1][7] == [("gla", 32, 1, 0)] and calls[-1][2] == [32]
