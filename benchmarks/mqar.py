@@ -95,6 +95,25 @@ def run(base: RecallConfig, mixers: list[str], d_models: list[int],
         return [futures[i].result() for i in range(len(cells))]
 
 
+def schedule_estimate(results: list[dict], jobs: int) -> float:
+    """Seconds ``jobs`` workers would take for these cells' ``sweep_time_s``, handed out
+    costliest first as :func:`run` does (a list schedule; data generation and evaluation, a
+    minute or less a cell, are not in it)."""
+    cells = [(None, r["config"]["mixer"], r["config"]["d_model"]) for r in results]
+    free = [0.0] * max(1, jobs)
+    for i in submission_order(cells):
+        k = free.index(min(free))
+        free[k] += results[i]["sweep_time_s"]
+    return max(free)
+
+
+def _times_text(results: list[dict], jobs: int) -> str:
+    total = sum(r["sweep_time_s"] for r in results)
+    return (f"{len(results)} cells, {total:,.0f} s of training summed; {jobs} jobs started "
+            f"costliest first: {schedule_estimate(results, jobs):,.0f} s (arithmetic on the "
+            "cells' times, not a timed run)")
+
+
 def _mix_text(mix: tuple[tuple[int, int, int], ...]) -> str:
     return ", ".join(f"{n} of ({T}, {P})" for T, P, n in mix) or "nothing"
 
@@ -189,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         if not results:
             p.error(f"--out: no cell results in {a.out}")
         print(format_table(results))
+        print(_times_text(results, a.jobs))
         _plot_or_say(results, png)
         return 0
     settings = [tuple(int(v) for v in s.split(":")) for s in a.settings.split(",")]

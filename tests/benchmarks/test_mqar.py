@@ -79,3 +79,18 @@ def test_the_table_extra_cells_only_with_the_tables_grid(load_benchmark, monkeyp
     with pytest.raises(_Stop):
         mqar.main(["--out", str(tmp_path), "--d-models", "32", "--extra", "gla/32/1/0"])
     assert calls[-1][7] == [("gla", 32, 1, 0)] and calls[-1][2] == [32]
+
+
+def test_schedule_estimate_hands_out_the_costliest_first(load_benchmark):
+    mqar = load_benchmark("mqar")
+
+    def cell(mixer, seconds, d=64):
+        return {"config": {"mixer": mixer, "d_model": d}, "sweep_time_s": seconds}
+
+    cells = [cell("softmax", 300), cell("gla", 600), cell("based", 1000), cell("taylor", 500)]
+    # based alone on one worker (1000); taylor, softmax, gla on the other (1400)
+    assert mqar.schedule_estimate(cells, 2) == 1400
+    assert mqar.schedule_estimate(cells, 1) == 2400
+    assert mqar.schedule_estimate(cells, 4) == 1000
+    assert "4 cells, 2,400 s of training summed; 2 jobs started costliest first: 1,400 s" in (
+        mqar._times_text(cells, 2))
