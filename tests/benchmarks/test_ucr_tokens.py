@@ -31,6 +31,10 @@ def test_ridge_scores_are_probabilities(bench):
     many = bench.ridge_scores(np.array([[0.1, 0.5, -0.2]]))
     np.testing.assert_allclose(many.sum(1), 1.0)
     assert many.argmax(1).tolist() == [1]
+    # classes 0 and 2 seen of 4: their columns in place, the others 0
+    spread = bench.ridge_scores(np.array([[0.3, -0.1]]), np.array([0, 2]), 4)
+    np.testing.assert_allclose(spread[:, [0, 2]], bench.ridge_scores(np.array([[0.3, -0.1]])))
+    assert spread[0, 1] == spread[0, 3] == 0
 
 
 def test_summary_counts(bench):
