@@ -316,6 +316,47 @@ def fit_linattn(Xtr, ytr, Xte, yte, threads: int, rule: str = "defaults") -> dic
             "fit_cpu_s": round(fit_cpu, 2), "predict_s": round(time.perf_counter() - t1, 2)}
 
 
+def fit_conv(Xtr, ytr, Xte, yte, threads: int) -> dict:
+    """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, seed 0), and the
+    ablation: the same with the mixer removed (``num_layers=0``), both timed."""
+    import torch
+
+    from linattn.tsc import ConvAttentionClassifier
+
+    torch.set_num_threads(threads)
+    out = {}
+    for label, layers in (("model", 2), ("ablation", 0)):
+        clf = ConvAttentionClassifier(num_layers=layers, missing="interpolate", random_state=0,
+                                      n_threads=threads)
+        t0, c0 = time.perf_counter(), time.process_time()
+        clf.fit(Xtr, ytr)
+        fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+        t1 = time.perf_counter()
+        acc = float(np.mean(clf.predict(Xte) == yte))
+        out[label] = {"accuracy": acc, "fit_s": round(fit_s, 2), "fit_cpu_s": round(fit_cpu, 2),
+                      "predict_s": round(time.perf_counter() - t1, 2),
+                      "params": clf.get_params()}
+    return {**out["model"], "method": "conv", "no_mixer": out["ablation"]}
+
+
+def ablation(results: dict) -> str | None:
+    """Markdown line: the model against itself with the mixer removed, on the main datasets
+    that have both (None without any)."""
+    pairs = [(d["linattn"], d["test"]) for n, d in results.get("datasets", {}).items()
+             if n not in HELD_OUT and "no_mixer" in d.get("linattn", {})]
+    if not pairs:
+        return None
+    full = [correct(a["accuracy"], t) for a, t in pairs]
+    bare = [correct(a["no_mixer"]["accuracy"], t) for a, t in pairs]
+    w, t, lo = win_tie_loss(full, bare)
+    return (f"- ablation, {len(pairs)} datasets: with the linear-attention mixer W/T/L {w}/{t}/"
+            f"{lo} against the same model without it; mean accuracy "
+            f"{np.mean([a['accuracy'] for a, _ in pairs]):.4f} against "
+            f"{np.mean([a['no_mixer']['accuracy'] for a, _ in pairs]):.4f}; fit "
+            f"{sum(a['fit_s'] for a, _ in pairs):.0f} s against "
+            f"{sum(a['no_mixer']['fit_s'] for a, _ in pairs):.0f} s")
+
+
 def train_check(names: Sequence[str], threads: int, path: Path, rule: str = "defaults") -> None:
     """TRAIN-only diagnostic: the accuracy on its own training series, and the last epoch's
     training loss, of the configuration fitted on each dataset (no test data is read)."""
@@ -414,7 +455,8 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
                 "held_out": name in HELD_OUT,
                 "published": {m: v[name] for m, v in pub.items() if name in v}})
     if "linattn" not in row:
-        row["linattn"] = fit_linattn(Xtr, ytr, Xte, yte, args.threads, args.rule)
+        row["linattn"] = (fit_conv(Xtr, ytr, Xte, yte, args.threads) if args.method == "conv"
+                          else fit_linattn(Xtr, ytr, Xte, yte, args.threads, args.rule))
     if "MiniRocket" not in row and reuse is not None:
         old = reusable(reuse, name, row)
         if old is not None:
@@ -423,10 +465,12 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
         row["MiniRocket"] = fit_minirocket(args.minirocket_python, Xtr, ytr, Xte, yte,
                                            args.timeout)
     a, m = row["linattn"], row["MiniRocket"]
+    how = (f"no mixer {a['no_mixer']['accuracy']:.3f}" if "no_mixer" in a else
+           f"{a['epochs']:>4} ep, {a['steps']:>5} steps, patch {a['patch']:>2}")
     print(f"{name:<30} {row['train']:>5}/{row['test']:<5} L {row['length']:>4}  "
-          f"linattn {a['accuracy']:.3f} ({a['fit_s']:6.1f} s, {a['epochs']:>4} ep, "
-          f"{a['steps']:>5} steps, patch {a['patch']:>2})  MiniRocket {m['accuracy']:.3f} "
-          f"({m['fit_s']:5.1f} s{', reused' if 'reused_from' in m else ''})", flush=True)
+          f"linattn {a['accuracy']:.3f} ({a['fit_s']:6.1f} s, {how})  MiniRocket "
+          f"{m['accuracy']:.3f} ({m['fit_s']:5.1f} s{', reused' if 'reused_from' in m else ''})",
+          flush=True)
     return row
 
 
@@ -464,6 +508,8 @@ def report(results: dict) -> str:
                    f"{len(done)} datasets, "
                    f"{sum(results['datasets'][r['dataset']][m]['fit_cpu_s'] for r in done):.0f}"
                    " s CPU")
+    if ablation(results):
+        out.append(ablation(results))
     for r in held:
         out.append(f"- held out {r['dataset']}: linattn {_f(r['linattn'])}, MiniRocket "
                    f"{_f(r['MiniRocket'])}, InceptionTime {_f(r['InceptionTime'])}, HC2 "
@@ -553,6 +599,9 @@ def main() -> None:
                                        "but FordB)")
     ap.add_argument("--results", default="runs/ucr2/results.json",
                     help="(default: %(default)s; the first run's: runs/ucr/results.json)")
+    ap.add_argument("--method", choices=("linattn", "conv"), default="linattn",
+                    help="the linattn column: LinearAttentionClassifier (with --rule) or "
+                         "ConvAttentionClassifier at its defaults, with its no-mixer ablation")
     ap.add_argument("--rule", choices=RULES, default="defaults",
                     help="linattn's per-dataset settings (default: %(default)s; first: the "
                          "first run's)")
@@ -602,7 +651,9 @@ def main() -> None:
 
         rule = {"name": args.rule, "tokens": TOKENS, "step_budget": STEP_BUDGET,
                 "max_epochs": MAX_EPOCHS, "batch": BATCH}
-        if args.rule == "defaults":
+        if args.method == "conv":
+            rule = {"name": "conv: ConvAttentionClassifier defaults"}
+        elif args.rule == "defaults":
             rule.update(min_steps=DEFAULT_MIN_STEPS, min_batches=DEFAULT_MIN_BATCHES)
         meta = {"cpu": cpu_info(), "torch": torch.__version__,
                 "numpy": np.__version__, "threads": args.threads, "rule": rule,

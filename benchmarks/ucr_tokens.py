@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+#: Optimiser steps of each net (the tests lower it).
+STEPS = 600
 VARIANTS = ("ridge", "attn", "pool", "attn+ridge", "pool+ridge")
 HELD_OUT = ("FordB",)
 
@@ -51,67 +52,12 @@ def inner_split(y: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return tr, va
 
 
-def train_net(tokens, y, n_classes: int, num_layers: int, seed: int = 0, steps: int = 600,
-              batch: int = 32, lr: float = 2e-3):
-    """A :class:`TokenNet` fitted on tokens (n, S, F) and labels 0..n_classes−1."""
-    import torch
-    import torch.nn.functional as F
-
-    from linattn.tsc.conv_tokens import TokenNet
-
-    torch.manual_seed(seed)
-    x, y = torch.from_numpy(tokens), torch.from_numpy(y)
-    net = TokenNet(x.shape[2], x.shape[1], n_classes, num_layers=num_layers)
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.05)
-    batch = min(batch, len(x))
-    per_epoch = math.ceil(len(x) / batch)
-    epochs = max(1, math.ceil(steps / per_epoch))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * per_epoch)
-    net.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(x))
-        for i in range(0, len(x), batch):
-            b = order[i:i + batch]
-            loss = F.cross_entropy(net(x[b]), y[b], label_smoothing=0.1)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-    net.eval()
-    return net
-
-
-def probabilities(net, tokens) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        x = torch.from_numpy(tokens)
-        return torch.cat([net(x[i:i + 512]).softmax(1) for i in range(0, len(x), 512)]).numpy()
-
-
-def ridge_scores(decision: np.ndarray, present: np.ndarray | None = None,
-                 n_classes: int | None = None) -> np.ndarray:
-    """Softmax of 3 × the ridge decision values, two columns for two classes; with
-    ``present`` (the classes the ridge saw, ``ridge.classes_``) one column per class of
-    ``n_classes``, 0 for a class absent from its training part (a small set's inner split can
-    miss a class of one series)."""
-    if decision.ndim == 1:
-        decision = np.stack([-decision, decision], 1)
-    z = 3.0 * decision
-    z = np.exp(z - z.max(1, keepdims=True))
-    z /= z.sum(1, keepdims=True)
-    if present is None:
-        return z
-    out = np.zeros((len(z), n_classes))
-    out[:, present] = z
-    return out
-
-
 def study(name: str) -> dict:
     import torch
     from sklearn.linear_model import RidgeClassifierCV
 
     from linattn.datasets import load_ucr
+    from linattn.tsc.conv_classifier import ridge_proba, token_net_proba, train_token_net
     from linattn.tsc.conv_tokens import ConvTokens
     from linattn.tsc.data import fill_nan_padding
 
@@ -131,12 +77,13 @@ def study(name: str) -> dict:
     row["transform_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
     ridge = RidgeClassifierCV(alphas=np.logspace(-3, 3, 10)).fit(T_tr.mean(1), y[tr])
-    r = ridge_scores(ridge.decision_function(T_va.mean(1)), ridge.classes_, len(classes))
+    r = ridge_proba(ridge.decision_function(T_va.mean(1)), ridge.classes_, len(classes))
     row["ridge_s"] = round(time.perf_counter() - t0, 2)
     acc = {"ridge": float((ridge.predict(T_va.mean(1)) == y[va]).mean())}
     for label, layers in (("attn", 2), ("pool", 0)):
         t0 = time.perf_counter()
-        p = probabilities(train_net(T_tr, y[tr], len(classes), layers), T_va)
+        p = token_net_proba(train_token_net(T_tr, y[tr], len(classes), num_layers=layers,
+                                            steps=STEPS), T_va)
         row[label + "_s"] = round(time.perf_counter() - t0, 2)
         acc[label] = float((p.argmax(1) == y[va]).mean())
         acc[label + "+ridge"] = float(((p + r).argmax(1) == y[va]).mean())

@@ -15,9 +15,12 @@ _EXPORTS = {
     "FordATransformer": "linattn.tsc.model",
     "ModelConfig": "linattn.tsc.model",
     "LinearAttentionClassifier": "linattn.tsc.estimator",  # scikit-learn: an optional extra
+    "ConvAttentionClassifier": "linattn.tsc.conv_classifier",  # scikit-learn too
+    "ConvTokens": "linattn.tsc.conv_tokens",
 }
 
-__all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier"]
+__all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier",
+           "ConvAttentionClassifier", "ConvTokens"]
 
 
 def __getattr__(name: str):
