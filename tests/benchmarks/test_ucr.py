@@ -161,3 +161,16 @@ def test_resume_skips_finished_datasets(ucr, tmp_path):
     calls.clear()
     ucr.run_all(["A", "B", "C"], path, fit_one, log=lambda s: None)
     assert calls == []
+
+
+def test_ablation_line_counts_correct_predictions(ucr):
+    def row(acc, bare, test=10):
+        return {"test": test, "linattn": {"accuracy": acc, "fit_s": 2.0,
+                                          "no_mixer": {"accuracy": bare, "fit_s": 1.0}}}
+
+    res = {"datasets": {"A": row(0.9, 0.8), "B": row(0.5, 0.5), "C": row(0.7, 0.8),
+                        "D": row(0.6, 0.6 + 1e-9), "FordB": row(1.0, 0.0)}}
+    line = ucr.ablation(res)
+    assert line.startswith("- ablation, 4 datasets: with the linear-attention mixer W/T/L 1/2/1")
+    assert "mean accuracy 0.6750 against 0.6750; fit 8 s against 4 s" in line
+    assert ucr.ablation({"datasets": {"A": {"test": 3, "linattn": {"accuracy": 1.0}}}}) is None
