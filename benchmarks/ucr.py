@@ -58,6 +58,14 @@ file (``--plot-suffix`` names the plots apart from the first run's)::
     nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --train-check Coffee,Adiac
     # the first run: --rule first --results runs/ucr/results.json
 
+``--method conv`` puts :class:`~linattn.tsc.ConvAttentionClassifier` at its defaults in the
+linattn column instead (chosen on TRAIN splits only by ``benchmarks/ucr_tokens.py``; fits
+uncapped, ``missing="interpolate"``, seed 0), each dataset also fitted without the mixer
+(``num_layers=0``) for the ablation line of the report (issue 27)::
+
+    nice -n 19 .venv/bin/python benchmarks/ucr.py --method conv --threads 1 \
+        --results runs/ucr3/results.json --plots docs/img --plot-suffix _conv
+
 The selection of the small-data defaults (TRAIN splits only, ``benchmarks/ucr_select.py``):
 each development dataset's TRAIN split is cut into a stratified 70/30 inner train/validation
 (seed 0) and every candidate rule fitted on the inner part and scored on the other.
@@ -517,6 +525,12 @@ def report(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _estimator_name(results: dict) -> str:
+    """The class behind the linattn column of a results file (its rule's name says)."""
+    rule = results.get("meta", {}).get("rule", {}).get("name", "")
+    return "ConvAttentionClassifier" if rule.startswith("conv") else "LinearAttentionClassifier"
+
+
 def scatter_plot(results: dict, path: Path, before: dict | None = None) -> None:
     import matplotlib
 
@@ -545,7 +559,7 @@ def scatter_plot(results: dict, path: Path, before: dict | None = None) -> None:
     lo = min(min(r["linattn"], r["MiniRocket"], old.get(r["dataset"]) or 1)
              for r in rows) - 0.03
     ax.set(xlim=(lo, 1.01), ylim=(lo, 1.01), xlabel="MiniRocket accuracy",
-           ylabel="LinearAttentionClassifier accuracy", aspect="equal",
+           ylabel=f"{_estimator_name(results)} accuracy", aspect="equal",
            title=f"UCR, {sum(r['dataset'] not in HELD_OUT for r in rows)} datasets"
                  f"{' + held out' if any(r['dataset'] in HELD_OUT for r in rows) else ''}"
                  "\n(above the diagonal: linattn better"
@@ -672,6 +686,7 @@ def main() -> None:
 
     write_atomic(path.with_name("report.md"), text.encode())
     plots = Path(args.plots)
+    plots.mkdir(parents=True, exist_ok=True)
     scatter = plots / f"ucr_scatter{args.plot_suffix}.png"
     cd = plots / f"ucr_cd{args.plot_suffix}.png"
     scatter_plot(results, scatter,

@@ -174,3 +174,11 @@ def test_ablation_line_counts_correct_predictions(ucr):
     assert line.startswith("- ablation, 4 datasets: with the linear-attention mixer W/T/L 1/2/1")
     assert "mean accuracy 0.6750 against 0.6750; fit 8 s against 4 s" in line
     assert ucr.ablation({"datasets": {"A": {"test": 3, "linattn": {"accuracy": 1.0}}}}) is None
+
+
+def test_the_scatter_plot_names_the_estimator_of_the_run(ucr):
+    assert ucr._estimator_name({"meta": {"rule": {"name": "conv: defaults"}}}) == (
+        "ConvAttentionClassifier")
+    assert ucr._estimator_name({"meta": {"rule": {"name": "defaults"}}}) == (
+        "LinearAttentionClassifier")
+    assert ucr._estimator_name({}) == "LinearAttentionClassifier"
