@@ -95,10 +95,22 @@ def run(base: RecallConfig, mixers: list[str], d_models: list[int],
         return [futures[i].result() for i in range(len(cells))]
 
 
+def _grid_position(result: dict) -> tuple[int, int]:
+    """Where a saved cell stands in the default command's grid: the 13 mixers in
+    ``TABLE_MIXERS`` order, then ``TABLE_EXTRA``, then anything else."""
+    c = result["config"]
+    extra = f"{c['mixer']}/{c['d_model']}/{c['num_heads']}/{c['seed']}"
+    spec = c["mixer"] + (f":{c['feature_map']}" if c.get("feature_map") else "")
+    if extra in TABLE_EXTRA:
+        return 1, TABLE_EXTRA.index(extra)
+    return (0, TABLE_MIXERS.index(spec)) if spec in TABLE_MIXERS else (2, 0)
+
+
 def schedule_estimate(results: list[dict], jobs: int) -> float:
     """Seconds ``jobs`` workers would take for these cells' ``sweep_time_s``, handed out
-    costliest first as :func:`run` does (a list schedule; data generation and evaluation, a
-    minute or less a cell, are not in it)."""
+    costliest first as :func:`run` does, equal costs in the default command's grid order (a
+    list schedule; data generation and evaluation, a minute or two a cell, are not in it)."""
+    results = sorted(results, key=_grid_position)
     cells = [(None, r["config"]["mixer"], r["config"]["d_model"]) for r in results]
     free = [0.0] * max(1, jobs)
     for i in submission_order(cells):

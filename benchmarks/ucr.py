@@ -516,8 +516,9 @@ def report(results: dict) -> str:
                    f"{len(done)} datasets, "
                    f"{sum(results['datasets'][r['dataset']][m]['fit_cpu_s'] for r in done):.0f}"
                    " s CPU")
-    if ablation(results):
-        out.append(ablation(results))
+    line = ablation(results)
+    if line:
+        out.append(line)
     for r in held:
         out.append(f"- held out {r['dataset']}: linattn {_f(r['linattn'])}, MiniRocket "
                    f"{_f(r['MiniRocket'])}, InceptionTime {_f(r['InceptionTime'])}, HC2 "
@@ -672,6 +673,11 @@ def main() -> None:
         meta = {"cpu": cpu_info(), "torch": torch.__version__,
                 "numpy": np.__version__, "threads": args.threads, "rule": rule,
                 "published_from": sorted(pub)}
+        if path.exists():  # rows already there are kept: they must be of the same method
+            said = json.loads(path.read_text()).get("meta", {}).get("rule", {}).get("name", "")
+            if said and said.startswith("conv") != (args.method == "conv"):
+                raise SystemExit(f"{path}: its rows are of another method ({said!r}); give "
+                                 f"--method {args.method} a results file of its own (--results)")
         reuse = (json.loads(Path(args.reuse_minirocket).read_text())
                  if args.reuse_minirocket else None)
         print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -47,7 +48,10 @@ def inner_split(y: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(y))
-    strat = y if np.bincount(y).min() >= 2 else None
+    n_val, n_classes = math.ceil(0.3 * len(y)), len(np.unique(y))
+    # stratifying needs two series of every class and room for every class in both parts
+    fits = np.bincount(y).min() >= 2 and min(n_val, len(y) - n_val) >= n_classes
+    strat = y if fits else None
     tr, va = train_test_split(idx, test_size=0.3, random_state=seed, stratify=strat)
     return tr, va
 
@@ -57,7 +61,13 @@ def study(name: str) -> dict:
     from sklearn.linear_model import RidgeClassifierCV
 
     from linattn.datasets import load_ucr
-    from linattn.tsc.conv_classifier import ridge_proba, token_net_proba, train_token_net
+    from linattn.tsc.conv_classifier import (
+        RIDGE_ALPHAS,
+        ridge_proba,
+        token_net_proba,
+        token_scaling,
+        train_token_net,
+    )
     from linattn.tsc.conv_tokens import ConvTokens
     from linattn.tsc.data import fill_nan_padding
 
@@ -71,12 +81,12 @@ def study(name: str) -> dict:
     t0 = time.perf_counter()
     conv = ConvTokens().fit(X[tr])
     T_tr, T_va = conv.transform(X[tr]), conv.transform(X[va])
-    mu, sd = T_tr.mean((0, 1)), T_tr.std((0, 1)) + 1e-3
+    mu, sd = token_scaling(T_tr)
     T_tr, T_va = (T_tr - mu) / sd, (T_va - mu) / sd
     row["tokens"], row["features"] = T_tr.shape[1], T_tr.shape[2]
     row["transform_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
-    ridge = RidgeClassifierCV(alphas=np.logspace(-3, 3, 10)).fit(T_tr.mean(1), y[tr])
+    ridge = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(T_tr.mean(1), y[tr])
     r = ridge_proba(ridge.decision_function(T_va.mean(1)), ridge.classes_, len(classes))
     row["ridge_s"] = round(time.perf_counter() - t0, 2)
     acc = {"ridge": float((ridge.predict(T_va.mean(1)) == y[va]).mean())}

@@ -84,8 +84,9 @@ def test_the_table_extra_cells_only_with_the_tables_grid(load_benchmark, monkeyp
 def test_schedule_estimate_hands_out_the_costliest_first(load_benchmark):
     mqar = load_benchmark("mqar")
 
-    def cell(mixer, seconds, d=64):
-        return {"config": {"mixer": mixer, "d_model": d}, "sweep_time_s": seconds}
+    def cell(mixer, seconds, d=64, heads=2, seed=0):
+        return {"config": {"mixer": mixer, "d_model": d, "num_heads": heads, "seed": seed,
+                           "feature_map": None}, "sweep_time_s": seconds}
 
     cells = [cell("softmax", 300), cell("gla", 600), cell("based", 1000), cell("taylor", 500)]
     # based alone on one worker (1000); taylor, softmax, gla on the other (1400)
@@ -94,3 +95,13 @@ def test_schedule_estimate_hands_out_the_costliest_first(load_benchmark):
     assert mqar.schedule_estimate(cells, 4) == 1000
     assert "4 cells, 2,400 s of training summed; 2 jobs started costliest first: 1,400 s" in (
         mqar._times_text(cells, 2))
+
+    # equal costs are handed out in the default command's grid order (softmax, gated_delta,
+    # ..., gla), whatever order they are given in: based on one worker (100); softmax (60) and
+    # gated_delta (50) on the other, to 110; gla then on the first worker, to 110. In the
+    # reversed order gla, gated_delta and softmax would all go to the second worker: 120.
+    eq = [cell("gla", 10), cell("based", 100), cell("gated_delta", 50), cell("softmax", 60)]
+    assert mqar.schedule_estimate(eq, 2) == mqar.schedule_estimate(eq[::-1], 2) == 110
+    extra = cell("gated_delta", 7, d=128, heads=1, seed=1)
+    assert mqar._grid_position(extra) == (1, 1)
+    assert mqar._grid_position(cell("linear_plain", 1)) == (0, 5)

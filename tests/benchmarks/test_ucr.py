@@ -182,3 +182,15 @@ def test_the_scatter_plot_names_the_estimator_of_the_run(ucr):
     assert ucr._estimator_name({"meta": {"rule": {"name": "defaults"}}}) == (
         "LinearAttentionClassifier")
     assert ucr._estimator_name({}) == "LinearAttentionClassifier"
+
+
+def test_a_results_file_of_another_method_is_refused(ucr, tmp_path, monkeypatch):
+    import sys
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"meta": {"rule": {"name": "defaults"}}, "datasets": {}}))
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--method", "conv", "--results", str(path),
+                                      "--minirocket-python", sys.executable,
+                                      "--datasets", "Coffee"])
+    with pytest.raises(SystemExit, match="its rows are of another method"):
+        ucr.main()

@@ -23,6 +23,9 @@ def test_inner_split_is_disjoint_and_stratified(bench):
     assert np.bincount(y[va]).tolist() == [3, 6, 9]
     tr, va = bench.inner_split(np.array([0, 1, 1, 1, 1, 1, 1]))  # a class of one: unstratified
     assert len(tr) + len(va) == 7
+    y = np.repeat(np.arange(5), 2)  # 5 classes of 2: a 30 % part of 3 cannot hold them all
+    tr, va = bench.inner_split(y)
+    assert (len(tr), len(va)) == (7, 3)
 
 
 def test_summary_counts(bench):

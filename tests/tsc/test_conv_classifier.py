@@ -13,7 +13,11 @@ from sklearn.base import clone  # noqa: E402
 from sklearn.linear_model import RidgeClassifierCV  # noqa: E402
 
 from linattn.tsc import ConvAttentionClassifier  # noqa: E402
-from linattn.tsc.conv_classifier import RIDGE_ALPHAS, ridge_proba  # noqa: E402
+from linattn.tsc.conv_classifier import (  # noqa: E402
+    RIDGE_ALPHAS,
+    ridge_proba,
+    token_net_proba,
+)
 
 FAST = {"steps": 30, "features": 400}
 
@@ -53,10 +57,17 @@ def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
     # the ridge head: RidgeClassifierCV on the mean of the standardised tokens
     T = (full.tokens_.transform(X) - full.mean_) / full.scale_
     ref = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(T.mean(1), (y == "late").astype(int))
+    tol = 1e3 * np.finfo(np.float32).eps  # float32 tokens, float64 solve
     np.testing.assert_allclose(full.ridge_.decision_function(T.mean(1)),
-                               ref.decision_function(T.mean(1)), rtol=1e-5, atol=1e-5)
+                               ref.decision_function(T.mean(1)), rtol=tol, atol=tol)
+    # the probabilities are the mean of the net's and the ridge head's
+    both = (token_net_proba(full.net_, T) + ridge_proba(ref.decision_function(T.mean(1)),
+                                                        ref.classes_, 2)) / 2
+    np.testing.assert_allclose(full.predict_proba(X), both, rtol=tol, atol=tol)
     no_ridge = ConvAttentionClassifier(ridge=False, **FAST).fit(X, y)
-    assert no_ridge.ridge_ is None
+    assert no_ridge.ridge_ is None  # the net's probabilities alone (same tokens, same scaling)
+    np.testing.assert_allclose(no_ridge.predict_proba(X), token_net_proba(no_ridge.net_, T),
+                               rtol=tol, atol=tol)
 
 
 def test_ridge_proba_places_the_classes_it_saw():
@@ -91,3 +102,16 @@ def test_missing_values_and_bad_input():
         ConvAttentionClassifier(**FAST).fit(X, y[:5])
     with pytest.raises(ValueError, match=r"shape \(n_series, length\)"):
         ConvAttentionClassifier(**FAST).fit(X[0], y)
+    for bad, match in (({"d_model": 30}, r"d_model \(30\) must be a multiple of num_heads"),
+                       ({"steps": 0}, "steps must be an integer >= 1"),
+                       ({"num_layers": -1}, "num_layers must be an integer >= 0"),
+                       ({"dropout": 1.0}, r"dropout must be a finite number in \[0, 1\)"),
+                       ({"lr": 0.0}, "lr must be a finite number > 0"),
+                       ({"random_state": "a"}, "random_state must be None or an int")):
+        with pytest.raises(ValueError, match=match):
+            ConvAttentionClassifier(**{**FAST, **bad}).fit(X, y)
+    # None seeds as 0, and NumPy integers are integers
+    a = ConvAttentionClassifier(random_state=None, **FAST).fit(X, y).predict_proba(X)
+    b = ConvAttentionClassifier(random_state=np.int64(0), **FAST).fit(X, y).predict_proba(X)
+    tol = 1e3 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)

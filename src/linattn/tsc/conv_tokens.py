@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -78,11 +79,12 @@ class ConvTokens:
                  max_dilations: int = 32, random_state: int = 0) -> None:
         for name, value, low in (("segments", segments, 1), ("features", features, 1),
                                  ("quantiles", quantiles, 0), ("max_dilations", max_dilations, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            if (not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_))
+                    or value < low):
                 raise ValueError(f"ConvTokens: {name} must be an integer >= {low}, "
                                  f"got {value!r}")
-        self.segments, self.features, self.quantiles = segments, features, quantiles
-        self.max_dilations, self.random_state = max_dilations, random_state
+        self.segments, self.features, self.quantiles = int(segments), int(features), int(quantiles)
+        self.max_dilations, self.random_state = int(max_dilations), random_state
 
     # -- fitting -------------------------------------------------------------------------
     def fit(self, X, y=None) -> ConvTokens:
