@@ -324,9 +324,10 @@ def fit_linattn(Xtr, ytr, Xte, yte, threads: int, rule: str = "defaults") -> dic
             "fit_cpu_s": round(fit_cpu, 2), "predict_s": round(time.perf_counter() - t1, 2)}
 
 
-def fit_conv(Xtr, ytr, Xte, yte, threads: int) -> dict:
-    """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, seed 0), and the
-    ablation: the same with the mixer removed (``num_layers=0``), both timed."""
+def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0) -> dict:
+    """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, ``random_state``
+    ``seed``), and the ablation: the same with the mixer removed (``num_layers=0``), both
+    timed."""
     import torch
 
     from linattn.tsc import ConvAttentionClassifier
@@ -334,8 +335,8 @@ def fit_conv(Xtr, ytr, Xte, yte, threads: int) -> dict:
     torch.set_num_threads(threads)
     out = {}
     for label, layers in (("model", 2), ("ablation", 0)):
-        clf = ConvAttentionClassifier(num_layers=layers, missing="interpolate", random_state=0,
-                                      n_threads=threads)
+        clf = ConvAttentionClassifier(num_layers=layers, missing="interpolate",
+                                      random_state=seed, n_threads=threads)
         t0, c0 = time.perf_counter(), time.process_time()
         clf.fit(Xtr, ytr)
         fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -463,7 +464,8 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
                 "held_out": name in HELD_OUT,
                 "published": {m: v[name] for m, v in pub.items() if name in v}})
     if "linattn" not in row:
-        row["linattn"] = (fit_conv(Xtr, ytr, Xte, yte, args.threads) if args.method == "conv"
+        row["linattn"] = (fit_conv(Xtr, ytr, Xte, yte, args.threads, args.seed)
+                          if args.method == "conv"
                           else fit_linattn(Xtr, ytr, Xte, yte, args.threads, args.rule))
     if "MiniRocket" not in row and reuse is not None:
         old = reusable(reuse, name, row)
@@ -617,6 +619,9 @@ def main() -> None:
     ap.add_argument("--method", choices=("linattn", "conv"), default="linattn",
                     help="the linattn column: LinearAttentionClassifier (with --rule) or "
                          "ConvAttentionClassifier at its defaults, with its no-mixer ablation")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="--method conv: random_state of its fits (default 0; one results file "
+                         "per seed)")
     ap.add_argument("--rule", choices=RULES, default="defaults",
                     help="linattn's per-dataset settings (default: %(default)s; first: the "
                          "first run's)")
@@ -667,17 +672,21 @@ def main() -> None:
         rule = {"name": args.rule, "tokens": TOKENS, "step_budget": STEP_BUDGET,
                 "max_epochs": MAX_EPOCHS, "batch": BATCH}
         if args.method == "conv":
-            rule = {"name": "conv: ConvAttentionClassifier defaults"}
+            rule = {"name": "conv: ConvAttentionClassifier defaults", "seed": args.seed}
         elif args.rule == "defaults":
             rule.update(min_steps=DEFAULT_MIN_STEPS, min_batches=DEFAULT_MIN_BATCHES)
         meta = {"cpu": cpu_info(), "torch": torch.__version__,
                 "numpy": np.__version__, "threads": args.threads, "rule": rule,
                 "published_from": sorted(pub)}
         if path.exists():  # rows already there are kept: they must be of the same method
-            said = json.loads(path.read_text()).get("meta", {}).get("rule", {}).get("name", "")
+            was = json.loads(path.read_text()).get("meta", {}).get("rule", {})
+            said = was.get("name", "")
             if said and said.startswith("conv") != (args.method == "conv"):
                 raise SystemExit(f"{path}: its rows are of another method ({said!r}); give "
                                  f"--method {args.method} a results file of its own (--results)")
+            if said.startswith("conv") and was.get("seed", 0) != args.seed:
+                raise SystemExit(f"{path}: its rows are of seed {was.get('seed', 0)}; give "
+                                 f"--seed {args.seed} a results file of its own (--results)")
         reuse = (json.loads(Path(args.reuse_minirocket).read_text())
                  if args.reuse_minirocket else None)
         print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "

@@ -194,3 +194,9 @@ def test_a_results_file_of_another_method_is_refused(ucr, tmp_path, monkeypatch)
                                       "--datasets", "Coffee"])
     with pytest.raises(SystemExit, match="its rows are of another method"):
         ucr.main()
+    path.write_text(json.dumps({"meta": {"rule": {"name": "conv: x"}}, "datasets": {}}))
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--method", "conv", "--seed", "1", "--results",
+                                      str(path), "--minirocket-python", sys.executable,
+                                      "--datasets", "Coffee"])
+    with pytest.raises(SystemExit, match="its rows are of seed 0; give --seed 1"):
+        ucr.main()
