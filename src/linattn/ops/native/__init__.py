@@ -402,19 +402,22 @@ def torch_on_one_thread(small: bool) -> Iterator[None]:
     if not small:
         yield
         return
+    # torch_threads() reads without the lock, so the count is 1 only while _narrowed says so:
+    # counted before narrowing, restored before uncounting (else a reader in between took 1
+    # for the user's count: a second calibration key, seen once in CI)
     with _NARROW_LOCK:
         if _narrowed == 0:
             _saved_threads = torch.get_num_threads()
-            if _saved_threads > 1:
-                torch.set_num_threads(1)
         _narrowed += 1
+        if _narrowed == 1 and _saved_threads > 1:
+            torch.set_num_threads(1)
     try:
         yield
     finally:
         with _NARROW_LOCK:
-            _narrowed -= 1
-            if _narrowed == 0 and _saved_threads > 1:
+            if _narrowed == 1 and _saved_threads > 1:
                 torch.set_num_threads(_saved_threads)
+            _narrowed -= 1
 
 
 def is_small(q: Tensor, v: Tensor, min_work: int = PARALLEL_MIN) -> bool:
