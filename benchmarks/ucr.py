@@ -328,12 +328,9 @@ def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0) -> dict:
     """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, ``random_state``
     ``seed``), and the ablation: the same with the mixer removed (``num_layers=0``), both
     timed."""
-    import torch
-
     from linattn.tsc import ConvAttentionClassifier
 
-    torch.set_num_threads(threads)
-    out = {}
+    out = {}  # the estimator holds torch to n_threads during its fit and predict
     for label, layers in (("model", 2), ("ablation", 0)):
         clf = ConvAttentionClassifier(num_layers=layers, missing="interpolate",
                                       random_state=seed, n_threads=threads)
@@ -528,10 +525,15 @@ def report(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _is_conv(rule: dict) -> bool:
+    """Whether a results file's ``meta.rule`` is ``--method conv``'s (its name says)."""
+    return rule.get("name", "").startswith("conv")
+
+
 def _estimator_name(results: dict) -> str:
-    """The class behind the linattn column of a results file (its rule's name says)."""
-    rule = results.get("meta", {}).get("rule", {}).get("name", "")
-    return "ConvAttentionClassifier" if rule.startswith("conv") else "LinearAttentionClassifier"
+    """The class behind the linattn column of a results file."""
+    conv = _is_conv(results.get("meta", {}).get("rule", {}))
+    return "ConvAttentionClassifier" if conv else "LinearAttentionClassifier"
 
 
 def scatter_plot(results: dict, path: Path, before: dict | None = None) -> None:
@@ -669,22 +671,23 @@ def main() -> None:
 
         from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS
 
-        rule = {"name": args.rule, "tokens": TOKENS, "step_budget": STEP_BUDGET,
-                "max_epochs": MAX_EPOCHS, "batch": BATCH}
         if args.method == "conv":
             rule = {"name": "conv: ConvAttentionClassifier defaults", "seed": args.seed}
-        elif args.rule == "defaults":
-            rule.update(min_steps=DEFAULT_MIN_STEPS, min_batches=DEFAULT_MIN_BATCHES)
+        else:
+            rule = {"name": args.rule, "tokens": TOKENS, "step_budget": STEP_BUDGET,
+                    "max_epochs": MAX_EPOCHS, "batch": BATCH}
+            if args.rule == "defaults":
+                rule.update(min_steps=DEFAULT_MIN_STEPS, min_batches=DEFAULT_MIN_BATCHES)
         meta = {"cpu": cpu_info(), "torch": torch.__version__,
                 "numpy": np.__version__, "threads": args.threads, "rule": rule,
                 "published_from": sorted(pub)}
         if path.exists():  # rows already there are kept: they must be of the same method
             was = json.loads(path.read_text()).get("meta", {}).get("rule", {})
             said = was.get("name", "")
-            if said and said.startswith("conv") != (args.method == "conv"):
+            if said and _is_conv(was) != (args.method == "conv"):
                 raise SystemExit(f"{path}: its rows are of another method ({said!r}); give "
                                  f"--method {args.method} a results file of its own (--results)")
-            if said.startswith("conv") and was.get("seed", 0) != args.seed:
+            if _is_conv(was) and was.get("seed", 0) != args.seed:
                 raise SystemExit(f"{path}: its rows are of seed {was.get('seed', 0)}; give "
                                  f"--seed {args.seed} a results file of its own (--results)")
         reuse = (json.loads(Path(args.reuse_minirocket).read_text())

@@ -21,7 +21,6 @@ the ridge). The defaults were chosen on inner validation splits of the UCR TRAIN
 from __future__ import annotations
 
 import math
-import numbers
 import time
 
 import numpy as np
@@ -32,13 +31,23 @@ from sklearn.linear_model import RidgeClassifierCV
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from linattn.tsc.conv_tokens import ConvTokens, TokenNet
+from linattn._config import Check, Range
+from linattn.tsc.conv_tokens import ConvTokens, TokenNet, at_least, check_param
 from linattn.tsc.data import fill_nan_padding
-from linattn.tsc.estimator import _ThreadLimit
+from linattn.tsc.estimator import _ThreadLimit, seed_of
 
 __all__ = ["ConvAttentionClassifier", "train_token_net", "token_net_proba", "ridge_proba"]
 
 RIDGE_ALPHAS = np.logspace(-3, 3, 10)
+#: Each parameter's rule (:func:`~linattn.tsc.conv_tokens.check_param`).
+PARAM_RULES = {
+    **{name: at_least(low) for name, low in (
+        ("segments", 1), ("features", 1), ("quantiles", 0), ("num_layers", 0), ("d_model", 1),
+        ("num_heads", 1), ("steps", 1), ("batch_size", 1))},
+    "dropout": (Check(float, Range(0.0, 1.0)), "a finite number in [0, 1)"),
+    "lr": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
+    "weight_decay": (Check(float, Range(0.0, math.inf)), "a finite number >= 0"),
+}
 #: Sharpness of the ridge's softmax. For two classes the columns are (−d, d), so a decision
 #: value of ±1 (the ridge's targets) becomes 0.998 / 0.002 and one of ±0.2 becomes 0.77 / 0.23:
 #: the ridge outvotes the net where it is sure, the net decides where the ridge is near 0.
@@ -142,28 +151,12 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     def _checked_params(self, where: str) -> int:
         """The parameters checked (one-line ValueError naming the first bad one); returns the
         seed (``random_state``, None meaning 0)."""
-        def integer(name: str, low: int) -> None:
-            v = getattr(self, name)
-            if not isinstance(v, numbers.Integral) or isinstance(v, (bool, np.bool_)) or v < low:
-                raise ValueError(f"{where}: {name} must be an integer >= {low}, got {v!r}")
-
-        for name, low in (("segments", 1), ("features", 1), ("quantiles", 0), ("num_layers", 0),
-                          ("d_model", 1), ("num_heads", 1), ("steps", 1), ("batch_size", 1)):
-            integer(name, low)
+        for name, rule in PARAM_RULES.items():
+            check_param(where, name, getattr(self, name), rule)
         if self.d_model % self.num_heads:
             raise ValueError(f"{where}: d_model ({self.d_model}) must be a multiple of "
                              f"num_heads ({self.num_heads})")
-        ranges = {"dropout": ("in [0, 1)", lambda v: 0 <= v < 1), "lr": ("> 0", lambda v: v > 0),
-                  "weight_decay": (">= 0", lambda v: v >= 0)}
-        for name, (text, ok) in ranges.items():
-            v = getattr(self, name)
-            if (not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v)
-                    or not ok(v)):
-                raise ValueError(f"{where}: {name} must be a finite number {text}, got {v!r}")
-        seed = 0 if self.random_state is None else self.random_state
-        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-            raise ValueError(f"{where}: random_state must be None or an int, got {seed!r}")
-        return int(seed)
+        return seed_of(self.random_state, where)
 
     def fit(self, X, y) -> ConvAttentionClassifier:
         t0 = time.perf_counter()

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ConvTokens", "KERNELS", "dilations"]
+from linattn._config import Check, Range
+
+__all__ = ["ConvTokens", "KERNELS", "dilations", "check_param", "at_least"]
 
 #: (84, 1, 9): weight 2 on each choice of three taps of nine, −1 elsewhere.
 KERNELS = torch.full((84, 1, 9), -1.0)
@@ -37,6 +39,22 @@ for _i, _taps in enumerate(itertools.combinations(range(9), 3)):
     KERNELS[_i, 0, list(_taps)] = 2.0
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 _CHUNK_FLOATS = 1 << 24  # about 64 MB of comparisons at a time
+
+
+def at_least(low: int) -> tuple[Check, str]:
+    """An integer parameter's rule: its :class:`~linattn._config.Check` and how errors say it."""
+    return Check(int, Range(low, math.inf)), f"an integer >= {low}"
+
+
+def check_param(where: str, name: str, value: Any, rule: tuple[Check, str]) -> None:
+    """ValueError ``"{where}: {name} must be {text}, got {value!r}"`` unless the rule's
+    :class:`~linattn._config.Check` (its type and range: integers not bools, finite numbers)
+    allows ``value``."""
+    check, text = rule
+    try:
+        check.check(name, value)
+    except ValueError:
+        raise ValueError(f"{where}: {name} must be {text}, got {value!r}") from None
 
 
 def dilations(length: int, max_dilations: int = 32) -> np.ndarray:
@@ -79,10 +97,7 @@ class ConvTokens:
                  max_dilations: int = 32, random_state: int = 0) -> None:
         for name, value, low in (("segments", segments, 1), ("features", features, 1),
                                  ("quantiles", quantiles, 0), ("max_dilations", max_dilations, 1)):
-            if (not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_))
-                    or value < low):
-                raise ValueError(f"ConvTokens: {name} must be an integer >= {low}, "
-                                 f"got {value!r}")
+            check_param("ConvTokens", name, value, at_least(low))
         self.segments, self.features, self.quantiles = int(segments), int(features), int(quantiles)
         self.max_dilations, self.random_state = int(max_dilations), random_state
 

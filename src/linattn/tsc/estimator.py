@@ -58,7 +58,7 @@ from linattn.tsc.training import (
 )
 
 __all__ = ["LinearAttentionClassifier", "FORMAT", "MODEL_PARAMS", "TRAIN_PARAMS", "REMOVED_PARAMS",
-           "upgrade_saved_params", "check_device"]
+           "upgrade_saved_params", "check_device", "seed_of"]
 
 #: The ``format`` field of a saved model's config.json.
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
@@ -113,6 +113,18 @@ def _check_threads(value: Any, where: str) -> None:
         except ValueError:
             raise ValueError(f"{where}: n_threads must be None or {THREADS.expected()}, got "
                              f"{value!r}") from None
+
+
+def seed_of(random_state: Any, where: str) -> int:
+    """The seed an estimator's ``random_state`` stands for: None is 0, an integer itself; a
+    one-line ValueError naming ``where`` for anything else (a RandomState instance too)."""
+    if random_state is None:
+        return 0
+    if (isinstance(random_state, (bool, np.bool_))
+            or not isinstance(random_state, numbers.Integral)):
+        raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
+                         f"instance is not supported), got {random_state!r}")
+    return int(random_state)
 
 
 def _parse_device(value: Any, where: str) -> torch.device:
@@ -240,12 +252,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         ModelConfig(**model).validate(where)
         train = {k: params[k] for k in TRAIN_PARAMS}
         TrainConfig(**train).validate(where)
-        seed = self.random_state
-        if seed is None:
-            seed = 0
-        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-            raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
-                             f"instance is not supported), got {seed!r}")
+        seed = seed_of(self.random_state, where)
         _check_threads(self.n_threads, where)
         check_device(self.device, where)
         if not isinstance(self.missing, str) or self.missing not in MISSING:
@@ -253,7 +260,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
                              f"got {self.missing!r}")
         if not isinstance(self.verbose, (bool, np.bool_, numbers.Integral)):
             raise ValueError(f"{where}: verbose must be a bool, got {self.verbose!r}")
-        tcfg = TrainConfig(seed=int(seed), **{k: _plain(v) for k, v in train.items()})
+        tcfg = TrainConfig(seed=seed, **{k: _plain(v) for k, v in train.items()})
         return model, tcfg
 
     def model_config(self, length: int, n_classes: int) -> ModelConfig:
