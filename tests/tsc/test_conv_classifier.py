@@ -70,6 +70,32 @@ def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
                                rtol=tol, atol=tol)
 
 
+def test_a_richer_global_ridge_head_and_an_ensemble_of_nets():
+    from linattn.tsc.conv_tokens import ConvTokens
+
+    X, y = _two_shapes(30)
+    clf = ConvAttentionClassifier(ridge_features=2000, n_nets=2, **FAST).fit(X, y)
+    assert len(clf.nets_) == 2 and clf.net_ is clf.nets_[0]
+    w0, w1 = (dict(n.named_parameters())["head.weight"] for n in clf.nets_)
+    assert not np.allclose(w0.detach(), w1.detach())  # two seeds, two nets
+    # the ridge reads one-segment tokens of its own, standardised with the training mean/spread
+    G = ConvTokens(1, 2000, clf.quantiles, random_state=0).fit(X).transform(X)[:, 0]
+    assert G.shape[1] == clf.ridge_tokens_.n_features > clf.tokens_.n_features
+    G = (G - G.mean(0)) / (G.std(0) + 1e-3)
+    ref = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(G, (y == "late").astype(int))
+    tol = 1e3 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(clf.ridge_.decision_function(G), ref.decision_function(G),
+                               rtol=tol, atol=tol)
+    T = (clf.tokens_.transform(X) - clf.mean_) / clf.scale_
+    nets = (token_net_proba(clf.nets_[0], T) + token_net_proba(clf.nets_[1], T)) / 2
+    both = (nets + ridge_proba(ref.decision_function(G), ref.classes_, 2)) / 2
+    np.testing.assert_allclose(clf.predict_proba(X), both, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="n_nets must be an integer >= 1"):
+        ConvAttentionClassifier(n_nets=0, **FAST).fit(X, y)
+    with pytest.raises(ValueError, match="ridge_features must be an integer >= 0"):
+        ConvAttentionClassifier(ridge_features=-1, **FAST).fit(X, y)
+
+
 def test_ridge_proba_places_the_classes_it_saw():
     two = ridge_proba(np.array([-1.0, 0.0, 2.0]))
     assert two.shape == (3, 2) and two[2, 1] > two[2, 0] and two[1, 0] == two[1, 1]
@@ -115,3 +141,60 @@ def test_missing_values_and_bad_input():
     b = ConvAttentionClassifier(random_state=np.int64(0), **FAST).fit(X, y).predict_proba(X)
     tol = 1e3 * np.finfo(np.float32).eps
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_save_and_load_give_the_same_predictions(tmp_path):
+    X, y = _two_shapes(30)
+    for params in ({}, {"ridge_features": 2000, "n_nets": 2}, {"ridge": False}):
+        clf = ConvAttentionClassifier(**FAST, **params).fit(X, y)
+        back = ConvAttentionClassifier.load(clf.save(tmp_path / str(len(params))))
+        assert back.get_params() == clf.get_params()
+        assert back.classes_.tolist() == ["early", "late"] and back.n_features_in_ == 60
+        np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+
+
+def test_load_refuses_damaged_models_in_one_line(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from linattn.train_loop import CheckpointError
+
+    X, y = _two_shapes(20)
+    good = ConvAttentionClassifier(ridge_features=2000, **FAST).fit(X, y).save(tmp_path / "m")
+    cfg = json.loads((good / "config.json").read_text())
+    weights = load_file(str(good / "model.safetensors"))
+
+    def damaged(config=None, tensors=None):
+        d = tmp_path / f"d{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(config or cfg))
+        save_file(tensors if tensors is not None else weights, str(d / "model.safetensors"))
+        return d
+
+    nan = dict(weights)
+    nan["nets.0.head.weight"] = nan["nets.0.head.weight"] * float("nan")
+    wrong_shape = dict(weights)
+    wrong_shape["ridge.coef"] = wrong_shape["ridge.coef"][:, :5].contiguous()
+    cases = [
+        (tmp_path / "nowhere", "no such model folder"),
+        (damaged({**cfg, "format": "other"}), "not a linattn.tsc.ConvAttentionClassifier"),
+        (damaged({**cfg, "params": {**cfg["params"], "steps": 0}}), "steps must be an integer"),
+        (damaged({**cfg, "params": {**cfg["params"], "bogus": 1}}), r"unknown keys \['bogus'\]"),
+        (damaged({k: v for k, v in cfg.items() if k != "classes"}), "missing key 'classes'"),
+        (damaged(tensors={k: v for k, v in weights.items() if k != "tokens.edges"}),
+         "missing tensor tokens.edges"),
+        (damaged(tensors=nan), "nets.0.head.weight holds non-finite values"),
+        (damaged(tensors=wrong_shape), r"ridge.\*: expected coef \(1, "),
+        (damaged(tensors={**weights, "nets.1.head.bias": weights["nets.0.head.bias"].clone()}),
+         "unexpected tensor nets.1.head.bias"),
+        (damaged({**cfg, "params": {**cfg["params"], "d_model": 32}}),
+         r"model.safetensors: nets.0.embed.1.weight: expected shape \(32, "),
+    ]
+    for folder, match in cases:
+        with pytest.raises(CheckpointError, match=match) as err:
+            ConvAttentionClassifier.load(folder)
+        assert "\n" not in str(err.value)
+    (good / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="corrupt weights file"):
+        ConvAttentionClassifier.load(good)

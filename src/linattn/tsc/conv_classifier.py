@@ -10,8 +10,14 @@ them, and their class probabilities are added:
   positions over the tokens, trained with AdamW, label smoothing and a one-cycle schedule for
   at least ``steps`` steps (so small sets get many epochs and large ones a few);
 * a ridge classifier (``RidgeClassifierCV``, alphas ``logspace(-3, 3, 10)`` chosen by
-  leave-one-out on the training series) on the tokens' mean, the global proportions; its
-  decision values become probabilities by a softmax of 3 × them.
+  leave-one-out on the training series) on global features: with ``ridge_features=0`` the
+  tokens' mean (the global proportions), otherwise a second, richer
+  :class:`~linattn.tsc.conv_tokens.ConvTokens` of one segment and about ``ridge_features``
+  features (MiniRocket's budget is 10,000), standardised the same way; its decision values
+  become probabilities by a softmax of 3 × them.
+
+``n_nets`` nets (seeds ``random_state``, ``random_state + 1``, …) average their probabilities
+before the ridge's are added.
 
 ``num_layers=0`` removes the mixer (the ablation: a linear model of the pooled tokens beside
 the ridge). The defaults were chosen on inner validation splits of the UCR TRAIN sets only
@@ -21,7 +27,10 @@ the ridge). The defaults were chosen on inner validation splits of the UCR TRAIN
 from __future__ import annotations
 
 import math
+import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,18 +41,25 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from linattn._config import Check, Range
+from linattn._io import read_json, write_atomic, write_json
+from linattn.train_loop import CheckpointError, first_non_finite
 from linattn.tsc.conv_tokens import ConvTokens, TokenNet, at_least, check_param
 from linattn.tsc.data import fill_nan_padding
-from linattn.tsc.estimator import _ThreadLimit, seed_of
+from linattn.tsc.estimator import _plain, _read_classes, _ThreadLimit, seed_of
 
-__all__ = ["ConvAttentionClassifier", "train_token_net", "token_net_proba", "ridge_proba"]
+__all__ = ["ConvAttentionClassifier", "RidgeHead", "train_token_net", "token_net_proba",
+           "ridge_proba", "CONV_FORMAT"]
+
+#: The ``format`` field of a saved ConvAttentionClassifier's config.json.
+CONV_FORMAT = "linattn.tsc.ConvAttentionClassifier/1"
 
 RIDGE_ALPHAS = np.logspace(-3, 3, 10)
 #: Each parameter's rule (:func:`~linattn.tsc.conv_tokens.check_param`).
 PARAM_RULES = {
     **{name: at_least(low) for name, low in (
         ("segments", 1), ("features", 1), ("quantiles", 0), ("num_layers", 0), ("d_model", 1),
-        ("num_heads", 1), ("steps", 1), ("batch_size", 1))},
+        ("num_heads", 1), ("steps", 1), ("batch_size", 1), ("ridge_features", 0),
+        ("n_nets", 1))},
     "dropout": (Check(float, Range(0.0, 1.0)), "a finite number in [0, 1)"),
     "lr": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
     "weight_decay": (Check(float, Range(0.0, math.inf)), "a finite number >= 0"),
@@ -65,14 +81,18 @@ def token_scaling(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_layers: int = 2,
                     d_model: int = 64, num_heads: int = 4, dropout: float = 0.1,
                     steps: int = 600, batch_size: int = 32, lr: float = 2e-3,
-                    weight_decay: float = 0.05, seed: int = 0) -> TokenNet:
-    """A :class:`TokenNet` fitted on tokens (n, S, F) float32 and labels 0..n_classes−1:
+                    weight_decay: float = 0.05, seed: int = 0,
+                    global_features: np.ndarray | None = None) -> TokenNet:
+    """A :class:`TokenNet` fitted on tokens (n, S, F) float32 (and, when given, global
+    features (n, G) float32 for a global token) and labels 0..n_classes−1:
     ``ceil(steps / batches per epoch)`` epochs of shuffled batches, AdamW, one-cycle lr, label
     smoothing 0.1; returned in eval mode."""
     torch.manual_seed(seed)
     x, t = torch.from_numpy(tokens), torch.from_numpy(np.asarray(y, dtype=np.int64))
+    g = None if global_features is None else torch.from_numpy(global_features)
     net = TokenNet(x.shape[2], x.shape[1], n_classes, d_model=d_model, num_layers=num_layers,
-                   num_heads=num_heads, dropout=dropout)
+                   num_heads=num_heads, dropout=dropout,
+                   global_features=0 if g is None else g.shape[1])
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     batch = min(batch_size, len(x))
     per_epoch = math.ceil(len(x) / batch)
@@ -83,7 +103,8 @@ def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_la
         order = torch.randperm(len(x))
         for i in range(0, len(x), batch):
             b = order[i:i + batch]
-            loss = F.cross_entropy(net(x[b]), t[b], label_smoothing=0.1)
+            logits = net(x[b], None if g is None else g[b])
+            loss = F.cross_entropy(logits, t[b], label_smoothing=0.1)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -91,11 +112,14 @@ def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_la
     return net.eval()
 
 
-def token_net_proba(net: TokenNet, tokens: np.ndarray, batch: int = 512) -> np.ndarray:
-    """Class probabilities (n, n_classes) of tokens (n, S, F)."""
+def token_net_proba(net: TokenNet, tokens: np.ndarray, batch: int = 512,
+                    global_features: np.ndarray | None = None) -> np.ndarray:
+    """Class probabilities (n, n_classes) of tokens (n, S, F) (and global features (n, G) for
+    a net with a global token)."""
     with torch.no_grad():
         x = torch.from_numpy(tokens)
-        return torch.cat([net(x[i:i + batch]).softmax(1)
+        g = None if global_features is None else torch.from_numpy(global_features)
+        return torch.cat([net(x[i:i + batch], None if g is None else g[i:i + batch]).softmax(1)
                           for i in range(0, len(x), batch)]).numpy()
 
 
@@ -116,6 +140,29 @@ def ridge_proba(decision: np.ndarray, present: np.ndarray | None = None,
     return out
 
 
+@dataclass
+class RidgeHead:
+    """A fitted ridge classifier's linear map, all that prediction needs (and all a saved
+    model keeps): decision values ``F @ coef.T + intercept`` of features F (n, n_features),
+    one column when ``coef`` has one row (two classes: positive for ``classes_[1]``)."""
+
+    coef: np.ndarray  # (1 or n_present, n_features)
+    intercept: np.ndarray  # (1 or n_present,)
+    classes_: np.ndarray  # the class indices the ridge saw
+    alpha_: float
+
+    @classmethod
+    def fit(cls, F: np.ndarray, codes: np.ndarray) -> RidgeHead:
+        """``RidgeClassifierCV(alphas=RIDGE_ALPHAS)`` (leave-one-out alpha) on F, codes."""
+        r = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(F, codes)
+        return cls(np.atleast_2d(r.coef_), np.atleast_1d(r.intercept_), r.classes_,
+                   float(r.alpha_))
+
+    def decision_function(self, F: np.ndarray) -> np.ndarray:
+        d = np.asarray(F) @ self.coef.T + self.intercept
+        return d[:, 0] if d.shape[1] == 1 else d
+
+
 class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     """Linear attention over random-convolution tokens plus a ridge head (module docstring).
 
@@ -123,20 +170,26 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     padding becomes zeros, inner NaN is interpolated); ``y``: any labels. Token parameters:
     ``segments``, ``features``, ``quantiles`` (:class:`ConvTokens`); net: ``num_layers``
     (0: the mixer removed), ``d_model``, ``num_heads``, ``dropout``; training: ``steps``,
-    ``batch_size``, ``lr``, ``weight_decay``; ``ridge``: add the ridge head's probabilities.
-    Fitted: ``classes_``, ``tokens_``, ``net_``, ``ridge_`` (None without), ``fit_time_``.
+    ``batch_size``, ``lr``, ``weight_decay``, ``n_nets``; ``ridge``: add the ridge head's
+    probabilities, ``ridge_features``: its global features (0: the tokens' mean).
+    Fitted: ``classes_``, ``tokens_``, ``nets_`` (``net_`` the first), ``ridge_`` (a
+    :class:`RidgeHead`, None without), ``ridge_tokens_`` (None unless ``ridge_features``),
+    ``fit_time_``. ``save(dir)`` writes ``config.json`` and ``model.safetensors`` (no pickle);
+    ``ConvAttentionClassifier.load(dir)`` restores the same predictions.
     """
 
     def __init__(self, segments: int = 16, features: int = 2000, quantiles: int = 9,
                  num_layers: int = 2, d_model: int = 64, num_heads: int = 4,
                  dropout: float = 0.1, steps: int = 600, batch_size: int = 32,
                  lr: float = 2e-3, weight_decay: float = 0.05, ridge: bool = True,
+                 ridge_features: int = 0, n_nets: int = 1,
                  missing: str = "error", random_state: int = 0,
                  n_threads: int | None = None) -> None:
         self.segments, self.features, self.quantiles = segments, features, quantiles
         self.num_layers, self.d_model, self.num_heads = num_layers, d_model, num_heads
         self.dropout, self.steps, self.batch_size = dropout, steps, batch_size
         self.lr, self.weight_decay, self.ridge = lr, weight_decay, ridge
+        self.ridge_features, self.n_nets = ridge_features, n_nets
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
@@ -145,8 +198,19 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{where}: X must have shape (n_series, length), got {X.shape}")
         return fill_nan_padding(X, "X", self.missing).astype(np.float32, copy=False)
 
+    @property
+    def net_(self) -> TokenNet:
+        """The first net (the only one with ``n_nets=1``)."""
+        return self.nets_[0]
+
     def _standardised(self, X) -> np.ndarray:
         return (self.tokens_.transform(X) - self.mean_) / self.scale_
+
+    def _ridge_input(self, X, T: np.ndarray) -> np.ndarray:
+        """The ridge head's features (n, F) of series X whose standardised tokens are T."""
+        if self.ridge_tokens_ is None:
+            return T.mean(1)
+        return (self.ridge_tokens_.transform(X)[:, 0] - self.ridge_mean_) / self.ridge_scale_
 
     def _checked_params(self, where: str) -> int:
         """The parameters checked (one-line ValueError naming the first bad one); returns the
@@ -176,28 +240,199 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             T = self.tokens_.transform(X)
             self.mean_, self.scale_ = token_scaling(T)
             T = (T - self.mean_) / self.scale_
-            self.ridge_ = (RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(T.mean(1), codes)
-                           if self.ridge else None)
-            self.net_ = train_token_net(
+            self.ridge_tokens_, self.ridge_ = None, None
+            if self.ridge and self.ridge_features:
+                self.ridge_tokens_ = ConvTokens(1, self.ridge_features, self.quantiles,
+                                                random_state=seed).fit(X)
+                G = self.ridge_tokens_.transform(X)
+                self.ridge_mean_, self.ridge_scale_ = token_scaling(G)
+            if self.ridge:
+                self.ridge_ = RidgeHead.fit(self._ridge_input(X, T), codes)
+            self.nets_ = [train_token_net(
                 T, codes, len(self.classes_), num_layers=self.num_layers,
                 d_model=self.d_model, num_heads=self.num_heads, dropout=self.dropout,
                 steps=self.steps, batch_size=self.batch_size, lr=self.lr,
-                weight_decay=self.weight_decay, seed=seed)
+                weight_decay=self.weight_decay, seed=seed + i) for i in range(self.n_nets)]
         self.n_features_in_ = X.shape[1]
         self.fit_time_ = time.perf_counter() - t0
         return self
 
     def predict_proba(self, X) -> np.ndarray:
-        """(n, n_classes): the net's probabilities, averaged with the ridge head's."""
-        check_is_fitted(self, "net_")
+        """(n, n_classes): the nets' mean probabilities, averaged with the ridge head's."""
+        check_is_fitted(self, "nets_")
         X = self._series(X, "ConvAttentionClassifier.predict_proba")
         with _ThreadLimit(self.n_threads):
             T = self._standardised(X)
-            p = token_net_proba(self.net_, T)
+            p = sum(token_net_proba(net, T) for net in self.nets_) / len(self.nets_)
             if self.ridge_ is not None:
-                p = (p + ridge_proba(self.ridge_.decision_function(T.mean(1)),
+                p = (p + ridge_proba(self.ridge_.decision_function(self._ridge_input(X, T)),
                                      self.ridge_.classes_, len(self.classes_))) / 2
         return p
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[self.predict_proba(X).argmax(1)]
+
+    # -- persistence ---------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``config.json`` (parameters, classes) and ``model.safetensors`` (the fitted
+        tokens' thresholds, the scalings, the ridge head, the nets' weights) into folder
+        ``path`` (created); each file is written atomically."""
+        from safetensors.torch import save
+
+        check_is_fitted(self, "nets_")
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        t = {**self.tokens_.state("tokens."), "tokens.mean": torch.from_numpy(self.mean_),
+             "tokens.scale": torch.from_numpy(self.scale_)}
+        if self.ridge_tokens_ is not None:
+            t.update({**self.ridge_tokens_.state("ridge_tokens."),
+                      "ridge_tokens.mean": torch.from_numpy(self.ridge_mean_),
+                      "ridge_tokens.scale": torch.from_numpy(self.ridge_scale_)})
+        if self.ridge_ is not None:
+            t.update({"ridge.coef": torch.from_numpy(np.ascontiguousarray(self.ridge_.coef)),
+                      "ridge.intercept": torch.from_numpy(self.ridge_.intercept),
+                      "ridge.classes": torch.from_numpy(self.ridge_.classes_.astype(np.int64))})
+        for i, net in enumerate(self.nets_):
+            t.update({f"nets.{i}.{k}": v.detach().contiguous()
+                      for k, v in net.state_dict().items()})
+        write_atomic(path / "model.safetensors", save(t))
+        write_json(path / "config.json", {
+            "format": CONV_FORMAT,
+            "params": {k: _plain(v) for k, v in self.get_params().items()},
+            "classes": self.classes_.tolist(), "classes_dtype": self.classes_.dtype.str,
+            "n_features_in": int(self.n_features_in_),
+            "ridge_alpha": None if self.ridge_ is None else self.ridge_.alpha_,
+        })
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ConvAttentionClassifier:
+        """Restore an estimator written by :meth:`save`. A missing folder or file, a corrupt
+        file, a parameter out of range or a tensor that is missing or does not fit raise
+        :class:`~linattn.train_loop.CheckpointError` (a ValueError) in one line naming the
+        file and what is wrong."""
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: no such model folder")
+        cfg_path, w_path = path / "config.json", path / "model.safetensors"
+        for p in (cfg_path, w_path):
+            if not p.is_file():
+                raise CheckpointError(f"{p}: missing (not a saved {cls.__name__})")
+        try:
+            cfg = read_json(cfg_path)
+            if not isinstance(cfg, dict) or cfg.get("format") != CONV_FORMAT:
+                raise ValueError(f"{cfg_path}: not a {CONV_FORMAT} config")
+            est, alpha = cls._from_config(cfg, cfg_path)
+        except OSError as err:
+            raise CheckpointError(f"{cfg_path}: cannot be read ({err.strerror or err})") from None
+        except (KeyError, TypeError, ValueError) as err:
+            msg = f"missing key {err}" if isinstance(err, KeyError) else str(err)
+            raise CheckpointError(msg if msg.startswith(str(cfg_path))
+                                  else f"{cfg_path}: {msg}") from None
+        try:
+            est._restore(_read_tensors(w_path), alpha)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"{w_path}: {str(err).splitlines()[0]}") from None
+        return est
+
+    @classmethod
+    def _from_config(cls, cfg: dict, cfg_path: Path) -> tuple[ConvAttentionClassifier, float]:
+        """The estimator (parameters, classes, n_features_in_) and the ridge's alpha."""
+        params = cfg["params"]
+        if not isinstance(params, dict):
+            raise ValueError(f"{cfg_path}: params: expected an object")
+        unknown = sorted(set(params) - set(cls().get_params()))
+        if unknown:
+            raise ValueError(f"{cfg_path}: params: unknown keys {unknown}")
+        est = cls(**params)
+        est._checked_params(f"{cfg_path}: params")
+        n = cfg["n_features_in"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{cfg_path}: n_features_in must be an integer >= 1, got {n!r}")
+        classes = cfg["classes"]
+        est.classes_ = _read_classes(cfg, len(classes) if isinstance(classes, list) else -1,
+                                     cfg_path)
+        if len(est.classes_) < 2:
+            raise ValueError(f"{cfg_path}: classes must hold at least 2 labels")
+        alpha = cfg["ridge_alpha"]
+        if est.ridge and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                          or not math.isfinite(alpha) or alpha <= 0):
+            raise ValueError(f"{cfg_path}: ridge_alpha must be a number > 0, got {alpha!r}")
+        est.n_features_in_ = n
+        return est, alpha
+
+    def _restore(self, t: dict, alpha: float) -> None:
+        """The fitted state from the weights file's tensors (``load``); ValueError or
+        RuntimeError naming what does not fit."""
+        bad = first_non_finite(t)
+        if bad is not None:  # a damaged model would predict one class, silently
+            raise ValueError(f"{bad} holds non-finite values (NaN or infinity)")
+        n_cls, L = len(self.classes_), self.n_features_in_
+        self.tokens_ = ConvTokens(self.segments, self.features, self.quantiles).load_state(
+            t, "tokens.", L)
+        self.mean_, self.scale_ = _scaling(t, "tokens.", self.tokens_.n_features)
+        self.ridge_tokens_ = self.ridge_ = None
+        if self.ridge and self.ridge_features:
+            self.ridge_tokens_ = ConvTokens(1, self.ridge_features, self.quantiles).load_state(
+                t, "ridge_tokens.", L)
+            self.ridge_mean_, self.ridge_scale_ = _scaling(t, "ridge_tokens.",
+                                                           self.ridge_tokens_.n_features)
+        if self.ridge:
+            n_in = (self.ridge_tokens_ or self.tokens_).n_features
+            coef, icpt, seen = (t.get(f"ridge.{k}") for k in ("coef", "intercept", "classes"))
+            if coef is None or icpt is None or seen is None:
+                raise ValueError("missing tensor ridge.coef, ridge.intercept or ridge.classes")
+            seen = seen.numpy()
+            rows = 1 if len(seen) == 2 else len(seen)
+            if coef.shape != (rows, n_in) or icpt.shape != (rows,) or seen.ndim != 1 \
+                    or len(seen) < 2 or seen.min() < 0 or seen.max() >= n_cls \
+                    or len(set(seen.tolist())) != len(seen):
+                raise ValueError(f"ridge.*: expected coef ({rows}, {n_in}), intercept ({rows},) "
+                                 f"and distinct class indices below {n_cls}")
+            self.ridge_ = RidgeHead(coef.numpy(), icpt.numpy(), seen, float(alpha))
+        self.nets_ = []
+        for i in range(self.n_nets):
+            net = TokenNet(self.tokens_.n_features, len(self.tokens_.edges_) - 1, n_cls,
+                           d_model=self.d_model, num_layers=self.num_layers,
+                           num_heads=self.num_heads, dropout=self.dropout)
+            prefix = f"nets.{i}."
+            for k, v in net.state_dict().items():  # name the first tensor that does not fit
+                got = t.get(prefix + k)
+                if got is None or got.shape != v.shape:
+                    raise ValueError(f"{prefix + k}: expected shape {tuple(v.shape)}, got "
+                                     f"{'nothing' if got is None else tuple(got.shape)}")
+            net.load_state_dict({k[len(prefix):]: v for k, v in t.items()
+                                 if k.startswith(prefix)})
+            self.nets_.append(net.eval())
+        known = set(self.tokens_.state("tokens.")) | {"tokens.mean", "tokens.scale"} | {
+            f"nets.{i}.{k}" for i, net in enumerate(self.nets_) for k in net.state_dict()}
+        if self.ridge_tokens_ is not None:
+            known |= set(self.ridge_tokens_.state("ridge_tokens.")) | {
+                "ridge_tokens.mean", "ridge_tokens.scale"}
+        if self.ridge_ is not None:
+            known |= {"ridge.coef", "ridge.intercept", "ridge.classes"}
+        extra = sorted(set(t) - known)
+        if extra:
+            raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these params)")
+
+
+def _read_tensors(w_path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(w_path))
+    except (OSError, SafetensorError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{w_path}: corrupt weights file ({err})") from None
+
+
+def _scaling(t: dict, prefix: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, scale) of one token transform, each (n,) float32 with the scale positive."""
+    mean, scale = t.get(prefix + "mean"), t.get(prefix + "scale")
+    if mean is None or scale is None or mean.shape != (n,) or scale.shape != (n,) \
+            or mean.dtype != torch.float32 or scale.dtype != torch.float32 \
+            or not bool((scale > 0).all()):
+        raise ValueError(f"{prefix}mean, {prefix}scale: expected float32 ({n},), scale > 0")
+    return mean.numpy(), scale.numpy()

@@ -120,6 +120,42 @@ class ConvTokens:
         self.edges_ = np.linspace(0, self.length_, S + 1).round().astype(np.int64)
         return self
 
+    # -- persistence -------------------------------------------------------------------
+    def state(self, prefix: str) -> dict[str, Tensor]:
+        """The fitted state as named tensors (``prefix`` + ``dilations``, ``edges``,
+        ``biases.J``), for a safetensors file."""
+        out = {prefix + "dilations": torch.from_numpy(self.dilations_.astype(np.int64)),
+               prefix + "edges": torch.from_numpy(self.edges_.astype(np.int64))}
+        out.update({f"{prefix}biases.{j}": b.contiguous() for j, b in enumerate(self.biases_)})
+        return out
+
+    def load_state(self, tensors: dict[str, Tensor], prefix: str, length: int) -> ConvTokens:
+        """Restore what :meth:`state` wrote, for series of ``length`` samples; ValueError
+        naming the tensor when one is missing or does not fit (a damaged or edited file)."""
+        def get(name: str) -> Tensor:
+            if prefix + name not in tensors:
+                raise ValueError(f"missing tensor {prefix + name}")
+            return tensors[prefix + name]
+
+        dil, edges = get("dilations"), get("edges")
+        if dil.dtype != torch.int64 or dil.ndim != 1 or len(dil) < 1 or int(dil.min()) < 1 \
+                or int(dil.max()) > max(1, (length - 1) // 8):
+            raise ValueError(f"{prefix}dilations: expected int64 dilations in [1, "
+                             f"{max(1, (length - 1) // 8)}] for length {length}")
+        if edges.dtype != torch.int64 or edges.ndim != 1 or not 2 <= len(edges) <= length + 1 \
+                or int(edges[0]) != 0 or int(edges[-1]) != length \
+                or not bool((edges[1:] > edges[:-1]).all()):
+            raise ValueError(f"{prefix}edges: expected increasing int64 segment edges from 0 "
+                             f"to {length}")
+        biases = [get(f"biases.{j}") for j in range(len(dil))]
+        if any(b.dtype != torch.float32 or b.ndim != 2 or b.shape[0] != 84 or b.shape[1] < 1
+               or b.shape[1] != biases[0].shape[1] for b in biases):
+            raise ValueError(f"{prefix}biases.*: expected {len(dil)} float32 tensors of shape "
+                             f"(84, nb), one nb")
+        self.length_, self.dilations_, self.edges_ = length, dil.numpy(), edges.numpy()
+        self.biases_ = biases
+        return self
+
     @property
     def n_features(self) -> int:
         """Features per token."""
@@ -177,24 +213,37 @@ class TokenNet(torch.nn.Module):
 
     Dropout on the features, one linear embedding to ``d_model``, ``num_layers`` pre-norm
     linear-attention :class:`~linattn.nn.EncoderBlock` s with learned relative positions
-    (``max_len`` = S), mean over tokens, LayerNorm, linear head. ``num_layers=0`` is the
-    ablation: the same model with the mixer removed, a linear model of the pooled tokens."""
+    (``max_len`` = S, or S + 1 with a global token), mean over tokens, LayerNorm, linear head.
+    With ``global_features`` > 0 the forward pass also takes the series' global features
+    (B, global_features), embedded by their own dropout and linear map into one more token
+    placed after the segments, so that attention can relate each segment to the whole series.
+    ``num_layers=0`` is the ablation: the same model with the mixer removed, a linear model of
+    the pooled tokens."""
 
     def __init__(self, n_features: int, tokens: int, n_classes: int, d_model: int = 64,
-                 num_layers: int = 2, num_heads: int = 4, dropout: float = 0.1) -> None:
+                 num_layers: int = 2, num_heads: int = 4, dropout: float = 0.1,
+                 global_features: int = 0) -> None:
         super().__init__()
         from linattn.nn import EncoderBlock
 
         self.embed = torch.nn.Sequential(torch.nn.Dropout(dropout),
                                          torch.nn.Linear(n_features, d_model))
+        self.global_embed = (torch.nn.Sequential(torch.nn.Dropout(dropout),
+                                                 torch.nn.Linear(global_features, d_model))
+                             if global_features else None)
+        length = tokens + (1 if global_features else 0)
         self.blocks = torch.nn.ModuleList(
             EncoderBlock(d_model, num_heads, 2 * d_model, head_dim=d_model // num_heads,
-                         max_len=tokens, dropout=dropout) for _ in range(num_layers))
+                         max_len=length, dropout=dropout) for _ in range(num_layers))
         self.norm = torch.nn.LayerNorm(d_model)
         self.head = torch.nn.Linear(d_model, n_classes)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, global_features: Tensor | None = None) -> Tensor:
         h = self.embed(tokens)
+        if self.global_embed is not None:
+            if global_features is None:
+                raise ValueError("TokenNet: this net has a global token; pass global_features")
+            h = torch.cat([h, self.global_embed(global_features)[:, None]], 1)
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h.mean(1)))
