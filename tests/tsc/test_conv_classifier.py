@@ -19,7 +19,9 @@ from linattn.tsc.conv_classifier import (  # noqa: E402
     token_net_proba,
 )
 
-FAST = {"steps": 30, "features": 400}
+FAST = {"steps": 30, "features": 400, "global_features": 2000}
+#: The first configuration: the ridge on the pooled tokens, no global token, temperature 3.
+POOLED = {**FAST, "global_features": 0, "global_token": False, "ridge_temperature": 3.0}
 
 
 def _two_shapes(n: int, length: int = 60, seed: int = 0):
@@ -50,9 +52,9 @@ def test_fits_and_predicts_labels_of_any_type():
 
 def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
     X, y = _two_shapes(30)
-    pool = ConvAttentionClassifier(num_layers=0, **FAST).fit(X, y)
+    pool = ConvAttentionClassifier(num_layers=0, **POOLED).fit(X, y)
     assert len(pool.net_.blocks) == 0
-    full = ConvAttentionClassifier(**FAST).fit(X, y)
+    full = ConvAttentionClassifier(**POOLED).fit(X, y)
     assert len(full.net_.blocks) == 2
     # the ridge head: RidgeClassifierCV on the mean of the standardised tokens
     T = (full.tokens_.transform(X) - full.mean_) / full.scale_
@@ -64,7 +66,7 @@ def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
     both = (token_net_proba(full.net_, T) + ridge_proba(ref.decision_function(T.mean(1)),
                                                         ref.classes_, 2)) / 2
     np.testing.assert_allclose(full.predict_proba(X), both, rtol=tol, atol=tol)
-    no_ridge = ConvAttentionClassifier(ridge=False, **FAST).fit(X, y)
+    no_ridge = ConvAttentionClassifier(ridge=False, **POOLED).fit(X, y)
     assert no_ridge.ridge_ is None  # the net's probabilities alone (same tokens, same scaling)
     np.testing.assert_allclose(no_ridge.predict_proba(X), token_net_proba(no_ridge.net_, T),
                                rtol=tol, atol=tol)
@@ -74,13 +76,13 @@ def test_a_richer_global_ridge_head_and_an_ensemble_of_nets():
     from linattn.tsc.conv_tokens import ConvTokens
 
     X, y = _two_shapes(30)
-    clf = ConvAttentionClassifier(ridge_features=2000, n_nets=2, **FAST).fit(X, y)
+    clf = ConvAttentionClassifier(**{**POOLED, "global_features": 2000, "n_nets": 2}).fit(X, y)
     assert len(clf.nets_) == 2 and clf.net_ is clf.nets_[0]
     w0, w1 = (dict(n.named_parameters())["head.weight"] for n in clf.nets_)
     assert not np.allclose(w0.detach(), w1.detach())  # two seeds, two nets
     # the ridge reads one-segment tokens of its own, standardised with the training mean/spread
     G = ConvTokens(1, 2000, clf.quantiles, random_state=0).fit(X).transform(X)[:, 0]
-    assert G.shape[1] == clf.ridge_tokens_.n_features > clf.tokens_.n_features
+    assert G.shape[1] == clf.global_tokens_.n_features > clf.tokens_.n_features
     G = (G - G.mean(0)) / (G.std(0) + 1e-3)
     ref = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(G, (y == "late").astype(int))
     tol = 1e3 * np.finfo(np.float32).eps
@@ -90,10 +92,22 @@ def test_a_richer_global_ridge_head_and_an_ensemble_of_nets():
     nets = (token_net_proba(clf.nets_[0], T) + token_net_proba(clf.nets_[1], T)) / 2
     both = (nets + ridge_proba(ref.decision_function(G), ref.classes_, 2)) / 2
     np.testing.assert_allclose(clf.predict_proba(X), both, rtol=tol, atol=tol)
+    # a global token: the nets read the same standardised global features as the ridge, and the
+    # ridge's softmax is sharpened by ridge_temperature
+    tok = ConvAttentionClassifier(**{**POOLED, "global_features": 2000, "global_token": True,
+                                     "ridge_temperature": 10.0}).fit(X, y)
+    assert tok.net_.global_embed[1].in_features == G.shape[1]
+    net = token_net_proba(tok.net_, T, global_features=G)
+    both = (net + ridge_proba(ref.decision_function(G), ref.classes_, 2, 10.0)) / 2
+    np.testing.assert_allclose(tok.predict_proba(X), both, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="global_token needs global_features > 0"):
+        ConvAttentionClassifier(**{**FAST, "global_features": 0}).fit(X, y)
+    with pytest.raises(ValueError, match="ridge_temperature must be a finite number > 0"):
+        ConvAttentionClassifier(ridge_temperature=0.0, **FAST).fit(X, y)
     with pytest.raises(ValueError, match="n_nets must be an integer >= 1"):
         ConvAttentionClassifier(n_nets=0, **FAST).fit(X, y)
-    with pytest.raises(ValueError, match="ridge_features must be an integer >= 0"):
-        ConvAttentionClassifier(ridge_features=-1, **FAST).fit(X, y)
+    with pytest.raises(ValueError, match="global_features must be an integer >= 0"):
+        ConvAttentionClassifier(**{**FAST, "global_features": -1}).fit(X, y)
 
 
 def test_ridge_proba_places_the_classes_it_saw():
@@ -145,9 +159,10 @@ def test_missing_values_and_bad_input():
 
 def test_save_and_load_give_the_same_predictions(tmp_path):
     X, y = _two_shapes(30)
-    for params in ({}, {"ridge_features": 2000, "n_nets": 2}, {"ridge": False}):
-        clf = ConvAttentionClassifier(**FAST, **params).fit(X, y)
-        back = ConvAttentionClassifier.load(clf.save(tmp_path / str(len(params))))
+    for i, params in enumerate(({}, {"n_nets": 2, "global_token": False}, {"ridge": False},
+                                POOLED, {**POOLED, "ridge": False})):
+        clf = ConvAttentionClassifier(**{**FAST, **params}).fit(X, y)
+        back = ConvAttentionClassifier.load(clf.save(tmp_path / str(i)))
         assert back.get_params() == clf.get_params()
         assert back.classes_.tolist() == ["early", "late"] and back.n_features_in_ == 60
         np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
@@ -161,7 +176,7 @@ def test_load_refuses_damaged_models_in_one_line(tmp_path):
     from linattn.train_loop import CheckpointError
 
     X, y = _two_shapes(20)
-    good = ConvAttentionClassifier(ridge_features=2000, **FAST).fit(X, y).save(tmp_path / "m")
+    good = ConvAttentionClassifier(**FAST).fit(X, y).save(tmp_path / "m")
     cfg = json.loads((good / "config.json").read_text())
     weights = load_file(str(good / "model.safetensors"))
 
@@ -185,7 +200,7 @@ def test_load_refuses_damaged_models_in_one_line(tmp_path):
         (damaged(tensors={k: v for k, v in weights.items() if k != "tokens.edges"}),
          "missing tensor tokens.edges"),
         (damaged(tensors=nan), "nets.0.head.weight holds non-finite values"),
-        (damaged(tensors=wrong_shape), r"ridge.\*: expected coef \(1, "),
+        (damaged(tensors=wrong_shape), r"ridge.\*: expected float32 coef \(1, "),
         (damaged(tensors={**weights, "nets.1.head.bias": weights["nets.0.head.bias"].clone()}),
          "unexpected tensor nets.1.head.bias"),
         (damaged({**cfg, "params": {**cfg["params"], "d_model": 32}}),

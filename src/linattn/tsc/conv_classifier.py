@@ -10,11 +10,11 @@ them, and their class probabilities are added:
   positions over the tokens, trained with AdamW, label smoothing and a one-cycle schedule for
   at least ``steps`` steps (so small sets get many epochs and large ones a few);
 * a ridge classifier (``RidgeClassifierCV``, alphas ``logspace(-3, 3, 10)`` chosen by
-  leave-one-out on the training series) on global features: with ``ridge_features=0`` the
+  leave-one-out on the training series) on global features: with ``global_features=0`` the
   tokens' mean (the global proportions), otherwise a second, richer
-  :class:`~linattn.tsc.conv_tokens.ConvTokens` of one segment and about ``ridge_features``
+  :class:`~linattn.tsc.conv_tokens.ConvTokens` of one segment and about ``global_features``
   features (MiniRocket's budget is 10,000), standardised the same way; its decision values
-  become probabilities by a softmax of 3 × them.
+  become probabilities by a softmax of ``ridge_temperature`` (default 3) × them.
 
 ``n_nets`` nets (seeds ``random_state``, ``random_state + 1``, …) average their probabilities
 before the ridge's are added.
@@ -41,11 +41,18 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from linattn._config import Check, Range
-from linattn._io import read_json, write_atomic, write_json
+from linattn._io import write_atomic, write_json
 from linattn.train_loop import CheckpointError, first_non_finite
 from linattn.tsc.conv_tokens import ConvTokens, TokenNet, at_least, check_param
-from linattn.tsc.data import fill_nan_padding
-from linattn.tsc.estimator import _plain, _read_classes, _ThreadLimit, seed_of
+from linattn.tsc.data import MISSING, fill_nan_padding
+from linattn.tsc.estimator import (
+    _check_threads,
+    _plain,
+    _read_classes,
+    _ThreadLimit,
+    open_saved_model,
+    seed_of,
+)
 
 __all__ = ["ConvAttentionClassifier", "RidgeHead", "train_token_net", "token_net_proba",
            "ridge_proba", "CONV_FORMAT"]
@@ -58,11 +65,12 @@ RIDGE_ALPHAS = np.logspace(-3, 3, 10)
 PARAM_RULES = {
     **{name: at_least(low) for name, low in (
         ("segments", 1), ("features", 1), ("quantiles", 0), ("num_layers", 0), ("d_model", 1),
-        ("num_heads", 1), ("steps", 1), ("batch_size", 1), ("ridge_features", 0),
+        ("num_heads", 1), ("steps", 1), ("batch_size", 1), ("global_features", 0),
         ("n_nets", 1))},
     "dropout": (Check(float, Range(0.0, 1.0)), "a finite number in [0, 1)"),
     "lr": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
     "weight_decay": (Check(float, Range(0.0, math.inf)), "a finite number >= 0"),
+    "ridge_temperature": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
 }
 #: Sharpness of the ridge's softmax. For two classes the columns are (−d, d), so a decision
 #: value of ±1 (the ridge's targets) becomes 0.998 / 0.002 and one of ±0.2 becomes 0.77 / 0.23:
@@ -124,13 +132,14 @@ def token_net_proba(net: TokenNet, tokens: np.ndarray, batch: int = 512,
 
 
 def ridge_proba(decision: np.ndarray, present: np.ndarray | None = None,
-                n_classes: int | None = None) -> np.ndarray:
-    """Softmax of ``RIDGE_TEMPERATURE`` × ridge decision values, two columns for two classes;
+                n_classes: int | None = None,
+                temperature: float = RIDGE_TEMPERATURE) -> np.ndarray:
+    """Softmax of ``temperature`` × ridge decision values, two columns for two classes;
     with ``present`` (the class indices the ridge saw, its ``classes_``) one column per class
     of ``n_classes``, 0 for a class it never saw (a small split can miss a class)."""
     if decision.ndim == 1:
         decision = np.stack([-decision, decision], 1)
-    z = RIDGE_TEMPERATURE * decision
+    z = temperature * decision
     z = np.exp(z - z.max(1, keepdims=True))
     z /= z.sum(1, keepdims=True)
     if present is None:
@@ -170,10 +179,12 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     padding becomes zeros, inner NaN is interpolated); ``y``: any labels. Token parameters:
     ``segments``, ``features``, ``quantiles`` (:class:`ConvTokens`); net: ``num_layers``
     (0: the mixer removed), ``d_model``, ``num_heads``, ``dropout``; training: ``steps``,
-    ``batch_size``, ``lr``, ``weight_decay``, ``n_nets``; ``ridge``: add the ridge head's
-    probabilities, ``ridge_features``: its global features (0: the tokens' mean).
-    Fitted: ``classes_``, ``tokens_``, ``nets_`` (``net_`` the first), ``ridge_`` (a
-    :class:`RidgeHead`, None without), ``ridge_tokens_`` (None unless ``ridge_features``),
+    ``batch_size``, ``lr``, ``weight_decay``, ``n_nets``; global features:
+    ``global_features`` (about how many, from a one-segment :class:`ConvTokens`; 0: none, the
+    ridge then reads the tokens' mean), ``global_token`` (the nets also read them, as one more
+    token); ``ridge``: add the ridge head's probabilities, sharpened by
+    ``ridge_temperature``. Fitted: ``classes_``, ``tokens_``, ``nets_`` (``net_`` the first),
+    ``ridge_`` (a :class:`RidgeHead`, None without), ``global_tokens_`` (None when unused),
     ``fit_time_``. ``save(dir)`` writes ``config.json`` and ``model.safetensors`` (no pickle);
     ``ConvAttentionClassifier.load(dir)`` restores the same predictions.
     """
@@ -182,14 +193,15 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                  num_layers: int = 2, d_model: int = 64, num_heads: int = 4,
                  dropout: float = 0.1, steps: int = 600, batch_size: int = 32,
                  lr: float = 2e-3, weight_decay: float = 0.05, ridge: bool = True,
-                 ridge_features: int = 0, n_nets: int = 1,
-                 missing: str = "error", random_state: int = 0,
-                 n_threads: int | None = None) -> None:
+                 global_features: int = 10000, global_token: bool = True, n_nets: int = 1,
+                 ridge_temperature: float = 30.0, missing: str = "error",
+                 random_state: int = 0, n_threads: int | None = None) -> None:
         self.segments, self.features, self.quantiles = segments, features, quantiles
         self.num_layers, self.d_model, self.num_heads = num_layers, d_model, num_heads
         self.dropout, self.steps, self.batch_size = dropout, steps, batch_size
         self.lr, self.weight_decay, self.ridge = lr, weight_decay, ridge
-        self.ridge_features, self.n_nets = ridge_features, n_nets
+        self.global_features, self.global_token = global_features, global_token
+        self.n_nets, self.ridge_temperature = n_nets, ridge_temperature
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
@@ -199,6 +211,11 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         return fill_nan_padding(X, "X", self.missing).astype(np.float32, copy=False)
 
     @property
+    def _uses_global(self) -> bool:
+        """Whether a global transform is fitted: global features read by the ridge or nets."""
+        return bool(self.global_features) and bool(self.ridge or self.global_token)
+
+    @property
     def net_(self) -> TokenNet:
         """The first net (the only one with ``n_nets=1``)."""
         return self.nets_[0]
@@ -206,17 +223,27 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     def _standardised(self, X) -> np.ndarray:
         return (self.tokens_.transform(X) - self.mean_) / self.scale_
 
-    def _ridge_input(self, X, T: np.ndarray) -> np.ndarray:
-        """The ridge head's features (n, F) of series X whose standardised tokens are T."""
-        if self.ridge_tokens_ is None:
-            return T.mean(1)
-        return (self.ridge_tokens_.transform(X)[:, 0] - self.ridge_mean_) / self.ridge_scale_
+    def _global(self, X) -> np.ndarray | None:
+        """Standardised global features (n, G) of series X, None when the model has none."""
+        if self.global_tokens_ is None:
+            return None
+        return (self.global_tokens_.transform(X)[:, 0] - self.global_mean_) / self.global_scale_
 
     def _checked_params(self, where: str) -> int:
         """The parameters checked (one-line ValueError naming the first bad one); returns the
         seed (``random_state``, None meaning 0)."""
         for name, rule in PARAM_RULES.items():
             check_param(where, name, getattr(self, name), rule)
+        for name in ("ridge", "global_token"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{where}: {name} must be True or False, got "
+                                 f"{getattr(self, name)!r}")
+        if self.missing not in MISSING:
+            raise ValueError(f"{where}: missing must be one of {', '.join(MISSING)}, got "
+                             f"{self.missing!r}")
+        _check_threads(self.n_threads, where)
+        if self.global_token and not self.global_features:
+            raise ValueError(f"{where}: global_token needs global_features > 0")
         if self.d_model % self.num_heads:
             raise ValueError(f"{where}: d_model ({self.d_model}) must be a multiple of "
                              f"num_heads ({self.num_heads})")
@@ -240,19 +267,23 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             T = self.tokens_.transform(X)
             self.mean_, self.scale_ = token_scaling(T)
             T = (T - self.mean_) / self.scale_
-            self.ridge_tokens_, self.ridge_ = None, None
-            if self.ridge and self.ridge_features:
-                self.ridge_tokens_ = ConvTokens(1, self.ridge_features, self.quantiles,
-                                                random_state=seed).fit(X)
-                G = self.ridge_tokens_.transform(X)
-                self.ridge_mean_, self.ridge_scale_ = token_scaling(G)
+            self.global_tokens_ = self.global_mean_ = self.global_scale_ = self.ridge_ = None
+            if self._uses_global:
+                # the same seed as the tokens': the same drawn series give the thresholds, so
+                # the global features refine the pooled tokens' rather than replace them
+                self.global_tokens_ = ConvTokens(1, self.global_features, self.quantiles,
+                                                 random_state=seed).fit(X)
+                self.global_mean_, self.global_scale_ = token_scaling(
+                    self.global_tokens_.transform(X))
+            G = self._global(X)
             if self.ridge:
-                self.ridge_ = RidgeHead.fit(self._ridge_input(X, T), codes)
+                self.ridge_ = RidgeHead.fit(T.mean(1) if G is None else G, codes)
             self.nets_ = [train_token_net(
                 T, codes, len(self.classes_), num_layers=self.num_layers,
                 d_model=self.d_model, num_heads=self.num_heads, dropout=self.dropout,
                 steps=self.steps, batch_size=self.batch_size, lr=self.lr,
-                weight_decay=self.weight_decay, seed=seed + i) for i in range(self.n_nets)]
+                weight_decay=self.weight_decay, seed=seed + i,
+                global_features=G if self.global_token else None) for i in range(self.n_nets)]
         self.n_features_in_ = X.shape[1]
         self.fit_time_ = time.perf_counter() - t0
         return self
@@ -262,11 +293,14 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "nets_")
         X = self._series(X, "ConvAttentionClassifier.predict_proba")
         with _ThreadLimit(self.n_threads):
-            T = self._standardised(X)
-            p = sum(token_net_proba(net, T) for net in self.nets_) / len(self.nets_)
+            T, G = self._standardised(X), self._global(X)
+            net_g = G if self.global_token else None
+            p = sum(token_net_proba(net, T, global_features=net_g)
+                    for net in self.nets_) / len(self.nets_)
             if self.ridge_ is not None:
-                p = (p + ridge_proba(self.ridge_.decision_function(self._ridge_input(X, T)),
-                                     self.ridge_.classes_, len(self.classes_))) / 2
+                d = self.ridge_.decision_function(T.mean(1) if G is None else G)
+                p = (p + ridge_proba(d, self.ridge_.classes_, len(self.classes_),
+                                     self.ridge_temperature)) / 2
         return p
 
     def predict(self, X) -> np.ndarray:
@@ -284,10 +318,10 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         path.mkdir(parents=True, exist_ok=True)
         t = {**self.tokens_.state("tokens."), "tokens.mean": torch.from_numpy(self.mean_),
              "tokens.scale": torch.from_numpy(self.scale_)}
-        if self.ridge_tokens_ is not None:
-            t.update({**self.ridge_tokens_.state("ridge_tokens."),
-                      "ridge_tokens.mean": torch.from_numpy(self.ridge_mean_),
-                      "ridge_tokens.scale": torch.from_numpy(self.ridge_scale_)})
+        if self.global_tokens_ is not None:
+            t.update({**self.global_tokens_.state("global_tokens."),
+                      "global_tokens.mean": torch.from_numpy(self.global_mean_),
+                      "global_tokens.scale": torch.from_numpy(self.global_scale_)})
         if self.ridge_ is not None:
             t.update({"ridge.coef": torch.from_numpy(np.ascontiguousarray(self.ridge_.coef)),
                       "ridge.intercept": torch.from_numpy(self.ridge_.intercept),
@@ -311,21 +345,10 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         file, a parameter out of range or a tensor that is missing or does not fit raise
         :class:`~linattn.train_loop.CheckpointError` (a ValueError) in one line naming the
         file and what is wrong."""
-        path = Path(path)
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: no such model folder")
-        cfg_path, w_path = path / "config.json", path / "model.safetensors"
-        for p in (cfg_path, w_path):
-            if not p.is_file():
-                raise CheckpointError(f"{p}: missing (not a saved {cls.__name__})")
+        cfg, cfg_path, w_path = open_saved_model(path, CONV_FORMAT, cls.__name__)
         try:
-            cfg = read_json(cfg_path)
-            if not isinstance(cfg, dict) or cfg.get("format") != CONV_FORMAT:
-                raise ValueError(f"{cfg_path}: not a {CONV_FORMAT} config")
             est, alpha = cls._from_config(cfg, cfg_path)
-        except OSError as err:
-            raise CheckpointError(f"{cfg_path}: cannot be read ({err.strerror or err})") from None
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             msg = f"missing key {err}" if isinstance(err, KeyError) else str(err)
             raise CheckpointError(msg if msg.startswith(str(cfg_path))
                                   else f"{cfg_path}: {msg}") from None
@@ -333,7 +356,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             est._restore(_read_tensors(w_path), alpha)
         except CheckpointError:
             raise
-        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as err:
             raise CheckpointError(f"{w_path}: {str(err).splitlines()[0]}") from None
         return est
 
@@ -343,19 +366,20 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         params = cfg["params"]
         if not isinstance(params, dict):
             raise ValueError(f"{cfg_path}: params: expected an object")
-        unknown = sorted(set(params) - set(cls().get_params()))
-        if unknown:
-            raise ValueError(f"{cfg_path}: params: unknown keys {unknown}")
+        names = set(cls().get_params())
+        for what, keys in (("unknown", set(params) - names), ("missing", names - set(params))):
+            if keys:  # a missing key would silently take its default: another model
+                raise ValueError(f"{cfg_path}: params: {what} keys {sorted(keys)}")
         est = cls(**params)
         est._checked_params(f"{cfg_path}: params")
         n = cfg["n_features_in"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{cfg_path}: n_features_in must be an integer >= 1, got {n!r}")
         classes = cfg["classes"]
-        est.classes_ = _read_classes(cfg, len(classes) if isinstance(classes, list) else -1,
-                                     cfg_path)
-        if len(est.classes_) < 2:
-            raise ValueError(f"{cfg_path}: classes must hold at least 2 labels")
+        if not isinstance(classes, list) or len(classes) < 2:
+            raise ValueError(f"{cfg_path}: classes must be a list of at least 2 labels, got "
+                             f"{classes!r}")
+        est.classes_ = _read_classes(cfg, len(classes), cfg_path)
         alpha = cfg["ridge_alpha"]
         if est.ridge and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
                           or not math.isfinite(alpha) or alpha <= 0):
@@ -373,44 +397,55 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.tokens_ = ConvTokens(self.segments, self.features, self.quantiles).load_state(
             t, "tokens.", L)
         self.mean_, self.scale_ = _scaling(t, "tokens.", self.tokens_.n_features)
-        self.ridge_tokens_ = self.ridge_ = None
-        if self.ridge and self.ridge_features:
-            self.ridge_tokens_ = ConvTokens(1, self.ridge_features, self.quantiles).load_state(
-                t, "ridge_tokens.", L)
-            self.ridge_mean_, self.ridge_scale_ = _scaling(t, "ridge_tokens.",
-                                                           self.ridge_tokens_.n_features)
+        self.global_tokens_ = self.global_mean_ = self.global_scale_ = self.ridge_ = None
+        if self._uses_global:
+            self.global_tokens_ = ConvTokens(1, self.global_features, self.quantiles).load_state(
+                t, "global_tokens.", L)
+            self.global_mean_, self.global_scale_ = _scaling(t, "global_tokens.",
+                                                           self.global_tokens_.n_features)
         if self.ridge:
-            n_in = (self.ridge_tokens_ or self.tokens_).n_features
+            n_in = (self.tokens_ if self.global_tokens_ is None else self.global_tokens_).n_features
+            rows = 1 if n_cls == 2 else n_cls  # fit sees every class: two make one column
             coef, icpt, seen = (t.get(f"ridge.{k}") for k in ("coef", "intercept", "classes"))
             if coef is None or icpt is None or seen is None:
                 raise ValueError("missing tensor ridge.coef, ridge.intercept or ridge.classes")
-            seen = seen.numpy()
-            rows = 1 if len(seen) == 2 else len(seen)
-            if coef.shape != (rows, n_in) or icpt.shape != (rows,) or seen.ndim != 1 \
-                    or len(seen) < 2 or seen.min() < 0 or seen.max() >= n_cls \
-                    or len(set(seen.tolist())) != len(seen):
-                raise ValueError(f"ridge.*: expected coef ({rows}, {n_in}), intercept ({rows},) "
-                                 f"and distinct class indices below {n_cls}")
-            self.ridge_ = RidgeHead(coef.numpy(), icpt.numpy(), seen, float(alpha))
+            if coef.dtype != torch.float32 or coef.shape != (rows, n_in) \
+                    or icpt.dtype != torch.float32 or icpt.shape != (rows,) \
+                    or seen.dtype != torch.int64 or seen.shape != (n_cls,) \
+                    or not bool((seen == torch.arange(n_cls)).all()):
+                raise ValueError(f"ridge.*: expected float32 coef ({rows}, {n_in}) and "
+                                 f"intercept ({rows},), and classes 0..{n_cls - 1} (int64)")
+            self.ridge_ = RidgeHead(coef.numpy(), icpt.numpy(), seen.numpy(), float(alpha))
         self.nets_ = []
         for i in range(self.n_nets):
+            prefix = f"nets.{i}."
+            embed = t.get(prefix + "embed.1.weight")  # checked before a net is built: a
+            if embed is None or embed.shape != (self.d_model, self.tokens_.n_features):
+                raise ValueError(f"{prefix}embed.1.weight: expected shape "  # tampered d_model
+                                 f"({self.d_model}, {self.tokens_.n_features})")  # allocates
             net = TokenNet(self.tokens_.n_features, len(self.tokens_.edges_) - 1, n_cls,
                            d_model=self.d_model, num_layers=self.num_layers,
-                           num_heads=self.num_heads, dropout=self.dropout)
-            prefix = f"nets.{i}."
-            for k, v in net.state_dict().items():  # name the first tensor that does not fit
+                           num_heads=self.num_heads, dropout=self.dropout,
+                           global_features=(self.global_tokens_.n_features
+                                            if self.global_token else 0))
+            want = net.state_dict()
+            for k, v in want.items():  # name the first tensor that does not fit
                 got = t.get(prefix + k)
-                if got is None or got.shape != v.shape:
-                    raise ValueError(f"{prefix + k}: expected shape {tuple(v.shape)}, got "
-                                     f"{'nothing' if got is None else tuple(got.shape)}")
-            net.load_state_dict({k[len(prefix):]: v for k, v in t.items()
-                                 if k.startswith(prefix)})
+                if got is None or got.shape != v.shape or got.dtype != v.dtype:
+                    raise ValueError(f"{prefix + k}: expected {v.dtype} of shape "
+                                     f"{tuple(v.shape)}, got " + ("nothing" if got is None else
+                                     f"{got.dtype} of shape {tuple(got.shape)}"))
+            extra = sorted(k for k in t if k.startswith(prefix) and k[len(prefix):] not in want)
+            if extra:
+                raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these "
+                                 "params)")
+            net.load_state_dict({k: t[prefix + k] for k in want})
             self.nets_.append(net.eval())
         known = set(self.tokens_.state("tokens.")) | {"tokens.mean", "tokens.scale"} | {
             f"nets.{i}.{k}" for i, net in enumerate(self.nets_) for k in net.state_dict()}
-        if self.ridge_tokens_ is not None:
-            known |= set(self.ridge_tokens_.state("ridge_tokens.")) | {
-                "ridge_tokens.mean", "ridge_tokens.scale"}
+        if self.global_tokens_ is not None:
+            known |= set(self.global_tokens_.state("global_tokens.")) | {
+                "global_tokens.mean", "global_tokens.scale"}
         if self.ridge_ is not None:
             known |= {"ridge.coef", "ridge.intercept", "ridge.classes"}
         extra = sorted(set(t) - known)

@@ -53,7 +53,7 @@ def check_param(where: str, name: str, value: Any, rule: tuple[Check, str]) -> N
     check, text = rule
     try:
         check.check(name, value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer too large for a float
         raise ValueError(f"{where}: {name} must be {text}, got {value!r}") from None
 
 
@@ -107,8 +107,7 @@ class ConvTokens:
         X = _check(X, "ConvTokens.fit")
         rng = np.random.default_rng(self.random_state)
         self.length_ = X.shape[1]
-        self.dilations_ = dilations(self.length_, self.max_dilations)
-        nb = max(1, self.features // (84 * len(self.dilations_)))
+        self.dilations_, nb, self.edges_ = self._layout(self.length_)
         levels = torch.tensor((np.arange(1, nb + 1) * _GOLDEN) % 1.0, dtype=torch.float32)
         rows = torch.arange(84)
         self.biases_ = []
@@ -116,9 +115,15 @@ class ConvTokens:
             series = torch.from_numpy(X[rng.integers(len(X), size=84)])
             out = _conv(series, int(d))[rows, rows]  # kernel k on its own drawn series
             self.biases_.append(torch.quantile(out, levels, dim=1).T.contiguous())  # (84, nb)
-        S = min(self.segments, self.length_)
-        self.edges_ = np.linspace(0, self.length_, S + 1).round().astype(np.int64)
         return self
+
+    def _layout(self, length: int) -> tuple[np.ndarray, int, np.ndarray]:
+        """(dilations, thresholds per kernel and dilation, segment edges) for series of
+        ``length`` samples: all that the parameters fix before any data is seen."""
+        dil = dilations(length, self.max_dilations)
+        nb = max(1, self.features // (84 * len(dil)))
+        S = min(self.segments, length)
+        return dil, nb, np.linspace(0, length, S + 1).round().astype(np.int64)
 
     # -- persistence -------------------------------------------------------------------
     def state(self, prefix: str) -> dict[str, Tensor]:
@@ -131,29 +136,27 @@ class ConvTokens:
 
     def load_state(self, tensors: dict[str, Tensor], prefix: str, length: int) -> ConvTokens:
         """Restore what :meth:`state` wrote, for series of ``length`` samples; ValueError
-        naming the tensor when one is missing or does not fit (a damaged or edited file)."""
+        naming the tensor when one is missing or does not fit these parameters (a damaged or
+        edited file): the dilations, edges and threshold count follow from the parameters
+        and the length, so only the thresholds' values are free."""
+        dil, nb, edges = self._layout(length)
+
         def get(name: str) -> Tensor:
             if prefix + name not in tensors:
                 raise ValueError(f"missing tensor {prefix + name}")
             return tensors[prefix + name]
 
-        dil, edges = get("dilations"), get("edges")
-        if dil.dtype != torch.int64 or dil.ndim != 1 or len(dil) < 1 or int(dil.min()) < 1 \
-                or int(dil.max()) > max(1, (length - 1) // 8):
-            raise ValueError(f"{prefix}dilations: expected int64 dilations in [1, "
-                             f"{max(1, (length - 1) // 8)}] for length {length}")
-        if edges.dtype != torch.int64 or edges.ndim != 1 or not 2 <= len(edges) <= length + 1 \
-                or int(edges[0]) != 0 or int(edges[-1]) != length \
-                or not bool((edges[1:] > edges[:-1]).all()):
-            raise ValueError(f"{prefix}edges: expected increasing int64 segment edges from 0 "
-                             f"to {length}")
+        for name, want in (("dilations", dil), ("edges", edges)):
+            got = get(name)
+            if got.dtype != torch.int64 or got.shape != want.shape \
+                    or not np.array_equal(got.numpy(), want):
+                raise ValueError(f"{prefix}{name}: not those of these parameters at length "
+                                 f"{length} (expected int64 {want.tolist()})")
         biases = [get(f"biases.{j}") for j in range(len(dil))]
-        if any(b.dtype != torch.float32 or b.ndim != 2 or b.shape[0] != 84 or b.shape[1] < 1
-               or b.shape[1] != biases[0].shape[1] for b in biases):
+        if any(b.dtype != torch.float32 or b.shape != (84, nb) for b in biases):
             raise ValueError(f"{prefix}biases.*: expected {len(dil)} float32 tensors of shape "
-                             f"(84, nb), one nb")
-        self.length_, self.dilations_, self.edges_ = length, dil.numpy(), edges.numpy()
-        self.biases_ = biases
+                             f"(84, {nb})")
+        self.length_, self.dilations_, self.edges_, self.biases_ = length, dil, edges, biases
         return self
 
     @property

@@ -58,7 +58,7 @@ from linattn.tsc.training import (
 )
 
 __all__ = ["LinearAttentionClassifier", "FORMAT", "MODEL_PARAMS", "TRAIN_PARAMS", "REMOVED_PARAMS",
-           "upgrade_saved_params", "check_device", "seed_of"]
+           "upgrade_saved_params", "check_device", "seed_of", "open_saved_model"]
 
 #: The ``format`` field of a saved model's config.json.
 FORMAT = "linattn.tsc.LinearAttentionClassifier/1"
@@ -377,21 +377,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         from safetensors.torch import load_file
 
         dev = check_device(device, f"{cls.__name__}.load")
-        path = Path(path)
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: no such model folder")
-        cfg_path, w_path = path / "config.json", path / "model.safetensors"
-        for p in (cfg_path, w_path):
-            if not p.is_file():
-                raise CheckpointError(f"{p}: missing (not a saved LinearAttentionClassifier)")
-        try:
-            cfg = read_json(cfg_path)  # also a file nested too deeply to parse
-        except OSError as err:
-            raise CheckpointError(f"{cfg_path}: cannot be read ({err.strerror or err})") from None
-        except ValueError as err:
-            raise CheckpointError(str(err)) from None
-        if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
-            raise CheckpointError(f"{cfg_path}: not a {FORMAT} config")
+        cfg, cfg_path, w_path = open_saved_model(path, FORMAT, cls.__name__)
         try:
             est, model_cfg, classes, n_features = cls._read_config(cfg, cfg_path)
         except CheckpointError:
@@ -453,6 +439,28 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{cfg_path}: n_features_in must be an integer in [1, "
                              f"{model_cfg.length}] (the model's length), got {n_features!r}")
         return est, model_cfg, classes, n_features
+
+
+def open_saved_model(path: str | os.PathLike, fmt: str, name: str) -> tuple[dict, Path, Path]:
+    """(config, config.json path, model.safetensors path) of a folder written by an estimator's
+    ``save``: a missing folder or file, an unreadable or malformed config.json, or one of
+    another ``format`` raise :class:`~linattn.train_loop.CheckpointError` in one line."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such model folder")
+    cfg_path, w_path = path / "config.json", path / "model.safetensors"
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (not a saved {name})")
+    try:
+        cfg = read_json(cfg_path)  # also a file nested too deeply to parse
+    except OSError as err:
+        raise CheckpointError(f"{cfg_path}: cannot be read ({err.strerror or err})") from None
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    if not isinstance(cfg, dict) or cfg.get("format") != fmt:
+        raise CheckpointError(f"{cfg_path}: not a {fmt} config")
+    return cfg, cfg_path, w_path
 
 
 def _read_classes(cfg: dict, n_classes: int, cfg_path: Path) -> np.ndarray:
