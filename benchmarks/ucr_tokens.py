@@ -36,8 +36,8 @@ the whole series. Variants ``attnG`` (2 layers), ``poolG`` (the mixer removed), 
 plus ``ridge10k``.
 
 In rounds 2 and 3 each dataset's validation probabilities of every head are kept beside the
-results (``<results stem>/<dataset>.npz``) so that a sum not listed can be scored without
-refitting.
+results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
+without refitting.
 
 Results go to ``--results`` (default ``runs/ucr_tokens/results.json``), rewritten atomically
 after every dataset; a rerun skips the datasets already there::
@@ -164,30 +164,42 @@ def study(name: str) -> dict:
     return row
 
 
-def study_2(name: str, heads_dir: Path | None = None) -> dict:
-    """The second round (module docstring); the heads' validation probabilities go to
-    ``heads_dir/<name>.npz`` when given."""
+def _tokens_and_global(X: np.ndarray, tr: np.ndarray, va: np.ndarray, row: dict):
+    """Standardised tokens (n, 16, F) and global features (n, G) of both parts, timed and
+    sized into ``row``."""
     from linattn.tsc.conv_tokens import ConvTokens
 
-    X, y, classes, tr, va, row = _inner_data(name)
-    n = len(classes)
     T_tr, T_va = _timed(row, "transform_s", _scaled_tokens, ConvTokens(), X, tr, va)
     G_tr, G_va = _timed(row, "transform10k_s", _scaled_tokens,
                         ConvTokens(segments=1, features=RIDGE_FEATURES), X, tr, va)
     row["tokens"], row["features"], row["features10k"] = T_tr.shape[1:] + G_tr.shape[2:]
+    return T_tr, T_va, G_tr[:, 0], G_va[:, 0]
+
+
+def study_2(name: str, heads_dir: Path | None = None) -> dict:
+    """The second round (module docstring); the heads' validation probabilities go to
+    ``heads_dir/<name>.npz`` when given."""
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    n = len(classes)
+    T_tr, T_va, G_tr, G_va = _tokens_and_global(X, tr, va, row)
     heads = {"ridge": _timed(row, "ridge_s", _ridge_head, T_tr.mean(1), y[tr], T_va.mean(1), n),
-             "ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr[:, 0], y[tr], G_va[:, 0],
-                                n)}
+             "ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr, y[tr], G_va, n)}
     for seed in range(3):
         heads[f"attn{seed}"] = _timed(row, f"attn{seed}_s", _net_head, T_tr, y[tr], T_va, n, 2,
                                       seed)
     heads["pool"] = _timed(row, "pool_s", _net_head, T_tr, y[tr], T_va, n, 0)
     heads["attn"], heads["attn×3"] = heads["attn0"], (heads["attn0"] + heads["attn1"]
                                                       + heads["attn2"]) / 3
-    row["accuracy"] = {v: float((sum(heads[h] for h in v.split("+")).argmax(1) == y[va]).mean())
-                       for v in VARIANTS_2}
+    row["accuracy"] = _accuracies(heads, VARIANTS_2, y[va])
     _keep_heads(heads_dir, name, y[va], heads)
     return row
+
+
+def _accuracies(heads: dict, variants: tuple[str, ...], y_va: np.ndarray) -> dict:
+    """Validation accuracy of each variant, the argmax of its heads' summed probabilities."""
+    return {v: float((sum(heads[h] for h in v.split("+")).argmax(1) == y_va).mean())
+            for v in variants}
 
 
 def _keep_heads(heads_dir: Path | None, name: str, y_va: np.ndarray, heads: dict) -> None:
@@ -199,20 +211,15 @@ def _keep_heads(heads_dir: Path | None, name: str, y_va: np.ndarray, heads: dict
 
 def study_3(name: str, heads_dir: Path | None = None) -> dict:
     """The third round (module docstring): nets with a global token."""
-    from linattn.tsc.conv_tokens import ConvTokens
 
     X, y, classes, tr, va, row = _inner_data(name)
     n = len(classes)
-    T_tr, T_va = _timed(row, "transform_s", _scaled_tokens, ConvTokens(), X, tr, va)
-    G_tr, G_va = _timed(row, "transform10k_s", _scaled_tokens,
-                        ConvTokens(segments=1, features=RIDGE_FEATURES), X, tr, va)
-    G_tr, G_va = G_tr[:, 0], G_va[:, 0]
+    T_tr, T_va, G_tr, G_va = _tokens_and_global(X, tr, va, row)
     heads = {"ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr, y[tr], G_va, n)}
     for label, layers in (("attnG", 2), ("poolG", 0)):
         heads[label] = _timed(row, label + "_s", _net_head, T_tr, y[tr], T_va, n, layers, 0,
                               G_tr, G_va)
-    row["accuracy"] = {v: float((sum(heads[h] for h in v.split("+")).argmax(1) == y[va]).mean())
-                       for v in VARIANTS_3}
+    row["accuracy"] = _accuracies(heads, VARIANTS_3, y[va])
     _keep_heads(heads_dir, name, y[va], heads)
     return row
 
@@ -274,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
-                (study_2 if a.round == 2 else study_3)(name, a.results.with_suffix("")))
+                (study_2 if a.round == 2 else study_3)(
+                    name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)
             print(name, json.dumps(results["datasets"][name]["accuracy"]), flush=True)

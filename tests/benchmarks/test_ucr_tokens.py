@@ -54,7 +54,18 @@ class _Unread:
         raise AssertionError("the TEST split was read")
 
 
-def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rnd", [2, 3])
+def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
+    variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3}[rnd]
+    assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
+    res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2}}}
+    text = bench.summary(res)
+    assert all(f"| {v} | 0.5000 |" in text for v in variants)
+    assert "fit time, all variants: 2 s" in text
+
+
+@pytest.mark.parametrize("rnd", [1, 2, 3])
+def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch, rnd):
     import linattn.datasets as ds
 
     g = np.random.default_rng(0)
@@ -65,11 +76,19 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch)
                                                                       _Unread(), _Unread()))
     out = tmp_path / "r.json"
     monkeypatch.setattr(bench, "STEPS", 5)
-    assert bench.main(["--datasets", "Made", "--results", str(out)]) == 0
+    monkeypatch.setattr(bench, "RIDGE_FEATURES", 1000)
+    args = ["--datasets", "Made", "--results", str(out), "--round", str(rnd)]
+    assert bench.main(args) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert (row["train"], row["validation"], row["classes"]) == (16, 8, 2)
-    assert set(row["accuracy"]) == set(bench.VARIANTS)
-    assert row["accuracy"]["ridge"] == 1.0  # sine against cosine: the ridge head separates them
+    variants = {1: bench.VARIANTS, 2: bench.VARIANTS_2, 3: bench.VARIANTS_3}[rnd]
+    assert set(row["accuracy"]) == set(variants)
+    ridge = "ridge" if rnd == 1 else "ridge10k"
+    assert row["accuracy"][ridge] == 1.0  # sine against cosine: the ridge head separates them
+    if rnd > 1:  # every head's validation probabilities, beside the results
+        heads = np.load(tmp_path / "r_heads" / "Made.npz")
+        assert heads["y"].shape == (8,) and heads[ridge].shape == (8, 2)
     # a rerun skips the dataset (no refit) and prints the summary
-    monkeypatch.setattr(bench, "study", lambda name: pytest.fail("refitted"))
-    assert bench.main(["--datasets", "Made", "--results", str(out)]) == 0
+    for study in ("study", "study_2", "study_3"):
+        monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
+    assert bench.main(args) == 0

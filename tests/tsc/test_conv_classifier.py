@@ -168,6 +168,18 @@ def test_save_and_load_give_the_same_predictions(tmp_path):
         np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
 
 
+def test_save_and_load_with_three_classes(tmp_path):
+    X, y = _two_shapes(30)
+    X[::3] = X[::3][:, ::-1]  # a third class: the series reversed
+    y = y.astype(object)
+    y[::3] = "reversed"
+    clf = ConvAttentionClassifier(**FAST).fit(X, y.astype(str))
+    back = ConvAttentionClassifier.load(clf.save(tmp_path / "m"))
+    assert back.classes_.tolist() == ["early", "late", "reversed"]
+    assert back.ridge_.alpha_ == clf.ridge_.alpha_ and back.ridge_.coef.shape[0] == 3
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+
+
 def test_load_refuses_damaged_models_in_one_line(tmp_path):
     import json
 
@@ -191,7 +203,24 @@ def test_load_refuses_damaged_models_in_one_line(tmp_path):
     nan["nets.0.head.weight"] = nan["nets.0.head.weight"] * float("nan")
     wrong_shape = dict(weights)
     wrong_shape["ridge.coef"] = wrong_shape["ridge.coef"][:, :5].contiguous()
+    edited = {name: dict(weights) for name in ("edges", "classes", "extra", "dtype")}
+    edited["edges"]["tokens.edges"] = weights["tokens.edges"].flip(0).contiguous()
+    edited["classes"]["ridge.classes"] = weights["ridge.classes"].flip(0).contiguous()
+    edited["extra"]["nets.0.extra"] = weights["nets.0.head.bias"].clone()
+    edited["dtype"]["nets.0.head.weight"] = weights["nets.0.head.weight"].double()
+    params = cfg["params"]
     cases = [
+        (damaged(tensors=edited["edges"]), "tokens.edges: not those of these parameters"),
+        (damaged(tensors=edited["classes"]), r"and classes 0..1 \(int64\)"),
+        (damaged(tensors=edited["extra"]), "unexpected tensor nets.0.extra"),
+        (damaged(tensors=edited["dtype"]), "nets.0.head.weight: expected torch.float32"),
+        (damaged({**cfg, "ridge_alpha": 10 ** 400}), "ridge_alpha must be a finite number > 0"),
+        (damaged({**cfg, "params": {k: v for k, v in params.items() if k != "n_nets"}}),
+         r"params: missing keys \['n_nets'\]"),
+        (damaged({**cfg, "params": {**params, "ridge": "no"}}), "ridge must be True or False"),
+        (damaged({**cfg, "params": {**params, "missing": "x"}}), "missing must be one of"),
+        (damaged({**cfg, "params": {**params, "dropout": 10 ** 400}}), "dropout must be"),
+        (damaged({**cfg, "classes": "ab"}), "classes must be a list of at least 2 labels"),
         (tmp_path / "nowhere", "no such model folder"),
         (damaged({**cfg, "format": "other"}), "not a linattn.tsc.ConvAttentionClassifier"),
         (damaged({**cfg, "params": {**cfg["params"], "steps": 0}}), "steps must be an integer"),

@@ -381,9 +381,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                              f"{classes!r}")
         est.classes_ = _read_classes(cfg, len(classes), cfg_path)
         alpha = cfg["ridge_alpha"]
-        if est.ridge and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
-                          or not math.isfinite(alpha) or alpha <= 0):
-            raise ValueError(f"{cfg_path}: ridge_alpha must be a number > 0, got {alpha!r}")
+        if est.ridge:
+            check_param(str(cfg_path), "ridge_alpha", alpha, PARAM_RULES["lr"])  # a number > 0
         est.n_features_in_ = n
         return est, alpha
 
