@@ -47,6 +47,8 @@ after every dataset; a rerun skips the datasets already there::
     .venv/bin/python benchmarks/ucr_tokens.py --report               # the summary only
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 2  # the second round
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 3  # the third
+    .venv/bin/python benchmarks/ucr_tokens.py --temperatures runs/ucr_tokens/round2_heads \
+        runs/ucr_tokens/round3_heads                                 # the ridge's temperature
 """
 
 from __future__ import annotations
@@ -250,6 +252,49 @@ def summary(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Ridge temperatures the ``--temperatures`` table compares (the heads were kept at 3).
+TEMPERATURES = (3.0, 10.0, 30.0)
+
+
+def resharpen(p: np.ndarray, temperature: float) -> np.ndarray:
+    """Ridge probabilities kept at temperature 3, ``softmax(3·d)`` over the classes the ridge
+    saw (0 elsewhere), as ``softmax(temperature·d)``: ``log p = 3·d − c`` per row, and the
+    constant cancels. Exact while ``3·|d|`` stays far from float64's exponent limit."""
+    seen = p > 0
+    z = np.where(seen, np.log(np.where(seen, p, 1.0)) * temperature / 3.0, -np.inf)
+    z = np.exp(z - z.max(1, keepdims=True))
+    return z / z.sum(1, keepdims=True)
+
+
+def temperature_table(heads_dirs: list[Path]) -> str:
+    """Mean validation accuracy of each kept net head plus the ``ridge10k`` head resharpened
+    to each of :data:`TEMPERATURES`, over the datasets every folder has (FordB left out):
+    how the estimator's ``ridge_temperature`` was chosen."""
+    files = [{f.stem: f for f in d.glob("*.npz")} for d in heads_dirs]
+    names = sorted(set.intersection(*(set(f) for f in files)) - set(HELD_OUT))
+    if not names:
+        return "no datasets in common\n"
+    heads = {n: {} for n in names}
+    for f in files:
+        for n in names:
+            heads[n].update(np.load(f[n]))
+    nets = [k for k in heads[names[0]] if k not in ("y", "ridge", "ridge10k")]
+
+    def mean_acc(proba) -> float:
+        return float(np.mean([(proba(h).argmax(1) == h["y"]).mean() for h in heads.values()]))
+
+    lines = [f"validation accuracy on {len(names)} datasets: net + ridge10k at temperature t",
+             "", "| net | " + " | ".join(f"t={t:g}" for t in TEMPERATURES) + " |",
+             "|---|" + "--:|" * len(TEMPERATURES),
+             "| (ridge10k alone) | " + " | ".join(
+                 f"{mean_acc(lambda h: h['ridge10k']):.4f}" for _ in TEMPERATURES) + " |"]
+    for net in nets:
+        lines.append(f"| {net} | " + " | ".join(
+            f"{mean_acc(lambda h, t=t, net=net: h[net] + resharpen(h['ridge10k'], t)):.4f}"
+            for t in TEMPERATURES) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     from linattn._io import write_json
     from linattn.datasets import package_datasets
@@ -261,7 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
+    p.add_argument("--temperatures", nargs="+", type=Path, metavar="HEADS_DIR",
+                   help="print the ridge-temperature table of these kept-heads folders "
+                   "(e.g. runs/ucr_tokens/round2_heads runs/ucr_tokens/round3_heads), fit "
+                   "nothing")
     a = p.parse_args(argv)
+    if a.temperatures:
+        print(temperature_table(a.temperatures), end="")
+        return 0
     if a.results is None:
         a.results = Path("runs/ucr_tokens") / (f"round{a.round}.json" if a.round > 1
                                                else "results.json")

@@ -92,3 +92,25 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     for study in ("study", "study_2", "study_3"):
         monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
     assert bench.main(args) == 0
+
+
+def test_resharpen_is_the_ridge_softmax_at_another_temperature(bench, tmp_path):
+    from linattn.tsc.conv_classifier import ridge_proba
+
+    d = np.array([[0.4, -0.2, 0.1], [-1.0, 0.5, 0.3]])
+    kept = ridge_proba(d, np.array([0, 2, 3]), 4)  # class 1 never seen: a column of 0
+    want = ridge_proba(d, np.array([0, 2, 3]), 4, 30.0)
+    tol = 100 * np.finfo(np.float64).eps
+    np.testing.assert_allclose(bench.resharpen(kept, 30.0), want, rtol=tol, atol=tol)
+    assert (bench.resharpen(kept, 30.0)[:, 1] == 0).all()
+    # the table: a net head plus the resharpened ridge, over the datasets both folders have
+    y = np.array([0, 1])
+    for folder, heads in (("a", {"ridge10k": np.array([[0.6, 0.4], [0.45, 0.55]])}),
+                          ("b", {"net": np.array([[0.1, 0.9], [0.6, 0.4]])})):
+        (tmp_path / folder).mkdir()
+        np.savez(tmp_path / folder / "D.npz", y=y, **heads)
+    text = bench.temperature_table([tmp_path / "a", tmp_path / "b"])
+    assert "on 1 datasets" in text and "| (ridge10k alone) | 1.0000 |" in text
+    # t=3: the net outvotes the soft ridge on both series; t=10: on the first only (its ridge
+    # log-odds 10/3·log(0.6/0.4) = 1.35 against the net's 2.2); t=30: on neither
+    assert "| net | 0.0000 | 0.5000 | 1.0000 |" in text
