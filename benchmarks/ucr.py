@@ -64,7 +64,8 @@ uncapped, ``missing="interpolate"``, seed 0), each dataset also fitted without t
 (``num_layers=0``) for the ablation line of the report (issue 27)::
 
     nice -n 19 .venv/bin/python benchmarks/ucr.py --method conv --threads 1 \
-        --results runs/ucr3/results.json --plots docs/img --plot-suffix _conv
+        --results runs/ucr4/results.json --plots docs/img --plot-suffix _conv
+    # the first configuration's run (before ucr_tokens.py's rounds 2 and 3): runs/ucr3
 
 The selection of the small-data defaults (TRAIN splits only, ``benchmarks/ucr_select.py``):
 each development dataset's TRAIN split is cut into a stratified 70/30 inner train/validation

@@ -13,8 +13,12 @@ them, and their class probabilities are added:
   leave-one-out on the training series) on global features: with ``global_features=0`` the
   tokens' mean (the global proportions), otherwise a second, richer
   :class:`~linattn.tsc.conv_tokens.ConvTokens` of one segment and about ``global_features``
-  features (MiniRocket's budget is 10,000), standardised the same way; its decision values
-  become probabilities by a softmax of ``ridge_temperature`` (default 3) × them.
+  features (default 10,000, MiniRocket's budget), standardised the same way; its decision
+  values become probabilities by a softmax of ``ridge_temperature`` (default 30) × them, sharp
+  enough that the ridge decides where it is confident and the net settles its near-ties.
+
+With ``global_token=True`` (the default) each net also reads those global features as one more
+token after the segments, so that attention relates every segment to the whole series.
 
 ``n_nets`` nets (seeds ``random_state``, ``random_state + 1``, …) average their probabilities
 before the ridge's are added.
