@@ -65,6 +65,8 @@ uncapped, ``missing="interpolate"``, seed 0), each dataset also fitted without t
 
     nice -n 19 .venv/bin/python benchmarks/ucr.py --method conv --threads 1 \
         --results runs/ucr4/results.json --plots docs/img --plot-suffix _conv
+    # halves run apart (--datasets, a results file each) are joined, then reported, by
+    .venv/bin/python benchmarks/ucr.py --merge A.json B.json --results runs/ucr4/results.json
     # the first configuration's run (before ucr_tokens.py's rounds 2 and 3): runs/ucr3
 
 The selection of the small-data defaults (TRAIN splits only, ``benchmarks/ucr_select.py``):
@@ -256,6 +258,41 @@ def cpu_info() -> str:
 
     isa = [f for f in ("avx512f", "avx2", "avx", "sse4_2", "neon", "asimd") if f in cpu_flags()]
     return f"{cpu_model()} ({', '.join(isa) or 'no vector ISA flags read'}), {os.cpu_count()} cores"
+
+
+def merge(parts: Sequence[dict], names: Sequence[str]) -> dict:
+    """One results file of several (``--merge``; e.g. halves of the archive run in two
+    processes side by side): the same ``meta.rule`` in every part, each dataset in one part
+    only; the first part's meta."""
+    rule = parts[0].get("meta", {}).get("rule")
+    out = {"meta": parts[0].get("meta", {}), "datasets": {}}
+    for part, name in zip(parts, names, strict=True):
+        if part.get("meta", {}).get("rule") != rule:
+            raise ValueError(f"{name}: its rule differs from {names[0]}'s")
+        for dataset, row in part.get("datasets", {}).items():
+            if dataset in out["datasets"]:
+                raise ValueError(f"{name}: {dataset} is in an earlier file too")
+            out["datasets"][dataset] = row
+    return out
+
+
+def sizes_and_gaps(rows: Sequence[dict], small: int = 64, widest: int = 3) -> str | None:
+    """Markdown line: linattn and MiniRocket's mean accuracy on the sets of at most ``small``
+    training series and on the larger ones, and linattn's widest gaps below MiniRocket."""
+    rows = [r for r in rows if r["linattn"] is not None and r["MiniRocket"] is not None]
+    if not rows:
+        return None
+    parts = []
+    for label, rs in ((f"<= {small} training series", [r for r in rows if r["train"] <= small]),
+                      ("larger", [r for r in rows if r["train"] > small])):
+        if rs:
+            parts.append(f"{label}, {len(rs)} datasets: linattn "
+                         f"{np.mean([r['linattn'] for r in rs]):.4f}, MiniRocket "
+                         f"{np.mean([r['MiniRocket'] for r in rs]):.4f}")
+    gaps = sorted(rows, key=lambda r: r["linattn"] - r["MiniRocket"])[:widest]
+    below = ", ".join(f"{r['dataset']} {r['MiniRocket'] - r['linattn']:.3f} "
+                      f"({_f(r['linattn'])} against {_f(r['MiniRocket'])})" for r in gaps)
+    return f"- {'; '.join(parts)}; widest gaps below MiniRocket: {below}"
 
 
 def run_all(names: Sequence[str], path: Path, fit_one: Callable[[str, dict], dict],
@@ -516,9 +553,9 @@ def report(results: dict) -> str:
                    f"{len(done)} datasets, "
                    f"{sum(results['datasets'][r['dataset']][m]['fit_cpu_s'] for r in done):.0f}"
                    " s CPU")
-    line = ablation(results)
-    if line:
-        out.append(line)
+    for line in (sizes_and_gaps(main), ablation(results)):
+        if line:
+            out.append(line)
     for r in held:
         out.append(f"- held out {r['dataset']}: linattn {_f(r['linattn'])}, MiniRocket "
                    f"{_f(r['MiniRocket'])}, InceptionTime {_f(r['InceptionTime'])}, HC2 "
@@ -631,6 +668,9 @@ def main() -> None:
     ap.add_argument("--reuse-minirocket", metavar="OLD_JSON",
                     help="copy MiniRocket's rows from this earlier results file where the data "
                          "are the same instead of refitting")
+    ap.add_argument("--merge", nargs="+", metavar="PART_JSON",
+                    help="write these results files, run apart, as one to --results, then "
+                         "report it")
     ap.add_argument("--before", metavar="OLD_JSON",
                     help="report: also the linattn accuracies of this earlier results file")
     ap.add_argument("--plot-suffix", default="", help="ucr_scatter{SUFFIX}.png, ucr_cd{SUFFIX}.png")
@@ -649,7 +689,16 @@ def main() -> None:
         train_check(args.train_check.split(","), args.threads,
                     path.with_name("train_check.json"), args.rule)
         return
-    if not args.report:
+    if args.merge:
+        from linattn._io import write_json
+
+        try:
+            merged = merge([json.loads(Path(m).read_text()) for m in args.merge], args.merge)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--merge: {e}") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, merged)
+    elif not args.report:
         from linattn.datasets import package_datasets
 
         if not Path(args.minirocket_python).exists():

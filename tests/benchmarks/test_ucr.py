@@ -200,3 +200,55 @@ def test_a_results_file_of_another_method_is_refused(ucr, tmp_path, monkeypatch)
                                       "--datasets", "Coffee"])
     with pytest.raises(SystemExit, match="its rows are of seed 0; give --seed 1"):
         ucr.main()
+
+
+def test_merge_joins_parts_of_one_rule_and_refuses_overlaps(ucr):
+    a = {"meta": {"rule": {"name": "conv: x", "seed": 0}, "cpu": "A"},
+         "datasets": {"A": {"test": 1}, "B": {"test": 2}}}
+    b = {"meta": {"rule": {"name": "conv: x", "seed": 0}, "cpu": "B"},
+         "datasets": {"C": {"test": 3}}}
+    out = ucr.merge([a, b], ["a.json", "b.json"])
+    assert list(out["datasets"]) == ["A", "B", "C"] and out["meta"]["cpu"] == "A"
+    with pytest.raises(ValueError, match="b.json: A is in an earlier file too"):
+        ucr.merge([a, {**b, "datasets": {"A": {"test": 1}}}], ["a.json", "b.json"])
+    with pytest.raises(ValueError, match="b.json: its rule differs from a.json's"):
+        ucr.merge([a, {**b, "meta": {"rule": {"name": "conv: x", "seed": 1}}}],
+                  ["a.json", "b.json"])
+
+
+def test_merge_from_the_command_line(ucr, tmp_path, monkeypatch):
+    import sys
+
+    def row(acc, mr):
+        return {"train": 10, "test": 10, "length": 5, "classes": 2,
+                "linattn": {"accuracy": acc, "fit_s": 1.0, "fit_cpu_s": 1.0},
+                "MiniRocket": {"accuracy": mr, "fit_s": 1.0, "fit_cpu_s": 1.0}}
+
+    meta = {"rule": {"name": "defaults"}}
+    (tmp_path / "a.json").write_text(json.dumps({"meta": meta, "datasets": {"A": row(.9, .8)}}))
+    (tmp_path / "b.json").write_text(json.dumps({"meta": meta, "datasets": {"B": row(.5, .7)}}))
+    out = tmp_path / "all" / "results.json"
+    monkeypatch.setattr(ucr, "scatter_plot", lambda *a, **k: None)
+    monkeypatch.setattr(ucr, "cd_plot", lambda *a, **k: False)
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--merge", str(tmp_path / "a.json"),
+                                      str(tmp_path / "b.json"), "--results", str(out),
+                                      "--plots", str(tmp_path)])
+    ucr.main()
+    assert sorted(json.loads(out.read_text())["datasets"]) == ["A", "B"]
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--merge", str(tmp_path / "a.json"),
+                                      str(tmp_path / "a.json"), "--results", str(out)])
+    with pytest.raises(SystemExit, match="--merge: .*a.json: A is in an earlier file too"):
+        ucr.main()
+
+
+def test_sizes_and_gaps_line(ucr):
+    def row(name, train, acc, mr):
+        return {"dataset": name, "train": train, "linattn": acc, "MiniRocket": mr}
+
+    rows = [row("A", 20, 0.9, 0.8), row("B", 100, 0.5, 0.7), row("C", 64, 0.6, 0.65),
+            row("D", 500, 0.8, 0.8), row("E", 30, None, 0.9)]
+    line = ucr.sizes_and_gaps(rows, widest=2)
+    assert line == ("- <= 64 training series, 2 datasets: linattn 0.7500, MiniRocket 0.7250; "
+                    "larger, 2 datasets: linattn 0.6500, MiniRocket 0.7500; widest gaps below "
+                    "MiniRocket: B 0.200 (0.500 against 0.700), C 0.050 (0.600 against 0.650)")
+    assert ucr.sizes_and_gaps([row("E", 30, None, 0.9)]) is None
