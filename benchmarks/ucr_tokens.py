@@ -35,7 +35,15 @@ segment tokens (``TokenNet(global_features=...)``), so that attention relates ea
 the whole series. Variants ``attnG`` (2 layers), ``poolG`` (the mixer removed), each alone and
 plus ``ridge10k``.
 
-In rounds 2 and 3 each dataset's validation probabilities of every head are kept beside the
+``--round 4`` (``runs/ucr_tokens/round4.json``) widens the ridge head with a second kind of
+feature, :class:`~linattn.tsc.competing.CompetingKernels` (Hydra's competing random kernels:
+how often each kernel of a group is its group's best and worst match, on the series and its
+difference), standardised like the rest and joined to the 10,000 PPV features: ``ridgeH``.
+The nets are round 3's (``attnG``, ``poolG``, the global token reads the PPV features), and
+every sum sharpens the ridge at 30, the estimator's default: ``attnG+ridge10k`` (the current
+defaults), ``attnG+ridgeH``, ``poolG+ridgeH`` (its ablation).
+
+In rounds 2 to 4 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
 without refitting.
 
@@ -47,6 +55,7 @@ after every dataset; a rerun skips the datasets already there::
     .venv/bin/python benchmarks/ucr_tokens.py --report               # the summary only
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 2  # the second round
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 3  # the third
+    nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 4  # the fourth
     .venv/bin/python benchmarks/ucr_tokens.py --temperatures runs/ucr_tokens/round2_heads \
         runs/ucr_tokens/round3_heads                                 # the ridge's temperature
 """
@@ -70,6 +79,10 @@ VARIANTS_2 = ("ridge", "ridge10k", "attn", "attn×3", "pool", "attn+ridge", "att
               "attn×3+ridge10k", "pool+ridge10k")
 #: The third round's variants.
 VARIANTS_3 = ("ridge10k", "attnG", "poolG", "attnG+ridge10k", "poolG+ridge10k")
+#: The fourth round's variants; in every sum the ridge head is sharpened to the estimator's
+#: default temperature (30), as the third round chose.
+VARIANTS_4 = ("ridge10k", "ridgeH", "attnG", "poolG", "attnG+ridge10k", "attnG+ridgeH",
+              "poolG+ridgeH")
 #: Global PPV features of the second round's ridge head (MiniRocket's count).
 RIDGE_FEATURES = 10000
 #: The summary's head-to-head lines of each round.
@@ -79,7 +92,10 @@ PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+rid
              ("attn×3+ridge10k", "attn+ridge10k"), ("attn+ridge10k", "pool+ridge10k"),
              ("attn+ridge10k", "ridge10k")),
          3: (("attnG", "poolG"), ("attnG+ridge10k", "ridge10k"),
-             ("attnG+ridge10k", "poolG+ridge10k"))}
+             ("attnG+ridge10k", "poolG+ridge10k")),
+         4: (("ridgeH", "ridge10k"), ("attnG+ridgeH", "attnG+ridge10k"),
+             ("attnG+ridgeH", "poolG+ridgeH"), ("attnG+ridgeH", "ridgeH"),
+             ("attnG+ridge10k", "ridge10k"))}
 HELD_OUT = ("FordB",)
 
 
@@ -226,6 +242,40 @@ def study_3(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
+def study_4(name: str, heads_dir: Path | None = None) -> dict:
+    """The fourth round (module docstring): competing-kernel features beside the PPV ones in
+    the ridge head; the nets as in round 3."""
+    from linattn.tsc.competing import CompetingKernels
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    n = len(classes)
+    T_tr, T_va, G_tr, G_va = _tokens_and_global(X, tr, va, row)
+    H_tr, H_va = _timed(row, "transform_hydra_s", _scaled_features, CompetingKernels(), X, tr,
+                        va)
+    row["features_hydra"] = H_tr.shape[1]
+    heads = {"ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr, y[tr], G_va, n),
+             "ridgeH": _timed(row, "ridgeH_s", _ridge_head, np.hstack([G_tr, H_tr]), y[tr],
+                              np.hstack([G_va, H_va]), n)}
+    for label, layers in (("attnG", 2), ("poolG", 0)):
+        heads[label] = _timed(row, label + "_s", _net_head, T_tr, y[tr], T_va, n, layers, 0,
+                              G_tr, G_va)
+    sharp = {k: resharpen(v, 30.0) if k.startswith("ridge") else v for k, v in heads.items()}
+    row["accuracy"] = _accuracies(sharp, VARIANTS_4, y[va])
+    _keep_heads(heads_dir, name, y[va], heads)
+    return row
+
+
+def _scaled_features(transform, X: np.ndarray, tr: np.ndarray, va: np.ndarray):
+    """``transform`` (features (n, F)) fitted on X[tr]; both parts standardised with the
+    train part's mean and spread."""
+    from linattn.tsc.conv_classifier import token_scaling
+
+    transform.fit(X[tr])
+    F_tr, F_va = transform.transform(X[tr]), transform.transform(X[va])
+    mu, sd = token_scaling(F_tr[:, None])
+    return (F_tr - mu) / sd, (F_va - mu) / sd
+
+
 def summary(results: dict) -> str:
     """The table of mean and median accuracies, the round's head-to-head lines and the time;
     the round is read from the rows' variants."""
@@ -233,8 +283,9 @@ def summary(results: dict) -> str:
     if not rows:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
-    rnd = 3 if "attnG" in first else 2 if "ridge10k" in first else 1
-    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3}[rnd]
+    rnd = (4 if "ridgeH" in first else 3 if "attnG" in first else 2 if "ridge10k" in first
+           else 1)
+    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4}[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
              "| variant | mean | median |", "|---|--:|--:|"]
@@ -302,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, help="results file (default "
                    "runs/ucr_tokens/results.json, or roundN.json with --round N)")
-    p.add_argument("--round", type=int, choices=(1, 2, 3), default=1, help="which study")
+    p.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1, help="which study")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
@@ -333,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
-                (study_2 if a.round == 2 else study_3)(
+                {2: study_2, 3: study_3, 4: study_4}[a.round](
                     name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)

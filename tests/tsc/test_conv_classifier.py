@@ -110,6 +110,43 @@ def test_a_richer_global_ridge_head_and_an_ensemble_of_nets():
         ConvAttentionClassifier(**{**FAST, "global_features": -1}).fit(X, y)
 
 
+def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
+    from linattn.tsc.competing import CompetingKernels
+    from linattn.tsc.conv_tokens import ConvTokens
+
+    X, y = _two_shapes(30)
+    clf = ConvAttentionClassifier(**{**FAST, "competing_groups": 4}).fit(X, y)
+    # the ridge reads [global PPV features, competing-kernel counts], each standardised with
+    # the training mean and spread, in that order
+    G = ConvTokens(1, 2000, clf.quantiles, random_state=0).fit(X).transform(X)[:, 0]
+    H = CompetingKernels(4, random_state=0).fit(X).transform(X)
+    assert H.shape[1] == clf.competing_.n_features
+    both = np.hstack([(G - G.mean(0)) / (G.std(0) + 1e-3), (H - H.mean(0)) / (H.std(0) + 1e-3)])
+    ref = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(both, (y == "late").astype(int))
+    tol = 1e3 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(clf.ridge_.decision_function(both), ref.decision_function(both),
+                               rtol=tol, atol=tol)
+    T = (clf.tokens_.transform(X) - clf.mean_) / clf.scale_
+    Gs = (G - clf.global_mean_) / clf.global_scale_  # the net's global token: PPV features only
+    want = (token_net_proba(clf.net_, T, global_features=Gs)
+            + ridge_proba(ref.decision_function(both), ref.classes_, 2, 30.0)) / 2
+    np.testing.assert_allclose(clf.predict_proba(X), want, rtol=tol, atol=tol)
+    back = ConvAttentionClassifier.load(clf.save(tmp_path / "m"))
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+    from safetensors.torch import load_file, save_file
+
+    from linattn.train_loop import CheckpointError
+
+    weights = load_file(str(tmp_path / "m" / "model.safetensors"))
+    del weights["competing.weights.0"]
+    save_file(weights, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"competing.weights.\*: expected"):
+        ConvAttentionClassifier.load(tmp_path / "m")
+    for params in ({"competing_groups": 3}, {"competing_groups": 4, "ridge": False}):
+        with pytest.raises(ValueError, match="competing_groups must be 0 or even"):
+            ConvAttentionClassifier(**{**FAST, **params}).fit(X, y)
+
+
 def test_ridge_proba_places_the_classes_it_saw():
     two = ridge_proba(np.array([-1.0, 0.0, 2.0]))
     assert two.shape == (3, 2) and two[2, 1] > two[2, 0] and two[1, 0] == two[1, 1]

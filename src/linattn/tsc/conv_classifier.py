@@ -47,6 +47,7 @@ from sklearn.utils.validation import check_is_fitted
 from linattn._config import Check, Range
 from linattn._io import write_atomic, write_json
 from linattn.train_loop import CheckpointError, first_non_finite
+from linattn.tsc.competing import CompetingKernels
 from linattn.tsc.conv_tokens import ConvTokens, TokenNet, at_least, check_param
 from linattn.tsc.data import MISSING, fill_nan_padding
 from linattn.tsc.estimator import (
@@ -70,7 +71,7 @@ PARAM_RULES = {
     **{name: at_least(low) for name, low in (
         ("segments", 1), ("features", 1), ("quantiles", 0), ("num_layers", 0), ("d_model", 1),
         ("num_heads", 1), ("steps", 1), ("batch_size", 1), ("global_features", 0),
-        ("n_nets", 1))},
+        ("n_nets", 1), ("competing_groups", 0))},
     "dropout": (Check(float, Range(0.0, 1.0)), "a finite number in [0, 1)"),
     "lr": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
     "weight_decay": (Check(float, Range(0.0, math.inf)), "a finite number >= 0"),
@@ -198,7 +199,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                  dropout: float = 0.1, steps: int = 600, batch_size: int = 32,
                  lr: float = 2e-3, weight_decay: float = 0.05, ridge: bool = True,
                  global_features: int = 10000, global_token: bool = True, n_nets: int = 1,
-                 ridge_temperature: float = 30.0, missing: str = "error",
+                 ridge_temperature: float = 30.0, competing_groups: int = 0,
+                 missing: str = "error",
                  random_state: int = 0, n_threads: int | None = None) -> None:
         self.segments, self.features, self.quantiles = segments, features, quantiles
         self.num_layers, self.d_model, self.num_heads = num_layers, d_model, num_heads
@@ -206,6 +208,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.lr, self.weight_decay, self.ridge = lr, weight_decay, ridge
         self.global_features, self.global_token = global_features, global_token
         self.n_nets, self.ridge_temperature = n_nets, ridge_temperature
+        self.competing_groups = competing_groups
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
@@ -233,6 +236,15 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             return None
         return (self.global_tokens_.transform(X)[:, 0] - self.global_mean_) / self.global_scale_
 
+    def _ridge_input(self, X: np.ndarray, T: np.ndarray, G: np.ndarray | None) -> np.ndarray:
+        """What the ridge head reads: the global features (the tokens' mean without them),
+        and the standardised competing-kernel counts beside them when the model has those."""
+        F = T.mean(1) if G is None else G
+        if self.competing_ is None:
+            return F
+        H = (self.competing_.transform(X) - self.competing_mean_) / self.competing_scale_
+        return np.hstack([F, H])
+
     def _checked_params(self, where: str) -> int:
         """The parameters checked (one-line ValueError naming the first bad one); returns the
         seed (``random_state``, None meaning 0)."""
@@ -248,6 +260,10 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         _check_threads(self.n_threads, where)
         if self.global_token and not self.global_features:
             raise ValueError(f"{where}: global_token needs global_features > 0")
+        if self.competing_groups and (self.competing_groups % 2 or not self.ridge):
+            raise ValueError(f"{where}: competing_groups must be 0 or even (half the groups read "
+                             f"the difference), and needs ridge=True (only the ridge reads "
+                             f"them), got {self.competing_groups} with ridge={self.ridge}")
         if self.d_model % self.num_heads:
             raise ValueError(f"{where}: d_model ({self.d_model}) must be a multiple of "
                              f"num_heads ({self.num_heads})")
@@ -280,8 +296,14 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                 self.global_mean_, self.global_scale_ = token_scaling(
                     self.global_tokens_.transform(X))
             G = self._global(X)
+            self.competing_ = self.competing_mean_ = self.competing_scale_ = None
+            if self.competing_groups:
+                self.competing_ = CompetingKernels(self.competing_groups,
+                                                   random_state=seed).fit(X)
+                self.competing_mean_, self.competing_scale_ = token_scaling(
+                    self.competing_.transform(X)[:, None])
             if self.ridge:
-                self.ridge_ = RidgeHead.fit(T.mean(1) if G is None else G, codes)
+                self.ridge_ = RidgeHead.fit(self._ridge_input(X, T, G), codes)
             self.nets_ = [train_token_net(
                 T, codes, len(self.classes_), num_layers=self.num_layers,
                 d_model=self.d_model, num_heads=self.num_heads, dropout=self.dropout,
@@ -302,7 +324,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             p = sum(token_net_proba(net, T, global_features=net_g)
                     for net in self.nets_) / len(self.nets_)
             if self.ridge_ is not None:
-                d = self.ridge_.decision_function(T.mean(1) if G is None else G)
+                d = self.ridge_.decision_function(self._ridge_input(X, T, G))
                 p = (p + ridge_proba(d, self.ridge_.classes_, len(self.classes_),
                                      self.ridge_temperature)) / 2
         return p
@@ -326,6 +348,10 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             t.update({**self.global_tokens_.state("global_tokens."),
                       "global_tokens.mean": torch.from_numpy(self.global_mean_),
                       "global_tokens.scale": torch.from_numpy(self.global_scale_)})
+        if self.competing_ is not None:
+            t.update({**self.competing_.state("competing."),
+                      "competing.mean": torch.from_numpy(self.competing_mean_),
+                      "competing.scale": torch.from_numpy(self.competing_scale_)})
         if self.ridge_ is not None:
             t.update({"ridge.coef": torch.from_numpy(np.ascontiguousarray(self.ridge_.coef)),
                       "ridge.intercept": torch.from_numpy(self.ridge_.intercept),
@@ -406,8 +432,15 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                 t, "global_tokens.", L)
             self.global_mean_, self.global_scale_ = _scaling(t, "global_tokens.",
                                                            self.global_tokens_.n_features)
+        self.competing_ = self.competing_mean_ = self.competing_scale_ = None
+        if self.competing_groups:
+            self.competing_ = CompetingKernels(self.competing_groups).load_state(
+                t, "competing.", L)
+            self.competing_mean_, self.competing_scale_ = _scaling(t, "competing.",
+                                                                 self.competing_.n_features)
         if self.ridge:
             n_in = (self.tokens_ if self.global_tokens_ is None else self.global_tokens_).n_features
+            n_in += 0 if self.competing_ is None else self.competing_.n_features
             rows = 1 if n_cls == 2 else n_cls  # fit sees every class: two make one column
             coef, icpt, seen = (t.get(f"ridge.{k}") for k in ("coef", "intercept", "classes"))
             if coef is None or icpt is None or seen is None:
@@ -449,6 +482,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         if self.global_tokens_ is not None:
             known |= set(self.global_tokens_.state("global_tokens.")) | {
                 "global_tokens.mean", "global_tokens.scale"}
+        if self.competing_ is not None:
+            known |= set(self.competing_.state("competing.")) | {"competing.mean",
+                                                                 "competing.scale"}
         if self.ridge_ is not None:
             known |= {"ridge.coef", "ridge.intercept", "ridge.classes"}
         extra = sorted(set(t) - known)
