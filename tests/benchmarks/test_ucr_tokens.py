@@ -54,9 +54,9 @@ class _Unread:
         raise AssertionError("the TEST split was read")
 
 
-@pytest.mark.parametrize("rnd", [2, 3])
+@pytest.mark.parametrize("rnd", [2, 3, 4])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
-    variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3}[rnd]
+    variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4}[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
     res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2}}}
     text = bench.summary(res)
@@ -64,7 +64,7 @@ def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
     assert "fit time, all variants: 2 s" in text
 
 
-@pytest.mark.parametrize("rnd", [1, 2, 3])
+@pytest.mark.parametrize("rnd", [1, 2, 3, 4])
 def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch, rnd):
     import linattn.datasets as ds
 
@@ -81,7 +81,8 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     assert bench.main(args) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert (row["train"], row["validation"], row["classes"]) == (16, 8, 2)
-    variants = {1: bench.VARIANTS, 2: bench.VARIANTS_2, 3: bench.VARIANTS_3}[rnd]
+    variants = {1: bench.VARIANTS, 2: bench.VARIANTS_2, 3: bench.VARIANTS_3,
+                4: bench.VARIANTS_4}[rnd]
     assert set(row["accuracy"]) == set(variants)
     ridge = "ridge" if rnd == 1 else "ridge10k"
     assert row["accuracy"][ridge] == 1.0  # sine against cosine: the ridge head separates them
@@ -89,7 +90,9 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
         heads = np.load(tmp_path / "r_heads" / "Made.npz")
         assert heads["y"].shape == (8,) and heads[ridge].shape == (8, 2)
     # a rerun skips the dataset (no refit) and prints the summary
-    for study in ("study", "study_2", "study_3"):
+    if rnd == 4:
+        assert row["accuracy"]["ridgeH"] == 1.0 and heads["ridgeH"].shape == (8, 2)
+    for study in ("study", "study_2", "study_3", "study_4"):
         monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
     assert bench.main(args) == 0
 
