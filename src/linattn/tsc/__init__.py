@@ -17,10 +17,11 @@ _EXPORTS = {
     "LinearAttentionClassifier": "linattn.tsc.estimator",  # scikit-learn: an optional extra
     "ConvAttentionClassifier": "linattn.tsc.conv_classifier",  # scikit-learn too
     "ConvTokens": "linattn.tsc.conv_tokens",
+    "CompetingKernels": "linattn.tsc.competing",
 }
 
 __all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier",
-           "ConvAttentionClassifier", "ConvTokens"]
+           "ConvAttentionClassifier", "ConvTokens", "CompetingKernels"]
 
 
 def __getattr__(name: str):
