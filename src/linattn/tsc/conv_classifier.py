@@ -199,7 +199,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                  dropout: float = 0.1, steps: int = 600, batch_size: int = 32,
                  lr: float = 2e-3, weight_decay: float = 0.05, ridge: bool = True,
                  global_features: int = 10000, global_token: bool = True, n_nets: int = 1,
-                 ridge_temperature: float = 30.0, competing_groups: int = 0,
+                 ridge_temperature: float = 5.0, competing_groups: int = 64,
                  missing: str = "error",
                  random_state: int = 0, n_threads: int | None = None) -> None:
         self.segments, self.features, self.quantiles = segments, features, quantiles
