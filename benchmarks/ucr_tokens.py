@@ -58,6 +58,8 @@ after every dataset; a rerun skips the datasets already there::
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 4  # the fourth
     .venv/bin/python benchmarks/ucr_tokens.py --temperatures runs/ucr_tokens/round2_heads \
         runs/ucr_tokens/round3_heads                                 # the ridge's temperature
+    .venv/bin/python benchmarks/ucr_tokens.py --temperatures runs/ucr_tokens/round4_heads \
+        --ridge-head ridgeH                                          # round 4's
 """
 
 from __future__ import annotations
@@ -304,7 +306,7 @@ def summary(results: dict) -> str:
 
 
 #: Ridge temperatures the ``--temperatures`` table compares (the heads were kept at 3).
-TEMPERATURES = (3.0, 10.0, 30.0)
+TEMPERATURES = (3.0, 5.0, 10.0, 20.0, 30.0)
 
 
 def resharpen(p: np.ndarray, temperature: float) -> np.ndarray:
@@ -317,10 +319,12 @@ def resharpen(p: np.ndarray, temperature: float) -> np.ndarray:
     return z / z.sum(1, keepdims=True)
 
 
-def temperature_table(heads_dirs: list[Path]) -> str:
-    """Mean validation accuracy of each kept net head plus the ``ridge10k`` head resharpened
-    to each of :data:`TEMPERATURES`, over the datasets every folder has (FordB left out):
-    how the estimator's ``ridge_temperature`` was chosen."""
+def temperature_table(heads_dirs: list[Path], ridge: str = "ridge10k") -> str:
+    """Mean validation accuracy of each kept net head plus the ``ridge`` head resharpened to
+    each of :data:`TEMPERATURES`, over the datasets every folder has (FordB left out): how the
+    estimator's ``ridge_temperature`` was chosen. With the nets ``attnG`` and ``poolG`` both
+    kept, a last line counts the sets where the first is better, equal, worse at each t (the
+    ablation at each sharpness)."""
     files = [{f.stem: f for f in d.glob("*.npz")} for d in heads_dirs]
     names = sorted(set.intersection(*(set(f) for f in files)) - set(HELD_OUT))
     if not names:
@@ -329,20 +333,30 @@ def temperature_table(heads_dirs: list[Path]) -> str:
     for f in files:
         for n in names:
             heads[n].update(np.load(f[n]))
-    nets = [k for k in heads[names[0]] if k not in ("y", "ridge", "ridge10k")]
+    if ridge not in heads[names[0]]:
+        return f"no {ridge} head kept in these folders\n"
+    nets = [k for k in heads[names[0]] if k != "y" and not k.startswith("ridge")]
 
-    def mean_acc(proba) -> float:
-        return float(np.mean([(proba(h).argmax(1) == h["y"]).mean() for h in heads.values()]))
+    def accs(proba) -> np.ndarray:
+        return np.array([(proba(h).argmax(1) == h["y"]).mean() for h in heads.values()])
 
-    lines = [f"validation accuracy on {len(names)} datasets: net + ridge10k at temperature t",
+    def with_ridge(net: str, t: float) -> np.ndarray:
+        return accs(lambda h: h[net] + resharpen(h[ridge], t))
+
+    alone = accs(lambda h: h[ridge]).mean()
+    lines = [f"validation accuracy on {len(names)} datasets: net + {ridge} at temperature t",
              "", "| net | " + " | ".join(f"t={t:g}" for t in TEMPERATURES) + " |",
              "|---|" + "--:|" * len(TEMPERATURES),
-             "| (ridge10k alone) | " + " | ".join(
-                 f"{mean_acc(lambda h: h['ridge10k']):.4f}" for _ in TEMPERATURES) + " |"]
+             f"| ({ridge} alone) | " + " | ".join(f"{alone:.4f}" for _ in TEMPERATURES) + " |"]
     for net in nets:
-        lines.append(f"| {net} | " + " | ".join(
-            f"{mean_acc(lambda h, t=t, net=net: h[net] + resharpen(h['ridge10k'], t)):.4f}"
-            for t in TEMPERATURES) + " |")
+        lines.append(f"| {net} | " + " | ".join(f"{with_ridge(net, t).mean():.4f}"
+                                                for t in TEMPERATURES) + " |")
+    if "attnG" in nets and "poolG" in nets:
+        wtl = []
+        for t in TEMPERATURES:
+            a, b = with_ridge("attnG", t), with_ridge("poolG", t)
+            wtl.append(f"{(a > b).sum()}/{(a == b).sum()}/{(a < b).sum()}")
+        lines.append("| attnG against poolG, W/T/L | " + " | ".join(wtl) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -361,9 +375,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the ridge-temperature table of these kept-heads folders "
                    "(e.g. runs/ucr_tokens/round2_heads runs/ucr_tokens/round3_heads), fit "
                    "nothing")
+    p.add_argument("--ridge-head", default="ridge10k", help="--temperatures: the kept ridge "
+                   "head to resharpen (default ridge10k; round 4 also keeps ridgeH)")
     a = p.parse_args(argv)
     if a.temperatures:
-        print(temperature_table(a.temperatures), end="")
+        print(temperature_table(a.temperatures, a.ridge_head), end="")
         return 0
     if a.results is None:
         a.results = Path("runs/ucr_tokens") / (f"round{a.round}.json" if a.round > 1

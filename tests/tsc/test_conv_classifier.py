@@ -21,7 +21,8 @@ from linattn.tsc.conv_classifier import (  # noqa: E402
 
 FAST = {"steps": 30, "features": 400, "global_features": 2000}
 #: The first configuration: the ridge on the pooled tokens, no global token, temperature 3.
-POOLED = {**FAST, "global_features": 0, "global_token": False, "ridge_temperature": 3.0}
+POOLED = {**FAST, "global_features": 0, "global_token": False, "ridge_temperature": 3.0,
+          "competing_groups": 0}
 
 
 def _two_shapes(n: int, length: int = 60, seed: int = 0):
@@ -129,7 +130,7 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     T = (clf.tokens_.transform(X) - clf.mean_) / clf.scale_
     Gs = (G - clf.global_mean_) / clf.global_scale_  # the net's global token: PPV features only
     want = (token_net_proba(clf.net_, T, global_features=Gs)
-            + ridge_proba(ref.decision_function(both), ref.classes_, 2, 30.0)) / 2
+            + ridge_proba(ref.decision_function(both), ref.classes_, 2, clf.ridge_temperature)) / 2
     np.testing.assert_allclose(clf.predict_proba(X), want, rtol=tol, atol=tol)
     back = ConvAttentionClassifier.load(clf.save(tmp_path / "m"))
     np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
@@ -142,9 +143,10 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     save_file(weights, str(tmp_path / "m" / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"competing.weights.\*: expected"):
         ConvAttentionClassifier.load(tmp_path / "m")
-    for params in ({"competing_groups": 3}, {"competing_groups": 4, "ridge": False}):
-        with pytest.raises(ValueError, match="competing_groups must be 0 or even"):
-            ConvAttentionClassifier(**{**FAST, **params}).fit(X, y)
+    with pytest.raises(ValueError, match="competing_groups must be 0 or even"):
+        ConvAttentionClassifier(**{**FAST, "competing_groups": 3}).fit(X, y)
+    # without a ridge head nothing reads them, and they are not computed
+    assert ConvAttentionClassifier(**{**FAST, "ridge": False}).fit(X, y).competing_ is None
 
 
 def test_ridge_proba_places_the_classes_it_saw():

@@ -13,9 +13,12 @@ them, and their class probabilities are added:
   leave-one-out on the training series) on global features: with ``global_features=0`` the
   tokens' mean (the global proportions), otherwise a second, richer
   :class:`~linattn.tsc.conv_tokens.ConvTokens` of one segment and about ``global_features``
-  features (default 10,000, MiniRocket's budget), standardised the same way; its decision
-  values become probabilities by a softmax of ``ridge_temperature`` (default 30) × them, sharp
-  enough that the ridge decides where it is confident and the net settles its near-ties.
+  features (default 10,000, MiniRocket's budget), standardised the same way, and beside them
+  ``competing_groups`` (default 64) groups of Hydra-style
+  :class:`~linattn.tsc.competing.CompetingKernels` counts; its decision values become
+  probabilities by a softmax of ``ridge_temperature`` (default 5) × them, sharp enough that
+  the ridge decides where it is confident, soft enough that a confident net can overrule a
+  hesitant ridge.
 
 With ``global_token=True`` (the default) each net also reads those global features as one more
 token after the segments, so that attention relates every segment to the whole series.
@@ -187,9 +190,11 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     ``batch_size``, ``lr``, ``weight_decay``, ``n_nets``; global features:
     ``global_features`` (about how many, from a one-segment :class:`ConvTokens`; 0: none, the
     ridge then reads the tokens' mean), ``global_token`` (the nets also read them, as one more
-    token); ``ridge``: add the ridge head's probabilities, sharpened by
+    token); ``competing_groups`` (groups of competing kernels whose counts the ridge reads
+    too; 0: none; even); ``ridge``: add the ridge head's probabilities, sharpened by
     ``ridge_temperature``. Fitted: ``classes_``, ``tokens_``, ``nets_`` (``net_`` the first),
-    ``ridge_`` (a :class:`RidgeHead`, None without), ``global_tokens_`` (None when unused),
+    ``ridge_`` (a :class:`RidgeHead`, None without), ``global_tokens_`` and ``competing_``
+    (None when unused),
     ``fit_time_``. ``save(dir)`` writes ``config.json`` and ``model.safetensors`` (no pickle);
     ``ConvAttentionClassifier.load(dir)`` restores the same predictions.
     """
@@ -260,10 +265,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         _check_threads(self.n_threads, where)
         if self.global_token and not self.global_features:
             raise ValueError(f"{where}: global_token needs global_features > 0")
-        if self.competing_groups and (self.competing_groups % 2 or not self.ridge):
+        if self.competing_groups % 2:
             raise ValueError(f"{where}: competing_groups must be 0 or even (half the groups read "
-                             f"the difference), and needs ridge=True (only the ridge reads "
-                             f"them), got {self.competing_groups} with ridge={self.ridge}")
+                             f"the difference), got {self.competing_groups}")
         if self.d_model % self.num_heads:
             raise ValueError(f"{where}: d_model ({self.d_model}) must be a multiple of "
                              f"num_heads ({self.num_heads})")
@@ -297,7 +301,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                     self.global_tokens_.transform(X))
             G = self._global(X)
             self.competing_ = self.competing_mean_ = self.competing_scale_ = None
-            if self.competing_groups:
+            if self.competing_groups and self.ridge:  # only the ridge head reads them
                 self.competing_ = CompetingKernels(self.competing_groups,
                                                    random_state=seed).fit(X)
                 self.competing_mean_, self.competing_scale_ = token_scaling(
@@ -433,7 +437,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             self.global_mean_, self.global_scale_ = _scaling(t, "global_tokens.",
                                                            self.global_tokens_.n_features)
         self.competing_ = self.competing_mean_ = self.competing_scale_ = None
-        if self.competing_groups:
+        if self.competing_groups and self.ridge:
             self.competing_ = CompetingKernels(self.competing_groups).load_state(
                 t, "competing.", L)
             self.competing_mean_, self.competing_scale_ = _scaling(t, "competing.",
