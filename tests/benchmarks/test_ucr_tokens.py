@@ -114,6 +114,14 @@ def test_resharpen_is_the_ridge_softmax_at_another_temperature(bench, tmp_path):
         np.savez(tmp_path / folder / "D.npz", y=y, **heads)
     text = bench.temperature_table([tmp_path / "a", tmp_path / "b"])
     assert "on 1 datasets" in text and "| (ridge10k alone) | 1.0000 |" in text
-    # t=3: the net outvotes the soft ridge on both series; t=10: on the first only (its ridge
-    # log-odds 10/3·log(0.6/0.4) = 1.35 against the net's 2.2); t=30: on neither
-    assert "| net | 0.0000 | 0.5000 | 1.0000 |" in text
+    # t=3 and 5: the net outvotes the soft ridge on both series; t=10: on the first only (its
+    # ridge log-odds 10/3·log(0.6/0.4) = 1.35 against the net's 2.2); t=20 and 30: on neither
+    assert "| net | 0.0000 | 0.0000 | 0.5000 | 1.0000 | 1.0000 |" in text
+    # another kept ridge head, and the attention net against its no-mixer twin at each t
+    (tmp_path / "c").mkdir()
+    np.savez(tmp_path / "c" / "D.npz", y=y, ridgeH=np.array([[0.6, 0.4], [0.45, 0.55]]),
+             attnG=np.array([[0.1, 0.9], [0.6, 0.4]]), poolG=np.array([[0.5, 0.5], [0.5, 0.5]]))
+    text = bench.temperature_table([tmp_path / "c"], "ridgeH")
+    assert "| attnG | 0.0000 | 0.0000 | 0.5000 | 1.0000 | 1.0000 |" in text
+    assert "| attnG against poolG, W/T/L | 0/0/1 | 0/0/1 | 0/0/1 | 0/1/0 | 0/1/0 |" in text
+    assert "no ridge10k head kept" in bench.temperature_table([tmp_path / "c"])
