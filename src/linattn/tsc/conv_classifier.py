@@ -241,14 +241,19 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             return None
         return (self.global_tokens_.transform(X)[:, 0] - self.global_mean_) / self.global_scale_
 
-    def _ridge_input(self, X: np.ndarray, T: np.ndarray, G: np.ndarray | None) -> np.ndarray:
-        """What the ridge head reads: the global features (the tokens' mean without them),
-        and the standardised competing-kernel counts beside them when the model has those."""
-        F = T.mean(1) if G is None else G
+    def _competing(self, X) -> np.ndarray | None:
+        """Standardised competing-kernel counts (n, H) of series X, None when unused."""
         if self.competing_ is None:
-            return F
-        H = (self.competing_.transform(X) - self.competing_mean_) / self.competing_scale_
-        return np.hstack([F, H])
+            return None
+        return (self.competing_.transform(X) - self.competing_mean_) / self.competing_scale_
+
+    @staticmethod
+    def _ridge_input(T: np.ndarray, G: np.ndarray | None, H: np.ndarray | None) -> np.ndarray:
+        """What the ridge head reads: the global features G (the tokens' mean T.mean(1)
+        without them), and the competing-kernel counts H beside them when the model has
+        those."""
+        F = T.mean(1) if G is None else G
+        return F if H is None else np.hstack([F, H])
 
     def _checked_params(self, where: str) -> int:
         """The parameters checked (one-line ValueError naming the first bad one); returns the
@@ -297,17 +302,20 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                 # the global features refine the pooled tokens' rather than replace them
                 self.global_tokens_ = ConvTokens(1, self.global_features, self.quantiles,
                                                  random_state=seed).fit(X)
-                self.global_mean_, self.global_scale_ = token_scaling(
-                    self.global_tokens_.transform(X))
-            G = self._global(X)
-            self.competing_ = self.competing_mean_ = self.competing_scale_ = None
+                G = self.global_tokens_.transform(X)  # (n, 1, G), transformed once
+                self.global_mean_, self.global_scale_ = token_scaling(G)
+                G = (G[:, 0] - self.global_mean_) / self.global_scale_
+            else:
+                G = None
+            self.competing_ = self.competing_mean_ = self.competing_scale_ = H = None
             if self.competing_groups and self.ridge:  # only the ridge head reads them
                 self.competing_ = CompetingKernels(self.competing_groups,
                                                    random_state=seed).fit(X)
-                self.competing_mean_, self.competing_scale_ = token_scaling(
-                    self.competing_.transform(X)[:, None])
+                H = self.competing_.transform(X)
+                self.competing_mean_, self.competing_scale_ = token_scaling(H[:, None])
+                H = (H - self.competing_mean_) / self.competing_scale_
             if self.ridge:
-                self.ridge_ = RidgeHead.fit(self._ridge_input(X, T, G), codes)
+                self.ridge_ = RidgeHead.fit(self._ridge_input(T, G, H), codes)
             self.nets_ = [train_token_net(
                 T, codes, len(self.classes_), num_layers=self.num_layers,
                 d_model=self.d_model, num_heads=self.num_heads, dropout=self.dropout,
@@ -328,7 +336,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             p = sum(token_net_proba(net, T, global_features=net_g)
                     for net in self.nets_) / len(self.nets_)
             if self.ridge_ is not None:
-                d = self.ridge_.decision_function(self._ridge_input(X, T, G))
+                d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X)))
                 p = (p + ridge_proba(d, self.ridge_.classes_, len(self.classes_),
                                      self.ridge_temperature)) / 2
         return p
