@@ -40,8 +40,9 @@ feature, :class:`~linattn.tsc.competing.CompetingKernels` (Hydra's competing ran
 how often each kernel of a group is its group's best and worst match, on the series and its
 difference), standardised like the rest and joined to the 10,000 PPV features: ``ridgeH``.
 The nets are round 3's (``attnG``, ``poolG``, the global token reads the PPV features), and
-every sum sharpens the ridge at 30, the estimator's default: ``attnG+ridge10k`` (the current
-defaults), ``attnG+ridgeH``, ``poolG+ridgeH`` (its ablation).
+every sum sharpens the ridge at 30, the estimator's default when the round ran:
+``attnG+ridge10k`` (the second configuration), ``attnG+ridgeH``, ``poolG+ridgeH`` (its
+ablation). ``--temperatures … --ridge-head ridgeH`` then chose 5, the default since.
 
 In rounds 2 to 4 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
@@ -81,8 +82,8 @@ VARIANTS_2 = ("ridge", "ridge10k", "attn", "attn×3", "pool", "attn+ridge", "att
               "attn×3+ridge10k", "pool+ridge10k")
 #: The third round's variants.
 VARIANTS_3 = ("ridge10k", "attnG", "poolG", "attnG+ridge10k", "poolG+ridge10k")
-#: The fourth round's variants; in every sum the ridge head is sharpened to the estimator's
-#: default temperature (30), as the third round chose.
+#: The fourth round's variants; in every sum the ridge head is sharpened to 30, the
+#: estimator's default temperature when the round ran (the third round's choice; 5 since).
 VARIANTS_4 = ("ridge10k", "ridgeH", "attnG", "poolG", "attnG+ridge10k", "attnG+ridgeH",
               "poolG+ridgeH")
 #: Global PPV features of the second round's ridge head (MiniRocket's count).

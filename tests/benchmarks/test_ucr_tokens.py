@@ -89,9 +89,9 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     if rnd > 1:  # every head's validation probabilities, beside the results
         heads = np.load(tmp_path / "r_heads" / "Made.npz")
         assert heads["y"].shape == (8,) and heads[ridge].shape == (8, 2)
-    # a rerun skips the dataset (no refit) and prints the summary
     if rnd == 4:
         assert row["accuracy"]["ridgeH"] == 1.0 and heads["ridgeH"].shape == (8, 2)
+    # a rerun skips the dataset (no refit) and prints the summary
     for study in ("study", "study_2", "study_3", "study_4"):
         monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
     assert bench.main(args) == 0

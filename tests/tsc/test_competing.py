@@ -88,6 +88,15 @@ def test_each_step_has_one_worst_kernel_per_group_and_soft_counts_scale_with_amp
     np.testing.assert_allclose(ck.transform(X[1:2]), ck.transform(X)[1:2], rtol=1e-5, atol=1e-6)
 
 
+def test_a_tie_counts_for_every_kernel_in_it():
+    # an all-zero series: every response is exactly 0, so every kernel is both best (soft
+    # count 0: clamped) and worst (hard count: every step)
+    zero = np.zeros((2, 40), dtype=np.float32)
+    ck = CompetingKernels(groups=4, kernels=3).fit(zero)
+    F = ck.transform(zero).reshape(2, len(ck.dilations_), 2, 2, 2 * 3)  # dil, input, soft/hard
+    assert (F[:, :, :, 0] == 0).all() and (F[:, :, :, 1] == 1).all()
+
+
 def test_state_round_trip_and_damage():
     X = _series(3, 80)
     ck = CompetingKernels(groups=4, kernels=2, random_state=5).fit(X)
@@ -105,11 +114,16 @@ def test_errors_name_what_is_wrong():
         CompetingKernels(groups=5)
     with pytest.raises(ValueError, match="kernels must be an integer >= 2"):
         CompetingKernels(kernels=1)
+    with pytest.raises(ValueError, match="random_state must be an integer >= 0"):
+        CompetingKernels(random_state=np.random.default_rng(0))
+    assert CompetingKernels(random_state=None).fit(_series(1, 20)).weights_[0].shape[0] == 512
     with pytest.raises(RuntimeError, match="call fit before transform"):
         CompetingKernels().transform(_series(1, 20))
     ck = CompetingKernels().fit(_series(2, 20))
     with pytest.raises(ValueError, match="series have 30 samples, the kernels were fitted on 20"):
         ck.transform(_series(2, 30))
+    rev = _series(2, 20)[:, ::-1]  # a negative-stride view is read like its copy
+    np.testing.assert_array_equal(ck.transform(rev), ck.transform(rev.copy()))
     bad = _series(2, 20)
     bad[1, 3] = np.nan
     with pytest.raises(ValueError, match=r"X\[1, 3\] is nan"):

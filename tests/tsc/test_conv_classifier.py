@@ -143,6 +143,13 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     save_file(weights, str(tmp_path / "m" / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"competing.weights.\*: expected"):
         ConvAttentionClassifier.load(tmp_path / "m")
+    # without global features the counts sit beside the pooled tokens; a refit without counts
+    # drops them
+    pooled = ConvAttentionClassifier(**{**POOLED, "competing_groups": 4}).fit(X, y)
+    assert pooled.ridge_.coef.shape[1] == pooled.tokens_.n_features + H.shape[1]
+    back = ConvAttentionClassifier.load(pooled.save(tmp_path / "pooled"))
+    np.testing.assert_array_equal(back.predict_proba(X), pooled.predict_proba(X))
+    assert pooled.set_params(competing_groups=0).fit(X, y).competing_ is None
     with pytest.raises(ValueError, match="competing_groups must be 0 or even"):
         ConvAttentionClassifier(**{**FAST, "competing_groups": 3}).fit(X, y)
     # without a ridge head nothing reads them, and they are not computed

@@ -13,16 +13,22 @@ This is our own formulation of that idea:
 * ``groups`` groups of ``kernels`` kernels of length 9, weights drawn from N(0, 1), each kernel
   centred (it sums to 0: a constant series gives 0) and scaled to unit absolute sum, a fresh
   draw per dilation; dilations ``2**0, 2**1, ...`` up to a receptive field of the whole series
-  (``8·d + 1 <= length``), "same" zero padding;
+  (``8·d + 1 <= length``; dilation 1 alone below 9 samples), "same" zero padding;
 * half the groups read the series, half its first difference (the difference carries slope
   shape that a level-dominated series hides);
-* per (dilation, group, kernel) two features: the sum of the kernel's response over the steps
-  where it is its group's largest (a soft count), and the number of steps where it is the
-  smallest (a hard count), each divided by the length so that features do not scale with it;
+* per (dilation, group, kernel) two features: the sum of the kernel's response, clamped at 0,
+  over the steps where it is its group's largest (a soft count), and the number of steps where
+  it is the smallest (a hard count), each divided by the length so that features do not scale
+  with it; a tie counts for every kernel in it (an all-zero window: every kernel is worst);
 * the square root of each (counts are heavy-tailed), ready to be standardised on training data.
 
-Everything is fixed by the parameters, the seed and the length: ``fit`` only records the length
-and draws the weights, no training data is read beyond its shape.
+Everything is fixed by the parameters, the seed (None means 0) and the length: ``fit`` only
+records the length and draws the weights, no training data is read beyond its shape.
+
+A known limit: the centred weights sum to 0 only up to float32 rounding, so on a constant
+stretch at a level other than 0 the responses are rounding residue, and which kernel is "worst"
+there may differ between CPUs (BLAS summation order); a zero stretch (trailing padding filled
+with zeros) ties exactly and is stable.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ class CompetingKernels:
 
     def __init__(self, groups: int = 64, kernels: int = 8, random_state: int = 0) -> None:
         check_param("CompetingKernels", "groups", groups, at_least(2))
+        if random_state is not None:
+            check_param("CompetingKernels", "random_state", random_state, at_least(0))
         check_param("CompetingKernels", "kernels", kernels, at_least(2))
         if groups % 2:
             raise ValueError(f"CompetingKernels: groups must be even (half read the difference), "

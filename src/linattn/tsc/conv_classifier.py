@@ -252,8 +252,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         """What the ridge head reads: the global features G (the tokens' mean T.mean(1)
         without them), and the competing-kernel counts H beside them when the model has
         those."""
-        F = T.mean(1) if G is None else G
-        return F if H is None else np.hstack([F, H])
+        base = T.mean(1) if G is None else G
+        return base if H is None else np.hstack([base, H])
 
     def _checked_params(self, where: str) -> int:
         """The parameters checked (one-line ValueError naming the first bad one); returns the

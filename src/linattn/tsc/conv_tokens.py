@@ -71,7 +71,7 @@ def _conv(x: Tensor, d: int) -> Tensor:
 
 
 def _check(X, where: str) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float32)
+    X = np.ascontiguousarray(X, dtype=np.float32)  # torch.from_numpy refuses negative strides
     if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"{where}: X must have shape (n_series, length) with both positive, "
                          f"got {X.shape}")
