@@ -152,6 +152,17 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     assert pooled.set_params(competing_groups=0).fit(X, y).competing_ is None
     with pytest.raises(ValueError, match="competing_groups must be 0 or even"):
         ConvAttentionClassifier(**{**FAST, "competing_groups": 3}).fit(X, y)
+    # a file saved before competing_groups existed (no such key) loads as a model without them
+    import json
+
+    fitted = ConvAttentionClassifier(**{**FAST, "competing_groups": 0}).fit(X, y)
+    old = fitted.save(tmp_path / "old")
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["params"]["competing_groups"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    back = ConvAttentionClassifier.load(old)
+    assert back.competing_groups == 0 and back.competing_ is None
+    np.testing.assert_array_equal(back.predict_proba(X), fitted.predict_proba(X))
     # without a ridge head nothing reads them, and they are not computed
     assert ConvAttentionClassifier(**{**FAST, "ridge": False}).fit(X, y).competing_ is None
 

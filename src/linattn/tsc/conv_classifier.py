@@ -408,6 +408,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         params = cfg["params"]
         if not isinstance(params, dict):
             raise ValueError(f"{cfg_path}: params: expected an object")
+        # files saved before competing_groups existed had no competing-kernel counts: 0, not
+        # today's default, is what they mean
+        params = {"competing_groups": 0, **params}
         names = set(cls().get_params())
         for what, keys in (("unknown", set(params) - names), ("missing", names - set(params))):
             if keys:  # a missing key would silently take its default: another model
