@@ -132,14 +132,14 @@ def _inner_data(name: str):
     return X, y, classes, tr, va, row
 
 
-def _scaled_tokens(conv, X: np.ndarray, tr: np.ndarray, va: np.ndarray):
-    """``conv`` fitted on X[tr]; both parts' tokens standardised with the train part's."""
-    from linattn.tsc.conv_classifier import token_scaling
+def _scaled_tokens(transform, X: np.ndarray, tr: np.ndarray, va: np.ndarray):
+    """``transform`` (tokens (n, S, F) or features (n, F)) fitted on X[tr]; both parts
+    standardised with the train part's mean and spread."""
+    from linattn.tsc.conv_classifier import fit_scaling
 
-    conv.fit(X[tr])
-    T_tr, T_va = conv.transform(X[tr]), conv.transform(X[va])
-    mu, sd = token_scaling(T_tr)
-    return (T_tr - mu) / sd, (T_va - mu) / sd
+    transform.fit(X[tr])
+    T_tr, mu, sd = fit_scaling(transform.transform(X[tr]))
+    return T_tr, (transform.transform(X[va]) - mu) / sd
 
 
 def _ridge_head(F_tr: np.ndarray, y_tr: np.ndarray, F_va: np.ndarray, n_classes: int):
@@ -253,8 +253,7 @@ def study_4(name: str, heads_dir: Path | None = None) -> dict:
     X, y, classes, tr, va, row = _inner_data(name)
     n = len(classes)
     T_tr, T_va, G_tr, G_va = _tokens_and_global(X, tr, va, row)
-    H_tr, H_va = _timed(row, "transform_hydra_s", _scaled_features, CompetingKernels(), X, tr,
-                        va)
+    H_tr, H_va = _timed(row, "transform_hydra_s", _scaled_tokens, CompetingKernels(), X, tr, va)
     row["features_hydra"] = H_tr.shape[1]
     heads = {"ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr, y[tr], G_va, n),
              "ridgeH": _timed(row, "ridgeH_s", _ridge_head, np.hstack([G_tr, H_tr]), y[tr],
@@ -266,17 +265,6 @@ def study_4(name: str, heads_dir: Path | None = None) -> dict:
     row["accuracy"] = _accuracies(sharp, VARIANTS_4, y[va])
     _keep_heads(heads_dir, name, y[va], heads)
     return row
-
-
-def _scaled_features(transform, X: np.ndarray, tr: np.ndarray, va: np.ndarray):
-    """``transform`` (features (n, F)) fitted on X[tr]; both parts standardised with the
-    train part's mean and spread."""
-    from linattn.tsc.conv_classifier import token_scaling
-
-    transform.fit(X[tr])
-    F_tr, F_va = transform.transform(X[tr]), transform.transform(X[va])
-    mu, sd = token_scaling(F_tr[:, None])
-    return (F_tr - mu) / sd, (F_va - mu) / sd
 
 
 def summary(results: dict) -> str:
@@ -341,21 +329,20 @@ def temperature_table(heads_dirs: list[Path], ridge: str = "ridge10k") -> str:
     def accs(proba) -> np.ndarray:
         return np.array([(proba(h).argmax(1) == h["y"]).mean() for h in heads.values()])
 
-    def with_ridge(net: str, t: float) -> np.ndarray:
-        return accs(lambda h: h[net] + resharpen(h[ridge], t))
-
+    with_ridge = {(net, t): accs(lambda h, net=net, t=t: h[net] + resharpen(h[ridge], t))
+                  for net in nets for t in TEMPERATURES}
     alone = accs(lambda h: h[ridge]).mean()
     lines = [f"validation accuracy on {len(names)} datasets: net + {ridge} at temperature t",
              "", "| net | " + " | ".join(f"t={t:g}" for t in TEMPERATURES) + " |",
              "|---|" + "--:|" * len(TEMPERATURES),
              f"| ({ridge} alone) | " + " | ".join(f"{alone:.4f}" for _ in TEMPERATURES) + " |"]
     for net in nets:
-        lines.append(f"| {net} | " + " | ".join(f"{with_ridge(net, t).mean():.4f}"
+        lines.append(f"| {net} | " + " | ".join(f"{with_ridge[net, t].mean():.4f}"
                                                 for t in TEMPERATURES) + " |")
     if "attnG" in nets and "poolG" in nets:
         wtl = []
         for t in TEMPERATURES:
-            a, b = with_ridge("attnG", t), with_ridge("poolG", t)
+            a, b = with_ridge["attnG", t], with_ridge["poolG", t]
             wtl.append(f"{(a > b).sum()}/{(a == b).sum()}/{(a < b).sum()}")
         lines.append("| attnG against poolG, W/T/L | " + " | ".join(wtl) + " |")
     return "\n".join(lines) + "\n"

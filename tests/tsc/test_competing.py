@@ -12,13 +12,6 @@ from linattn.tsc.competing import CompetingKernels, power_dilations
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-def _series(n: int, length: int, seed: int = 0) -> np.ndarray:
-    g = np.random.default_rng(seed)
-    t = np.linspace(0, 6 * np.pi, length)
-    return (np.sin(t * g.uniform(0.5, 2, (n, 1))) + 0.3 * g.standard_normal((n, length))
-            ).astype(np.float32)
-
-
 @pytest.mark.parametrize("length", [1, 9, 17, 100, 500])
 def test_dilations_are_powers_of_two_whose_reach_fits(length):
     d = power_dilations(length)
@@ -26,8 +19,8 @@ def test_dilations_are_powers_of_two_whose_reach_fits(length):
     assert 8 * d[-1] + 1 <= max(length, 9) and 8 * (2 * d[-1]) + 1 > length
 
 
-def test_weights_are_centred_unit_abs_sum_and_fixed_by_the_seed():
-    X = _series(4, 100)
+def test_weights_are_centred_unit_abs_sum_and_fixed_by_the_seed(series):
+    X = series(4, 100)
     a, b = CompetingKernels(random_state=3).fit(X), CompetingKernels(random_state=3).fit(X)
     c = CompetingKernels(random_state=4).fit(X)
     for w in a.weights_:
@@ -53,8 +46,8 @@ def _direct(x: np.ndarray, w: np.ndarray, d: int) -> np.ndarray:
     return np.sqrt(soft / L), np.sqrt(hard / L)
 
 
-def test_counts_match_their_definition():
-    X = _series(2, 40)
+def test_counts_match_their_definition(series):
+    X = series(2, 40)
     ck = CompetingKernels(groups=4, kernels=3, random_state=1).fit(X)
     got = ck.transform(X)
     g, k = 2, 3  # groups per input, kernels per group
@@ -64,8 +57,8 @@ def test_counts_match_their_definition():
         col = 0
         for d, w in zip(ck.dilations_, ck.weights_, strict=True):
             w = w[:, 0].double().numpy()
-            for series, ws in ((x, w[:g * k]), (dx, w[g * k:])):
-                parts = [_direct(series, ws[j * k:(j + 1) * k], int(d)) for j in range(g)]
+            for one, ws in ((x, w[:g * k]), (dx, w[g * k:])):
+                parts = [_direct(one, ws[j * k:(j + 1) * k], int(d)) for j in range(g)]
                 soft = np.concatenate([p[0] for p in parts])
                 hard = np.concatenate([p[1] for p in parts])
                 np.testing.assert_allclose(got[i, col:col + g * k], soft, rtol=1e-4, atol=1e-5)
@@ -75,8 +68,8 @@ def test_counts_match_their_definition():
         assert col == ck.n_features
 
 
-def test_each_step_has_one_worst_kernel_per_group_and_soft_counts_scale_with_amplitude():
-    X = _series(3, 64)
+def test_each_step_has_one_worst_kernel_per_group_and_soft_counts_scale_with_amplitude(series):
+    X = series(3, 64)
     ck = CompetingKernels(groups=6, kernels=4).fit(X)
     F = ck.transform(X).reshape(3, len(ck.dilations_), 2, 2, 3, 4)  # dil, input, soft/hard, g, k
     hard = F[:, :, :, 1] ** 2 * 64  # counts of steps
@@ -97,8 +90,8 @@ def test_a_tie_counts_for_every_kernel_in_it():
     assert (F[:, :, :, 0] == 0).all() and (F[:, :, :, 1] == 1).all()
 
 
-def test_state_round_trip_and_damage():
-    X = _series(3, 80)
+def test_state_round_trip_and_damage(series):
+    X = series(3, 80)
     ck = CompetingKernels(groups=4, kernels=2, random_state=5).fit(X)
     state = ck.state("c.")
     back = CompetingKernels(groups=4, kernels=2).load_state(state, "c.", 80)
@@ -109,22 +102,22 @@ def test_state_round_trip_and_damage():
         CompetingKernels(groups=6, kernels=2).load_state(state, "c.", 80)
 
 
-def test_errors_name_what_is_wrong():
+def test_errors_name_what_is_wrong(series):
     with pytest.raises(ValueError, match="groups must be even"):
         CompetingKernels(groups=5)
     with pytest.raises(ValueError, match="kernels must be an integer >= 2"):
         CompetingKernels(kernels=1)
     with pytest.raises(ValueError, match="random_state must be an integer >= 0"):
         CompetingKernels(random_state=np.random.default_rng(0))
-    assert CompetingKernels(random_state=None).fit(_series(1, 20)).weights_[0].shape[0] == 512
+    assert CompetingKernels(random_state=None).fit(series(1, 20)).weights_[0].shape[0] == 512
     with pytest.raises(RuntimeError, match="call fit before transform"):
-        CompetingKernels().transform(_series(1, 20))
-    ck = CompetingKernels().fit(_series(2, 20))
+        CompetingKernels().transform(series(1, 20))
+    ck = CompetingKernels().fit(series(2, 20))
     with pytest.raises(ValueError, match="series have 30 samples, the kernels were fitted on 20"):
-        ck.transform(_series(2, 30))
-    rev = _series(2, 20)[:, ::-1]  # a negative-stride view is read like its copy
+        ck.transform(series(2, 30))
+    rev = series(2, 20)[:, ::-1]  # a negative-stride view is read like its copy
     np.testing.assert_array_equal(ck.transform(rev), ck.transform(rev.copy()))
-    bad = _series(2, 20)
+    bad = series(2, 20)
     bad[1, 3] = np.nan
     with pytest.raises(ValueError, match=r"X\[1, 3\] is nan"):
         ck.transform(bad)

@@ -12,13 +12,6 @@ from linattn.tsc.conv_tokens import KERNELS, ConvTokens, TokenNet, dilations
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-def _series(n: int, length: int, seed: int = 0) -> np.ndarray:
-    g = np.random.default_rng(seed)
-    t = np.linspace(0, 6 * np.pi, length)
-    return (np.sin(t * g.uniform(0.5, 2, (n, 1))) + 0.3 * g.standard_normal((n, length))
-            ).astype(np.float32)
-
-
 def test_kernels_are_84_distinct_zero_sum_choices_of_three_taps():
     w = KERNELS[:, 0]
     assert w.shape == (84, 9)
@@ -43,8 +36,8 @@ def _direct_conv(x: np.ndarray, kernel: np.ndarray, d: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("length, segments", [(40, 4), (50, 16), (23, 5)])
-def test_tokens_match_the_definition(length, segments):
-    X = _series(6, length)
+def test_tokens_match_the_definition(length, segments, series):
+    X = series(6, length)
     conv = ConvTokens(segments=segments, features=84 * 8 * 2, quantiles=3).fit(X)
     T = conv.transform(X)
     S = min(segments, length)
@@ -80,16 +73,16 @@ def test_tokens_match_the_definition(length, segments):
     assert T[:, :, :-6].min() >= 0 and T[:, :, :-6].max() <= 1 + 10 * EPS32  # means of 0/1
 
 
-def test_mean_over_tokens_is_the_global_proportion_for_equal_segments():
-    X = _series(5, 64)
+def test_mean_over_tokens_is_the_global_proportion_for_equal_segments(series):
+    X = series(5, 64)
     conv = ConvTokens(segments=8, quantiles=0).fit(X)
     pooled = conv.transform(X).mean(1)
     whole = ConvTokens(segments=1, quantiles=0).fit(X).transform(X)[:, 0]
     np.testing.assert_allclose(pooled, whole, rtol=0, atol=100 * EPS32)
 
 
-def test_fixed_by_the_training_series_and_the_seed():
-    X, other = _series(20, 50), _series(7, 50, seed=1)
+def test_fixed_by_the_training_series_and_the_seed(series):
+    X, other = series(20, 50), series(7, 50, seed=1)
     a = ConvTokens(random_state=3).fit(X)
     b = ConvTokens(random_state=3).fit(X)
     c = ConvTokens(random_state=4).fit(X)
@@ -103,19 +96,19 @@ def test_fixed_by_the_training_series_and_the_seed():
     assert np.mean(full[2:5] == part) > 0.999
 
 
-def test_short_series_get_one_token_per_sample():
-    X = _series(4, 5)
+def test_short_series_get_one_token_per_sample(series):
+    X = series(4, 5)
     T = ConvTokens(segments=16).fit_transform(X)
     assert T.shape[:2] == (4, 5)
 
 
-def test_numpy_integers_are_accepted():
+def test_numpy_integers_are_accepted(series):
     conv = ConvTokens(segments=np.int64(4), features=np.int32(300), quantiles=np.int64(0))
-    assert conv.fit_transform(_series(3, 40)).shape[:2] == (3, 4)
+    assert conv.fit_transform(series(3, 40)).shape[:2] == (3, 4)
 
 
-def test_errors_name_what_is_wrong():
-    X = _series(3, 20)
+def test_errors_name_what_is_wrong(series):
+    X = series(3, 20)
     with pytest.raises(ValueError, match=r"segments must be an integer >= 1"):
         ConvTokens(segments=0)
     with pytest.raises(ValueError, match=r"quantiles must be an integer >= 0"):
@@ -127,7 +120,7 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match=r"X\[1, 7\] is nan"):
         ConvTokens().fit(bad)
     with pytest.raises(ValueError, match="series have 21 samples, the tokens were fitted on 20"):
-        ConvTokens().fit(X).transform(_series(2, 21))
+        ConvTokens().fit(X).transform(series(2, 21))
     with pytest.raises(ValueError, match=r"shape \(n_series, length\)"):
         ConvTokens().fit(X[0])
 

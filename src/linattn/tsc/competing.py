@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.tsc.conv_tokens import _check, at_least, check_param
+from linattn.tsc.conv_tokens import _check, _check_fitted_length, at_least, check_param
 
 __all__ = ["CompetingKernels", "power_dilations"]
 
@@ -115,10 +115,7 @@ class CompetingKernels:
         """Features (n, n_features) float32 of series X: (n, L) (L the fitted length)."""
         if not hasattr(self, "weights_"):
             raise RuntimeError("CompetingKernels: call fit before transform")
-        X = _check(X, "CompetingKernels.transform")
-        if X.shape[1] != self.length_:
-            raise ValueError(f"CompetingKernels.transform: series have {X.shape[1]} samples, "
-                             f"the kernels were fitted on {self.length_}")
+        X = _check_fitted_length(X, "CompetingKernels.transform", self.length_, "the kernels")
         chunk = max(1, _CHUNK_FLOATS // (self.groups * self.kernels * self.length_))
         out = np.empty((len(X), self.n_features), dtype=np.float32)
         for i in range(0, len(X), chunk):

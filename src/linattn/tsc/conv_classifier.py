@@ -88,10 +88,18 @@ RIDGE_TEMPERATURE = 3.0
 
 
 def token_scaling(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature mean and spread of training tokens (n, S, F) over series and segments; the
-    1e-3 floor keeps a feature that never varies in training (a threshold no series crosses)
-    from blowing up on new series."""
-    return tokens.mean((0, 1)), tokens.std((0, 1)) + 1e-3
+    """Per-feature mean and spread of training tokens (n, S, F) over series and segments, or of
+    features (n, F) over series; the 1e-3 floor keeps a feature that never varies in training
+    (a threshold no series crosses) from blowing up on new series."""
+    leading = tuple(range(tokens.ndim - 1))
+    return tokens.mean(leading), tokens.std(leading) + 1e-3
+
+
+def fit_scaling(features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(standardised features, mean, scale): :func:`token_scaling` of training features
+    applied to them."""
+    mean, scale = token_scaling(features)
+    return (features - mean) / scale, mean, scale
 
 
 def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_layers: int = 2,
@@ -228,6 +236,11 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         return bool(self.global_features) and bool(self.ridge or self.global_token)
 
     @property
+    def _uses_competing(self) -> bool:
+        """Whether competing-kernel counts are fitted: only the ridge head reads them."""
+        return bool(self.competing_groups) and bool(self.ridge)
+
+    @property
     def net_(self) -> TokenNet:
         """The first net (the only one with ``n_nets=1``)."""
         return self.nets_[0]
@@ -293,27 +306,23 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         with _ThreadLimit(self.n_threads):
             self.tokens_ = ConvTokens(self.segments, self.features, self.quantiles,
                                       random_state=seed).fit(X)
-            T = self.tokens_.transform(X)
-            self.mean_, self.scale_ = token_scaling(T)
-            T = (T - self.mean_) / self.scale_
+            T, self.mean_, self.scale_ = fit_scaling(self.tokens_.transform(X))
             self.global_tokens_ = self.global_mean_ = self.global_scale_ = self.ridge_ = None
             if self._uses_global:
                 # the same seed as the tokens': the same drawn series give the thresholds, so
                 # the global features refine the pooled tokens' rather than replace them
                 self.global_tokens_ = ConvTokens(1, self.global_features, self.quantiles,
                                                  random_state=seed).fit(X)
-                G = self.global_tokens_.transform(X)  # (n, 1, G), transformed once
-                self.global_mean_, self.global_scale_ = token_scaling(G)
-                G = (G[:, 0] - self.global_mean_) / self.global_scale_
+                G, self.global_mean_, self.global_scale_ = fit_scaling(
+                    self.global_tokens_.transform(X)[:, 0])  # transformed once
             else:
                 G = None
             self.competing_ = self.competing_mean_ = self.competing_scale_ = H = None
-            if self.competing_groups and self.ridge:  # only the ridge head reads them
+            if self._uses_competing:
                 self.competing_ = CompetingKernels(self.competing_groups,
                                                    random_state=seed).fit(X)
-                H = self.competing_.transform(X)
-                self.competing_mean_, self.competing_scale_ = token_scaling(H[:, None])
-                H = (H - self.competing_mean_) / self.competing_scale_
+                H, self.competing_mean_, self.competing_scale_ = fit_scaling(
+                    self.competing_.transform(X))
             if self.ridge:
                 self.ridge_ = RidgeHead.fit(self._ridge_input(T, G, H), codes)
             self.nets_ = [train_token_net(
@@ -448,7 +457,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             self.global_mean_, self.global_scale_ = _scaling(t, "global_tokens.",
                                                            self.global_tokens_.n_features)
         self.competing_ = self.competing_mean_ = self.competing_scale_ = None
-        if self.competing_groups and self.ridge:
+        if self._uses_competing:
             self.competing_ = CompetingKernels(self.competing_groups).load_state(
                 t, "competing.", L)
             self.competing_mean_, self.competing_scale_ = _scaling(t, "competing.",

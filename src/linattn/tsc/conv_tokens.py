@@ -83,6 +83,16 @@ def _check(X, where: str) -> np.ndarray:
     return X
 
 
+def _check_fitted_length(X, where: str, length: int, what: str) -> np.ndarray:
+    """:func:`_check` of X, and a ValueError unless its series have the fitted ``length``
+    (``what``: the fitted thing the message names)."""
+    X = _check(X, where)
+    if X.shape[1] != length:
+        raise ValueError(f"{where}: series have {X.shape[1]} samples, {what} were fitted on "
+                         f"{length}")
+    return X
+
+
 class ConvTokens:
     """Fixed random dilated convolutions pooled per segment: (n, L) -> (n, segments, F).
 
@@ -169,10 +179,7 @@ class ConvTokens:
         """Tokens (n, S, n_features) float32 of series X: (n, L) (L the fitted length)."""
         if not hasattr(self, "biases_"):
             raise RuntimeError("ConvTokens: call fit before transform")
-        X = _check(X, "ConvTokens.transform")
-        if X.shape[1] != self.length_:
-            raise ValueError(f"ConvTokens.transform: series have {X.shape[1]} samples, the "
-                             f"tokens were fitted on {self.length_}")
+        X = _check_fitted_length(X, "ConvTokens.transform", self.length_, "the tokens")
         S = len(self.edges_) - 1
         average = torch.zeros(self.length_, S)  # mean over each segment
         for s in range(S):
