@@ -42,7 +42,7 @@ from linattn.tsc.conv_tokens import _check, _check_fitted_length, at_least, chec
 
 __all__ = ["CompetingKernels", "power_dilations"]
 
-_CHUNK_FLOATS = 1 << 21  # about 8 MB of responses at a time: the masks stay in cache
+_CHUNK_FLOATS = 1 << 19  # about 2 MB of responses at a time: the max/min passes stay in cache
 
 
 def power_dilations(length: int) -> np.ndarray:
@@ -132,14 +132,15 @@ class CompetingKernels:
     def _counts(self, x: Tensor, dx: Tensor, d: int, w: Tensor) -> Tensor:
         """(n, groups · kernels · 2) of one dilation."""
         n, g, k = len(x), self.groups // 2, self.kernels
-        taps = w[:, 0].T  # (9, groups · kernels)
+        taps = w[:, 0]  # (groups · kernels, 9)
         parts = []
-        for series, cols in ((x, taps[:, :g * k]), (dx, taps[:, g * k:])):
-            # the dilated windows as a view, one matmul: (n, L, 9) @ (9, g·k); the kernel
-            # axis last keeps the competition (max and min over k) a contiguous reduction
+        for series, rows in ((x, taps[:g * k]), (dx, taps[g * k:])):
+            # the dilated windows as a view, one batched matmul: (g·k, 9) @ (n, 9, L). Kernels
+            # before time: the competition (max and min over k) then reads whole rows of L
+            # contiguous steps, and the counts sum along them
             windows = F.pad(series, (4 * d, 4 * d)).unfold(1, 8 * d + 1, 1)[:, :, ::d]
-            z = (windows @ cols).view(n, -1, g, k)
-            best = (z >= z.amax(-1, keepdim=True)).float().mul_(z).clamp_(min=0)
-            worst = (z <= z.amin(-1, keepdim=True)).float()
-            parts += [best.sum(1).flatten(1), worst.sum(1).flatten(1)]
+            z = torch.matmul(rows, windows.transpose(1, 2)).view(n, g, k, -1)
+            best = (z >= z.amax(2, keepdim=True)).float().mul_(z).clamp_(min=0)
+            worst = (z <= z.amin(2, keepdim=True)).float()
+            parts += [best.sum(-1).flatten(1), worst.sum(-1).flatten(1)]
         return (torch.cat(parts, 1) / self.length_).sqrt()
