@@ -68,6 +68,9 @@ uncapped, ``missing="interpolate"``, seed 0), each dataset also fitted without t
     # halves run apart (--datasets, a results file each) are joined, then reported, by
     .venv/bin/python benchmarks/ucr.py --merge A.json B.json --results runs/ucr4/results.json
     # the first configuration's run (before ucr_tokens.py's rounds 2 and 3): runs/ucr3
+    # more seeds of one configuration (--seed N, a results file each), then their table
+    # and the mean and spread of each number over the seeds
+    .venv/bin/python benchmarks/ucr.py --seeds runs/ucr5/seed1.json runs/ucr5/seed2.json
 
 The selection of the small-data defaults (TRAIN splits only, ``benchmarks/ucr_select.py``):
 each development dataset's TRAIN split is cut into a stratified 70/30 inner train/validation
@@ -274,6 +277,52 @@ def merge(parts: Sequence[dict], names: Sequence[str]) -> dict:
                 raise ValueError(f"{name}: {dataset} is in an earlier file too")
             out["datasets"][dataset] = row
     return out
+
+
+def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
+    """Markdown table, one row per results file of one configuration run with several seeds
+    (``--seeds``): mean accuracy on the main datasets, MiniRocket's in the same file, W/T/L
+    against it, mean ranks on the datasets with published results, the no-mixer ablation's
+    mean and the mixer's W/T/L; then the mean and sample standard deviation of each number
+    column over the files (the spread a reader compares seeds by)."""
+    head = ["results", "datasets", "linattn", "MiniRocket", "W/T/L vs MiniRocket",
+            "published sets", "rank linattn", "rank InceptionTime", "rank MiniRocket",
+            "rank HC2", "no mixer", "mixer W/T/L"]
+    numbers: list[list[float]] = []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, results in runs:
+        main = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT]
+        two = comparison(main, METHODS)
+        four = comparison(main, (*METHODS, "InceptionTime", "HC2"))
+        if two is None:
+            raise ValueError(f"{label}: no dataset with both linattn and MiniRocket")
+        pairs = [results["datasets"][n]["linattn"] for n in two["datasets"]]
+        tests = [results["datasets"][n]["test"] for n in two["datasets"]]
+        if all("no_mixer" in a for a in pairs):
+            bare = float(np.mean([a["no_mixer"]["accuracy"] for a in pairs]))
+            mixer = "/".join(map(str, win_tie_loss(
+                [correct(a["accuracy"], t) for a, t in zip(pairs, tests, strict=True)],
+                [correct(a["no_mixer"]["accuracy"], t) for a, t in zip(pairs, tests,
+                                                                        strict=True)])))
+        else:
+            bare, mixer = float("nan"), "—"
+        ranks = ([four["mean_rank"][m] for m in ("linattn", "InceptionTime", "MiniRocket",
+                                                 "HC2")] if four else [float("nan")] * 4)
+        row = [two["mean_accuracy"]["linattn"], two["mean_accuracy"]["MiniRocket"], *ranks,
+               bare]
+        numbers.append(row)
+        w, t, lo = two["wtl"]["MiniRocket"]
+        cells = [label, str(len(two["datasets"])), f"{row[0]:.4f}", f"{row[1]:.4f}",
+                 f"{w}/{t}/{lo}", str(len(four["datasets"]) if four else 0),
+                 *(f"{v:.2f}" for v in ranks), f"{bare:.4f}", mixer]
+        lines.append("| " + " | ".join(cells) + " |")
+    a = np.array(numbers)
+    sd = a.std(0, ddof=1) if len(a) > 1 else np.full(a.shape[1], np.nan)
+    fmt = [".4f", ".4f", ".2f", ".2f", ".2f", ".2f", ".4f"]
+    pm = [f"{m:{f}} ± {s:{f}}" for m, s, f in zip(a.mean(0), sd, fmt, strict=True)]
+    lines.append("| mean ± sd | | " + " | ".join(pm[:2]) + " | | | " + " | ".join(pm[2:])
+                 + " | |")
+    return "\n".join(lines) + "\n"
 
 
 def sizes_and_gaps(rows: Sequence[dict], small: int = 64, widest: int = 3) -> str | None:
@@ -671,6 +720,9 @@ def main() -> None:
     ap.add_argument("--merge", nargs="+", metavar="PART_JSON",
                     help="write these results files, run apart, as one to --results, then "
                          "report it")
+    ap.add_argument("--seeds", nargs="+", metavar="SEED_JSON",
+                    help="only a table of these results files (one configuration, a seed "
+                         "each) and their mean and spread")
     ap.add_argument("--before", metavar="OLD_JSON",
                     help="report: also the linattn accuracies of this earlier results file")
     ap.add_argument("--plot-suffix", default="", help="ucr_scatter{SUFFIX}.png, ucr_cd{SUFFIX}.png")
@@ -685,6 +737,13 @@ def main() -> None:
                          "(written beside --results as train_check.json)")
     args = ap.parse_args()
     path = Path(args.results)
+    if args.seeds:
+        try:
+            print(seed_summary([(f, json.loads(Path(f).read_text())) for f in args.seeds]),
+                  end="")
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"--seeds: {e}") from None
+        return
     if args.train_check:
         train_check(args.train_check.split(","), args.threads,
                     path.with_name("train_check.json"), args.rule)

@@ -256,3 +256,36 @@ def test_sizes_and_gaps_line(ucr):
                     "larger, 2 datasets: linattn 0.6500, MiniRocket 0.7500; widest gaps below "
                     "MiniRocket: B 0.200 (0.500 against 0.700), C 0.050 (0.600 against 0.650)")
     assert ucr.sizes_and_gaps([row("E", 30, None, 0.9)]) is None
+
+
+def test_seed_summary_rows_and_spread(ucr, tmp_path, monkeypatch, capsys):
+    import sys
+
+    def row(acc, mr, bare, test=10):
+        return {"train": 10, "test": test, "length": 5, "classes": 2,
+                "linattn": {"accuracy": acc, "fit_s": 1.0, "no_mixer": {"accuracy": bare}},
+                "MiniRocket": {"accuracy": mr, "fit_s": 1.0},
+                "published": {"InceptionTime": 0.7, "HC2": 1.0}}
+
+    one = {"datasets": {"A": row(0.9, 0.8, 0.9), "B": row(0.5, 0.5, 0.4),
+                        "FordB": row(0.0, 1.0, 0.0)}}  # held out: left out of every number
+    two = {"datasets": {"A": row(0.7, 0.8, 0.8), "B": row(0.7, 0.5, 0.7)}}
+    text = ucr.seed_summary([("s1.json", one), ("s2.json", two)])
+    lines = text.splitlines()
+    # s1: A: HC2 1.0 > linattn 0.9 > MiniRocket 0.8 > InceptionTime 0.7 (ranks 1, 2, 3, 4);
+    # B: HC2 1.0 > InceptionTime 0.7 > linattn = MiniRocket 0.5 (1, 2, 3.5, 3.5)
+    assert lines[2] == ("| s1.json | 2 | 0.7000 | 0.6500 | 1/1/0 | 2 | 2.75 | 3.00 | 3.25 | "
+                        "1.00 | 0.6500 | 1/1/0 |")
+    assert lines[3].startswith("| s2.json | 2 | 0.7000 | 0.6500 | 1/0/1 | 2 |")
+    assert lines[3].endswith("| 0.7500 | 0/1/1 |")
+    # mean and sample spread: 0.7 both times; no mixer 0.65 and 0.75
+    assert lines[4].startswith("| mean ± sd | | 0.7000 ± 0.0000 | 0.6500 ± 0.0000 | | | ")
+    assert lines[4].endswith(f"| 0.7000 ± {np.std([0.65, 0.75], ddof=1):.4f} | |")
+    assert all(line.count("|") == 13 for line in lines)
+    (tmp_path / "s1.json").write_text(json.dumps(one))
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--seeds", str(tmp_path / "s1.json")])
+    ucr.main()
+    assert capsys.readouterr().out.splitlines()[2].startswith("| ")
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--seeds", str(tmp_path / "none.json")])
+    with pytest.raises(SystemExit, match="--seeds: .*none.json"):
+        ucr.main()
