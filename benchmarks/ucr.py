@@ -68,8 +68,8 @@ uncapped, ``missing="interpolate"``, seed 0), each dataset also fitted without t
     # halves run apart (--datasets, a results file each) are joined, then reported, by
     .venv/bin/python benchmarks/ucr.py --merge A.json B.json --results runs/ucr4/results.json
     # the first configuration's run (before ucr_tokens.py's rounds 2 and 3): runs/ucr3
-    # more seeds of one configuration (--seed N, a results file each), then their table
-    # and the mean and spread of each number over the seeds
+    # more seeds of one configuration (--method conv --seed N, a results file each), then
+    # their table and the mean and spread of each number over the seeds
     .venv/bin/python benchmarks/ucr.py --seeds runs/ucr5/seed1.json runs/ucr5/seed2.json
 
 The selection of the small-data defaults (TRAIN splits only, ``benchmarks/ucr_select.py``):
@@ -186,10 +186,12 @@ def win_tie_loss(a: Sequence[float], b: Sequence[float]) -> tuple[int, int, int]
     return int((a > b).sum()), int((a == b).sum()), int((a < b).sum())
 
 
-def comparison(rows: Sequence[dict], methods: Sequence[str]) -> dict | None:
+def comparison(rows: Sequence[dict], methods: Sequence[str], digits: int | None = 4
+               ) -> dict | None:
     """W/T/L of the first method against each other one, mean ranks and mean accuracies on the
     rows where every method has a result (scores compared as counts of correct predictions);
-    None if no row has them all."""
+    None if no row has them all. Accuracies rounded to ``digits``, ranks to one digit fewer
+    (None: unrounded, for averages over seeds)."""
     rows = [r for r in rows if all(r.get(m) is not None for m in methods)]
     if not rows:
         return None
@@ -200,9 +202,14 @@ def comparison(rows: Sequence[dict], methods: Sequence[str]) -> dict | None:
         "datasets": [r["dataset"] for r in rows],
         "wtl": {m: win_tie_loss(counts[:, 0], counts[:, j]) for j, m in enumerate(methods)
                 if j},
-        "mean_rank": dict(zip(methods, ranks.mean(0).round(3).tolist(), strict=True)),
-        "mean_accuracy": dict(zip(methods, acc.mean(0).round(4).tolist(), strict=True)),
+        "mean_rank": dict(zip(methods, _rounded(ranks.mean(0), digits and digits - 1),
+                              strict=True)),
+        "mean_accuracy": dict(zip(methods, _rounded(acc.mean(0), digits), strict=True)),
     }
+
+
+def _rounded(values: np.ndarray, digits: int | None) -> list[float]:
+    return (values if digits is None else values.round(digits)).tolist()
 
 
 def table_rows(results: dict) -> list[dict]:
@@ -280,50 +287,62 @@ def merge(parts: Sequence[dict], names: Sequence[str]) -> dict:
 
 
 def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
-    """Markdown table, one row per results file of one configuration run with several seeds
+    """Markdown table, one row per results file of one configuration run at several seeds
     (``--seeds``): mean accuracy on the main datasets, MiniRocket's in the same file, W/T/L
     against it, mean ranks on the datasets with published results, the no-mixer ablation's
-    mean and the mixer's W/T/L; then the mean and sample standard deviation of each number
-    column over the files (the spread a reader compares seeds by)."""
-    head = ["results", "datasets", "linattn", "MiniRocket", "W/T/L vs MiniRocket",
+    mean (the datasets :func:`ablation` reads) and the mixer's W/T/L; then the mean and sample
+    standard deviation of each number column over the files, from unrounded values.
+    ValueError naming the file when the files are not one configuration (``meta.rule`` apart
+    from its seed), repeat a seed, or do not hold the same datasets."""
+    head = ["results", "seed", "datasets", "linattn", "MiniRocket", "W/T/L vs MiniRocket",
             "published sets", "rank linattn", "rank InceptionTime", "rank MiniRocket",
             "rank HC2", "no mixer", "mixer W/T/L"]
     numbers: list[list[float]] = []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first_rule, seeds, first_sets = None, set(), None
     for label, results in runs:
+        rule = dict(results.get("meta", {}).get("rule", {}))
+        seed = rule.pop("seed", 0)
+        if first_rule is None:
+            first_rule = rule
+        elif rule != first_rule:
+            raise ValueError(f"{label}: its rule differs from {runs[0][0]}'s")
+        if seed in seeds:
+            raise ValueError(f"{label}: seed {seed} is in an earlier file too")
+        seeds.add(seed)
         main = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT]
-        two = comparison(main, METHODS)
-        four = comparison(main, (*METHODS, "InceptionTime", "HC2"))
+        two = comparison(main, METHODS, digits=None)
+        four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
         if two is None:
             raise ValueError(f"{label}: no dataset with both linattn and MiniRocket")
-        pairs = [results["datasets"][n]["linattn"] for n in two["datasets"]]
-        tests = [results["datasets"][n]["test"] for n in two["datasets"]]
-        if all("no_mixer" in a for a in pairs):
-            bare = float(np.mean([a["no_mixer"]["accuracy"] for a in pairs]))
+        if first_sets is None:
+            first_sets = sorted(two["datasets"])
+        elif sorted(two["datasets"]) != first_sets:
+            raise ValueError(f"{label}: not the datasets of {runs[0][0]}")
+        pairs = ablation_pairs(results)
+        bare, mixer = float("nan"), "—"
+        if pairs:
+            bare = float(np.mean([a["no_mixer"]["accuracy"] for a, _ in pairs]))
             mixer = "/".join(map(str, win_tie_loss(
-                [correct(a["accuracy"], t) for a, t in zip(pairs, tests, strict=True)],
-                [correct(a["no_mixer"]["accuracy"], t) for a, t in zip(pairs, tests,
-                                                                        strict=True)])))
-        else:
-            bare, mixer = float("nan"), "—"
+                [correct(a["accuracy"], t) for a, t in pairs],
+                [correct(a["no_mixer"]["accuracy"], t) for a, t in pairs])))
         ranks = ([four["mean_rank"][m] for m in ("linattn", "InceptionTime", "MiniRocket",
                                                  "HC2")] if four else [float("nan")] * 4)
         row = [two["mean_accuracy"]["linattn"], two["mean_accuracy"]["MiniRocket"], *ranks,
                bare]
         numbers.append(row)
         w, t, lo = two["wtl"]["MiniRocket"]
-        cells = [label, str(len(two["datasets"])), f"{row[0]:.4f}", f"{row[1]:.4f}",
-                 f"{w}/{t}/{lo}", str(len(four["datasets"]) if four else 0),
-                 *(f"{v:.2f}" for v in ranks), f"{bare:.4f}", mixer]
+        cells = [label, str(seed), str(len(two["datasets"])), _f(row[0], ".4f"),
+                 _f(row[1], ".4f"), f"{w}/{t}/{lo}", str(len(four["datasets"]) if four else 0),
+                 *(_f(v, ".2f") for v in ranks), _f(bare, ".4f"), mixer]
         lines.append("| " + " | ".join(cells) + " |")
     a = np.array(numbers)
     sd = a.std(0, ddof=1) if len(a) > 1 else np.full(a.shape[1], np.nan)
-    fmt = [".4f", ".4f", ".2f", ".2f", ".2f", ".2f", ".4f"]
-    pm = [f"{m:{f}} ± {s:{f}}" for m, s, f in zip(a.mean(0), sd, fmt, strict=True)]
-    lines.append("| mean ± sd | | " + " | ".join(pm[:2]) + " | | | " + " | ".join(pm[2:])
+    pm = [f"{_f(m, f)} ± {_f(v, f)}" for m, v, f in
+          zip(a.mean(0), sd, [".4f", ".4f", ".2f", ".2f", ".2f", ".2f", ".4f"], strict=True)]
+    lines.append("| mean ± sd | | | " + " | ".join(pm[:2]) + " | | | " + " | ".join(pm[2:])
                  + " | |")
     return "\n".join(lines) + "\n"
-
 
 def sizes_and_gaps(rows: Sequence[dict], small: int = 64, widest: int = 3) -> str | None:
     """Markdown line: linattn and MiniRocket's mean accuracy on the sets of at most ``small``
@@ -432,11 +451,16 @@ def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0) -> dict:
     return {**out["model"], "method": "conv", "no_mixer": out["ablation"]}
 
 
+def ablation_pairs(results: dict) -> list[tuple[dict, int]]:
+    """(linattn row, test size) of the main datasets fitted with the no-mixer twin too."""
+    return [(d["linattn"], d["test"]) for n, d in results.get("datasets", {}).items()
+            if n not in HELD_OUT and "no_mixer" in d.get("linattn", {})]
+
+
 def ablation(results: dict) -> str | None:
     """Markdown line: the model against itself with the mixer removed, on the main datasets
     that have both (None without any)."""
-    pairs = [(d["linattn"], d["test"]) for n, d in results.get("datasets", {}).items()
-             if n not in HELD_OUT and "no_mixer" in d.get("linattn", {})]
+    pairs = ablation_pairs(results)
     if not pairs:
         return None
     full = [correct(a["accuracy"], t) for a, t in pairs]
@@ -570,7 +594,7 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
 
 # -- the report ---------------------------------------------------------------------------
 def _f(v, fmt: str = ".3f") -> str:
-    return "—" if v is None else format(v, fmt)
+    return "—" if v is None or v != v else format(v, fmt)  # v != v: NaN
 
 
 def report(results: dict) -> str:
@@ -738,10 +762,16 @@ def main() -> None:
     args = ap.parse_args()
     path = Path(args.results)
     if args.seeds:
+        runs = []
+        for f in args.seeds:
+            try:
+                runs.append((f, json.loads(Path(f).read_text())))
+                seed_summary(runs[-1:])  # a damaged file is named here, alone
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise SystemExit(f"--seeds: {f}: {e}") from None
         try:
-            print(seed_summary([(f, json.loads(Path(f).read_text())) for f in args.seeds]),
-                  end="")
-        except (OSError, ValueError, KeyError) as e:
+            print(seed_summary(runs), end="")
+        except ValueError as e:
             raise SystemExit(f"--seeds: {e}") from None
         return
     if args.train_check:

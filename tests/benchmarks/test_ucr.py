@@ -267,25 +267,39 @@ def test_seed_summary_rows_and_spread(ucr, tmp_path, monkeypatch, capsys):
                 "MiniRocket": {"accuracy": mr, "fit_s": 1.0},
                 "published": {"InceptionTime": 0.7, "HC2": 1.0}}
 
-    one = {"datasets": {"A": row(0.9, 0.8, 0.9), "B": row(0.5, 0.5, 0.4),
-                        "FordB": row(0.0, 1.0, 0.0)}}  # held out: left out of every number
-    two = {"datasets": {"A": row(0.7, 0.8, 0.8), "B": row(0.7, 0.5, 0.7)}}
-    text = ucr.seed_summary([("s1.json", one), ("s2.json", two)])
-    lines = text.splitlines()
+    def run(seed, datasets):
+        return {"meta": {"rule": {"name": "conv: x", "seed": seed}}, "datasets": datasets}
+
+    one = run(1, {"A": row(0.9, 0.8, 0.9), "B": row(0.5, 0.5, 0.4),
+                  "FordB": row(0.0, 1.0, 0.0)})  # held out: left out of every number
+    two = run(2, {"A": row(0.7, 0.8, 0.8), "B": row(0.7, 0.5, 0.7)})
+    lines = ucr.seed_summary([("s1.json", one), ("s2.json", two)]).splitlines()
     # s1: A: HC2 1.0 > linattn 0.9 > MiniRocket 0.8 > InceptionTime 0.7 (ranks 1, 2, 3, 4);
     # B: HC2 1.0 > InceptionTime 0.7 > linattn = MiniRocket 0.5 (1, 2, 3.5, 3.5)
-    assert lines[2] == ("| s1.json | 2 | 0.7000 | 0.6500 | 1/1/0 | 2 | 2.75 | 3.00 | 3.25 | "
-                        "1.00 | 0.6500 | 1/1/0 |")
-    assert lines[3].startswith("| s2.json | 2 | 0.7000 | 0.6500 | 1/0/1 | 2 |")
+    assert lines[2] == ("| s1.json | 1 | 2 | 0.7000 | 0.6500 | 1/1/0 | 2 | 2.75 | 3.00 | "
+                        "3.25 | 1.00 | 0.6500 | 1/1/0 |")
+    assert lines[3].startswith("| s2.json | 2 | 2 | 0.7000 | 0.6500 | 1/0/1 | 2 |")
     assert lines[3].endswith("| 0.7500 | 0/1/1 |")
     # mean and sample spread: 0.7 both times; no mixer 0.65 and 0.75
-    assert lines[4].startswith("| mean ± sd | | 0.7000 ± 0.0000 | 0.6500 ± 0.0000 | | | ")
+    assert lines[4].startswith("| mean ± sd | | | 0.7000 ± 0.0000 | 0.6500 ± 0.0000 | | | ")
     assert lines[4].endswith(f"| 0.7000 ± {np.std([0.65, 0.75], ddof=1):.4f} | |")
-    assert all(line.count("|") == 13 for line in lines)
+    assert all(line.count("|") == 14 for line in lines)
+    alone = ucr.seed_summary([("s1.json", one)]).splitlines()[-1]
+    assert "0.7000 ± —" in alone and "nan" not in alone
+    with pytest.raises(ValueError, match="s2.json: seed 1 is in an earlier file too"):
+        ucr.seed_summary([("s1.json", one), ("s2.json", run(1, two["datasets"]))])
+    with pytest.raises(ValueError, match="s2.json: its rule differs from s1.json's"):
+        ucr.seed_summary([("s1.json", one), ("s2.json", {**two, "meta": {"rule": {
+            "name": "conv: y", "seed": 2}}})])
+    with pytest.raises(ValueError, match="s2.json: not the datasets of s1.json"):
+        ucr.seed_summary([("s1.json", one), ("s2.json", run(2, {"A": row(0.7, 0.8, 0.8)}))])
     (tmp_path / "s1.json").write_text(json.dumps(one))
+    (tmp_path / "list.json").write_text("[1, 2]")
     monkeypatch.setattr(sys, "argv", ["ucr.py", "--seeds", str(tmp_path / "s1.json")])
     ucr.main()
     assert capsys.readouterr().out.splitlines()[2].startswith("| ")
-    monkeypatch.setattr(sys, "argv", ["ucr.py", "--seeds", str(tmp_path / "none.json")])
-    with pytest.raises(SystemExit, match="--seeds: .*none.json"):
-        ucr.main()
+    for bad in ("none.json", "list.json"):
+        monkeypatch.setattr(sys, "argv", ["ucr.py", "--seeds", str(tmp_path / "s1.json"),
+                                          str(tmp_path / bad)])
+        with pytest.raises(SystemExit, match=f"--seeds: .*{bad}: "):
+            ucr.main()
