@@ -290,7 +290,7 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     """Markdown table, one row per results file of one configuration run at several seeds
     (``--seeds``): mean accuracy on the main datasets, MiniRocket's in the same file, W/T/L
     against it, mean ranks on the datasets with published results, the no-mixer ablation's
-    mean (the datasets :func:`ablation` reads) and the mixer's W/T/L; then the mean and sample
+    mean (:func:`ablation_stats`) and the mixer's W/T/L; then the mean and sample
     standard deviation of each number column over the files, from unrounded values.
     ValueError naming the file when the files are not one configuration (``meta.rule`` apart
     from its seed), repeat a seed, or do not hold the same datasets."""
@@ -301,40 +301,20 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first_rule, seeds, first_sets = None, set(), None
     for label, results in runs:
-        rule = dict(results.get("meta", {}).get("rule", {}))
-        seed = rule.pop("seed", 0)
+        try:
+            rule, seed, datasets, row, cells = _seed_row(label, results)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{label}: not a results file ({type(e).__name__}: {e})") from None
         if first_rule is None:
-            first_rule = rule
+            first_rule, first_sets = rule, datasets
         elif rule != first_rule:
             raise ValueError(f"{label}: its rule differs from {runs[0][0]}'s")
+        elif datasets != first_sets:
+            raise ValueError(f"{label}: not the datasets of {runs[0][0]}")
         if seed in seeds:
             raise ValueError(f"{label}: seed {seed} is in an earlier file too")
         seeds.add(seed)
-        main = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT]
-        two = comparison(main, METHODS, digits=None)
-        four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
-        if two is None:
-            raise ValueError(f"{label}: no dataset with both linattn and MiniRocket")
-        if first_sets is None:
-            first_sets = sorted(two["datasets"])
-        elif sorted(two["datasets"]) != first_sets:
-            raise ValueError(f"{label}: not the datasets of {runs[0][0]}")
-        pairs = ablation_pairs(results)
-        bare, mixer = float("nan"), "—"
-        if pairs:
-            bare = float(np.mean([a["no_mixer"]["accuracy"] for a, _ in pairs]))
-            mixer = "/".join(map(str, win_tie_loss(
-                [correct(a["accuracy"], t) for a, t in pairs],
-                [correct(a["no_mixer"]["accuracy"], t) for a, t in pairs])))
-        ranks = ([four["mean_rank"][m] for m in ("linattn", "InceptionTime", "MiniRocket",
-                                                 "HC2")] if four else [float("nan")] * 4)
-        row = [two["mean_accuracy"]["linattn"], two["mean_accuracy"]["MiniRocket"], *ranks,
-               bare]
         numbers.append(row)
-        w, t, lo = two["wtl"]["MiniRocket"]
-        cells = [label, str(seed), str(len(two["datasets"])), _f(row[0], ".4f"),
-                 _f(row[1], ".4f"), f"{w}/{t}/{lo}", str(len(four["datasets"]) if four else 0),
-                 *(_f(v, ".2f") for v in ranks), _f(bare, ".4f"), mixer]
         lines.append("| " + " | ".join(cells) + " |")
     a = np.array(numbers)
     sd = a.std(0, ddof=1) if len(a) > 1 else np.full(a.shape[1], np.nan)
@@ -343,6 +323,29 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     lines.append("| mean ± sd | | | " + " | ".join(pm[:2]) + " | | | " + " | ".join(pm[2:])
                  + " | |")
     return "\n".join(lines) + "\n"
+
+
+def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[float], list[str]]:
+    """One file of :func:`seed_summary`: its rule without the seed, the seed, its datasets,
+    the row's numbers (unrounded) and its table cells."""
+    rule = dict(results.get("meta", {}).get("rule", {}))
+    seed = rule.pop("seed", 0)
+    main = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT]
+    two = comparison(main, METHODS, digits=None)
+    four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
+    if two is None:
+        raise ValueError(f"{label}: no dataset with both linattn and MiniRocket")
+    abl = ablation_stats(results)
+    bare = abl["no_mixer"] if abl else float("nan")
+    ranks = ([four["mean_rank"][m] for m in ("linattn", "InceptionTime", "MiniRocket", "HC2")]
+             if four else [float("nan")] * 4)
+    row = [two["mean_accuracy"]["linattn"], two["mean_accuracy"]["MiniRocket"], *ranks, bare]
+    w, t, lo = two["wtl"]["MiniRocket"]
+    cells = [label, str(seed), str(len(two["datasets"])), _f(row[0], ".4f"), _f(row[1], ".4f"),
+             f"{w}/{t}/{lo}", str(len(four["datasets"]) if four else 0),
+             *(_f(v, ".2f") for v in ranks), _f(bare, ".4f"),
+             "/".join(map(str, abl["wtl"])) if abl else "—"]
+    return rule, seed, sorted(two["datasets"]), row, cells
 
 def sizes_and_gaps(rows: Sequence[dict], small: int = 64, widest: int = 3) -> str | None:
     """Markdown line: linattn and MiniRocket's mean accuracy on the sets of at most ``small``
@@ -451,27 +454,33 @@ def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0) -> dict:
     return {**out["model"], "method": "conv", "no_mixer": out["ablation"]}
 
 
-def ablation_pairs(results: dict) -> list[tuple[dict, int]]:
-    """(linattn row, test size) of the main datasets fitted with the no-mixer twin too."""
-    return [(d["linattn"], d["test"]) for n, d in results.get("datasets", {}).items()
-            if n not in HELD_OUT and "no_mixer" in d.get("linattn", {})]
+def ablation_stats(results: dict) -> dict | None:
+    """The model against itself with the mixer removed, on the main datasets that have both:
+    W/T/L (counts of correct predictions), mean accuracies and the (linattn row, test size)
+    pairs; None without any."""
+    pairs = [(d["linattn"], d["test"]) for n, d in results.get("datasets", {}).items()
+             if n not in HELD_OUT and "no_mixer" in d.get("linattn", {})]
+    if not pairs:
+        return None
+    return {"datasets": len(pairs),
+            "wtl": win_tie_loss([correct(a["accuracy"], t) for a, t in pairs],
+                                [correct(a["no_mixer"]["accuracy"], t) for a, t in pairs]),
+            "accuracy": float(np.mean([a["accuracy"] for a, _ in pairs])),
+            "no_mixer": float(np.mean([a["no_mixer"]["accuracy"] for a, _ in pairs])),
+            "pairs": pairs}
 
 
 def ablation(results: dict) -> str | None:
-    """Markdown line: the model against itself with the mixer removed, on the main datasets
-    that have both (None without any)."""
-    pairs = ablation_pairs(results)
-    if not pairs:
+    """Markdown line of :func:`ablation_stats` (None without any dataset)."""
+    a = ablation_stats(results)
+    if a is None:
         return None
-    full = [correct(a["accuracy"], t) for a, t in pairs]
-    bare = [correct(a["no_mixer"]["accuracy"], t) for a, t in pairs]
-    w, t, lo = win_tie_loss(full, bare)
-    return (f"- ablation, {len(pairs)} datasets: with the linear-attention mixer W/T/L {w}/{t}/"
-            f"{lo} against the same model without it; mean accuracy "
-            f"{np.mean([a['accuracy'] for a, _ in pairs]):.4f} against "
-            f"{np.mean([a['no_mixer']['accuracy'] for a, _ in pairs]):.4f}; fit "
-            f"{sum(a['fit_s'] for a, _ in pairs):.0f} s against "
-            f"{sum(a['no_mixer']['fit_s'] for a, _ in pairs):.0f} s")
+    w, t, lo = a["wtl"]
+    return (f"- ablation, {a['datasets']} datasets: with the linear-attention mixer W/T/L "
+            f"{w}/{t}/{lo} against the same model without it; mean accuracy "
+            f"{a['accuracy']:.4f} against {a['no_mixer']:.4f}; fit "
+            f"{sum(r['fit_s'] for r, _ in a['pairs']):.0f} s against "
+            f"{sum(r['no_mixer']['fit_s'] for r, _ in a['pairs']):.0f} s")
 
 
 def train_check(names: Sequence[str], threads: int, path: Path, rule: str = "defaults") -> None:
@@ -766,10 +775,9 @@ def main() -> None:
         for f in args.seeds:
             try:
                 runs.append((f, json.loads(Path(f).read_text())))
-                seed_summary(runs[-1:])  # a damaged file is named here, alone
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            except (OSError, ValueError) as e:
                 raise SystemExit(f"--seeds: {f}: {e}") from None
-        try:
+        try:  # seed_summary names the file it refuses
             print(seed_summary(runs), end="")
         except ValueError as e:
             raise SystemExit(f"--seeds: {e}") from None
