@@ -44,7 +44,16 @@ every sum sharpens the ridge at 30, the estimator's default when the round ran:
 ``attnG+ridge10k`` (the second configuration), ``attnG+ridgeH``, ``poolG+ridgeH`` (its
 ablation). ``--temperatures … --ridge-head ridgeH`` then chose 5, the default since.
 
-In rounds 2 to 4 each dataset's validation probabilities of every head are kept beside the
+``--round 5`` (``runs/ucr_tokens/round5.json``) asks whether the ridge head should also read
+the series themselves: the time points and the first differences, each standardised with the
+inner train's mean and spread per position (a linear model of the raw series, strong where the
+class is a level at fixed positions, as in spectra). Ridge heads only, no nets: ``ridgeH``
+(round 4's head, the estimator's), ``ridgeR`` (time points and differences alone),
+``ridgeHR`` (both joined) and ``ridgeSel``, the one of ``ridgeH`` and ``ridgeHR`` with the
+lower leave-one-out squared error on the inner train (``RidgeClassifierCV``'s
+``best_score_``), a per-dataset choice the estimator could make from its training set alone.
+
+In rounds 2 to 5 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
 without refitting.
 
@@ -57,6 +66,7 @@ after every dataset; a rerun skips the datasets already there::
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 2  # the second round
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 3  # the third
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 4  # the fourth
+    nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 5  # the fifth
     .venv/bin/python benchmarks/ucr_tokens.py --temperatures runs/ucr_tokens/round2_heads \
         runs/ucr_tokens/round3_heads                                 # the ridge's temperature
     .venv/bin/python benchmarks/ucr_tokens.py --temperatures runs/ucr_tokens/round4_heads \
@@ -86,6 +96,8 @@ VARIANTS_3 = ("ridge10k", "attnG", "poolG", "attnG+ridge10k", "poolG+ridge10k")
 #: estimator's default temperature when the round ran (the third round's choice; 5 since).
 VARIANTS_4 = ("ridge10k", "ridgeH", "attnG", "poolG", "attnG+ridge10k", "attnG+ridgeH",
               "poolG+ridgeH")
+#: The fifth round's variants: ridge heads only (``ridgeSel`` chooses one of two per dataset).
+VARIANTS_5 = ("ridgeH", "ridgeR", "ridgeHR", "ridgeSel")
 #: Global PPV features of the second round's ridge head (MiniRocket's count).
 RIDGE_FEATURES = 10000
 #: The summary's head-to-head lines of each round.
@@ -98,7 +110,8 @@ PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+rid
              ("attnG+ridge10k", "poolG+ridge10k")),
          4: (("ridgeH", "ridge10k"), ("attnG+ridgeH", "attnG+ridge10k"),
              ("attnG+ridgeH", "poolG+ridgeH"), ("attnG+ridgeH", "ridgeH"),
-             ("attnG+ridge10k", "ridge10k"))}
+             ("attnG+ridge10k", "ridge10k")),
+         5: (("ridgeHR", "ridgeH"), ("ridgeSel", "ridgeH"), ("ridgeR", "ridgeH"))}
 HELD_OUT = ("FordB",)
 
 
@@ -142,14 +155,23 @@ def _scaled_tokens(transform, X: np.ndarray, tr: np.ndarray, va: np.ndarray):
     return T_tr, (transform.transform(X[va]) - mu) / sd
 
 
-def _ridge_head(F_tr: np.ndarray, y_tr: np.ndarray, F_va: np.ndarray, n_classes: int):
-    """Validation probabilities of a ridge head fitted on features F_tr."""
+def _ridge_fit(F_tr: np.ndarray, y_tr: np.ndarray, F_va: np.ndarray,
+               n_classes: int) -> tuple[np.ndarray, float]:
+    """(validation probabilities, leave-one-out score) of a ridge head fitted on F_tr; the
+    score is ``RidgeClassifierCV.best_score_``, minus the mean squared error of its
+    leave-one-out decision values at the chosen alpha (higher is better)."""
     from sklearn.linear_model import RidgeClassifierCV
 
     from linattn.tsc.conv_classifier import RIDGE_ALPHAS, ridge_proba
 
     ridge = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(F_tr, y_tr)
-    return ridge_proba(ridge.decision_function(F_va), ridge.classes_, n_classes)
+    proba = ridge_proba(ridge.decision_function(F_va), ridge.classes_, n_classes)
+    return proba, float(ridge.best_score_)
+
+
+def _ridge_head(F_tr: np.ndarray, y_tr: np.ndarray, F_va: np.ndarray, n_classes: int):
+    """Validation probabilities of a ridge head fitted on features F_tr."""
+    return _ridge_fit(F_tr, y_tr, F_va, n_classes)[0]
 
 
 def _net_head(T_tr, y_tr, T_va, n_classes: int, layers: int, seed: int = 0,
@@ -267,6 +289,38 @@ def study_4(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
+def _series_features(X: np.ndarray) -> np.ndarray:
+    """The series' time points and first differences side by side, (n, 2L − 1)."""
+    return np.hstack([X, np.diff(X, axis=1)])
+
+
+def study_5(name: str, heads_dir: Path | None = None) -> dict:
+    """The fifth round (module docstring): the ridge head with the series' own values."""
+    from linattn.tsc.competing import CompetingKernels
+    from linattn.tsc.conv_classifier import fit_scaling
+    from linattn.tsc.conv_tokens import ConvTokens
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    n = len(classes)
+    G_tr, G_va = _timed(row, "transform10k_s", _scaled_tokens,
+                        ConvTokens(segments=1, features=RIDGE_FEATURES), X, tr, va)
+    H_tr, H_va = _timed(row, "transform_hydra_s", _scaled_tokens, CompetingKernels(), X, tr, va)
+    S = _series_features(X)
+    S_tr, mu, sd = fit_scaling(S[tr])
+    S_va = (S[va] - mu) / sd
+    H_tr, H_va = np.hstack([G_tr[:, 0], H_tr]), np.hstack([G_va[:, 0], H_va])
+    heads, loo = {}, {}
+    for label, (a, b) in (("ridgeH", (H_tr, H_va)), ("ridgeR", (S_tr, S_va)),
+                          ("ridgeHR", (np.hstack([H_tr, S_tr]), np.hstack([H_va, S_va])))):
+        heads[label], loo[label] = _timed(row, label + "_s", _ridge_fit, a, y[tr], b, n)
+    # ties keep the estimator's head
+    chosen = "ridgeHR" if loo["ridgeHR"] > loo["ridgeH"] else "ridgeH"
+    heads["ridgeSel"], row["chosen"], row["loo"] = heads[chosen], chosen, loo
+    row["accuracy"] = _accuracies(heads, VARIANTS_5, y[va])
+    _keep_heads(heads_dir, name, y[va], heads)
+    return row
+
+
 def summary(results: dict) -> str:
     """The table of mean and median accuracies, the round's head-to-head lines and the time;
     the round is read from the rows' variants."""
@@ -274,14 +328,17 @@ def summary(results: dict) -> str:
     if not rows:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
-    rnd = (4 if "ridgeH" in first else 3 if "attnG" in first else 2 if "ridge10k" in first
-           else 1)
-    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4}[rnd]
+    rnd = (5 if "ridgeSel" in first else 4 if "ridgeH" in first else 3 if "attnG" in first
+           else 2 if "ridge10k" in first else 1)
+    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5}[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
              "| variant | mean | median |", "|---|--:|--:|"]
     for j, v in enumerate(variants):
         lines.append(f"| {v} | {acc[:, j].mean():.4f} | {np.median(acc[:, j]):.4f} |")
+    if rnd == 5:
+        picked = sum(d.get("chosen") == "ridgeHR" for d in rows.values())
+        lines.append(f"\nridgeSel chose ridgeHR on {picked} of {len(rows)} datasets")
     lines.append("")
     col = {v: acc[:, j] for j, v in enumerate(variants)}
     for a, b in PAIRS[rnd]:
@@ -355,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, help="results file (default "
                    "runs/ucr_tokens/results.json, or roundN.json with --round N)")
-    p.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1, help="which study")
+    p.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5), default=1, help="which study")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
@@ -388,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
-                {2: study_2, 3: study_3, 4: study_4}[a.round](
+                {2: study_2, 3: study_3, 4: study_4, 5: study_5}[a.round](
                     name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)

@@ -54,17 +54,32 @@ class _Unread:
         raise AssertionError("the TEST split was read")
 
 
-@pytest.mark.parametrize("rnd", [2, 3, 4])
+@pytest.mark.parametrize("rnd", [2, 3, 4, 5])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
-    variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4}[rnd]
+    variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4,
+                5: bench.VARIANTS_5}[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
     res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2}}}
     text = bench.summary(res)
     assert all(f"| {v} | 0.5000 |" in text for v in variants)
     assert "fit time, all variants: 2 s" in text
+    assert ("ridgeSel chose" in text) == (rnd == 5)
 
 
-@pytest.mark.parametrize("rnd", [1, 2, 3, 4])
+def test_round_5_summary_counts_the_datasets_where_the_joined_head_was_chosen(bench):
+    acc = {v: 0.5 for v in bench.VARIANTS_5}
+    res = {"datasets": {n: {"accuracy": acc, "chosen": c}
+                        for n, c in (("A", "ridgeHR"), ("B", "ridgeH"), ("C", "ridgeHR"))}}
+    assert "ridgeSel chose ridgeHR on 2 of 3 datasets" in bench.summary(res)
+
+
+def test_series_features_are_the_values_and_their_differences(bench):
+    X = np.array([[1.0, 3.0, 2.0], [0.0, 0.0, 5.0]])
+    np.testing.assert_array_equal(bench._series_features(X),
+                                  [[1, 3, 2, 2, -1], [0, 0, 5, 0, 5]])
+
+
+@pytest.mark.parametrize("rnd", [1, 2, 3, 4, 5])
 def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch, rnd):
     import linattn.datasets as ds
 
@@ -82,17 +97,21 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert (row["train"], row["validation"], row["classes"]) == (16, 8, 2)
     variants = {1: bench.VARIANTS, 2: bench.VARIANTS_2, 3: bench.VARIANTS_3,
-                4: bench.VARIANTS_4}[rnd]
+                4: bench.VARIANTS_4, 5: bench.VARIANTS_5}[rnd]
     assert set(row["accuracy"]) == set(variants)
-    ridge = "ridge" if rnd == 1 else "ridge10k"
+    ridge = {1: "ridge", 5: "ridgeH"}.get(rnd, "ridge10k")
     assert row["accuracy"][ridge] == 1.0  # sine against cosine: the ridge head separates them
     if rnd > 1:  # every head's validation probabilities, beside the results
         heads = np.load(tmp_path / "r_heads" / "Made.npz")
         assert heads["y"].shape == (8,) and heads[ridge].shape == (8, 2)
     if rnd == 4:
         assert row["accuracy"]["ridgeH"] == 1.0 and heads["ridgeH"].shape == (8, 2)
+    if rnd == 5:  # the chosen head's probabilities are ridgeSel's, chosen on the inner train
+        assert row["chosen"] in ("ridgeH", "ridgeHR")
+        assert set(row["loo"]) == {"ridgeH", "ridgeR", "ridgeHR"}
+        np.testing.assert_array_equal(heads["ridgeSel"], heads[row["chosen"]])
     # a rerun skips the dataset (no refit) and prints the summary
-    for study in ("study", "study_2", "study_3", "study_4"):
+    for study in ("study", "study_2", "study_3", "study_4", "study_5"):
         monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
     assert bench.main(args) == 0
 
