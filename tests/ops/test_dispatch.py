@@ -321,6 +321,72 @@ def test_an_isa_setting_is_the_only_build_measured(toy, monkeypatch):
     assert set(entry["ms"]) == {"native:native", "portable"}
 
 
+def test_a_thread_started_during_a_narrowing_reuses_the_calibration(toy):
+    """The calibration's key holds the user's thread count: a thread whose torch count was
+    first set while another thread ran a small call (narrowed to 1) finds the verdict measured
+    for the user's count, and nothing is measured twice. The interleaving that made
+    test_calibration_is_isolated_from_the_triggering_call fail 1 run in 10, forced."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert _toy_select() == Choice("native", "avx2") and toy.measured == 1
+        narrowed, started, ended = threading.Event(), threading.Event(), threading.Event()
+        chosen, errors = [], []
+
+        def narrowing():
+            with native.torch_on_one_thread(True):
+                narrowed.set()
+                started.wait(10)
+            ended.set()
+
+        def starting():
+            try:
+                assert narrowed.wait(10)
+                torch.get_num_threads()  # its first torch count, as a first parallel op sets it
+                started.set()
+                assert ended.wait(10)  # the call after the narrowing is over
+                chosen.append((native.torch_threads(), _toy_select()))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+                started.set()
+
+        threads = [threading.Thread(target=f) for f in (narrowing, starting)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        torch.set_num_threads(before)
+    assert not errors, errors
+    assert chosen == [(2, Choice("native", "avx2"))]
+    assert toy.measured == 1
+
+
+def test_the_calibration_thread_count_stays_in_its_thread():
+    """The calibration thread runs with the caller's count, and only it: a thread starting
+    meanwhile copies the user's count (torch.set_num_threads there set the default every new
+    thread copies, and restored a count that could be another thread's narrowed 1)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = {}
+
+    def measure():
+        seen["calibration"] = torch.get_num_threads()
+        t = threading.Thread(target=lambda: seen.setdefault("other", torch.get_num_threads()))
+        t.start()
+        t.join()
+
+    try:
+        calibration._in_clean_thread(measure, 1)
+        t = threading.Thread(target=lambda: seen.setdefault("after", torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert seen == {"calibration": 1, "other": 2, "after": 2}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 @needs_native
 def test_calibration_problems_use_default_sizes_and_gradients():
     """The measurement may be triggered from inference code or from inside a policy: it still

@@ -120,24 +120,92 @@ def test_torch_on_one_thread_narrows_and_restores(torch_threads):
     assert torch.get_num_threads() == 2  # restored after an error too
 
 
-def test_concurrent_narrowings_restore_the_count_once_all_are_done(torch_threads):
-    """Torch's count is one for the process: two threads that narrow it at once must not
-    leave it at 1 (the second saving the first one's 1 and restoring that)."""
-    torch.set_num_threads(2)
-    inside, release = threading.Barrier(2), threading.Event()
+def _run_threads(*targets):
+    """Run each target in a thread of its own, re-raising the first error here."""
+    errors = []
 
-    def call():
-        with native.torch_on_one_thread(True):
-            inside.wait(timeout=10)
-            release.wait(timeout=10)
+    def wrap(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+        return run
 
-    threads = [threading.Thread(target=call) for _ in range(2)]
+    threads = [threading.Thread(target=wrap(fn)) for fn in targets]
     for t in threads:
         t.start()
-    release.set()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+def test_overlapping_narrowings_in_two_threads_each_narrow_and_restore_their_own(
+        torch_threads):
+    """Torch's OpenMP count is per thread: each of two overlapping calls narrows its own
+    thread and gives its own thread the count back, whichever ends first. (One count for the
+    process, "the first narrows, the last restores", left the first thread on 1 thread for
+    good when the second ended last, and never narrowed the second.)"""
+    torch.set_num_threads(2)
+    ready, a_in, b_in, a_out, b_out = (threading.Event() for _ in range(5))
+    seen = {}
+
+    def first():
+        assert torch.get_num_threads() == 2
+        assert ready.wait(10)
+        with native.torch_on_one_thread(True):
+            seen["first inside"] = torch.get_num_threads(), native.torch_threads()
+            a_in.set()
+            assert b_in.wait(10)
+        a_out.set()
+        assert b_out.wait(10)
+        seen["first after"] = torch.get_num_threads(), native.torch_threads()
+
+    def second():
+        assert torch.get_num_threads() == 2  # this thread's count, taken before any narrowing
+        ready.set()
+        assert a_in.wait(10)
+        with native.torch_on_one_thread(True):
+            seen["second inside"] = torch.get_num_threads(), native.torch_threads()
+            b_in.set()
+            assert a_out.wait(10)  # the first one ends while this one is still narrowed
+        b_out.set()
+        seen["second after"] = torch.get_num_threads(), native.torch_threads()
+
+    _run_threads(first, second)
+    assert seen == {"first inside": (1, 2), "second inside": (1, 2),
+                    "first after": (2, 2), "second after": (2, 2)}
     assert torch.get_num_threads() == 2
+
+
+def test_a_thread_starting_during_a_narrowing_keeps_the_users_count(torch_threads):
+    """A thread whose torch count is first set while another thread is narrowed copies the
+    user's count, not the narrowing's 1 (it kept 1 for good, and a calibration it triggered
+    was keyed, and measured again, for 1 thread)."""
+    torch.set_num_threads(2)
+    narrowed, started = threading.Event(), threading.Event()
+    seen = {}
+
+    def narrowing():
+        with native.torch_on_one_thread(True):
+            narrowed.set()
+            assert started.wait(10)
+
+    def starting():
+        assert narrowed.wait(10)
+        seen["during"] = torch.get_num_threads()  # as any first parallel operation would
+        started.set()
+
+    _run_threads(narrowing, starting)
+    assert seen == {"during": 2}
+
+    def later():  # and nothing the narrowing did is left behind for threads after it
+        seen["later"] = torch.get_num_threads(), native.torch_threads()
+
+    _run_threads(later)
+    assert seen["later"] == (2, 2)
 
 
 def test_a_small_call_runs_torch_on_one_thread_and_gives_the_count_back(torch_threads,

@@ -182,15 +182,16 @@ def _in_clean_thread(fn, threads: int):
     box: dict = {}
 
     def run():
-        before = native.torch_threads()
-        torch.set_num_threads(threads)
+        # Only this thread's count: torch.set_num_threads would also set the default that
+        # threads starting meanwhile copy (a user's thread started during the measurement kept
+        # the calibration's count for good, and a second cache key with it), and restoring
+        # the "before" it read could write back another thread's narrowed 1.
         try:
-            with torch.inference_mode(False), torch.enable_grad():
+            with (native.torch_threads_in_this_thread(threads), torch.inference_mode(False),
+                  torch.enable_grad()):
                 box["value"] = fn()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = exc
-        finally:
-            torch.set_num_threads(before)
 
     worker = threading.Thread(target=run, name="linattn-calibration")
     worker.start()

@@ -45,7 +45,8 @@ from linattn.ops.native.abi import Args, LayoutError, bind
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
-           "torch_threads", "scratch", "is_small", "head_jobs", "run_jobs"]
+           "torch_threads", "torch_threads_in_this_thread", "scratch", "is_small", "head_jobs",
+           "run_jobs"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -374,17 +375,97 @@ def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
     return max(1, min(n, parts, work // max(min_work, 1)))
 
 
-_NARROW_LOCK = threading.Lock()
-_narrowed = 0  # calls inside torch_on_one_thread now
-_saved_threads = 1  # torch's thread count before the first of them
+# Torch's thread count is not one for the process. With its OpenMP backend (the wheels' on
+# Linux, macOS and Windows), torch.set_num_threads(n) sets the calling thread's OpenMP count
+# (omp_set_num_threads: a per-thread setting) and a default that every other thread copies
+# once, at its first parallel operation or get_num_threads() call; get_num_threads() reads the
+# calling thread's own count. Narrowing with torch.set_num_threads(1) under one process-wide
+# counter ("the first narrows, the last restores") therefore went wrong three ways:
+#   - with two calls overlapping in two threads, the last one out restored its own count,
+#     not the first one's: that thread stayed on 1 thread for good (and the other was never
+#     narrowed at all). Its next call keyed the calibration on 1 thread and measured again:
+#     test_calibration_is_isolated_from_the_triggering_call, 1 run in 10 (its three threads
+#     overlap, and checkpointing calls the op again in the backward);
+#   - while a narrowing lasted, the default was 1: a thread starting then kept 1 for good
+#     (the calibration thread's torch.set_num_threads did the same with its own count);
+#   - torch_threads() read the counter and then the count without the lock: a narrowing
+#     could begin in between.
+# So the record is per thread (only its own thread writes it: no lock, no race), and the
+# count is set with the OpenMP runtime's own omp_set_num_threads, which changes the calling
+# thread's count only, never the default other threads start from. (Unlike
+# torch.set_num_threads it leaves MKL's own count alone: what is narrowed here is torch's
+# OpenMP loops, the state copies and joins around the kernels.)
+
+
+class _ThreadCount(threading.local):
+    """This thread's narrowing: :func:`torch_on_one_thread` calls in progress in it, and its
+    count before the outermost of them (0 outside any)."""
+    depth = 0
+    saved = 0
+
+
+_own = _ThreadCount()
+_OMP_PROBE_LOCK = threading.Lock()
+_omp_setter: Callable[[int], None] | None = None
+_omp_probed = False
+
+
+def _omp_set_num_threads() -> Callable[[int], None] | None:
+    """``omp_set_num_threads`` of the OpenMP runtime that torch reads its count from (checked:
+    torch.get_num_threads() must see what it sets), or None: not found, another runtime, or a
+    torch without OpenMP. Looked up once."""
+    global _omp_setter, _omp_probed
+    if _omp_probed:
+        return _omp_setter
+    with _OMP_PROBE_LOCK:
+        if not _omp_probed:
+            _omp_setter = _find_omp_setter()
+            _omp_probed = True
+    return _omp_setter
+
+
+def _find_omp_setter() -> Callable[[int], None] | None:
+    # the process's global symbols (Linux, macOS), then the runtime torch ships beside itself
+    # (dlopen of a library already loaded returns that one); another OpenMP runtime loaded
+    # first (numpy's BLAS, say) fails the check and the next one is tried
+    names: list[str | None] = [None] if os.name != "nt" else []
+    names += sorted(str(p) for p in (Path(torch.__file__).parent / "lib").glob("*omp*"))
+    for name in names:
+        try:
+            fn = ctypes.CDLL(name).omp_set_num_threads
+            fn.restype = None  # (no argtypes: a Python int goes as a C int, 0.15 µs faster)
+            if _torch_reads(fn):
+                return fn
+        except Exception:  # noqa: BLE001 - no setter only means no narrowing
+            continue
+    return None
+
+
+def _torch_reads(fn: Callable[[int], None]) -> bool:
+    """Whether torch.get_num_threads() returns what ``fn`` set, tried in a thread of its own
+    (what it sets there ends with it)."""
+    seen: list[bool] = []
+
+    def probe():
+        n = torch.get_num_threads()  # torch's own first setting of this thread, done now
+        want = 2 if n == 1 else 1
+        fn(want)
+        seen.append(torch.get_num_threads() == want)
+
+    t = threading.Thread(target=probe, name="linattn-omp-probe", daemon=True)
+    t.start()
+    t.join()
+    return seen == [True]
 
 
 def torch_threads() -> int:
-    """Torch's thread count as the user set it: while a :func:`torch_on_one_thread` call is
-    in progress (in any thread), the count it will restore, not its temporary 1. What the
+    """Torch's thread count as the user set it for the calling thread: inside a
+    :func:`torch_on_one_thread` call of this thread, the count it will restore, not its
+    temporary 1 (narrowings in other threads never change this thread's count). What the
     thread policy, the dispatcher's memo and the calibration's cache key read."""
-    # no lock (this is on every decoding step): the count is saved before ``_narrowed`` counts
-    return _saved_threads if _narrowed else torch.get_num_threads()
+    # one thread-local read, no lock (this is on every decoding step): only this thread
+    # writes its record
+    return _own.saved or torch.get_num_threads()
 
 
 @contextmanager
@@ -394,30 +475,53 @@ def torch_on_one_thread(small: bool) -> Iterator[None]:
     more than 32,768 elements over its OpenMP threads; around a kernel of a fraction of a
     millisecond the hand-over costs more than the operation, and with the other core busy each
     one waits for a descheduled thread: a causal ``linear_attention`` at T = 64 took 29 ms on
-    2 threads against 0.95 ms on 1 (benchmarks/threads.py). Torch's thread count is one for
-    the whole process: nested and concurrent calls are counted, the first narrows it and the
-    last restores it (another thread's torch operations meanwhile run on one thread too:
-    slower, never wrong). Not for traced code (the caller checks)."""
-    global _narrowed, _saved_threads
+    2 threads against 0.95 ms on 1 (benchmarks/threads.py). Only the calling thread's count is
+    narrowed (torch's OpenMP count is per thread: see above), nested calls are counted (the
+    outermost narrows and restores), and the default other threads start from is never
+    touched. Where the OpenMP runtime cannot be reached, nothing is narrowed (slower, never
+    wrong: torch.set_num_threads would change that default). Not for traced code (the caller
+    checks)."""
     if not small:
         yield
         return
-    # torch_threads() reads without the lock, so the count is 1 only while _narrowed says so:
-    # counted before narrowing, restored before uncounting (else a reader in between took 1
-    # for the user's count: a second calibration key, seen once in CI)
-    with _NARROW_LOCK:
-        if _narrowed == 0:
-            _saved_threads = torch.get_num_threads()
-        _narrowed += 1
-        if _narrowed == 1 and _saved_threads > 1:
-            torch.set_num_threads(1)
+    own = _own
+    setter = None
+    if own.depth == 0:
+        # also torch's first setting of this thread's count if it had none yet, which would
+        # otherwise overwrite the 1 set below at the first parallel operation
+        saved = torch.get_num_threads()
+        if saved > 1:  # (_omp_setter is set before _omp_probed: no call once looked up)
+            setter = _omp_setter if _omp_probed else _omp_set_num_threads()
+        own.saved = saved  # recorded last: nothing above may leave a record without a call
+    own.depth += 1
+    try:
+        if setter is not None:
+            setter(1)
+        yield
+    finally:
+        if setter is not None:
+            setter(own.saved)
+        own.depth -= 1
+        if own.depth == 0:
+            own.saved = 0
+
+
+@contextmanager
+def torch_threads_in_this_thread(n: int) -> Iterator[None]:
+    """The calling thread's torch count set to ``n`` for a block, then restored: for a thread
+    that works for another one (the calibration's), to run with that thread's count. Through
+    the OpenMP runtime, so that threads starting meanwhile still copy the user's default;
+    torch.set_num_threads where it cannot be reached (which sets that default too)."""
+    before = torch.get_num_threads()  # and torch's first setting of this thread, done now
+    if n == before:
+        yield
+        return
+    setter = _omp_set_num_threads() or torch.set_num_threads
+    setter(n)
     try:
         yield
     finally:
-        with _NARROW_LOCK:
-            if _narrowed == 1 and _saved_threads > 1:
-                torch.set_num_threads(_saved_threads)
-            _narrowed -= 1
+        setter(before)
 
 
 def is_small(q: Tensor, v: Tensor, min_work: int = PARALLEL_MIN) -> bool:
