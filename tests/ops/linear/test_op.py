@@ -76,7 +76,10 @@ def test_causal_ignores_the_future(linear_path, qkv):
     k2[:, 6:] = torch.randn_like(k2[:, 6:]) * 3
     v2[:, 6:] = 100.0
     out2 = linattn.linear_attention(q, k2, v2, is_causal=True, chunk_size=4)
-    torch.testing.assert_close(out2[:, :6], out[:, :6], rtol=0, atol=1e-14)
+    # a leak of the changed future (values of 100) would be far above float64 rounding; the
+    # fused kernel's blocked sums may round the kept rows differently (1.1e-14 seen)
+    tol = 64 * torch.finfo(out.dtype).eps * out.abs().max().item()
+    torch.testing.assert_close(out2[:, :6], out[:, :6], rtol=0, atol=tol)
     assert not torch.allclose(out2[:, 6:], out[:, 6:])
 
 
