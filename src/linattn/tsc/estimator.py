@@ -167,20 +167,32 @@ def check_device(value: Any, where: str) -> torch.device:
 
 
 class _ThreadLimit:
-    """Run a block with ``torch.set_num_threads(n)`` (None: leave as is), then restore. A
+    """Run a block with ``torch.set_num_threads(n)`` and the BLAS libraries (numpy's, scipy's:
+    the ridge heads' solves) held to n threads (None: leave both as they are), then restore. A
     count above the CPUs available is capped there, with one warning
     (:func:`linattn._config.capped_threads`)."""
 
     def __init__(self, n: int | None) -> None:
-        self.n, self.old = n, None
+        self.n, self.old, self.blas = n, None, None
 
     def __enter__(self):
         if self.n is not None:
             n = capped_threads(self.n, "n_threads")
             self.old = torch.get_num_threads()
             torch.set_num_threads(n)
+            # n_threads=1 must mean one thread for the whole fit: left alone, OpenBLAS spins
+            # its own threads in the ridge's Gram product and eigendecomposition, and two such
+            # fits side by side on 2 cores took twice the CPU time (docs/benchmarks.md)
+            try:
+                from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
+            except ImportError:  # pragma: no cover - scikit-learn always brings it
+                return
+            self.blas = threadpool_limits(limits=n, user_api="blas")
 
     def __exit__(self, *exc):
+        if self.blas is not None:
+            self.blas.restore_original_limits()
+            self.blas = None
         if self.old is not None:
             torch.set_num_threads(self.old)
 
@@ -206,11 +218,12 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     Parameters (keyword only): the architecture, as documented on
     :class:`~linattn.tsc.model.ModelConfig`; the training recipe, as documented on
     :class:`~linattn.tsc.training.TrainConfig`; ``random_state``: seeds initialisation,
-    shuffling, augmentation and dropout; ``n_threads``: torch threads during fit/predict (None:
-    torch's setting); ``device``: where fit and predict run ("cpu", "cuda", "cuda:1", …; checked
-    to exist; saved models and checkpoints hold CPU tensors whatever it is); ``verbose``:
-    progress bars; ``missing``: NaN inside a series (a missing value) is refused ("error", the
-    default, as scikit-learn does) or interpolated linearly along time ("interpolate").
+    shuffling, augmentation and dropout; ``n_threads``: torch and BLAS threads during
+    fit/predict (None: the libraries' settings); ``device``: where fit and predict run ("cpu",
+    "cuda", "cuda:1", …; checked to exist; saved models and checkpoints hold CPU tensors
+    whatever it is); ``verbose``: progress bars; ``missing``: NaN inside a series (a missing
+    value) is refused ("error", the default, as scikit-learn does) or interpolated linearly
+    along time ("interpolate").
     ``depth`` and ``heads`` are deprecated spellings of ``num_layers`` and ``num_heads``. The
     names and defaults:
 
