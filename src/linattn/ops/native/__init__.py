@@ -445,12 +445,16 @@ def _torch_reads(fn: Callable[[int], None]) -> bool:
     """Whether torch.get_num_threads() returns what ``fn`` set, tried in a thread of its own
     (what it sets there ends with it)."""
     seen: list[bool] = []
+    # torch._C's own function, not the torch attribute: the answer is cached for the process,
+    # and a caller that replaced torch.get_num_threads (tests faking a core count do) when the
+    # first narrowing came would otherwise turn narrowing off for good (seen in CI)
+    count = torch._C.get_num_threads
 
     def probe():
-        n = torch.get_num_threads()  # torch's own first setting of this thread, done now
+        n = count()  # torch's own first setting of this thread, done now
         want = 2 if n == 1 else 1
         fn(want)
-        seen.append(torch.get_num_threads() == want)
+        seen.append(count() == want)
 
     t = threading.Thread(target=probe, name="linattn-omp-probe", daemon=True)
     t.start()
