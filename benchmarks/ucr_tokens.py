@@ -148,11 +148,16 @@ def _inner_data(name: str):
 def _scaled_tokens(transform, X: np.ndarray, tr: np.ndarray, va: np.ndarray):
     """``transform`` (tokens (n, S, F) or features (n, F)) fitted on X[tr]; both parts
     standardised with the train part's mean and spread."""
+    transform.fit(X[tr])
+    return _standardised(transform.transform(X[tr]), transform.transform(X[va]))
+
+
+def _standardised(F_tr: np.ndarray, F_va: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both parts standardised with the train part's per-feature mean and spread."""
     from linattn.tsc.conv_classifier import fit_scaling
 
-    transform.fit(X[tr])
-    T_tr, mu, sd = fit_scaling(transform.transform(X[tr]))
-    return T_tr, (transform.transform(X[va]) - mu) / sd
+    F_tr, mu, sd = fit_scaling(F_tr)
+    return F_tr, (F_va - mu) / sd
 
 
 def _ridge_fit(F_tr: np.ndarray, y_tr: np.ndarray, F_va: np.ndarray,
@@ -213,10 +218,30 @@ def _tokens_and_global(X: np.ndarray, tr: np.ndarray, va: np.ndarray, row: dict)
     from linattn.tsc.conv_tokens import ConvTokens
 
     T_tr, T_va = _timed(row, "transform_s", _scaled_tokens, ConvTokens(), X, tr, va)
+    row["tokens"], row["features"] = T_tr.shape[1:]
+    return (T_tr, T_va, *_global_features(X, tr, va, row))
+
+
+def _global_features(X: np.ndarray, tr: np.ndarray, va: np.ndarray, row: dict):
+    """Standardised global PPV features (n, RIDGE_FEATURES) of both parts, timed and sized
+    into ``row``."""
+    from linattn.tsc.conv_tokens import ConvTokens
+
     G_tr, G_va = _timed(row, "transform10k_s", _scaled_tokens,
                         ConvTokens(segments=1, features=RIDGE_FEATURES), X, tr, va)
-    row["tokens"], row["features"], row["features10k"] = T_tr.shape[1:] + G_tr.shape[2:]
-    return T_tr, T_va, G_tr[:, 0], G_va[:, 0]
+    row["features10k"] = G_tr.shape[2]
+    return G_tr[:, 0], G_va[:, 0]
+
+
+def _ridge_h_features(X: np.ndarray, tr: np.ndarray, va: np.ndarray, row: dict,
+                      G_tr: np.ndarray, G_va: np.ndarray):
+    """The estimator's ridge input of both parts: the global features G and the standardised
+    competing-kernel counts beside them, timed and sized into ``row``."""
+    from linattn.tsc.competing import CompetingKernels
+
+    H_tr, H_va = _timed(row, "transform_hydra_s", _scaled_tokens, CompetingKernels(), X, tr, va)
+    row["features_hydra"] = H_tr.shape[1]
+    return np.hstack([G_tr, H_tr]), np.hstack([G_va, H_va])
 
 
 def study_2(name: str, heads_dir: Path | None = None) -> dict:
@@ -270,16 +295,12 @@ def study_3(name: str, heads_dir: Path | None = None) -> dict:
 def study_4(name: str, heads_dir: Path | None = None) -> dict:
     """The fourth round (module docstring): competing-kernel features beside the PPV ones in
     the ridge head; the nets as in round 3."""
-    from linattn.tsc.competing import CompetingKernels
-
     X, y, classes, tr, va, row = _inner_data(name)
     n = len(classes)
     T_tr, T_va, G_tr, G_va = _tokens_and_global(X, tr, va, row)
-    H_tr, H_va = _timed(row, "transform_hydra_s", _scaled_tokens, CompetingKernels(), X, tr, va)
-    row["features_hydra"] = H_tr.shape[1]
+    H_tr, H_va = _ridge_h_features(X, tr, va, row, G_tr, G_va)
     heads = {"ridge10k": _timed(row, "ridge10k_s", _ridge_head, G_tr, y[tr], G_va, n),
-             "ridgeH": _timed(row, "ridgeH_s", _ridge_head, np.hstack([G_tr, H_tr]), y[tr],
-                              np.hstack([G_va, H_va]), n)}
+             "ridgeH": _timed(row, "ridgeH_s", _ridge_head, H_tr, y[tr], H_va, n)}
     for label, layers in (("attnG", 2), ("poolG", 0)):
         heads[label] = _timed(row, label + "_s", _net_head, T_tr, y[tr], T_va, n, layers, 0,
                               G_tr, G_va)
@@ -296,19 +317,11 @@ def _series_features(X: np.ndarray) -> np.ndarray:
 
 def study_5(name: str, heads_dir: Path | None = None) -> dict:
     """The fifth round (module docstring): the ridge head with the series' own values."""
-    from linattn.tsc.competing import CompetingKernels
-    from linattn.tsc.conv_classifier import fit_scaling
-    from linattn.tsc.conv_tokens import ConvTokens
-
     X, y, classes, tr, va, row = _inner_data(name)
     n = len(classes)
-    G_tr, G_va = _timed(row, "transform10k_s", _scaled_tokens,
-                        ConvTokens(segments=1, features=RIDGE_FEATURES), X, tr, va)
-    H_tr, H_va = _timed(row, "transform_hydra_s", _scaled_tokens, CompetingKernels(), X, tr, va)
+    H_tr, H_va = _ridge_h_features(X, tr, va, row, *_global_features(X, tr, va, row))
     S = _series_features(X)
-    S_tr, mu, sd = fit_scaling(S[tr])
-    S_va = (S[va] - mu) / sd
-    H_tr, H_va = np.hstack([G_tr[:, 0], H_tr]), np.hstack([G_va[:, 0], H_va])
+    S_tr, S_va = _standardised(S[tr], S[va])
     heads, loo = {}, {}
     for label, (a, b) in (("ridgeH", (H_tr, H_va)), ("ridgeR", (S_tr, S_va)),
                           ("ridgeHR", (np.hstack([H_tr, S_tr]), np.hstack([H_va, S_va])))):

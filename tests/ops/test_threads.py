@@ -285,8 +285,6 @@ def test_small_gated_and_delta_calls_run_torch_on_one_thread(op, torch_threads, 
 def test_the_runtime_probe_ignores_a_replaced_torch_get_num_threads(monkeypatch):
     """The OpenMP probe's answer is kept for the process: a fake torch.get_num_threads in
     force when it first runs (tests faking core counts) must not turn narrowing off."""
-    monkeypatch.setattr(native, "_omp_probed", False)
-    monkeypatch.setattr(native, "_omp_setter", None)
     real = native._find_omp_setter()
     if real is None:
         pytest.skip("no OpenMP runtime that torch reads its count from")

@@ -34,6 +34,7 @@ import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
+from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
 from linattn._config import THREADS, capped_threads, check_field_types, rename_deprecated
 from linattn._io import read_json, write_atomic
@@ -183,10 +184,6 @@ class _ThreadLimit:
             # n_threads=1 must mean one thread for the whole fit: left alone, OpenBLAS spins
             # its own threads in the ridge's Gram product and eigendecomposition, and two such
             # fits side by side on 2 cores took twice the CPU time (docs/benchmarks.md)
-            try:
-                from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
-            except ImportError:  # pragma: no cover - scikit-learn always brings it
-                return
             self.blas = threadpool_limits(limits=n, user_api="blas")
 
     def __exit__(self, *exc):

@@ -25,6 +25,7 @@ and the torch paths run instead.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import sys
@@ -405,23 +406,14 @@ class _ThreadCount(threading.local):
 
 
 _own = _ThreadCount()
-_OMP_PROBE_LOCK = threading.Lock()
-_omp_setter: Callable[[int], None] | None = None
-_omp_probed = False
 
 
+@functools.cache
 def _omp_set_num_threads() -> Callable[[int], None] | None:
     """``omp_set_num_threads`` of the OpenMP runtime that torch reads its count from (checked:
     torch.get_num_threads() must see what it sets), or None: not found, another runtime, or a
-    torch without OpenMP. Looked up once."""
-    global _omp_setter, _omp_probed
-    if _omp_probed:
-        return _omp_setter
-    with _OMP_PROBE_LOCK:
-        if not _omp_probed:
-            _omp_setter = _find_omp_setter()
-            _omp_probed = True
-    return _omp_setter
+    torch without OpenMP. Looked up once (two first calls at once may both look: harmless)."""
+    return _find_omp_setter()
 
 
 def _find_omp_setter() -> Callable[[int], None] | None:
@@ -494,8 +486,8 @@ def torch_on_one_thread(small: bool) -> Iterator[None]:
         # also torch's first setting of this thread's count if it had none yet, which would
         # otherwise overwrite the 1 set below at the first parallel operation
         saved = torch.get_num_threads()
-        if saved > 1:  # (_omp_setter is set before _omp_probed: no call once looked up)
-            setter = _omp_setter if _omp_probed else _omp_set_num_threads()
+        if saved > 1:
+            setter = _omp_set_num_threads()
         own.saved = saved  # recorded last: nothing above may leave a record without a call
     own.depth += 1
     try:
