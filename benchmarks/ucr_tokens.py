@@ -98,6 +98,10 @@ VARIANTS_4 = ("ridge10k", "ridgeH", "attnG", "poolG", "attnG+ridge10k", "attnG+r
               "poolG+ridgeH")
 #: The fifth round's variants: ridge heads only (``ridgeSel`` chooses one of two per dataset).
 VARIANTS_5 = ("ridgeH", "ridgeR", "ridgeHR", "ridgeSel")
+#: Extra parameters of the sixth round's estimators (the tests shrink them).
+ESTIMATOR_PARAMS: dict = {}
+#: The sixth round's variants: the estimator at its defaults (seeds 0 and 1) and ensembles.
+VARIANTS_6 = ("one", "one@1", "ens2", "net+ridge2")
 #: Global PPV features of the second round's ridge head (MiniRocket's count).
 RIDGE_FEATURES = 10000
 #: The summary's head-to-head lines of each round.
@@ -111,7 +115,8 @@ PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+rid
          4: (("ridgeH", "ridge10k"), ("attnG+ridgeH", "attnG+ridge10k"),
              ("attnG+ridgeH", "poolG+ridgeH"), ("attnG+ridgeH", "ridgeH"),
              ("attnG+ridge10k", "ridge10k")),
-         5: (("ridgeHR", "ridgeH"), ("ridgeSel", "ridgeH"), ("ridgeR", "ridgeH"))}
+         5: (("ridgeHR", "ridgeH"), ("ridgeSel", "ridgeH"), ("ridgeR", "ridgeH")),
+         6: (("ens2", "one"), ("ens2", "one@1"), ("net+ridge2", "one"), ("one@1", "one"))}
 HELD_OUT = ("FordB",)
 
 
@@ -334,6 +339,25 @@ def study_5(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
+def study_6(name: str, heads_dir: Path | None = None) -> dict:
+    """The sixth round (module docstring): whole estimators at their defaults, seeds 0 and 1,
+    and their ensembles."""
+    from linattn.tsc.conv_classifier import ConvAttentionClassifier
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    heads = {}
+    for seed in (0, 1):
+        est = _timed(row, f"fit{seed}_s", ConvAttentionClassifier(
+            random_state=seed, n_threads=1, **ESTIMATOR_PARAMS).fit, X[tr], y[tr])
+        heads[f"net{seed}"], heads[f"ridge{seed}"] = est.head_probas(X[va])
+    one = [(heads[f"net{s}"] + heads[f"ridge{s}"]) / 2 for s in (0, 1)]
+    sums = {"one": one[0], "one@1": one[1], "ens2": (one[0] + one[1]) / 2,
+            "net+ridge2": (heads["net0"] + (heads["ridge0"] + heads["ridge1"]) / 2) / 2}
+    row["accuracy"] = {k: float((v.argmax(1) == y[va]).mean()) for k, v in sums.items()}
+    _keep_heads(heads_dir, name, y[va], heads)
+    return row
+
+
 def summary(results: dict) -> str:
     """The table of mean and median accuracies, the round's head-to-head lines and the time;
     the round is read from the rows' variants."""
@@ -341,9 +365,10 @@ def summary(results: dict) -> str:
     if not rows:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
-    rnd = (5 if "ridgeSel" in first else 4 if "ridgeH" in first else 3 if "attnG" in first
-           else 2 if "ridge10k" in first else 1)
-    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5}[rnd]
+    rnd = (6 if "ens2" in first else 5 if "ridgeSel" in first else 4 if "ridgeH" in first
+           else 3 if "attnG" in first else 2 if "ridge10k" in first else 1)
+    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5,
+                6: VARIANTS_6}[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
              "| variant | mean | median |", "|---|--:|--:|"]
@@ -425,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, help="results file (default "
                    "runs/ucr_tokens/results.json, or roundN.json with --round N)")
-    p.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5), default=1, help="which study")
+    p.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5, 6), default=1, help="which study")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
@@ -458,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
-                {2: study_2, 3: study_3, 4: study_4, 5: study_5}[a.round](
+                {2: study_2, 3: study_3, 4: study_4, 5: study_5, 6: study_6}[a.round](
                     name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)

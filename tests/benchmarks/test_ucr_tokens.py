@@ -54,10 +54,10 @@ class _Unread:
         raise AssertionError("the TEST split was read")
 
 
-@pytest.mark.parametrize("rnd", [2, 3, 4, 5])
+@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
     variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4,
-                5: bench.VARIANTS_5}[rnd]
+                5: bench.VARIANTS_5, 6: bench.VARIANTS_6}[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
     res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2}}}
     text = bench.summary(res)
@@ -79,7 +79,7 @@ def test_series_features_are_the_values_and_their_differences(bench):
                                   [[1, 3, 2, 2, -1], [0, 0, 5, 0, 5]])
 
 
-@pytest.mark.parametrize("rnd", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("rnd", [1, 2, 3, 4, 5, 6])
 def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch, rnd):
     import linattn.datasets as ds
 
@@ -92,15 +92,20 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     out = tmp_path / "r.json"
     monkeypatch.setattr(bench, "STEPS", 5)
     monkeypatch.setattr(bench, "RIDGE_FEATURES", 1000)
+    monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
+                                                    "competing_groups": 4})
     args = ["--datasets", "Made", "--results", str(out), "--round", str(rnd)]
     assert bench.main(args) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert (row["train"], row["validation"], row["classes"]) == (16, 8, 2)
     variants = {1: bench.VARIANTS, 2: bench.VARIANTS_2, 3: bench.VARIANTS_3,
-                4: bench.VARIANTS_4, 5: bench.VARIANTS_5}[rnd]
+                4: bench.VARIANTS_4, 5: bench.VARIANTS_5, 6: bench.VARIANTS_6}[rnd]
     assert set(row["accuracy"]) == set(variants)
-    ridge = {1: "ridge", 5: "ridgeH"}.get(rnd, "ridge10k")
-    assert row["accuracy"][ridge] == 1.0  # sine against cosine: the ridge head separates them
+    ridge = {1: "ridge", 5: "ridgeH", 6: "ridge0"}.get(rnd, "ridge10k")
+    if rnd == 6:  # a sure ridge outvotes a net of 5 steps: every variant separates them
+        assert row["accuracy"] == {v: 1.0 for v in variants}
+    else:  # sine against cosine: the ridge head separates them
+        assert row["accuracy"][ridge] == 1.0
     if rnd > 1:  # every head's validation probabilities, beside the results
         heads = np.load(tmp_path / "r_heads" / "Made.npz")
         assert heads["y"].shape == (8,) and heads[ridge].shape == (8, 2)
@@ -110,8 +115,12 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
         assert row["chosen"] in ("ridgeH", "ridgeHR")
         assert set(row["loo"]) == {"ridgeH", "ridgeR", "ridgeHR"}
         np.testing.assert_array_equal(heads["ridgeSel"], heads[row["chosen"]])
+    if rnd == 6:  # two seeds, two different models, each head (n, 2) probabilities
+        assert {"net0", "net1", "ridge1"} <= set(heads)
+        assert not np.array_equal(heads["net0"], heads["net1"])
+        np.testing.assert_allclose(heads["net1"].sum(1), 1, rtol=1e-5)
     # a rerun skips the dataset (no refit) and prints the summary
-    for study in ("study", "study_2", "study_3", "study_4", "study_5"):
+    for study in ("study", "study_2", "study_3", "study_4", "study_5", "study_6"):
         monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
     assert bench.main(args) == 0
 

@@ -71,6 +71,12 @@ def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
     assert no_ridge.ridge_ is None  # the net's probabilities alone (same tokens, same scaling)
     np.testing.assert_allclose(no_ridge.predict_proba(X), token_net_proba(no_ridge.net_, T),
                                rtol=tol, atol=tol)
+    # the heads apart: the net's and the ridge's, which predict_proba averages
+    net, ridge = full.head_probas(X)
+    np.testing.assert_allclose(net, token_net_proba(full.net_, T), rtol=tol, atol=tol)
+    np.testing.assert_allclose(ridge, ridge_proba(ref.decision_function(T.mean(1)),
+                                                  ref.classes_, 2), rtol=tol, atol=tol)
+    assert no_ridge.head_probas(X)[1] is None
 
 
 def test_a_richer_global_ridge_head_and_an_ensemble_of_nets():

@@ -335,20 +335,27 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.fit_time_ = time.perf_counter() - t0
         return self
 
-    def predict_proba(self, X) -> np.ndarray:
-        """(n, n_classes): the nets' mean probabilities, averaged with the ridge head's."""
+    def head_probas(self, X, where: str = "ConvAttentionClassifier.head_probas"
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The two heads apart: the nets' mean probabilities (n, n_classes) and the ridge
+        head's (n, n_classes; None with ``ridge=False``); ``predict_proba`` averages them."""
         check_is_fitted(self, "nets_")
-        X = self._series(X, "ConvAttentionClassifier.predict_proba")
+        X = self._series(X, where)
         with _ThreadLimit(self.n_threads):
             T, G = self._standardised(X), self._global(X)
             net_g = G if self.global_token else None
-            p = sum(token_net_proba(net, T, global_features=net_g)
-                    for net in self.nets_) / len(self.nets_)
-            if self.ridge_ is not None:
-                d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X)))
-                p = (p + ridge_proba(d, self.ridge_.classes_, len(self.classes_),
-                                     self.ridge_temperature)) / 2
-        return p
+            nets = sum(token_net_proba(net, T, global_features=net_g)
+                       for net in self.nets_) / len(self.nets_)
+            if self.ridge_ is None:
+                return nets, None
+            d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X)))
+            return nets, ridge_proba(d, self.ridge_.classes_, len(self.classes_),
+                                     self.ridge_temperature)
+
+    def predict_proba(self, X) -> np.ndarray:
+        """(n, n_classes): the nets' mean probabilities, averaged with the ridge head's."""
+        nets, ridge = self.head_probas(X, "ConvAttentionClassifier.predict_proba")
+        return nets if ridge is None else (nets + ridge) / 2
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[self.predict_proba(X).argmax(1)]
