@@ -330,6 +330,7 @@ def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[flo
     the row's numbers (unrounded) and its table cells."""
     rule = dict(results.get("meta", {}).get("rule", {}))
     seed = rule.pop("seed", 0)
+    rule.pop("members", None)  # an ensemble's seeds: one file of a configuration each
     main = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT]
     two = comparison(main, METHODS, digits=None)
     four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
@@ -433,25 +434,95 @@ def fit_linattn(Xtr, ytr, Xte, yte, threads: int, rule: str = "defaults") -> dic
             "fit_cpu_s": round(fit_cpu, 2), "predict_s": round(time.perf_counter() - t1, 2)}
 
 
-def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0) -> dict:
+def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0, ablation: bool = True,
+             keep: Path | None = None) -> dict:
     """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, ``random_state``
-    ``seed``), and the ablation: the same with the mixer removed (``num_layers=0``), both
-    timed."""
+    ``seed``), and unless ``ablation`` is False the same with the mixer removed
+    (``num_layers=0``), each timed. With ``keep`` (a .npz path) the test probabilities of
+    each fit are written there (``model``, ``ablation``) beside ``classes`` and ``y``, the
+    test labels, so that fits can later be averaged (``--ensemble``)."""
     from linattn.tsc import ConvAttentionClassifier
 
-    out = {}  # the estimator holds torch to n_threads during its fit and predict
-    for label, layers in (("model", 2), ("ablation", 0)):
+    out, kept = {}, {}  # the estimator holds torch to n_threads during its fit and predict
+    for label, layers in (("model", 2), ("ablation", 0))[:2 if ablation else 1]:
         clf = ConvAttentionClassifier(num_layers=layers, missing="interpolate",
                                       random_state=seed, n_threads=threads)
         t0, c0 = time.perf_counter(), time.process_time()
         clf.fit(Xtr, ytr)
         fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
         t1 = time.perf_counter()
-        acc = float(np.mean(clf.predict(Xte) == yte))
+        kept[label] = clf.predict_proba(Xte)
+        acc = float(np.mean(clf.classes_[kept[label].argmax(1)] == yte))
         out[label] = {"accuracy": acc, "fit_s": round(fit_s, 2), "fit_cpu_s": round(fit_cpu, 2),
                       "predict_s": round(time.perf_counter() - t1, 2),
                       "params": clf.get_params()}
-    return {**out["model"], "method": "conv", "no_mixer": out["ablation"]}
+    if keep is not None:
+        from linattn._io import write_atomic
+
+        buf = io.BytesIO()
+        np.savez(buf, classes=clf.classes_, y=yte, **kept)
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(keep, buf.getvalue())
+    row = {**out["model"], "method": "conv"}
+    if ablation:
+        row["no_mixer"] = out["ablation"]
+    return row
+
+
+def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
+    """One results file of the members' averaged test probabilities (``--ensemble``): each
+    member a results file of ``--method conv`` (one seed) with its probabilities kept in the
+    matching folder; on every dataset all of them have, the ensemble's accuracy is that of
+    the mean of the members' probabilities (the model's, and the ablation's where every member
+    kept one), its fit time the sum of theirs; MiniRocket and the published columns from the
+    first member. ValueError naming the file or dataset when they do not fit together."""
+    if len(members) < 2 or len(members) != len(dirs):
+        raise ValueError("give at least two members, each a results file and a folder")
+    rule = dict(members[0][1].get("meta", {}).get("rule", {}))
+    seeds = []
+    for label, res in members:
+        r = dict(res.get("meta", {}).get("rule", {}))
+        seeds.append(r.pop("seed", 0))
+        if not _is_conv(r) or {**r, "seed": 0} != {**rule, "seed": 0}:
+            raise ValueError(f"{label}: not a --method conv file of {members[0][0]}'s rule")
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"members repeat a seed: {seeds}")
+    names = [n for n in members[0][1].get("datasets", {})
+             if all(n in res.get("datasets", {}) for _, res in members)]
+    out = {"meta": {**members[0][1]["meta"], "rule": {
+        **{k: v for k, v in rule.items() if k != "seed"},
+        "name": f"{rule.get('name', 'conv')}, ensemble of {len(members)} (seeds "
+                f"{', '.join(map(str, seeds))}; test probabilities averaged)",
+        "seed": seeds[0], "members": seeds}}, "datasets": {}}
+    for name in names:
+        rows = [res["datasets"][name] for _, res in members]
+        kept = []
+        for d in dirs:
+            f = Path(d) / f"{name}.npz"
+            if not f.exists():
+                raise ValueError(f"{f}: no kept probabilities for {name}")
+            with np.load(f, allow_pickle=False) as z:
+                kept.append({k: z[k] for k in z.files})
+        for k in kept[1:]:
+            if not (np.array_equal(k["classes"], kept[0]["classes"])
+                    and np.array_equal(k["y"], kept[0]["y"])):
+                raise ValueError(f"{name}: the members' classes or test labels differ")
+        classes, y = kept[0]["classes"], kept[0]["y"]
+        row = {k: v for k, v in rows[0].items() if k != "linattn"}
+        lin = {"method": "conv", "members": [],
+               "fit_s": round(sum(r["linattn"]["fit_s"] for r in rows), 2),
+               "fit_cpu_s": round(sum(r["linattn"]["fit_cpu_s"] for r in rows), 2)}
+        lin["accuracy"] = float(np.mean(
+            classes[np.mean([k["model"] for k in kept], 0).argmax(1)] == y))
+        lin["members"] = [r["linattn"]["accuracy"] for r in rows]
+        if all("ablation" in k for k in kept) and all("no_mixer" in r["linattn"] for r in rows):
+            lin["no_mixer"] = {
+                "accuracy": float(np.mean(
+                    classes[np.mean([k["ablation"] for k in kept], 0).argmax(1)] == y)),
+                "fit_s": round(sum(r["linattn"]["no_mixer"]["fit_s"] for r in rows), 2)}
+        row["linattn"] = lin
+        out["datasets"][name] = row
+    return out
 
 
 def ablation_stats(results: dict) -> dict | None:
@@ -581,7 +652,10 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
                 "held_out": name in HELD_OUT,
                 "published": {m: v[name] for m, v in pub.items() if name in v}})
     if "linattn" not in row:
-        row["linattn"] = (fit_conv(Xtr, ytr, Xte, yte, args.threads, args.seed)
+        row["linattn"] = (fit_conv(Xtr, ytr, Xte, yte, args.threads, args.seed,
+                                   not args.no_ablation,
+                                   Path(args.keep_proba) / f"{name}.npz" if args.keep_proba
+                                   else None)
                           if args.method == "conv"
                           else fit_linattn(Xtr, ytr, Xte, yte, args.threads, args.rule))
     if "MiniRocket" not in row and reuse is not None:
@@ -592,7 +666,8 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
         row["MiniRocket"] = fit_minirocket(args.minirocket_python, Xtr, ytr, Xte, yte,
                                            args.timeout)
     a, m = row["linattn"], row["MiniRocket"]
-    how = (f"no mixer {a['no_mixer']['accuracy']:.3f}" if "no_mixer" in a else
+    how = (f"no mixer {a['no_mixer']['accuracy']:.3f}" if "no_mixer" in a else "conv"
+           if a.get("method") == "conv" else
            f"{a['epochs']:>4} ep, {a['steps']:>5} steps, patch {a['patch']:>2}")
     print(f"{name:<30} {row['train']:>5}/{row['test']:<5} L {row['length']:>4}  "
           f"linattn {a['accuracy']:.3f} ({a['fit_s']:6.1f} s, {how})  MiniRocket "
@@ -753,6 +828,15 @@ def main() -> None:
     ap.add_argument("--merge", nargs="+", metavar="PART_JSON",
                     help="write these results files, run apart, as one to --results, then "
                          "report it")
+    ap.add_argument("--no-ablation", action="store_true",
+                    help="--method conv: skip the no-mixer fits")
+    ap.add_argument("--keep-proba", metavar="DIR",
+                    help="--method conv: write each dataset's test probabilities to "
+                         "DIR/<dataset>.npz (for --ensemble)")
+    ap.add_argument("--ensemble", nargs="+", metavar="SEED_JSON=DIR",
+                    help="write to --results the ensemble of these --method conv results "
+                         "files (one seed each, probabilities kept in DIR): the mean of their "
+                         "test probabilities, then report it")
     ap.add_argument("--seeds", nargs="+", metavar="SEED_JSON",
                     help="only a table of these results files (one configuration, a seed "
                          "each) and their mean and spread")
@@ -786,7 +870,20 @@ def main() -> None:
         train_check(args.train_check.split(","), args.threads,
                     path.with_name("train_check.json"), args.rule)
         return
-    if args.merge:
+    if args.ensemble:
+        from linattn._io import write_json
+
+        try:
+            pairs = [m.split("=", 1) for m in args.ensemble]
+            if any(len(p) != 2 for p in pairs):
+                raise ValueError("each member is SEED_JSON=DIR")
+            ens = ensemble([(f, json.loads(Path(f).read_text())) for f, _ in pairs],
+                           [Path(d) for _, d in pairs])
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--ensemble: {e}") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, ens)
+    elif args.merge:
         from linattn._io import write_json
 
         try:
@@ -820,6 +917,8 @@ def main() -> None:
 
         if args.method == "conv":
             rule = {"name": "conv: ConvAttentionClassifier defaults", "seed": args.seed}
+            if args.no_ablation:
+                rule["ablation"] = False
         else:
             rule = {"name": args.rule, "tokens": TOKENS, "step_budget": STEP_BUDGET,
                     "max_epochs": MAX_EPOCHS, "batch": BATCH}

@@ -303,3 +303,68 @@ def test_seed_summary_rows_and_spread(ucr, tmp_path, monkeypatch, capsys):
                                           str(tmp_path / bad)])
         with pytest.raises(SystemExit, match=f"--seeds: .*{bad}: "):
             ucr.main()
+
+
+class _FakeConv:
+    """A stand-in ConvAttentionClassifier: probabilities from the seed and num_layers alone."""
+
+    def __init__(self, num_layers=2, random_state=0, **kw):
+        self.num_layers, self.random_state, self.kw = num_layers, random_state, kw
+
+    def fit(self, X, y):
+        self.classes_ = np.unique(y)
+        return self
+
+    def predict_proba(self, X):
+        g = np.random.default_rng(self.random_state * 10 + self.num_layers)
+        p = g.random((len(X), len(self.classes_)))
+        return p / p.sum(1, keepdims=True)
+
+    def get_params(self):
+        return {"num_layers": self.num_layers, "random_state": self.random_state}
+
+
+def test_kept_probabilities_average_into_an_ensemble(ucr, tmp_path, monkeypatch):
+    import linattn.tsc
+
+    monkeypatch.setattr(linattn.tsc, "ConvAttentionClassifier", _FakeConv)
+    X, Xt = np.zeros((6, 4)), np.zeros((9, 4))
+    y, yt = np.array(["a", "b", "c"] * 2), np.array(["a", "b", "c"] * 3)
+    members, dirs, kept = [], [], []
+    for seed in (3, 4):
+        d = tmp_path / f"p{seed}"
+        row = ucr.fit_conv(X, y, Xt, yt, 1, seed, ablation=seed == 3, keep=d / "S.npz")
+        assert ("no_mixer" in row) == (seed == 3)
+        with np.load(d / "S.npz") as z:
+            assert z["y"].tolist() == yt.tolist() and z["classes"].tolist() == ["a", "b", "c"]
+            assert ("ablation" in z.files) == (seed == 3)
+            kept.append(z["model"])
+            # the row's accuracy is that of the kept probabilities
+            assert row["accuracy"] == np.mean(z["classes"][z["model"].argmax(1)] == yt)
+        common = {"train": 6, "test": 9, "length": 4, "classes": 3,
+                  "MiniRocket": {"accuracy": 0.5, "fit_s": 1.0},
+                  "published": {"InceptionTime": 0.6}}
+        members.append((f"s{seed}.json", {"meta": {"rule": {"name": "conv: x", "seed": seed}},
+                                          "datasets": {"S": {**common, "linattn": row}}}))
+        dirs.append(d)
+    out = ucr.ensemble(members, dirs)
+    lin = out["datasets"]["S"]["linattn"]
+    want = np.mean(np.array(["a", "b", "c"])[(kept[0] + kept[1]).argmax(1)] == yt)
+    assert lin["accuracy"] == want
+    assert lin["members"] == [m[1]["datasets"]["S"]["linattn"]["accuracy"] for m in members]
+    assert "no_mixer" not in lin  # one member only has its ablation
+    assert out["datasets"]["S"]["MiniRocket"]["accuracy"] == 0.5
+    assert out["meta"]["rule"]["seed"] == 3 and out["meta"]["rule"]["members"] == [3, 4]
+    assert lin["fit_s"] == round(sum(m[1]["datasets"]["S"]["linattn"]["fit_s"]
+                                     for m in members), 2)
+    # two ensembles of one configuration make a seed table (their members differ)
+    other = {**out, "meta": {"rule": {**out["meta"]["rule"], "seed": 4, "members": [4, 5]}}}
+    assert "| a.json | 3 | 1 |" in ucr.seed_summary([("a.json", out), ("b.json", other)])
+    with pytest.raises(ValueError, match="members repeat a seed"):
+        ucr.ensemble([members[0], members[0]], dirs)
+    with pytest.raises(ValueError, match="s4.json: not a --method conv file"):
+        ucr.ensemble([members[0], (members[1][0], {**members[1][1], "meta": {
+            "rule": {"name": "defaults", "seed": 4}}})], dirs)
+    (dirs[1] / "S.npz").unlink()
+    with pytest.raises(ValueError, match="p4/S.npz: no kept probabilities for S"):
+        ucr.ensemble(members, dirs)
