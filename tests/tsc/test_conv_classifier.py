@@ -305,3 +305,53 @@ def test_load_refuses_damaged_models_in_one_line(tmp_path):
     (good / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="corrupt weights file"):
         ConvAttentionClassifier.load(good)
+
+
+def test_members_average_whole_models_at_consecutive_seeds(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from linattn.train_loop import CheckpointError
+
+    X, y = _two_shapes(30)
+    params = {**FAST, "competing_groups": 4}
+    ens = ConvAttentionClassifier(n_members=3, random_state=5, **params).fit(X, y)
+    assert len(ens.members_) == 2 and ens.get_params()["n_members"] == 3
+    singles = [ConvAttentionClassifier(random_state=s, **params).fit(X, y) for s in (5, 6, 7)]
+    tol = 1e3 * np.finfo(np.float32).eps
+    # member m is the estimator at random_state + m; the ensemble, their mean
+    np.testing.assert_allclose(ens.predict_proba(X),
+                               np.mean([s.predict_proba(X) for s in singles], 0),
+                               rtol=tol, atol=tol)
+    net, ridge = ens.head_probas(X)
+    np.testing.assert_allclose(ridge, np.mean([s.head_probas(X)[1] for s in singles], 0),
+                               rtol=tol, atol=tol)
+    assert not np.allclose(singles[0].predict_proba(X), singles[1].predict_proba(X))
+    # saved and loaded whole
+    back = ConvAttentionClassifier.load(ens.save(tmp_path / "m"))
+    assert back.get_params() == ens.get_params() and len(back.members_) == 2
+    np.testing.assert_array_equal(back.predict_proba(X), ens.predict_proba(X))
+    w_path, cfg_path = tmp_path / "m" / "model.safetensors", tmp_path / "m" / "config.json"
+    weights = load_file(str(w_path))
+    cut = dict(weights)
+    del cut["members.2.ridge.coef"]
+    save_file(cut, str(w_path))
+    with pytest.raises(CheckpointError, match=r"members\.2\..*missing tensor ridge\.coef"):
+        ConvAttentionClassifier.load(tmp_path / "m")
+    save_file({**weights, "members.3.ridge.coef": weights["ridge.coef"].clone()}, str(w_path))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor members\.3\.ridge\.coef"):
+        ConvAttentionClassifier.load(tmp_path / "m")
+    save_file(weights, str(w_path))
+    cfg = json.loads(cfg_path.read_text())
+    cfg["member_ridge_alphas"] = cfg["member_ridge_alphas"][:1]
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="member_ridge_alphas must be a list of 2"):
+        ConvAttentionClassifier.load(tmp_path / "m")
+    # one member is the plain estimator, with nothing of members in its files
+    one = ConvAttentionClassifier(**params).fit(X, y)
+    assert one.members_ == []
+    assert "member_ridge_alphas" not in json.loads(
+        (one.save(tmp_path / "one") / "config.json").read_text())
+    with pytest.raises(ValueError, match="n_members must be an integer >= 1"):
+        ConvAttentionClassifier(n_members=0, **FAST).fit(X, y)

@@ -24,7 +24,10 @@ With ``global_token=True`` (the default) each net also reads those global featur
 token after the segments, so that attention relates every segment to the whole series.
 
 ``n_nets`` nets (seeds ``random_state``, ``random_state + 1``, …) average their probabilities
-before the ridge's are added.
+before the ridge's are added. ``n_members`` whole models (tokens, global features, competing
+kernels, ridge and nets; member ``m`` fitted exactly as the estimator at ``random_state + m``)
+average their probabilities: an ensemble over the random draws, at ``n_members`` times the
+cost.
 
 ``num_layers=0`` removes the mixer (the ablation: a linear model of the pooled tokens beside
 the ridge). The defaults were chosen on inner validation splits of the UCR TRAIN sets only
@@ -74,7 +77,7 @@ PARAM_RULES = {
     **{name: at_least(low) for name, low in (
         ("segments", 1), ("features", 1), ("quantiles", 0), ("num_layers", 0), ("d_model", 1),
         ("num_heads", 1), ("steps", 1), ("batch_size", 1), ("global_features", 0),
-        ("n_nets", 1), ("competing_groups", 0))},
+        ("n_nets", 1), ("competing_groups", 0), ("n_members", 1))},
     "dropout": (Check(float, Range(0.0, 1.0)), "a finite number in [0, 1)"),
     "lr": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
     "weight_decay": (Check(float, Range(0.0, math.inf)), "a finite number >= 0"),
@@ -195,7 +198,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     padding becomes zeros, inner NaN is interpolated); ``y``: any labels. Token parameters:
     ``segments``, ``features``, ``quantiles`` (:class:`ConvTokens`); net: ``num_layers``
     (0: the mixer removed), ``d_model``, ``num_heads``, ``dropout``; training: ``steps``,
-    ``batch_size``, ``lr``, ``weight_decay``, ``n_nets``; global features:
+    ``batch_size``, ``lr``, ``weight_decay``, ``n_nets``; ``n_members`` whole models at seeds
+    ``random_state``, ``random_state + 1``, … averaged (the first is this estimator's own
+    fitted state, the others ``members_``); global features:
     ``global_features`` (about how many, from a one-segment :class:`ConvTokens`; 0: none, the
     ridge then reads the tokens' mean), ``global_token`` (the nets also read them, as one more
     token); ``competing_groups`` (groups of competing kernels whose counts the ridge reads
@@ -213,7 +218,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                  lr: float = 2e-3, weight_decay: float = 0.05, ridge: bool = True,
                  global_features: int = 10000, global_token: bool = True, n_nets: int = 1,
                  ridge_temperature: float = 5.0, competing_groups: int = 64,
-                 missing: str = "error",
+                 n_members: int = 1, missing: str = "error",
                  random_state: int = 0, n_threads: int | None = None) -> None:
         self.segments, self.features, self.quantiles = segments, features, quantiles
         self.num_layers, self.d_model, self.num_heads = num_layers, d_model, num_heads
@@ -221,7 +226,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.lr, self.weight_decay, self.ridge = lr, weight_decay, ridge
         self.global_features, self.global_token = global_features, global_token
         self.n_nets, self.ridge_temperature = n_nets, ridge_temperature
-        self.competing_groups = competing_groups
+        self.competing_groups, self.n_members = competing_groups, n_members
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
@@ -303,37 +308,53 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError("ConvAttentionClassifier.fit: y has one class; need at least 2")
-        with _ThreadLimit(self.n_threads):
-            self.tokens_ = ConvTokens(self.segments, self.features, self.quantiles,
-                                      random_state=seed).fit(X)
-            T, self.mean_, self.scale_ = fit_scaling(self.tokens_.transform(X))
-            self.global_tokens_ = self.global_mean_ = self.global_scale_ = self.ridge_ = None
-            if self._uses_global:
-                # the same seed as the tokens': the same drawn series give the thresholds, so
-                # the global features refine the pooled tokens' rather than replace them
-                self.global_tokens_ = ConvTokens(1, self.global_features, self.quantiles,
-                                                 random_state=seed).fit(X)
-                G, self.global_mean_, self.global_scale_ = fit_scaling(
-                    self.global_tokens_.transform(X)[:, 0])  # transformed once
-            else:
-                G = None
-            self.competing_ = self.competing_mean_ = self.competing_scale_ = H = None
-            if self._uses_competing:
-                self.competing_ = CompetingKernels(self.competing_groups,
-                                                   random_state=seed).fit(X)
-                H, self.competing_mean_, self.competing_scale_ = fit_scaling(
-                    self.competing_.transform(X))
-            if self.ridge:
-                self.ridge_ = RidgeHead.fit(self._ridge_input(T, G, H), codes)
-            self.nets_ = [train_token_net(
-                T, codes, len(self.classes_), num_layers=self.num_layers,
-                d_model=self.d_model, num_heads=self.num_heads, dropout=self.dropout,
-                steps=self.steps, batch_size=self.batch_size, lr=self.lr,
-                weight_decay=self.weight_decay, seed=seed + i,
-                global_features=G if self.global_token else None) for i in range(self.n_nets)]
         self.n_features_in_ = X.shape[1]
+        with _ThreadLimit(self.n_threads):
+            self._fit_one(X, codes, seed)
+            self.members_ = []
+            for m in range(1, self.n_members):
+                member = self._member(seed + m)
+                member._fit_one(X, codes, seed + m)
+                self.members_.append(member)
         self.fit_time_ = time.perf_counter() - t0
         return self
+
+    def _member(self, seed: int) -> ConvAttentionClassifier:
+        """An unfitted model of these parameters at ``seed``, alone (``n_members=1``), with
+        this estimator's classes and series length."""
+        member = type(self)(**{**self.get_params(), "n_members": 1, "random_state": seed})
+        member.classes_, member.n_features_in_ = self.classes_, self.n_features_in_
+        return member
+
+    def _fit_one(self, X: np.ndarray, codes: np.ndarray, seed: int) -> None:
+        """One whole model at ``seed``: its tokens, global features, counts, ridge, nets."""
+        self.tokens_ = ConvTokens(self.segments, self.features, self.quantiles,
+                                  random_state=seed).fit(X)
+        T, self.mean_, self.scale_ = fit_scaling(self.tokens_.transform(X))
+        self.global_tokens_ = self.global_mean_ = self.global_scale_ = self.ridge_ = None
+        if self._uses_global:
+            # the same seed as the tokens': the same drawn series give the thresholds, so
+            # the global features refine the pooled tokens' rather than replace them
+            self.global_tokens_ = ConvTokens(1, self.global_features, self.quantiles,
+                                             random_state=seed).fit(X)
+            G, self.global_mean_, self.global_scale_ = fit_scaling(
+                self.global_tokens_.transform(X)[:, 0])  # transformed once
+        else:
+            G = None
+        self.competing_ = self.competing_mean_ = self.competing_scale_ = H = None
+        if self._uses_competing:
+            self.competing_ = CompetingKernels(self.competing_groups,
+                                               random_state=seed).fit(X)
+            H, self.competing_mean_, self.competing_scale_ = fit_scaling(
+                self.competing_.transform(X))
+        if self.ridge:
+            self.ridge_ = RidgeHead.fit(self._ridge_input(T, G, H), codes)
+        self.nets_ = [train_token_net(
+            T, codes, len(self.classes_), num_layers=self.num_layers,
+            d_model=self.d_model, num_heads=self.num_heads, dropout=self.dropout,
+            steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+            weight_decay=self.weight_decay, seed=seed + i,
+            global_features=G if self.global_token else None) for i in range(self.n_nets)]
 
     def head_probas(self, X, where: str = "ConvAttentionClassifier.head_probas"
                     ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -342,15 +363,21 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "nets_")
         X = self._series(X, where)
         with _ThreadLimit(self.n_threads):
-            T, G = self._standardised(X), self._global(X)
-            net_g = G if self.global_token else None
-            nets = sum(token_net_proba(net, T, global_features=net_g)
-                       for net in self.nets_) / len(self.nets_)
-            if self.ridge_ is None:
-                return nets, None
-            d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X)))
-            return nets, ridge_proba(d, self.ridge_.classes_, len(self.classes_),
-                                     self.ridge_temperature)
+            heads = [model._own_head_probas(X) for model in (self, *self.members_)]
+        nets = sum(h[0] for h in heads) / len(heads)
+        return nets, None if self.ridge_ is None else sum(h[1] for h in heads) / len(heads)
+
+    def _own_head_probas(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`head_probas` of this model alone (not its members), X checked."""
+        T, G = self._standardised(X), self._global(X)
+        net_g = G if self.global_token else None
+        nets = sum(token_net_proba(net, T, global_features=net_g)
+                   for net in self.nets_) / len(self.nets_)
+        if self.ridge_ is None:
+            return nets, None
+        d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X)))
+        return nets, ridge_proba(d, self.ridge_.classes_, len(self.classes_),
+                                 self.ridge_temperature)
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, n_classes): the nets' mean probabilities, averaged with the ridge head's."""
@@ -370,6 +397,23 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "nets_")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        t = self._tensors()
+        for m, member in enumerate(self.members_, 1):
+            t.update(member._tensors(f"members.{m}."))
+        write_atomic(path / "model.safetensors", save(t))
+        write_json(path / "config.json", {
+            "format": CONV_FORMAT,
+            "params": {k: _plain(v) for k, v in self.get_params().items()},
+            "classes": self.classes_.tolist(), "classes_dtype": self.classes_.dtype.str,
+            "n_features_in": int(self.n_features_in_),
+            "ridge_alpha": None if self.ridge_ is None else self.ridge_.alpha_,
+            **({"member_ridge_alphas": [None if m.ridge_ is None else m.ridge_.alpha_
+                                        for m in self.members_]} if self.members_ else {}),
+        })
+        return path
+
+    def _tensors(self, prefix: str = "") -> dict:
+        """This model's fitted tensors (not its members'), each name behind ``prefix``."""
         t = {**self.tokens_.state("tokens."), "tokens.mean": torch.from_numpy(self.mean_),
              "tokens.scale": torch.from_numpy(self.scale_)}
         if self.global_tokens_ is not None:
@@ -387,15 +431,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         for i, net in enumerate(self.nets_):
             t.update({f"nets.{i}.{k}": v.detach().contiguous()
                       for k, v in net.state_dict().items()})
-        write_atomic(path / "model.safetensors", save(t))
-        write_json(path / "config.json", {
-            "format": CONV_FORMAT,
-            "params": {k: _plain(v) for k, v in self.get_params().items()},
-            "classes": self.classes_.tolist(), "classes_dtype": self.classes_.dtype.str,
-            "n_features_in": int(self.n_features_in_),
-            "ridge_alpha": None if self.ridge_ is None else self.ridge_.alpha_,
-        })
-        return path
+        return {prefix + k: v for k, v in t.items()}
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ConvAttentionClassifier:
@@ -405,13 +441,13 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         file and what is wrong."""
         cfg, cfg_path, w_path = open_saved_model(path, CONV_FORMAT, cls.__name__)
         try:
-            est, alpha = cls._from_config(cfg, cfg_path)
+            est, alphas = cls._from_config(cfg, cfg_path)
         except (KeyError, TypeError, ValueError, OverflowError) as err:
             msg = f"missing key {err}" if isinstance(err, KeyError) else str(err)
             raise CheckpointError(msg if msg.startswith(str(cfg_path))
                                   else f"{cfg_path}: {msg}") from None
         try:
-            est._restore(_read_tensors(w_path), alpha)
+            est._restore(_read_tensors(w_path), alphas)
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as err:
@@ -419,14 +455,16 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         return est
 
     @classmethod
-    def _from_config(cls, cfg: dict, cfg_path: Path) -> tuple[ConvAttentionClassifier, float]:
-        """The estimator (parameters, classes, n_features_in_) and the ridge's alpha."""
+    def _from_config(cls, cfg: dict, cfg_path: Path
+                     ) -> tuple[ConvAttentionClassifier, list[float | None]]:
+        """The estimator (parameters, classes, n_features_in_) and the ridge's alpha of each
+        member, its own first."""
         params = cfg["params"]
         if not isinstance(params, dict):
             raise ValueError(f"{cfg_path}: params: expected an object")
-        # files saved before competing_groups existed had no competing-kernel counts: 0, not
-        # today's default, is what they mean
-        params = {"competing_groups": 0, **params}
+        # files saved before competing_groups (n_members) existed had no competing-kernel
+        # counts (one model): 0 (1), not today's default, is what they mean
+        params = {"competing_groups": 0, "n_members": 1, **params}
         names = set(cls().get_params())
         for what, keys in (("unknown", set(params) - names), ("missing", names - set(params))):
             if keys:  # a missing key would silently take its default: another model
@@ -441,18 +479,46 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{cfg_path}: classes must be a list of at least 2 labels, got "
                              f"{classes!r}")
         est.classes_ = _read_classes(cfg, len(classes), cfg_path)
-        alpha = cfg["ridge_alpha"]
+        alphas = [cfg["ridge_alpha"]]
+        if est.n_members > 1:
+            more = cfg["member_ridge_alphas"]
+            if not isinstance(more, list) or len(more) != est.n_members - 1:
+                raise ValueError(f"{cfg_path}: member_ridge_alphas must be a list of "
+                                 f"{est.n_members - 1} (n_members - 1), got {more!r}")
+            alphas += more
         if est.ridge:
-            check_param(str(cfg_path), "ridge_alpha", alpha, PARAM_RULES["lr"])  # a number > 0
+            for alpha in alphas:  # each a number > 0
+                check_param(str(cfg_path), "ridge_alpha", alpha, PARAM_RULES["lr"])
         est.n_features_in_ = n
-        return est, alpha
+        return est, alphas
 
-    def _restore(self, t: dict, alpha: float) -> None:
-        """The fitted state from the weights file's tensors (``load``); ValueError or
-        RuntimeError naming what does not fit."""
+    def _restore(self, t: dict, alphas: list[float | None]) -> None:
+        """The fitted state, members too, from the weights file's tensors (``load``);
+        ValueError or RuntimeError naming what does not fit."""
         bad = first_non_finite(t)
         if bad is not None:  # a damaged model would predict one class, silently
             raise ValueError(f"{bad} holds non-finite values (NaN or infinity)")
+        self._restore_one({k: v for k, v in t.items() if not k.startswith("members.")},
+                          alphas[0])
+        seed = seed_of(self.random_state, "ConvAttentionClassifier.load")
+        self.members_ = []
+        for m in range(1, self.n_members):
+            prefix = f"members.{m}."
+            member = self._member(seed + m)
+            try:
+                member._restore_one({k[len(prefix):]: v for k, v in t.items()
+                                     if k.startswith(prefix)}, alphas[m])
+            except (ValueError, RuntimeError) as err:
+                raise type(err)(f"{prefix}{err}") from None
+            self.members_.append(member)
+        known = {f"members.{m}." for m in range(1, self.n_members)}
+        extra = sorted(k for k in t if k.startswith("members.")
+                       and not any(k.startswith(p) for p in known))
+        if extra:
+            raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these params)")
+
+    def _restore_one(self, t: dict, alpha: float | None) -> None:
+        """One model's fitted state (not its members') from its tensors."""
         n_cls, L = len(self.classes_), self.n_features_in_
         self.tokens_ = ConvTokens(self.segments, self.features, self.quantiles).load_state(
             t, "tokens.", L)
