@@ -331,6 +331,7 @@ def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[flo
     rule = dict(results.get("meta", {}).get("rule", {}))
     seed = rule.pop("seed", 0)
     rule.pop("members", None)  # an ensemble's seeds: one file of a configuration each
+    rule.pop("ablation", None)  # with or without the no-mixer fits, the same model
     main = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT]
     two = comparison(main, METHODS, digits=None)
     four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
@@ -487,13 +488,18 @@ def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
             raise ValueError(f"{label}: not a --method conv file of {members[0][0]}'s rule")
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"members repeat a seed: {seeds}")
-    names = [n for n in members[0][1].get("datasets", {})
-             if all(n in res.get("datasets", {}) for _, res in members)]
+    if len({Path(d).resolve() for d in dirs}) < len(dirs):
+        raise ValueError("members share a probabilities folder: one folder per seed")
+    names = list(members[0][1].get("datasets", {}))
+    for label, res in members:
+        if set(res.get("datasets", {})) != set(names):
+            raise ValueError(f"{label}: not the datasets of {members[0][0]}")
+    # the seeds stay out of the name: ensembles of other seeds are one configuration
     out = {"meta": {**members[0][1]["meta"], "rule": {
         **{k: v for k, v in rule.items() if k != "seed"},
-        "name": f"{rule.get('name', 'conv')}, ensemble of {len(members)} (seeds "
-                f"{', '.join(map(str, seeds))}; test probabilities averaged)",
-        "seed": seeds[0], "members": seeds}}, "datasets": {}}
+        "name": f"{rule.get('name', 'conv')}, ensemble of {len(members)} (test "
+                "probabilities averaged)", "seed": seeds[0], "members": seeds}},
+        "datasets": {}}
     for name in names:
         rows = [res["datasets"][name] for _, res in members]
         kept = []
@@ -508,6 +514,10 @@ def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
                     and np.array_equal(k["y"], kept[0]["y"])):
                 raise ValueError(f"{name}: the members' classes or test labels differ")
         classes, y = kept[0]["classes"], kept[0]["y"]
+        for (label, _), r, k, d in zip(members, rows, kept, dirs, strict=True):
+            if float(np.mean(classes[k["model"].argmax(1)] == y)) != r["linattn"]["accuracy"]:
+                raise ValueError(f"{d}/{name}.npz: not the probabilities of {label}'s fit "
+                                 "(another accuracy)")
         row = {k: v for k, v in rows[0].items() if k != "linattn"}
         lin = {"method": "conv", "members": [],
                "fit_s": round(sum(r["linattn"]["fit_s"] for r in rows), 2),
@@ -877,6 +887,8 @@ def main() -> None:
             pairs = [m.split("=", 1) for m in args.ensemble]
             if any(len(p) != 2 for p in pairs):
                 raise ValueError("each member is SEED_JSON=DIR")
+            if any(Path(f).resolve() == path.resolve() for f, _ in pairs):
+                raise ValueError(f"--results {path} is a member's file; name another")
             ens = ensemble([(f, json.loads(Path(f).read_text())) for f, _ in pairs],
                            [Path(d) for _, d in pairs])
         except (OSError, ValueError) as e:

@@ -357,9 +357,23 @@ def test_kept_probabilities_average_into_an_ensemble(ucr, tmp_path, monkeypatch)
     assert out["meta"]["rule"]["seed"] == 3 and out["meta"]["rule"]["members"] == [3, 4]
     assert lin["fit_s"] == round(sum(m[1]["datasets"]["S"]["linattn"]["fit_s"]
                                      for m in members), 2)
-    # two ensembles of one configuration make a seed table (their members differ)
-    other = {**out, "meta": {"rule": {**out["meta"]["rule"], "seed": 4, "members": [4, 5]}}}
-    assert "| a.json | 3 | 1 |" in ucr.seed_summary([("a.json", out), ("b.json", other)])
+    # two ensembles of one configuration, made of other seeds, make a seed table
+    more, more_dirs = [], []
+    for seed in (5, 6):
+        d = tmp_path / f"p{seed}"
+        row = ucr.fit_conv(X, y, Xt, yt, 1, seed, ablation=False, keep=d / "S.npz")
+        more.append((f"s{seed}.json", {"meta": {"rule": {"name": "conv: x", "seed": seed}},
+                                       "datasets": {"S": {**common, "linattn": row}}}))
+        more_dirs.append(d)
+    other = ucr.ensemble(more, more_dirs)
+    table = ucr.seed_summary([("a.json", out), ("b.json", other)])
+    assert "| a.json | 3 | 1 |" in table and "| b.json | 5 | 1 |" in table
+    with pytest.raises(ValueError, match="members share a probabilities folder"):
+        ucr.ensemble([members[0], more[0]], [dirs[0], dirs[0]])
+    with pytest.raises(ValueError, match=r"p5/S.npz: not the probabilities of s4.json's fit"):
+        ucr.ensemble(members, [dirs[0], more_dirs[0]])
+    with pytest.raises(ValueError, match="s5.json: not the datasets of s3.json"):
+        ucr.ensemble([members[0], (more[0][0], {**more[0][1], "datasets": {}})], dirs)
     with pytest.raises(ValueError, match="members repeat a seed"):
         ucr.ensemble([members[0], members[0]], dirs)
     with pytest.raises(ValueError, match="s4.json: not a --method conv file"):

@@ -328,6 +328,14 @@ def test_members_average_whole_models_at_consecutive_seeds(tmp_path):
     np.testing.assert_allclose(ridge, np.mean([s.head_probas(X)[1] for s in singles], 0),
                                rtol=tol, atol=tol)
     assert not np.allclose(singles[0].predict_proba(X), singles[1].predict_proba(X))
+    import torch
+
+    for model, single in zip((ens, *ens.members_), singles, strict=True):  # exactly
+        mine, theirs = model._tensors(), single._tensors()
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert model.ridge_.alpha_ == single.ridge_.alpha_
+    np.testing.assert_array_equal(ens.members_[1].predict_proba(X), singles[2].predict_proba(X))
     # saved and loaded whole
     back = ConvAttentionClassifier.load(ens.save(tmp_path / "m"))
     assert back.get_params() == ens.get_params() and len(back.members_) == 2
@@ -337,7 +345,8 @@ def test_members_average_whole_models_at_consecutive_seeds(tmp_path):
     cut = dict(weights)
     del cut["members.2.ridge.coef"]
     save_file(cut, str(w_path))
-    with pytest.raises(CheckpointError, match=r"members\.2\..*missing tensor ridge\.coef"):
+    with pytest.raises(CheckpointError,
+                       match=r"member 2 \(tensors members\.2\.\*\): missing tensor ridge\.coef"):
         ConvAttentionClassifier.load(tmp_path / "m")
     save_file({**weights, "members.3.ridge.coef": weights["ridge.coef"].clone()}, str(w_path))
     with pytest.raises(CheckpointError, match=r"unexpected tensor members\.3\.ridge\.coef"):
@@ -348,10 +357,24 @@ def test_members_average_whole_models_at_consecutive_seeds(tmp_path):
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="member_ridge_alphas must be a list of 2"):
         ConvAttentionClassifier.load(tmp_path / "m")
-    # one member is the plain estimator, with nothing of members in its files
+    cfg["member_ridge_alphas"] = [cfg["member_ridge_alphas"][0], -1.0]
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"member_ridge_alphas\[1\] must be"):
+        ConvAttentionClassifier.load(tmp_path / "m")
+    # one member is the plain estimator, with nothing of members in its files; a file from
+    # before n_members existed loads as one model, and a stray member alpha is refused
     one = ConvAttentionClassifier(**params).fit(X, y)
     assert one.members_ == []
-    assert "member_ridge_alphas" not in json.loads(
-        (one.save(tmp_path / "one") / "config.json").read_text())
+    cfg_path = one.save(tmp_path / "one") / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert "member_ridge_alphas" not in cfg
+    del cfg["params"]["n_members"]
+    cfg_path.write_text(json.dumps(cfg))
+    back = ConvAttentionClassifier.load(tmp_path / "one")
+    assert back.n_members == 1 and back.members_ == []
+    np.testing.assert_array_equal(back.predict_proba(X), one.predict_proba(X))
+    cfg_path.write_text(json.dumps({**cfg, "member_ridge_alphas": [1.0]}))
+    with pytest.raises(CheckpointError, match="member_ridge_alphas given but n_members is 1"):
+        ConvAttentionClassifier.load(tmp_path / "one")
     with pytest.raises(ValueError, match="n_members must be an integer >= 1"):
         ConvAttentionClassifier(n_members=0, **FAST).fit(X, y)

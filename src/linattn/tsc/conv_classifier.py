@@ -324,6 +324,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         this estimator's classes and series length."""
         member = type(self)(**{**self.get_params(), "n_members": 1, "random_state": seed})
         member.classes_, member.n_features_in_ = self.classes_, self.n_features_in_
+        member.members_ = []  # a member is a whole estimator: it predicts and saves alone
         return member
 
     def _fit_one(self, X: np.ndarray, codes: np.ndarray, seed: int) -> None:
@@ -486,9 +487,15 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"{cfg_path}: member_ridge_alphas must be a list of "
                                  f"{est.n_members - 1} (n_members - 1), got {more!r}")
             alphas += more
-        if est.ridge:
-            for alpha in alphas:  # each a number > 0
-                check_param(str(cfg_path), "ridge_alpha", alpha, PARAM_RULES["lr"])
+        elif "member_ridge_alphas" in cfg:  # another model's file, or an edited one
+            raise ValueError(f"{cfg_path}: member_ridge_alphas given but n_members is 1")
+        for m, alpha in enumerate(alphas):
+            key = "ridge_alpha" if m == 0 else f"member_ridge_alphas[{m - 1}]"
+            if est.ridge:  # a number > 0
+                check_param(str(cfg_path), key, alpha, PARAM_RULES["lr"])
+            elif alpha is not None:
+                raise ValueError(f"{cfg_path}: {key} must be null without a ridge head, got "
+                                 f"{alpha!r}")
         est.n_features_in_ = n
         return est, alphas
 
@@ -508,8 +515,10 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             try:
                 member._restore_one({k[len(prefix):]: v for k, v in t.items()
                                      if k.startswith(prefix)}, alphas[m])
-            except (ValueError, RuntimeError) as err:
-                raise type(err)(f"{prefix}{err}") from None
+            except (KeyError, TypeError, ValueError, RuntimeError) as err:
+                # the member's own tensor names, behind its prefix
+                raise ValueError(f"member {m} (tensors {prefix}*): "
+                                 f"{str(err).splitlines()[0]}") from None
             self.members_.append(member)
         known = {f"members.{m}." for m in range(1, self.n_members)}
         extra = sorted(k for k in t if k.startswith("members.")
