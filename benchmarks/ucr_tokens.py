@@ -53,7 +53,12 @@ class is a level at fixed positions, as in spectra). Ridge heads only, no nets: 
 lower leave-one-out squared error on the inner train (``RidgeClassifierCV``'s
 ``best_score_``), a per-dataset choice the estimator could make from its training set alone.
 
-In rounds 2 to 5 each dataset's validation probabilities of every head are kept beside the
+``--round 6`` (``runs/ucr_tokens/round6.json``) fits the estimator itself at its defaults,
+``random_state`` 0 and 1 (``one``, ``one@1``), and scores their average (``ens2``, what
+``n_members=2`` predicts) and seed 0's net with both ridges (``net+ridge2``); each model's net
+and ridge probabilities are kept (``net0``, ``ridge0``, …).
+
+In rounds 2 to 6 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
 without refitting.
 
