@@ -435,6 +435,11 @@ def fit_linattn(Xtr, ytr, Xte, yte, threads: int, rule: str = "defaults") -> dic
             "fit_cpu_s": round(fit_cpu, 2), "predict_s": round(time.perf_counter() - t1, 2)}
 
 
+def _accuracy(classes: np.ndarray, proba: np.ndarray, y: np.ndarray) -> float:
+    """Accuracy of the most probable class of each row of ``proba`` (columns ``classes``)."""
+    return float(np.mean(classes[proba.argmax(1)] == y))
+
+
 def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0, ablation: bool = True,
              keep: Path | None = None) -> dict:
     """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, ``random_state``
@@ -453,8 +458,8 @@ def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0, ablation: bool = T
         fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
         t1 = time.perf_counter()
         kept[label] = clf.predict_proba(Xte)
-        acc = float(np.mean(clf.classes_[kept[label].argmax(1)] == yte))
-        out[label] = {"accuracy": acc, "fit_s": round(fit_s, 2), "fit_cpu_s": round(fit_cpu, 2),
+        out[label] = {"accuracy": _accuracy(clf.classes_, kept[label], yte),
+                      "fit_s": round(fit_s, 2), "fit_cpu_s": round(fit_cpu, 2),
                       "predict_s": round(time.perf_counter() - t1, 2),
                       "params": clf.get_params()}
     if keep is not None:
@@ -479,12 +484,11 @@ def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
     first member. ValueError naming the file or dataset when they do not fit together."""
     if len(members) < 2 or len(members) != len(dirs):
         raise ValueError("give at least two members, each a results file and a folder")
-    rule = dict(members[0][1].get("meta", {}).get("rule", {}))
-    seeds = []
-    for label, res in members:
-        r = dict(res.get("meta", {}).get("rule", {}))
-        seeds.append(r.pop("seed", 0))
-        if not _is_conv(r) or {**r, "seed": 0} != {**rule, "seed": 0}:
+    rules = [dict(res.get("meta", {}).get("rule", {})) for _, res in members]
+    seeds = [r.pop("seed", 0) for r in rules]
+    rule = rules[0]
+    for (label, _), r in zip(members, rules, strict=True):
+        if not _is_conv(r) or r != rule:
             raise ValueError(f"{label}: not a --method conv file of {members[0][0]}'s rule")
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"members repeat a seed: {seeds}")
@@ -496,8 +500,7 @@ def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
             raise ValueError(f"{label}: not the datasets of {members[0][0]}")
     # the seeds stay out of the name: ensembles of other seeds are one configuration
     out = {"meta": {**members[0][1]["meta"], "rule": {
-        **{k: v for k, v in rule.items() if k != "seed"},
-        "name": f"{rule.get('name', 'conv')}, ensemble of {len(members)} (test "
+        **rule, "name": f"{rule.get('name', 'conv')}, ensemble of {len(members)} (test "
                 "probabilities averaged)", "seed": seeds[0], "members": seeds}},
         "datasets": {}}
     for name in names:
@@ -515,20 +518,18 @@ def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
                 raise ValueError(f"{name}: the members' classes or test labels differ")
         classes, y = kept[0]["classes"], kept[0]["y"]
         for (label, _), r, k, d in zip(members, rows, kept, dirs, strict=True):
-            if float(np.mean(classes[k["model"].argmax(1)] == y)) != r["linattn"]["accuracy"]:
+            if _accuracy(classes, k["model"], y) != r["linattn"]["accuracy"]:
                 raise ValueError(f"{d}/{name}.npz: not the probabilities of {label}'s fit "
                                  "(another accuracy)")
         row = {k: v for k, v in rows[0].items() if k != "linattn"}
-        lin = {"method": "conv", "members": [],
+        lin = {"method": "conv",
+               "accuracy": _accuracy(classes, np.mean([k["model"] for k in kept], 0), y),
+               "members": [r["linattn"]["accuracy"] for r in rows],
                "fit_s": round(sum(r["linattn"]["fit_s"] for r in rows), 2),
                "fit_cpu_s": round(sum(r["linattn"]["fit_cpu_s"] for r in rows), 2)}
-        lin["accuracy"] = float(np.mean(
-            classes[np.mean([k["model"] for k in kept], 0).argmax(1)] == y))
-        lin["members"] = [r["linattn"]["accuracy"] for r in rows]
         if all("ablation" in k for k in kept) and all("no_mixer" in r["linattn"] for r in rows):
             lin["no_mixer"] = {
-                "accuracy": float(np.mean(
-                    classes[np.mean([k["ablation"] for k in kept], 0).argmax(1)] == y)),
+                "accuracy": _accuracy(classes, np.mean([k["ablation"] for k in kept], 0), y),
                 "fit_s": round(sum(r["linattn"]["no_mixer"]["fit_s"] for r in rows), 2)}
         row["linattn"] = lin
         out["datasets"][name] = row

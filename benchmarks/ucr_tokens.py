@@ -347,7 +347,7 @@ def study_5(name: str, heads_dir: Path | None = None) -> dict:
 def study_6(name: str, heads_dir: Path | None = None) -> dict:
     """The sixth round (module docstring): whole estimators at their defaults, seeds 0 and 1,
     and their ensembles."""
-    from linattn.tsc.conv_classifier import ConvAttentionClassifier
+    from linattn.tsc.conv_classifier import ConvAttentionClassifier, joined_heads
 
     X, y, classes, tr, va, row = _inner_data(name)
     heads = {}
@@ -355,9 +355,9 @@ def study_6(name: str, heads_dir: Path | None = None) -> dict:
         est = _timed(row, f"fit{seed}_s", ConvAttentionClassifier(
             random_state=seed, n_threads=1, **ESTIMATOR_PARAMS).fit, X[tr], y[tr])
         heads[f"net{seed}"], heads[f"ridge{seed}"] = est.head_probas(X[va])
-    one = [(heads[f"net{s}"] + heads[f"ridge{s}"]) / 2 for s in (0, 1)]
+    one = [joined_heads(heads[f"net{s}"], heads[f"ridge{s}"]) for s in (0, 1)]
     sums = {"one": one[0], "one@1": one[1], "ens2": (one[0] + one[1]) / 2,
-            "net+ridge2": (heads["net0"] + (heads["ridge0"] + heads["ridge1"]) / 2) / 2}
+            "net+ridge2": joined_heads(heads["net0"], (heads["ridge0"] + heads["ridge1"]) / 2)}
     row["accuracy"] = {k: float((v.argmax(1) == y[va]).mean()) for k, v in sums.items()}
     _keep_heads(heads_dir, name, y[va], heads)
     return row

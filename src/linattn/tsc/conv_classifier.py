@@ -66,7 +66,7 @@ from linattn.tsc.estimator import (
 )
 
 __all__ = ["ConvAttentionClassifier", "RidgeHead", "train_token_net", "token_net_proba",
-           "ridge_proba", "CONV_FORMAT"]
+           "ridge_proba", "joined_heads", "CONV_FORMAT"]
 
 #: The ``format`` field of a saved ConvAttentionClassifier's config.json.
 CONV_FORMAT = "linattn.tsc.ConvAttentionClassifier/1"
@@ -88,6 +88,12 @@ PARAM_RULES = {
 #: the ridge outvotes the net where it is sure, the net decides where the ridge is near 0.
 #: Chosen with the rest on the TRAIN-only validation study.
 RIDGE_TEMPERATURE = 3.0
+
+
+def joined_heads(nets: np.ndarray, ridge: np.ndarray | None) -> np.ndarray:
+    """The estimator's probabilities from its heads' (:meth:`ConvAttentionClassifier.
+    head_probas`): their mean, the nets' alone without a ridge head."""
+    return nets if ridge is None else (nets + ridge) / 2
 
 
 def token_scaling(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -382,8 +388,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, n_classes): the nets' mean probabilities, averaged with the ridge head's."""
-        nets, ridge = self.head_probas(X, "ConvAttentionClassifier.predict_proba")
-        return nets if ridge is None else (nets + ridge) / 2
+        return joined_heads(*self.head_probas(X, "ConvAttentionClassifier.predict_proba"))
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[self.predict_proba(X).argmax(1)]
