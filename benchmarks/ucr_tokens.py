@@ -344,6 +344,16 @@ def study_5(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
+def on_codes(proba: np.ndarray, seen: np.ndarray, n_classes: int) -> np.ndarray:
+    """Probabilities (n, len(seen)) over the classes an estimator saw (its ``classes_``, codes
+    of the dataset's classes) as (n, n_classes), one column per class code, 0 for a class it
+    never saw: a small inner train can miss a class (Fungi, FiftyWords), and the argmax must
+    name the dataset's class, not the estimator's column."""
+    out = np.zeros((len(proba), n_classes), dtype=proba.dtype)
+    out[:, seen] = proba
+    return out
+
+
 def study_6(name: str, heads_dir: Path | None = None) -> dict:
     """The sixth round (module docstring): whole estimators at their defaults, seeds 0 and 1,
     and their ensembles."""
@@ -354,7 +364,8 @@ def study_6(name: str, heads_dir: Path | None = None) -> dict:
     for seed in (0, 1):
         est = _timed(row, f"fit{seed}_s", ConvAttentionClassifier(
             random_state=seed, n_threads=1, **ESTIMATOR_PARAMS).fit, X[tr], y[tr])
-        heads[f"net{seed}"], heads[f"ridge{seed}"] = est.head_probas(X[va])
+        for head, p in zip(("net", "ridge"), est.head_probas(X[va]), strict=True):
+            heads[f"{head}{seed}"] = on_codes(p, est.classes_, len(classes))
     one = [joined_heads(heads[f"net{s}"], heads[f"ridge{s}"]) for s in (0, 1)]
     sums = {"one": one[0], "one@1": one[1], "ens2": (one[0] + one[1]) / 2,
             "net+ridge2": joined_heads(heads["net0"], (heads["ridge0"] + heads["ridge1"]) / 2)}

@@ -125,6 +125,40 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     assert bench.main(args) == 0
 
 
+def test_on_codes_puts_each_column_on_its_class_code(bench):
+    p = np.array([[0.7, 0.3], [0.2, 0.8]])
+    out = bench.on_codes(p, np.array([0, 2]), 3)
+    np.testing.assert_array_equal(out, [[0.7, 0.0, 0.3], [0.2, 0.0, 0.8]])
+
+
+def test_round_6_scores_the_classes_of_the_dataset_when_the_inner_train_misses_one(
+        bench, tmp_path, monkeypatch):
+    """The middle class "b" is only in the validation part: the estimator sees classes 0 and 2,
+    and its second column must count as class 2 (scored as class 1 it got every "c" wrong)."""
+    import linattn.datasets as ds
+
+    g = np.random.default_rng(1)
+    t = np.linspace(0, 8, 30)
+    X = np.concatenate([np.sin(t)[None] + 0.1 * g.standard_normal((12, 30)),
+                        np.zeros((1, 30)),
+                        np.cos(t)[None] + 0.1 * g.standard_normal((12, 30))])
+    y = np.array(["a"] * 12 + ["b"] + ["c"] * 12)
+    monkeypatch.setattr(ds, "load_ucr", lambda name, download=False: (X.astype(np.float32), y,
+                                                                      _Unread(), _Unread()))
+    va = np.array([0, 1, 2, 12, 13, 14, 15])  # three of "a", the "b", three of "c"
+    tr = np.setdiff1d(np.arange(25), va)
+    monkeypatch.setattr(bench, "inner_split", lambda codes, seed=0: (tr, va))
+    monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
+                                                    "competing_groups": 4})
+    out = tmp_path / "r.json"
+    assert bench.main(["--datasets", "Made", "--results", str(out), "--round", "6"]) == 0
+    row = json.loads(out.read_text())["datasets"]["Made"]
+    assert row["classes"] == 3
+    assert row["accuracy"]["one"] == pytest.approx(6 / 7)  # only the unseen "b" is wrong
+    heads = np.load(tmp_path / "r_heads" / "Made.npz")
+    assert heads["ridge0"].shape == (7, 3) and not heads["ridge0"][:, 1].any()
+
+
 def test_resharpen_is_the_ridge_softmax_at_another_temperature(bench, tmp_path):
     from linattn.tsc.conv_classifier import ridge_proba
 
