@@ -58,7 +58,15 @@ lower leave-one-out squared error on the inner train (``RidgeClassifierCV``'s
 ``n_members=2`` predicts) and seed 0's net with both ridges (``net+ridge2``); each model's net
 and ridge probabilities are kept (``net0``, ``ridge0``, …).
 
-In rounds 2 to 6 each dataset's validation probabilities of every head are kept beside the
+``--round 7`` (``runs/ucr_tokens/round7.json``) asks whether the net is undertrained: at 600
+steps a set of 400 series gets about 45 epochs and ElectricDevices 3 (InceptionTime trains
+1,500). It fits the estimator at ``steps`` = 1,800 (``long``: three times as many), and its
+ablation (``pool_long``: ``num_layers=0`` at 1,800 steps), seed 0; the nets alone are
+``net_long`` and ``pool_net_long``, the ridge alone ``ridge`` (the same seed, so the same ridge as
+round 6's ``one``). ``--against runs/ucr_tokens/round6_A.json:one …`` prints each variant's
+wins, ties and losses against round 6's estimator at 600 steps on the same splits.
+
+In rounds 2 to 7 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
 without refitting.
 
@@ -76,6 +84,9 @@ after every dataset; a rerun skips the datasets already there::
         runs/ucr_tokens/round3_heads                                 # the ridge's temperature
     .venv/bin/python benchmarks/ucr_tokens.py --temperatures runs/ucr_tokens/round4_heads \
         --ridge-head ridgeH                                          # round 4's
+    nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 6  # the sixth
+    nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 7 \
+        --against runs/ucr_tokens/round6.json:one                    # the seventh
 """
 
 from __future__ import annotations
@@ -107,6 +118,9 @@ VARIANTS_5 = ("ridgeH", "ridgeR", "ridgeHR", "ridgeSel")
 ESTIMATOR_PARAMS: dict = {}
 #: The sixth round's variants: the estimator at its defaults (seeds 0 and 1) and ensembles.
 VARIANTS_6 = ("one", "one@1", "ens2", "net+ridge2")
+#: The seventh round's net steps and variants: the estimator and its ablation, trained longer.
+LONG_STEPS = 1800
+VARIANTS_7 = ("long", "pool_long", "net_long", "pool_net_long", "ridge")
 #: Global PPV features of the second round's ridge head (MiniRocket's count).
 RIDGE_FEATURES = 10000
 #: The summary's head-to-head lines of each round.
@@ -121,7 +135,8 @@ PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+rid
              ("attnG+ridgeH", "poolG+ridgeH"), ("attnG+ridgeH", "ridgeH"),
              ("attnG+ridge10k", "ridge10k")),
          5: (("ridgeHR", "ridgeH"), ("ridgeSel", "ridgeH"), ("ridgeR", "ridgeH")),
-         6: (("ens2", "one"), ("ens2", "one@1"), ("net+ridge2", "one"), ("one@1", "one"))}
+         6: (("ens2", "one"), ("ens2", "one@1"), ("net+ridge2", "one"), ("one@1", "one")),
+         7: (("long", "pool_long"), ("long", "ridge"), ("net_long", "pool_net_long"))}
 HELD_OUT = ("FordB",)
 
 
@@ -374,6 +389,51 @@ def study_6(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
+def study_7(name: str, heads_dir: Path | None = None) -> dict:
+    """The seventh round (module docstring): the estimator and its ablation at LONG_STEPS."""
+    from linattn.tsc.conv_classifier import ConvAttentionClassifier, joined_heads
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    heads = {}
+    for label, layers in (("net_long", 2), ("pool_net_long", 0)):
+        est = _timed(row, f"{label}_s", ConvAttentionClassifier(
+            random_state=0, n_threads=1, **{**ESTIMATOR_PARAMS, "steps": LONG_STEPS,
+                                            "num_layers": layers}).fit, X[tr], y[tr])
+        net, ridge = (on_codes(p, est.classes_, len(classes)) for p in est.head_probas(X[va]))
+        heads[label], heads["ridge"] = net, ridge  # the same seed: the same ridge both times
+    sums = {"long": joined_heads(heads["net_long"], heads["ridge"]),
+            "pool_long": joined_heads(heads["pool_net_long"], heads["ridge"]), **heads}
+    row["accuracy"] = {k: float((v.argmax(1) == y[va]).mean()) for k, v in sums.items()}
+    _keep_heads(heads_dir, name, y[va], heads)
+    return row
+
+
+def against(results: dict, others: list[str]) -> str:
+    """Wins, ties and losses of each of this round's variants against ``FILE:VARIANT`` (one
+    variant, read from one or more results files of another round on the same inner splits),
+    on the datasets both have, with both means."""
+    variant = {o.rpartition(":")[2] for o in others}
+    if len(variant) != 1 or not all(":" in o for o in others):
+        raise ValueError("ucr_tokens: --against takes FILE:VARIANT, one variant for all files")
+    variant = variant.pop()
+    base = {}
+    for o in others:
+        base.update(json.loads(Path(o.rpartition(":")[0]).read_text())["datasets"])
+    rows = {n: d for n, d in results.get("datasets", {}).items()
+            if n in base and n not in HELD_OUT}
+    if not rows:
+        return "no shared datasets\n"
+    if any(variant not in base[n]["accuracy"] for n in rows):
+        raise ValueError(f"{variant!r} is not a variant of every row of {', '.join(others)}")
+    ref = np.array([base[n]["accuracy"][variant] for n in rows])
+    lines = [f"against {variant} ({ref.mean():.4f}) on {len(rows)} shared datasets:"]
+    for v in next(iter(rows.values()))["accuracy"]:
+        a = np.array([d["accuracy"][v] for d in rows.values()])
+        lines.append(f"- {v} ({a.mean():.4f}): W/T/L {(a > ref).sum()}/{(a == ref).sum()}/"
+                     f"{(a < ref).sum()}, mean difference {(a - ref).mean():+.4f}")
+    return "\n".join(lines) + "\n"
+
+
 def summary(results: dict) -> str:
     """The table of mean and median accuracies, the round's head-to-head lines and the time;
     the round is read from the rows' variants."""
@@ -381,10 +441,11 @@ def summary(results: dict) -> str:
     if not rows:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
-    rnd = (6 if "ens2" in first else 5 if "ridgeSel" in first else 4 if "ridgeH" in first
-           else 3 if "attnG" in first else 2 if "ridge10k" in first else 1)
+    rnd = (7 if "pool_long" in first else 6 if "ens2" in first else 5 if "ridgeSel" in first
+           else 4 if "ridgeH" in first else 3 if "attnG" in first
+           else 2 if "ridge10k" in first else 1)
     variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5,
-                6: VARIANTS_6}[rnd]
+                6: VARIANTS_6, 7: VARIANTS_7}[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
              "| variant | mean | median |", "|---|--:|--:|"]
@@ -466,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, help="results file (default "
                    "runs/ucr_tokens/results.json, or roundN.json with --round N)")
-    p.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5, 6), default=1, help="which study")
+    p.add_argument("--round", type=int, choices=range(1, 8), default=1, metavar="N",
+                   help="which study, 1 to 7")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
@@ -476,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
                    "nothing")
     p.add_argument("--ridge-head", default="ridge10k", help="--temperatures: the kept ridge "
                    "head to resharpen (default ridge10k; round 4 also keeps ridgeH)")
+    p.add_argument("--against", nargs="+", metavar="FILE:VARIANT",
+                   help="also print W/T/L of every variant against VARIANT of these results "
+                   "files (e.g. runs/ucr_tokens/round6_A.json:one runs/ucr_tokens/"
+                   "round6_B.json:one)")
     a = p.parse_args(argv)
     if a.temperatures:
         print(temperature_table(a.temperatures, a.ridge_head), end="")
@@ -499,12 +565,19 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
-                {2: study_2, 3: study_3, 4: study_4, 5: study_5, 6: study_6}[a.round](
+                {2: study_2, 3: study_3, 4: study_4, 5: study_5, 6: study_6,
+                 7: study_7}[a.round](
                     name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)
             print(name, json.dumps(results["datasets"][name]["accuracy"]), flush=True)
     print(summary(results), end="")
+    if a.against:
+        try:
+            print(against(results, a.against), end="")
+        except (OSError, KeyError, ValueError) as e:
+            print(f"ucr_tokens: --against: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -79,7 +79,7 @@ def test_series_features_are_the_values_and_their_differences(bench):
                                   [[1, 3, 2, 2, -1], [0, 0, 5, 0, 5]])
 
 
-@pytest.mark.parametrize("rnd", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("rnd", [1, 2, 3, 4, 5, 6, 7])
 def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch, rnd):
     import linattn.datasets as ds
 
@@ -92,6 +92,7 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     out = tmp_path / "r.json"
     monkeypatch.setattr(bench, "STEPS", 5)
     monkeypatch.setattr(bench, "RIDGE_FEATURES", 1000)
+    monkeypatch.setattr(bench, "LONG_STEPS", 5)
     monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
                                                     "competing_groups": 4})
     args = ["--datasets", "Made", "--results", str(out), "--round", str(rnd)]
@@ -99,10 +100,11 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert (row["train"], row["validation"], row["classes"]) == (16, 8, 2)
     variants = {1: bench.VARIANTS, 2: bench.VARIANTS_2, 3: bench.VARIANTS_3,
-                4: bench.VARIANTS_4, 5: bench.VARIANTS_5, 6: bench.VARIANTS_6}[rnd]
+                4: bench.VARIANTS_4, 5: bench.VARIANTS_5, 6: bench.VARIANTS_6,
+                7: bench.VARIANTS_7}[rnd]
     assert set(row["accuracy"]) == set(variants)
-    ridge = {1: "ridge", 5: "ridgeH", 6: "ridge0"}.get(rnd, "ridge10k")
-    if rnd == 6:  # a sure ridge outvotes a net of 5 steps: every variant separates them
+    ridge = {1: "ridge", 5: "ridgeH", 6: "ridge0", 7: "ridge"}.get(rnd, "ridge10k")
+    if rnd in (6, 7):  # a sure ridge outvotes a net of 5 steps: every variant separates them
         assert row["accuracy"] == {v: 1.0 for v in variants}
     else:  # sine against cosine: the ridge head separates them
         assert row["accuracy"][ridge] == 1.0
@@ -120,7 +122,10 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
         assert not np.array_equal(heads["net0"], heads["net1"])
         np.testing.assert_allclose(heads["net1"].sum(1), 1, rtol=1e-5)
     # a rerun skips the dataset (no refit) and prints the summary
-    for study in ("study", "study_2", "study_3", "study_4", "study_5", "study_6"):
+    if rnd == 7:  # the net and its ablation, both kept; the ablation's net is another model
+        assert {"net_long", "pool_net_long", "ridge"} == set(heads) - {"y"}
+        assert not np.array_equal(heads["net_long"], heads["pool_net_long"])
+    for study in ("study", "study_2", "study_3", "study_4", "study_5", "study_6", "study_7"):
         monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
     assert bench.main(args) == 0
 
@@ -157,6 +162,22 @@ def test_round_6_scores_the_classes_of_the_dataset_when_the_inner_train_misses_o
     assert row["accuracy"]["one"] == pytest.approx(6 / 7)  # only the unseen "b" is wrong
     heads = np.load(tmp_path / "r_heads" / "Made.npz")
     assert heads["ridge0"].shape == (7, 3) and not heads["ridge0"][:, 1].any()
+
+
+def test_against_counts_wins_ties_and_losses_on_shared_datasets(bench, tmp_path):
+    other = tmp_path / "r6.json"
+    other.write_text(json.dumps({"datasets": {
+        "A": {"accuracy": {"one": 0.5}}, "B": {"accuracy": {"one": 0.8}},
+        "C": {"accuracy": {"one": 0.9}}}}))
+    mine = {"datasets": {"A": {"accuracy": {"long": 0.6}}, "B": {"accuracy": {"long": 0.8}},
+                         "D": {"accuracy": {"long": 0.1}}}}
+    text = bench.against(mine, [f"{other}:one"])
+    assert "on 2 shared datasets" in text and "W/T/L 1/1/0" in text
+    assert "mean difference +0.0500" in text
+    with pytest.raises(ValueError, match="FILE:VARIANT"):
+        bench.against(mine, [str(other)])
+    with pytest.raises(ValueError, match="not a variant"):
+        bench.against(mine, [f"{other}:two"])
 
 
 def test_resharpen_is_the_ridge_softmax_at_another_temperature(bench, tmp_path):
