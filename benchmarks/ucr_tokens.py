@@ -414,7 +414,7 @@ def against(results: dict, others: list[str]) -> str:
     on the datasets both have, with both means."""
     variant = {o.rpartition(":")[2] for o in others}
     if len(variant) != 1 or not all(":" in o for o in others):
-        raise ValueError("ucr_tokens: --against takes FILE:VARIANT, one variant for all files")
+        raise ValueError("takes FILE:VARIANT, one variant for all files")
     variant = variant.pop()
     base = {}
     for o in others:
