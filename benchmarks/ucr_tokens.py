@@ -53,7 +53,8 @@ class is a level at fixed positions, as in spectra). Ridge heads only, no nets: 
 lower leave-one-out squared error on the inner train (``RidgeClassifierCV``'s
 ``best_score_``), a per-dataset choice the estimator could make from its training set alone.
 
-``--round 6`` (``runs/ucr_tokens/round6.json``) fits the estimator itself at its defaults,
+``--round 6`` (``runs/ucr_tokens/round6.json``) fits the estimator itself at its defaults then
+(600 steps),
 ``random_state`` 0 and 1 (``one``, ``one@1``), and scores their average (``ens2``, what
 ``n_members=2`` predicts) and seed 0's net with both ridges (``net+ridge2``); each model's net
 and ridge probabilities are kept (``net0``, ``ridge0``, …).
@@ -378,7 +379,8 @@ def study_6(name: str, heads_dir: Path | None = None) -> dict:
     heads = {}
     for seed in (0, 1):
         est = _timed(row, f"fit{seed}_s", ConvAttentionClassifier(
-            random_state=seed, n_threads=1, **ESTIMATOR_PARAMS).fit, X[tr], y[tr])
+            random_state=seed, n_threads=1, **{"steps": STEPS, **ESTIMATOR_PARAMS}).fit,
+            X[tr], y[tr])  # the defaults when the round ran: 600 steps
         for head, p in zip(("net", "ridge"), est.head_probas(X[va]), strict=True):
             heads[f"{head}{seed}"] = on_codes(p, est.classes_, len(classes))
     one = [joined_heads(heads[f"net{s}"], heads[f"ridge{s}"]) for s in (0, 1)]
