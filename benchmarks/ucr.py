@@ -274,16 +274,24 @@ def merge(parts: Sequence[dict], names: Sequence[str]) -> dict:
     """One results file of several (``--merge``; e.g. halves of the archive run in two
     processes side by side): the same ``meta.rule`` in every part, each dataset in one part
     only; the first part's meta."""
-    rule = parts[0].get("meta", {}).get("rule")
-    out = {"meta": parts[0].get("meta", {}), "datasets": {}}
+    rule = _named_rule(parts[0], names[0])
+    out = {"meta": {**parts[0].get("meta", {}), "rule": rule}, "datasets": {}}
     for part, name in zip(parts, names, strict=True):
-        if part.get("meta", {}).get("rule") != rule:
+        if _named_rule(part, name) != rule:
             raise ValueError(f"{name}: its rule differs from {names[0]}'s")
         for dataset, row in part.get("datasets", {}).items():
             if dataset in out["datasets"]:
                 raise ValueError(f"{name}: {dataset} is in an earlier file too")
             out["datasets"][dataset] = row
     return out
+
+
+def _named_rule(results: dict, name: str) -> dict:
+    """:func:`rule_of`, its ValueError naming the file."""
+    try:
+        return rule_of(results)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
@@ -328,7 +336,7 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
 def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[float], list[str]]:
     """One file of :func:`seed_summary`: its rule without the seed, the seed, its datasets,
     the row's numbers (unrounded) and its table cells."""
-    rule = dict(results.get("meta", {}).get("rule", {}))
+    rule = _named_rule(results, label)
     seed = rule.pop("seed", 0)
     rule.pop("members", None)  # an ensemble's seeds: one file of a configuration each
     rule.pop("ablation", None)  # with or without the no-mixer fits, the same model
@@ -441,9 +449,10 @@ def _accuracy(classes: np.ndarray, proba: np.ndarray, y: np.ndarray) -> float:
 
 
 def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0, ablation: bool = True,
-             keep: Path | None = None) -> dict:
+             keep: Path | None = None, steps: int | None = None) -> dict:
     """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, ``random_state``
-    ``seed``), and unless ``ablation`` is False the same with the mixer removed
+    ``seed``; ``steps`` the nets' steps when given, to rerun an earlier configuration), and
+    unless ``ablation`` is False the same with the mixer removed
     (``num_layers=0``), each timed. With ``keep`` (a .npz path) the test probabilities of
     each fit are written there (``model``, ``ablation``) beside ``classes`` and ``y``, the
     test labels, so that fits can later be averaged (``--ensemble``)."""
@@ -452,7 +461,8 @@ def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0, ablation: bool = T
     out, kept = {}, {}  # the estimator holds torch to n_threads during its fit and predict
     for label, layers in (("model", 2), ("ablation", 0))[:2 if ablation else 1]:
         clf = ConvAttentionClassifier(num_layers=layers, missing="interpolate",
-                                      random_state=seed, n_threads=threads)
+                                      random_state=seed, n_threads=threads,
+                                      **({} if steps is None else {"steps": steps}))
         t0, c0 = time.perf_counter(), time.process_time()
         clf.fit(Xtr, ytr)
         fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -484,7 +494,7 @@ def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
     first member. ValueError naming the file or dataset when they do not fit together."""
     if len(members) < 2 or len(members) != len(dirs):
         raise ValueError("give at least two members, each a results file and a folder")
-    rules = [dict(res.get("meta", {}).get("rule", {})) for _, res in members]
+    rules = [_named_rule(res, label) for label, res in members]
     seeds = [r.pop("seed", 0) for r in rules]
     rule = rules[0]
     for (label, _), r in zip(members, rules, strict=True):
@@ -666,7 +676,7 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
         row["linattn"] = (fit_conv(Xtr, ytr, Xte, yte, args.threads, args.seed,
                                    not args.no_ablation,
                                    Path(args.keep_proba) / f"{name}.npz" if args.keep_proba
-                                   else None)
+                                   else None, args.steps)
                           if args.method == "conv"
                           else fit_linattn(Xtr, ytr, Xte, yte, args.threads, args.rule))
     if "MiniRocket" not in row and reuse is not None:
@@ -729,6 +739,23 @@ def report(results: dict) -> str:
                    f"{_f(r['MiniRocket'])}, InceptionTime {_f(r['InceptionTime'])}, HC2 "
                    f"{_f(r['HC2'])}")
     return "\n".join(out) + "\n"
+
+
+def rule_of(results: dict) -> dict:
+    """A results file's ``meta.rule`` (a copy); for ``--method conv`` with the nets' ``steps``,
+    read from its rows' parameters where the file was written before the rule named them (600
+    steps for the second and third configurations, 1,800 for the fourth), so that files of
+    other step counts are never merged, resumed or averaged as one configuration. ValueError
+    when the rows disagree."""
+    rule = dict(results.get("meta", {}).get("rule", {}))
+    if _is_conv(rule) and "steps" not in rule:
+        steps = {r["linattn"]["params"]["steps"] for r in results.get("datasets", {}).values()
+                 if "steps" in r.get("linattn", {}).get("params", {})}
+        if len(steps) > 1:
+            raise ValueError(f"its rows were fitted at different steps: {sorted(steps)}")
+        if steps:
+            rule["steps"] = steps.pop()
+    return rule
 
 
 def _is_conv(rule: dict) -> bool:
@@ -830,6 +857,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0,
                     help="--method conv: random_state of its fits (default 0; one results file "
                          "per seed)")
+    ap.add_argument("--steps", type=int, help="--method conv: the nets' steps (default: the "
+                    "estimator's, 1,800; 600 reruns the second and third configurations)")
     ap.add_argument("--rule", choices=RULES, default="defaults",
                     help="linattn's per-dataset settings (default: %(default)s; first: the "
                          "first run's)")
@@ -865,6 +894,9 @@ def main() -> None:
                          "(written beside --results as train_check.json)")
     args = ap.parse_args()
     path = Path(args.results)
+    if args.steps is not None and (args.steps < 1 or args.method != "conv"):
+        raise SystemExit(f"--steps: a whole number >= 1 for --method conv, got {args.steps} "
+                         f"with --method {args.method}")
     if args.seeds:
         runs = []
         for f in args.seeds:
@@ -929,7 +961,11 @@ def main() -> None:
         from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS
 
         if args.method == "conv":
-            rule = {"name": "conv: ConvAttentionClassifier defaults", "seed": args.seed}
+            from linattn.tsc.conv_classifier import NET_STEPS
+
+            steps = NET_STEPS if args.steps is None else args.steps
+            rule = {"name": "conv: ConvAttentionClassifier defaults", "seed": args.seed,
+                    "steps": steps}
             if args.no_ablation:
                 rule["ablation"] = False
         else:
@@ -949,6 +985,14 @@ def main() -> None:
             if _is_conv(was) and was.get("seed", 0) != args.seed:
                 raise SystemExit(f"{path}: its rows are of seed {was.get('seed', 0)}; give "
                                  f"--seed {args.seed} a results file of its own (--results)")
+            if _is_conv(was):
+                try:
+                    was_steps = rule_of(json.loads(path.read_text())).get("steps", steps)
+                except ValueError as e:
+                    raise SystemExit(f"{path}: {e}") from None
+                if was_steps != steps:
+                    raise SystemExit(f"{path}: its rows were fitted at {was_steps} steps; give "
+                                     f"--steps {steps} a results file of its own (--results)")
         reuse = (json.loads(Path(args.reuse_minirocket).read_text())
                  if args.reuse_minirocket else None)
         print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "

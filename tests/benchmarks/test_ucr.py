@@ -204,6 +204,43 @@ def test_a_results_file_of_another_method_is_refused(ucr, tmp_path, monkeypatch)
                                       "--datasets", "Coffee"])
     with pytest.raises(SystemExit, match="its rows are of seed 0; give --seed 1"):
         ucr.main()
+    # a file of the third configuration (600 steps, read from its rows) is not resumed at 1800
+    old = {"meta": {"rule": {"name": "conv: x", "seed": 0}},
+           "datasets": {"A": {"linattn": {"params": {"steps": 600}}}}}
+    path.write_text(json.dumps(old))
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--method", "conv", "--steps", "1800",
+                                      "--results", str(path), "--minirocket-python",
+                                      sys.executable, "--datasets", "Coffee"])
+    with pytest.raises(SystemExit, match="fitted at 600 steps; give --steps 1800"):
+        ucr.main()
+
+
+@pytest.mark.parametrize("argv, what", [(["--steps", "0", "--method", "conv"], "got 0"),
+                                        (["--steps", "600"], "with --method linattn")])
+def test_steps_is_checked_before_anything_runs(ucr, tmp_path, monkeypatch, argv, what):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["ucr.py", *argv, "--results", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit, match=what):
+        ucr.main()
+
+
+def test_rule_of_names_the_steps_of_old_files_from_their_rows(ucr):
+    def res(*steps, rule=None):
+        return {"meta": {"rule": rule or {"name": "conv: x", "seed": 0}},
+                "datasets": {str(i): {"linattn": {"params": {"steps": n}}}
+                             for i, n in enumerate(steps)}}
+
+    assert ucr.rule_of(res(600, 600)) == {"name": "conv: x", "seed": 0, "steps": 600}
+    assert ucr.rule_of(res(600, rule={"name": "conv: x", "steps": 1800}))["steps"] == 1800
+    assert "steps" not in ucr.rule_of(res(600, rule={"name": "defaults"}))  # not conv
+    with pytest.raises(ValueError, match="different steps"):
+        ucr.rule_of(res(600, 1800))
+    # files of 600 and of 1800 steps are not one configuration
+    with pytest.raises(ValueError, match="b.json: its rule differs"):
+        ucr.merge([res(600), res(1800)], ["a.json", "b.json"])
+    with pytest.raises(ValueError, match="b.json: its rows were fitted at different steps"):
+        ucr.merge([res(600), res(600, 1800)], ["a.json", "b.json"])
 
 
 def test_merge_joins_parts_of_one_rule_and_refuses_overlaps(ucr):
