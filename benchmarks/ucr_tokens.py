@@ -60,7 +60,7 @@ lower leave-one-out squared error on the inner train (``RidgeClassifierCV``'s
 and ridge probabilities are kept (``net0``, ``ridge0``, …).
 
 ``--round 7`` (``runs/ucr_tokens/round7.json``) asks whether the net is undertrained: at 600
-steps a set of 400 series gets about 45 epochs and ElectricDevices 3 (InceptionTime trains
+steps a set of 400 series gets about 47 epochs and ElectricDevices 3 (InceptionTime trains
 1,500). It fits the estimator at ``steps`` = 1,800 (``long``: three times as many), and its
 ablation (``pool_long``: ``num_layers=0`` at 1,800 steps), seed 0; the nets alone are
 ``net_long`` and ``pool_net_long``, the ridge alone ``ridge`` (the same seed, so the same ridge as
@@ -88,6 +88,8 @@ after every dataset; a rerun skips the datasets already there::
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 6  # the sixth
     nice -n 19 .venv/bin/python benchmarks/ucr_tokens.py --round 7 \
         --against runs/ucr_tokens/round6.json:one                    # the seventh
+    .venv/bin/python benchmarks/ucr_tokens.py --join runs/ucr_tokens/round7_A.json \
+        runs/ucr_tokens/round7_B.json --results runs/ucr_tokens/round7.json  # halves joined
 """
 
 from __future__ import annotations
@@ -410,23 +412,53 @@ def study_7(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
-def against(results: dict, others: list[str]) -> str:
-    """Wins, ties and losses of each of this round's variants against ``FILE:VARIANT`` (one
-    variant, read from one or more results files of another round on the same inner splits),
-    on the datasets both have, with both means."""
+def load_rows(files: list[str], what: str) -> dict:
+    """The ``datasets`` rows of results files joined (each dataset in one file only);
+    ValueError naming the file that is missing, unreadable, not a results file or repeats a
+    dataset."""
+    rows: dict = {}
+    for f in files:
+        try:
+            data = json.loads(Path(f).read_text())
+            part = data["datasets"]
+            if not isinstance(part, dict):
+                raise TypeError("datasets is not a mapping")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{what}: {f}: not a readable results file ({e})") from None
+        for name, row in part.items():
+            if name in rows:
+                raise ValueError(f"{what}: {f}: {name} is in an earlier file too")
+            rows[name] = row
+    return rows
+
+
+def against_base(others: list[str]) -> tuple[str, dict]:
+    """(variant, rows) of ``--against FILE:VARIANT …``: one variant, the files' rows joined,
+    every row holding that variant; ValueError otherwise (checked before any fit)."""
     variant = {o.rpartition(":")[2] for o in others}
     if len(variant) != 1 or not all(":" in o for o in others):
-        raise ValueError("takes FILE:VARIANT, one variant for all files")
+        raise ValueError("--against: takes FILE:VARIANT, one variant for all files")
     variant = variant.pop()
-    base = {}
-    for o in others:
-        base.update(json.loads(Path(o.rpartition(":")[0]).read_text())["datasets"])
+    base = load_rows([o.rpartition(":")[0] for o in others], "--against")
+    if not base or any(variant not in r.get("accuracy", {}) for r in base.values()):
+        raise ValueError(f"--against: {variant!r} is not a variant of every row of "
+                         f"{', '.join(others)}")
+    return variant, base
+
+
+def against(results: dict, variant: str, base: dict) -> str:
+    """Wins, ties and losses of each of this round's variants against ``variant`` of another
+    round's rows ``base`` (:func:`against_base`) on the same inner splits, on the datasets
+    both have, with both means; ValueError when they share none or a shared set was split
+    otherwise."""
     rows = {n: d for n, d in results.get("datasets", {}).items()
             if n in base and n not in HELD_OUT}
     if not rows:
-        return "no shared datasets\n"
-    if any(variant not in base[n]["accuracy"] for n in rows):
-        raise ValueError(f"{variant!r} is not a variant of every row of {', '.join(others)}")
+        raise ValueError("--against: no dataset in both")
+    for n, d in rows.items():
+        if (d.get("train"), d.get("validation")) != (base[n].get("train"),
+                                                     base[n].get("validation")):
+            raise ValueError(f"--against: {n} was split otherwise")
     ref = np.array([base[n]["accuracy"][variant] for n in rows])
     lines = [f"against {variant} ({ref.mean():.4f}) on {len(rows)} shared datasets:"]
     for v in next(iter(rows.values()))["accuracy"]:
@@ -544,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also print W/T/L of every variant against VARIANT of these results "
                    "files (e.g. runs/ucr_tokens/round6_A.json:one runs/ucr_tokens/"
                    "round6_B.json:one)")
+    p.add_argument("--join", nargs="+", metavar="PART_JSON",
+                   help="write the union of these results files (e.g. two halves run side by "
+                   "side) to --results, fit nothing")
     a = p.parse_args(argv)
     if a.temperatures:
         print(temperature_table(a.temperatures, a.ridge_head), end="")
@@ -551,6 +586,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.results is None:
         a.results = Path("runs/ucr_tokens") / (f"round{a.round}.json" if a.round > 1
                                                else "results.json")
+    try:
+        base = against_base(a.against) if a.against else None
+        if a.join:
+            from linattn._io import write_json
+
+            if any(Path(f).resolve() == a.results.resolve() for f in a.join):
+                raise ValueError(f"--join: --results {a.results} is one of the parts")
+            joined = {"meta": {"joined": a.join}, "datasets": load_rows(a.join, "--join")}
+            a.results.parent.mkdir(parents=True, exist_ok=True)
+            write_json(a.results, joined)
+            a.report = True
+    except ValueError as e:
+        print(f"ucr_tokens: {e}", file=sys.stderr)
+        return 2
     results = json.loads(a.results.read_text()) if a.results.exists() else {"datasets": {}}
     if not a.report:
         names = (a.datasets.split(",") if a.datasets else
@@ -574,11 +623,11 @@ def main(argv: list[str] | None = None) -> int:
             write_json(a.results, results)
             print(name, json.dumps(results["datasets"][name]["accuracy"]), flush=True)
     print(summary(results), end="")
-    if a.against:
+    if base is not None:
         try:
-            print(against(results, a.against), end="")
-        except (OSError, KeyError, ValueError) as e:
-            print(f"ucr_tokens: --against: {e}", file=sys.stderr)
+            print(against(results, *base), end="")
+        except ValueError as e:
+            print(f"ucr_tokens: {e}", file=sys.stderr)
             return 2
     return 0
 

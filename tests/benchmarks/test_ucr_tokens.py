@@ -136,8 +136,9 @@ def test_on_codes_puts_each_column_on_its_class_code(bench):
     np.testing.assert_array_equal(out, [[0.7, 0.0, 0.3], [0.2, 0.0, 0.8]])
 
 
-def test_round_6_scores_the_classes_of_the_dataset_when_the_inner_train_misses_one(
-        bench, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rnd, variant, ridge", [(6, "one", "ridge0"), (7, "long", "ridge")])
+def test_rounds_6_and_7_score_the_classes_of_the_dataset_when_the_inner_train_misses_one(
+        bench, tmp_path, monkeypatch, rnd, variant, ridge):
     """The middle class "b" is only in the validation part: the estimator sees classes 0 and 2,
     and its second column must count as class 2 (scored as class 1 it got every "c" wrong)."""
     import linattn.datasets as ds
@@ -155,29 +156,87 @@ def test_round_6_scores_the_classes_of_the_dataset_when_the_inner_train_misses_o
     monkeypatch.setattr(bench, "inner_split", lambda codes, seed=0: (tr, va))
     monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
                                                     "competing_groups": 4})
+    monkeypatch.setattr(bench, "LONG_STEPS", 5)
     out = tmp_path / "r.json"
-    assert bench.main(["--datasets", "Made", "--results", str(out), "--round", "6"]) == 0
+    assert bench.main(["--datasets", "Made", "--results", str(out), "--round", str(rnd)]) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert row["classes"] == 3
-    assert row["accuracy"]["one"] == pytest.approx(6 / 7)  # only the unseen "b" is wrong
+    assert row["accuracy"][variant] == pytest.approx(6 / 7)  # only the unseen "b" is wrong
     heads = np.load(tmp_path / "r_heads" / "Made.npz")
-    assert heads["ridge0"].shape == (7, 3) and not heads["ridge0"][:, 1].any()
+    assert heads[ridge].shape == (7, 3) and not heads[ridge][:, 1].any()
 
 
 def test_against_counts_wins_ties_and_losses_on_shared_datasets(bench, tmp_path):
+    def row(acc, variant):
+        return {"train": 7, "validation": 3, "accuracy": {variant: acc}}
+
     other = tmp_path / "r6.json"
-    other.write_text(json.dumps({"datasets": {
-        "A": {"accuracy": {"one": 0.5}}, "B": {"accuracy": {"one": 0.8}},
-        "C": {"accuracy": {"one": 0.9}}}}))
-    mine = {"datasets": {"A": {"accuracy": {"long": 0.6}}, "B": {"accuracy": {"long": 0.8}},
-                         "D": {"accuracy": {"long": 0.1}}}}
-    text = bench.against(mine, [f"{other}:one"])
+    other.write_text(json.dumps({"datasets": {"A": row(0.5, "one"), "B": row(0.8, "one"),
+                                              "C": row(0.9, "one")}}))
+    mine = {"datasets": {"A": row(0.6, "long"), "B": row(0.8, "long"), "D": row(0.1, "long")}}
+    text = bench.against(mine, *bench.against_base([f"{other}:one"]))
     assert "on 2 shared datasets" in text and "W/T/L 1/1/0" in text
     assert "mean difference +0.0500" in text
     with pytest.raises(ValueError, match="FILE:VARIANT"):
-        bench.against(mine, [str(other)])
+        bench.against_base([str(other)])
     with pytest.raises(ValueError, match="not a variant"):
-        bench.against(mine, [f"{other}:two"])
+        bench.against_base([f"{other}:two"])
+    with pytest.raises(ValueError, match="no dataset in both"):
+        bench.against({"datasets": {"D": row(0.1, "long")}}, "one",
+                      bench.load_rows([str(other)], "x"))
+    mine["datasets"]["A"]["train"] = 8  # another inner split: not comparable
+    with pytest.raises(ValueError, match="A was split otherwise"):
+        bench.against(mine, *bench.against_base([f"{other}:one"]))
+
+
+@pytest.mark.parametrize("content", ["[]", "{", '{"meta": {}}', '{"datasets": []}'])
+def test_against_refuses_a_bad_file_before_fitting_anything(bench, tmp_path, monkeypatch,
+                                                            capsys, content):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    monkeypatch.setattr(bench, "study_7", lambda *a: pytest.fail("fitted"))
+    rc = bench.main(["--round", "7", "--datasets", "Made", "--results",
+                     str(tmp_path / "r.json"), "--against", f"{bad}:one"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and str(bad) in err and "\n" not in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_join_writes_the_union_of_halves_and_refuses_overlaps(bench, tmp_path, capsys):
+    def part(name, *sets):
+        f = tmp_path / name
+        f.write_text(json.dumps({"datasets": {n: {"accuracy": {"long": 0.5, "pool_long": 0.4,
+                                                                "net_long": 0.3,
+                                                                "pool_net_long": 0.2,
+                                                                "ridge": 0.1}}
+                                              for n in sets}}))
+        return str(f)
+
+    a, b = part("a.json", "A", "B"), part("b.json", "C")
+    out = tmp_path / "all.json"
+    assert bench.main(["--join", a, b, "--results", str(out)]) == 0
+    assert list(json.loads(out.read_text())["datasets"]) == ["A", "B", "C"]
+    assert "on 3 datasets" in capsys.readouterr().out  # the joined file's summary
+    assert bench.main(["--join", a, part("c.json", "B"), "--results", str(out)]) == 2
+    assert "B is in an earlier file too" in capsys.readouterr().err
+
+
+def test_round_6_fits_the_estimator_at_the_600_steps_it_ran_with(bench, monkeypatch):
+    import linattn.tsc.conv_classifier as cc
+
+    seen = []
+
+    def fit(self, X, y):
+        seen.append(self.steps)
+        raise StopIteration
+
+    monkeypatch.setattr(cc.ConvAttentionClassifier, "fit", fit)
+    monkeypatch.setattr(bench, "_inner_data", lambda name: (
+        np.zeros((4, 8), np.float32), np.array([0, 1, 0, 1]), np.array(["a", "b"]),
+        np.arange(3), np.arange(3, 4), {}))
+    with pytest.raises(StopIteration):
+        bench.study_6("Made")
+    assert seen == [bench.STEPS] == [600]
 
 
 def test_resharpen_is_the_ridge_softmax_at_another_temperature(bench, tmp_path):
