@@ -977,7 +977,10 @@ def main() -> None:
                 "numpy": np.__version__, "threads": args.threads, "rule": rule,
                 "published_from": sorted(pub)}
         if path.exists():  # rows already there are kept: they must be of the same method
-            was = json.loads(path.read_text()).get("meta", {}).get("rule", {})
+            try:  # a conv file written before its rule named the steps: read from its rows
+                was = rule_of(json.loads(path.read_text()))
+            except ValueError as e:
+                raise SystemExit(f"{path}: {e}") from None
             said = was.get("name", "")
             if said and _is_conv(was) != (args.method == "conv"):
                 raise SystemExit(f"{path}: its rows are of another method ({said!r}); give "
@@ -985,14 +988,9 @@ def main() -> None:
             if _is_conv(was) and was.get("seed", 0) != args.seed:
                 raise SystemExit(f"{path}: its rows are of seed {was.get('seed', 0)}; give "
                                  f"--seed {args.seed} a results file of its own (--results)")
-            if _is_conv(was):
-                try:
-                    was_steps = rule_of(json.loads(path.read_text())).get("steps", steps)
-                except ValueError as e:
-                    raise SystemExit(f"{path}: {e}") from None
-                if was_steps != steps:
-                    raise SystemExit(f"{path}: its rows were fitted at {was_steps} steps; give "
-                                     f"--steps {steps} a results file of its own (--results)")
+            if _is_conv(was) and was.get("steps", steps) != steps:
+                raise SystemExit(f"{path}: its rows were fitted at {was['steps']} steps; give "
+                                 f"--steps {steps} a results file of its own (--results)")
         reuse = (json.loads(Path(args.reuse_minirocket).read_text())
                  if args.reuse_minirocket else None)
         print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "

@@ -372,42 +372,56 @@ def on_codes(proba: np.ndarray, seen: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
+def _estimator_heads(row: dict, key: str, X: np.ndarray, y: np.ndarray, tr: np.ndarray,
+                     va: np.ndarray, n_classes: int, **params) -> tuple[np.ndarray, np.ndarray]:
+    """The validation (net, ridge) probabilities, on the dataset's class codes, of a
+    ``ConvAttentionClassifier(n_threads=1, **params)`` fitted on the inner train; its fit
+    time goes to ``row[key]``."""
+    from linattn.tsc.conv_classifier import ConvAttentionClassifier
+
+    est = _timed(row, key, ConvAttentionClassifier(n_threads=1, **params).fit, X[tr], y[tr])
+    net, ridge = est.head_probas(X[va])
+    return on_codes(net, est.classes_, n_classes), on_codes(ridge, est.classes_, n_classes)
+
+
+def _scored(probas: dict, y_va: np.ndarray) -> dict:
+    """Validation accuracy of the argmax of each named probability array."""
+    return {k: float((v.argmax(1) == y_va).mean()) for k, v in probas.items()}
+
+
 def study_6(name: str, heads_dir: Path | None = None) -> dict:
     """The sixth round (module docstring): whole estimators at their defaults, seeds 0 and 1,
     and their ensembles."""
-    from linattn.tsc.conv_classifier import ConvAttentionClassifier, joined_heads
+    from linattn.tsc.conv_classifier import joined_heads
 
     X, y, classes, tr, va, row = _inner_data(name)
     heads = {}
-    for seed in (0, 1):
-        est = _timed(row, f"fit{seed}_s", ConvAttentionClassifier(
-            random_state=seed, n_threads=1, **{"steps": STEPS, **ESTIMATOR_PARAMS}).fit,
-            X[tr], y[tr])  # the defaults when the round ran: 600 steps
-        for head, p in zip(("net", "ridge"), est.head_probas(X[va]), strict=True):
-            heads[f"{head}{seed}"] = on_codes(p, est.classes_, len(classes))
+    for seed in (0, 1):  # the defaults when the round ran: 600 steps
+        heads[f"net{seed}"], heads[f"ridge{seed}"] = _estimator_heads(
+            row, f"fit{seed}_s", X, y, tr, va, len(classes),
+            **{"random_state": seed, "steps": STEPS, **ESTIMATOR_PARAMS})
     one = [joined_heads(heads[f"net{s}"], heads[f"ridge{s}"]) for s in (0, 1)]
     sums = {"one": one[0], "one@1": one[1], "ens2": (one[0] + one[1]) / 2,
             "net+ridge2": joined_heads(heads["net0"], (heads["ridge0"] + heads["ridge1"]) / 2)}
-    row["accuracy"] = {k: float((v.argmax(1) == y[va]).mean()) for k, v in sums.items()}
+    row["accuracy"] = _scored(sums, y[va])
     _keep_heads(heads_dir, name, y[va], heads)
     return row
 
 
 def study_7(name: str, heads_dir: Path | None = None) -> dict:
     """The seventh round (module docstring): the estimator and its ablation at LONG_STEPS."""
-    from linattn.tsc.conv_classifier import ConvAttentionClassifier, joined_heads
+    from linattn.tsc.conv_classifier import joined_heads
 
     X, y, classes, tr, va, row = _inner_data(name)
     heads = {}
     for label, layers in (("net_long", 2), ("pool_net_long", 0)):
-        est = _timed(row, f"{label}_s", ConvAttentionClassifier(
-            random_state=0, n_threads=1, **{**ESTIMATOR_PARAMS, "steps": LONG_STEPS,
-                                            "num_layers": layers}).fit, X[tr], y[tr])
-        net, ridge = (on_codes(p, est.classes_, len(classes)) for p in est.head_probas(X[va]))
-        heads[label], heads["ridge"] = net, ridge  # the same seed: the same ridge both times
+        # the same seed: the same ridge both times
+        heads[label], heads["ridge"] = _estimator_heads(
+            row, f"{label}_s", X, y, tr, va, len(classes),
+            **{"random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS, "num_layers": layers})
     sums = {"long": joined_heads(heads["net_long"], heads["ridge"]),
             "pool_long": joined_heads(heads["pool_net_long"], heads["ridge"]), **heads}
-    row["accuracy"] = {k: float((v.argmax(1) == y[va]).mean()) for k, v in sums.items()}
+    row["accuracy"] = _scored(sums, y[va])
     _keep_heads(heads_dir, name, y[va], heads)
     return row
 
@@ -593,14 +607,16 @@ def main(argv: list[str] | None = None) -> int:
 
             if any(Path(f).resolve() == a.results.resolve() for f in a.join):
                 raise ValueError(f"--join: --results {a.results} is one of the parts")
-            joined = {"meta": {"joined": a.join}, "datasets": load_rows(a.join, "--join")}
+            results = {"meta": {"joined": a.join}, "datasets": load_rows(a.join, "--join")}
             a.results.parent.mkdir(parents=True, exist_ok=True)
-            write_json(a.results, joined)
+            write_json(a.results, results)
             a.report = True
     except ValueError as e:
         print(f"ucr_tokens: {e}", file=sys.stderr)
         return 2
-    results = json.loads(a.results.read_text()) if a.results.exists() else {"datasets": {}}
+    if not a.join:
+        results = (json.loads(a.results.read_text()) if a.results.exists()
+                   else {"datasets": {}})
     if not a.report:
         names = (a.datasets.split(",") if a.datasets else
                  [n for n in package_datasets() if n not in HELD_OUT])
