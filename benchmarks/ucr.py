@@ -298,13 +298,16 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     """Markdown table, one row per results file of one configuration run at several seeds
     (``--seeds``): mean accuracy on the main datasets, MiniRocket's in the same file, W/T/L
     against it, mean ranks on the datasets with published results, the no-mixer ablation's
-    mean (:func:`ablation_stats`) and the mixer's W/T/L; then the mean and sample
-    standard deviation of each number column over the files, from unrounded values.
+    mean (:func:`ablation_stats`) and the mixer's W/T/L, the widest gap below MiniRocket
+    (issue 27's 0.15 target) and linattn's fit + predict minutes summed over the datasets (one
+    process's wall time, the file's threads); then the mean and sample standard deviation of
+    each number column over the files, from unrounded values.
     ValueError naming the file when the files are not one configuration (``meta.rule`` apart
     from its seed), repeat a seed, or do not hold the same datasets."""
     head = ["results", "seed", "datasets", "linattn", "MiniRocket", "W/T/L vs MiniRocket",
             "published sets", "rank linattn", "rank InceptionTime", "rank MiniRocket",
-            "rank HC2", "no mixer", "mixer W/T/L"]
+            "rank HC2", "no mixer", "mixer W/T/L", "widest gap below MiniRocket",
+            "fit + predict min"]
     numbers: list[list[float]] = []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first_rule, seeds, first_sets = None, set(), None
@@ -327,9 +330,10 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     a = np.array(numbers)
     sd = a.std(0, ddof=1) if len(a) > 1 else np.full(a.shape[1], np.nan)
     pm = [f"{_f(m, f)} ± {_f(v, f)}" for m, v, f in
-          zip(a.mean(0), sd, [".4f", ".4f", ".2f", ".2f", ".2f", ".2f", ".4f"], strict=True)]
-    lines.append("| mean ± sd | | | " + " | ".join(pm[:2]) + " | | | " + " | ".join(pm[2:])
-                 + " | |")
+          zip(a.mean(0), sd, [".4f", ".4f", ".2f", ".2f", ".2f", ".2f", ".4f", ".3f", ".1f"],
+              strict=True)]
+    lines.append("| mean ± sd | | | " + " | ".join(pm[:2]) + " | | | " + " | ".join(pm[2:7])
+                 + " | | " + " | ".join(pm[7:]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -349,12 +353,20 @@ def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[flo
     bare = abl["no_mixer"] if abl else float("nan")
     ranks = ([four["mean_rank"][m] for m in ("linattn", "InceptionTime", "MiniRocket", "HC2")]
              if four else [float("nan")] * 4)
-    row = [two["mean_accuracy"]["linattn"], two["mean_accuracy"]["MiniRocket"], *ranks, bare]
+    gap, widest = max((r["MiniRocket"] - r["linattn"], r["dataset"]) for r in main
+                      if r["dataset"] in two["datasets"])
+    # a file without a time (an ensemble's) gives NaN, not a sum of what it has
+    times = [results["datasets"][n]["linattn"].get(k) for n in two["datasets"]
+             for k in ("fit_s", "predict_s")]
+    minutes = float("nan") if None in times else sum(times) / 60
+    row = [two["mean_accuracy"]["linattn"], two["mean_accuracy"]["MiniRocket"], *ranks, bare,
+           gap, minutes]
     w, t, lo = two["wtl"]["MiniRocket"]
     cells = [label, str(seed), str(len(two["datasets"])), _f(row[0], ".4f"), _f(row[1], ".4f"),
              f"{w}/{t}/{lo}", str(len(four["datasets"]) if four else 0),
              *(_f(v, ".2f") for v in ranks), _f(bare, ".4f"),
-             "/".join(map(str, abl["wtl"])) if abl else "—"]
+             "/".join(map(str, abl["wtl"])) if abl else "—", f"{_f(gap)} ({widest})",
+             _f(minutes, ".1f")]
     return rule, seed, sorted(two["datasets"]), row, cells
 
 def sizes_and_gaps(rows: Sequence[dict], small: int = 64, widest: int = 3) -> str | None:
