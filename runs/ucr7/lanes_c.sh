@@ -18,8 +18,15 @@ p = Path("runs/ucr7/seed2.json")
 if p.exists():
     done = set(json.loads(p.read_text())["datasets"])
 left = [n for n in package_datasets() if n != "FordB" and n not in done]
-h = (len(left) + 1) // 2
-print(",".join(left[:h]), ",".join(left[h:]))
+# balanced by seed 1's fit + predict times (a split by count put 33 min on one core, 16 on the other)
+s1 = json.loads(Path("runs/ucr7/seed1.json").read_text())["datasets"]
+cost = {n: s1[n]["linattn"]["fit_s"] + s1[n]["linattn"]["predict_s"] for n in left}
+halves, sums = ([], []), [0.0, 0.0]
+for n in sorted(left, key=lambda n: -cost[n]):
+    i = int(sums[0] > sums[1])
+    halves[i].append(n)
+    sums[i] += cost[n]
+print(",".join(halves[0]), ",".join(halves[1]))
 PY
 )
 echo "split $(date -u): [$first] [$second]" >> runs/ucr7/done.log
