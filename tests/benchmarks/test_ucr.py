@@ -269,13 +269,19 @@ def test_merge_from_the_command_line(ucr, tmp_path, monkeypatch):
     (tmp_path / "a.json").write_text(json.dumps({"meta": meta, "datasets": {"A": row(.9, .8)}}))
     (tmp_path / "b.json").write_text(json.dumps({"meta": meta, "datasets": {"B": row(.5, .7)}}))
     out = tmp_path / "all" / "results.json"
-    monkeypatch.setattr(ucr, "scatter_plot", lambda *a, **k: None)
+    drawn = []
+    monkeypatch.setattr(ucr, "scatter_plot", lambda _, to, *a, **k: drawn.append(to))
     monkeypatch.setattr(ucr, "cd_plot", lambda *a, **k: False)
     monkeypatch.setattr(sys, "argv", ["ucr.py", "--merge", str(tmp_path / "a.json"),
                                       str(tmp_path / "b.json"), "--results", str(out),
                                       "--plots", str(tmp_path)])
     ucr.main()
     assert sorted(json.loads(out.read_text())["datasets"]) == ["A", "B"]
+    assert drawn == [tmp_path / "ucr_scatter.png"]
+    # without --plots, beside the results (never the tracked docs/img unless named)
+    monkeypatch.setattr(sys, "argv", ["ucr.py", "--report", "--results", str(out)])
+    ucr.main()
+    assert drawn[1] == out.parent / "ucr_scatter.png"
     monkeypatch.setattr(sys, "argv", ["ucr.py", "--merge", str(tmp_path / "a.json"),
                                       str(tmp_path / "a.json"), "--results", str(out)])
     with pytest.raises(SystemExit, match="--merge: .*a.json: A is in an earlier file too"):
