@@ -2,7 +2,9 @@
 # once seed 0 (lanes.sh) is done, split what is left of seed 2 over both cores: stop
 # lanes_b.sh's seed-2 run (the dataset in progress is refitted), resume seed2.json on the
 # first half of the remaining datasets and write the second half to seed2_part2.json; join the
-# two afterwards with `ucr.py --merge runs/ucr7/seed2.json runs/ucr7/seed2_part2.json --results ...`
+# two afterwards. As run: the 41-dataset file was then renamed seed2_part1.json and the join is
+#   ucr.py --merge runs/ucr7/seed2_part1.json runs/ucr7/seed2_part2.json \
+#       --results runs/ucr7/seed2.json --plots /tmp/plots7_2
 cd "$(dirname "$0")/../.." || exit 1
 until grep -q "seed 0 done" runs/ucr7/done.log 2>/dev/null; do sleep 30; done
 until grep -q "seed 1 done" runs/ucr7/done.log 2>/dev/null; do sleep 30; done
