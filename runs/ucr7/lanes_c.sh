@@ -1,8 +1,10 @@
 #!/bin/bash
-# once seed 0 (lanes.sh) is done, split what is left of seed 2 over both cores: stop
+# once seeds 0 (lanes.sh) and 1 (lanes_b.sh) are done, split what is left of seed 2 over both cores: stop
 # lanes_b.sh's seed-2 run (the dataset in progress is refitted), resume seed2.json on the
 # first half of the remaining datasets and write the second half to seed2_part2.json; join the
-# two afterwards. As run: the 41-dataset file was then renamed seed2_part1.json and the join is
+# two afterwards. As run (twice: the first split, by count, was stopped after 2 minutes and this
+# one, by time, rerun; done.log has both): the 41-dataset file was then renamed
+# seed2_part1.json and the join is
 #   ucr.py --merge runs/ucr7/seed2_part1.json runs/ucr7/seed2_part2.json \
 #       --results runs/ucr7/seed2.json --plots /tmp/plots7_2
 cd "$(dirname "$0")/../.." || exit 1
@@ -37,7 +39,7 @@ run() {  # $1 datasets, $2 results file, $3 plots folder
     --datasets "$1" --results "$2" --keep-proba runs/ucr7/proba2 \
     --reuse-minirocket runs/ucr5/seed1.json --plots "$3" >> runs/ucr7/seed2.log 2>&1
 }
-run "$first" runs/ucr7/seed2.json /tmp/plots7_2a &
+[ -n "$first" ] && run "$first" runs/ucr7/seed2.json /tmp/plots7_2a &
 [ -n "$second" ] && run "$second" runs/ucr7/seed2_part2.json /tmp/plots7_2b &
 wait
 echo "seed 2 halves done $(date -u)" >> runs/ucr7/done.log
