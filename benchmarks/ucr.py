@@ -300,8 +300,9 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     (``--seeds``): mean accuracy on the main datasets, MiniRocket's in the same file, W/T/L
     against it, mean ranks on the datasets with published results, the no-mixer ablation's
     mean (:func:`ablation_stats`) and the mixer's W/T/L, the widest gap below MiniRocket
-    (issue 27's 0.15 target) and linattn's fit + predict minutes summed over the datasets (one
-    process's wall time, the file's threads); then the mean and sample standard deviation of
+    (issue 27's 0.15 target; negative when linattn is ahead on every dataset) and linattn's
+    fit + predict minutes summed over the datasets (one process's wall time, the file's
+    threads); then the mean and sample standard deviation of
     each number column over the files, from unrounded values.
     ValueError naming the file when the files are not one configuration (``meta.rule`` apart
     from its seed), repeat a seed, or do not hold the same datasets."""
