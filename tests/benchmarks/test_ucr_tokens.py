@@ -54,12 +54,14 @@ class _Unread:
         raise AssertionError("the TEST split was read")
 
 
-@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
     variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4,
-                5: bench.VARIANTS_5, 6: bench.VARIANTS_6}[rnd]
+                5: bench.VARIANTS_5, 6: bench.VARIANTS_6, 7: bench.VARIANTS_7,
+                8: bench.VARIANTS_8}[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
-    res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2}}}
+    res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2,
+                              "weight": 0.25}}}
     text = bench.summary(res)
     assert all(f"| {v} | 0.5000 |" in text for v in variants)
     assert "fit time, all variants: 2 s" in text
@@ -128,6 +130,58 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     for study in ("study", "study_2", "study_3", "study_4", "study_5", "study_6", "study_7"):
         monkeypatch.setattr(bench, study, lambda *a: pytest.fail("refitted"))
     assert bench.main(args) == 0
+
+
+def test_chosen_weight_prefers_the_best_join_then_the_weight_nearest_a_half(bench):
+    y = np.array([0, 0, 1])
+    net = np.array([[0.8, 0.2], [0.8, 0.2], [0.3, 0.7]])  # right on all three
+    # a ridge wrong on the first two: joins at 0.75 and 1 are right on all, 0.5 is not
+    assert bench.chosen_weight(net, np.array([[0.0, 1.0]] * 3), y) == 0.75
+    # a ridge that agrees with the net: every join but the ridge alone is right; 1/2 wins
+    assert bench.chosen_weight(net, np.array([[0.6, 0.4], [0.6, 0.4], [0.6, 0.4]]), y) == 0.5
+    # a sure net, wrong on all, against a hesitant ridge: only the ridge alone is right
+    hesitant = np.array([[0.6, 0.4], [0.6, 0.4], [0.4, 0.6]])
+    assert bench.chosen_weight(np.array([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]]), hesitant, y) == 0.0
+
+
+def test_round_8_joins_round_7s_heads_at_the_weight_its_inner_train_chose(
+        bench, tmp_path, monkeypatch):
+    import linattn.datasets as ds
+
+    g = np.random.default_rng(0)
+    X = np.concatenate([np.sin(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30)),
+                        np.cos(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30))])
+    y = np.array(["a"] * 12 + ["b"] * 12)
+    monkeypatch.setattr(ds, "load_ucr", lambda name, download=False: (X.astype(np.float32), y,
+                                                                      _Unread(), _Unread()))
+    monkeypatch.setattr(bench, "LONG_STEPS", 5)
+    monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
+                                                    "competing_groups": 4})
+    r7, r8 = tmp_path / "r7.json", tmp_path / "r8.json"
+    monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "none")
+    with pytest.raises(SystemExit, match="no round-7 heads"):
+        bench.main(["--datasets", "Made", "--results", str(r8), "--round", "8"])
+    assert bench.main(["--datasets", "Made", "--results", str(r7), "--round", "7"]) == 0
+    monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "r7_heads")
+    assert bench.main(["--datasets", "Made", "--results", str(r8), "--round", "8"]) == 0
+    row = json.loads(r8.read_text())["datasets"]["Made"]
+    assert set(row["accuracy"]) == set(bench.VARIANTS_8) and row["sub_s"] > 0
+    kept, heads = np.load(tmp_path / "r7_heads" / "Made.npz"), np.load(tmp_path / "r8_heads" /
+                                                                      "Made.npz")
+    # the weight comes from the fit on 70 % of the inner train (16 series: 5 held), and it
+    # joins round 7's heads of the whole inner train; at 1/2 that is round 7's own "long"
+    assert heads["sub_y"].shape == (5,) and heads["sub_net"].shape == (5, 2)
+    w = row["weight"]
+    assert w == bench.chosen_weight(heads["sub_net"], heads["sub_ridge"], heads["sub_y"])
+    joined = w * kept["net_long"] + (1 - w) * kept["ridge"]
+    assert row["accuracy"]["chosen"] == float((joined.argmax(1) == kept["y"]).mean())
+    r7_row = json.loads(r7.read_text())["datasets"]["Made"]
+    assert row["accuracy"]["long"] == r7_row["accuracy"]["long"]
+    assert "the net's chosen weight: " in bench.summary(json.loads(r8.read_text()))
+    np.savez(tmp_path / "r7_heads" / "Made.npz", **{**kept, "y": kept["y"][::-1]})
+    with pytest.raises(SystemExit, match="not this dataset's inner validation"):
+        bench.main(["--datasets", "Made", "--results", str(tmp_path / "r8b.json"),
+                    "--round", "8"])
 
 
 def test_on_codes_puts_each_column_on_its_class_code(bench):
