@@ -310,6 +310,10 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
             "published sets", "rank linattn", "rank InceptionTime", "rank MiniRocket",
             "rank HC2", "no mixer", "mixer W/T/L", "widest gap below MiniRocket",
             "fit + predict min"]
+    # the columns of _seed_row's numbers, in their order, and the format of their mean ± sd
+    means = {"linattn": ".4f", "MiniRocket": ".4f", "rank linattn": ".2f",
+             "rank InceptionTime": ".2f", "rank MiniRocket": ".2f", "rank HC2": ".2f",
+             "no mixer": ".4f", "widest gap below MiniRocket": ".3f", "fit + predict min": ".1f"}
     numbers: list[list[float]] = []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first_rule, seeds, first_sets = None, set(), None
@@ -331,11 +335,9 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     a = np.array(numbers)
     sd = a.std(0, ddof=1) if len(a) > 1 else np.full(a.shape[1], np.nan)
-    pm = [f"{_f(m, f)} ± {_f(v, f)}" for m, v, f in
-          zip(a.mean(0), sd, [".4f", ".4f", ".2f", ".2f", ".2f", ".2f", ".4f", ".3f", ".1f"],
-              strict=True)]
-    lines.append("| mean ± sd | | | " + " | ".join(pm[:2]) + " | | | " + " | ".join(pm[2:7])
-                 + " | | " + " | ".join(pm[7:]) + " |")
+    pm = {c: f"{_f(m, f)} ± {_f(v, f)}"
+          for (c, f), m, v in zip(means.items(), a.mean(0), sd, strict=True)}
+    lines.append("| mean ± sd |" + "".join(f" {pm[c]} |" if c in pm else " |" for c in head[1:]))
     return "\n".join(lines) + "\n"
 
 

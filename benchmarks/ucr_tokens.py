@@ -443,11 +443,16 @@ def study_7(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
+def weighted_join(net: np.ndarray, ridge: np.ndarray, w: float) -> np.ndarray:
+    """``w·net + (1 − w)·ridge``: at 1/2 the estimator's own join (``joined_heads``)."""
+    return w * net + (1 - w) * ridge
+
+
 def chosen_weight(net: np.ndarray, ridge: np.ndarray, y: np.ndarray) -> float:
-    """The weight ``w`` of :data:`JOIN_WEIGHTS` whose join ``w·net + (1 − w)·ridge`` is most
-    often right on ``y``; a tie goes to the weight nearest 1/2 (the estimator's fixed join),
-    then to the smaller (the ridge, the steadier head)."""
-    scores = [float(((w * net + (1 - w) * ridge).argmax(1) == y).mean()) for w in JOIN_WEIGHTS]
+    """The weight ``w`` of :data:`JOIN_WEIGHTS` whose :func:`weighted_join` is most often
+    right on ``y``; a tie goes to the weight nearest 1/2 (the estimator's fixed join), then to
+    the smaller (the ridge, the steadier head)."""
+    scores = [float((weighted_join(net, ridge, w).argmax(1) == y).mean()) for w in JOIN_WEIGHTS]
     return min((abs(w - 0.5), w) for w, sc in zip(JOIN_WEIGHTS, scores, strict=True)
                if sc == max(scores))[1]
 
@@ -474,7 +479,7 @@ def study_8(name: str, heads_dir: Path | None = None) -> dict:
     w = chosen_weight(heads["sub_net"], heads["sub_ridge"], heads["sub_y"])
     row["weight"] = w
     sums = {"long": joined_heads(heads["net_long"], heads["ridge"]),
-            "chosen": w * heads["net_long"] + (1 - w) * heads["ridge"],
+            "chosen": weighted_join(heads["net_long"], heads["ridge"], w),
             "net_long": heads["net_long"], "ridge": heads["ridge"]}
     row["accuracy"] = _scored(sums, y[va])
     _keep_heads(heads_dir, name, y[va], heads)
@@ -544,7 +549,7 @@ def summary(results: dict) -> str:
     if not rows:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
-    rnd = (8 if "chosen" in first and "long" in first else 7 if "pool_long" in first
+    rnd = (8 if "chosen" in first else 7 if "pool_long" in first
            else 6 if "ens2" in first else 5 if "ridgeSel" in first
            else 4 if "ridgeH" in first else 3 if "attnG" in first
            else 2 if "ridge10k" in first else 1)

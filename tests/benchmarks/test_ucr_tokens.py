@@ -54,6 +54,25 @@ class _Unread:
         raise AssertionError("the TEST split was read")
 
 
+@pytest.fixture
+def made_up(bench, monkeypatch):
+    """"Made": 12 noisy sines against 12 noisy cosines of 30 points, its TEST unreadable, and
+    every round's fits shrunk to a few steps and small feature counts."""
+    import linattn.datasets as ds
+
+    g = np.random.default_rng(0)
+    X = np.concatenate([np.sin(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30)),
+                        np.cos(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30))])
+    y = np.array(["a"] * 12 + ["b"] * 12)
+    monkeypatch.setattr(ds, "load_ucr", lambda name, download=False: (X.astype(np.float32), y,
+                                                                      _Unread(), _Unread()))
+    monkeypatch.setattr(bench, "STEPS", 5)
+    monkeypatch.setattr(bench, "RIDGE_FEATURES", 1000)
+    monkeypatch.setattr(bench, "LONG_STEPS", 5)
+    monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
+                                                    "competing_groups": 4})
+
+
 @pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
     variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4,
@@ -82,21 +101,9 @@ def test_series_features_are_the_values_and_their_differences(bench):
 
 
 @pytest.mark.parametrize("rnd", [1, 2, 3, 4, 5, 6, 7])
-def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch, rnd):
-    import linattn.datasets as ds
-
-    g = np.random.default_rng(0)
-    X = np.concatenate([np.sin(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30)),
-                        np.cos(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30))])
-    y = np.array(["a"] * 12 + ["b"] * 12)
-    monkeypatch.setattr(ds, "load_ucr", lambda name, download=False: (X.astype(np.float32), y,
-                                                                      _Unread(), _Unread()))
+def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch, made_up,
+                                                   rnd):
     out = tmp_path / "r.json"
-    monkeypatch.setattr(bench, "STEPS", 5)
-    monkeypatch.setattr(bench, "RIDGE_FEATURES", 1000)
-    monkeypatch.setattr(bench, "LONG_STEPS", 5)
-    monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
-                                                    "competing_groups": 4})
     args = ["--datasets", "Made", "--results", str(out), "--round", str(rnd)]
     assert bench.main(args) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
@@ -145,18 +152,7 @@ def test_chosen_weight_prefers_the_best_join_then_the_weight_nearest_a_half(benc
 
 
 def test_round_8_joins_round_7s_heads_at_the_weight_its_inner_train_chose(
-        bench, tmp_path, monkeypatch):
-    import linattn.datasets as ds
-
-    g = np.random.default_rng(0)
-    X = np.concatenate([np.sin(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30)),
-                        np.cos(np.linspace(0, 8, 30))[None] + 0.1 * g.standard_normal((12, 30))])
-    y = np.array(["a"] * 12 + ["b"] * 12)
-    monkeypatch.setattr(ds, "load_ucr", lambda name, download=False: (X.astype(np.float32), y,
-                                                                      _Unread(), _Unread()))
-    monkeypatch.setattr(bench, "LONG_STEPS", 5)
-    monkeypatch.setattr(bench, "ESTIMATOR_PARAMS", {"steps": 5, "global_features": 1000,
-                                                    "competing_groups": 4})
+        bench, tmp_path, monkeypatch, made_up):
     r7, r8 = tmp_path / "r7.json", tmp_path / "r8.json"
     monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "none")
     with pytest.raises(SystemExit, match="no round-7 heads"):
