@@ -138,6 +138,10 @@ VARIANTS_7 = ("long", "pool_long", "net_long", "pool_net_long", "ridge")
 #: The eighth round's weights of the net in the joined head, and its variants.
 JOIN_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 VARIANTS_8 = ("long", "chosen", "net_long", "ridge")
+#: The ninth round's variants: a learned-convolution net (and its ablation) beside round 7's.
+VARIANTS_9 = ("long", "long+stem", "long+pool_stem", "stem", "pool_stem", "net_long", "ridge")
+#: Extra parameters of the ninth round's stem nets (the tests shrink them).
+STEM_PARAMS: dict = {}
 #: Round 7's kept heads: round 8 reuses its fits on the inner train instead of repeating them.
 ROUND7_HEADS = Path("runs/ucr_tokens/round7_heads")
 #: Global PPV features of the second round's ridge head (MiniRocket's count).
@@ -156,7 +160,9 @@ PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+rid
          5: (("ridgeHR", "ridgeH"), ("ridgeSel", "ridgeH"), ("ridgeR", "ridgeH")),
          6: (("ens2", "one"), ("ens2", "one@1"), ("net+ridge2", "one"), ("one@1", "one")),
          7: (("long", "pool_long"), ("long", "ridge"), ("net_long", "pool_net_long")),
-         8: (("chosen", "long"), ("chosen", "ridge"), ("chosen", "net_long"))}
+         8: (("chosen", "long"), ("chosen", "ridge"), ("chosen", "net_long")),
+         9: (("long+stem", "long"), ("long+stem", "long+pool_stem"), ("stem", "pool_stem"),
+             ("stem", "net_long"))}
 HELD_OUT = ("FordB",)
 
 
@@ -234,9 +240,9 @@ def _net_head(T_tr, y_tr, T_va, n_classes: int, layers: int, seed: int = 0,
     return token_net_proba(net, T_va, global_features=G_va)
 
 
-def _timed(row: dict, key: str, fn, *args):
+def _timed(row: dict, key: str, fn, *args, **kwargs):
     t0 = time.perf_counter()
-    out = fn(*args)
+    out = fn(*args, **kwargs)
     row[key] = round(time.perf_counter() - t0, 2)
     return out
 
@@ -457,21 +463,27 @@ def chosen_weight(net: np.ndarray, ridge: np.ndarray, y: np.ndarray) -> float:
                if sc == max(scores))[1]
 
 
+def _round7_heads(name: str, y_va: np.ndarray) -> dict:
+    """Round 7's kept validation heads of a dataset (:data:`ROUND7_HEADS`); SystemExit when
+    they are missing or were scored on another split."""
+    path = ROUND7_HEADS / f"{name}.npz"
+    if not path.exists():
+        raise SystemExit(f"ucr_tokens: {path}: no round-7 heads (run --round 7 first)")
+    kept = np.load(path)
+    if not np.array_equal(kept["y"], y_va):
+        raise SystemExit(f"ucr_tokens: {path}: not this dataset's inner validation")
+    return {"net_long": kept["net_long"], "ridge": kept["ridge"]}
+
+
 def study_8(name: str, heads_dir: Path | None = None) -> dict:
     """The eighth round (module docstring): the join's weight chosen on a split of the inner
     train; the main heads are round 7's (:data:`ROUND7_HEADS`)."""
     from linattn.tsc.conv_classifier import joined_heads
 
     X, y, classes, tr, va, row = _inner_data(name)
-    path = ROUND7_HEADS / f"{name}.npz"
-    if not path.exists():
-        raise SystemExit(f"ucr_tokens: {path}: no round-7 heads (run --round 7 first)")
-    kept = np.load(path)
-    if not np.array_equal(kept["y"], y[va]):
-        raise SystemExit(f"ucr_tokens: {path}: not this dataset's inner validation")
+    heads = _round7_heads(name, y[va])
     # what the estimator would do inside fit: a 70/30 split of its own training series
     sub_tr, sub_va = inner_split(y[tr], seed=1)
-    heads = {"net_long": kept["net_long"], "ridge": kept["ridge"]}
     heads["sub_net"], heads["sub_ridge"] = _estimator_heads(
         row, "sub_s", X[tr], y[tr], sub_tr, sub_va, len(classes),
         **{"random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS})
@@ -483,6 +495,25 @@ def study_8(name: str, heads_dir: Path | None = None) -> dict:
             "net_long": heads["net_long"], "ridge": heads["ridge"]}
     row["accuracy"] = _scored(sums, y[va])
     _keep_heads(heads_dir, name, y[va], heads)
+    return row
+
+
+def study_9(name: str, heads_dir: Path | None = None) -> dict:
+    """The ninth round (module docstring): a :class:`~linattn.tsc.stem.StemNet` and its
+    ablation on the inner train, each joined to round 7's estimator (:data:`ROUND7_HEADS`)."""
+    from linattn.tsc.conv_classifier import joined_heads, stem_net_proba, train_stem_net
+
+    X, y, classes, tr, va, row = _inner_data(name)
+    heads = _round7_heads(name, y[va])
+    for label, layers in (("stem", 2), ("pool_stem", 0)):
+        net = _timed(row, f"{label}_s", train_stem_net, X[tr], y[tr], len(classes),
+                     num_layers=layers, steps=LONG_STEPS, seed=0, **STEM_PARAMS)
+        heads[label] = stem_net_proba(net, X[va])
+    long = joined_heads(heads["net_long"], heads["ridge"])
+    sums = {"long": long, "long+stem": (long + heads["stem"]) / 2,
+            "long+pool_stem": (long + heads["pool_stem"]) / 2, **heads}
+    row["accuracy"] = _scored(sums, y[va])
+    _keep_heads(heads_dir, name, y[va], {k: heads[k] for k in ("stem", "pool_stem")})
     return row
 
 
@@ -549,12 +580,12 @@ def summary(results: dict) -> str:
     if not rows:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
-    rnd = (8 if "chosen" in first else 7 if "pool_long" in first
+    rnd = (9 if "long+stem" in first else 8 if "chosen" in first else 7 if "pool_long" in first
            else 6 if "ens2" in first else 5 if "ridgeSel" in first
            else 4 if "ridgeH" in first else 3 if "attnG" in first
            else 2 if "ridge10k" in first else 1)
     variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5,
-                6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8}[rnd]
+                6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9}[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
              "| variant | mean | median |", "|---|--:|--:|"]
@@ -640,8 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, help="results file (default "
                    "runs/ucr_tokens/results.json, or roundN.json with --round N)")
-    p.add_argument("--round", type=int, choices=range(1, 9), default=1, metavar="N",
-                   help="which study, 1 to 8")
+    p.add_argument("--round", type=int, choices=range(1, 10), default=1, metavar="N",
+                   help="which study, 1 to 9")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
@@ -698,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
                 {2: study_2, 3: study_3, 4: study_4, 5: study_5, 6: study_6,
-                 7: study_7, 8: study_8}[a.round](
+                 7: study_7, 8: study_8, 9: study_9}[a.round](
                     name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)

@@ -65,9 +65,11 @@ from linattn.tsc.estimator import (
     open_saved_model,
     seed_of,
 )
+from linattn.tsc.stem import StemNet
 
 __all__ = ["ConvAttentionClassifier", "RidgeHead", "train_token_net", "token_net_proba",
-           "ridge_proba", "joined_heads", "CONV_FORMAT"]
+           "train_stem_net", "stem_net_proba", "fit_net", "net_proba", "ridge_proba",
+           "joined_heads", "CONV_FORMAT"]
 
 #: The ``format`` field of a saved ConvAttentionClassifier's config.json.
 CONV_FORMAT = "linattn.tsc.ConvAttentionClassifier/1"
@@ -116,32 +118,24 @@ def fit_scaling(features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return (features - mean) / scale, mean, scale
 
 
-def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_layers: int = 2,
-                    d_model: int = 64, num_heads: int = 4, dropout: float = 0.1,
-                    steps: int = NET_STEPS, batch_size: int = 32, lr: float = 2e-3,
-                    weight_decay: float = 0.05, seed: int = 0,
-                    global_features: np.ndarray | None = None) -> TokenNet:
-    """A :class:`TokenNet` fitted on tokens (n, S, F) float32 (and, when given, global
-    features (n, G) float32 for a global token) and labels 0..n_classes−1:
-    ``ceil(steps / batches per epoch)`` epochs of shuffled batches, AdamW, one-cycle lr, label
-    smoothing 0.1; returned in eval mode."""
-    torch.manual_seed(seed)
-    x, t = torch.from_numpy(tokens), torch.from_numpy(np.asarray(y, dtype=np.int64))
-    g = None if global_features is None else torch.from_numpy(global_features)
-    net = TokenNet(x.shape[2], x.shape[1], n_classes, d_model=d_model, num_layers=num_layers,
-                   num_heads=num_heads, dropout=dropout,
-                   global_features=0 if g is None else g.shape[1])
+def fit_net(net: torch.nn.Module, inputs: list[torch.Tensor | None], y: np.ndarray, *,
+            steps: int, batch_size: int, lr: float, weight_decay: float) -> torch.nn.Module:
+    """Train ``net`` (called as ``net(*batch of each input)``, a None input passed as None)
+    on labels 0..n_classes−1: ``ceil(steps / batches per epoch)`` epochs of shuffled batches,
+    AdamW, one-cycle lr, label smoothing 0.1; returned in eval mode. The caller seeds torch
+    before building the net, so that one seed fixes both the weights and the batches."""
+    t = torch.from_numpy(np.asarray(y, dtype=np.int64))
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
-    batch = min(batch_size, len(x))
-    per_epoch = math.ceil(len(x) / batch)
+    batch = min(batch_size, len(t))
+    per_epoch = math.ceil(len(t) / batch)
     epochs = max(1, math.ceil(steps / per_epoch))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * per_epoch)
     net.train()
     for _ in range(epochs):
-        order = torch.randperm(len(x))
-        for i in range(0, len(x), batch):
+        order = torch.randperm(len(t))
+        for i in range(0, len(t), batch):
             b = order[i:i + batch]
-            logits = net(x[b], None if g is None else g[b])
+            logits = net(*(None if x is None else x[b] for x in inputs))
             loss = F.cross_entropy(logits, t[b], label_smoothing=0.1)
             opt.zero_grad()
             loss.backward()
@@ -150,15 +144,58 @@ def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_la
     return net.eval()
 
 
+def net_proba(net: torch.nn.Module, inputs: list[torch.Tensor | None],
+              batch: int = 512) -> np.ndarray:
+    """Class probabilities (n, n_classes) of a trained net over its inputs, ``batch`` rows at
+    a time (a None input passed as None)."""
+    n = len(next(x for x in inputs if x is not None))
+    with torch.no_grad():
+        return torch.cat([net(*(None if x is None else x[i:i + batch] for x in inputs))
+                          .softmax(1) for i in range(0, n, batch)]).numpy()
+
+
+def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_layers: int = 2,
+                    d_model: int = 64, num_heads: int = 4, dropout: float = 0.1,
+                    steps: int = NET_STEPS, batch_size: int = 32, lr: float = 2e-3,
+                    weight_decay: float = 0.05, seed: int = 0,
+                    global_features: np.ndarray | None = None) -> TokenNet:
+    """A :class:`TokenNet` fitted on tokens (n, S, F) float32 (and, when given, global
+    features (n, G) float32 for a global token) and labels 0..n_classes−1 by
+    :func:`fit_net`."""
+    torch.manual_seed(seed)
+    x = torch.from_numpy(tokens)
+    g = None if global_features is None else torch.from_numpy(global_features)
+    net = TokenNet(x.shape[2], x.shape[1], n_classes, d_model=d_model, num_layers=num_layers,
+                   num_heads=num_heads, dropout=dropout,
+                   global_features=0 if g is None else g.shape[1])
+    return fit_net(net, [x, g], y, steps=steps, batch_size=batch_size, lr=lr,
+                   weight_decay=weight_decay)
+
+
 def token_net_proba(net: TokenNet, tokens: np.ndarray, batch: int = 512,
                     global_features: np.ndarray | None = None) -> np.ndarray:
     """Class probabilities (n, n_classes) of tokens (n, S, F) (and global features (n, G) for
     a net with a global token)."""
-    with torch.no_grad():
-        x = torch.from_numpy(tokens)
-        g = None if global_features is None else torch.from_numpy(global_features)
-        return torch.cat([net(x[i:i + batch], None if g is None else g[i:i + batch]).softmax(1)
-                          for i in range(0, len(x), batch)]).numpy()
+    g = None if global_features is None else torch.from_numpy(global_features)
+    return net_proba(net, [torch.from_numpy(tokens), g], batch)
+
+
+def train_stem_net(X: np.ndarray, y: np.ndarray, n_classes: int, *, num_layers: int = 2,
+                   d_model: int = 64, num_heads: int = 4, dropout: float = 0.1,
+                   steps: int = NET_STEPS, batch_size: int = 32, lr: float = 2e-3,
+                   weight_decay: float = 0.05, seed: int = 0) -> StemNet:
+    """A :class:`~linattn.tsc.stem.StemNet` fitted on series X (n, L) float32 and labels
+    0..n_classes−1 by :func:`fit_net` (the token nets' training)."""
+    torch.manual_seed(seed)
+    net = StemNet(X.shape[1], n_classes, d_model=d_model, num_layers=num_layers,
+                  num_heads=num_heads, dropout=dropout)
+    return fit_net(net, [torch.from_numpy(X)], y, steps=steps, batch_size=batch_size, lr=lr,
+                   weight_decay=weight_decay)
+
+
+def stem_net_proba(net: StemNet, X: np.ndarray, batch: int = 512) -> np.ndarray:
+    """Class probabilities (n, n_classes) of series X (n, L) float32."""
+    return net_proba(net, [torch.from_numpy(X)], batch)
 
 
 def ridge_proba(decision: np.ndarray, present: np.ndarray | None = None,
