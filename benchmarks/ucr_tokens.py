@@ -403,8 +403,9 @@ def _estimator_heads(row: dict, key: str, X: np.ndarray, y: np.ndarray, tr: np.n
     from linattn.tsc.conv_classifier import ConvAttentionClassifier
 
     est = _timed(row, key, ConvAttentionClassifier(n_threads=1, **params).fit, X[tr], y[tr])
-    net, ridge = est.head_probas(X[va])
-    return on_codes(net, est.classes_, n_classes), on_codes(ridge, est.classes_, n_classes)
+    heads = est.head_probas(X[va])
+    return (on_codes(heads.nets, est.classes_, n_classes),
+            on_codes(heads.ridge, est.classes_, n_classes))
 
 
 def _scored(probas: dict, y_va: np.ndarray) -> dict:
@@ -509,9 +510,9 @@ def study_9(name: str, heads_dir: Path | None = None) -> dict:
         net = _timed(row, f"{label}_s", train_stem_net, X[tr], y[tr], len(classes),
                      num_layers=layers, steps=LONG_STEPS, seed=0, **STEM_PARAMS)
         heads[label] = stem_net_proba(net, X[va])
-    long = joined_heads(heads["net_long"], heads["ridge"])
-    sums = {"long": long, "long+stem": (long + heads["stem"]) / 2,
-            "long+pool_stem": (long + heads["pool_stem"]) / 2, **heads}
+    sums = {"long": joined_heads(heads["net_long"], heads["ridge"]),
+            **{f"long+{k}": joined_heads(heads["net_long"], heads["ridge"], heads[k])
+               for k in ("stem", "pool_stem")}, **heads}
     row["accuracy"] = _scored(sums, y[va])
     _keep_heads(heads_dir, name, y[va], {k: heads[k] for k in ("stem", "pool_stem")})
     return row

@@ -73,11 +73,11 @@ def made_up(bench, monkeypatch):
                                                     "competing_groups": 4})
 
 
-@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8, 9])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
     variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4,
                 5: bench.VARIANTS_5, 6: bench.VARIANTS_6, 7: bench.VARIANTS_7,
-                8: bench.VARIANTS_8}[rnd]
+                8: bench.VARIANTS_8, 9: bench.VARIANTS_9}[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
     res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2,
                               "weight": 0.25}}}
@@ -178,6 +178,32 @@ def test_round_8_joins_round_7s_heads_at_the_weight_its_inner_train_chose(
     with pytest.raises(SystemExit, match="not this dataset's inner validation"):
         bench.main(["--datasets", "Made", "--results", str(tmp_path / "r8b.json"),
                     "--round", "8"])
+
+
+def test_round_9_fits_a_stem_net_and_its_ablation_beside_round_7s_heads(
+        bench, tmp_path, monkeypatch, made_up):
+    from linattn.tsc.conv_classifier import joined_heads
+
+    r7, r9 = tmp_path / "r7.json", tmp_path / "r9.json"
+    monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "none")
+    with pytest.raises(SystemExit, match="no round-7 heads"):
+        bench.main(["--datasets", "Made", "--results", str(r9), "--round", "9"])
+    assert bench.main(["--datasets", "Made", "--results", str(r7), "--round", "7"]) == 0
+    monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "r7_heads")
+    assert bench.main(["--datasets", "Made", "--results", str(r9), "--round", "9"]) == 0
+    row = json.loads(r9.read_text())["datasets"]["Made"]
+    assert set(row["accuracy"]) == set(bench.VARIANTS_9)
+    assert row["stem_s"] > 0 and row["pool_stem_s"] > 0
+    kept, heads = (np.load(tmp_path / f"{r}_heads" / "Made.npz") for r in ("r7", "r9"))
+    assert set(heads) == {"y", "stem", "pool_stem"}  # the new heads only: round 7 keeps its own
+    assert not np.array_equal(heads["stem"], heads["pool_stem"])  # two different nets
+    np.testing.assert_allclose(heads["stem"].sum(1), 1, rtol=1e-5)
+    # long+stem: round 7's estimator and the stem net averaged, as the estimator would join
+    joined = joined_heads(kept["net_long"], kept["ridge"], heads["stem"])
+    assert row["accuracy"]["long+stem"] == float((joined.argmax(1) == kept["y"]).mean())
+    r7_row = json.loads(r7.read_text())["datasets"]["Made"]
+    assert row["accuracy"]["long"] == r7_row["accuracy"]["long"]
+    assert "long+stem against long: " in bench.summary(json.loads(r9.read_text()))
 
 
 def test_on_codes_puts_each_column_on_its_class_code(bench):

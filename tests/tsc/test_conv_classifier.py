@@ -72,7 +72,8 @@ def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
     np.testing.assert_allclose(no_ridge.predict_proba(X), token_net_proba(no_ridge.net_, T),
                                rtol=tol, atol=tol)
     # the heads apart: the net's and the ridge's, which predict_proba averages
-    net, ridge = full.head_probas(X)
+    net, ridge, stem = full.head_probas(X)
+    assert stem is None  # no stem net by default
     np.testing.assert_allclose(net, token_net_proba(full.net_, T), rtol=tol, atol=tol)
     np.testing.assert_allclose(ridge, ridge_proba(ref.decision_function(T.mean(1)),
                                                   ref.classes_, 2), rtol=tol, atol=tol)
@@ -324,7 +325,7 @@ def test_members_average_whole_models_at_consecutive_seeds(tmp_path):
     np.testing.assert_allclose(ens.predict_proba(X),
                                np.mean([s.predict_proba(X) for s in singles], 0),
                                rtol=tol, atol=tol)
-    net, ridge = ens.head_probas(X)
+    ridge = ens.head_probas(X).ridge
     np.testing.assert_allclose(ridge, np.mean([s.head_probas(X)[1] for s in singles], 0),
                                rtol=tol, atol=tol)
     assert not np.allclose(singles[0].predict_proba(X), singles[1].predict_proba(X))
@@ -378,3 +379,59 @@ def test_members_average_whole_models_at_consecutive_seeds(tmp_path):
         ConvAttentionClassifier.load(tmp_path / "one")
     with pytest.raises(ValueError, match="n_members must be an integer >= 1"):
         ConvAttentionClassifier(n_members=0, **FAST).fit(X, y)
+
+
+def test_a_stem_net_joins_the_heads_and_saves_with_them(tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from linattn.train_loop import CheckpointError
+    from linattn.tsc.conv_classifier import stem_net_proba, train_stem_net
+
+    X, y = _two_shapes(30)
+    clf = ConvAttentionClassifier(stem=True, **FAST).fit(X, y)
+    heads = clf.head_probas(X)
+    tol = 1e3 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(heads.stem, stem_net_proba(clf.stem_net_, X), rtol=tol, atol=tol)
+    # the token nets and the ridge averaged, then that and the stem net's averaged
+    np.testing.assert_allclose(clf.predict_proba(X), ((heads.nets + heads.ridge) / 2
+                                                      + heads.stem) / 2, rtol=tol, atol=tol)
+    # the stem net is train_stem_net at the estimator's seed and training parameters
+    ref = train_stem_net(X, (y == "late").astype(np.int64), 2, steps=FAST["steps"], seed=0)
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(clf.stem_net_.state_dict()[k], v)
+    # without it the other heads are unchanged (the stem draws no random numbers of theirs)
+    plain = ConvAttentionClassifier(**FAST).fit(X, y).head_probas(X)
+    assert plain.stem is None and clf.stem_net_ is not None
+    np.testing.assert_allclose(plain.nets, heads.nets, rtol=tol, atol=tol)
+    # the ablation removes the mixer from the stem net too
+    assert len(ConvAttentionClassifier(stem=True, num_layers=0, **FAST).fit(X, y)
+               .stem_net_.blocks) == 0
+    with pytest.raises(ValueError, match="stem must be True or False, got 1"):
+        ConvAttentionClassifier(stem=1, **FAST).fit(X, y)
+    # saved and loaded whole; a damaged stem is named in one line
+    good = clf.save(tmp_path / "m")
+    back = ConvAttentionClassifier.load(good)
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+    weights = load_file(str(good / "model.safetensors"))
+    no_stem = ConvAttentionClassifier(**FAST).fit(X, y).save(tmp_path / "plain")
+    cfg = json.loads((no_stem / "config.json").read_text())
+    del cfg["params"]["stem"]  # a file saved before the stem net existed
+    (no_stem / "config.json").write_text(json.dumps(cfg))
+    assert ConvAttentionClassifier.load(no_stem).stem is False
+    plain_weights = load_file(str(no_stem / "model.safetensors"))
+    for i, (tensors, match) in enumerate((
+            ({k: v for k, v in weights.items() if k != "stem.head.weight"},
+             "stem.head.weight: expected torch.float32 of shape .* got nothing"),
+            ({**plain_weights, "stem.head.bias": weights["stem.head.bias"]},
+             "unexpected tensor stem.head.bias"))):
+        d = tmp_path / f"d{i}"
+        d.mkdir()
+        (d / "config.json").write_text((good if i == 0 else no_stem).joinpath(
+            "config.json").read_text())
+        save_file(tensors, str(d / "model.safetensors"))
+        with pytest.raises(CheckpointError, match=match) as err:
+            ConvAttentionClassifier.load(d)
+        assert "\n" not in str(err.value)

@@ -42,6 +42,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ from linattn.tsc.stem import StemNet
 
 __all__ = ["ConvAttentionClassifier", "RidgeHead", "train_token_net", "token_net_proba",
            "train_stem_net", "stem_net_proba", "fit_net", "net_proba", "ridge_proba",
-           "joined_heads", "CONV_FORMAT"]
+           "joined_heads", "Heads", "CONV_FORMAT"]
 
 #: The ``format`` field of a saved ConvAttentionClassifier's config.json.
 CONV_FORMAT = "linattn.tsc.ConvAttentionClassifier/1"
@@ -97,10 +98,22 @@ RIDGE_TEMPERATURE = 3.0
 NET_STEPS = 1800
 
 
-def joined_heads(nets: np.ndarray, ridge: np.ndarray | None) -> np.ndarray:
-    """The estimator's probabilities from its heads' (:meth:`ConvAttentionClassifier.
-    head_probas`): their mean, the nets' alone without a ridge head."""
-    return nets if ridge is None else (nets + ridge) / 2
+class Heads(NamedTuple):
+    """Each head's class probabilities (n, n_classes) (:meth:`ConvAttentionClassifier.
+    head_probas`); None for a head the model has not."""
+
+    nets: np.ndarray
+    ridge: np.ndarray | None
+    stem: np.ndarray | None = None
+
+
+def joined_heads(nets: np.ndarray, ridge: np.ndarray | None,
+                 stem: np.ndarray | None = None) -> np.ndarray:
+    """The estimator's probabilities from its :class:`Heads`: the token nets' and the ridge's
+    mean (the nets' alone without a ridge head), then, with a stem net, the mean of that and
+    the stem's."""
+    joined = nets if ridge is None else (nets + ridge) / 2
+    return joined if stem is None else (joined + stem) / 2
 
 
 def token_scaling(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -266,7 +279,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                  lr: float = 2e-3, weight_decay: float = 0.05, ridge: bool = True,
                  global_features: int = 10000, global_token: bool = True, n_nets: int = 1,
                  ridge_temperature: float = 5.0, competing_groups: int = 64,
-                 n_members: int = 1, missing: str = "error",
+                 stem: bool = False, n_members: int = 1, missing: str = "error",
                  random_state: int = 0, n_threads: int | None = None) -> None:
         self.segments, self.features, self.quantiles = segments, features, quantiles
         self.num_layers, self.d_model, self.num_heads = num_layers, d_model, num_heads
@@ -274,7 +287,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.lr, self.weight_decay, self.ridge = lr, weight_decay, ridge
         self.global_features, self.global_token = global_features, global_token
         self.n_nets, self.ridge_temperature = n_nets, ridge_temperature
-        self.competing_groups, self.n_members = competing_groups, n_members
+        self.competing_groups, self.stem, self.n_members = competing_groups, stem, n_members
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
@@ -326,7 +339,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         seed (``random_state``, None meaning 0)."""
         for name, rule in PARAM_RULES.items():
             check_param(where, name, getattr(self, name), rule)
-        for name in ("ridge", "global_token"):
+        for name in ("ridge", "global_token", "stem"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{where}: {name} must be True or False, got "
                                  f"{getattr(self, name)!r}")
@@ -404,32 +417,39 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             steps=self.steps, batch_size=self.batch_size, lr=self.lr,
             weight_decay=self.weight_decay, seed=seed + i,
             global_features=G if self.global_token else None) for i in range(self.n_nets)]
+        self.stem_net_ = train_stem_net(
+            X, codes, len(self.classes_), num_layers=self.num_layers, d_model=self.d_model,
+            num_heads=self.num_heads, dropout=self.dropout, steps=self.steps,
+            batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
+            seed=seed) if self.stem else None
 
-    def head_probas(self, X, where: str = "ConvAttentionClassifier.head_probas"
-                    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The two heads apart: the nets' mean probabilities (n, n_classes) and the ridge
-        head's (n, n_classes; None with ``ridge=False``); ``predict_proba`` averages them."""
+    def head_probas(self, X, where: str = "ConvAttentionClassifier.head_probas") -> Heads:
+        """The heads apart (:class:`Heads`): the token nets' mean probabilities (n,
+        n_classes), the ridge head's (None with ``ridge=False``) and the stem net's (None with
+        ``stem=False``), each averaged over the members; ``predict_proba`` joins them
+        (:func:`joined_heads`)."""
         check_is_fitted(self, "nets_")
         X = self._series(X, where)
         with _ThreadLimit(self.n_threads):
             heads = [model._own_head_probas(X) for model in (self, *self.members_)]
-        nets = sum(h[0] for h in heads) / len(heads)
-        return nets, None if self.ridge_ is None else sum(h[1] for h in heads) / len(heads)
+        return Heads(*(None if h[0] is None else sum(h) / len(h)
+                       for h in zip(*heads, strict=True)))
 
-    def _own_head_probas(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def _own_head_probas(self, X: np.ndarray) -> Heads:
         """:meth:`head_probas` of this model alone (not its members), X checked."""
         T, G = self._standardised(X), self._global(X)
         net_g = G if self.global_token else None
         nets = sum(token_net_proba(net, T, global_features=net_g)
                    for net in self.nets_) / len(self.nets_)
+        stem = None if self.stem_net_ is None else stem_net_proba(self.stem_net_, X)
         if self.ridge_ is None:
-            return nets, None
+            return Heads(nets, None, stem)
         d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X)))
-        return nets, ridge_proba(d, self.ridge_.classes_, len(self.classes_),
-                                 self.ridge_temperature)
+        return Heads(nets, ridge_proba(d, self.ridge_.classes_, len(self.classes_),
+                                       self.ridge_temperature), stem)
 
     def predict_proba(self, X) -> np.ndarray:
-        """(n, n_classes): the nets' mean probabilities, averaged with the ridge head's."""
+        """(n, n_classes): the heads joined by :func:`joined_heads`."""
         return joined_heads(*self.head_probas(X, "ConvAttentionClassifier.predict_proba"))
 
     def predict(self, X) -> np.ndarray:
@@ -479,6 +499,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         for i, net in enumerate(self.nets_):
             t.update({f"nets.{i}.{k}": v.detach().contiguous()
                       for k, v in net.state_dict().items()})
+        if self.stem_net_ is not None:
+            t.update({f"stem.{k}": v.detach().contiguous()
+                      for k, v in self.stem_net_.state_dict().items()})
         return {prefix + k: v for k, v in t.items()}
 
     @classmethod
@@ -510,9 +533,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         params = cfg["params"]
         if not isinstance(params, dict):
             raise ValueError(f"{cfg_path}: params: expected an object")
-        # files saved before competing_groups (n_members) existed had no competing-kernel
-        # counts (one model): 0 (1), not today's default, is what they mean
-        params = {"competing_groups": 0, "n_members": 1, **params}
+        # files saved before competing_groups (n_members, stem) existed had no competing-kernel
+        # counts (one model, no stem net): 0 (1, False), not today's default, is what they mean
+        params = {"competing_groups": 0, "n_members": 1, "stem": False, **params}
         names = set(cls().get_params())
         for what, keys in (("unknown", set(params) - names), ("missing", names - set(params))):
             if keys:  # a missing key would silently take its default: another model
@@ -617,19 +640,13 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                            num_heads=self.num_heads, dropout=self.dropout,
                            global_features=(self.global_tokens_.n_features
                                             if self.global_token else 0))
-            want = net.state_dict()
-            for k, v in want.items():  # name the first tensor that does not fit
-                got = t.get(prefix + k)
-                if got is None or got.shape != v.shape or got.dtype != v.dtype:
-                    raise ValueError(f"{prefix + k}: expected {v.dtype} of shape "
-                                     f"{tuple(v.shape)}, got " + ("nothing" if got is None else
-                                     f"{got.dtype} of shape {tuple(got.shape)}"))
-            extra = sorted(k for k in t if k.startswith(prefix) and k[len(prefix):] not in want)
-            if extra:
-                raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these "
-                                 "params)")
-            net.load_state_dict({k: t[prefix + k] for k in want})
-            self.nets_.append(net.eval())
+            self.nets_.append(_loaded(net, t, prefix))
+        self.stem_net_ = None
+        if self.stem:
+            self.stem_net_ = _loaded(StemNet(L, n_cls, d_model=self.d_model,
+                                             num_layers=self.num_layers,
+                                             num_heads=self.num_heads, dropout=self.dropout),
+                                     t, "stem.")
         known = set(self.tokens_.state("tokens.")) | {"tokens.mean", "tokens.scale"} | {
             f"nets.{i}.{k}" for i, net in enumerate(self.nets_) for k in net.state_dict()}
         if self.global_tokens_ is not None:
@@ -640,9 +657,29 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                                                                  "competing.scale"}
         if self.ridge_ is not None:
             known |= {"ridge.coef", "ridge.intercept", "ridge.classes"}
+        if self.stem_net_ is not None:
+            known |= {f"stem.{k}" for k in self.stem_net_.state_dict()}
         extra = sorted(set(t) - known)
         if extra:
             raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these params)")
+
+
+def _loaded(net: torch.nn.Module, t: dict, prefix: str) -> torch.nn.Module:
+    """``net`` with the weights file's tensors ``prefix`` + each of its state's names, in
+    eval mode; ValueError naming the first tensor that is missing, does not fit or is not of
+    such a net."""
+    want = net.state_dict()
+    for k, v in want.items():  # name the first tensor that does not fit
+        got = t.get(prefix + k)
+        if got is None or got.shape != v.shape or got.dtype != v.dtype:
+            raise ValueError(f"{prefix + k}: expected {v.dtype} of shape {tuple(v.shape)}, got "
+                             + ("nothing" if got is None else
+                                f"{got.dtype} of shape {tuple(got.shape)}"))
+    extra = sorted(k for k in t if k.startswith(prefix) and k[len(prefix):] not in want)
+    if extra:
+        raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these params)")
+    net.load_state_dict({k: t[prefix + k] for k in want})
+    return net.eval()
 
 
 def _read_tensors(w_path: Path) -> dict:
