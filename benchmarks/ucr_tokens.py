@@ -78,7 +78,17 @@ to round 7's heads, fitted on the whole inner train (reused from ``runs/ucr_toke
 round7_heads``, which this round needs). Variants: ``long`` (round 7's, joined at 1/2),
 ``chosen``, ``net_long`` and ``ridge``; each row records its ``weight``.
 
-In rounds 2 to 8 each dataset's validation probabilities of every head are kept beside the
+``--round 9`` (``runs/ucr_tokens/round9.json``) asks whether a net that learns its kernels
+should join the estimator: on TEST it trails InceptionTime most on EthanolLevel,
+ChlorineConcentration and Computers, where learned convolutions are strong. It fits a
+:class:`~linattn.tsc.stem.StemNet` (learned convolutions over the raw series, max-pooled into 32
+tokens, two linear-attention layers) at 1,800 steps, seed 0, on the inner train (``stem``),
+and its ablation without the mixer (``pool_stem``), and joins each to round 7's heads as the
+estimator with ``stem=True`` would (``long+stem``, ``long+pool_stem``: ``((net_long + ridge) /
+2 + stem) / 2``); round 7's heads are reused from ``runs/ucr_tokens/round7_heads``. The rule
+was written before the run: ``runs/ucr9/DECISION.md``.
+
+In rounds 2 to 9 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
 without refitting.
 
@@ -101,6 +111,7 @@ after every dataset; a rerun skips the datasets already there::
         --against runs/ucr_tokens/round6.json:one                    # the seventh
     .venv/bin/python benchmarks/ucr_tokens.py --join runs/ucr_tokens/round7_A.json \
         runs/ucr_tokens/round7_B.json --results runs/ucr_tokens/round7.json  # halves joined
+    bash runs/ucr9/lanes.sh                                          # the ninth, two lanes
 """
 
 from __future__ import annotations

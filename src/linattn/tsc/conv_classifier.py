@@ -30,9 +30,15 @@ kernels, ridge and nets; member ``m`` fitted exactly as the estimator at ``rando
 average their probabilities: an ensemble over the random draws, at ``n_members`` times the
 cost.
 
+With ``stem=True`` a third head, a :class:`~linattn.tsc.stem.StemNet` (learned convolutions
+over the raw series, max-pooled into tokens that linear attention relates; trained like the
+token nets, at ``random_state``), joins them: the probabilities are then the mean of the
+nets-and-ridge mean and the stem net's (:func:`joined_heads`).
+
 ``num_layers=0`` removes the mixer (the ablation: a linear model of the pooled tokens beside
-the ridge). The defaults were chosen on inner validation splits of the UCR TRAIN sets only
-(``benchmarks/ucr_tokens.py``, docs/benchmarks.md "Convolution tokens").
+the ridge, and a stem net without attention). The defaults were chosen on inner validation
+splits of the UCR TRAIN sets only (``benchmarks/ucr_tokens.py``, docs/benchmarks.md
+"Convolution tokens").
 """
 
 from __future__ import annotations
@@ -266,9 +272,10 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     ridge then reads the tokens' mean), ``global_token`` (the nets also read them, as one more
     token); ``competing_groups`` (groups of competing kernels whose counts the ridge reads
     too; 0: none; even); ``ridge``: add the ridge head's probabilities, sharpened by
-    ``ridge_temperature``. Fitted: ``classes_``, ``tokens_``, ``nets_`` (``net_`` the first),
+    ``ridge_temperature``; ``stem``: add a :class:`~linattn.tsc.stem.StemNet` head. Fitted:
+    ``classes_``, ``tokens_``, ``nets_`` (``net_`` the first),
     ``ridge_`` (a :class:`RidgeHead`, None without), ``global_tokens_`` and ``competing_``
-    (None when unused),
+    (None when unused), ``stem_net_`` (None without),
     ``fit_time_``. ``save(dir)`` writes ``config.json`` and ``model.safetensors`` (no pickle);
     ``ConvAttentionClassifier.load(dir)`` restores the same predictions.
     """
