@@ -204,6 +204,15 @@ def test_round_9_fits_a_stem_net_and_its_ablation_beside_round_7s_heads(
     r7_row = json.loads(r7.read_text())["datasets"]["Made"]
     assert row["accuracy"]["long"] == r7_row["accuracy"]["long"]
     assert "long+stem against long: " in bench.summary(json.loads(r9.read_text()))
+    # the stem is the estimator's own with stem=True, fitted on the same inner train
+    from linattn.tsc import ConvAttentionClassifier
+
+    X, y, _, tr, va, _ = bench._inner_data("Made")
+    est = ConvAttentionClassifier(stem=True, random_state=0, n_threads=1,
+                                  **{**bench.ESTIMATOR_PARAMS, "steps": bench.LONG_STEPS})
+    tol = 1e3 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(est.fit(X[tr], y[tr]).head_probas(X[va]).stem, heads["stem"],
+                               rtol=tol, atol=tol)
 
 
 def test_on_codes_puts_each_column_on_its_class_code(bench):

@@ -406,6 +406,13 @@ def test_a_stem_net_joins_the_heads_and_saves_with_them(tmp_path):
     plain = ConvAttentionClassifier(**FAST).fit(X, y).head_probas(X)
     assert plain.stem is None and clf.stem_net_ is not None
     np.testing.assert_allclose(plain.nets, heads.nets, rtol=tol, atol=tol)
+    np.testing.assert_allclose(plain.ridge, heads.ridge, rtol=tol, atol=tol)
+    # a reversed view (negative strides) is read like any array
+    rev = ConvAttentionClassifier(stem=True, **FAST).fit(X[:, ::-1], y)
+    np.testing.assert_allclose(rev.predict_proba(X[:, ::-1]),
+                               rev.predict_proba(X[:, ::-1].copy()), rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="stem=True needs series of at least 2 samples, got 1"):
+        ConvAttentionClassifier(stem=True, **FAST).fit(X[:, :1], y)
     # the ablation removes the mixer from the stem net too
     assert len(ConvAttentionClassifier(stem=True, num_layers=0, **FAST).fit(X, y)
                .stem_net_.blocks) == 0
@@ -435,3 +442,17 @@ def test_a_stem_net_joins_the_heads_and_saves_with_them(tmp_path):
         with pytest.raises(CheckpointError, match=match) as err:
             ConvAttentionClassifier.load(d)
         assert "\n" not in str(err.value)
+
+
+def test_members_carry_their_own_stem_nets(tmp_path):
+    X, y = _two_shapes(20)
+    params = {**FAST, "stem": True, "random_state": 3}
+    ens = ConvAttentionClassifier(n_members=2, **params).fit(X, y)
+    singles = [ConvAttentionClassifier(**{**params, "random_state": s}).fit(X, y) for s in (3, 4)]
+    tol = 1e3 * np.finfo(np.float32).eps
+    stems = [s.head_probas(X).stem for s in singles]
+    assert not np.allclose(*stems)  # member 1 trains its stem at random_state + 1
+    np.testing.assert_allclose(ens.head_probas(X).stem, np.mean(stems, 0), rtol=tol, atol=tol)
+    back = ConvAttentionClassifier.load(ens.save(tmp_path / "m"))
+    assert back.members_[0].stem_net_ is not None
+    np.testing.assert_array_equal(back.predict_proba(X), ens.predict_proba(X))

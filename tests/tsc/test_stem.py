@@ -16,7 +16,11 @@ from linattn.tsc.stem import StemNet
 def test_shapes_pooling_and_tokens(length, stride, tokens):
     net = StemNet(length, 3).eval()
     assert (net.stride, net.tokens) == (stride, tokens)  # at most 512 samples, 32 tokens
+    seen = []
+    net.convs.register_forward_hook(lambda module, args, out: seen.append(out.shape))
     assert net(torch.randn(5, length)).shape == (5, 3)
+    # the convolutions see ceil(length / stride) samples (a partial last window is kept)
+    assert seen == [(5, 64, -(-length // stride))] and net.pooled_length == -(-length // stride)
     assert len(net.blocks) == 2 and len(StemNet(length, 3, num_layers=0).blocks) == 0
 
 

@@ -301,7 +301,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         X = np.asarray(X, dtype=np.float32)
         if X.ndim != 2:
             raise ValueError(f"{where}: X must have shape (n_series, length), got {X.shape}")
-        return fill_nan_padding(X, "X", self.missing).astype(np.float32, copy=False)
+        # contiguous: torch.from_numpy (the stem net's input) refuses a reversed view
+        return np.ascontiguousarray(fill_nan_padding(X, "X", self.missing), dtype=np.float32)
 
     @property
     def _uses_global(self) -> bool:
@@ -376,6 +377,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError("ConvAttentionClassifier.fit: y has one class; need at least 2")
+        if self.stem and X.shape[1] < 2:  # one sample has no spread to normalise by
+            raise ValueError("ConvAttentionClassifier.fit: stem=True needs series of at least "
+                             f"2 samples, got {X.shape[1]}")
         self.n_features_in_ = X.shape[1]
         with _ThreadLimit(self.n_threads):
             self._fit_one(X, codes, seed)
@@ -418,17 +422,14 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                 self.competing_.transform(X))
         if self.ridge:
             self.ridge_ = RidgeHead.fit(self._ridge_input(T, G, H), codes)
-        self.nets_ = [train_token_net(
-            T, codes, len(self.classes_), num_layers=self.num_layers,
-            d_model=self.d_model, num_heads=self.num_heads, dropout=self.dropout,
-            steps=self.steps, batch_size=self.batch_size, lr=self.lr,
-            weight_decay=self.weight_decay, seed=seed + i,
-            global_features=G if self.global_token else None) for i in range(self.n_nets)]
-        self.stem_net_ = train_stem_net(
-            X, codes, len(self.classes_), num_layers=self.num_layers, d_model=self.d_model,
-            num_heads=self.num_heads, dropout=self.dropout, steps=self.steps,
-            batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
-            seed=seed) if self.stem else None
+        # both kinds of net train alike: the same shape parameters and training
+        net = {k: getattr(self, k) for k in ("num_layers", "d_model", "num_heads", "dropout",
+                                             "steps", "batch_size", "lr", "weight_decay")}
+        self.nets_ = [train_token_net(T, codes, len(self.classes_), seed=seed + i,
+                                      global_features=G if self.global_token else None, **net)
+                      for i in range(self.n_nets)]
+        self.stem_net_ = (train_stem_net(X, codes, len(self.classes_), seed=seed, **net)
+                          if self.stem else None)
 
     def head_probas(self, X, where: str = "ConvAttentionClassifier.head_probas") -> Heads:
         """The heads apart (:class:`Heads`): the token nets' mean probabilities (n,
@@ -465,7 +466,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``config.json`` (parameters, classes) and ``model.safetensors`` (the fitted
-        tokens' thresholds, the scalings, the ridge head, the nets' weights) into folder
+        tokens' thresholds, the scalings, the ridge head, the nets' weights, the stem net's,
+        each member's behind ``members.M.``) into folder
         ``path`` (created); each file is written atomically."""
         from safetensors.torch import save
 

@@ -46,10 +46,11 @@ class StemNet(torch.nn.Module):
         from linattn.nn import EncoderBlock
 
         self.stride = max(1, math.ceil(length / max_length))
-        self.tokens = min(tokens, math.ceil(length / self.stride))
-        self.stem = torch.nn.Sequential(_conv_block(2, channels, 1),
-                                        _conv_block(channels, channels, 2),
-                                        _conv_block(channels, d_model, 4))
+        self.pooled_length = math.ceil(length / self.stride)  # avg_pool1d's ceil_mode
+        self.tokens = min(tokens, self.pooled_length)
+        self.convs = torch.nn.Sequential(_conv_block(2, channels, 1),
+                                         _conv_block(channels, channels, 2),
+                                         _conv_block(channels, d_model, 4))
         self.blocks = torch.nn.ModuleList(
             EncoderBlock(d_model, num_heads, 2 * d_model, head_dim=d_model // num_heads,
                          max_len=self.tokens, dropout=dropout) for _ in range(num_layers))
@@ -62,7 +63,7 @@ class StemNet(torch.nn.Module):
         z = torch.stack([z, torch.diff(z, dim=1, prepend=z[:, :1])], 1)  # (B, 2, L)
         if self.stride > 1:
             z = F.avg_pool1d(z, self.stride, self.stride, ceil_mode=True)
-        h = F.adaptive_max_pool1d(self.stem(z), self.tokens).transpose(1, 2)  # (B, S, d)
+        h = F.adaptive_max_pool1d(self.convs(z), self.tokens).transpose(1, 2)  # (B, S, d)
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h.mean(1)))
