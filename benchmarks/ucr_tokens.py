@@ -115,6 +115,9 @@ after every dataset; a rerun skips the datasets already there::
     .venv/bin/python benchmarks/ucr_tokens.py --join runs/ucr_tokens/round7_A.json \
         runs/ucr_tokens/round7_B.json --results runs/ucr_tokens/round7.json  # halves joined
     bash runs/ucr9/lanes.sh                                          # the ninth, two lanes
+    .venv/bin/python benchmarks/ucr_tokens.py --join runs/ucr_tokens/round9_A.json \
+        runs/ucr_tokens/round9_B.json --results runs/ucr_tokens/round9.json \
+        --against runs/ucr_tokens/round7.json:long                   # and its table
 """
 
 from __future__ import annotations
