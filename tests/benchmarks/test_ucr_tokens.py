@@ -151,16 +151,22 @@ def test_chosen_weight_prefers_the_best_join_then_the_weight_nearest_a_half(benc
     assert bench.chosen_weight(np.array([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]]), hesitant, y) == 0.0
 
 
-def test_round_8_joins_round_7s_heads_at_the_weight_its_inner_train_chose(
-        bench, tmp_path, monkeypatch, made_up):
-    r7, r8 = tmp_path / "r7.json", tmp_path / "r8.json"
+def _after_round_7(bench, tmp_path, monkeypatch, rnd: int):
+    """Round ``rnd`` on the made-up set, which reuses round 7's kept heads: refused in one
+    line without them, then run after round 7; (round 7's results, its results, its row)."""
+    r7, out = tmp_path / "r7.json", tmp_path / f"r{rnd}.json"
     monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "none")
     with pytest.raises(SystemExit, match="no round-7 heads"):
-        bench.main(["--datasets", "Made", "--results", str(r8), "--round", "8"])
+        bench.main(["--datasets", "Made", "--results", str(out), "--round", str(rnd)])
     assert bench.main(["--datasets", "Made", "--results", str(r7), "--round", "7"]) == 0
     monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "r7_heads")
-    assert bench.main(["--datasets", "Made", "--results", str(r8), "--round", "8"]) == 0
-    row = json.loads(r8.read_text())["datasets"]["Made"]
+    assert bench.main(["--datasets", "Made", "--results", str(out), "--round", str(rnd)]) == 0
+    return r7, out, json.loads(out.read_text())["datasets"]["Made"]
+
+
+def test_round_8_joins_round_7s_heads_at_the_weight_its_inner_train_chose(
+        bench, tmp_path, monkeypatch, made_up):
+    r7, r8, row = _after_round_7(bench, tmp_path, monkeypatch, 8)
     assert set(row["accuracy"]) == set(bench.VARIANTS_8) and row["sub_s"] > 0
     kept, heads = np.load(tmp_path / "r7_heads" / "Made.npz"), np.load(tmp_path / "r8_heads" /
                                                                       "Made.npz")
@@ -184,14 +190,7 @@ def test_round_9_fits_a_stem_net_and_its_ablation_beside_round_7s_heads(
         bench, tmp_path, monkeypatch, made_up):
     from linattn.tsc.conv_classifier import joined_heads
 
-    r7, r9 = tmp_path / "r7.json", tmp_path / "r9.json"
-    monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "none")
-    with pytest.raises(SystemExit, match="no round-7 heads"):
-        bench.main(["--datasets", "Made", "--results", str(r9), "--round", "9"])
-    assert bench.main(["--datasets", "Made", "--results", str(r7), "--round", "7"]) == 0
-    monkeypatch.setattr(bench, "ROUND7_HEADS", tmp_path / "r7_heads")
-    assert bench.main(["--datasets", "Made", "--results", str(r9), "--round", "9"]) == 0
-    row = json.loads(r9.read_text())["datasets"]["Made"]
+    r7, r9, row = _after_round_7(bench, tmp_path, monkeypatch, 9)
     assert set(row["accuracy"]) == set(bench.VARIANTS_9)
     assert row["stem_s"] > 0 and row["pool_stem_s"] > 0
     kept, heads = (np.load(tmp_path / f"{r}_heads" / "Made.npz") for r in ("r7", "r9"))
