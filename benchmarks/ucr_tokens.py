@@ -91,7 +91,15 @@ FiftyWords, DiatomSizeReduction): there it keeps an output for every class of th
 its draw differs. The rule
 was written before the run: ``runs/ucr9/DECISION.md``.
 
-In rounds 2 to 9 each dataset's validation probabilities of every head are kept beside the
+``--round 10`` (``runs/ucr_tokens/round10.json``) checks round 9 on a fresh inner split
+(seed 1; rounds 1 to 9 cut at seed 0, so their validation chose nothing here). It fits the
+estimator with ``stem=True`` at its defaults (1,800 steps, seed 0) and joins the stem net to
+the nets-and-ridge mean at 1/4 (``stem@1/4``: ``3/4 · long + 1/4 · stem``, the weight that
+scored best on round 9's kept heads, 0.8399 there, in-sample) and at 1/2 (``stem@1/2``, the
+estimator's join, round 9's ``long+stem``). The rule was written before the run:
+``runs/ucr10/DECISION.md``.
+
+In rounds 2 to 10 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
 without refitting.
 
@@ -118,6 +126,7 @@ after every dataset; a rerun skips the datasets already there::
     .venv/bin/python benchmarks/ucr_tokens.py --join runs/ucr_tokens/round9_A.json \
         runs/ucr_tokens/round9_B.json --results runs/ucr_tokens/round9.json \
         --against runs/ucr_tokens/round7.json:long                   # and its table
+    bash runs/ucr10/lanes.sh                                         # the tenth, two lanes
 """
 
 from __future__ import annotations
@@ -145,6 +154,10 @@ VARIANTS_4 = ("ridge10k", "ridgeH", "attnG", "poolG", "attnG+ridge10k", "attnG+r
               "poolG+ridgeH")
 #: The fifth round's variants: ridge heads only (``ridgeSel`` chooses one of two per dataset).
 VARIANTS_5 = ("ridgeH", "ridgeR", "ridgeHR", "ridgeSel")
+#: The tenth round's inner split (a fresh one: rounds 1 to 9 cut at seed 0), its stem weights
+#: and variants.
+SPLIT_10 = 1
+VARIANTS_10 = ("long", "stem@1/4", "stem@1/2", "stem", "net", "ridge")
 #: Extra parameters of the sixth round's estimators (the tests shrink them).
 ESTIMATOR_PARAMS: dict = {}
 #: The sixth round's variants: the estimator at its defaults (seeds 0 and 1) and ensembles.
@@ -177,7 +190,12 @@ PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+rid
          7: (("long", "pool_long"), ("long", "ridge"), ("net_long", "pool_net_long")),
          8: (("chosen", "long"), ("chosen", "ridge"), ("chosen", "net_long")),
          9: (("long+stem", "long"), ("long+stem", "long+pool_stem"), ("stem", "pool_stem"),
-             ("stem", "net_long"))}
+             ("stem", "net_long")),
+         10: (("stem@1/4", "long"), ("stem@1/2", "long"), ("stem@1/4", "stem@1/2"))}
+#: (variant, round): the first of these a row has tells its round (round 1 has none); a later
+#: round comes before an earlier one whose marker it shares (round 5 keeps ridgeH too).
+ROUND_MARKERS = (("stem@1/4", 10), ("long+stem", 9), ("chosen", 8), ("pool_long", 7),
+                 ("ens2", 6), ("ridgeSel", 5), ("ridgeH", 4), ("attnG", 3), ("ridge10k", 2))
 HELD_OUT = ("FordB",)
 
 
@@ -194,8 +212,9 @@ def inner_split(y: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return tr, va
 
 
-def _inner_data(name: str):
-    """(X, y, classes, train indices, validation indices, row) of a dataset's TRAIN split."""
+def _inner_data(name: str, split_seed: int = 0):
+    """(X, y, classes, train indices, validation indices, row) of a dataset's TRAIN split,
+    cut by :func:`inner_split` at ``split_seed``."""
     import torch
 
     from linattn.datasets import load_ucr
@@ -205,9 +224,9 @@ def _inner_data(name: str):
     X, labels, _, _ = load_ucr(name, download=False)  # the TEST split is dropped unread
     X = fill_nan_padding(X, "X", "interpolate").astype(np.float32)
     classes, y = np.unique(labels, return_inverse=True)
-    tr, va = inner_split(y)
+    tr, va = inner_split(y, split_seed)
     row = {"train": len(tr), "validation": len(va), "length": X.shape[1],
-           "classes": len(classes)}
+           "classes": len(classes), **({"split_seed": split_seed} if split_seed else {})}
     return X, y, classes, tr, va, row
 
 
@@ -411,16 +430,16 @@ def on_codes(proba: np.ndarray, seen: np.ndarray, n_classes: int) -> np.ndarray:
 
 
 def _estimator_heads(row: dict, key: str, X: np.ndarray, y: np.ndarray, tr: np.ndarray,
-                     va: np.ndarray, n_classes: int, **params) -> tuple[np.ndarray, np.ndarray]:
-    """The validation (net, ridge) probabilities, on the dataset's class codes, of a
+                     va: np.ndarray, n_classes: int, **params):
+    """The validation probabilities of each head (:class:`~linattn.tsc.conv_classifier.
+    Heads`: nets, ridge, stem or None), on the dataset's class codes, of a
     ``ConvAttentionClassifier(n_threads=1, **params)`` fitted on the inner train; its fit
     time goes to ``row[key]``."""
-    from linattn.tsc.conv_classifier import ConvAttentionClassifier
+    from linattn.tsc.conv_classifier import ConvAttentionClassifier, Heads
 
     est = _timed(row, key, ConvAttentionClassifier(n_threads=1, **params).fit, X[tr], y[tr])
-    heads = est.head_probas(X[va])
-    return (on_codes(heads.nets, est.classes_, n_classes),
-            on_codes(heads.ridge, est.classes_, n_classes))
+    return Heads(*(None if h is None else on_codes(h, est.classes_, n_classes)
+                   for h in est.head_probas(X[va])))
 
 
 def _scored(probas: dict, y_va: np.ndarray) -> dict:
@@ -438,7 +457,7 @@ def study_6(name: str, heads_dir: Path | None = None) -> dict:
     for seed in (0, 1):  # the defaults when the round ran: 600 steps
         heads[f"net{seed}"], heads[f"ridge{seed}"] = _estimator_heads(
             row, f"fit{seed}_s", X, y, tr, va, len(classes),
-            **{"random_state": seed, "steps": STEPS, **ESTIMATOR_PARAMS})
+            **{"random_state": seed, "steps": STEPS, **ESTIMATOR_PARAMS})[:2]
     one = [joined_heads(heads[f"net{s}"], heads[f"ridge{s}"]) for s in (0, 1)]
     sums = {"one": one[0], "one@1": one[1], "ens2": (one[0] + one[1]) / 2,
             "net+ridge2": joined_heads(heads["net0"], (heads["ridge0"] + heads["ridge1"]) / 2)}
@@ -457,7 +476,8 @@ def study_7(name: str, heads_dir: Path | None = None) -> dict:
         # the same seed: the same ridge both times
         heads[label], heads["ridge"] = _estimator_heads(
             row, f"{label}_s", X, y, tr, va, len(classes),
-            **{"random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS, "num_layers": layers})
+            **{"random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS,
+               "num_layers": layers})[:2]
     sums = {"long": joined_heads(heads["net_long"], heads["ridge"]),
             "pool_long": joined_heads(heads["pool_net_long"], heads["ridge"]), **heads}
     row["accuracy"] = _scored(sums, y[va])
@@ -502,7 +522,7 @@ def study_8(name: str, heads_dir: Path | None = None) -> dict:
     sub_tr, sub_va = inner_split(y[tr], seed=1)
     heads["sub_net"], heads["sub_ridge"] = _estimator_heads(
         row, "sub_s", X[tr], y[tr], sub_tr, sub_va, len(classes),
-        **{"random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS})
+        **{"random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS})[:2]
     heads["sub_y"] = y[tr][sub_va]
     w = chosen_weight(heads["sub_net"], heads["sub_ridge"], heads["sub_y"])
     row["weight"] = w
@@ -530,6 +550,23 @@ def study_9(name: str, heads_dir: Path | None = None) -> dict:
                for k in ("stem", "pool_stem")}, **heads}
     row["accuracy"] = _scored(sums, y[va])
     _keep_heads(heads_dir, name, y[va], {k: heads[k] for k in ("stem", "pool_stem")})
+    return row
+
+
+def study_10(name: str, heads_dir: Path | None = None) -> dict:
+    """The tenth round (module docstring): the estimator with ``stem=True`` on a fresh inner
+    split (:data:`SPLIT_10`), its stem joined at 1/4 and at 1/2."""
+    from linattn.tsc.conv_classifier import joined_heads
+
+    X, y, classes, tr, va, row = _inner_data(name, SPLIT_10)
+    nets, ridge, stem = _estimator_heads(row, "fit_s", X, y, tr, va, len(classes), **{
+        "random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS, "stem": True})
+    long = joined_heads(nets, ridge)
+    sums = {"long": long, "stem@1/4": weighted_join(stem, long, 0.25),
+            "stem@1/2": joined_heads(nets, ridge, stem), "stem": stem, "net": nets,
+            "ridge": ridge}
+    row["accuracy"] = _scored(sums, y[va])
+    _keep_heads(heads_dir, name, y[va], {"net": nets, "ridge": ridge, "stem": stem})
     return row
 
 
@@ -596,12 +633,10 @@ def summary(results: dict) -> str:
     if not rows:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
-    rnd = (9 if "long+stem" in first else 8 if "chosen" in first else 7 if "pool_long" in first
-           else 6 if "ens2" in first else 5 if "ridgeSel" in first
-           else 4 if "ridgeH" in first else 3 if "attnG" in first
-           else 2 if "ridge10k" in first else 1)
+    rnd = next((r for v, r in ROUND_MARKERS if v in first), 1)
     variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5,
-                6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9}[rnd]
+                6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9,
+                10: VARIANTS_10}[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
              "| variant | mean | median |", "|---|--:|--:|"]
@@ -687,8 +722,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, help="results file (default "
                    "runs/ucr_tokens/results.json, or roundN.json with --round N)")
-    p.add_argument("--round", type=int, choices=range(1, 10), default=1, metavar="N",
-                   help="which study, 1 to 9")
+    p.add_argument("--round", type=int, choices=range(1, 11), default=1, metavar="N",
+                   help="which study, 1 to 10")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
@@ -745,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
                 {2: study_2, 3: study_3, 4: study_4, 5: study_5, 6: study_6,
-                 7: study_7, 8: study_8, 9: study_9}[a.round](
+                 7: study_7, 8: study_8, 9: study_9, 10: study_10}[a.round](
                     name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)

@@ -73,11 +73,11 @@ def made_up(bench, monkeypatch):
                                                     "competing_groups": 4})
 
 
-@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8, 9, 10])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
     variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4,
                 5: bench.VARIANTS_5, 6: bench.VARIANTS_6, 7: bench.VARIANTS_7,
-                8: bench.VARIANTS_8, 9: bench.VARIANTS_9}[rnd]
+                8: bench.VARIANTS_8, 9: bench.VARIANTS_9, 10: bench.VARIANTS_10}[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
     res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2,
                               "weight": 0.25}}}
@@ -212,6 +212,34 @@ def test_round_9_fits_a_stem_net_and_its_ablation_beside_round_7s_heads(
     tol = 1e3 * np.finfo(np.float32).eps
     np.testing.assert_allclose(est.fit(X[tr], y[tr]).head_probas(X[va]).stem, heads["stem"],
                                rtol=tol, atol=tol)
+
+
+def test_round_10_fits_the_estimator_with_its_stem_on_a_fresh_split(bench, tmp_path, made_up):
+    from linattn.tsc import ConvAttentionClassifier
+
+    out = tmp_path / "r10.json"
+    assert bench.main(["--datasets", "Made", "--results", str(out), "--round", "10"]) == 0
+    row = json.loads(out.read_text())["datasets"]["Made"]
+    assert set(row["accuracy"]) == set(bench.VARIANTS_10)
+    assert row["split_seed"] == 1 and row["fit_s"] > 0
+    X, y, _, tr, va, _ = bench._inner_data("Made", 1)
+    assert not np.array_equal(va, bench._inner_data("Made")[4])  # not rounds 1-9's split
+    heads = np.load(tmp_path / "r10_heads" / "Made.npz")
+    np.testing.assert_array_equal(heads["y"], y[va])
+    # the heads are the estimator's own; stem@1/4 weighs the stem a quarter, stem@1/2 is the
+    # estimator's join (stem=True)
+    est = ConvAttentionClassifier(stem=True, random_state=0, n_threads=1,
+                                  **{**bench.ESTIMATOR_PARAMS, "steps": bench.LONG_STEPS})
+    est.fit(X[tr], y[tr])
+    tol = 1e3 * np.finfo(np.float32).eps
+    for k, v in zip(("net", "ridge", "stem"), est.head_probas(X[va]), strict=True):
+        np.testing.assert_allclose(heads[k], v, rtol=tol, atol=tol)
+    long = (heads["net"] + heads["ridge"]) / 2
+    quarter = 0.75 * long + 0.25 * heads["stem"]
+    assert row["accuracy"]["stem@1/4"] == float((quarter.argmax(1) == y[va]).mean())
+    assert row["accuracy"]["stem@1/2"] == float(
+        (est.predict_proba(X[va]).argmax(1) == y[va]).mean())
+    assert "stem@1/4 against long: " in bench.summary(json.loads(out.read_text()))
 
 
 def test_on_codes_puts_each_column_on_its_class_code(bench):
