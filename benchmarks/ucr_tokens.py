@@ -95,7 +95,8 @@ was written before the run: ``runs/ucr9/DECISION.md``.
 (seed 1; rounds 1 to 9 cut at seed 0, so their validation chose nothing here). It fits the
 estimator with ``stem=True`` at its defaults (1,800 steps, seed 0) and joins the stem net to
 the nets-and-ridge mean at 1/4 (``stem@1/4``: ``3/4 · long + 1/4 · stem``, the weight that
-scored best on round 9's kept heads, 0.8399 there, in-sample) and at 1/2 (``stem@1/2``, the
+scored best of the three tried on round 9's kept heads, 1/4, 1/3 and 1/2: 0.8399 there,
+in-sample) and at 1/2 (``stem@1/2``, the
 estimator's join, round 9's ``long+stem``). The rule was written before the run:
 ``runs/ucr10/DECISION.md``.
 
@@ -154,9 +155,10 @@ VARIANTS_4 = ("ridge10k", "ridgeH", "attnG", "poolG", "attnG+ridge10k", "attnG+r
               "poolG+ridgeH")
 #: The fifth round's variants: ridge heads only (``ridgeSel`` chooses one of two per dataset).
 VARIANTS_5 = ("ridgeH", "ridgeR", "ridgeHR", "ridgeSel")
-#: The tenth round's inner split (a fresh one: rounds 1 to 9 cut at seed 0), its stem weights
-#: and variants.
+#: The tenth round's inner split (a fresh one: rounds 1 to 9 cut at seed 0), its candidate
+#: weight on the stem net and its variants.
 SPLIT_10 = 1
+STEM_WEIGHT_10 = 0.25
 VARIANTS_10 = ("long", "stem@1/4", "stem@1/2", "stem", "net", "ridge")
 #: Extra parameters of the sixth round's estimators (the tests shrink them).
 ESTIMATOR_PARAMS: dict = {}
@@ -431,8 +433,9 @@ def on_codes(proba: np.ndarray, seen: np.ndarray, n_classes: int) -> np.ndarray:
 
 def _estimator_heads(row: dict, key: str, X: np.ndarray, y: np.ndarray, tr: np.ndarray,
                      va: np.ndarray, n_classes: int, **params):
-    """The validation probabilities of each head (:class:`~linattn.tsc.conv_classifier.
-    Heads`: nets, ridge, stem or None), on the dataset's class codes, of a
+    """The validation probabilities of each head
+    (:class:`~linattn.tsc.conv_classifier.Heads`: nets, ridge, stem or None), on the
+    dataset's class codes, of a
     ``ConvAttentionClassifier(n_threads=1, **params)`` fitted on the inner train; its fit
     time goes to ``row[key]``."""
     from linattn.tsc.conv_classifier import ConvAttentionClassifier, Heads
@@ -553,19 +556,25 @@ def study_9(name: str, heads_dir: Path | None = None) -> dict:
     return row
 
 
-def study_10(name: str, heads_dir: Path | None = None) -> dict:
-    """The tenth round (module docstring): the estimator with ``stem=True`` on a fresh inner
-    split (:data:`SPLIT_10`), its stem joined at 1/4 and at 1/2."""
+def round10_sums(nets: np.ndarray, ridge: np.ndarray, stem: np.ndarray) -> dict:
+    """Round 10's variants from the estimator's heads: ``long`` (nets and ridge, the fourth
+    configuration), ``stem@1/4`` (``(1 − w)·long + w·stem`` at w = :data:`STEM_WEIGHT_10`),
+    ``stem@1/2`` (the estimator's own join with ``stem=True``) and each head alone."""
     from linattn.tsc.conv_classifier import joined_heads
 
+    long = joined_heads(nets, ridge)
+    return {"long": long, "stem@1/4": weighted_join(stem, long, STEM_WEIGHT_10),
+            "stem@1/2": joined_heads(nets, ridge, stem), "stem": stem, "net": nets,
+            "ridge": ridge}
+
+
+def study_10(name: str, heads_dir: Path | None = None) -> dict:
+    """The tenth round (module docstring): the estimator with ``stem=True`` on a fresh inner
+    split (:data:`SPLIT_10`), its stem joined at 1/4 and at 1/2 (:func:`round10_sums`)."""
     X, y, classes, tr, va, row = _inner_data(name, SPLIT_10)
     nets, ridge, stem = _estimator_heads(row, "fit_s", X, y, tr, va, len(classes), **{
         "random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS, "stem": True})
-    long = joined_heads(nets, ridge)
-    sums = {"long": long, "stem@1/4": weighted_join(stem, long, 0.25),
-            "stem@1/2": joined_heads(nets, ridge, stem), "stem": stem, "net": nets,
-            "ridge": ridge}
-    row["accuracy"] = _scored(sums, y[va])
+    row["accuracy"] = _scored(round10_sums(nets, ridge, stem), y[va])
     _keep_heads(heads_dir, name, y[va], {"net": nets, "ridge": ridge, "stem": stem})
     return row
 
@@ -614,8 +623,9 @@ def against(results: dict, variant: str, base: dict) -> str:
     if not rows:
         raise ValueError("--against: no dataset in both")
     for n, d in rows.items():
-        if (d.get("train"), d.get("validation")) != (base[n].get("train"),
-                                                     base[n].get("validation")):
+        # the sizes alone do not tell a fresh split (round 10's) from rounds 1-9's
+        if (d.get("train"), d.get("validation"), d.get("split_seed", 0)) != (
+                base[n].get("train"), base[n].get("validation"), base[n].get("split_seed", 0)):
             raise ValueError(f"--against: {n} was split otherwise")
     ref = np.array([base[n]["accuracy"][variant] for n in rows])
     lines = [f"against {variant} ({ref.mean():.4f}) on {len(rows)} shared datasets:"]
@@ -638,7 +648,9 @@ def summary(results: dict) -> str:
                 6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9,
                 10: VARIANTS_10}[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
-    lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN)", "",
+    seed = next(iter(rows.values())).get("split_seed", 0)
+    lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN, split seed "
+             f"{seed})", "",
              "| variant | mean | median |", "|---|--:|--:|"]
     for j, v in enumerate(variants):
         lines.append(f"| {v} | {acc[:, j].mean():.4f} | {np.median(acc[:, j]):.4f} |")

@@ -234,12 +234,34 @@ def test_round_10_fits_the_estimator_with_its_stem_on_a_fresh_split(bench, tmp_p
     tol = 1e3 * np.finfo(np.float32).eps
     for k, v in zip(("net", "ridge", "stem"), est.head_probas(X[va]), strict=True):
         np.testing.assert_allclose(heads[k], v, rtol=tol, atol=tol)
-    long = (heads["net"] + heads["ridge"]) / 2
-    quarter = 0.75 * long + 0.25 * heads["stem"]
-    assert row["accuracy"]["stem@1/4"] == float((quarter.argmax(1) == y[va]).mean())
-    assert row["accuracy"]["stem@1/2"] == float(
-        (est.predict_proba(X[va]).argmax(1) == y[va]).mean())
-    assert "stem@1/4 against long: " in bench.summary(json.loads(out.read_text()))
+    sums = bench.round10_sums(heads["net"], heads["ridge"], heads["stem"])
+    assert row["accuracy"] == {k: float((v.argmax(1) == y[va]).mean()) for k, v in sums.items()}
+    np.testing.assert_allclose(sums["stem@1/2"], est.predict_proba(X[va]), rtol=tol, atol=tol)
+    text = bench.summary(json.loads(out.read_text()))
+    assert "stem@1/4 against long: " in text and "split seed 1)" in text
+    # its rows are not comparable with rounds 1-9's: the same sizes, another split
+    r7 = tmp_path / "r7.json"
+    r7.write_text(json.dumps({"datasets": {"Made": {**{k: row[k] for k in ("train",
+                                                                          "validation")},
+                                                    "accuracy": {"long": 0.5}}}}))
+    with pytest.raises(ValueError, match="Made was split otherwise"):
+        bench.against(json.loads(out.read_text()), *bench.against_base([f"{r7}:long"]))
+
+
+def test_round10_sums_weigh_the_stem_a_quarter_and_a_half(bench):
+    # a stem that disagrees with the others everywhere, surest where they are least: at 1/4
+    # it overrules them on the last series only, at 1/2 on all three
+    nets = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3]])
+    ridge = np.array([[0.7, 0.3], [0.6, 0.4], [0.5, 0.5]])
+    stem = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]])
+    sums = bench.round10_sums(nets, ridge, stem)
+    long = (nets + ridge) / 2
+    np.testing.assert_allclose(sums["long"], long)
+    np.testing.assert_allclose(sums["stem@1/4"], 0.75 * long + 0.25 * stem)
+    np.testing.assert_allclose(sums["stem@1/2"], 0.5 * long + 0.5 * stem)
+    assert sums["stem@1/4"].argmax(1).tolist() == [0, 0, 1]
+    assert sums["stem@1/2"].argmax(1).tolist() == [1, 1, 1]
+    assert sums["stem"] is stem and sums["net"] is nets and sums["ridge"] is ridge
 
 
 def test_on_codes_puts_each_column_on_its_class_code(bench):
