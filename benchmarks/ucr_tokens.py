@@ -174,6 +174,9 @@ VARIANTS_8 = ("long", "chosen", "net_long", "ridge")
 VARIANTS_9 = ("long", "long+stem", "long+pool_stem", "stem", "pool_stem", "net_long", "ridge")
 #: Round 7's kept heads: round 8 reuses its fits on the inner train instead of repeating them.
 ROUND7_HEADS = Path("runs/ucr_tokens/round7_heads")
+#: Each round's variants, in the order its summary lists them.
+ROUND_VARIANTS = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5,
+                  6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9, 10: VARIANTS_10}
 #: Global PPV features of the second round's ridge head (MiniRocket's count).
 RIDGE_FEATURES = 10000
 #: The summary's head-to-head lines of each round.
@@ -644,9 +647,7 @@ def summary(results: dict) -> str:
         return "no datasets yet\n"
     first = next(iter(rows.values()))["accuracy"]
     rnd = next((r for v, r in ROUND_MARKERS if v in first), 1)
-    variants = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5,
-                6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9,
-                10: VARIANTS_10}[rnd]
+    variants = ROUND_VARIANTS[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
     seed = next(iter(rows.values())).get("split_seed", 0)
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN, split seed "

@@ -75,9 +75,7 @@ def made_up(bench, monkeypatch):
 
 @pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8, 9, 10])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
-    variants = {2: bench.VARIANTS_2, 3: bench.VARIANTS_3, 4: bench.VARIANTS_4,
-                5: bench.VARIANTS_5, 6: bench.VARIANTS_6, 7: bench.VARIANTS_7,
-                8: bench.VARIANTS_8, 9: bench.VARIANTS_9, 10: bench.VARIANTS_10}[rnd]
+    variants = bench.ROUND_VARIANTS[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
     res = {"datasets": {"A": {"accuracy": {v: 0.5 for v in variants}, "transform_s": 2,
                               "weight": 0.25}}}
@@ -108,9 +106,7 @@ def test_run_on_a_made_up_dataset_never_reads_test(bench, tmp_path, monkeypatch,
     assert bench.main(args) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert (row["train"], row["validation"], row["classes"]) == (16, 8, 2)
-    variants = {1: bench.VARIANTS, 2: bench.VARIANTS_2, 3: bench.VARIANTS_3,
-                4: bench.VARIANTS_4, 5: bench.VARIANTS_5, 6: bench.VARIANTS_6,
-                7: bench.VARIANTS_7}[rnd]
+    variants = bench.ROUND_VARIANTS[rnd]
     assert set(row["accuracy"]) == set(variants)
     ridge = {1: "ridge", 5: "ridgeH", 6: "ridge0", 7: "ridge"}.get(rnd, "ridge10k")
     if rnd in (6, 7):  # a sure ridge outvotes a net of 5 steps: every variant separates them
@@ -204,33 +200,34 @@ def test_round_9_fits_a_stem_net_and_its_ablation_beside_round_7s_heads(
     assert row["accuracy"]["long"] == r7_row["accuracy"]["long"]
     assert "long+stem against long: " in bench.summary(json.loads(r9.read_text()))
     # the stem is the estimator's own with stem=True, fitted on the same inner train
+    est, X, y, va = _estimator_with_stem(bench, 0)
+    tol = 1e3 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(est.head_probas(X[va]).stem, heads["stem"], rtol=tol, atol=tol)
+
+
+def _estimator_with_stem(bench, split_seed: int):
+    """(the estimator with ``stem=True`` as rounds 9 and 10 fit it, on the made-up set's inner
+    train at ``split_seed``; X; y; the validation indices)."""
     from linattn.tsc import ConvAttentionClassifier
 
-    X, y, _, tr, va, _ = bench._inner_data("Made")
+    X, y, _, tr, va, _ = bench._inner_data("Made", split_seed)
     est = ConvAttentionClassifier(stem=True, random_state=0, n_threads=1,
                                   **{**bench.ESTIMATOR_PARAMS, "steps": bench.LONG_STEPS})
-    tol = 1e3 * np.finfo(np.float32).eps
-    np.testing.assert_allclose(est.fit(X[tr], y[tr]).head_probas(X[va]).stem, heads["stem"],
-                               rtol=tol, atol=tol)
+    return est.fit(X[tr], y[tr]), X, y, va
 
 
 def test_round_10_fits_the_estimator_with_its_stem_on_a_fresh_split(bench, tmp_path, made_up):
-    from linattn.tsc import ConvAttentionClassifier
-
     out = tmp_path / "r10.json"
     assert bench.main(["--datasets", "Made", "--results", str(out), "--round", "10"]) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert set(row["accuracy"]) == set(bench.VARIANTS_10)
     assert row["split_seed"] == 1 and row["fit_s"] > 0
-    X, y, _, tr, va, _ = bench._inner_data("Made", 1)
+    # the heads are the estimator's own; stem@1/4 weighs the stem a quarter, stem@1/2 is the
+    # estimator's join (stem=True)
+    est, X, y, va = _estimator_with_stem(bench, 1)
     assert not np.array_equal(va, bench._inner_data("Made")[4])  # not rounds 1-9's split
     heads = np.load(tmp_path / "r10_heads" / "Made.npz")
     np.testing.assert_array_equal(heads["y"], y[va])
-    # the heads are the estimator's own; stem@1/4 weighs the stem a quarter, stem@1/2 is the
-    # estimator's join (stem=True)
-    est = ConvAttentionClassifier(stem=True, random_state=0, n_threads=1,
-                                  **{**bench.ESTIMATOR_PARAMS, "steps": bench.LONG_STEPS})
-    est.fit(X[tr], y[tr])
     tol = 1e3 * np.finfo(np.float32).eps
     for k, v in zip(("net", "ridge", "stem"), est.head_probas(X[va]), strict=True):
         np.testing.assert_allclose(heads[k], v, rtol=tol, atol=tol)

@@ -138,7 +138,8 @@ def fit_scaling(features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def fit_net(net: torch.nn.Module, inputs: list[torch.Tensor | None], y: np.ndarray, *,
-            steps: int, batch_size: int, lr: float, weight_decay: float) -> torch.nn.Module:
+            steps: int = NET_STEPS, batch_size: int = 32, lr: float = 2e-3,
+            weight_decay: float = 0.05) -> torch.nn.Module:
     """Train ``net`` (called as ``net(*batch of each input)``, a None input passed as None)
     on labels 0..n_classes−1: ``ceil(steps / batches per epoch)`` epochs of shuffled batches,
     AdamW, one-cycle lr, label smoothing 0.1; returned in eval mode. The caller seeds torch
@@ -174,21 +175,19 @@ def net_proba(net: torch.nn.Module, inputs: list[torch.Tensor | None],
 
 
 def train_token_net(tokens: np.ndarray, y: np.ndarray, n_classes: int, *, num_layers: int = 2,
-                    d_model: int = 64, num_heads: int = 4, dropout: float = 0.1,
-                    steps: int = NET_STEPS, batch_size: int = 32, lr: float = 2e-3,
-                    weight_decay: float = 0.05, seed: int = 0,
-                    global_features: np.ndarray | None = None) -> TokenNet:
+                    d_model: int = 64, num_heads: int = 4, dropout: float = 0.1, seed: int = 0,
+                    global_features: np.ndarray | None = None, **training) -> TokenNet:
     """A :class:`TokenNet` fitted on tokens (n, S, F) float32 (and, when given, global
     features (n, G) float32 for a global token) and labels 0..n_classes−1 by
-    :func:`fit_net`."""
+    :func:`fit_net` (``training``: its ``steps``, ``batch_size``, ``lr``,
+    ``weight_decay``)."""
     torch.manual_seed(seed)
     x = torch.from_numpy(tokens)
     g = None if global_features is None else torch.from_numpy(global_features)
     net = TokenNet(x.shape[2], x.shape[1], n_classes, d_model=d_model, num_layers=num_layers,
                    num_heads=num_heads, dropout=dropout,
                    global_features=0 if g is None else g.shape[1])
-    return fit_net(net, [x, g], y, steps=steps, batch_size=batch_size, lr=lr,
-                   weight_decay=weight_decay)
+    return fit_net(net, [x, g], y, **training)
 
 
 def token_net_proba(net: TokenNet, tokens: np.ndarray, batch: int = 512,
@@ -200,16 +199,15 @@ def token_net_proba(net: TokenNet, tokens: np.ndarray, batch: int = 512,
 
 
 def train_stem_net(X: np.ndarray, y: np.ndarray, n_classes: int, *, num_layers: int = 2,
-                   d_model: int = 64, num_heads: int = 4, dropout: float = 0.1,
-                   steps: int = NET_STEPS, batch_size: int = 32, lr: float = 2e-3,
-                   weight_decay: float = 0.05, seed: int = 0) -> StemNet:
+                   d_model: int = 64, num_heads: int = 4, dropout: float = 0.1, seed: int = 0,
+                   **training) -> StemNet:
     """A :class:`~linattn.tsc.stem.StemNet` fitted on series X (n, L) float32 and labels
-    0..n_classes−1 by :func:`fit_net` (the token nets' training)."""
+    0..n_classes−1 by :func:`fit_net`, the token nets' training (``training``: its
+    ``steps``, ``batch_size``, ``lr``, ``weight_decay``)."""
     torch.manual_seed(seed)
     net = StemNet(X.shape[1], n_classes, d_model=d_model, num_layers=num_layers,
                   num_heads=num_heads, dropout=dropout)
-    return fit_net(net, [torch.from_numpy(X)], y, steps=steps, batch_size=batch_size, lr=lr,
-                   weight_decay=weight_decay)
+    return fit_net(net, [torch.from_numpy(X)], y, **training)
 
 
 def stem_net_proba(net: StemNet, X: np.ndarray, batch: int = 512) -> np.ndarray:
@@ -506,11 +504,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                       "ridge.intercept": torch.from_numpy(self.ridge_.intercept),
                       "ridge.classes": torch.from_numpy(self.ridge_.classes_.astype(np.int64))})
         for i, net in enumerate(self.nets_):
-            t.update({f"nets.{i}.{k}": v.detach().contiguous()
-                      for k, v in net.state_dict().items()})
+            t.update(_net_state(net, f"nets.{i}."))
         if self.stem_net_ is not None:
-            t.update({f"stem.{k}": v.detach().contiguous()
-                      for k, v in self.stem_net_.state_dict().items()})
+            t.update(_net_state(self.stem_net_, "stem."))
         return {prefix + k: v for k, v in t.items()}
 
     @classmethod
@@ -656,21 +652,15 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                                              num_layers=self.num_layers,
                                              num_heads=self.num_heads, dropout=self.dropout),
                                      t, "stem.")
-        known = set(self.tokens_.state("tokens.")) | {"tokens.mean", "tokens.scale"} | {
-            f"nets.{i}.{k}" for i, net in enumerate(self.nets_) for k in net.state_dict()}
-        if self.global_tokens_ is not None:
-            known |= set(self.global_tokens_.state("global_tokens.")) | {
-                "global_tokens.mean", "global_tokens.scale"}
-        if self.competing_ is not None:
-            known |= set(self.competing_.state("competing.")) | {"competing.mean",
-                                                                 "competing.scale"}
-        if self.ridge_ is not None:
-            known |= {"ridge.coef", "ridge.intercept", "ridge.classes"}
-        if self.stem_net_ is not None:
-            known |= {f"stem.{k}" for k in self.stem_net_.state_dict()}
-        extra = sorted(set(t) - known)
+        # every tensor a saved model of these parameters has is one that _tensors writes
+        extra = sorted(set(t) - set(self._tensors()))
         if extra:
             raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these params)")
+
+
+def _net_state(net: torch.nn.Module, prefix: str) -> dict:
+    """A net's weights and buffers as named tensors, each name behind ``prefix``."""
+    return {prefix + k: v.detach().contiguous() for k, v in net.state_dict().items()}
 
 
 def _loaded(net: torch.nn.Module, t: dict, prefix: str) -> torch.nn.Module:
