@@ -100,7 +100,13 @@ in-sample) and at 1/2 (``stem@1/2``, the
 estimator's join, round 9's ``long+stem``). The rule was written before the run:
 ``runs/ucr10/DECISION.md``.
 
-In rounds 2 to 10 each dataset's validation probabilities of every head are kept beside the
+``--round 11`` (``runs/ucr_tokens/round11.json``) repeats round 10's fit on a third inner split
+(seed 2) to check the stem joined at 1/2, the estimator's own join with ``stem=True``, which
+gained on both earlier splits without a clear margin of wins. Its rows carry ``split_seed`` 2
+and are summarised as round 10's. The rule was written before the run:
+``runs/ucr11/DECISION.md``.
+
+In rounds 2 to 11 each dataset's validation probabilities of every head are kept beside the
 results (``<results stem>_heads/<dataset>.npz``) so that a sum not listed can be scored
 without refitting.
 
@@ -128,6 +134,7 @@ after every dataset; a rerun skips the datasets already there::
         runs/ucr_tokens/round9_B.json --results runs/ucr_tokens/round9.json \
         --against runs/ucr_tokens/round7.json:long                   # and its table
     bash runs/ucr10/lanes.sh                                         # the tenth, two lanes
+    bash runs/ucr11/lanes.sh                                         # the eleventh
 """
 
 from __future__ import annotations
@@ -156,8 +163,9 @@ VARIANTS_4 = ("ridge10k", "ridgeH", "attnG", "poolG", "attnG+ridge10k", "attnG+r
 #: The fifth round's variants: ridge heads only (``ridgeSel`` chooses one of two per dataset).
 VARIANTS_5 = ("ridgeH", "ridgeR", "ridgeHR", "ridgeSel")
 #: The tenth round's inner split (a fresh one: rounds 1 to 9 cut at seed 0), its candidate
-#: weight on the stem net and its variants.
+#: weight on the stem net and its variants; the eleventh round's split (round 10's fit again).
 SPLIT_10 = 1
+SPLIT_11 = 2
 STEM_WEIGHT_10 = 0.25
 VARIANTS_10 = ("long", "stem@1/4", "stem@1/2", "stem", "net", "ridge")
 #: Extra parameters of the sixth round's estimators (the tests shrink them).
@@ -176,7 +184,8 @@ VARIANTS_9 = ("long", "long+stem", "long+pool_stem", "stem", "pool_stem", "net_l
 ROUND7_HEADS = Path("runs/ucr_tokens/round7_heads")
 #: Each round's variants, in the order its summary lists them.
 ROUND_VARIANTS = {1: VARIANTS, 2: VARIANTS_2, 3: VARIANTS_3, 4: VARIANTS_4, 5: VARIANTS_5,
-                  6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9, 10: VARIANTS_10}
+                  6: VARIANTS_6, 7: VARIANTS_7, 8: VARIANTS_8, 9: VARIANTS_9, 10: VARIANTS_10,
+                  11: VARIANTS_10}
 #: Global PPV features of the second round's ridge head (MiniRocket's count).
 RIDGE_FEATURES = 10000
 #: The summary's head-to-head lines of each round.
@@ -197,8 +206,10 @@ PAIRS = {1: (("attn", "pool"), ("attn+ridge", "ridge"), ("attn+ridge", "pool+rid
          9: (("long+stem", "long"), ("long+stem", "long+pool_stem"), ("stem", "pool_stem"),
              ("stem", "net_long")),
          10: (("stem@1/4", "long"), ("stem@1/2", "long"), ("stem@1/4", "stem@1/2"))}
+PAIRS[11] = PAIRS[10]
 #: (variant, round): the first of these a row has tells its round (round 1 has none); a later
-#: round comes before an earlier one whose marker it shares (round 5 keeps ridgeH too).
+#: round comes before an earlier one whose marker it shares (round 5 keeps ridgeH too);
+#: round 11's rows are round 10's at another split seed and are summarised alike.
 ROUND_MARKERS = (("stem@1/4", 10), ("long+stem", 9), ("chosen", 8), ("pool_long", 7),
                  ("ens2", 6), ("ridgeSel", 5), ("ridgeH", 4), ("attnG", 3), ("ridge10k", 2))
 HELD_OUT = ("FordB",)
@@ -571,15 +582,21 @@ def round10_sums(nets: np.ndarray, ridge: np.ndarray, stem: np.ndarray) -> dict:
             "ridge": ridge}
 
 
-def study_10(name: str, heads_dir: Path | None = None) -> dict:
+def study_10(name: str, heads_dir: Path | None = None, split_seed: int = SPLIT_10) -> dict:
     """The tenth round (module docstring): the estimator with ``stem=True`` on a fresh inner
-    split (:data:`SPLIT_10`), its stem joined at 1/4 and at 1/2 (:func:`round10_sums`)."""
-    X, y, classes, tr, va, row = _inner_data(name, SPLIT_10)
+    split (``split_seed``, :data:`SPLIT_10`), its stem joined at 1/4 and at 1/2
+    (:func:`round10_sums`)."""
+    X, y, classes, tr, va, row = _inner_data(name, split_seed)
     nets, ridge, stem = _estimator_heads(row, "fit_s", X, y, tr, va, len(classes), **{
         "random_state": 0, **ESTIMATOR_PARAMS, "steps": LONG_STEPS, "stem": True})
     row["accuracy"] = _scored(round10_sums(nets, ridge, stem), y[va])
     _keep_heads(heads_dir, name, y[va], {"net": nets, "ridge": ridge, "stem": stem})
     return row
+
+
+def study_11(name: str, heads_dir: Path | None = None) -> dict:
+    """The eleventh round (module docstring): round 10's fit on the split at :data:`SPLIT_11`."""
+    return study_10(name, heads_dir, SPLIT_11)
 
 
 def load_rows(files: list[str], what: str) -> dict:
@@ -735,8 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, help="results file (default "
                    "runs/ucr_tokens/results.json, or roundN.json with --round N)")
-    p.add_argument("--round", type=int, choices=range(1, 11), default=1, metavar="N",
-                   help="which study, 1 to 10")
+    p.add_argument("--round", type=int, choices=range(1, 12), default=1, metavar="N",
+                   help="which study, 1 to 11")
     p.add_argument("--datasets", help="comma-separated names (default: every shipped one "
                    "but FordB)")
     p.add_argument("--report", action="store_true", help="print the summary, fit nothing")
@@ -793,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
             results["datasets"][name] = (
                 study(name) if a.round == 1 else
                 {2: study_2, 3: study_3, 4: study_4, 5: study_5, 6: study_6,
-                 7: study_7, 8: study_8, 9: study_9, 10: study_10}[a.round](
+                 7: study_7, 8: study_8, 9: study_9, 10: study_10, 11: study_11}[a.round](
                     name, a.results.parent / f"{a.results.stem}_heads"))
             a.results.parent.mkdir(parents=True, exist_ok=True)
             write_json(a.results, results)

@@ -73,7 +73,7 @@ def made_up(bench, monkeypatch):
                                                     "competing_groups": 4})
 
 
-@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8, 9, 10])
+@pytest.mark.parametrize("rnd", [2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
 def test_later_rounds_summaries_name_their_own_variants(bench, rnd):
     variants = bench.ROUND_VARIANTS[rnd]
     assert {v for pair in bench.PAIRS[rnd] for v in pair} <= set(variants)
@@ -216,16 +216,19 @@ def _estimator_with_stem(bench, split_seed: int):
     return est.fit(X[tr], y[tr]), X, y, va
 
 
-def test_round_10_fits_the_estimator_with_its_stem_on_a_fresh_split(bench, tmp_path, made_up):
+@pytest.mark.parametrize("rnd, split_seed", [(10, 1), (11, 2)])
+def test_rounds_10_and_11_fit_the_estimator_with_its_stem_on_a_fresh_split(
+        bench, tmp_path, made_up, rnd, split_seed):
     out = tmp_path / "r10.json"
-    assert bench.main(["--datasets", "Made", "--results", str(out), "--round", "10"]) == 0
+    assert bench.main(["--datasets", "Made", "--results", str(out), "--round", str(rnd)]) == 0
     row = json.loads(out.read_text())["datasets"]["Made"]
     assert set(row["accuracy"]) == set(bench.VARIANTS_10)
-    assert row["split_seed"] == 1 and row["fit_s"] > 0
+    assert row["split_seed"] == split_seed and row["fit_s"] > 0
     # the heads are the estimator's own; stem@1/4 weighs the stem a quarter, stem@1/2 is the
     # estimator's join (stem=True)
-    est, X, y, va = _estimator_with_stem(bench, 1)
-    assert not np.array_equal(va, bench._inner_data("Made")[4])  # not rounds 1-9's split
+    est, X, y, va = _estimator_with_stem(bench, split_seed)
+    for earlier in range(split_seed):  # not an earlier round's split
+        assert not np.array_equal(va, bench._inner_data("Made", earlier)[4])
     heads = np.load(tmp_path / "r10_heads" / "Made.npz")
     np.testing.assert_array_equal(heads["y"], y[va])
     tol = 1e3 * np.finfo(np.float32).eps
@@ -235,7 +238,7 @@ def test_round_10_fits_the_estimator_with_its_stem_on_a_fresh_split(bench, tmp_p
     assert row["accuracy"] == {k: float((v.argmax(1) == y[va]).mean()) for k, v in sums.items()}
     np.testing.assert_allclose(sums["stem@1/2"], est.predict_proba(X[va]), rtol=tol, atol=tol)
     text = bench.summary(json.loads(out.read_text()))
-    assert "stem@1/4 against long: " in text and "split seed 1)" in text
+    assert "stem@1/4 against long: " in text and f"split seed {split_seed})" in text
     # its rows are not comparable with rounds 1-9's: the same sizes, another split
     r7 = tmp_path / "r7.json"
     r7.write_text(json.dumps({"datasets": {"Made": {**{k: row[k] for k in ("train",
