@@ -643,7 +643,7 @@ def against(results: dict, variant: str, base: dict) -> str:
     if not rows:
         raise ValueError("--against: no dataset in both")
     for n, d in rows.items():
-        # the sizes alone do not tell a fresh split (round 10's) from rounds 1-9's
+        # the sizes alone do not tell a fresh split (rounds 10 and 11) from rounds 1-9's
         if (d.get("train"), d.get("validation"), d.get("split_seed", 0)) != (
                 base[n].get("train"), base[n].get("validation"), base[n].get("split_seed", 0)):
             raise ValueError(f"--against: {n} was split otherwise")
@@ -662,13 +662,12 @@ def summary(results: dict) -> str:
     rows = {n: d for n, d in results.get("datasets", {}).items() if n not in HELD_OUT}
     if not rows:
         return "no datasets yet\n"
-    first = next(iter(rows.values()))["accuracy"]
-    rnd = next((r for v, r in ROUND_MARKERS if v in first), 1)
+    first = next(iter(rows.values()))
+    rnd = next((r for v, r in ROUND_MARKERS if v in first["accuracy"]), 1)
     variants = ROUND_VARIANTS[rnd]
     acc = np.array([[d["accuracy"][v] for v in variants] for d in rows.values()])
-    seed = next(iter(rows.values())).get("split_seed", 0)
     lines = [f"validation accuracy on {len(rows)} datasets (inner 30 % of TRAIN, split seed "
-             f"{seed})", "",
+             f"{first.get('split_seed', 0)})", "",
              "| variant | mean | median |", "|---|--:|--:|"]
     for j, v in enumerate(variants):
         lines.append(f"| {v} | {acc[:, j].mean():.4f} | {np.median(acc[:, j]):.4f} |")

@@ -206,7 +206,7 @@ def test_round_9_fits_a_stem_net_and_its_ablation_beside_round_7s_heads(
 
 
 def _estimator_with_stem(bench, split_seed: int):
-    """(the estimator with ``stem=True`` as rounds 9 and 10 fit it, on the made-up set's inner
+    """(the estimator with ``stem=True`` as rounds 9 to 11 fit it, on the made-up set's inner
     train at ``split_seed``; X; y; the validation indices)."""
     from linattn.tsc import ConvAttentionClassifier
 
