@@ -1,0 +1,63 @@
+"""After round 12 (exploration, validation only, not a decision): the ridge with the difference
+series' PPV (round 12's ``ridgeD``) joined with the kept net heads at several net weights.
+Usage: ridge_diff_weights.py SEED OUT NAME...; the ridge's probabilities go to OUT's folder."""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import ridge_extras as R  # noqa: E402
+
+from linattn.tsc.competing import CompetingKernels  # noqa: E402
+from linattn.tsc.conv_classifier import RidgeHead, fit_scaling, ridge_proba  # noqa: E402
+from linattn.tsc.conv_tokens import ConvTokens  # noqa: E402
+
+WEIGHTS = (0.0, 0.25, 1 / 3, 0.5)  # the net's weight in the join; 0.5 is the estimator's
+
+
+def scaled(t, X, tr, va, flat=True):
+    t.fit(X[tr])
+    a, b = t.transform(X[tr]), t.transform(X[va])
+    if flat and a.ndim == 3:
+        a, b = a[:, 0], b[:, 0]
+    a, m, s = fit_scaling(a)
+    return a, (b - m) / s
+
+
+def run(seed, name, heads):
+    X, y, classes, tr, va, _ = R.U._inner_data(name, seed)
+    G = scaled(ConvTokens(1, 10000, 9, random_state=0), X, tr, va)
+    H = scaled(CompetingKernels(64, random_state=0), X, tr, va)
+    dX = np.ascontiguousarray(np.diff(X, axis=1), dtype=np.float32)
+    D = scaled(ConvTokens(1, 5000, 0, random_state=0), dX, tr, va)
+    r = RidgeHead.fit(np.hstack([G[0], H[0], D[0]]), y[tr])
+    p = ridge_proba(r.decision_function(np.hstack([G[1], H[1], D[1]])), r.classes_,
+                    len(classes), 5.0)
+    kept = np.load(heads)
+    assert np.array_equal(kept["y"], y[va])
+    acc = {f"ridgeD+net@{w:.2f}": float((((1 - w) * p + w * kept["net"]).argmax(1) == y[va]).mean())
+           for w in WEIGHTS}
+    acc.update({f"ridge+net@{w:.2f}": float((((1 - w) * kept["ridge"] + w * kept["net"]).argmax(1)
+                                             == y[va]).mean()) for w in WEIGHTS})
+    return p, y[va], acc
+
+
+if __name__ == "__main__":
+    seed, out = int(sys.argv[1]), sys.argv[2]
+    folder = out.removesuffix(".json") + "_heads"
+    os.makedirs(folder, exist_ok=True)
+    results = json.load(open(out)) if os.path.exists(out) else {}
+    kept = {1: "runs/ucr_tokens/round10_{}_heads", 2: "runs/ucr_tokens/round11_{}_heads"}[seed]
+    for name in sys.argv[3:]:
+        if name in results:
+            continue
+        half = "A" if os.path.exists(kept.format("A") + f"/{name}.npz") else "B"
+        p, y, acc = run(seed, name, kept.format(half) + f"/{name}.npz")
+        np.savez(f"{folder}/{name}.npz", y=y, ridgeD=p)
+        results[name] = {"split_seed": seed, "accuracy": acc}
+        print(name, json.dumps(acc), flush=True)
+        with open(out + ".tmp", "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(out + ".tmp", out)
