@@ -11,19 +11,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 import ridge_extras as R  # noqa: E402
 
 from linattn.tsc.competing import CompetingKernels  # noqa: E402
-from linattn.tsc.conv_classifier import RidgeHead, fit_scaling, ridge_proba  # noqa: E402
+from linattn.tsc.conv_classifier import RidgeHead, ridge_proba  # noqa: E402
 from linattn.tsc.conv_tokens import ConvTokens  # noqa: E402
 
 WEIGHTS = (0.0, 0.25, 1 / 3, 0.5)  # the net's weight in the join; 0.5 is the estimator's
 
 
-def scaled(t, X, tr, va, flat=True):
+def scaled(t, X, tr, va):
+    """``t`` fitted on X[tr], both parts standardised (ucr_tokens' ``_standardised``), a
+    one-segment ConvTokens' (n, 1, F) read as (n, F)."""
     t.fit(X[tr])
-    a, b = t.transform(X[tr]), t.transform(X[va])
-    if flat and a.ndim == 3:
-        a, b = a[:, 0], b[:, 0]
-    a, m, s = fit_scaling(a)
-    return a, (b - m) / s
+
+    def flat(F):
+        return F[:, 0] if F.ndim == 3 else F
+    return R.U._standardised(flat(t.transform(X[tr])), flat(t.transform(X[va])))
 
 
 def run(seed, name, heads):
