@@ -27,15 +27,22 @@ def scaled(t, X, tr, va):
     return R.U._standardised(flat(t.transform(X[tr])), flat(t.transform(X[va])))
 
 
-def run(seed, name, heads):
-    X, y, classes, tr, va, _ = R.U._inner_data(name, seed)
+def ridge_d_proba(X, y, tr, va, n_classes):
+    """Validation probabilities (on class codes) of round 12's ``ridgeD``: the estimator's
+    ridge features (global PPV and quantiles, competing kernels) and the PPV of the first
+    differences, fitted on X[tr]. Round 13 (``runs/ucr13/round13.py``) reuses it."""
     G = scaled(ConvTokens(1, 10000, 9, random_state=0), X, tr, va)
     H = scaled(CompetingKernels(64, random_state=0), X, tr, va)
     dX = np.ascontiguousarray(np.diff(X, axis=1), dtype=np.float32)
     D = scaled(ConvTokens(1, 5000, 0, random_state=0), dX, tr, va)
     r = RidgeHead.fit(np.hstack([G[0], H[0], D[0]]), y[tr])
-    p = ridge_proba(r.decision_function(np.hstack([G[1], H[1], D[1]])), r.classes_,
-                    len(classes), 5.0)
+    return ridge_proba(r.decision_function(np.hstack([G[1], H[1], D[1]])), r.classes_,
+                       n_classes, 5.0)
+
+
+def run(seed, name, heads):
+    X, y, classes, tr, va, _ = R.U._inner_data(name, seed)
+    p = ridge_d_proba(X, y, tr, va, len(classes))
     kept = np.load(heads)
     assert np.array_equal(kept["y"], y[va])
     acc = {f"ridgeD+net@{w:.2f}": float((((1 - w) * p + w * kept["net"]).argmax(1) == y[va]).mean())
