@@ -174,6 +174,73 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     assert ConvAttentionClassifier(**{**FAST, "ridge": False}).fit(X, y).competing_ is None
 
 
+def test_first_differences_join_the_ridge_and_net_weight_weighs_the_heads(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from linattn.train_loop import CheckpointError
+    from linattn.tsc.competing import CompetingKernels
+    from linattn.tsc.conv_tokens import ConvTokens
+
+    X, y = _two_shapes(30)
+    params = {**FAST, "competing_groups": 4, "difference_features": 300, "net_weight": 0.25}
+    clf = ConvAttentionClassifier(**params).fit(X, y)
+    # the ridge reads [global PPV, competing counts, the first differences' PPV (no
+    # quantiles)], each standardised with its training mean and spread, in that order
+    dX = np.ascontiguousarray(np.diff(X, axis=1))
+    parts = [ConvTokens(1, 2000, clf.quantiles, random_state=0).fit(X).transform(X)[:, 0],
+             CompetingKernels(4, random_state=0).fit(X).transform(X),
+             ConvTokens(1, 300, 0, random_state=0).fit(dX).transform(dX)[:, 0]]
+    assert parts[2].shape[1] == clf.difference_tokens_.n_features
+    both = np.hstack([(P - P.mean(0)) / (P.std(0) + 1e-3) for P in parts])
+    assert clf.ridge_.coef.shape[1] == both.shape[1]
+    ref = RidgeClassifierCV(alphas=RIDGE_ALPHAS).fit(both, (y == "late").astype(int))
+    tol = 1e3 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(clf.ridge_.decision_function(both), ref.decision_function(both),
+                               rtol=tol, atol=tol)
+    # net_weight weighs the nets against the ridge; 1 and 0 leave one head alone
+    nets, ridge, stem = clf.head_probas(X)
+    assert stem is None
+    np.testing.assert_allclose(clf.predict_proba(X), 0.25 * nets + 0.75 * ridge,
+                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        ridge, ridge_proba(ref.decision_function(both), ref.classes_, 2, clf.ridge_temperature),
+        rtol=tol, atol=tol)
+    np.testing.assert_array_equal(clf.set_params(net_weight=1.0).predict_proba(X), nets)
+    np.testing.assert_array_equal(clf.set_params(net_weight=0.0).predict_proba(X), ridge)
+    clf.set_params(net_weight=0.25)
+    back = ConvAttentionClassifier.load(clf.save(tmp_path / "m"))
+    assert (back.difference_features, back.net_weight) == (300, 0.25)
+    np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+    weights = load_file(str(tmp_path / "m" / "model.safetensors"))
+    del weights["difference_tokens.mean"]
+    save_file(weights, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"difference_tokens.mean"):
+        ConvAttentionClassifier.load(tmp_path / "m")
+    # a file saved before the two parameters existed loads as a model without differences,
+    # joined evenly
+    fitted = ConvAttentionClassifier(**FAST).fit(X, y)
+    old = fitted.save(tmp_path / "old")
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["params"]["difference_features"], cfg["params"]["net_weight"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    back = ConvAttentionClassifier.load(old)
+    assert back.difference_tokens_ is None and back.net_weight == 0.5
+    np.testing.assert_array_equal(back.predict_proba(X), fitted.predict_proba(X))
+    # without a ridge head nothing reads the differences, and they are not computed
+    no_ridge = ConvAttentionClassifier(**{**params, "ridge": False}).fit(X, y)
+    assert no_ridge.difference_tokens_ is None
+    for bad, match in (({"net_weight": 1.5}, r"net_weight must be a finite number in \[0, 1\]"),
+                       ({"net_weight": float("nan")}, "net_weight must be"),
+                       ({"difference_features": -1},
+                        "difference_features must be an integer >= 0")):
+        with pytest.raises(ValueError, match=match):
+            ConvAttentionClassifier(**{**params, **bad}).fit(X, y)
+    with pytest.raises(ValueError, match="difference_features > 0 needs series of at least 2"):
+        ConvAttentionClassifier(**params).fit(X[:, :1], y)
+
+
 def test_ridge_proba_places_the_classes_it_saw():
     two = ridge_proba(np.array([-1.0, 0.0, 2.0]))
     assert two.shape == (3, 2) and two[2, 1] > two[2, 0] and two[1, 0] == two[1, 1]

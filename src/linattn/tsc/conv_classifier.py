@@ -21,6 +21,13 @@ them, and their class probabilities are added:
   the ridge decides where it is confident, soft enough that a confident net can overrule a
   hesitant ridge.
 
+With ``difference_features > 0`` the ridge also reads the PPV features of the series' first
+differences (``x[t+1] − x[t]``; a one-segment :class:`~linattn.tsc.conv_tokens.ConvTokens` of
+about that many features, no quantiles), standardised the same way: MultiRocket's second
+representation, which lifted the ridge alone on every validation split it was tried on
+(docs/benchmarks.md, "Round 12" and "Round 13"). ``net_weight`` (default 1/2) is the nets'
+weight in their join with the ridge: ``net_weight · nets + (1 − net_weight) · ridge``.
+
 With ``global_token=True`` (the default) each net also reads those global features as one more
 token after the segments, so that attention relates every segment to the whole series.
 
@@ -87,7 +94,8 @@ PARAM_RULES = {
     **{name: at_least(low) for name, low in (
         ("segments", 1), ("features", 1), ("quantiles", 0), ("num_layers", 0), ("d_model", 1),
         ("num_heads", 1), ("steps", 1), ("batch_size", 1), ("global_features", 0),
-        ("n_nets", 1), ("competing_groups", 0), ("n_members", 1))},
+        ("n_nets", 1), ("competing_groups", 0), ("difference_features", 0), ("n_members", 1))},
+    "net_weight": (Check(float, Range(0.0, 1.0, True, True)), "a finite number in [0, 1]"),
     "dropout": (Check(float, Range(0.0, 1.0)), "a finite number in [0, 1)"),
     "lr": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
     "weight_decay": (Check(float, Range(0.0, math.inf)), "a finite number >= 0"),
@@ -114,11 +122,11 @@ class Heads(NamedTuple):
 
 
 def joined_heads(nets: np.ndarray, ridge: np.ndarray | None,
-                 stem: np.ndarray | None = None) -> np.ndarray:
-    """The estimator's probabilities from its :class:`Heads`: the token nets' and the ridge's
-    mean (the nets' alone without a ridge head), then, with a stem net, the mean of that and
-    the stem's."""
-    joined = nets if ridge is None else (nets + ridge) / 2
+                 stem: np.ndarray | None = None, net_weight: float = 0.5) -> np.ndarray:
+    """The estimator's probabilities from its :class:`Heads`: ``net_weight · nets +
+    (1 − net_weight) · ridge`` (the nets' alone without a ridge head; at the default 1/2 the
+    two heads' mean), then, with a stem net, the mean of that and the stem's."""
+    joined = nets if ridge is None else net_weight * nets + (1 - net_weight) * ridge
     return joined if stem is None else (joined + stem) / 2
 
 
@@ -269,11 +277,13 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     ``global_features`` (about how many, from a one-segment :class:`ConvTokens`; 0: none, the
     ridge then reads the tokens' mean), ``global_token`` (the nets also read them, as one more
     token); ``competing_groups`` (groups of competing kernels whose counts the ridge reads
-    too; 0: none; even); ``ridge``: add the ridge head's probabilities, sharpened by
-    ``ridge_temperature``; ``stem``: add a :class:`~linattn.tsc.stem.StemNet` head. Fitted:
+    too; 0: none; even); ``difference_features`` (about how many PPV features of the first
+    differences the ridge reads too; 0: none); ``ridge``: add the ridge head's probabilities,
+    sharpened by ``ridge_temperature``, the nets' weighing ``net_weight`` in the join;
+    ``stem``: add a :class:`~linattn.tsc.stem.StemNet` head. Fitted:
     ``classes_``, ``tokens_``, ``nets_`` (``net_`` the first),
-    ``ridge_`` (a :class:`RidgeHead`, None without), ``global_tokens_`` and ``competing_``
-    (None when unused), ``stem_net_`` (None without),
+    ``ridge_`` (a :class:`RidgeHead`, None without), ``global_tokens_``, ``competing_`` and
+    ``difference_tokens_`` (None when unused), ``stem_net_`` (None without),
     ``fit_time_``. ``save(dir)`` writes ``config.json`` and ``model.safetensors`` (no pickle);
     ``ConvAttentionClassifier.load(dir)`` restores the same predictions.
     """
@@ -284,7 +294,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                  lr: float = 2e-3, weight_decay: float = 0.05, ridge: bool = True,
                  global_features: int = 10000, global_token: bool = True, n_nets: int = 1,
                  ridge_temperature: float = 5.0, competing_groups: int = 64,
-                 stem: bool = False, n_members: int = 1, missing: str = "error",
+                 difference_features: int = 0, net_weight: float = 0.5, stem: bool = False,
+                 n_members: int = 1, missing: str = "error",
                  random_state: int = 0, n_threads: int | None = None) -> None:
         self.segments, self.features, self.quantiles = segments, features, quantiles
         self.num_layers, self.d_model, self.num_heads = num_layers, d_model, num_heads
@@ -293,6 +304,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.global_features, self.global_token = global_features, global_token
         self.n_nets, self.ridge_temperature = n_nets, ridge_temperature
         self.competing_groups, self.stem, self.n_members = competing_groups, stem, n_members
+        self.difference_features, self.net_weight = difference_features, net_weight
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
@@ -311,6 +323,11 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
     def _uses_competing(self) -> bool:
         """Whether competing-kernel counts are fitted: only the ridge head reads them."""
         return bool(self.competing_groups) and bool(self.ridge)
+
+    @property
+    def _uses_difference(self) -> bool:
+        """Whether the first differences' features are fitted: only the ridge head reads them."""
+        return bool(self.difference_features) and bool(self.ridge)
 
     @property
     def net_(self) -> TokenNet:
@@ -332,13 +349,23 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             return None
         return (self.competing_.transform(X) - self.competing_mean_) / self.competing_scale_
 
+    def _difference(self, X) -> np.ndarray | None:
+        """Standardised PPV features (n, D) of the first differences of series X, None when
+        unused."""
+        if self.difference_tokens_ is None:
+            return None
+        D = self.difference_tokens_.transform(_first_differences(X))[:, 0]
+        return (D - self.difference_mean_) / self.difference_scale_
+
     @staticmethod
-    def _ridge_input(T: np.ndarray, G: np.ndarray | None, H: np.ndarray | None) -> np.ndarray:
+    def _ridge_input(T: np.ndarray, G: np.ndarray | None, H: np.ndarray | None,
+                     D: np.ndarray | None = None) -> np.ndarray:
         """What the ridge head reads: the global features G (the tokens' mean T.mean(1)
-        without them), and the competing-kernel counts H beside them when the model has
-        those."""
-        base = T.mean(1) if G is None else G
-        return base if H is None else np.hstack([base, H])
+        without them), then the competing-kernel counts H and the first differences'
+        features D beside them when the model has those."""
+        parts = [T.mean(1) if G is None else G, H, D]
+        parts = [p for p in parts if p is not None]
+        return parts[0] if len(parts) == 1 else np.hstack(parts)
 
     def _checked_params(self, where: str) -> int:
         """The parameters checked (one-line ValueError naming the first bad one); returns the
@@ -378,6 +405,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         if self.stem and X.shape[1] < 2:  # one sample has no spread to normalise by
             raise ValueError("ConvAttentionClassifier.fit: stem=True needs series of at least "
                              f"2 samples, got {X.shape[1]}")
+        if self._uses_difference and X.shape[1] < 2:  # one sample has no difference
+            raise ValueError("ConvAttentionClassifier.fit: difference_features > 0 needs series "
+                             f"of at least 2 samples, got {X.shape[1]}")
         self.n_features_in_ = X.shape[1]
         with _ThreadLimit(self.n_threads):
             self._fit_one(X, codes, seed)
@@ -418,8 +448,17 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                                                random_state=seed).fit(X)
             H, self.competing_mean_, self.competing_scale_ = fit_scaling(
                 self.competing_.transform(X))
+        self.difference_tokens_ = self.difference_mean_ = self.difference_scale_ = D = None
+        if self._uses_difference:
+            dX = _first_differences(X)
+            # no quantiles: the differences' PPV is what MultiRocket adds and what round 12
+            # measured
+            self.difference_tokens_ = ConvTokens(1, self.difference_features, 0,
+                                                 random_state=seed).fit(dX)
+            D, self.difference_mean_, self.difference_scale_ = fit_scaling(
+                self.difference_tokens_.transform(dX)[:, 0])
         if self.ridge:
-            self.ridge_ = RidgeHead.fit(self._ridge_input(T, G, H), codes)
+            self.ridge_ = RidgeHead.fit(self._ridge_input(T, G, H, D), codes)
         # both kinds of net train alike: the same shape parameters and training
         net = {k: getattr(self, k) for k in ("num_layers", "d_model", "num_heads", "dropout",
                                              "steps", "batch_size", "lr", "weight_decay")}
@@ -450,13 +489,15 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         stem = None if self.stem_net_ is None else stem_net_proba(self.stem_net_, X)
         if self.ridge_ is None:
             return Heads(nets, None, stem)
-        d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X)))
+        d = self.ridge_.decision_function(self._ridge_input(T, G, self._competing(X),
+                                                            self._difference(X)))
         return Heads(nets, ridge_proba(d, self.ridge_.classes_, len(self.classes_),
                                        self.ridge_temperature), stem)
 
     def predict_proba(self, X) -> np.ndarray:
-        """(n, n_classes): the heads joined by :func:`joined_heads`."""
-        return joined_heads(*self.head_probas(X, "ConvAttentionClassifier.predict_proba"))
+        """(n, n_classes): the heads joined by :func:`joined_heads` at ``net_weight``."""
+        return joined_heads(*self.head_probas(X, "ConvAttentionClassifier.predict_proba"),
+                            net_weight=self.net_weight)
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[self.predict_proba(X).argmax(1)]
@@ -499,6 +540,10 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
             t.update({**self.competing_.state("competing."),
                       "competing.mean": torch.from_numpy(self.competing_mean_),
                       "competing.scale": torch.from_numpy(self.competing_scale_)})
+        if self.difference_tokens_ is not None:
+            t.update({**self.difference_tokens_.state("difference_tokens."),
+                      "difference_tokens.mean": torch.from_numpy(self.difference_mean_),
+                      "difference_tokens.scale": torch.from_numpy(self.difference_scale_)})
         if self.ridge_ is not None:
             t.update({"ridge.coef": torch.from_numpy(np.ascontiguousarray(self.ridge_.coef)),
                       "ridge.intercept": torch.from_numpy(self.ridge_.intercept),
@@ -538,9 +583,11 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         params = cfg["params"]
         if not isinstance(params, dict):
             raise ValueError(f"{cfg_path}: params: expected an object")
-        # files saved before competing_groups (n_members, stem) existed had no competing-kernel
-        # counts (one model, no stem net): 0 (1, False), not today's default, is what they mean
-        params = {"competing_groups": 0, "n_members": 1, "stem": False, **params}
+        # files saved before competing_groups (n_members, stem, difference_features,
+        # net_weight) existed had no competing-kernel counts (one model, no stem net, no
+        # differences, an even join): 0 (1, False, 0, 0.5) is what they mean
+        params = {"competing_groups": 0, "n_members": 1, "stem": False,
+                  "difference_features": 0, "net_weight": 0.5, **params}
         names = set(cls().get_params())
         for what, keys in (("unknown", set(params) - names), ("missing", names - set(params))):
             if keys:  # a missing key would silently take its default: another model
@@ -550,6 +597,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         n = cfg["n_features_in"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{cfg_path}: n_features_in must be an integer >= 1, got {n!r}")
+        if est._uses_difference and n < 2:
+            raise ValueError(f"{cfg_path}: n_features_in must be >= 2 with difference_features "
+                             f"> 0, got {n}")
         classes = cfg["classes"]
         if not isinstance(classes, list) or len(classes) < 2:
             raise ValueError(f"{cfg_path}: classes must be a list of at least 2 labels, got "
@@ -619,9 +669,16 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                 t, "competing.", L)
             self.competing_mean_, self.competing_scale_ = _scaling(t, "competing.",
                                                                  self.competing_.n_features)
+        self.difference_tokens_ = self.difference_mean_ = self.difference_scale_ = None
+        if self._uses_difference:
+            self.difference_tokens_ = ConvTokens(1, self.difference_features, 0).load_state(
+                t, "difference_tokens.", L - 1)
+            self.difference_mean_, self.difference_scale_ = _scaling(
+                t, "difference_tokens.", self.difference_tokens_.n_features)
         if self.ridge:
             n_in = (self.tokens_ if self.global_tokens_ is None else self.global_tokens_).n_features
-            n_in += 0 if self.competing_ is None else self.competing_.n_features
+            n_in += sum(0 if f is None else f.n_features
+                        for f in (self.competing_, self.difference_tokens_))
             rows = 1 if n_cls == 2 else n_cls  # fit sees every class: two make one column
             coef, icpt, seen = (t.get(f"ridge.{k}") for k in ("coef", "intercept", "classes"))
             if coef is None or icpt is None or seen is None:
@@ -656,6 +713,11 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         extra = sorted(set(t) - set(self._tensors()))
         if extra:
             raise ValueError(f"unexpected tensor {extra[0]} (not of a model with these params)")
+
+
+def _first_differences(X: np.ndarray) -> np.ndarray:
+    """``x[t+1] − x[t]`` of each series: (n, L) -> (n, L − 1), contiguous float32."""
+    return np.ascontiguousarray(np.diff(X, axis=1), dtype=np.float32)
 
 
 def _net_state(net: torch.nn.Module, prefix: str) -> dict:
