@@ -37,6 +37,27 @@ def _two_shapes(n: int, length: int = 60, seed: int = 0):
     return X, y
 
 
+def _saved_before(folder, *params: str):
+    """Remove ``params`` from a saved model's config.json: a file saved before they existed."""
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text())
+    for name in params:
+        del cfg["params"][name]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _without_tensor(folder, name: str):
+    """Remove tensor ``name`` from a saved model's weights file: a damaged model."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights[name]
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder
+
+
 def test_fits_and_predicts_labels_of_any_type():
     X, y = _two_shapes(40)
     Xt, yt = _two_shapes(20, seed=1)
@@ -141,15 +162,10 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     np.testing.assert_allclose(clf.predict_proba(X), want, rtol=tol, atol=tol)
     back = ConvAttentionClassifier.load(clf.save(tmp_path / "m"))
     np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
-    from safetensors.torch import load_file, save_file
-
     from linattn.train_loop import CheckpointError
 
-    weights = load_file(str(tmp_path / "m" / "model.safetensors"))
-    del weights["competing.weights.0"]
-    save_file(weights, str(tmp_path / "m" / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"competing.weights.\*: expected"):
-        ConvAttentionClassifier.load(tmp_path / "m")
+        ConvAttentionClassifier.load(_without_tensor(tmp_path / "m", "competing.weights.0"))
     # without global features the counts sit beside the pooled tokens; a refit without counts
     # drops them
     pooled = ConvAttentionClassifier(**{**POOLED, "competing_groups": 4}).fit(X, y)
@@ -160,14 +176,9 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     with pytest.raises(ValueError, match="competing_groups must be 0 or even"):
         ConvAttentionClassifier(**{**FAST, "competing_groups": 3}).fit(X, y)
     # a file saved before competing_groups existed (no such key) loads as a model without them
-    import json
-
     fitted = ConvAttentionClassifier(**{**FAST, "competing_groups": 0}).fit(X, y)
-    old = fitted.save(tmp_path / "old")
-    cfg = json.loads((old / "config.json").read_text())
-    del cfg["params"]["competing_groups"]
-    (old / "config.json").write_text(json.dumps(cfg))
-    back = ConvAttentionClassifier.load(old)
+    back = ConvAttentionClassifier.load(_saved_before(fitted.save(tmp_path / "old"),
+                                                      "competing_groups"))
     assert back.competing_groups == 0 and back.competing_ is None
     np.testing.assert_array_equal(back.predict_proba(X), fitted.predict_proba(X))
     # without a ridge head nothing reads them, and they are not computed
@@ -175,10 +186,6 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
 
 
 def test_first_differences_join_the_ridge_and_net_weight_weighs_the_heads(tmp_path):
-    import json
-
-    from safetensors.torch import load_file, save_file
-
     from linattn.train_loop import CheckpointError
     from linattn.tsc.competing import CompetingKernels
     from linattn.tsc.conv_tokens import ConvTokens
@@ -213,19 +220,13 @@ def test_first_differences_join_the_ridge_and_net_weight_weighs_the_heads(tmp_pa
     back = ConvAttentionClassifier.load(clf.save(tmp_path / "m"))
     assert (back.difference_features, back.net_weight) == (300, 0.25)
     np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
-    weights = load_file(str(tmp_path / "m" / "model.safetensors"))
-    del weights["difference_tokens.mean"]
-    save_file(weights, str(tmp_path / "m" / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"difference_tokens.mean"):
-        ConvAttentionClassifier.load(tmp_path / "m")
+        ConvAttentionClassifier.load(_without_tensor(tmp_path / "m", "difference_tokens.mean"))
     # a file saved before the two parameters existed loads as a model without differences,
     # joined evenly
     fitted = ConvAttentionClassifier(**FAST).fit(X, y)
-    old = fitted.save(tmp_path / "old")
-    cfg = json.loads((old / "config.json").read_text())
-    del cfg["params"]["difference_features"], cfg["params"]["net_weight"]
-    (old / "config.json").write_text(json.dumps(cfg))
-    back = ConvAttentionClassifier.load(old)
+    back = ConvAttentionClassifier.load(_saved_before(fitted.save(tmp_path / "old"),
+                                                      "difference_features", "net_weight"))
     assert back.difference_tokens_ is None and back.net_weight == 0.5
     np.testing.assert_array_equal(back.predict_proba(X), fitted.predict_proba(X))
     # without a ridge head nothing reads the differences, and they are not computed
@@ -449,7 +450,6 @@ def test_members_average_whole_models_at_consecutive_seeds(tmp_path):
 
 
 def test_a_stem_net_joins_the_heads_and_saves_with_them(tmp_path):
-    import json
 
     import torch
     from safetensors.torch import load_file, save_file
@@ -490,10 +490,8 @@ def test_a_stem_net_joins_the_heads_and_saves_with_them(tmp_path):
     back = ConvAttentionClassifier.load(good)
     np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
     weights = load_file(str(good / "model.safetensors"))
-    no_stem = ConvAttentionClassifier(**FAST).fit(X, y).save(tmp_path / "plain")
-    cfg = json.loads((no_stem / "config.json").read_text())
-    del cfg["params"]["stem"]  # a file saved before the stem net existed
-    (no_stem / "config.json").write_text(json.dumps(cfg))
+    no_stem = _saved_before(ConvAttentionClassifier(**FAST).fit(X, y).save(tmp_path / "plain"),
+                            "stem")  # a file saved before the stem net existed
     assert ConvAttentionClassifier.load(no_stem).stem is False
     plain_weights = load_file(str(no_stem / "model.safetensors"))
     for i, (tensors, match) in enumerate((
