@@ -757,20 +757,31 @@ def report(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+#: The estimator's parameters that tell ``--method conv`` configurations apart, each with
+#: what a row's parameters meant before it existed (None: read only where a row names it):
+#: the nets' steps (600 for the second and third configurations, 1,800 since the fourth), the
+#: first differences' features and the nets' weight (0 and 1/2 before the fifth).
+CONFIG_PARAMS = {"steps": None, "difference_features": 0, "net_weight": 0.5}
+
+
 def rule_of(results: dict) -> dict:
-    """A results file's ``meta.rule`` (a copy); for ``--method conv`` with the nets' ``steps``,
-    read from its rows' parameters where the file was written before the rule named them (600
-    steps for the second and third configurations, 1,800 for the fourth), so that files of
-    other step counts are never merged, resumed or averaged as one configuration. ValueError
+    """A results file's ``meta.rule`` (a copy); for ``--method conv`` each of
+    :data:`CONFIG_PARAMS` the rule does not name is read from its rows' parameters, so that
+    files of other configurations are never merged, resumed or averaged as one. ValueError
     when the rows disagree."""
     rule = dict(results.get("meta", {}).get("rule", {}))
-    if _is_conv(rule) and "steps" not in rule:
-        steps = {r["linattn"]["params"]["steps"] for r in results.get("datasets", {}).values()
-                 if "steps" in r.get("linattn", {}).get("params", {})}
-        if len(steps) > 1:
-            raise ValueError(f"its rows were fitted at different steps: {sorted(steps)}")
-        if steps:
-            rule["steps"] = steps.pop()
+    if not _is_conv(rule):
+        return rule
+    params = [r["linattn"]["params"] for r in results.get("datasets", {}).values()
+              if "params" in r.get("linattn", {})]
+    for key, before in CONFIG_PARAMS.items():
+        if key in rule:
+            continue
+        seen = {p.get(key, before) for p in params} - {None}
+        if len(seen) > 1:
+            raise ValueError(f"its rows were fitted at different {key}: {sorted(seen)}")
+        if seen:
+            rule[key] = seen.pop()
     return rule
 
 
@@ -874,7 +885,7 @@ def main() -> None:
                     help="--method conv: random_state of its fits (default 0; one results file "
                          "per seed)")
     ap.add_argument("--steps", type=int, help="--method conv: the nets' steps (default: the "
-                    "estimator's, 1,800; 600 reruns the second and third configurations)")
+                    "estimator's, 1,800; the other parameters stay the estimator's defaults)")
     ap.add_argument("--rule", choices=RULES, default="defaults",
                     help="linattn's per-dataset settings (default: %(default)s; first: the "
                          "first run's)")
@@ -978,11 +989,12 @@ def main() -> None:
         from linattn.tsc.training import DEFAULT_MIN_BATCHES, DEFAULT_MIN_STEPS
 
         if args.method == "conv":
-            from linattn.tsc.conv_classifier import NET_STEPS
+            from linattn.tsc.conv_classifier import ConvAttentionClassifier
 
-            steps = NET_STEPS if args.steps is None else args.steps
+            defaults = ConvAttentionClassifier().get_params()
+            steps = defaults["steps"] if args.steps is None else args.steps
             rule = {"name": "conv: ConvAttentionClassifier defaults", "seed": args.seed,
-                    "steps": steps}
+                    **{k: defaults[k] for k in CONFIG_PARAMS}, "steps": steps}
             if args.no_ablation:
                 rule["ablation"] = False
         else:
@@ -1008,6 +1020,11 @@ def main() -> None:
             if _is_conv(was) and was.get("steps", steps) != steps:
                 raise SystemExit(f"{path}: its rows were fitted at {was['steps']} steps; give "
                                  f"--steps {steps} a results file of its own (--results)")
+            other = [k for k in CONFIG_PARAMS if _is_conv(was) and was.get(k, rule[k]) != rule[k]]
+            if other:
+                raise SystemExit(f"{path}: its rows were fitted at {other[0]}={was[other[0]]} "
+                                 f"(another configuration; today's default is {rule[other[0]]});"
+                                 " give them a results file of their own (--results)")
         reuse = (json.loads(Path(args.reuse_minirocket).read_text())
                  if args.reuse_minirocket else None)
         print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "

@@ -168,6 +168,9 @@ SPLIT_10 = 1
 SPLIT_11 = 2
 STEM_WEIGHT_10 = 0.25
 VARIANTS_10 = ("long", "stem@1/4", "stem@1/2", "stem", "net", "ridge")
+#: The estimator's parameters of the fourth configuration that the fifth changed: every round
+#: that fits the estimator (6 to 11, and round 13's heads) ran before, or measures against, it.
+FOURTH_CONFIGURATION = {"difference_features": 0, "net_weight": 0.5}
 #: Extra parameters of the sixth round's estimators (the tests shrink them).
 ESTIMATOR_PARAMS: dict = {}
 #: The sixth round's variants: the estimator at its defaults (seeds 0 and 1) and ensembles.
@@ -450,10 +453,12 @@ def _estimator_heads(row: dict, key: str, X: np.ndarray, y: np.ndarray, tr: np.n
     """The validation probabilities of each head
     (:class:`~linattn.tsc.conv_classifier.Heads`: nets, ridge, stem or None), on the
     dataset's class codes, of a
-    ``ConvAttentionClassifier(n_threads=1, **params)`` fitted on the inner train; its fit
+    ``ConvAttentionClassifier(n_threads=1, **params)`` (the :data:`FOURTH_CONFIGURATION`'s
+    ridge and join unless ``params`` say otherwise) fitted on the inner train; its fit
     time goes to ``row[key]``."""
     from linattn.tsc.conv_classifier import ConvAttentionClassifier, Heads
 
+    params = {**FOURTH_CONFIGURATION, **params}
     est = _timed(row, key, ConvAttentionClassifier(n_threads=1, **params).fit, X[tr], y[tr])
     return Heads(*(None if h is None else on_codes(h, est.classes_, n_classes)
                    for h in est.head_probas(X[va])))

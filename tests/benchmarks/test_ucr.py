@@ -213,6 +213,13 @@ def test_a_results_file_of_another_method_is_refused(ucr, tmp_path, monkeypatch)
                                       sys.executable, "--datasets", "Coffee"])
     with pytest.raises(SystemExit, match="fitted at 600 steps; give --steps 1800"):
         ucr.main()
+    # nor one of the fourth (1,800 steps, its rows without the fifth's parameters)
+    old["datasets"]["A"]["linattn"]["params"] = {"steps": 1800}
+    path.write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match=r"fitted at difference_features=0 \(another"):
+        ucr.main()
+    assert ucr.rule_of(old) == {"name": "conv: x", "seed": 0, "steps": 1800,
+                                "difference_features": 0, "net_weight": 0.5}
 
 
 @pytest.mark.parametrize("argv, what", [(["--steps", "0", "--method", "conv"], "got 0"),
@@ -231,7 +238,9 @@ def test_rule_of_names_the_steps_of_old_files_from_their_rows(ucr):
                 "datasets": {str(i): {"linattn": {"params": {"steps": n}}}
                              for i, n in enumerate(steps)}}
 
-    assert ucr.rule_of(res(600, 600)) == {"name": "conv: x", "seed": 0, "steps": 600}
+    # rows without the fifth configuration's parameters were fitted before they existed
+    assert ucr.rule_of(res(600, 600)) == {"name": "conv: x", "seed": 0, "steps": 600,
+                                          "difference_features": 0, "net_weight": 0.5}
     assert ucr.rule_of(res(600, rule={"name": "conv: x", "steps": 1800}))["steps"] == 1800
     assert "steps" not in ucr.rule_of(res(600, rule={"name": "defaults"}))  # not conv
     with pytest.raises(ValueError, match="different steps"):
@@ -422,7 +431,8 @@ def test_kept_probabilities_average_into_an_ensemble(ucr, tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"p5/S.npz: not the probabilities of s4.json's fit"):
         ucr.ensemble(members, [dirs[0], more_dirs[0]])
     with pytest.raises(ValueError, match="s5.json: not the datasets of s3.json"):
-        ucr.ensemble([members[0], (more[0][0], {**more[0][1], "datasets": {}})], dirs)
+        ucr.ensemble([members[0], (more[0][0], {**more[0][1], "datasets": {
+            "T": more[0][1]["datasets"]["S"]}})], dirs)
     with pytest.raises(ValueError, match="members repeat a seed"):
         ucr.ensemble([members[0], members[0]], dirs)
     with pytest.raises(ValueError, match="s4.json: not a --method conv file"):

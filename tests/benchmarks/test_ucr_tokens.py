@@ -212,7 +212,8 @@ def _estimator_with_stem(bench, split_seed: int):
 
     X, y, _, tr, va, _ = bench._inner_data("Made", split_seed)
     est = ConvAttentionClassifier(stem=True, random_state=0, n_threads=1,
-                                  **{**bench.ESTIMATOR_PARAMS, "steps": bench.LONG_STEPS})
+                                  **{**bench.FOURTH_CONFIGURATION, **bench.ESTIMATOR_PARAMS,
+                                     "steps": bench.LONG_STEPS})
     return est.fit(X[tr], y[tr]), X, y, va
 
 

@@ -19,10 +19,12 @@ from linattn.tsc.conv_classifier import (  # noqa: E402
     token_net_proba,
 )
 
-FAST = {"steps": 30, "features": 400, "global_features": 2000}
+FAST = {"steps": 30, "features": 400, "global_features": 2000, "difference_features": 1000}
+#: The fourth configuration's ridge and join (no first differences, the heads' mean).
+FOURTH = {"difference_features": 0, "net_weight": 0.5}
 #: The first configuration: the ridge on the pooled tokens, no global token, temperature 3.
-POOLED = {**FAST, "global_features": 0, "global_token": False, "ridge_temperature": 3.0,
-          "competing_groups": 0}
+POOLED = {**FAST, **FOURTH, "global_features": 0, "global_token": False,
+          "ridge_temperature": 3.0, "competing_groups": 0}
 
 
 def _two_shapes(n: int, length: int = 60, seed: int = 0):
@@ -144,7 +146,7 @@ def test_competing_kernel_counts_join_the_ridge_heads_features(tmp_path):
     from linattn.tsc.conv_tokens import ConvTokens
 
     X, y = _two_shapes(30)
-    clf = ConvAttentionClassifier(**{**FAST, "competing_groups": 4}).fit(X, y)
+    clf = ConvAttentionClassifier(**{**FAST, **FOURTH, "competing_groups": 4}).fit(X, y)
     # the ridge reads [global PPV features, competing-kernel counts], each standardised with
     # the training mean and spread, in that order
     G = ConvTokens(1, 2000, clf.quantiles, random_state=0).fit(X).transform(X)[:, 0]
@@ -224,7 +226,7 @@ def test_first_differences_join_the_ridge_and_net_weight_weighs_the_heads(tmp_pa
         ConvAttentionClassifier.load(_without_tensor(tmp_path / "m", "difference_tokens.mean"))
     # a file saved before the two parameters existed loads as a model without differences,
     # joined evenly
-    fitted = ConvAttentionClassifier(**FAST).fit(X, y)
+    fitted = ConvAttentionClassifier(**{**FAST, **FOURTH}).fit(X, y)
     back = ConvAttentionClassifier.load(_saved_before(fitted.save(tmp_path / "old"),
                                                       "difference_features", "net_weight"))
     assert back.difference_tokens_ is None and back.net_weight == 0.5
@@ -463,8 +465,10 @@ def test_a_stem_net_joins_the_heads_and_saves_with_them(tmp_path):
     tol = 1e3 * np.finfo(np.float32).eps
     np.testing.assert_allclose(heads.stem, stem_net_proba(clf.stem_net_, X), rtol=tol, atol=tol)
     # the token nets and the ridge averaged, then that and the stem net's averaged
-    np.testing.assert_allclose(clf.predict_proba(X), ((heads.nets + heads.ridge) / 2
-                                                      + heads.stem) / 2, rtol=tol, atol=tol)
+    # the nets and the ridge joined at net_weight, then the stem beside that at 1/2
+    joined = clf.net_weight * heads.nets + (1 - clf.net_weight) * heads.ridge
+    np.testing.assert_allclose(clf.predict_proba(X), (joined + heads.stem) / 2, rtol=tol,
+                               atol=tol)
     # the stem net is train_stem_net at the estimator's seed and training parameters
     ref = train_stem_net(X, (y == "late").astype(np.int64), 2, steps=FAST["steps"], seed=0)
     for k, v in ref.state_dict().items():
