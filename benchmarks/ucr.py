@@ -62,7 +62,9 @@ tracked ones in ``docs/img`` are written only when named; ``--plot-suffix`` name
 ``--method conv`` puts :class:`~linattn.tsc.ConvAttentionClassifier` at its defaults in the
 linattn column instead (chosen on TRAIN splits only by ``benchmarks/ucr_tokens.py``; fits
 uncapped, ``missing="interpolate"``, seed 0), each dataset also fitted without the mixer
-(``num_layers=0``) for the ablation line of the report (issue 27)::
+(``num_layers=0``) for the ablation line of the report (issue 27; with ``--no-ablation``
+it is not, and a later rerun without that flag on the same ``--results`` fits only the
+ablations the rows lack, adding them to the probabilities kept by ``--keep-proba``)::
 
     nice -n 19 .venv/bin/python benchmarks/ucr.py --method conv --threads 1 \
         --results runs/ucr4/results.json --plots docs/img --plot-suffix _conv
@@ -156,10 +158,13 @@ def ordered(names: Iterable[str], held_out: Sequence[str] = HELD_OUT) -> list[st
     return [n for n in names if n not in held_out] + [n for n in names if n in held_out]
 
 
-def pending(names: Iterable[str], results: dict, methods: Sequence[str] = METHODS) -> list[str]:
-    """The names whose row in ``results["datasets"]`` lacks one of ``methods``."""
+def pending(names: Iterable[str], results: dict, methods: Sequence[str] = METHODS,
+            complete: Callable[[dict], bool] | None = None) -> list[str]:
+    """The names whose row in ``results["datasets"]`` lacks one of ``methods``, or that
+    ``complete`` (when given) calls unfinished."""
     done = results.get("datasets", {})
-    return [n for n in names if not all(m in done.get(n, {}) for m in methods)]
+    return [n for n in names if not all(m in done.get(n, {}) for m in methods)
+            or complete is not None and not complete(done[n])]
 
 
 def correct(acc: float, n_test: int) -> int:
@@ -393,15 +398,17 @@ def sizes_and_gaps(rows: Sequence[dict], small: int = 64, widest: int = 3) -> st
 
 
 def run_all(names: Sequence[str], path: Path, fit_one: Callable[[str, dict], dict],
-            meta: dict | None = None, log=print) -> dict:
-    """Fill ``path`` (JSON) with ``fit_one(name, row_so_far)`` for every name still pending,
-    rewriting the file atomically after each; the rows already complete are skipped."""
+            meta: dict | None = None, log=print,
+            complete: Callable[[dict], bool] | None = None) -> dict:
+    """Fill ``path`` (JSON) with ``fit_one(name, row_so_far)`` for every name still
+    :func:`pending` (``complete`` as there), rewriting the file atomically after each; the
+    rows already complete are skipped."""
     from linattn._io import write_json
 
     results = json.loads(path.read_text()) if path.exists() else {}
     results.setdefault("meta", {}).update(meta or {})
     results.setdefault("datasets", {})
-    todo = pending(names, results)
+    todo = pending(names, results, complete=complete)
     if len(todo) < len(names):
         log(f"{len(names) - len(todo)} dataset(s) already in {path}: skipped")
     for name in todo:
@@ -465,17 +472,30 @@ def _accuracy(classes: np.ndarray, proba: np.ndarray, y: np.ndarray) -> float:
 
 
 def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0, ablation: bool = True,
-             keep: Path | None = None, steps: int | None = None) -> dict:
+             keep: Path | None = None, steps: int | None = None,
+             model: dict | None = None) -> dict:
     """``ConvAttentionClassifier`` at its defaults (``missing="interpolate"``, ``random_state``
     ``seed``; ``steps`` the nets' steps when given, to rerun an earlier configuration), and
     unless ``ablation`` is False the same with the mixer removed
     (``num_layers=0``), each timed. With ``keep`` (a .npz path) the test probabilities of
     each fit are written there (``model``, ``ablation``) beside ``classes`` and ``y``, the
-    test labels, so that fits can later be averaged (``--ensemble``)."""
+    test labels, so that fits can later be averaged (``--ensemble``).
+
+    ``model``, the row of a fit made before without its ablation (``--no-ablation``), is
+    not refitted: only the ablation is, added to a copy of it, and to the probabilities
+    already kept for it. ValueError when those are not the row's (another accuracy)."""
     from linattn.tsc import ConvAttentionClassifier
 
-    out, kept = {}, {}  # the estimator holds torch to n_threads during its fit and predict
-    for label, layers in (("model", 2), ("ablation", 0))[:2 if ablation else 1]:
+    kept: dict[str, np.ndarray] = {}
+    if model is not None and keep is not None and keep.exists():
+        with np.load(keep, allow_pickle=False) as z:
+            kept = {k: z[k] for k in z.files}
+        if "model" in kept and (not np.array_equal(kept["y"], yte) or _accuracy(
+                kept["classes"], kept["model"], yte) != model["accuracy"]):
+            raise ValueError(f"{keep}: not the probabilities of this row's fit")
+    fits = ((("model", 2),) if model is None else ()) + ((("ablation", 0),) if ablation else ())
+    out = {}  # the estimator holds torch to n_threads during its fit and predict
+    for label, layers in fits:
         clf = ConvAttentionClassifier(num_layers=layers, missing="interpolate",
                                       random_state=seed, n_threads=threads,
                                       **({} if steps is None else {"steps": steps}))
@@ -484,18 +504,19 @@ def fit_conv(Xtr, ytr, Xte, yte, threads: int, seed: int = 0, ablation: bool = T
         fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
         t1 = time.perf_counter()
         kept[label] = clf.predict_proba(Xte)
+        kept["classes"], kept["y"] = clf.classes_, yte
         out[label] = {"accuracy": _accuracy(clf.classes_, kept[label], yte),
                       "fit_s": round(fit_s, 2), "fit_cpu_s": round(fit_cpu, 2),
                       "predict_s": round(time.perf_counter() - t1, 2),
                       "params": clf.get_params()}
-    if keep is not None:
+    if keep is not None and out:
         from linattn._io import write_atomic
 
         buf = io.BytesIO()
-        np.savez(buf, classes=clf.classes_, y=yte, **kept)
+        np.savez(buf, **kept)
         keep.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(keep, buf.getvalue())
-    row = {**out["model"], "method": "conv"}
+    row = dict(model) if model is not None else {**out["model"], "method": "conv"}
     if ablation:
         row["no_mixer"] = out["ablation"]
     return row
@@ -538,6 +559,9 @@ def ensemble(members: Sequence[tuple[str, dict]], dirs: Sequence[Path]) -> dict:
                 raise ValueError(f"{f}: no kept probabilities for {name}")
             with np.load(f, allow_pickle=False) as z:
                 kept.append({k: z[k] for k in z.files})
+        for f, k in zip(dirs, kept, strict=True):
+            if "model" not in k:
+                raise ValueError(f"{Path(f) / name}.npz: holds no model probabilities")
         for k in kept[1:]:
             if not (np.array_equal(k["classes"], kept[0]["classes"])
                     and np.array_equal(k["y"], kept[0]["y"])):
@@ -688,6 +712,12 @@ def fit_dataset(name: str, row: dict, args, pub: dict, reuse: dict | None = None
                 "nan": bool(np.isnan(Xtr).any() or np.isnan(Xte).any()),
                 "held_out": name in HELD_OUT,
                 "published": {m: v[name] for m, v in pub.items() if name in v}})
+    lin = row.get("linattn")
+    if lin is not None and args.method == "conv" and not args.no_ablation and (
+            "no_mixer" not in lin):  # a row of a --no-ablation run: its ablation only
+        row["linattn"] = fit_conv(Xtr, ytr, Xte, yte, args.threads, args.seed, keep=(
+            Path(args.keep_proba) / f"{name}.npz" if args.keep_proba else None),
+            steps=args.steps, model=row["linattn"])
     if "linattn" not in row:
         row["linattn"] = (fit_conv(Xtr, ytr, Xte, yte, args.threads, args.seed,
                                    not args.no_ablation,
@@ -896,7 +926,8 @@ def main() -> None:
                     help="write these results files, run apart, as one to --results, then "
                          "report it")
     ap.add_argument("--no-ablation", action="store_true",
-                    help="--method conv: skip the no-mixer fits")
+                    help="--method conv: skip the no-mixer fits (a rerun without it on the "
+                         "same --results adds them, refitting nothing else)")
     ap.add_argument("--keep-proba", metavar="DIR",
                     help="--method conv: write each dataset's test probabilities to "
                          "DIR/<dataset>.npz (for --ensemble)")
@@ -1029,7 +1060,10 @@ def main() -> None:
                  if args.reuse_minirocket else None)
         print(f"{len(names)} dataset(s), {args.threads} thread(s), torch {torch.__version__}; "
               f"published: {', '.join(sorted(pub)) or 'none'}", flush=True)
-        run_all(ordered(names), path, lambda n, row: fit_dataset(n, row, args, pub, reuse), meta)
+        # rows fitted before with --no-ablation are pending until they have their ablation
+        ablate = args.method == "conv" and not args.no_ablation
+        run_all(ordered(names), path, lambda n, row: fit_dataset(n, row, args, pub, reuse),
+                meta, complete=(lambda row: "no_mixer" in row["linattn"]) if ablate else None)
     results = json.loads(path.read_text())
     text = report(results)
     if args.before:

@@ -441,3 +441,73 @@ def test_kept_probabilities_average_into_an_ensemble(ucr, tmp_path, monkeypatch)
     (dirs[1] / "S.npz").unlink()
     with pytest.raises(ValueError, match="p4/S.npz: no kept probabilities for S"):
         ucr.ensemble(members, dirs)
+
+
+def test_the_ablation_is_added_to_a_row_fitted_without_it(ucr, tmp_path, monkeypatch):
+    import linattn.tsc
+
+    monkeypatch.setattr(linattn.tsc, "ConvAttentionClassifier", _FakeConv)
+    X, Xt = np.zeros((6, 4)), np.zeros((9, 4))
+    y, yt = np.array(["a", "b", "c"] * 2), np.array(["a", "b", "c"] * 3)
+    both = ucr.fit_conv(X, y, Xt, yt, 1, 3, ablation=True, keep=tmp_path / "both.npz")
+    first = ucr.fit_conv(X, y, Xt, yt, 1, 3, ablation=False, keep=tmp_path / "S.npz")
+    later = ucr.fit_conv(X, y, Xt, yt, 1, 3, keep=tmp_path / "S.npz", model=first)
+    assert "no_mixer" not in first  # the row given is copied, not changed
+    assert {k: v for k, v in later.items() if k != "no_mixer"} == first
+    assert later["no_mixer"]["accuracy"] == both["no_mixer"]["accuracy"]
+    with np.load(tmp_path / "S.npz") as z, np.load(tmp_path / "both.npz") as w:
+        assert sorted(z.files) == sorted(w.files) == ["ablation", "classes", "model", "y"]
+        for k in z.files:  # the model's kept probabilities are kept, the ablation's added
+            assert np.array_equal(z[k], w[k])
+    with pytest.raises(ValueError, match="S.npz: not the probabilities of this row's fit"):
+        ucr.fit_conv(X, y, Xt, yt, 1, 3, keep=tmp_path / "S.npz",
+                     model={**first, "accuracy": first["accuracy"] + 0.5})
+    # without kept probabilities, only the row gains the ablation
+    assert ucr.fit_conv(X, y, Xt, yt, 1, 3, model=first) == later
+    # rows without their ablation are pending when it is asked for
+    rows = {"datasets": {"A": {"linattn": first, "MiniRocket": {}},
+                         "B": {"linattn": later, "MiniRocket": {}}}}
+    assert ucr.pending(["A", "B"], rows) == []
+    assert ucr.pending(["A", "B"], rows, complete=lambda r: "no_mixer" in r["linattn"]) == ["A"]
+
+
+@needs_ucr
+def test_a_no_ablation_run_rerun_gains_only_its_ablation(ucr, tmp_path, monkeypatch):
+    import sys
+
+    import linattn.tsc
+    from linattn.datasets import load_ucr
+
+    fits = []
+
+    class Counted(_FakeConv):
+        def fit(self, X, y):
+            fits.append(self.num_layers)
+            return super().fit(X, y)
+
+    monkeypatch.setattr(linattn.tsc, "ConvAttentionClassifier", Counted)
+    Xtr, ytr, Xte, _ = load_ucr("Coffee", download=False)
+    old = tmp_path / "old.json"  # MiniRocket's row, reused rather than fitted
+    old.write_text(json.dumps({"datasets": {"Coffee": {
+        "train": len(Xtr), "test": len(Xte), "length": Xtr.shape[1],
+        "classes": len(np.unique(ytr)), "nan": False,
+        "MiniRocket": {"accuracy": 1.0, "fit_s": 1.0, "fit_cpu_s": 1.0}}}}))
+    path = tmp_path / "r.json"
+    argv = ["ucr.py", "--method", "conv", "--datasets", "Coffee", "--results", str(path),
+            "--minirocket-python", sys.executable, "--reuse-minirocket", str(old),
+            "--keep-proba", str(tmp_path / "p"), "--plots", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--no-ablation"])
+    ucr.main()
+    row = json.loads(path.read_text())["datasets"]["Coffee"]["linattn"]
+    assert fits == [2] and "no_mixer" not in row
+    monkeypatch.setattr(sys, "argv", argv)
+    ucr.main()
+    results = json.loads(path.read_text())
+    now = results["datasets"]["Coffee"]["linattn"]
+    assert fits == [2, 0]  # the ablation alone
+    assert {k: v for k, v in now.items() if k != "no_mixer"} == row
+    assert "ablation" not in results["meta"]["rule"]
+    with np.load(tmp_path / "p" / "Coffee.npz") as z:
+        assert {"model", "ablation"} <= set(z.files)
+    ucr.main()  # nothing left to fit
+    assert fits == [2, 0]
