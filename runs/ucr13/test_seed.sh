@@ -2,7 +2,9 @@
 # the fifth configuration's TEST run (runs/ucr13/DECISION.md: adopted), one seed ($1, default 0)
 # on two processes of one thread, the datasets balanced by round 7's seed-0 fit times (the
 # fourth configuration's); MiniRocket's rows reused from round 7's seed 1 (its random_state is
-# 0 in every run). Resumable: a rerun skips the datasets already in each part. Join with
+# 0 in every run). Resumable: a rerun skips the datasets already in each part. ABLATION=1
+# fits only the no-mixer ablations the parts' rows lack (ucr.py without --no-ablation), in
+# the same files and probability folder. Join with
 #   ucr.py --merge runs/ucr13/test/seed$1_a.json runs/ucr13/test/seed$1_b.json \
 #       --results runs/ucr13/test/seed$1.json --plots /tmp/plots13
 cd "$(dirname "$0")/../.." || exit 1
@@ -20,14 +22,17 @@ for n in sorted(cost, key=lambda n: -cost[n]):
 print(",".join(halves[0]), ",".join(halves[1]))
 PY
 )
-echo "seed $seed start $(date -u): [$first] [$second]" >> runs/ucr13/test/done.log
+what=${ABLATION:+ablation }
+flag=--no-ablation
+[ -n "${ABLATION:-}" ] && flag=
+echo "seed $seed ${what}start $(date -u): [$first] [$second]" >> runs/ucr13/test/done.log
 run() {  # $1 datasets, $2 part
   nice -n "${NICE:-5}" .venv/bin/python benchmarks/ucr.py --method conv --threads 1 --seed "$seed" \
-    --no-ablation --datasets "$1" --results "runs/ucr13/test/seed${seed}_$2.json" \
+    $flag --datasets "$1" --results "runs/ucr13/test/seed${seed}_$2.json" \
     --keep-proba "runs/ucr13/test/proba$seed" --reuse-minirocket runs/ucr7/seed1.json \
     --plots "/tmp/plots13_$2" >> "runs/ucr13/test/seed${seed}_$2.log" 2>&1
 }
 run "$first" a &
 run "$second" b &
 wait
-echo "seed $seed done $(date -u)" >> runs/ucr13/test/done.log
+echo "seed $seed ${what}done $(date -u)" >> runs/ucr13/test/done.log
