@@ -259,7 +259,7 @@ def before_after(before: dict, after: dict) -> str:
                    f"{np.mean([old[r['dataset']]['linattn'] for r in main]):.4f}")
         for label, rs in (("before", [{**r, "linattn": old[r["dataset"]]["linattn"]}
                                       for r in main]), ("now", main)):
-            c = comparison(rs, METHODS)
+            c = comparison(rs, METHODS, digits=None)  # rounded once, by the format below
             w, t, lo = c["wtl"]["MiniRocket"]
             out.append(f"- {label} against MiniRocket: W/T/L {w}/{t}/{lo}, mean rank "
                        f"{c['mean_rank']['linattn']:.2f}, mean accuracy "
@@ -761,8 +761,9 @@ def report(results: dict) -> str:
             f"{_f(r['linattn'])} | {_f(r['linattn_fit_s'], '.1f')} | {_f(r['MiniRocket'])} | "
             f"{_f(r['MiniRocket_fit_s'], '.1f')} | {_f(r['InceptionTime'])} | {_f(r['HC2'])} |")
     out = ["\n".join(lines), ""]
-    two = comparison(main, METHODS)
-    four = comparison(main, (*METHODS, "InceptionTime", "HC2"))
+    # unrounded: the formats below round once (2.3947 rounded to 3 digits first prints 2.40)
+    two = comparison(main, METHODS, digits=None)
+    four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
     for title, c in (("linattn vs MiniRocket", two), ("all four", four)):
         if c is None:
             continue

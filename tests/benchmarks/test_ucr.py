@@ -132,6 +132,20 @@ def test_ranks_and_wins_on_a_hand_made_table(ucr):
     assert ucr.comparison(rows[1:2], ("linattn", "HC2")) is None
 
 
+def test_the_report_rounds_mean_ranks_once(ucr):
+    # 8 wins and 5 losses of 13: mean rank 18/13 = 1.3846, which rounded to 3 digits first
+    # (1.385) would print 1.39
+    def fit(acc):
+        return {"accuracy": acc, "fit_s": 1.0, "fit_cpu_s": 1.0}
+
+    results = {"datasets": {f"S{i}": {"train": 20, "test": 10, "length": 50, "classes": 2,
+                                      "linattn": fit(0.9 if i < 8 else 0.5),
+                                      "MiniRocket": fit(0.7)} for i in range(13)}}
+    line = next(x for x in ucr.report(results).splitlines()
+                if x.startswith("- linattn vs MiniRocket"))
+    assert "W/T/L vs MiniRocket 8/0/5; mean rank linattn 1.38, MiniRocket 1.62;" in line
+
+
 def test_read_published(ucr):
     text = "Resamples:,0,1,2\nChinatown,0.98,0.97,0.99\nFordB,0.5,0.6,0.7\nEmpty,,\n"
     assert ucr.read_published(text) == {"Chinatown": 0.98, "FordB": 0.5}
