@@ -304,7 +304,9 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     """Markdown table, one row per results file of one configuration run at several seeds
     (``--seeds``): mean accuracy on the main datasets, MiniRocket's in the same file, W/T/L
     against it, mean ranks on the datasets with published results, the no-mixer ablation's
-    mean (:func:`ablation_stats`) and the mixer's W/T/L, the widest gap below MiniRocket
+    mean (:func:`ablation_stats`), the mixer's W/T/L, the no-mixer model's mean rank in the
+    place of linattn's and InceptionTime's beside it (does the rank target hold without the
+    mixer?), the widest gap below MiniRocket
     (issue 27's 0.15 target; negative when linattn is ahead on every dataset) and linattn's
     fit + predict minutes summed over the datasets (one process's wall time, the file's
     threads); then the mean and sample standard deviation of
@@ -313,12 +315,13 @@ def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
     from its seed), repeat a seed, or do not hold the same datasets."""
     head = ["results", "seed", "datasets", "linattn", "MiniRocket", "W/T/L vs MiniRocket",
             "published sets", "rank linattn", "rank InceptionTime", "rank MiniRocket",
-            "rank HC2", "no mixer", "mixer W/T/L", "widest gap below MiniRocket",
-            "fit + predict min"]
+            "rank HC2", "no mixer", "mixer W/T/L", "rank no mixer",
+            "rank InceptionTime vs no mixer", "widest gap below MiniRocket", "fit + predict min"]
     # the columns of _seed_row's numbers, in their order, and the format of their mean ± sd
     means = {"linattn": ".4f", "MiniRocket": ".4f", "rank linattn": ".2f",
              "rank InceptionTime": ".2f", "rank MiniRocket": ".2f", "rank HC2": ".2f",
-             "no mixer": ".4f", "widest gap below MiniRocket": ".3f", "fit + predict min": ".1f"}
+             "no mixer": ".4f", "rank no mixer": ".2f", "rank InceptionTime vs no mixer": ".2f",
+             "widest gap below MiniRocket": ".3f", "fit + predict min": ".1f"}
     numbers: list[list[float]] = []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first_rule, seeds, first_sets = None, set(), None
@@ -362,6 +365,7 @@ def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[flo
     bare = abl["no_mixer"] if abl else float("nan")
     ranks = ([four["mean_rank"][m] for m in ("linattn", "InceptionTime", "MiniRocket", "HC2")]
              if four else [float("nan")] * 4)
+    bare_ranks = _no_mixer_ranks(results, main)
     gap, widest = max((r["MiniRocket"] - r["linattn"], r["dataset"]) for r in main
                       if r["dataset"] in two["datasets"])
     # a file without a time (an ensemble's) gives NaN, not a sum of what it has
@@ -369,14 +373,25 @@ def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[flo
              for k in ("fit_s", "predict_s")]
     minutes = float("nan") if None in times else sum(times) / 60
     row = [two["mean_accuracy"]["linattn"], two["mean_accuracy"]["MiniRocket"], *ranks, bare,
-           gap, minutes]
+           *bare_ranks, gap, minutes]
     w, t, lo = two["wtl"]["MiniRocket"]
     cells = [label, str(seed), str(len(two["datasets"])), _f(row[0], ".4f"), _f(row[1], ".4f"),
              f"{w}/{t}/{lo}", str(len(four["datasets"]) if four else 0),
              *(_f(v, ".2f") for v in ranks), _f(bare, ".4f"),
-             "/".join(map(str, abl["wtl"])) if abl else "—", f"{_f(gap)} ({widest})",
+             "/".join(map(str, abl["wtl"])) if abl else "—",
+             *(_f(v, ".2f") for v in bare_ranks), f"{_f(gap)} ({widest})",
              _f(minutes, ".1f")]
     return rule, seed, sorted(two["datasets"]), row, cells
+
+
+def _no_mixer_ranks(results: dict, main: Sequence[dict]) -> list[float]:
+    """The no-mixer model's mean rank among the four in linattn's place, and InceptionTime's
+    beside it, on the published sets that have the ablation; NaN without any."""
+    rows = [{**r, "linattn": results["datasets"][r["dataset"]]["linattn"]
+             .get("no_mixer", {}).get("accuracy")} for r in main]
+    four = comparison(rows, (*METHODS, "InceptionTime", "HC2"), digits=None)
+    return ([four["mean_rank"]["linattn"], four["mean_rank"]["InceptionTime"]] if four
+            else [float("nan")] * 2)
 
 def sizes_and_gaps(rows: Sequence[dict], small: int = 64, widest: int = 3) -> str | None:
     """Markdown line: linattn and MiniRocket's mean accuracy on the sets of at most ``small``

@@ -344,16 +344,21 @@ def test_seed_summary_rows_and_spread(ucr, tmp_path, monkeypatch, capsys):
     # s1: A: HC2 1.0 > linattn 0.9 > MiniRocket 0.8 > InceptionTime 0.7 (ranks 1, 2, 3, 4);
     # B: HC2 1.0 > InceptionTime 0.7 > linattn = MiniRocket 0.5 (1, 2, 3.5, 3.5)
     # widest gap below MiniRocket: s1's is B's 0 (A is above it; FordB's 1.0 is held out);
-    # fit + predict: two datasets of 30 + 6 s, 1.2 minutes
+    # fit + predict: two datasets of 30 + 6 s, 1.2 minutes; without the mixer (0.9, 0.4):
+    # A 2nd, B 4th, and InceptionTime 4th and 2nd
     assert lines[2] == ("| s1.json | 1 | 2 | 0.7000 | 0.6500 | 1/1/0 | 2 | 2.75 | 3.00 | "
-                        "3.25 | 1.00 | 0.6500 | 1/1/0 | 0.000 (B) | 1.2 |")
+                        "3.25 | 1.00 | 0.6500 | 1/1/0 | 3.00 | 3.00 | 0.000 (B) | 1.2 |")
     assert lines[3].startswith("| s2.json | 2 | 2 | 0.7000 | 0.6500 | 1/0/1 | 2 |")
-    assert lines[3].endswith("| 0.7500 | 0/1/1 | 0.100 (A) | 1.2 |")
+    # s2 without the mixer (0.8, 0.7): tied with MiniRocket on A, InceptionTime on B: 2.5
+    # and 2.5; InceptionTime 4 and 2.5
+    assert lines[3].endswith("| 0.7500 | 0/1/1 | 2.50 | 3.25 | 0.100 (A) | 1.2 |")
     # mean and sample spread: 0.7 both times; no mixer 0.65 and 0.75; gaps 0 and 0.1
     assert lines[4].startswith("| mean ± sd | | | 0.7000 ± 0.0000 | 0.6500 ± 0.0000 | | | ")
     assert lines[4].endswith(f"| 0.7000 ± {np.std([0.65, 0.75], ddof=1):.4f} | | "
+                             f"2.75 ± {np.std([3.0, 2.5], ddof=1):.2f} | "
+                             f"3.12 ± {np.std([3.0, 3.25], ddof=1):.2f} | "
                              f"0.050 ± {np.std([0.0, 0.1], ddof=1):.3f} | 1.2 ± 0.0 |")
-    assert all(line.count("|") == 16 for line in lines)
+    assert all(line.count("|") == 18 for line in lines)
     alone = ucr.seed_summary([("s1.json", one)]).splitlines()[-1]
     assert "0.7000 ± —" in alone and "nan" not in alone
     del one["datasets"]["B"]["linattn"]["predict_s"]  # a file without times: no sum of a part
