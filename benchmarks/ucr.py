@@ -108,6 +108,8 @@ HELD_OUT = ("FordB",)
 #: Published results: aeon's file name stem → the name reported.
 PUBLISHED = {"HC2": "HC2", "InceptionTime": "InceptionTime"}
 METHODS = ("linattn", "MiniRocket")
+#: The fitted methods and the published ones: the four of the ranks and the CD plot.
+ALL_FOUR = (*METHODS, "InceptionTime", "HC2")
 DEFAULT_PYTHON = os.environ.get("UCR_MINIROCKET_PYTHON", "/tmp/ucrenv/bin/python")
 _SINGLE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                    "NUMBA_NUM_THREADS")}
@@ -192,12 +194,12 @@ def win_tie_loss(a: Sequence[float], b: Sequence[float]) -> tuple[int, int, int]
     return int((a > b).sum()), int((a == b).sum()), int((a < b).sum())
 
 
-def comparison(rows: Sequence[dict], methods: Sequence[str], digits: int | None = 4
+def comparison(rows: Sequence[dict], methods: Sequence[str], digits: int | None = None
                ) -> dict | None:
     """W/T/L of the first method against each other one, mean ranks and mean accuracies on the
     rows where every method has a result (scores compared as counts of correct predictions);
-    None if no row has them all. Accuracies rounded to ``digits``, ranks to one digit fewer
-    (None: unrounded, for averages over seeds)."""
+    None if no row has them all. Unrounded by default (whoever prints rounds, once); with
+    ``digits`` accuracies rounded to it, ranks to one digit fewer."""
     rows = [r for r in rows if all(r.get(m) is not None for m in methods)]
     if not rows:
         return None
@@ -259,7 +261,7 @@ def before_after(before: dict, after: dict) -> str:
                    f"{np.mean([old[r['dataset']]['linattn'] for r in main]):.4f}")
         for label, rs in (("before", [{**r, "linattn": old[r["dataset"]]["linattn"]}
                                       for r in main]), ("now", main)):
-            c = comparison(rs, METHODS, digits=None)  # rounded once, by the format below
+            c = comparison(rs, METHODS)
             w, t, lo = c["wtl"]["MiniRocket"]
             out.append(f"- {label} against MiniRocket: W/T/L {w}/{t}/{lo}, mean rank "
                        f"{c['mean_rank']['linattn']:.2f}, mean accuracy "
@@ -357,8 +359,8 @@ def _seed_row(label: str, results: dict) -> tuple[dict, int, list[str], list[flo
     rule.pop("members", None)  # an ensemble's seeds: one file of a configuration each
     rule.pop("ablation", None)  # with or without the no-mixer fits, the same model
     main = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT]
-    two = comparison(main, METHODS, digits=None)
-    four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
+    two = comparison(main, METHODS)
+    four = comparison(main, ALL_FOUR)
     if two is None:
         raise ValueError(f"{label}: no dataset with both linattn and MiniRocket")
     abl = ablation_stats(results)
@@ -389,7 +391,7 @@ def _no_mixer_ranks(results: dict, main: Sequence[dict]) -> list[float]:
     beside it, on the published sets that have the ablation; NaN without any."""
     rows = [{**r, "linattn": results["datasets"][r["dataset"]]["linattn"]
              .get("no_mixer", {}).get("accuracy")} for r in main]
-    four = comparison(rows, (*METHODS, "InceptionTime", "HC2"), digits=None)
+    four = comparison(rows, ALL_FOUR)
     return ([four["mean_rank"]["linattn"], four["mean_rank"]["InceptionTime"]] if four
             else [float("nan")] * 2)
 
@@ -776,9 +778,8 @@ def report(results: dict) -> str:
             f"{_f(r['linattn'])} | {_f(r['linattn_fit_s'], '.1f')} | {_f(r['MiniRocket'])} | "
             f"{_f(r['MiniRocket_fit_s'], '.1f')} | {_f(r['InceptionTime'])} | {_f(r['HC2'])} |")
     out = ["\n".join(lines), ""]
-    # unrounded: the formats below round once (2.3947 rounded to 3 digits first prints 2.40)
-    two = comparison(main, METHODS, digits=None)
-    four = comparison(main, (*METHODS, "InceptionTime", "HC2"), digits=None)
+    two = comparison(main, METHODS)
+    four = comparison(main, ALL_FOUR)
     for title, c in (("linattn vs MiniRocket", two), ("all four", four)):
         if c is None:
             continue
@@ -885,17 +886,16 @@ def cd_plot(results: dict, path: Path, python: str) -> bool:
     """aeon's critical-difference plot of the four methods on the datasets all have."""
     from linattn._io import atomic_path
 
-    methods = (*METHODS, "InceptionTime", "HC2")
     rows = [r for r in table_rows(results) if r["dataset"] not in HELD_OUT
-            and all(r[m] is not None for m in methods)]
+            and all(r[m] is not None for m in ALL_FOUR)]
     if len(rows) < 3:
         return False
     with tempfile.TemporaryDirectory(prefix="ucr-cd-") as tmp, \
             atomic_path(path, suffix=".png") as out:
         spec = Path(tmp) / "scores.json"
-        spec.write_text(json.dumps({"labels": list(methods),
+        spec.write_text(json.dumps({"labels": list(ALL_FOUR),
                                     "scores": [[correct(r[m], r["test"]) / r["test"]
-                                                for m in methods] for r in rows],
+                                                for m in ALL_FOUR] for r in rows],
                                     "title": f"{len(rows)} UCR datasets"}))
         subprocess.run([python, os.path.abspath(__file__), "--cd-worker", str(spec), str(out)],
                        check=True, env={**os.environ, **_SINGLE_THREAD}, timeout=600)

@@ -119,13 +119,13 @@ def test_ranks_and_wins_on_a_hand_made_table(ucr):
         {"dataset": "C", "test": 3, "linattn": 1 / 3, "MiniRocket": 2 / 3, "HC2": 2 / 3},
         {"dataset": "D", "test": 7, "linattn": 6 / 7, "MiniRocket": 0.857142857, "HC2": 0.5},
     ]
-    c = ucr.comparison(rows, ("linattn", "MiniRocket"))
+    c = ucr.comparison(rows, ("linattn", "MiniRocket"), digits=4)
     assert c["datasets"] == ["A", "B", "C", "D"]
     assert c["wtl"] == {"MiniRocket": (1, 2, 1)}  # D: 6/7 either way, a tie
     assert c["mean_rank"] == {"linattn": 1.5, "MiniRocket": 1.5}
     assert c["mean_accuracy"]["linattn"] == pytest.approx((0.9 + 0.5 + 1 / 3 + 6 / 7) / 4,
                                                          abs=1e-4)
-    c3 = ucr.comparison(rows, ("linattn", "MiniRocket", "HC2"))  # B has no HC2: left out
+    c3 = ucr.comparison(rows, ("linattn", "MiniRocket", "HC2"), digits=4)  # B: no HC2, left out
     assert c3["datasets"] == ["A", "C", "D"]
     assert c3["wtl"] == {"MiniRocket": (1, 1, 1), "HC2": (1, 0, 2)}
     assert c3["mean_rank"] == {"linattn": 2.167, "MiniRocket": 2.0, "HC2": 1.833}
