@@ -18,10 +18,12 @@ _EXPORTS = {
     "ConvAttentionClassifier": "linattn.tsc.conv_classifier",  # scikit-learn too
     "ConvTokens": "linattn.tsc.conv_tokens",
     "CompetingKernels": "linattn.tsc.competing",
+    "RandomAttentionFeatures": "linattn.tsc.attention_features",
 }
 
 __all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier",
-           "ConvAttentionClassifier", "ConvTokens", "CompetingKernels"]
+           "ConvAttentionClassifier", "ConvTokens", "CompetingKernels",
+           "RandomAttentionFeatures"]
 
 
 def __getattr__(name: str):
