@@ -10,6 +10,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import ridge_extras as R  # noqa: E402
 
+from linattn._io import write_json  # noqa: E402
 from linattn.tsc.competing import CompetingKernels  # noqa: E402
 from linattn.tsc.conv_classifier import RidgeHead, ridge_proba  # noqa: E402
 from linattn.tsc.conv_tokens import ConvTokens  # noqa: E402
@@ -27,17 +28,47 @@ def scaled(t, X, tr, va):
     return R.U._standardised(flat(t.transform(X[tr])), flat(t.transform(X[va])))
 
 
-def ridge_d_proba(X, y, tr, va, n_classes):
-    """Validation probabilities (on class codes) of round 12's ``ridgeD``: the estimator's
-    ridge features (global PPV and quantiles, competing kernels) and the PPV of the first
-    differences, fitted on X[tr]. Round 13 (``runs/ucr13/round13.py``) reuses it."""
-    G = scaled(ConvTokens(1, 10000, 9, random_state=0), X, tr, va)
-    H = scaled(CompetingKernels(64, random_state=0), X, tr, va)
+def ridge_d_parts(X, tr, va, seed=0):
+    """Round 12's ``ridgeD`` features as (train, validation) pairs, fitted on X[tr]: the
+    estimator's ridge features (global PPV and quantiles, competing kernels) and the PPV of
+    the first differences. Rounds 13 to 15 reuse them."""
+    G = scaled(ConvTokens(1, 10000, 9, random_state=seed), X, tr, va)
+    H = scaled(CompetingKernels(64, random_state=seed), X, tr, va)
     dX = np.ascontiguousarray(np.diff(X, axis=1), dtype=np.float32)
-    D = scaled(ConvTokens(1, 5000, 0, random_state=0), dX, tr, va)
-    r = RidgeHead.fit(np.hstack([G[0], H[0], D[0]]), y[tr])
-    return ridge_proba(r.decision_function(np.hstack([G[1], H[1], D[1]])), r.classes_,
-                       n_classes, 5.0)
+    D = scaled(ConvTokens(1, 5000, 0, random_state=seed), dX, tr, va)
+    return [G, H, D]
+
+
+def ridge_fit(parts, y_tr, n_classes):
+    """(validation probabilities on class codes, the fitted :class:`RidgeHead`, its
+    validation decision values) of a ridge on the (train, validation) feature pairs
+    ``parts`` side by side."""
+    r = RidgeHead.fit(np.hstack([p[0] for p in parts]), y_tr)
+    d = r.decision_function(np.hstack([p[1] for p in parts]))
+    return ridge_proba(d, r.classes_, n_classes, 5.0), r, d
+
+
+def ridge_d_proba(X, y, tr, va, n_classes):
+    """Validation probabilities (on class codes) of round 12's ``ridgeD``
+    (:func:`ridge_d_parts`), fitted on X[tr]."""
+    return ridge_fit(ridge_d_parts(X, tr, va), y[tr], n_classes)[0]
+
+
+def resumable(out, names, study, suffix="_heads"):
+    """For each of ``names`` not yet in OUT, ``study(name)`` -> (row, arrays): the arrays to
+    OUT's ``suffix`` folder, the row to OUT (rewritten atomically after every dataset), so a
+    rerun skips the sets done. Rounds 13 to 15's scripts run through it."""
+    folder = out.removesuffix(".json") + suffix
+    os.makedirs(folder, exist_ok=True)
+    results = json.load(open(out)) if os.path.exists(out) else {}
+    for name in names:
+        if name in results:
+            continue
+        row, arrays = study(name)
+        np.savez(f"{folder}/{name}.npz", **arrays)
+        results[name] = row
+        print(name, json.dumps(row), flush=True)
+        write_json(out, results)
 
 
 def run(seed, name, heads):

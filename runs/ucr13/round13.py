@@ -5,7 +5,6 @@ that also reads the PPV of the first differences) at net weight 1/4.
 Usage, from the repository root: ``round13.py SPLIT_SEED OUT NAME...``. Each dataset's row goes
 to OUT (rewritten atomically after every dataset; a rerun skips the sets already there) and its
 validation probabilities of every head to OUT's ``_heads`` folder."""
-import json
 import os
 import sys
 import time
@@ -43,20 +42,8 @@ def study(split_seed: int, name: str) -> tuple[dict, dict]:
 
 
 def main(argv: list[str]) -> None:
-    split_seed, out, names = int(argv[0]), argv[1], argv[2:]
-    folder = out.removesuffix(".json") + "_heads"
-    os.makedirs(folder, exist_ok=True)
-    results = json.load(open(out)) if os.path.exists(out) else {}
-    for name in names:
-        if name in results:
-            continue
-        row, heads = study(split_seed, name)
-        np.savez(f"{folder}/{name}.npz", **heads)
-        results[name] = row
-        print(name, json.dumps(row), flush=True)
-        with open(out + ".tmp", "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(out + ".tmp", out)
+    split_seed = int(argv[0])
+    W.resumable(argv[1], argv[2:], lambda name: study(split_seed, name))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ chooses a candidate and decides nothing.
 Usage, from the repository root: ``explore.py SPLIT_SEED OUT NAME...``; each dataset's row
 goes to OUT (rewritten atomically after every dataset; a rerun skips the sets already there)
 and the ridges' validation probabilities to OUT's ``_heads`` folder."""
-import json
 import os
 import sys
 import time
@@ -18,8 +17,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ucr12"))
 import ridge_diff_weights as W  # noqa: E402  (it puts benchmarks/ on the path)
 
 from linattn.tsc.attention_features import RandomAttentionFeatures  # noqa: E402
-from linattn.tsc.competing import CompetingKernels  # noqa: E402
-from linattn.tsc.conv_classifier import RidgeHead, ridge_proba  # noqa: E402
 from linattn.tsc.conv_tokens import ConvTokens  # noqa: E402
 
 U = W.R.U  # benchmarks/ucr_tokens.py
@@ -30,11 +27,6 @@ VARIANTS = {"attn": dict(sharpness=1.0), "attn2": dict(sharpness=2.0),
 KEPT = {1: "runs/ucr_tokens/round10_{}_heads", 2: "runs/ucr_tokens/round11_{}_heads"}
 
 
-def ridge(parts_tr, parts_va, y_tr, n_classes):
-    r = RidgeHead.fit(np.hstack(parts_tr), y_tr)
-    return ridge_proba(r.decision_function(np.hstack(parts_va)), r.classes_, n_classes, 5.0)
-
-
 def study(split_seed: int, name: str) -> tuple[dict, dict]:
     X, y, classes, tr, va, row = U._inner_data(name, split_seed)
     n_classes = len(classes)
@@ -42,11 +34,8 @@ def study(split_seed: int, name: str) -> tuple[dict, dict]:
     kept = np.load(KEPT[split_seed].format(half) + f"/{name}.npz")
     assert np.array_equal(kept["y"], y[va])
     t0 = time.perf_counter()
-    G = W.scaled(ConvTokens(1, 10000, 9, random_state=0), X, tr, va)
-    H = W.scaled(CompetingKernels(64, random_state=0), X, tr, va)
-    dX = np.ascontiguousarray(np.diff(X, axis=1), dtype=np.float32)
-    D = W.scaled(ConvTokens(1, 5000, 0, random_state=0), dX, tr, va)
-    heads = {"ridgeD": ridge([G[0], H[0], D[0]], [G[1], H[1], D[1]], y[tr], n_classes)}
+    parts = W.ridge_d_parts(X, tr, va)
+    heads = {"ridgeD": W.ridge_fit(parts, y[tr], n_classes)[0]}
     row["ridgeD_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
     T = U._scaled_tokens(ConvTokens(16, 2000, 9, random_state=0), X, tr, va)
@@ -55,8 +44,7 @@ def study(split_seed: int, name: str) -> tuple[dict, dict]:
         t0 = time.perf_counter()
         a = RandomAttentionFeatures(random_state=0, **kw).fit(T[0])
         A = U._standardised(a.transform(T[0]), a.transform(T[1]))
-        heads[label] = ridge([G[0], H[0], D[0], A[0]], [G[1], H[1], D[1], A[1]], y[tr],
-                             n_classes)
+        heads[label] = W.ridge_fit([*parts, A], y[tr], n_classes)[0]
         row[f"{label}_s"] = round(time.perf_counter() - t0, 2)
     joins = {f"{k}+net@1/4": U.weighted_join(kept["net"], v, NET_WEIGHT)
              for k, v in heads.items()}
@@ -65,20 +53,8 @@ def study(split_seed: int, name: str) -> tuple[dict, dict]:
 
 
 def main(argv: list[str]) -> None:
-    split_seed, out, names = int(argv[0]), argv[1], argv[2:]
-    folder = out.removesuffix(".json") + "_heads"
-    os.makedirs(folder, exist_ok=True)
-    results = json.load(open(out)) if os.path.exists(out) else {}
-    for name in names:
-        if name in results:
-            continue
-        row, heads = study(split_seed, name)
-        np.savez(f"{folder}/{name}.npz", **heads)
-        results[name] = row
-        print(name, json.dumps(row), flush=True)
-        with open(out + ".tmp", "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(out + ".tmp", out)
+    split_seed = int(argv[0])
+    W.resumable(argv[1], argv[2:], lambda name: study(split_seed, name))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ values on the validation series. With ``LAYERS`` = 0 the net has no mixer (the a
 Usage, from the repository root: ``explore.py SPLIT_SEED LAYERS OUT NAME...``; rows to OUT
 (rewritten atomically after every dataset; a rerun skips the sets done), probabilities to
 OUT's ``_heads`` folder."""
-import json
 import os
 import sys
 import time
@@ -22,8 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ucr12"))
 import ridge_diff_weights as W  # noqa: E402  (it puts benchmarks/ on the path)
 
-from linattn.tsc.competing import CompetingKernels  # noqa: E402
-from linattn.tsc.conv_classifier import RidgeHead, fit_net, net_proba, ridge_proba  # noqa: E402
+from linattn.tsc.conv_classifier import fit_net, net_proba  # noqa: E402
 from linattn.tsc.conv_tokens import ConvTokens, TokenNet  # noqa: E402
 
 U = W.R.U
@@ -80,21 +78,17 @@ def study(split_seed: int, layers: int, name: str) -> tuple[dict, dict]:
     X, y, classes, tr, va, row = U._inner_data(name, split_seed)
     n_classes = len(classes)
     t0 = time.perf_counter()
-    G = W.scaled(ConvTokens(1, 10000, 9, random_state=0), X, tr, va)
-    H = W.scaled(CompetingKernels(64, random_state=0), X, tr, va)
-    dX = np.ascontiguousarray(np.diff(X, axis=1), dtype=np.float32)
-    D = W.scaled(ConvTokens(1, 5000, 0, random_state=0), dX, tr, va)
-    F_tr, F_va = np.hstack([G[0], H[0], D[0]]), np.hstack([G[1], H[1], D[1]])
-    r = RidgeHead.fit(F_tr, y[tr])
-    ridge = ridge_proba(r.decision_function(F_va), r.classes_, n_classes, TEMPERATURE)
+    parts = W.ridge_d_parts(X, tr, va)
+    G = parts[0]  # the global features: the net's global token reads them too
+    ridge, r, d_va = W.ridge_fit(parts, y[tr], n_classes)
     row["ridge_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
     if len(r.classes_) < n_classes:  # a class the split's train part lacks: no offsets
         row["skipped"] = "a class missing from the inner train part"
         return row, {"y": y[va], "ridgeD": ridge}
-    loo = loo_decision(F_tr, ridge_targets(y[tr], r.classes_), r.alpha_)
+    loo = loo_decision(np.hstack([p[0] for p in parts]), ridge_targets(y[tr], r.classes_), r.alpha_)
     off_tr = torch.from_numpy(logits(loo[:, 0] if loo.shape[1] == 1 else loo))
-    off_va = torch.from_numpy(logits(r.decision_function(F_va)))
+    off_va = torch.from_numpy(logits(d_va))
     row["loo_s"] = round(time.perf_counter() - t0, 2)
     row["loo_accuracy"] = float((off_tr.argmax(1).numpy() == y[tr]).mean())
     t0 = time.perf_counter()
@@ -112,20 +106,8 @@ def study(split_seed: int, layers: int, name: str) -> tuple[dict, dict]:
 
 
 def main(argv: list[str]) -> None:
-    split_seed, layers, out, names = int(argv[0]), int(argv[1]), argv[2], argv[3:]
-    folder = out.removesuffix(".json") + "_heads"
-    os.makedirs(folder, exist_ok=True)
-    results = json.load(open(out)) if os.path.exists(out) else {}
-    for name in names:
-        if name in results:
-            continue
-        row, heads = study(split_seed, layers, name)
-        np.savez(f"{folder}/{name}.npz", **heads)
-        results[name] = row
-        print(name, json.dumps(row), flush=True)
-        with open(out + ".tmp", "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(out + ".tmp", out)
+    split_seed, layers = int(argv[0]), int(argv[1])
+    W.resumable(argv[2], argv[3:], lambda name: study(split_seed, layers, name))
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ def _tokens(n=5, S=7, F=12, seed=0) -> np.ndarray:
 
 
 def _direct(a: RandomAttentionFeatures, tokens: np.ndarray) -> np.ndarray:
-    """The module docstring's definition, one series, head and token at a time, in float64."""
+    """The module docstring's definition, one series, head and token at a time, in float64;
+    per head the values' means over the tokens, then their maxima (the transform's layout)."""
     Wq, Wk = a.query_.double().numpy(), a.key_.double().numpy()
     idx = a.value_index_.numpy()
     m = a.key_dim
     rows = []
     for t in tokens.astype(np.float64):
-        means, maxes = [], []
+        row = []
         for h in range(a.heads):
             q = np.exp(a.sharpness * (t @ Wq[:, h * m:(h + 1) * m]))
             k = np.exp(a.sharpness * (t @ Wk[:, h * m:(h + 1) * m]))
@@ -34,19 +35,9 @@ def _direct(a: RandomAttentionFeatures, tokens: np.ndarray) -> np.ndarray:
                 w = k[r] @ q[s]
                 o.append(w @ v[r] / w.sum())
             o = np.array(o)
-            means.append(o.mean(0))
-            maxes.append(o.max(0))
-        rows.append(np.concatenate([np.stack([mu, mx]).reshape(2, -1)
-                                    for mu, mx in zip(means, maxes, strict=True)], 0))
-    # the transform's layout: per head, the values' means then their maxima
-    return np.stack([np.concatenate([np.r_[mu, mx] for mu, mx in zip(means_, maxes_,
-                                                                    strict=True)])
-                     for means_, maxes_ in _split(rows, a)])
-
-
-def _split(rows, a):
-    for r in rows:
-        yield [r[2 * h] for h in range(a.heads)], [r[2 * h + 1] for h in range(a.heads)]
+            row.append(np.r_[o.mean(0), o.max(0)])
+        rows.append(np.concatenate(row))
+    return np.stack(rows)
 
 
 @pytest.mark.parametrize("causal", [False, True])

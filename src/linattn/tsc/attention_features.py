@@ -64,10 +64,12 @@ class RandomAttentionFeatures:
         scale = 1.0 / np.sqrt(F)
         self.query_ = torch.randn(F, self.heads * self.key_dim, generator=g) * scale
         self.key_ = torch.randn(F, self.heads * self.key_dim, generator=g) * scale
-        # each head's own value features, drawn without repeats within the head
-        self.value_index_ = torch.stack([torch.randperm(F, generator=g)[:self.values]
-                                         for _ in range(self.heads)]) if F >= self.values else \
-            torch.randint(F, (self.heads, self.values), generator=g)
+        # each head's own value features, without repeats within a head where F allows
+        if F >= self.values:
+            self.value_index_ = torch.stack([torch.randperm(F, generator=g)[:self.values]
+                                             for _ in range(self.heads)])
+        else:
+            self.value_index_ = torch.randint(F, (self.heads, self.values), generator=g)
         self.n_token_features_ = F
         return self
 
