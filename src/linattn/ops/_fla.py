@@ -117,23 +117,24 @@ def _state(name: str, x: object, N: int, H: int, K: int, V: int,
 
 
 def _flag(name: str, x: object) -> bool:
-    """A Python or NumPy bool, or (as before) a Python int 0 or 1."""
-    if is_bool(x) or (type(x) is int and x in (0, 1)):
+    """A Python or NumPy bool; never a number (docs/design.md, "Scalars and flags")."""
+    if is_bool(x):
         return bool(x)
     raise ValueError(f"{name}: expected a bool, got {x!r}")
 
 
 def _kwargs(fn: str, kwargs: dict, allowed: tuple[str, ...] = ()) -> dict:
-    """fla's extra keyword arguments, which every function takes (``**kwargs``) and checks here
-    first: ``head_first`` (removed in fla: ValueError), ``transpose_state_layout`` (fla's
-    deprecated name of state_v_first) and the others in ``allowed``; anything else is a
-    TypeError (fla ignores unknown names silently)."""
+    """fla's extra keyword arguments, which every function takes (``**kwargs``): the ones in
+    ``allowed`` (and ``transpose_state_layout``, fla's deprecated name of state_v_first) are
+    returned; any other name is ignored, as fla ignores it, because callers such as
+    transformers' linear-attention layers pass their own keyword arguments through
+    (``use_cache``, ``position_ids``, ...). One exception: ``head_first`` (removed in fla, which
+    now ignores it) is a ValueError, because ignoring it would silently read (B, H, T, ...)
+    inputs as (B, T, H, ...)."""
     if "head_first" in kwargs:
         raise ValueError("head_first: removed (in fla too); inputs are (B, T, H, ...)")
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        raise TypeError(f"{fn}() got unexpected keyword argument(s) {', '.join(unknown)}")
-    return kwargs
+    keep = (*allowed, "transpose_state_layout")
+    return {name: value for name, value in kwargs.items() if name in keep}
 
 
 def _state_v_first(state_v_first: object, kwargs: dict) -> bool:

@@ -4,13 +4,15 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.ops._common import accumulation_dtype
+from linattn.ops._common import accumulation_dtype, is_bool, nonfinite
 from linattn.ops._fla import (
     _beta,
     _finish,
@@ -39,6 +41,8 @@ __all__ = [
     "fused_recurrent_gated_delta_rule",
     "chunk_gdn",
     "fused_recurrent_gdn",
+    "chunk_kda",
+    "fused_recurrent_kda",
 ]
 
 
@@ -49,7 +53,7 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
            output_final_state, use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False,
            allow_neg_eigval=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
            state_v_first=False, cu_seqlens=None, chunk_size=None, gva=False, per_value_beta=False,
-           positive_scale=False):
+           positive_scale=False, lower_bound=None):
     """Checked fla-layout delta rule -> linattn.ops.delta (chunked, or step by step for gk, gv
     or per-value beta)."""
     B, T, H, HV, K = _qkv(q, k, v, gva=gva)
@@ -62,25 +66,12 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
     if neg and not sig:
         raise ValueError("allow_neg_eigval: needs use_beta_sigmoid_in_kernel=True (as in fla)")
     if _flag("use_gate_in_kernel", use_gate_in_kernel):
-        if A_log is None:
-            raise ValueError("A_log: must be given when use_gate_in_kernel=True")
-        if g is None:
+        if g is None and gk is None:
             raise ValueError("g: the raw gate input must be given when use_gate_in_kernel=True")
-        A_log = _tensor("A_log", A_log, 1)
-        if tuple(A_log.shape) != (HV,):
-            raise ValueError(f"A_log: expected shape (HV,) = {(HV,)}, got {tuple(A_log.shape)}")
-        raw = _tensor("g", g, 3)
-        if tuple(raw.shape) != (B, T, HV):
-            raise ValueError(f"g: expected shape (B, T, HV) = {(B, T, HV)}, got {tuple(raw.shape)}")
-        acc = accumulation_dtype(q.dtype)
-        raw = raw.to(acc)
-        if dt_bias is not None:
-            dt_bias = _tensor("dt_bias", dt_bias, 1)
-            if tuple(dt_bias.shape) != (HV,):
-                raise ValueError(f"dt_bias: expected shape (HV,) = {(HV,)}, got "
-                                 f"{tuple(dt_bias.shape)}")
-            raw = raw + dt_bias.to(acc)
-        g = -A_log.to(acc).exp() * F.softplus(raw)
+        if gk is not None:  # KDA: the per-key gate is the raw input
+            gk = _gate_in_kernel("g", gk, A_log, dt_bias, lower_bound, (B, T, HV, K), q.dtype)
+        else:
+            g = _gate_in_kernel("g", g, A_log, dt_bias, lower_bound, (B, T, HV), q.dtype)
     g = _gate("g", g, (B, T, HV))
     gk = _gate("gk", gk, (B, T, HV, K))
     gv = _gate("gv", gv, (B, T, HV, V))
@@ -94,7 +85,7 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
     S0 = _state("initial_state", initial_state, N, HV, K, V, state_v_first)
     if HV != H:  # grouped value attention: value head j reads q/k head j // (HV // H)
         q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
-    if gk is None and gv is None and beta.dim() == 3 and _one_token_each(T, cu):
+    if gv is None and beta.dim() == 3 and _one_token_each(T, cu):
         # decoding: every sequence one token, the step on (N, HV, ·) views (the chunked form
         # would cost several times the step here); states (N, HV, K, V) as the step's
         n = q.shape[0] if cu is None else T
@@ -102,7 +93,8 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
             S0 = torch.zeros(n, HV, K, V, dtype=accumulation_dtype(q.dtype), device=q.device)
         o_t, S = delta.delta_rule_step(
             *(x.reshape(n, HV, x.shape[-1]) for x in (q, k, v)), beta.reshape(n, HV), S0,
-            g_t=None if g is None else g.reshape(n, HV), scale=s, qk_l2norm=l2)
+            g_t=None if g is None else g.reshape(n, HV),
+            gk_t=None if gk is None else gk.reshape(n, HV, K), scale=s, qk_l2norm=l2)
         o = o_t.view(B, T, HV, V)
         return o, (None if not output_final_state else
                    S.transpose(-1, -2).contiguous() if state_v_first else S)
@@ -118,6 +110,59 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
                      {"beta_t": _hf(beta), "g_t": _hf(g), "gk_t": _hf(gk), "gv_t": _hf(gv)},
                      S0, cu)
     return _finish(o, S, output_final_state, state_v_first)
+
+
+def _gate_in_kernel(name: str, raw: object, A_log: object, dt_bias: object,
+                    lower_bound: object, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """fla's ``use_gate_in_kernel=True``: the log decay from the raw gate input ``raw`` of
+    ``shape`` ((B, T, HV) for Gated DeltaNet, (B, T, HV, K) for KDA), in the accumulation dtype:
+    ``−exp(A_log)·softplus(raw + dt_bias)``, or with ``lower_bound`` (KDA's bounded gate)
+    ``lower_bound·sigmoid(exp(A_log)·(raw + dt_bias))`` (A_log may then be None: factor 1).
+    A_log (HV,); dt_bias (HV,) per head, or for KDA (HV·K,) or (HV, K)."""
+    HV = shape[2]
+    per_key = len(shape) == 4
+    if A_log is None and lower_bound is None:
+        raise ValueError("A_log: must be given when use_gate_in_kernel=True")
+    raw = _tensor(name, raw, len(shape))
+    if tuple(raw.shape) != shape:
+        what = "(B, T, HV, K)" if per_key else "(B, T, HV)"
+        raise ValueError(f"{name}: expected shape {what} = {shape}, got {tuple(raw.shape)}")
+    acc = accumulation_dtype(dtype)
+    raw = raw.to(acc)
+    if dt_bias is not None:
+        dt_bias = _finite_tensor("dt_bias", dt_bias)
+        if tuple(dt_bias.shape) == shape[2:]:
+            pass
+        elif per_key and tuple(dt_bias.shape) == (HV * shape[3],):
+            dt_bias = dt_bias.view(shape[2:])
+        else:
+            want = f"(HV·K,) = {(HV * shape[3],)}" if per_key else f"(HV,) = {(HV,)}"
+            raise ValueError(f"dt_bias: expected shape {want}, got {tuple(dt_bias.shape)}")
+        raw = raw + dt_bias.to(acc)
+    a = None
+    if A_log is not None:
+        A_log = _finite_tensor("A_log", A_log)
+        if tuple(A_log.shape) != (HV,):
+            raise ValueError(f"A_log: expected shape (HV,) = {(HV,)}, got {tuple(A_log.shape)}")
+        a = A_log.to(acc).exp()
+        a = a.view(HV, 1) if per_key else a
+    if lower_bound is None:
+        return -a * F.softplus(raw)
+    if is_bool(lower_bound) or not isinstance(lower_bound, numbers.Real) or not (
+            -math.inf < float(lower_bound) < 0):
+        raise ValueError(f"lower_bound: expected a finite negative number, got {lower_bound!r}")
+    return float(lower_bound) * torch.sigmoid(raw if a is None else a * raw)
+
+
+def _finite_tensor(name: str, x: object) -> Tensor:
+    """A floating-point parameter tensor (A_log, dt_bias) whose values are all finite: a nan
+    there would otherwise surface as a nan gate, blamed on ``g``."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got "
+                        f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
+    if x.numel() and not bool(x.isfinite().all()):
+        raise ValueError(f"{name}: expected finite values, got {nonfinite(x)}")
+    return x
 
 
 def _decode(q: object, k: object, v: object, g: object, beta: object, scale: object,
@@ -377,3 +422,125 @@ def fused_recurrent_gated_delta_rule(
 #: fla's short names.
 chunk_gdn = chunk_gated_delta_rule
 fused_recurrent_gdn = fused_recurrent_gated_delta_rule
+
+
+# ----------------------------------------------------------------------------- KDA
+
+
+def _kda_options(return_intermediate_states: object, safe_gate: object,
+                 use_gate_in_kernel: object, lower_bound: object, cp_context: object) -> None:
+    """What fla's KDA takes that changes nothing here, checked as fla checks it."""
+    _no_cp(cp_context)
+    if _flag("return_intermediate_states", return_intermediate_states):
+        raise NotImplementedError("return_intermediate_states: the per-chunk states (vLLM's "
+                                  "inference hint) are not returned by linattn.fla")
+    if (_flag("safe_gate", safe_gate) and _flag("use_gate_in_kernel", use_gate_in_kernel)
+            and lower_bound is None):
+        raise ValueError("lower_bound: must be given when safe_gate=True and "
+                         "use_gate_in_kernel=True (as in fla)")
+
+
+def chunk_kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context: object | None = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
+    """Kimi Delta Attention: the gated delta rule with a gate per key dimension,
+    ``S_t = diag(exp(g_t)) S_{t−1} + β_t k_t (v_t − (diag(exp(g_t)) S_{t−1})ᵀ k_t)ᵀ``,
+    ``o_t = S_tᵀ(scale·q_t)``.
+
+    fla's ``fla.ops.kda.chunk_kda``; runs :func:`linattn.ops.delta.delta_rule` with ``gk``.
+
+    Args:
+        q, k: (B, T, H, K); v: (B, T, HV, V), HV a multiple of H (grouped value attention).
+        g: (B, T, HV, K) log decays ≤ 0; with ``use_gate_in_kernel=True`` the raw input, and the
+            decay is ``−exp(A_log)·softplus(g + dt_bias)``, or with ``lower_bound``
+            ``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))`` (A_log may then be None).
+        beta: (B, T, HV); logits with ``use_beta_sigmoid_in_kernel`` (times 2 with
+            ``allow_neg_eigval``).
+        scale: default ``K**-0.5``. initial_state: (N, HV, K, V) ((N, HV, V, K) with
+            ``state_v_first``) or None. output_final_state: return the final state.
+        use_qk_l2norm_in_kernel: L2-normalise q and k first (x / sqrt(Σx² + 1e-6)).
+        safe_gate: needs ``lower_bound`` with ``use_gate_in_kernel`` (as fla); else a speed
+            hint. disable_recompute, use_graph, max_num_seqs, cu_seqlens_cpu: GPU hints, unused.
+        return_intermediate_states: True raises NotImplementedError.
+        cp_context: must be None (context parallelism is not supported).
+        **kwargs: ``A_log`` (HV,), ``dt_bias`` (HV·K,) or (HV, K), ``chunk_size`` (speed only),
+            ``transpose_state_layout``; other names are ignored.
+
+    Returns:
+        o (B, T, HV, V) in q's dtype; final state (N, HV, K, V) or None.
+    """
+    kw = _kwargs("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size"))
+    svf = _state_v_first(state_v_first, kw)
+    _kda_options(return_intermediate_states, safe_gate, use_gate_in_kernel, lower_bound,
+                 cp_context)
+    if g is None:
+        raise ValueError("g: chunk_kda needs the gates (B, T, HV, K)")
+    return _delta(q, k, v, beta, gk=g, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                  allow_neg_eigval=allow_neg_eigval, use_gate_in_kernel=use_gate_in_kernel,
+                  A_log=kw.get("A_log"), dt_bias=kw.get("dt_bias"), lower_bound=lower_bound,
+                  state_v_first=svf, cu_seqlens=cu_seqlens, chunk_size=kw.get("chunk_size"),
+                  gva=True)
+
+
+def fused_recurrent_kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`chunk_kda` with fla's recurrent signature (``A_log``, ``dt_bias`` named here, as
+    in fla): g (B, T, HV, K); beta (B, T, HV) or per value (B, T, HV, V) (token by token), None
+    means ones. A decoding step (T = 1) runs :func:`linattn.ops.delta.delta_rule_step`.
+    ``**kwargs``: ``transpose_state_layout``; fla's serving arguments (``ssm_state_indices``,
+    ``num_accepted_tokens``, ``inplace_final_state``, ``out``) are ignored. Returns
+    (o (B, T, HV, V), final state or None)."""
+    kw = _kwargs("fused_recurrent_kda", kwargs)
+    svf = _state_v_first(state_v_first, kw)
+    if g is None:
+        raise ValueError("g: fused_recurrent_kda needs the gates (B, T, HV, K)")
+    return _delta(q, k, v, beta, gk=g, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                  allow_neg_eigval=allow_neg_eigval, use_gate_in_kernel=use_gate_in_kernel,
+                  A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_v_first=svf,
+                  cu_seqlens=cu_seqlens, gva=True, per_value_beta=True)
