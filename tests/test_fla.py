@@ -480,6 +480,23 @@ def test_errors_name_the_argument():
                                          cu_seqlens=torch.tensor([0, 11])),
          ValueError, "output_attentions:"),
         (lambda: fla.chunk_simple_gla(q, k, v.long()), TypeError, "v:"),
+        # a nan parameter of the gate is named, not blamed on g (issue 51)
+        (lambda: fla.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True,
+                                            A_log=torch.full((2,), float("nan"))),
+         ValueError, "A_log:"),
+        (lambda: fla.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True,
+                                            A_log=torch.zeros(2),
+                                            dt_bias=torch.tensor([0.0, float("inf")])),
+         ValueError, "dt_bias:"),
+        (lambda: fla.chunk_kda(q, k, v, x["gk"], beta, use_gate_in_kernel=True,
+                               lower_bound=0.5), ValueError, "lower_bound:"),
+        (lambda: fla.chunk_kda(q, k, v, x["gk"], beta, use_gate_in_kernel=True,
+                               safe_gate=True, A_log=torch.zeros(2)), ValueError, "lower_bound:"),
+        (lambda: fla.chunk_kda(q, k, v, x["gk"], beta, return_intermediate_states=True),
+         NotImplementedError, "return_intermediate_states"),
+        (lambda: fla.chunk_kda(q, k, v, x["gk"], beta, use_gate_in_kernel=True,
+                               A_log=torch.zeros(2), dt_bias=torch.zeros(3)),
+         ValueError, "dt_bias:"),
         (lambda: fla.chunk_gated_delta_rule(q, k, v, g, beta, cp_context=object()),
          NotImplementedError, "cp_context"),
         (lambda: fla.parallel_delta_rule(q, k, v, beta, output_attentions=True),
@@ -712,3 +729,48 @@ def test_numpy_chunk_size():
                                    rtol=0, atol=0)
         with pytest.raises(ValueError, match=r"^chunk_size: expected a positive integer"):
             getattr(fla, name)(**args, chunk_size=np.True_)
+
+
+# ----------------------------------------------------------------------------- KDA
+
+
+def test_kda_gate_in_kernel_forms(assert_close):
+    """fla's two in-kernel KDA gates: −exp(A_log)·softplus(g + dt_bias), and with lower_bound
+    lower_bound·sigmoid(exp(A_log)·(g + dt_bias)) (A_log optional there)."""
+    x = make(HV=4)
+    q, k, v, beta = x["q"], x["k"], x["v"], x["beta"]
+    raw = x["gk"] * 3 + 1  # any real numbers
+    A_log = torch.tensor([0.1, -0.2, 0.3, 0.0], dtype=torch.float64)
+    dt_bias = torch.linspace(-1, 1, 4 * 4, dtype=torch.float64)
+    z = raw + dt_bias.view(4, 4)
+    for kw, gk in (
+        ({"A_log": A_log, "dt_bias": dt_bias}, -A_log.exp().view(4, 1) * F.softplus(z)),
+        ({"A_log": A_log, "dt_bias": dt_bias, "lower_bound": -5.0},
+         -5.0 * torch.sigmoid(A_log.exp().view(4, 1) * z)),
+        ({"dt_bias": dt_bias.view(4, 4), "lower_bound": -2.0}, -2.0 * torch.sigmoid(z)),
+    ):
+        o, S = fla.chunk_kda(q, k, v, raw, beta, use_gate_in_kernel=True,
+                             output_final_state=True, **kw)
+        want, S_want = fla.chunk_kda(q, k, v, gk, beta, output_final_state=True)
+        assert_close(o, want)
+        assert_close(S, S_want)
+
+
+def test_kda_decode_continues_the_prefill(assert_close):
+    """fused_recurrent_kda one token at a time from chunk_kda's state equals one chunk_kda
+    over the whole sequence (with GVA, HV = 2·H)."""
+    x = make(T=9, HV=4)
+    q, k, v, gk, beta = x["q"], x["k"], x["v"], x["gk"], x["beta"]
+    o_all, S_all = fla.chunk_kda(q, k, v, gk, beta, initial_state=x["h0"],
+                                 output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, S = fla.chunk_kda(q[:, :5], k[:, :5], v[:, :5], gk[:, :5], beta[:, :5],
+                         initial_state=x["h0"], output_final_state=True,
+                         use_qk_l2norm_in_kernel=True)
+    outs = [o]
+    for t in range(5, 9):
+        o, S = fla.fused_recurrent_kda(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1],
+                                       gk[:, t:t + 1], beta[:, t:t + 1], initial_state=S,
+                                       output_final_state=True, use_qk_l2norm_in_kernel=True)
+        outs.append(o)
+    assert_close(torch.cat(outs, 1), o_all)
+    assert_close(S, S_all)
