@@ -27,8 +27,9 @@ GDN = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
            shared_expert_intermediate_size=32)
 # multi-head latent attention: as many key-value heads as query heads (as Kimi ships it)
-MLA = dict(num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, kv_lora_rank=16,
-           qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+MLA = dict(num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2,
+           moe_intermediate_size=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+           v_head_dim=16)
 
 #: family -> (model_type of the config class, the tiny configuration)
 CONFIGS = {
@@ -125,7 +126,7 @@ def test_fla_installed_is_never_reached_on_cpu(family, monkeypatch):
     def triton(*args, **kwargs):
         raise RuntimeError("0 active drivers ([]). There should only be one.")
 
-    for name, kind in lh.FAMILIES[family].functions.items():
+    for name in lh.FAMILIES[family].functions:
         monkeypatch.setattr(module, name, triton)
     lh.apply_linattn(family)
     with torch.no_grad():

@@ -49,16 +49,16 @@ chunk_kda                          yes -> delta_rule(gk=...) (Kimi Delta Attenti
 fused_recurrent_kda                yes, same; a decoding step runs delta_rule_step
 ================================== =================================================================
 
-Not supported: ``cp_context`` (context parallelism: NotImplementedError), ``head_first`` (removed
-in fla too, which now ignores it: a ValueError here, because ignoring it would read
-(B, H, T, ...) inputs as (B, T, H, ...)), KDA's ``return_intermediate_states`` (NotImplementedError),
-gates > 0 (ValueError: a log-decay must be ≤ 0; fla does not check), β of nan or ±inf
-(ValueError; as logits with ``use_beta_sigmoid_in_kernel`` only nan). Every function takes
-``**kwargs`` (fla's signature, plus ``**kwargs`` where fla has none) and ignores names it does not
-know, as fla does: transformers' layers pass their own keyword arguments (``use_cache``,
-``position_ids``, ...) through. Scalars: ``scale`` any finite real number (NumPy's
-included; bools refused), flags bools (NumPy's included; never numbers). ``chunk_size=`` (where fla takes it)
-is forwarded as linattn's chunk size, which changes speed only; ``cu_seqlens_cpu`` and
+Not supported: ``cp_context`` (context parallelism: NotImplementedError), ``head_first``
+(removed in fla too, which now ignores it: a ValueError here, because ignoring it would read
+(B, H, T, ...) inputs as (B, T, H, ...)), KDA's ``return_intermediate_states``
+(NotImplementedError), gates > 0 (ValueError: a log-decay must be ≤ 0; fla does not check), β
+of nan or ±inf (ValueError; as logits with ``use_beta_sigmoid_in_kernel`` only nan). Every
+function takes ``**kwargs`` (fla's signature, plus ``**kwargs`` where fla has none) and ignores
+names it does not know, as fla does: transformers' layers pass their own keyword arguments
+(``use_cache``, ``position_ids``, ...) through. Scalars: ``scale`` any finite real number
+(NumPy's included; bools refused), flags bools (NumPy's included; never numbers).
+``chunk_size=`` (where fla takes it) is forwarded as linattn's chunk size, which changes speed only; ``cu_seqlens_cpu`` and
 ``chunk_indices`` are accepted and unused (they are GPU synchronisation hints).
 
 Dtypes: any floating dtype, q, k and v alike (fla's Triton kernels want half precision in some

@@ -133,7 +133,7 @@ def _router(original: Callable, target: Callable, rename: dict[str, str]) -> Cal
     def routed(*args, **kwargs):
         if not (args and _route_here(args[0])):
             return original(*args, **kwargs)
-        named = dict(zip(positional, args))  # a few µs: this runs once per layer and token
+        named = dict(zip(positional, args, strict=False))  # a few µs: this runs once per layer and token
         for name, value in kwargs.items():
             named[rename.get(name, name)] = value
         return target(**named)
@@ -232,7 +232,7 @@ def revert_linattn(model: object | None = None) -> list[str]:
             continue
         module = sys.modules[module_name]
         if name.endswith(".forward"):
-            setattr(getattr(module, name.split(".")[0]), "forward", original)
+            getattr(module, name.split(".")[0]).forward = original
         else:
             setattr(module, name, original)
         del _ORIGINALS[(module_name, name)]
