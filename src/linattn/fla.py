@@ -58,8 +58,9 @@ function takes ``**kwargs`` (fla's signature, plus ``**kwargs`` where fla has no
 names it does not know, as fla does: transformers' layers pass their own keyword arguments
 (``use_cache``, ``position_ids``, ...) through. Scalars: ``scale`` any finite real number
 (NumPy's included; bools refused), flags bools (NumPy's included; never numbers).
-``chunk_size=`` (where fla takes it) is forwarded as linattn's chunk size, which changes speed only; ``cu_seqlens_cpu`` and
-``chunk_indices`` are accepted and unused (they are GPU synchronisation hints).
+``chunk_size=`` (where fla takes it) is forwarded as linattn's chunk size, which changes speed
+only; ``cu_seqlens_cpu`` and ``chunk_indices`` are accepted and unused (they are GPU
+synchronisation hints).
 
 Dtypes: any floating dtype, q, k and v alike (fla's Triton kernels want half precision in some
 functions). States are accumulated and returned in float32, or float64 for float64 inputs (fla:

@@ -133,7 +133,8 @@ def _router(original: Callable, target: Callable, rename: dict[str, str]) -> Cal
     def routed(*args, **kwargs):
         if not (args and _route_here(args[0])):
             return original(*args, **kwargs)
-        named = dict(zip(positional, args, strict=False))  # a few µs: this runs once per layer and token
+        # by hand, not Signature.bind: a few µs, and this runs per layer and token
+        named = dict(zip(positional, args, strict=False))
         for name, value in kwargs.items():
             named[rename.get(name, name)] = value
         return target(**named)
