@@ -107,6 +107,9 @@ def check_heads(q: object, k: object, v: object, dim: int, names: tuple[str, str
             f"{vn}: expected a number of value heads (dimension {dim}) that is a multiple of "
             f"the {H} heads of {qn} and {kn} (grouped value attention: HV = G·H, value head j "
             f"reads head j // G), got {HV} ({vn} {tuple(v.shape)}, {qn} {tuple(q.shape)})")
+    if isinstance(k, Tensor) and k.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"{kn}: shape {tuple(k.shape)} does not match {qn} {tuple(q.shape)} "
+                         "before the last dimension (q and k share their heads)")
     if v.shape[:dim] + v.shape[dim + 1:-1] != q.shape[:dim] + q.shape[dim + 1:-1]:
         raise ValueError(
             f"{vn}: shape {tuple(v.shape)} does not match {qn} {tuple(q.shape)} apart from the "
