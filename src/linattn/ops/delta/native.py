@@ -2,32 +2,43 @@ r"""The compiled CPU forward of the (gated) delta rule (``la_gdr_forward`` in ``
 
 :func:`linattn.ops.delta.delta_rule` and :func:`~linattn.ops.delta.delta_rule_step` hand a call
 here, after their argument checks, when the dispatcher chose this backend
-(:mod:`linattn.ops.dispatch`, op "delta_rule", forms "prefill" and "step"): a CPU call in
-float32 accumulation (float32 inputs; bfloat16 and float16 are widened first, as the torch path
-does), no gradient wanted, V a multiple of 16, no per-key or per-value gate (the step), an ISA
-build that loads, and (by default) the compiled path measured faster than the torch one on this
-machine.
+(:mod:`linattn.ops.dispatch`, op "delta_rule", forms "prefill", "prefill fwd+bwd" and "step"): a
+CPU call in float32 accumulation (float32 inputs; bfloat16 and float16 are widened first, as the
+torch path does), V a multiple of 16, no per-value gate, no per-key gate when a gradient is
+wanted (nor any gradient in the step), an ISA build that loads, and (by default) the compiled
+path measured faster than the torch one on this machine.
 
-The kernel is the sequential recurrence, per head and token (``a = e^{g_t}``, ``q̃ = s q_t``,
-``k̃ = k_t``, both L2-normalised first with ``qk_l2norm``)::
+The kernel is the sequential recurrence, per value head and token, with row decays
+``a_i = e^{g_t + gk_t,i}`` (a missing gate counts as 0: a scalar gate ``g`` gives every row the
+same decay, per-key gates ``gk`` — Kimi Delta Attention — one per row), ``q̃ = s q_t``,
+``k̃ = k_t`` (both L2-normalised first with ``qk_l2norm``)::
 
-    u = β_t (v_t − a Sᵀk̃),   S ← a S + k̃ uᵀ,   o_t = Sᵀq̃ = a (S_oldᵀq̃) + (q̃·k̃) u
+    S' = diag(a) S,   u = β_t (v_t − S'ᵀk̃),   S ← S' + k̃ uᵀ,   o_t = Sᵀq̃ = S'ᵀq̃ + (q̃·k̃) u
 
-exact in float32 arithmetic (no chunking error to bound), vectorised over the columns of S:
-columns are independent, so a block of them stays in L1 through a chunk of tokens, and the
-pass that writes token t's state also sums ``Sᵀk̃`` and ``Sᵀq̃`` for token t + 1 — one pass over
-S per token, ~4·K·V vector operations (3·K·V multiply-adds and, with a gate, K·V multiplies).
-At K = V = 64 that is fewer operations than the chunked WY form of :mod:`linattn.ops.delta`
-(≈ 3·K·V + C·(3K/2 + V) multiply-adds per token: 22.5 K at C = 64, 17.4 K at C = 32, against
-16.4 K operations here) with no triangular solve, and it runs near the FMA units' rate
-(docs/benchmarks.md, "Gated delta rule"). Heads (and, for fewer heads than threads, column
-blocks of a head) run in parallel on torch's threads once a call is large enough to pay for the
-hand-over; a decoding step runs on the calling thread.
+with ``S'ᵀx = Sᵀ(a∘x)``: exact in float32 arithmetic (no chunking error to bound), vectorised
+over the columns of S: columns are independent, so a block of them stays in L1 through a chunk of
+tokens, and the pass that writes token t's state (applying the row scale in the update) also
+sums ``Sᵀ(a∘k̃)`` and ``Sᵀ(a∘q̃)`` for token t + 1 — one pass over S per token, ~4·K·V vector
+operations (3·K·V multiply-adds and, with a gate, K·V multiplies), with per-key gates as with a
+scalar one. At K = V = 64 that is fewer operations than the chunked WY form of
+:mod:`linattn.ops.delta` (≈ 3·K·V + C·(3K/2 + V) multiply-adds per token: 22.5 K at C = 64,
+17.4 K at C = 32, against 16.4 K operations here) with no triangular solve, and it runs near
+the FMA units' rate (docs/benchmarks.md, "Gated delta rule"). Heads (and, for fewer heads than
+threads, column blocks of a head) run in parallel on torch's threads once a call is large
+enough to pay for the hand-over; a decoding step runs on the calling thread.
+
+Grouped value attention (GVA): q and k may have H heads for HV = G·H value heads (β, the gates,
+the states and the output have HV); value head n reads q/k head n // G, in place — the kernel
+indexes the shared rows (a part of the heads handed to a thread that starts inside a group is
+told its place there), so q and k are never repeated, forward or step. The training forward
+and ``la_gdr_backward`` take as many q/k heads as value heads (the op repeats them there, and
+autograd sums each group's gradients).
 
 Inside PyTorch: the prefill and the step are the custom ops ``linattn::gdr_forward`` and
 ``linattn::gdr_step`` (forward only: the dispatcher never sends a call that wants gradients
-here), so that ``torch.compile`` and ``torch.export`` keep them in the graph; plain eager calls
-run the kernel directly (the op dispatcher's ~8 µs would be a quarter of a decoding step).
+there; ``linattn::gdr_forward_train`` and ``linattn::gdr_backward`` are the training pair), so
+that ``torch.compile`` and ``torch.export`` keep them in the graph; plain eager calls run the
+kernel directly (the op dispatcher's ~8 µs would be a quarter of a decoding step).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The ground truth of the tests: a Python loop over the T tokens by design; never 
 fast path. Standalone: torch only, nothing shared with the op it checks (nor with the gated
 reference, which has its own loop). The L2-norm epsilon, a constant that must agree with the
 op's (``linattn.ops.delta.op.L2_EPS``), is restated here; tests/ops/test_reference.py holds
-them equal.
+them equal. Grouped value attention (q, k with H heads, v with HV = G·H) repeats q and k to
+HV heads first, value head j reading q/k head j // G.
 """
 
 from __future__ import annotations
