@@ -246,6 +246,13 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
     return 0;
 }
 
+/* la_gdr_forward itself, for the step and the Python entry point: called through this
+ * pointer, never a copy inlined or specialised for a call's constants (T = 1 in the step),
+ * where the compiler may contract the multiply-adds differently (GCC's default
+ * -ffp-contract=fast): so the step equals a one-token prefill bit for bit in every build, and a
+ * step split over threads (la_gdr_forward's parts) equals one on the calling thread. */
+static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
+
 /* One decoding step of N value heads with contiguous rows (q, k (N / G, K): one q/k head per G
  * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL): la_gdr_forward with T = 1, in
  * fewer arguments. It also checks the step's values, which the Python side then need not (a
@@ -262,7 +269,7 @@ static int la_gdr_step(const float *q, const float *k, const float *v, const flo
     if (gk)
         for (long i = 0; i < N * K; ++i)
             if (!(gk[i] <= 0.0f)) return -3;
-    return la_gdr_forward(q, K, K, k, K, K, G, 0, v, V, V, beta, 1, g, 1, gk, K, K, N, 1, K, V,
+    return gdr_forward_fn(q, K, K, k, K, K, G, 0, v, V, V, beta, 1, g, 1, gk, K, K, N, 1, K, V,
                           0, V, scale, l2norm, S_in, S_out, o, V, V, NULL, 0, NULL, 0, 0, work);
 }
 
@@ -650,7 +657,7 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
     X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') X(la_s, float *, work, 'p')
 LA_ARGS(la_gdr_forward_args, LA_GDR_FORWARD_ARGS)
 int la_gdr_forward_call(const la_gdr_forward_args *a) {
-    return (int)la_gdr_forward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v, a->vs,
+    return (int)gdr_forward_fn(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v, a->vs,
             a->vt, a->beta, a->bs, a->g, a->gs, a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V,
             a->v0, a->v1, a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt,
             a->cs, a->w, a->ws, a->wt, a->work);
