@@ -400,3 +400,36 @@ def test_reference_refuses_wrong_heads():
     v3 = torch.randn(1, 3, 3, 4)
     with pytest.raises(ValueError, match="v: expected a multiple"):
         ref.delta_rule(q, k, v3, torch.rand(1, 3, 3))
+
+
+@needs_native
+@pytest.mark.parametrize("G", [1, 2])
+def test_opcheck_with_gva_and_per_key_gates(G):
+    """The custom ops with their new arguments (per-key gates, GVA shapes): schema, fake
+    implementation (output shapes from v), autograd registration, AOT dispatch."""
+    q, k, v, beta, g, gk, S0 = _inputs(1, 2, G, 9, 16, 16, g=True, gk=True)
+    torch.library.opcheck(torch.ops.linattn.gdr_forward.default,
+                          (q, k, v, beta, g, S0, None, 0.25, True, "native", gk))
+    step = (q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0], g[:, :, 0], S0, 0.25, True,
+            "native", gk[:, :, 0])
+    torch.library.opcheck(torch.ops.linattn.gdr_step.default, step)
+
+
+@needs_native
+def test_compiled_graph_with_gva_and_per_key_gates(calls):
+    """torch.compile keeps the compiled forward and step in the graph with GVA and gk: the
+    same numbers as eager."""
+    q, k, v, beta, g, gk, S0 = _inputs(1, 2, 2, 12, 16, 16, g=True, gk=True)
+
+    def f(q, k, v, beta, g, gk, S0):
+        o, S = delta_rule(q, k, v, beta, g, gk, initial_state=S0, return_state=True,
+                          qk_l2norm=True)
+        o_t, S = delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0], S,
+                                 g_t=g[..., 0], gk_t=gk[..., 0, :], qk_l2norm=True)
+        return o, o_t, S
+
+    with dispatch.use(impl="native"):
+        want = f(q, k, v, beta, g, gk, S0)
+        got = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, beta, g, gk, S0)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=16 * F32_EPS)
