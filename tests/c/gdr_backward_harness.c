@@ -295,8 +295,8 @@ static void run(long N, long T, long K, long V, int gated, int l2norm, int with_
         }
     for (long i = 0; i < N * K * V; ++i) S0[i] = uni(-0.3, 0.3), dS[i] = uni(-1, 1);
     const float *gp = gated ? g : NULL;
-    int rc = gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, 0, V, scale,
-                         l2norm, S0, S, o, os, ot, ck, cs, w, ws, wt, work);
+    int rc = gdr_forward(q, qs, qt, k, qs, qt, 1, 0, v, vs, vt, beta, T, gp, T, NULL, 0, 0, N, T,
+                         K, V, 0, V, scale, l2norm, S0, S, o, os, ot, ck, cs, w, ws, wt, work);
     rc |= gdr_backward(q, qs, qt, k, qs, qt, beta, T, gp, T, N, T, K, V, scale, l2norm, ck, cs,
                        w, ws, wt, go, gs_, gt, with_dS ? dS : NULL, dS0, dq, dqs, dqt, dk, dqs,
                        dqt, dv, dvs, dvt, db, bst, gated ? dg : NULL, bst, bwork);

@@ -5,13 +5,16 @@
  *
  *   cc -O3 -march=native -o /tmp/gdr_harness tests/c/gdr_harness.c -lm && /tmp/gdr_harness
  *
- * Reference, per head: a = exp(g_t) (1 without g), qn = s q_t, kn = k_t (each divided by
- * sqrt(sum x^2 + 1e-6) first with l2norm), u = beta_t (v_t - a S^T kn), S <- a S + kn u^T,
- * o_t = S^T qn. Checked: gated and not, l2norm and not, (K, V) with K not a multiple of any
- * width, T = 0, 1, 5, 64 (one token chunk), 65 and 150 (partial chunks), head and token strides
- * larger than the rows, S_out apart from S_in and in place, and the columns computed in two
- * calls (v0, v1) as threads share a head; la_gdr_step (T = 1, contiguous) against
- * la_gdr_forward bit for bit. Buffers carry NaN guards past their ends and in the gaps between
+ * Reference, per value head n (q/k head n / G: grouped value attention): row decays
+ * a_i = exp(g_t + gk_t,i) (a missing gate counts as 0), qn = s q_t, kn = k_t (each divided by
+ * sqrt(sum x^2 + 1e-6) first with l2norm), S' = diag(a) S, u = beta_t (v_t - S'^T kn),
+ * S <- S' + kn u^T, o_t = S^T qn. Checked: no gate, a scalar gate, per-key gates (KDA, with a
+ * reset gk = -inf and a decay below the subnormal flush) and both, l2norm and not, G = 1, 2, 3,
+ * (K, V) with K not a multiple of any width, T = 0, 1, 5, 64 (one token chunk), 65 and 150
+ * (partial chunks), head and token strides larger than the rows, S_out apart from S_in and in
+ * place, the columns computed in two calls (v0, v1) as threads share a head, and the heads in
+ * two calls split inside a group (g0); la_gdr_step (T = 1, contiguous) against la_gdr_forward
+ * bit for bit, with and without GVA and per-key gates. Buffers carry NaN guards past their ends and in the gaps between
  * rows, which must come back untouched (and, if read, spread NaN into results).
  * Errors are max |kernel - reference| / max |reference| per array; above TOL the run fails.
  */
@@ -83,29 +86,36 @@ static void expect_guards(const char *what, const float *p, long H, long hs, lon
     }
 }
 
-static void reference(long N, long T, long K, long V, const float *q, long qs, long qt,
+static void reference(long N, long G, long T, long K, long V, const float *q, long qs, long qt,
                       const float *k, long ks, long kt, const float *v, long vs, long vt,
-                      const float *beta, const float *g, float scale, int l2norm,
-                      const float *S0, double *S, double *o) {
+                      const float *beta, const float *g, const float *gk, float scale,
+                      int l2norm, const float *S0, double *S, double *o) {
     double *qn = malloc(K * sizeof(double)), *kn = malloc(K * sizeof(double));
     double *u = malloc(V * sizeof(double)), *kS = malloc(V * sizeof(double));
+    double *a = malloc(K * sizeof(double));
     for (long n = 0; n < N; ++n) {
         double *Sn = S + n * K * V;
+        long m = n / G;
         for (long i = 0; i < K * V; ++i) Sn[i] = S0[n * K * V + i];
         for (long t = 0; t < T; ++t) {
-            const float *qr = q + n * qs + t * qt, *kr = k + n * ks + t * kt;
+            const float *qr = q + m * qs + t * qt, *kr = k + m * ks + t * kt;
             double nq = 0, nk = 0;
             for (long i = 0; i < K; ++i) nq += (double)qr[i] * qr[i], nk += (double)kr[i] * kr[i];
             double cq = l2norm ? 1.0 / sqrt(nq + 1e-6) : 1.0, ck = l2norm ? 1.0 / sqrt(nk + 1e-6) : 1.0;
             for (long i = 0; i < K; ++i) qn[i] = scale * cq * qr[i], kn[i] = ck * kr[i];
-            double a = g ? exp((double)g[n * T + t]) : 1.0, b = beta[n * T + t];
+            for (long i = 0; i < K; ++i)
+                a[i] = (g ? exp((double)g[n * T + t]) : 1.0)
+                       * (gk ? exp((double)gk[(n * T + t) * K + i]) : 1.0);
+            double b = beta[n * T + t];
+            for (long i = 0; i < K; ++i)
+                for (long j = 0; j < V; ++j) Sn[i * V + j] *= a[i];
             for (long j = 0; j < V; ++j) {
                 kS[j] = 0;
                 for (long i = 0; i < K; ++i) kS[j] += kn[i] * Sn[i * V + j];
-                u[j] = b * ((double)v[n * vs + t * vt + j] - a * kS[j]);
+                u[j] = b * ((double)v[n * vs + t * vt + j] - kS[j]);
             }
             for (long i = 0; i < K; ++i)
-                for (long j = 0; j < V; ++j) Sn[i * V + j] = a * Sn[i * V + j] + kn[i] * u[j];
+                for (long j = 0; j < V; ++j) Sn[i * V + j] += kn[i] * u[j];
             for (long j = 0; j < V; ++j) {
                 double s = 0;
                 for (long i = 0; i < K; ++i) s += qn[i] * Sn[i * V + j];
@@ -113,7 +123,7 @@ static void reference(long N, long T, long K, long V, const float *q, long qs, l
             }
         }
     }
-    free(qn), free(kn), free(u), free(kS);
+    free(qn), free(kn), free(u), free(kS), free(a);
 }
 
 /* max |got - want| / max |want| over rows of V (got: stride gs per row). */
@@ -128,27 +138,36 @@ static double rel_err(const float *got, long gs, const double *want, long rows, 
     return e / m;
 }
 
-static void run(long N, long T, long K, long V, int gated, int l2norm, int mode) {
-    /* mode 0: S_out apart; 1: in place; 2: in place, columns in two calls */
-    char cfg[160];
-    snprintf(cfg, sizeof cfg, "N=%ld T=%ld K=%ld V=%ld gated=%d l2norm=%d mode=%d W=%d", N, T,
-             K, V, gated, l2norm, mode, W);
+/* gates: 0 none, 1 scalar g, 2 per-key gk, 3 both */
+static void run(long NQ, long G, long T, long K, long V, int gates, int l2norm, int mode) {
+    /* mode 0: S_out apart; 1: in place; 2: in place, columns in two calls; 3: S_out apart,
+     * the heads in two calls split at value head N / 2 + (G > 1), inside a group when G > 1 */
+    char cfg[180];
+    long N = NQ * G; /* value heads; NQ q/k heads */
+    snprintf(cfg, sizeof cfg, "N=%ld G=%ld T=%ld K=%ld V=%ld gates=%d l2norm=%d mode=%d W=%d", N,
+             G, T, K, V, gates, l2norm, mode, W);
     long qt = K + 3, qs = T * qt + 5, vt = V + 2, vs = T * vt + 7, ot = V + 1, os = T * ot + 3;
-    long nq = N * qs, nv = N * vs, no = N * os;
+    long nq = NQ * qs, nv = N * vs, no = N * os;
     float *q = guarded_alloc(nq), *k = guarded_alloc(nq), *v = guarded_alloc(nv);
     float *o = guarded_alloc(no), *beta = guarded_alloc(N * T), *g = guarded_alloc(N * T);
+    float *gk = guarded_alloc(N * T * K);
     float *S0 = guarded_alloc(N * K * V), *S = guarded_alloc(N * K * V);
     float *work = guarded_alloc(la_gdr_work(K));
     float kscale = l2norm ? 1.0f : 1.0f / sqrtf((float)K);
+    for (long m = 0; m < NQ; ++m)
+        for (long t = 0; t < T; ++t)
+            for (long i = 0; i < K; ++i) {
+                q[m * qs + t * qt + i] = uni(-1, 1) * kscale * 1.7f;
+                k[m * qs + t * qt + i] = uni(-1, 1) * kscale * 1.7f;
+            }
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t) {
-            for (long i = 0; i < K; ++i) {
-                q[n * qs + t * qt + i] = uni(-1, 1) * kscale * 1.7f;
-                k[n * qs + t * qt + i] = uni(-1, 1) * kscale * 1.7f;
-            }
             for (long j = 0; j < V; ++j) v[n * vs + t * vt + j] = uni(-1, 1);
             beta[n * T + t] = uni(0, 1);
             g[n * T + t] = uni(-1, 0);
+            for (long i = 0; i < K; ++i) gk[(n * T + t) * K + i] = uni(-0.5, 0);
+            if (t == 3) gk[(n * T + t) * K + (n % K)] = -INFINITY; /* a reset of one row */
+            if (t == 4) gk[(n * T + t) * K + K - 1] = -95.0f; /* below the subnormal flush */
         }
     for (long i = 0; i < N * K * V; ++i) S0[i] = uni(-0.3, 0.3);
     float *S0copy = malloc((size_t)(N * K * V + 1) * sizeof(float));
@@ -156,21 +175,33 @@ static void run(long N, long T, long K, long V, int gated, int l2norm, int mode)
     float scale = 1.0f / sqrtf((float)K);
     double *Sref = malloc((size_t)(N * K * V + 1) * sizeof(double));
     double *oref = malloc((size_t)(N * T * V + 1) * sizeof(double));
-    reference(N, T, K, V, q, qs, qt, k, qs, qt, v, vs, vt, beta, gated ? g : NULL, scale, l2norm,
-              S0, Sref, oref);
-    const float *gp = gated ? g : NULL;
+    const float *gp = gates & 1 ? g : NULL, *gkp = gates & 2 ? gk : NULL;
+    reference(N, G, T, K, V, q, qs, qt, k, qs, qt, v, vs, vt, beta, gp, gkp, scale, l2norm, S0,
+              Sref, oref);
     int rc = 0;
     if (mode == 0) {
-        rc |= gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, 0, V,
-                          scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0, work);
+        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
+                          N, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0,
+                          work);
+    } else if (mode == 3) {
+        long h = N / 2 + (G > 1), m = h / G, g0 = h % G;
+        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
+                          h, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0,
+                          work);
+        rc |= gdr_forward(q + m * qs, qs, qt, k + m * qs, qs, qt, G, g0, v + h * vs, vs, vt,
+                          beta + h * T, T, gp ? gp + h * T : NULL, T, gkp ? gkp + h * T * K : NULL,
+                          T * K, K, N - h, T, K, V, 0, V, scale, l2norm, S0 + h * K * V,
+                          S + h * K * V, o + h * os, os, ot, NULL, 0, NULL, 0, 0, work);
     } else {
         memcpy(S, S0, (size_t)(N * K * V) * sizeof(float));
         long mid = mode == 2 ? (V / W / 2) * W : V;
-        rc |= gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, 0, mid,
-                          scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0, work);
+        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
+                          N, T, K, V, 0, mid, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0,
+                          work);
         if (mode == 2)
-            rc |= gdr_forward(q, qs, qt, k, qs, qt, v, vs, vt, beta, T, gp, T, N, T, K, V, mid,
-                              V, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0, work);
+            rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K,
+                              K, N, T, K, V, mid, V, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL,
+                              0, 0, work);
     }
     ++checks;
     if (rc) {
@@ -186,12 +217,12 @@ static void run(long N, long T, long K, long V, int gated, int l2norm, int mode)
     expect("S", rel_err(S, V, Sref, N * K, V), cfg);
     expect_guards("o", o, N, os, T, ot, V, no, cfg); /* only the rows of each head written */
     expect_guards("S", S, 1, N * K * V, N * K, V, V, N * K * V, cfg);
-    if (mode == 0) /* S_in untouched */
+    if (mode == 0 || mode == 3) /* S_in untouched */
         expect("S_in kept", memcmp(S0, S0copy, (size_t)(N * K * V) * sizeof(float)) ? 1.0 : 0.0,
                cfg);
     free(S0copy);
-    free(q), free(k), free(v), free(o), free(beta), free(g), free(S0), free(S), free(work);
-    free(Sref), free(oref);
+    free(q), free(k), free(v), free(o), free(beta), free(g), free(gk), free(S0), free(S);
+    free(work), free(Sref), free(oref);
 }
 
 int main(void) {
@@ -199,57 +230,86 @@ int main(void) {
     const long Ts[] = {0, 1, 5, 64, 65, 150};
     for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; ++s)
         for (unsigned t = 0; t < sizeof Ts / sizeof *Ts; ++t)
-            for (int gated = 0; gated < 2; ++gated)
+            for (int gates = 0; gates < 4; ++gates)
                 for (int l2 = 0; l2 < 2; ++l2)
-                    for (int mode = 0; mode < 3; ++mode)
-                        run(s == 0 ? 3 : 2, Ts[t], shapes[s][0], shapes[s][1], gated, l2, mode);
-    /* la_gdr_step: la_gdr_forward with T = 1 on contiguous rows, bit for bit */
+                    for (int mode = 0; mode < 4; ++mode)
+                        run(s == 0 ? 3 : 2, 1 + (t + gates + l2 + mode) % 3, Ts[t], shapes[s][0],
+                            shapes[s][1], gates, l2, mode);
+    /* la_gdr_step: la_gdr_forward with T = 1 on contiguous rows, bit for bit (a scalar gate;
+     * then G = 2 value heads per q/k head with per-key gates too) */
     {
-        enum { SN = 3, SK = 20, SV = 32 };
-        static float q[SN * SK], k[SN * SK], v[SN * SV], b[SN], g[SN], S0[SN * SK * SV];
-        static float S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV], o2[SN * SV], wk[64 * 43];
-        for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1);
+        enum { SN = 4, SK = 20, SV = 32 };
+        static float q[SN * SK], k[SN * SK], v[SN * SV], b[SN], g[SN], gk[SN * SK];
+        static float S0[SN * SK * SV], S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV];
+        static float o2[SN * SV], wk[64 * (4 * SK + 3)];
+        for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
+        gk[5] = -INFINITY;
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
         for (int i = 0; i < SN; ++i) b[i] = uni(0, 1), g[i] = uni(-1, 0);
         for (int i = 0; i < SN * SK * SV; ++i) S0[i] = uni(-0.3, 0.3);
-        int rc = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
-        rc |= gdr_forward(q, SK, SK, k, SK, SK, v, SV, SV, b, 1, g, 1, SN, 1, SK, SV, 0, SV, 0.3f,
-                          1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0, wk);
-        ++checks;
-        if (rc || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
-            ++failures;
-            printf("FAIL: la_gdr_step differs from la_gdr_forward (rc %d)\n", rc);
+        for (int G = 1; G <= 2; ++G) {
+            const float *gkp = G == 2 ? gk : NULL;
+            int rc = la_gdr_step(q, k, v, b, g, gkp, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+            rc |= gdr_forward(q, SK, SK, k, SK, SK, G, 0, v, SV, SV, b, 1, g, 1, gkp, SK, SK, SN,
+                              1, SK, SV, 0, SV, 0.3f, 1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0,
+                              wk);
+            ++checks;
+            if (rc || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
+                ++failures;
+                printf("FAIL: la_gdr_step differs from la_gdr_forward (G %d, rc %d)\n", G, rc);
+            }
+            /* and the reference (the step's q/k rows: token stride = head stride = SK) */
+            double *Sref = malloc(sizeof(double) * SN * SK * SV), *oref = malloc(sizeof(double) * SN * SV);
+            reference(SN, G, 1, SK, SV, q, SK, SK, k, SK, SK, v, SV, SV, b, g, gkp, 0.3f, 1, S0,
+                      Sref, oref);
+            expect("step o", rel_err(o1, SV, oref, SN, SV), G == 1 ? "step G=1" : "step G=2 gk");
+            expect("step S", rel_err(S1, SV, Sref, SN * SK, SV), G == 1 ? "step G=1" : "step G=2 gk");
+            free(Sref), free(oref);
         }
-        /* the step's own value checks: a NaN beta is -2, a NaN or positive gate -3, and the
-         * outputs are not touched */
+        /* the step's own value checks: a NaN beta is -2, a NaN or positive gate (scalar or
+         * per-key) -3, and the outputs are not touched; a per-key -inf (a reset) is a gate */
         float nan = NAN, keep = S1[0];
         S1[0] = 12345.0f;
         b[1] = nan;
-        int bad_beta = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int bad_beta = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk);
         b[1] = 0.5f;
         g[2] = 0.25f;
-        int pos_gate = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int pos_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk);
         g[2] = nan;
-        int nan_gate = la_gdr_step(q, k, v, b, g, SN, SK, SV, 0.3f, 1, S0, S1, o1, wk);
-        int no_gate = la_gdr_step(q, k, v, b, NULL, SN, SK, SV, 0.3f, 1, S0, S2, o2, wk);
+        int nan_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        g[2] = -0.5f;
+        gk[SN * SK - 1] = 0.125f;
+        int pos_gk = la_gdr_step(q, k, v, b, g, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        gk[SN * SK - 1] = nan;
+        int nan_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        gk[SN * SK - 1] = -0.5f;
+        int no_gate = la_gdr_step(q, k, v, b, NULL, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S2, o2, wk);
+        int reset_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S2, o2, wk);
         ++checks;
-        if (bad_beta != -2 || pos_gate != -3 || nan_gate != -3 || no_gate != 0
-            || S1[0] != 12345.0f) {
+        if (bad_beta != -2 || pos_gate != -3 || nan_gate != -3 || pos_gk != -3 || nan_gk != -3
+            || no_gate != 0 || reset_gk != 0 || S1[0] != 12345.0f) {
             ++failures;
-            printf("FAIL: la_gdr_step value checks (%d %d %d %d)\n", bad_beta, pos_gate,
-                   nan_gate, no_gate);
+            printf("FAIL: la_gdr_step value checks (%d %d %d %d %d %d %d)\n", bad_beta, pos_gate,
+                   nan_gate, pos_gk, nan_gk, no_gate, reset_gk);
         }
         S1[0] = keep;
     }
-    /* sizes it must refuse: V not a multiple of W (W > 1), columns out of range */
+    /* sizes it must refuse: V not a multiple of W (W > 1), columns out of range, a group size
+     * below 1, a place in the group outside it */
     float dummy[64] = {0};
-    int refused = gdr_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 1, 1, 4,
-                              16, 0, 32, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0, NULL, 0, 0,
-                              dummy) == -1;
+    int refused = gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, NULL, 0,
+                              NULL, 0, 0, 1, 1, 4, 16, 0, 32, 1.0f, 0, dummy, dummy, dummy, 0, 0,
+                              NULL, 0, NULL, 0, 0, dummy) == -1;
     if (W > 1)
-        refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 1, 1, 4,
-                               W + 1, 0, W + 1, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0, NULL, 0, 0,
-                              dummy) == -1;
+        refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, NULL, 0,
+                               NULL, 0, 0, 1, 1, 4, W + 1, 0, W + 1, 1.0f, 0, dummy, dummy, dummy,
+                               0, 0, NULL, 0, NULL, 0, 0, dummy) == -1;
+    refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, NULL,
+                           0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0,
+                           NULL, 0, 0, dummy) == -1;
+    refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 2, 2, dummy, 0, 0, dummy, 0, NULL, 0, NULL,
+                           0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0,
+                           NULL, 0, 0, dummy) == -1;
     ++checks;
     if (!refused) {
         ++failures;

@@ -181,13 +181,26 @@ def test_bad_gates_are_named(name, value, match):
         delta_rule(q, k, v, beta, **{name: value})
 
 
-def test_the_compiled_backend_refuses_per_key_gates():
-    """The compiled kernels have no per-key or per-value gates: forced, a ValueError saying
-    so; by default the torch forms."""
-    q, k, v, beta, _, gk, _, _ = _inputs(V=16, dtype=torch.float32)
-    with dispatch.use(impl="native"), pytest.raises(ValueError, match="per-key"):
-        delta_rule(q, k, v, beta, None, gk)
-    o = delta_rule(q, k, v, beta, None, gk)
-    ro, _ = reference.delta_rule(q, k, v, beta, None, gk)
+def test_the_compiled_backend_takes_per_key_gates_without_gradients():
+    """The compiled forward takes per-key gates (tests/ops/delta/test_gva_kda.py checks its
+    numbers); a call that wants gradients with them, or with per-value gates, it refuses: forced,
+    a ValueError saying so; by default the torch forms, equal to the reference."""
+    from linattn.ops.delta import native as delta_native
+
+    q, k, v, beta, _, gk, gv, _ = _inputs(V=16, dtype=torch.float32)
+    leaf = q.clone().requires_grad_(True)
     tol = 100 * torch.finfo(torch.float32).eps
-    torch.testing.assert_close(o, ro.float(), rtol=tol, atol=tol)
+    if delta_native.unavailable() is None:
+        with dispatch.use(impl="native"):
+            o = delta_rule(q, k, v, beta, None, gk)
+            with pytest.raises(ValueError, match="no gradient with per-key gates"):
+                delta_rule(leaf, k, v, beta, None, gk)
+            with pytest.raises(ValueError, match="no per-value gates"):
+                delta_rule(q, k, v, beta, None, None, gv)
+        ro, _ = reference.delta_rule(q, k, v, beta, None, gk)
+        torch.testing.assert_close(o, ro.float(), rtol=tol, atol=tol)
+    for gates in ((gk, None), (None, gv)):
+        o = delta_rule(leaf, k, v, beta, None, *gates)
+        o.sum().backward()
+        ro, _ = reference.delta_rule(q, k, v, beta, None, *gates)
+        torch.testing.assert_close(o, ro.float(), rtol=tol, atol=tol)

@@ -263,10 +263,11 @@ def test_checks_still_guard_the_compiled_path(native_calls):
 
 def test_routing(monkeypatch):
     """Where the compiled path does not apply (float64, V not a multiple of 16, gradients of a
-    bfloat16 prefill or of a decoding step, per-key gates in the step) ``auto`` runs torch even
-    with LINATTN_NATIVE=1, and impl="native" says why; a float32 prefill that wants gradients
-    takes the compiled forward that saves what the compiled backward reads; impl="torch" and
-    LINATTN_NATIVE=0 never take either."""
+    bfloat16 prefill or of a decoding step, per-value gates, gradients with per-key gates)
+    ``auto`` runs torch even with LINATTN_NATIVE=1, and impl="native" says why; a float32
+    prefill that wants gradients takes the compiled forward that saves what the compiled
+    backward reads; per-key gates without gradients take the compiled forward and step;
+    impl="torch" and LINATTN_NATIVE=0 never take either."""
     calls = []
     real, real_train = delta_native.delta_rule_native, delta_native.delta_rule_native_train
     monkeypatch.setattr(delta_native, "delta_rule_native",
@@ -290,17 +291,29 @@ def test_routing(monkeypatch):
     with torch.no_grad():
         delta_rule(leaf, k, v, beta, g)  # no gradient wanted: the plain forward
     assert calls == ["fwd", "train", "fwd"]
+    gk = -torch.rand(1, 2, 9, 16)
+    delta_rule(q, k, v, beta, g, gk)  # per-key gates, no gradient: the compiled forward
+    assert calls == ["fwd", "train", "fwd", "fwd"]
+    delta_rule(leaf, k, v, beta, g, gk).sum().backward()  # with gradients: the torch forms
+    delta_rule(q, k, v, beta, g, gv=-torch.rand(1, 2, 9, 16))  # per-value gates: torch
+    assert calls == ["fwd", "train", "fwd", "fwd"]
     steps = []
-    monkeypatch.setattr(delta_native, "delta_rule_step_native",
-                        lambda *a: steps.append(1) or (_ for _ in ()).throw(AssertionError))
-    delta_rule_step(*step, gk_t=-torch.rand(1, 2, 16))
+    real_step = delta_native.step_into
+    monkeypatch.setattr(delta_native, "step_into", lambda *a: steps.append(1) or real_step(*a))
+    delta_rule_step(*step, gk_t=-torch.rand(1, 2, 16))  # per-key gates: compiled
+    assert steps == [1]
+    delta_rule_step(*step, gv_t=-torch.rand(1, 2, 16))
     delta_rule_step(leaf[..., 0, :], *step[1:])[0].sum().backward()
-    assert steps == []
+    assert steps == [1]
     with dispatch.use(impl="native"):
         for bad, why in ((lambda: delta_rule(leaf_b, kb, vb, beta, g), "no gradient for torch.bf"),
                          (lambda: delta_rule(q, k, v[..., :8], beta, g), "multiple of 16"),
-                         (lambda: delta_rule_step(*step, gk_t=-torch.rand(1, 2, 16)),
-                          "per-key or per-value"),
+                         (lambda: delta_rule_step(*step, gv_t=-torch.rand(1, 2, 16)),
+                          "per-value"),
+                         (lambda: delta_rule(q, k, v, beta, g, gv=-torch.rand(1, 2, 9, 16)),
+                          "per-value"),
+                         (lambda: delta_rule(leaf, k, v, beta, g, gk),
+                          "no gradient with per-key gates"),
                          (lambda: delta_rule_step(leaf[..., 0, :], *step[1:]),
                           "no gradient for the decoding step")):
             with pytest.raises(ValueError, match=why):
@@ -311,7 +324,8 @@ def test_routing(monkeypatch):
     monkeypatch.setenv("LINATTN_NATIVE", "0")
     delta_rule(q, k, v, beta, g)
     delta_rule(leaf, k, v, beta, g)
-    assert calls == ["fwd", "train", "fwd"]
+    delta_rule(q, k, v, beta, g, gk)
+    assert calls == ["fwd", "train", "fwd", "fwd"]
 
 
 @pytest.mark.parametrize("form", ["prefill", "prefill fwd+bwd", "step"])

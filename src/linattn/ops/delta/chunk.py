@@ -5,6 +5,11 @@ what the compiled ops fall back to where their kernels cannot be had (an exporte
 a machine without a C compiler). The maths is in :mod:`linattn.ops.delta`'s op docstring; the
 per-key (KDA) chunked form and the token loop of per-value gates are in
 :mod:`linattn.ops.delta.kda`.
+
+Grouped value attention (GVA: q, k with H heads, v and everything per value head with
+HV = G·H): these forms repeat q and k to HV heads first (:func:`grouped`), value head j reading
+q/k head j // G; autograd sums the group's gradients back. (The compiled kernels index the
+shared rows in place instead.)
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from linattn.ops.delta.kda import per_key_chunked_form, recurrent_form
 from linattn.ops.gated.chunk import decayed, segsum
 from linattn.ops.varlen import packed, unpacked
 
-__all__ = ["L2_EPS", "l2_normalised", "chunked_form", "torch_prefill", "torch_step"]
+__all__ = ["L2_EPS", "l2_normalised", "chunked_form", "torch_prefill", "torch_step", "grouped"]
 
 #: Added to Σx² before the square root in :func:`l2_normalised` (as flash-linear-attention).
 L2_EPS = 1e-6
@@ -26,6 +31,17 @@ L2_EPS = 1e-6
 def l2_normalised(x: Tensor) -> Tensor:
     """x / sqrt(Σx² + 1e-6) along the last dimension."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def grouped(q: Tensor, k: Tensor, v: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """q and k with as many heads (dimension ``dim``: -3 for a prefill, -2 for a step) as v:
+    each q/k head repeated G = HV / H times in place, so that value head j reads q/k head
+    j // G (fla's and transformers' convention); q and k as they are when the heads agree
+    (the caller checked that HV is a multiple of H)."""
+    if q.dim() < -dim or v.dim() != q.dim() or q.shape[dim] == v.shape[dim]:
+        return q, k
+    G = v.shape[dim] // q.shape[dim]
+    return q.repeat_interleave(G, dim=dim), k.repeat_interleave(G, dim=dim)
 
 
 def _differentiated(*xs: Tensor | None) -> bool:
@@ -39,8 +55,9 @@ def torch_prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | Non
     """The torch forms on checked arguments (beta, the gates, S0 in the accumulation dtype;
     ``cu`` the checked cumulative lengths of a packed batch, or None): the scalar-gate chunked
     form, the per-key one for ``gk`` (:mod:`linattn.ops.delta.kda`), the token loop for ``gv``.
-    Returns (o in q's dtype, S)."""
+    q, k may have fewer heads than v (GVA: :func:`grouped`). Returns (o in q's dtype, S)."""
     acc, out_dtype = beta.dtype, q.dtype
+    q, k = grouped(q, k, v, -3)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     if qk_l2norm:
         q, k = l2_normalised(q), l2_normalised(k)
@@ -100,8 +117,10 @@ def chunked_form(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None
 
 def torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, scale: float, qk_l2norm: bool):
     """The step in torch operations, on checked arguments (beta_t, S in the accumulation
-    dtype; the gates are checked here)."""
+    dtype; the gates are checked here). q_t, k_t may have fewer heads than v_t (GVA:
+    :func:`grouped`)."""
     acc = beta_t.dtype
+    q_t, k_t = grouped(q_t, k_t, v_t, -2)
     S = decayed(S, g_t, gk_t, gv_t, q_t)
     q, k = q_t.to(acc), k_t.to(acc)
     if qk_l2norm:

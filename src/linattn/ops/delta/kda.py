@@ -35,6 +35,12 @@ whatever the chunk.
 Per-value gates (``S ← S diag(e^{gv})``) do not fit this form: they scale the columns of S,
 so each value column would need its own matrix A (V triangular systems per chunk); they run
 token by token (:func:`recurrent_form`), with or without the other gates.
+
+These are the portable forms (and what training runs). Without gradients, per-key gates take
+the compiled kernel where the dispatcher chooses it (:mod:`linattn.ops.delta.native`: the
+sequential recurrence, one pass over the state per token, the row decays applied in the
+update). Grouped value heads reach these forms with q and k already repeated
+(:func:`linattn.ops.delta.chunk.grouped`).
 """
 
 from __future__ import annotations

@@ -4,18 +4,23 @@
 #endif
 
 /* ------------------------------------------------ the (gated) delta rule, forward, float32
- * Per head, state S (K x V, rows of V floats), token t with log-gate g_t (none: 0), strength
- * beta_t and q~ = s q_t, k~ = k_t (each divided by sqrt(sum x^2 + 1e-6) first with l2norm):
- *     a = exp(g_t),  u = beta_t (v_t - a S^T k~),  S <- a S + k~ u^T,
- *     o_t = S^T q~ = a (S_old^T q~) + (q~ . k~) u.
+ * Per value head, state S (K x V, rows of V floats), token t with strength beta_t, row decays
+ * a_i = exp(g_t + gk_t,i) (a missing gate counts as 0: a scalar gate g alone gives one a for
+ * every row, per-key gates gk (Kimi Delta Attention) one per row) and q~ = s q_t, k~ = k_t
+ * (each divided by sqrt(sum x^2 + 1e-6) first with l2norm):
+ *     S' = diag(a) S,  u = beta_t (v_t - S'^T k~),  S <- S' + k~ u^T,
+ *     o_t = S^T q~ = S'^T q~ + (q~ . k~) u,   where S'^T x = S^T (a o x).
  * Column j of S, u and o depends on column j of S and v_t only, so the kernels walk one block
  * of columns (GDR_NB vectors) at a time, through all the tokens of a chunk of GDR_TC: the block
- * stays in L1, and the pass that writes token t's state also sums k~_{t+1}^T S and
- * q~_{t+1}^T S for the next token, so each token costs one pass over S (one load, one store
- * and four multiply-adds per element with a gate, three without). This is the sequential
- * recurrence, exact in float32 arithmetic: at K = V = 64 it needs fewer operations per token
- * (3 K V multiply-adds + K V multiplies) than the chunked WY form (3 K V + C (3 K / 2 + V)
- * multiply-adds) and no triangular solve.
+ * stays in L1, and the pass that writes token t's state also sums (a_{t+1} o k~_{t+1})^T S and
+ * (a_{t+1} o q~_{t+1})^T S for the next token (with a scalar gate, k~^T S and q~^T S, times a
+ * afterwards), so each token costs one pass over S (one load, one store and four vector
+ * operations per element with a gate, three without); the row scale is applied in the update.
+ * This is the sequential recurrence, exact in float32 arithmetic: at K = V = 64 it needs fewer
+ * operations per token (3 K V multiply-adds + K V multiplies) than the chunked WY form
+ * (3 K V + C (3 K / 2 + V) multiply-adds) and no triangular solve.
+ * Grouped value attention (GVA): G consecutive value heads share one q/k head (value head n
+ * reads q/k head n / G), indexed in place, never copied.
  * The step is T = 1. */
 #if LA_W == 8 || (LA_W == 4 && !(defined(__ARM_NEON) || defined(__ARM_NEON__)))
 #define GDR_NB 2 /* 16 registers: u, two sums and a row of S per vector, plus broadcasts */
@@ -24,9 +29,15 @@
 #endif
 #define GDR_TC 64 /* tokens prepared at a time (normalised q, k; gates) */
 #define GDR_EPS 1e-6f
+/* gate modes: none, one scalar decay per token, a decay per row (per-key gates, with or
+ * without the scalar one folded in) */
+#define GDR_PLAIN 0
+#define GDR_SCALAR 1
+#define GDR_ROWS 2
 
-/* Floats of work la_gdr_forward needs for a head dimension K. */
-long la_gdr_work(long K) { return GDR_TC * (2 * K + 3); }
+/* Floats of work la_gdr_forward needs for a head dimension K: per prepared token q~ (a o q~
+ * with per-key gates), k~, a o k~, the row decays (K each), a, beta, q~ . k~. */
+long la_gdr_work(long K) { return GDR_TC * (4 * K + 3); }
 
 /* kacc = S^T kn, qacc = S^T qn over the block of nb vectors at S (rows of V). */
 static inline __attribute__((always_inline)) void gdr_dots(int nb, long K, const float *S,
@@ -46,23 +57,24 @@ static inline __attribute__((always_inline)) void gdr_dots(int nb, long K, const
     for (int j = 0; j < nb; ++j) kacc[j] = ka[j], qacc[j] = qa[j];
 }
 
-/* Sout[i] = a Sin[i] + kn[i] u (i < K) over the block (a = 1 unless gated); with next, also
- * kacc = Sout^T kn1 and qacc = Sout^T qn1 (the next token's sums). Sout may be Sin. */
-static inline __attribute__((always_inline)) void gdr_update(int nb, int gated, int next,
+/* Sout[i] = a_i Sin[i] + kn[i] u (i < K) over the block (a_i = 1 for GDR_PLAIN, a for
+ * GDR_SCALAR, ar[i] for GDR_ROWS); with next, also kacc = Sout^T kx1 and qacc = Sout^T qx1
+ * (the next token's sums). Sout may be Sin. */
+static inline __attribute__((always_inline)) void gdr_update(int nb, int mode, int next,
                                                              long K, const float *Sin,
                                                              float *Sout, long V, float a,
-                                                             const float *kn, const vf *u,
-                                                             const float *kn1,
-                                                             const float *qn1, vf *kacc,
+                                                             const float *ar, const float *kn,
+                                                             const vf *u, const float *kx1,
+                                                             const float *qx1, vf *kacc,
                                                              vf *qacc) {
     vf ka[GDR_NB], qa[GDR_NB], av = vsplat(a);
     for (int j = 0; j < nb; ++j) ka[j] = qa[j] = vsplat(0.0f);
     for (long i = 0; i < K; ++i) {
-        vf ki = vsplat(kn[i]);
-        vf k1 = vsplat(next ? kn1[i] : 0.0f), q1 = vsplat(next ? qn1[i] : 0.0f);
+        vf ki = vsplat(kn[i]), ai = mode == GDR_ROWS ? vsplat(ar[i]) : av;
+        vf k1 = vsplat(next ? kx1[i] : 0.0f), q1 = vsplat(next ? qx1[i] : 0.0f);
         for (int j = 0; j < nb; ++j) {
             vf s = vload(Sin + i * V + j * W);
-            s = gated ? av * s + ki * u[j] : s + ki * u[j];
+            s = mode != GDR_PLAIN ? ai * s + ki * u[j] : s + ki * u[j];
             vstore(Sout + i * V + j * W, s);
             if (next) {
                 ka[j] += k1 * s;
@@ -74,110 +86,147 @@ static inline __attribute__((always_inline)) void gdr_update(int nb, int gated, 
         for (int j = 0; j < nb; ++j) kacc[j] = ka[j], qacc[j] = qa[j];
 }
 
-/* Tokens [0, Tc) of one head's prepared chunk (qn, kn rows of K; a, b, qk one per token) over
- * the block of nb vectors of columns at Sin / Sout / v / o (offset to the block already): the
- * first token reads Sin, every token writes Sout (which may be Sin). v, o: token strides vt,
- * ot. With wo (token stride wt), also each token's w = v_t - a S^T k~ (u = beta w), which the
- * backward reads instead of recomputing S^T k~. */
-static inline __attribute__((always_inline)) void gdr_cols(int nb, int gated, long Tc, long K,
+/* Tokens [0, Tc) of one head's prepared chunk (qn, kn, kd, ar rows of K; a, b, qk one per
+ * token; see gdr_prep) over the block of nb vectors of columns at Sin / Sout / v / o (offset to
+ * the block already): the first token reads Sin, every token writes Sout (which may be Sin).
+ * v, o: token strides vt, ot. With wo (token stride wt), also each token's w = v_t - S'^T k~
+ * (u = beta w), which the backward reads instead of recomputing S^T k~. */
+static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, long Tc, long K,
                                                            long V, const float *qn,
-                                                           const float *kn, const float *a,
+                                                           const float *kn, const float *kd,
+                                                           const float *ar, const float *a,
                                                            const float *b, const float *qk,
                                                            const float *v, long vt,
                                                            const float *Sin, float *Sout,
                                                            float *o, long ot, float *wo,
                                                            long wt) {
     vf ka[GDR_NB], qa[GDR_NB], u[GDR_NB];
-    gdr_dots(nb, K, Sin, V, kn, qn, ka, qa);
+    const float *kx = mode == GDR_ROWS ? kd : kn; /* what the sums read: a o k~ per row */
+    gdr_dots(nb, K, Sin, V, kx, qn, ka, qa);
     for (long t = 0; t < Tc; ++t) {
-        float at = gated ? a[t] : 1.0f;
+        float at = mode == GDR_SCALAR ? a[t] : 1.0f;
         vf bt = vsplat(b[t]), qkt = vsplat(qk[t]);
         for (int j = 0; j < nb; ++j) {
             vf vj = vload(v + t * vt + j * W);
-            vf wj = gated ? vj - at * ka[j] : vj - ka[j];
+            vf wj = mode == GDR_SCALAR ? vj - at * ka[j] : vj - ka[j];
             u[j] = bt * wj;
             if (wo) vstore(wo + t * wt + j * W, wj);
-            vstore(o + t * ot + j * W, (gated ? at * qa[j] : qa[j]) + qkt * u[j]);
+            vstore(o + t * ot + j * W, (mode == GDR_SCALAR ? at * qa[j] : qa[j]) + qkt * u[j]);
         }
         const float *src = t == 0 ? Sin : Sout;
         if (t + 1 < Tc)
-            gdr_update(nb, gated, 1, K, src, Sout, V, at, kn + t * K, u, kn + (t + 1) * K,
-                       qn + (t + 1) * K, ka, qa);
+            gdr_update(nb, mode, 1, K, src, Sout, V, at, ar + t * K, kn + t * K, u,
+                       kx + (t + 1) * K, qn + (t + 1) * K, ka, qa);
         else
-            gdr_update(nb, gated, 0, K, src, Sout, V, at, kn + t * K, u, NULL, NULL, ka, qa);
+            gdr_update(nb, mode, 0, K, src, Sout, V, at, ar + t * K, kn + t * K, u, NULL, NULL,
+                       ka, qa);
     }
 }
 
-/* gdr_cols specialised for constant (nb, gated): the sums stay in registers. */
-static void gdr_cols_any(int nb, int gated, long Tc, long K, long V, const float *qn,
-                         const float *kn, const float *a, const float *b, const float *qk,
-                         const float *v, long vt, const float *Sin, float *Sout, float *o,
-                         long ot, float *wo, long wt) {
+/* gdr_cols specialised for constant (nb, mode): the sums stay in registers. */
+static void gdr_cols_any(int nb, int mode, long Tc, long K, long V, const float *qn,
+                         const float *kn, const float *kd, const float *ar, const float *a,
+                         const float *b, const float *qk, const float *v, long vt,
+                         const float *Sin, float *Sout, float *o, long ot, float *wo, long wt) {
 /* Cases beyond this ISA's GDR_NB are constant-false (and never asked for). */
-#define G_(c, gt)                                                                             \
-    case c * 2 + gt:                                                                          \
+#define G_(c, m)                                                                              \
+    case c * 3 + m:                                                                           \
         if (c <= GDR_NB)                                                                      \
-            gdr_cols(c <= GDR_NB ? c : GDR_NB, gt, Tc, K, V, qn, kn, a, b, qk, v, vt, Sin,    \
-                     Sout, o, ot, wo, wt);                                                    \
+            gdr_cols(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn, kd, ar, a, b, qk, v, vt,   \
+                     Sin, Sout, o, ot, wo, wt);                                               \
         break;
-    switch (nb * 2 + gated) {
-        G_(1, 0) G_(1, 1) G_(2, 0) G_(2, 1) G_(3, 0) G_(3, 1) G_(4, 0) G_(4, 1)
+    switch (nb * 3 + mode) {
+        G_(1, 0) G_(1, 1) G_(1, 2) G_(2, 0) G_(2, 1) G_(2, 2)
+        G_(3, 0) G_(3, 1) G_(3, 2) G_(4, 0) G_(4, 1) G_(4, 2)
         default: break;
     }
 #undef G_
 }
 
-/* Prepare Tc tokens: qn = s q (/ |q|), kn = k (/ |k|), a = exp(g) (1 without g), b = beta,
- * qk = qn . kn. q, k: token strides qt, kt; beta, g: one float per token. */
+/* Prepare Tc tokens: qn = s q (/ |q|), kn = k (/ |k|), b = beta, qk = qn . kn; without gk,
+ * a = exp(g) (1 without g); with gk (token stride gkt), the row decays ar = exp(g + gk) (rows of
+ * K), kd = ar o kn, and qn scaled by ar in place (after qk). q, k: token strides qt, kt; beta,
+ * g: one float per token. */
 static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, long kt,
-                     const float *beta, const float *g, float scale, int l2norm, float *qn,
-                     float *kn, float *a, float *b, float *qk) {
+                     const float *beta, const float *g, const float *gk, long gkt, float scale,
+                     int l2norm, float *qn, float *kn, float *kd, float *ar, float *a,
+                     float *b, float *qk) {
     for (long t = 0; t < Tc; ++t) {
         const float *qr = q + t * qt, *kr = k + t * kt;
+        float *qt_ = qn + t * K, *kt_ = kn + t * K;
         float sq = scale, sk = 1.0f;
         if (l2norm) {
             sq *= 1.0f / sqrtf(dot(qr, qr, K) + GDR_EPS);
             sk = 1.0f / sqrtf(dot(kr, kr, K) + GDR_EPS);
         }
-        scale_row(qn + t * K, 0, 0, qr, sq, K);
-        scale_row(kn + t * K, 0, 0, kr, sk, K);
-        /* a subnormal decay (g in (-104, -87]) would make subnormal states, which cost
-         * microcode assists in every later pass: 0 instead (sexp_nonpos flushes below -87) */
-        a[t] = g ? sexp_nonpos(g[t]) : 1.0f;
+        scale_row(qt_, 0, 0, qr, sq, K);
+        scale_row(kt_, 0, 0, kr, sk, K);
         b[t] = beta[t];
-        qk[t] = dot(qn + t * K, kn + t * K, K);
+        qk[t] = dot(qt_, kt_, K);
+        if (gk) {
+            /* exp flushed to 0 below -87 (sexp_nonpos / vexp_nonpos; -inf, a reset, is 0) */
+            const float *gr = gk + t * gkt;
+            float gt = g ? g[t] : 0.0f, *at = ar + t * K, *kdt = kd + t * K;
+            long i = 0;
+            for (; i + W <= K; i += W) {
+                vf e = vexp_nonpos(vload(gr + i) + gt);
+                vstore(at + i, e);
+                vstore(kdt + i, e * vload(kt_ + i));
+                vstore(qt_ + i, e * vload(qt_ + i));
+            }
+            for (; i < K; ++i) {
+                at[i] = sexp_nonpos(gr[i] + gt);
+                kdt[i] = at[i] * kt_[i];
+                qt_[i] *= at[i];
+            }
+            a[t] = 1.0f;
+        } else {
+            /* a subnormal decay (g in (-104, -87]) would make subnormal states, which cost
+             * microcode assists in every later pass: 0 instead (sexp_nonpos flushes below -87) */
+            a[t] = g ? sexp_nonpos(g[t]) : 1.0f;
+        }
     }
 }
 
-/* The (gated) delta rule over T tokens of N heads (T = 1: one decoding step), columns
+/* The (gated) delta rule over T tokens of N value heads (T = 1: one decoding step), columns
  * [v0, v1) of the state and the output (all V columns: v0 = 0, v1 = V; a subset lets threads
- * share one head). q, k: rows of K with head strides qs, ks and token strides qt, kt; v, o:
- * rows of V (head strides vs, os; token strides vt, ot); beta, g: T floats per head (head
- * strides bs, gs), g NULL for the ungated rule; S_in, S_out: (N, K, V) contiguous, S_out may
- * be S_in (in place). What the backward (la_gdr_backward) reads, where a gradient is wanted:
- * ckpt (head stride cs) the state before each chunk of GDR_TC tokens (ceil(T / GDR_TC) states
- * of K x V), w (head and token strides ws, wt; rows of V) each token's w = v_t - a S^T k~; both
- * NULL otherwise. work: la_gdr_work(K) floats. Returns 0, or -1 on sizes it does not take
- * (V, v0, v1 multiples of the vector width W, 0 <= v0 <= v1 <= V, K >= 1). */
+ * share one head). q, k: rows of K with head strides qs, ks and token strides qt, kt, one q/k
+ * head per G value heads (grouped value attention, G >= 1): value head n reads q/k head
+ * (g0 + n) / G from q, k, where g0 (0 <= g0 < G) is the place of value head 0 in its group (a
+ * part of the heads starting inside a group). v, o: rows of V (head strides vs, os; token
+ * strides vt, ot); beta, g: T floats per head (head strides bs, gs), g NULL for no scalar gate;
+ * gk: per-key log-gates, rows of K (head and token strides gks, gkt), NULL for none; S_in,
+ * S_out: (N, K, V) contiguous, S_out may be S_in (in place). What the backward
+ * (la_gdr_backward, scalar gates only) reads, where a gradient is wanted: ckpt (head stride cs)
+ * the state before each chunk of GDR_TC tokens (ceil(T / GDR_TC) states of K x V), w (head and
+ * token strides ws, wt; rows of V) each token's w = v_t - S'^T k~; both NULL otherwise. work:
+ * la_gdr_work(K) floats. Returns 0, or -1 on sizes it does not take (V, v0, v1 multiples of
+ * the vector width W, 0 <= v0 <= v1 <= V, K >= 1, G >= 1, 0 <= g0 < G). */
 static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long ks, long kt,
-                   const float *v, long vs, long vt, const float *beta, long bs, const float *g,
-                   long gs, long N, long T, long K, long V, long v0, long v1, float scale,
-                   int l2norm, const float *S_in, float *S_out, float *o, long os, long ot,
-                   float *ckpt, long cs, float *w, long ws, long wt, float *work) {
-    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0)
+                          long G, long g0, const float *v, long vs, long vt, const float *beta,
+                          long bs, const float *g, long gs, const float *gk, long gks, long gkt,
+                          long N, long T, long K, long V, long v0, long v1, float scale,
+                          int l2norm, const float *S_in, float *S_out, float *o, long os,
+                          long ot, float *ckpt, long cs, float *w, long ws, long wt,
+                          float *work) {
+    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
+        || G < 1 || g0 < 0 || g0 >= G)
         return -1;
-    float *qn = work, *kn = qn + GDR_TC * K, *a = kn + GDR_TC * K, *b = a + GDR_TC;
-    float *qk = b + GDR_TC;
+    float *qn = work, *kn = qn + GDR_TC * K, *kd = kn + GDR_TC * K, *ar = kd + GDR_TC * K;
+    float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC;
+    int mode = gk ? GDR_ROWS : g ? GDR_SCALAR : GDR_PLAIN;
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
+        long m = (g0 + n) / G; /* this value head's q/k head */
         if (T == 0 && Sin != Sout)
             for (long i = 0; i < K; ++i)
                 memcpy(Sout + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
         for (long t0 = 0; t0 < T; t0 += GDR_TC) {
             long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
-            gdr_prep(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt,
-                     beta + n * bs + t0, g ? g + n * gs + t0 : NULL, scale, l2norm, qn, kn, a,
+            gdr_prep(Tc, K, q + m * qs + t0 * qt, qt, k + m * ks + t0 * kt, kt,
+                     beta + n * bs + t0, g ? g + n * gs + t0 : NULL,
+                     gk ? gk + n * gks + t0 * gkt : NULL, gkt, scale, l2norm, qn, kn, kd, ar, a,
                      b, qk);
             if (ckpt) { /* the state this chunk starts from, for the backward */
                 const float *from = t0 == 0 ? Sin : Sout;
@@ -187,7 +236,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
             }
             for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
-                gdr_cols_any(nb, g != NULL, Tc, K, V, qn, kn, a, b, qk,
+                gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk,
                              v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
                              Sout + j0, o + n * os + t0 * ot + j0, ot,
                              w ? w + n * ws + t0 * wt + j0 : NULL, wt);
@@ -197,19 +246,31 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
     return 0;
 }
 
-/* One decoding step of N heads with contiguous rows (q, k (N, K); v, o (N, V); beta, g (N)):
- * la_gdr_forward with T = 1, in fewer arguments. It also checks the step's values, which the
- * Python side then need not (a tensor reduction there costs more than this whole loop): returns
- * -2 if a beta is NaN, -3 if a log-gate is NaN or positive, before anything is written. */
+/* la_gdr_forward itself, for the step and the Python entry point: called through this
+ * pointer, never a copy inlined or specialised for a call's constants (T = 1 in the step),
+ * where the compiler may contract the multiply-adds differently (GCC's default
+ * -ffp-contract=fast): so the step equals a one-token prefill bit for bit in every build, and a
+ * step split over threads (la_gdr_forward's parts) equals one on the calling thread. */
+static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
+
+/* One decoding step of N value heads with contiguous rows (q, k (N / G, K): one q/k head per G
+ * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL): la_gdr_forward with T = 1, in
+ * fewer arguments. It also checks the step's values, which the Python side then need not (a
+ * tensor reduction there costs more than this whole loop): returns -2 if a beta is NaN, -3 if a
+ * log-gate (scalar or per-key) is NaN or positive, before anything is written. */
 static int la_gdr_step(const float *q, const float *k, const float *v, const float *beta,
-                       const float *g, long N, long K, long V, float scale, int l2norm,
-                       const float *S_in, float *S_out, float *o, float *work) {
+                       const float *g, const float *gk, long N, long G, long K, long V,
+                       float scale, int l2norm, const float *S_in, float *S_out, float *o,
+                       float *work) {
     for (long n = 0; n < N; ++n) {
         if (beta[n] != beta[n]) return -2;
         if (g && !(g[n] <= 0.0f)) return -3;
     }
-    return la_gdr_forward(q, K, K, k, K, K, v, V, V, beta, 1, g, 1, N, 1, K, V, 0, V, scale,
-                          l2norm, S_in, S_out, o, V, V, NULL, 0, NULL, 0, 0, work);
+    if (gk)
+        for (long i = 0; i < N * K; ++i)
+            if (!(gk[i] <= 0.0f)) return -3;
+    return gdr_forward_fn(q, K, K, k, K, K, G, 0, v, V, V, beta, 1, g, 1, gk, K, K, N, 1, K, V,
+                          0, V, scale, l2norm, S_in, S_out, o, V, V, NULL, 0, NULL, 0, 0, work);
 }
 
 /* ----------------------------------------------- the (gated) delta rule, backward, float32
@@ -584,9 +645,11 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
 #define LA_GDR_FORWARD_ARGS(X, la_s) \
     X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
     X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, long, G, 'l') X(la_s, long, g0, 'l') \
     X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
     X(la_s, const float *, beta, 'p') X(la_s, long, bs, 'l') X(la_s, const float *, g, 'p') \
-    X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, K, 'l') \
+    X(la_s, long, gs, 'l') X(la_s, const float *, gk, 'p') X(la_s, long, gks, 'l') \
+    X(la_s, long, gkt, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, K, 'l') \
     X(la_s, long, V, 'l') X(la_s, long, v0, 'l') X(la_s, long, v1, 'l') X(la_s, float, scale, 'f') \
     X(la_s, int, l2norm, 'i') X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') \
     X(la_s, float *, o, 'p') X(la_s, long, os, 'l') X(la_s, long, ot, 'l') \
@@ -594,21 +657,23 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
     X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') X(la_s, float *, work, 'p')
 LA_ARGS(la_gdr_forward_args, LA_GDR_FORWARD_ARGS)
 int la_gdr_forward_call(const la_gdr_forward_args *a) {
-    return (int)la_gdr_forward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->beta,
-            a->bs, a->g, a->gs, a->N, a->T, a->K, a->V, a->v0, a->v1, a->scale, a->l2norm, a->S_in,
-            a->S_out, a->o, a->os, a->ot, a->ckpt, a->cs, a->w, a->ws, a->wt, a->work);
+    return (int)gdr_forward_fn(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v, a->vs,
+            a->vt, a->beta, a->bs, a->g, a->gs, a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V,
+            a->v0, a->v1, a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt,
+            a->cs, a->w, a->ws, a->wt, a->work);
 }
 
 #define LA_GDR_STEP_ARGS(X, la_s) \
     X(la_s, const float *, q, 'p') X(la_s, const float *, k, 'p') X(la_s, const float *, v, 'p') \
-    X(la_s, const float *, beta, 'p') X(la_s, const float *, g, 'p') X(la_s, long, N, 'l') \
+    X(la_s, const float *, beta, 'p') X(la_s, const float *, g, 'p') \
+    X(la_s, const float *, gk, 'p') X(la_s, long, N, 'l') X(la_s, long, G, 'l') \
     X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') X(la_s, int, l2norm, 'i') \
     X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, float *, o, 'p') \
     X(la_s, float *, work, 'p')
 LA_ARGS(la_gdr_step_args, LA_GDR_STEP_ARGS)
 int la_gdr_step_call(const la_gdr_step_args *a) {
-    return (int)la_gdr_step(a->q, a->k, a->v, a->beta, a->g, a->N, a->K, a->V, a->scale, a->l2norm,
-            a->S_in, a->S_out, a->o, a->work);
+    return (int)la_gdr_step(a->q, a->k, a->v, a->beta, a->g, a->gk, a->N, a->G, a->K, a->V,
+            a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->work);
 }
 
 #define LA_GDR_BACKWARD_ARGS(X, la_s) \

@@ -2,32 +2,43 @@ r"""The compiled CPU forward of the (gated) delta rule (``la_gdr_forward`` in ``
 
 :func:`linattn.ops.delta.delta_rule` and :func:`~linattn.ops.delta.delta_rule_step` hand a call
 here, after their argument checks, when the dispatcher chose this backend
-(:mod:`linattn.ops.dispatch`, op "delta_rule", forms "prefill" and "step"): a CPU call in
-float32 accumulation (float32 inputs; bfloat16 and float16 are widened first, as the torch path
-does), no gradient wanted, V a multiple of 16, no per-key or per-value gate (the step), an ISA
-build that loads, and (by default) the compiled path measured faster than the torch one on this
-machine.
+(:mod:`linattn.ops.dispatch`, op "delta_rule", forms "prefill", "prefill fwd+bwd" and "step"): a
+CPU call in float32 accumulation (float32 inputs; bfloat16 and float16 are widened first, as the
+torch path does), V a multiple of 16, no per-value gate, no per-key gate when a gradient is
+wanted (nor any gradient in the step), an ISA build that loads, and (by default) the compiled
+path measured faster than the torch one on this machine.
 
-The kernel is the sequential recurrence, per head and token (``a = e^{g_t}``, ``q̃ = s q_t``,
-``k̃ = k_t``, both L2-normalised first with ``qk_l2norm``)::
+The kernel is the sequential recurrence, per value head and token, with row decays
+``a_i = e^{g_t + gk_t,i}`` (a missing gate counts as 0: a scalar gate ``g`` gives every row the
+same decay, per-key gates ``gk`` — Kimi Delta Attention — one per row), ``q̃ = s q_t``,
+``k̃ = k_t`` (both L2-normalised first with ``qk_l2norm``)::
 
-    u = β_t (v_t − a Sᵀk̃),   S ← a S + k̃ uᵀ,   o_t = Sᵀq̃ = a (S_oldᵀq̃) + (q̃·k̃) u
+    S' = diag(a) S,   u = β_t (v_t − S'ᵀk̃),   S ← S' + k̃ uᵀ,   o_t = Sᵀq̃ = S'ᵀq̃ + (q̃·k̃) u
 
-exact in float32 arithmetic (no chunking error to bound), vectorised over the columns of S:
-columns are independent, so a block of them stays in L1 through a chunk of tokens, and the
-pass that writes token t's state also sums ``Sᵀk̃`` and ``Sᵀq̃`` for token t + 1 — one pass over
-S per token, ~4·K·V vector operations (3·K·V multiply-adds and, with a gate, K·V multiplies).
-At K = V = 64 that is fewer operations than the chunked WY form of :mod:`linattn.ops.delta`
-(≈ 3·K·V + C·(3K/2 + V) multiply-adds per token: 22.5 K at C = 64, 17.4 K at C = 32, against
-16.4 K operations here) with no triangular solve, and it runs near the FMA units' rate
-(docs/benchmarks.md, "Gated delta rule"). Heads (and, for fewer heads than threads, column
-blocks of a head) run in parallel on torch's threads once a call is large enough to pay for the
-hand-over; a decoding step runs on the calling thread.
+with ``S'ᵀx = Sᵀ(a∘x)``: exact in float32 arithmetic (no chunking error to bound), vectorised
+over the columns of S: columns are independent, so a block of them stays in L1 through a chunk of
+tokens, and the pass that writes token t's state (applying the row scale in the update) also
+sums ``Sᵀ(a∘k̃)`` and ``Sᵀ(a∘q̃)`` for token t + 1 — one pass over S per token, ~4·K·V vector
+operations (3·K·V multiply-adds and, with a gate, K·V multiplies), with per-key gates as with a
+scalar one. At K = V = 64 that is fewer operations than the chunked WY form of
+:mod:`linattn.ops.delta` (≈ 3·K·V + C·(3K/2 + V) multiply-adds per token: 22.5 K at C = 64,
+17.4 K at C = 32, against 16.4 K operations here) with no triangular solve, and it runs near
+the FMA units' rate (docs/benchmarks.md, "Gated delta rule"). Heads (and, for fewer heads than
+threads, column blocks of a head) run in parallel on torch's threads once a call is large
+enough to pay for the hand-over; a decoding step runs on the calling thread.
+
+Grouped value attention (GVA): q and k may have H heads for HV = G·H value heads (β, the gates,
+the states and the output have HV); value head n reads q/k head n // G, in place — the kernel
+indexes the shared rows (a part of the heads handed to a thread that starts inside a group is
+told its place there), so q and k are never repeated, forward or step. The training forward
+and ``la_gdr_backward`` take as many q/k heads as value heads (the op repeats them there, and
+autograd sums each group's gradients).
 
 Inside PyTorch: the prefill and the step are the custom ops ``linattn::gdr_forward`` and
 ``linattn::gdr_step`` (forward only: the dispatcher never sends a call that wants gradients
-here), so that ``torch.compile`` and ``torch.export`` keep them in the graph; plain eager calls
-run the kernel directly (the op dispatcher's ~8 µs would be a quarter of a decoding step).
+there; ``linattn::gdr_forward_train`` and ``linattn::gdr_backward`` are the training pair), so
+that ``torch.compile`` and ``torch.export`` keep them in the graph; plain eager calls run the
+kernel directly (the op dispatcher's ~8 µs would be a quarter of a decoding step).
 """
 
 from __future__ import annotations
@@ -70,8 +81,9 @@ PARALLEL_MIN = 1 << 20
 class GdrForwardArgs(Args):
     _c_name_ = "la_gdr_forward_args"
     _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
-                ("kt", c_long), ("v", c_void_p), ("vs", c_long), ("vt", c_long),
-                ("beta", c_void_p), ("bs", c_long), ("g", c_void_p), ("gs", c_long),
+                ("kt", c_long), ("G", c_long), ("g0", c_long), ("v", c_void_p), ("vs", c_long),
+                ("vt", c_long), ("beta", c_void_p), ("bs", c_long), ("g", c_void_p),
+                ("gs", c_long), ("gk", c_void_p), ("gks", c_long), ("gkt", c_long),
                 ("N", c_long), ("T", c_long), ("K", c_long), ("V", c_long), ("v0", c_long),
                 ("v1", c_long), ("scale", c_float), ("l2norm", c_int), ("S_in", c_void_p),
                 ("S_out", c_void_p), ("o", c_void_p), ("os", c_long), ("ot", c_long),
@@ -82,7 +94,8 @@ class GdrForwardArgs(Args):
 class GdrStepArgs(Args):
     _c_name_ = "la_gdr_step_args"
     _fields_ = [("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("beta", c_void_p),
-                ("g", c_void_p), ("N", c_long), ("K", c_long), ("V", c_long), ("scale", c_float),
+                ("g", c_void_p), ("gk", c_void_p), ("N", c_long), ("G", c_long), ("K", c_long),
+                ("V", c_long), ("scale", c_float),
                 ("l2norm", c_int), ("S_in", c_void_p), ("S_out", c_void_p), ("o", c_void_p),
                 ("work", c_void_p)]
 
@@ -150,32 +163,40 @@ def _work(fns: dict, K: int, V: int | None = None) -> Tensor:
 
 def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
              s: float, l2norm: bool, S_in: Tensor, S_out: Tensor, o: Tensor,
-             ckpt: Tensor | None = None, w: Tensor | None = None) -> None:
-    """The kernel over (N, T, ·) inputs whose last dimension is contiguous (any head and token
-    strides), beta and g (N, T) with contiguous rows, S_in, S_out contiguous (N, K, V) (may be
-    one tensor), o (N, T, V); in parts on torch's threads when large enough. With ckpt
-    (N, ceil(T / CHECKPOINT), K, V), contiguous per head) and w (N, T, V), rows contiguous), also
-    what the backward reads: the state before each chunk, and w = v − a Sᵀk̃ per token."""
-    N, T, K = q.shape
-    V = v.shape[2]
+             ckpt: Tensor | None = None, w: Tensor | None = None,
+             gk: Tensor | None = None) -> None:
+    """The kernel over inputs whose last dimension is contiguous (any head and token strides):
+    q, k (NQ, T, K), v (N, T, V) with N = G·NQ value heads (grouped value attention: value head
+    n reads q/k head n // G, in place), beta and g (N, T) with contiguous rows, gk (N, T, K) per-key
+    log-gates or None, S_in, S_out contiguous (N, K, V) (may be one tensor), o (N, T, V); in
+    parts on torch's threads when large enough (a part starting inside a group reads from the
+    group's q/k head, told its place in the group). With ckpt (N, ceil(T / CHECKPOINT), K, V),
+    contiguous per head) and w (N, T, V), rows contiguous), also what the backward reads: the
+    state before each chunk, and w = v − a Sᵀk̃ per token."""
+    NQ, T, K = q.shape
+    N, V = v.shape[0], v.shape[2]
+    G = N // NQ if NQ else 1
     # parts: head groups, or a head's column blocks (see linattn.ops.native.head_jobs)
     threads = threads_for(N * T * K * V, max(N, V // V_MULTIPLE), PARALLEL_MIN)
     gs = 0 if g is None else g.stride(0)
     f4 = 4  # bytes per float32 element
     qp, kp, vp, bp, Sp, Op, op = (x.data_ptr() for x in (q, k, v, beta, S_in, S_out, o))
     gp = None if g is None else g.data_ptr()
+    gkp, gks, gkt = (None, 0, 0) if gk is None else (gk.data_ptr(), gk.stride(0), gk.stride(1))
     cp, cs = (None, 0) if ckpt is None else (ckpt.data_ptr(), ckpt.stride(0))
     wp, ws, wt = (None, 0, 0) if w is None else (w.data_ptr(), w.stride(0), w.stride(1))
     fn = fns["gdr_forward"]
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
+        m0 = h0 // G  # the q/k head of value head h0; h0 % G: its place in the group
         rc = fn(GdrForwardArgs(
-            q=qp + f4 * h0 * q.stride(0), qs=q.stride(0), qt=q.stride(1),
-            k=kp + f4 * h0 * k.stride(0), ks=k.stride(0), kt=k.stride(1),
+            q=qp + f4 * m0 * q.stride(0), qs=q.stride(0), qt=q.stride(1),
+            k=kp + f4 * m0 * k.stride(0), ks=k.stride(0), kt=k.stride(1), G=G, g0=h0 - m0 * G,
             v=vp + f4 * h0 * v.stride(0), vs=v.stride(0), vt=v.stride(1),
             beta=bp + f4 * h0 * beta.stride(0), bs=beta.stride(0),
-            g=None if gp is None else gp + f4 * h0 * gs, gs=gs, N=h1 - h0, T=T, K=K, V=V,
-            v0=v0, v1=v1, scale=s, l2norm=int(bool(l2norm)), S_in=Sp + f4 * h0 * K * V,
+            g=None if gp is None else gp + f4 * h0 * gs, gs=gs,
+            gk=None if gkp is None else gkp + f4 * h0 * gks, gks=gks, gkt=gkt, N=h1 - h0, T=T,
+            K=K, V=V, v0=v0, v1=v1, scale=s, l2norm=int(bool(l2norm)), S_in=Sp + f4 * h0 * K * V,
             S_out=Op + f4 * h0 * K * V, o=op + f4 * h0 * o.stride(0), os=o.stride(0),
             ot=o.stride(1), ckpt=None if cp is None else cp + f4 * h0 * cs, cs=cs,
             w=None if wp is None else wp + f4 * h0 * ws, ws=ws, wt=wt,
@@ -227,67 +248,77 @@ def _rows(x: Tensor, N: int) -> Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
-def _spans(q: Tensor, cu_seqlens: Tensor | None, *xs: Tensor | None
-           ) -> tuple[int, list[tuple[int, int]], tuple]:
-    """(H, spans, xs as (H, ...) sources): one span over every head, or with ``cu_seqlens``
-    (batch size 1) one span per packed sequence, each from its own state."""
-    batch, T = q.shape[:-2], q.shape[-2]
+def _spans(q: Tensor, v: Tensor, cu_seqlens: Tensor | None, *xs: Tensor | None
+           ) -> tuple[int, int, list[tuple[int, int]], tuple]:
+    """(H, HV, spans, xs as (heads, ...) sources): H the q/k heads and HV the value heads (their
+    batch dimensions, less the packed batch of one); one span over every head, or with
+    ``cu_seqlens`` (batch size 1) one span per packed sequence, each from its own state."""
+    T = q.shape[-2]
+    qb, vb = q.shape[:-2], v.shape[:-2]
     if cu_seqlens is None:
-        return math.prod(batch), [(0, T)], xs
+        return math.prod(qb), math.prod(vb), [(0, T)], xs
     spans = list(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True))
-    return math.prod(batch[1:]), spans, tuple(None if x is None else x[0] for x in xs)
+    return (math.prod(qb[1:]), math.prod(vb[1:]), spans,
+            tuple(None if x is None else x[0] for x in xs))
 
 
 def _prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0: Tensor,
-             cu_seqlens: Tensor | None, scale: float, l2norm: bool, isa: str
-             ) -> tuple[Tensor, Tensor]:
-    """``linattn::gdr_forward``: q, k (..., T, K), v (..., T, V), beta, g (..., T) float32,
-    S0 the checked initial state (..., K, V) float32 — with ``cu_seqlens`` (batch size 1),
-    (N, ..., K, V), one per packed sequence. Returns (o (..., T, V) in q's dtype, the final
-    state float32, S0's shape)."""
+             cu_seqlens: Tensor | None, scale: float, l2norm: bool, isa: str,
+             gk: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``linattn::gdr_forward``: q, k (..., H, T, K), v (..., HV, T, V) with HV = G·H (value
+    head j reads q/k head j // G; G = 1: as many heads), beta, g (..., HV, T) float32, gk
+    (..., HV, T, K) float32 per-key log-gates or None, S0 the checked initial state
+    (..., HV, K, V) float32 — with ``cu_seqlens`` (batch size 1), (N, ..., HV, K, V), one per
+    packed sequence. Returns (o (..., HV, T, V) in q's dtype, the final state float32, S0's
+    shape)."""
     fns = kernels_here(isa)
     if fns is None:
-        return torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, CHECKPOINT)
-    return _run_forward(fns, q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, False)[:2]
+        return torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, CHECKPOINT, gk)
+    return _run_forward(fns, q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, False, gk)[:2]
 
 
 def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
                  S0: Tensor, cu_seqlens: Tensor | None, scale: float, l2norm: bool,
-                 save: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+                 save: bool, gk: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """The forward kernel over every span; with ``save``, also the backward's checkpoints
-    (H, :func:`checkpoints`, K, V) and w (H, T, V)."""
-    *batch, T, K = q.shape
+    (HV, :func:`checkpoints`, K, V) and w (HV, T, V). q and k are read in place (views when
+    their rows are contiguous), never repeated for grouped value heads."""
+    T, K = q.shape[-2:]
     V = v.shape[-1]
-    H, spans, src = _spans(q, cu_seqlens, q, k, v, beta, g)
-    qf, kf, vf = (_rows(x, H) for x in src[:3])
-    bf = src[3].reshape(H, T).contiguous()
-    gf = None if g is None else src[4].reshape(H, T).contiguous()
+    H, HV, spans, src = _spans(q, v, cu_seqlens, q, k, v, beta, g, gk)
+    qf, kf = _rows(src[0], H), _rows(src[1], H)
+    vf = _rows(src[2], HV)
+    bf = src[3].reshape(HV, T).contiguous()
+    gf = None if g is None else src[4].reshape(HV, T).contiguous()
+    gkf = None if gk is None else _rows(src[5], HV)
     S_in = S0.reshape(-1, K, V)
     if cu_seqlens is None and T > 0 and S_in.is_contiguous():
         S = torch.empty_like(S_in)  # the kernel reads S0 and writes S: no copy (torch's copy
         # of a state this size splits over OpenMP threads, and waits for a busy partner)
     else:  # per packed sequence, each span updates its states in place
         S = S_in = S_in.clone(memory_format=torch.contiguous_format)
-    o = empty_hugepage(qf, H, T, V)
+    o = empty_hugepage(qf, HV, T, V)
     ckpt = w = None
     if save:
-        ckpt = S.new_empty(H, checkpoints(T, cu_seqlens), K, V)
-        w = empty_hugepage(qf, H, T, V)
+        ckpt = S.new_empty(HV, checkpoints(T, cu_seqlens), K, V)
+        w = empty_hugepage(qf, HV, T, V)
     c = 0
     for i, (a, b) in enumerate(spans):
-        heads = slice(i * H, (i + 1) * H)  # (in place where S is S_in)
+        heads = slice(i * HV, (i + 1) * HV)  # (in place where S is S_in)
         n = -(-(b - a) // CHECKPOINT)
         _forward(fns, qf[:, a:b], kf[:, a:b], vf[:, a:b], bf[:, a:b],
                  None if gf is None else gf[:, a:b], scale, l2norm, S_in[heads], S[heads],
                  o[:, a:b],
-                 None if ckpt is None else ckpt[:, c:c + n], None if w is None else w[:, a:b])
+                 None if ckpt is None else ckpt[:, c:c + n], None if w is None else w[:, a:b],
+                 None if gkf is None else gkf[:, a:b])
         c += n
-    o = o.view(*batch, T, V)
+    o = o.view(*v.shape[:-2], T, V)
     return (o if o.dtype == q.dtype else o.to(q.dtype)), S.view(S0.shape), ckpt, w
 
 
-def _prefill_fake(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa):
-    return q.new_empty(*q.shape[:-1], v.shape[-1]), S0.new_empty(S0.shape)
+def _prefill_fake(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa, gk=None):
+    return q.new_empty(*v.shape[:-2], q.shape[-2], v.shape[-1]), S0.new_empty(S0.shape)
 
 
 # ---------------------------------------------------------------------- with gradients
@@ -307,7 +338,9 @@ def _train_forward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | No
     final state) that also returns what ``linattn::gdr_backward`` reads, its autograd formula:
     the state before each chunk of :data:`CHECKPOINT` tokens (H, :func:`checkpoints`, K, V) and
     w = v − a Sᵀk̃ per token (H, T, V), H the heads (batch dimensions, less the packed batch of
-    one)."""
+    one). q and k have as many heads as v here (the op repeats them for grouped value heads:
+    autograd then sums the group's gradients); no per-key gates (they take the torch forms
+    when a gradient is wanted)."""
     fns = kernels_here(isa)
     *batch, T, K = q.shape
     V = v.shape[-1]
@@ -352,7 +385,7 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
         return tuple(grads)
     *batch, T, K = q.shape
     V = v.shape[-1]
-    H, spans, (gq, gk, gb, gg, go) = _spans(q, cu_seqlens, q, k, beta, g, g_o)
+    H, _, spans, (gq, gk, gb, gg, go) = _spans(q, q, cu_seqlens, q, k, beta, g, g_o)
     qf, kf = _rows(gq, H), _rows(gk, H)
     bf = gb.reshape(H, T).contiguous()
     gf = None if g is None else gg.reshape(H, T).contiguous()
@@ -389,8 +422,10 @@ def _train_backward_fake(q, k, v, beta, g, S0, cu_seqlens, ckpt, w, g_o, g_S, sc
 
 def _small(q: Tensor, k: Tensor, v: Tensor, *_) -> bool:
     """Whether a call stays on one thread (its torch operations too): the library's policy
-    (:func:`linattn.ops.native.is_small`) with this op's threshold."""
-    return is_small(q, v, PARALLEL_MIN)
+    (:func:`linattn.ops.native.is_small`) with this op's threshold. Asked with v in q's place
+    and q in v's: the parts are the value heads (HV·T·V / (T·V)) and the work HV·T·V·K the
+    same product, which with grouped value heads counts every value head (q has only H)."""
+    return is_small(v, q, PARALLEL_MIN)
 
 
 _BACKWARD = KernelOp("gdr_backward", _train_backward, _train_backward_fake, small=_small)
@@ -444,74 +479,89 @@ def _vec(x: Tensor, N: int) -> Tensor:
 
 
 def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | None,
-          S: Tensor, scale: float, l2norm: bool, isa: str) -> tuple[Tensor, Tensor]:
-    """``linattn::gdr_step``: one decoding step. q_t, k_t (..., K), v_t (..., V), beta_t, g_t
-    (...) float32, S the state (..., K, V) float32, not modified. Returns (o_t in q_t's dtype,
-    the new state float32 (..., K, V)). Lean on purpose (contiguous inputs are passed as they
-    are, outputs allocated in their final shape): this is the whole per-token cost of
-    decoding."""
+          S: Tensor, scale: float, l2norm: bool, isa: str, gk_t: Tensor | None = None
+          ) -> tuple[Tensor, Tensor]:
+    """``linattn::gdr_step``: one decoding step. q_t, k_t (..., H, K), v_t (..., HV, V) with
+    HV = G·H (grouped value attention; G = 1: as many heads), beta_t, g_t (..., HV) float32,
+    gk_t (..., HV, K) float32 per-key log-gates or None, S the state (..., HV, K, V) float32,
+    not modified. Returns (o_t in q_t's dtype, the new state float32 (..., HV, K, V)). Lean on
+    purpose (contiguous inputs are passed as they are, outputs allocated in their final shape):
+    this is the whole per-token cost of decoding."""
     fns = kernels_here(isa)
     if fns is None:
-        _check_step_values(beta_t, g_t)
-        return torch_step(q_t, k_t, v_t, beta_t, S, g_t, None, None, scale, l2norm)
+        _check_step_values(beta_t, g_t, gk_t)
+        return torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, None, scale, l2norm)
     N = beta_t.numel()
-    q, k, v = _vec(q_t, N), _vec(k_t, N), _vec(v_t, N)
+    NQ = q_t.numel() // q_t.shape[-1]
+    q, k, v = _vec(q_t, NQ), _vec(k_t, NQ), _vec(v_t, N)
     b = beta_t if beta_t.is_contiguous() else beta_t.contiguous()
     g = g_t if g_t is None or g_t.is_contiguous() else g_t.contiguous()
+    gk = gk_t if gk_t is None or gk_t.is_contiguous() else gk_t.contiguous()
     S_in = S if S.is_contiguous() else S.contiguous()
     S_out = torch.empty_like(S_in)
     o = torch.empty(v_t.shape, dtype=torch.float32)  # (..., V), row-major
-    rc = step_into(fns, q, k, v, b, g, S_in, S_out, o, scale, l2norm)
+    rc = step_into(fns, q, k, v, b, g, S_in, S_out, o, scale, l2norm, gk)
     if rc:
-        _refused_step(rc, beta_t, g_t)
+        _refused_step(rc, beta_t, g_t, gk_t)
     return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
 
 
 def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-              S_in: Tensor, S_out: Tensor, o: Tensor, scale: float, l2norm: bool) -> int:
-    """One compiled decoding step on contiguous float32 tensors: q, k (..., K), v (..., V),
-    beta, g (...) (g may be None), S_in (..., K, V) read, S_out (same shape; may be S_in: the
-    update in place) and o (..., V) written. Returns the kernel's code: 0, or -2 (a nan β) or
-    -3 (a nan or positive gate) with nothing written. A large batch runs in parts on threads
-    (:func:`linattn.ops.native.threads_for`); a decoding step of a model runs here, on the
-    calling thread."""
+              S_in: Tensor, S_out: Tensor, o: Tensor, scale: float, l2norm: bool,
+              gk: Tensor | None = None) -> int:
+    """One compiled decoding step on contiguous float32 tensors: q, k (..., H, K), v
+    (..., HV, V) with HV = G·H value heads (value head n reads q/k row n // G), beta, g (..., HV)
+    (g may be None), gk (..., HV, K) or None, S_in (..., HV, K, V) read, S_out (same shape; may
+    be S_in: the update in place) and o (..., HV, V) written. Returns the kernel's code: 0, or
+    -2 (a nan β) or -3 (a nan or positive gate, scalar or per-key) with nothing written. A large
+    batch runs in parts on threads (:func:`linattn.ops.native.threads_for`); a decoding step of
+    a model runs here, on the calling thread."""
     K, V = S_in.shape[-2], S_in.shape[-1]
     N = beta.numel()
+    NQ = q.numel() // K
+    G = N // NQ if NQ else 1
     if threads_for(N * K * V, N, PARALLEL_MIN) > 1:
         # la_gdr_forward checks no values: a reduction is cheap at this size
         if bool(beta.isnan().any()):
             return -2
         if g is not None and not bool((g <= 0).all()):
             return -3
-        _forward(fns, q.view(N, 1, K), k.view(N, 1, K), v.view(N, 1, V), beta.view(N, 1),
+        if gk is not None and not bool((gk <= 0).all()):
+            return -3
+        _forward(fns, q.view(NQ, 1, K), k.view(NQ, 1, K), v.view(N, 1, V), beta.view(N, 1),
                  None if g is None else g.view(N, 1), scale, l2norm, S_in.view(N, K, V),
-                 S_out.view(N, K, V), o.view(N, 1, V))
+                 S_out.view(N, K, V), o.view(N, 1, V), gk=None if gk is None else gk.view(N, 1, K))
         return 0
     return fns["gdr_step"](GdrStepArgs(
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), beta=beta.data_ptr(),
-        g=None if g is None else g.data_ptr(), N=N, K=K, V=V, scale=scale,
-        l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(), S_out=S_out.data_ptr(),
-        o=o.data_ptr(), work=_work(fns, K).data_ptr()))
+        g=None if g is None else g.data_ptr(), gk=None if gk is None else gk.data_ptr(), N=N,
+        G=G, K=K, V=V, scale=scale, l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(),
+        S_out=S_out.data_ptr(), o=o.data_ptr(), work=_work(fns, K).data_ptr()))
 
 
-def _check_step_values(beta_t: Tensor, g_t: Tensor | None) -> None:
+def _check_step_values(beta_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None = None) -> None:
     """In Python, what la_gdr_step checks itself (for the calls that do not run it)."""
     if bool(beta_t.isnan().any()):
-        _refused_step(-2, beta_t, g_t)
+        _refused_step(-2, beta_t, g_t, gk_t)
     if g_t is not None:
         check_gate(g_t, "g_t", tuple(g_t.shape), g_t)
+    if gk_t is not None:
+        check_gate(gk_t, "gk_t", tuple(gk_t.shape), gk_t)
 
 
-def _refused_step(rc: int, beta_t: Tensor, g_t: Tensor | None) -> None:
+def _refused_step(rc: int, beta_t: Tensor, g_t: Tensor | None,
+                  gk_t: Tensor | None = None) -> None:
     """The kernel's own value checks (la_gdr_step): the errors the torch path raises."""
     if rc == -2:
         raise ValueError("beta_t: contains nan")
-    if rc == -3 and g_t is not None:
-        check_gate(g_t, "g_t", tuple(g_t.shape), g_t)  # raises, naming the values
+    if rc == -3:  # raises, naming the values
+        for gate, name in ((g_t, "g_t"), (gk_t, "gk_t")):
+            if gate is not None:
+                check_gate(gate, name, tuple(gate.shape), gate)
     check_rc(rc, "la_gdr_step")
 
 
-def _step_fake(q_t, k_t, v_t, beta_t, g_t, S, scale, l2norm, isa):
+def _step_fake(q_t, k_t, v_t, beta_t, g_t, S, scale, l2norm, isa, gk_t=None):
     return v_t.new_empty(v_t.shape, dtype=q_t.dtype), torch.empty_like(S)
 
 

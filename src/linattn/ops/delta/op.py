@@ -34,6 +34,17 @@ Three forms, held together by tests in float64 (``tests/ops/delta/test_op.py``):
 * :func:`delta_rule_step` — one token, also with fla's per-key (``gk``) and per-value (``gv``)
   gates applied to S before the update.
 * :func:`linattn.reference.delta_rule` — the sequential float64 loop.
+
+Grouped value attention (GVA, the layers of Qwen3-Next and Kimi Linear): q and k may have H
+heads while v, β, the gates and the state have HV = G·H (the heads dimension is the one before
+T, or before the last one in the step); value head j reads q/k head j // G (fla's and
+transformers' convention: consecutive value heads share a q/k head). The compiled kernels read
+the shared q/k rows in place (:mod:`linattn.ops.delta.native`); the torch forms repeat them.
+
+The compiled backend (:mod:`linattn.ops.delta.native`) takes the prefill and the step without
+gates, with a scalar gate, with per-key gates ``gk`` (with or without ``g``) and GVA, forward
+only for ``gk``: a call that wants gradients with ``gk``, or that has per-value gates ``gv``,
+takes the torch forms.
 """
 
 from __future__ import annotations
@@ -54,7 +65,7 @@ from linattn.ops._common import (
 )
 from linattn.ops._library import tracing
 from linattn.ops.delta import native as delta_native
-from linattn.ops.delta.chunk import L2_EPS, l2_normalised, torch_prefill, torch_step
+from linattn.ops.delta.chunk import L2_EPS, grouped, l2_normalised, torch_prefill, torch_step
 from linattn.ops.dispatch import Backend, Choice
 from linattn.ops.gated.chunk import (
     check_gate,
@@ -80,6 +91,32 @@ def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) ->
     return beta.to(accumulation_dtype(like.dtype))
 
 
+def check_heads(q: object, k: object, v: object, dim: int, names: tuple[str, str, str]
+                ) -> int:
+    """G = HV / H for q, k with H heads and v with HV (dimension ``dim``: -3 in a prefill, -2 in
+    a step), after the usual checks of q, k, v (:func:`linattn.ops._common.check_qkv` on v's
+    first H heads); ValueError naming v unless HV is a multiple of H and v's other dimensions
+    match q's. 1 where the heads agree (or there is no heads dimension)."""
+    if not (isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() >= -dim
+            and v.dim() == q.dim() and q.shape[dim] != v.shape[dim]):
+        return 1
+    qn, kn, vn = names
+    H, HV = q.shape[dim], v.shape[dim]
+    if H == 0 or HV % H:
+        raise ValueError(
+            f"{vn}: expected a number of value heads (dimension {dim}) that is a multiple of "
+            f"the {H} heads of {qn} and {kn} (grouped value attention: HV = G·H, value head j "
+            f"reads head j // G), got {HV} ({vn} {tuple(v.shape)}, {qn} {tuple(q.shape)})")
+    if isinstance(k, Tensor) and k.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"{kn}: shape {tuple(k.shape)} does not match {qn} {tuple(q.shape)} "
+                         "before the last dimension (q and k share their heads)")
+    if v.shape[:dim] + v.shape[dim + 1:-1] != q.shape[:dim] + q.shape[dim + 1:-1]:
+        raise ValueError(
+            f"{vn}: shape {tuple(v.shape)} does not match {qn} {tuple(q.shape)} apart from the "
+            f"heads (dimension {dim}) and the last dimension")
+    return HV // H
+
+
 def delta_rule(
     q: Tensor,
     k: Tensor,
@@ -99,28 +136,37 @@ def delta_rule(
     """Causal (gated) delta rule, chunked parallel form (module docstring for the maths).
 
     Args:
-        q, k: (..., T, K); v: (..., T, V). Leading dimensions usually (B, H).
-        beta: (..., T) write strengths (usually sigmoid outputs, in (0, 1); (0, 2) allows
+        q, k: (..., H, T, K); v: (..., HV, T, V), usually (B, H, T, K) and (B, HV, T, V).
+            HV = G·H with G ≥ 1 (grouped value attention: value head j reads q/k head
+            j // G; G = 1, the usual case, gives every dimension before T equal); any other
+            leading dimensions must match.
+        beta: (..., HV, T) write strengths (usually sigmoid outputs, in (0, 1); (0, 2) allows
             negative eigenvalues).
-        g: (..., T) log-gates ≤ 0 (the gated delta rule); None: the plain delta rule.
-        gk: (..., T, K) per-key log-gates ≤ 0 (Kimi Delta Attention: ``S ← diag(e^{gk}) S``
-            before the update), −∞ allowed (a reset); chunked in chunks of at most
+        g: (..., HV, T) log-gates ≤ 0 (the gated delta rule); None: the plain delta rule.
+        gk: (..., HV, T, K) per-key log-gates ≤ 0 (Kimi Delta Attention:
+            ``S ← diag(e^{gk}) S`` before the update), −∞ allowed (a reset); the compiled
+            kernel without gradients, else chunked in chunks of at most
             :data:`linattn.ops.delta.kda.KDA_CHUNK` tokens (:mod:`linattn.ops.delta.kda`).
-        gv: (..., T, V) per-value log-gates ≤ 0 (``S ← S diag(e^{gv})``): token by token.
+        gv: (..., HV, T, V) per-value log-gates ≤ 0 (``S ← S diag(e^{gv})``): token by token.
         scale: the query scale s (default ``K**-0.5``).
-        initial_state: (..., K, V) (zeros if None); with ``cu_seqlens``, (N, ..., K, V).
+        initial_state: (..., HV, K, V) (zeros if None); with ``cu_seqlens``,
+            (N, ..., HV, K, V).
         return_state: also return the state after the last token.
         chunk_size: C (default the policy's, :data:`linattn.ops.dispatch.DEFAULT_CHUNK_SIZE`).
-        cu_seqlens: (N + 1,) cumulative lengths of a packed batch (q (1, ..., T, K)).
+        cu_seqlens: (N + 1,) cumulative lengths of a packed batch (q (1, ..., T, K),
+            v (1, ..., T, V)).
         qk_l2norm: L2-normalise q and k along K first.
 
     Returns:
-        o: (..., T, V) in q's dtype; with ``return_state`` also the final state (..., K, V)
-        ((N, ..., K, V) with ``cu_seqlens``) in float32 (float64 for float64 inputs).
+        o: (..., HV, T, V) in q's dtype; with ``return_state`` also the final state
+        (..., HV, K, V) ((N, ..., HV, K, V) with ``cu_seqlens``) in float32 (float64 for
+        float64 inputs).
     """
-    check_qkv(q, k, v, same_length=True)
-    *batch, T, K = q.shape
+    G = check_heads(q, k, v, -3, ("q", "k", "v"))
+    check_qkv(q, k, v if G == 1 else v.narrow(-3, 0, q.shape[-3]), same_length=True)
+    T, K = q.shape[-2:]
     V = v.shape[-1]
+    batch = tuple(v.shape[:-2])  # the value heads' (as many as q's when G = 1)
     beta = check_beta(beta, "beta", (*batch, T), q)
     g = check_gate(g, "g", (*batch, T), q)
     gk = check_gate(gk, "gk", (*batch, T, K), q)
@@ -130,46 +176,56 @@ def delta_rule(
     qk_l2norm = check_flag(qk_l2norm, "qk_l2norm")
     return_state = check_flag(return_state, "return_state")
     cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, q)
+    if cu is not None and v.shape[0] != 1:  # (q (1, T, K) and v (HV, T, V): heads, no batch)
+        raise ValueError("cu_seqlens: packed sequences need a batch dimension of 1, got v of "
+                         f"shape {tuple(v.shape)}")
     states = (*batch, K, V) if cu is None else (len(cu) - 1, *batch[1:], K, V)
     S0 = initial_state_for(initial_state, "initial_state", states, q)
     traced = tracing(q, k, v, beta, g, gk, gv, initial_state)
     grad = needs_grad(q, k, v, beta, g, gk, gv, initial_state)
-    per_key_or_value = gk is not None or gv is not None
     choice = dispatch.select(OP, "prefill fwd+bwd" if grad else "prefill", q.dtype,
-                             q.device.type, grad, _traits(V, per_key_or_value),
+                             q.device.type, grad,
+                             _traits(V, gk is not None, gv is not None, grad),
                              None if traced else T, traced)
     if traced:  # a graph's operations are the graph's
-        o, S = _run(choice, q, k, v, beta, g, gk, gv, s, S0, cu, qk_l2norm, C, grad)
+        o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
     else:  # a small call's torch operations (casts, state copies) on one thread, as its kernels
-        with torch_on_one_thread(is_small(q, v, delta_native.PARALLEL_MIN)):
-            o, S = _run(choice, q, k, v, beta, g, gk, gv, s, S0, cu, qk_l2norm, C, grad)
+        # (v in q's place: the value heads are the parts, see native._small)
+        with torch_on_one_thread(is_small(v, q, delta_native.PARALLEL_MIN)):
+            o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
     return (o, S) if return_state else o
 
 
-def _run(choice: Choice, q, k, v, beta, g, gk, gv, s, S0, cu, qk_l2norm, C, grad):
-    """The chosen backend on checked arguments; per-key or per-value gates take the torch forms
-    only (the compiled backend refuses them)."""
-    if gk is not None or gv is not None:
-        return torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C, gk, gv)
-    return _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad)
-
-
-def _traits(V: int, per_key_or_value_gates: bool = False, step_grad: bool = False
-            ) -> tuple[str, ...]:
+def _traits(V: int, gk: bool = False, gv: bool = False, grad: bool = False,
+            step: bool = False) -> tuple[str, ...]:
+    """What the compiled backend's ``accepts`` (:func:`_refuses`) reads: "V:16" (V a multiple
+    of 16), "gates:k" (per-key gates), "gates:k+grad" (per-key gates in a prefill that wants
+    gradients), "gates:v" (per-value gates), "step:grad" (a step that wants gradients)."""
     traits = ("V:16",) if V and V % delta_native.V_MULTIPLE == 0 else ()
-    traits = (*traits, "gates:kv") if per_key_or_value_gates else traits
-    return (*traits, "step:grad") if step_grad else traits
+    if gk:
+        traits = (*traits, "gates:k+grad" if grad and not step else "gates:k")
+    if gv:
+        traits = (*traits, "gates:v")
+    return (*traits, "step:grad") if step and grad else traits
 
 
 def _prefill(choice: Choice, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
              s: float, S0: Tensor, cu: Tensor | None, qk_l2norm: bool, C: int,
-             grad: bool = False) -> tuple[Tensor, Tensor]:
-    """The chosen backend on checked arguments (beta, g, S0 in the accumulation dtype); with
-    ``grad``, the compiled forward that saves what the compiled backward reads."""
+             grad: bool = False, gk: Tensor | None = None,
+             gv: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The chosen backend on checked arguments (beta, the gates, S0 in the accumulation dtype;
+    q, k with H heads, the rest with HV = G·H). The compiled forward takes GVA (q, k read in
+    place) and per-key gates; with ``grad``, the compiled forward that saves what the compiled
+    backward reads, on q, k repeated to HV heads (autograd sums the group), never with per-key
+    or per-value gates (the dispatcher sends those calls to the torch forms)."""
     if choice.backend == "native":
-        run = delta_native.delta_rule_native_train if grad else delta_native.delta_rule_native
-        return run(q, k, v, beta, g, S0, cu, s, qk_l2norm, choice.isa)
-    return torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C)
+        if grad:
+            q, k = grouped(q, k, v, -3)
+            return delta_native.delta_rule_native_train(q, k, v, beta, g, S0, cu, s,
+                                                        qk_l2norm, choice.isa)
+        return delta_native.delta_rule_native(q, k, v, beta, g, S0, cu, s, qk_l2norm,
+                                              choice.isa, gk)
+    return torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C, gk, gv)
 
 
 def delta_rule_step(
@@ -189,22 +245,27 @@ def delta_rule_step(
     """One decoding step of the (gated) delta rule.
 
     ``S' = e^{g}·diag(e^{gk})·S·diag(e^{gv})``, ``u = β_t (v_t − S'ᵀk_t)``, ``S ← S' + k_t uᵀ``,
-    ``o_t = Sᵀ(s·q_t)``. q_t, k_t: (..., K); v_t: (..., V); beta_t, g_t: (...); gk_t (..., K);
-    gv_t (..., V); state (..., K, V) or None (zeros). Returns o_t (..., V) in q_t's dtype and
-    the new state (float32, or float64 for float64 inputs).
+    ``o_t = Sᵀ(s·q_t)``. q_t, k_t: (..., H, K); v_t: (..., HV, V) with HV = G·H, G ≥ 1 (grouped
+    value attention: value head j reads q/k head j // G; G = 1: the same leading dimensions);
+    beta_t, g_t: (..., HV); gk_t (..., HV, K); gv_t (..., HV, V); state (..., HV, K, V) or None
+    (zeros). Returns o_t (..., HV, V) in q_t's dtype and the new state (float32, or float64 for
+    float64 inputs). The compiled step takes scalar and per-key gates (no gradient, no
+    per-value gates).
 
     With ``inplace=True`` the new state is written into ``state`` (which must then be given, in
     the accumulation dtype: float32, float64 for float64 inputs) and ``state`` itself is
     returned: no new state per token (fla's ``inplace_final_state``). β must be finite and
     log-gates ≤ 0 (ValueError otherwise, on every path; the compiled kernel checks nan β and the
     gates itself, before it writes anything)."""
-    if gk_t is None and gv_t is None:
-        fast = _plain_step(q_t, k_t, v_t, beta_t, state, g_t, scale, qk_l2norm, inplace)
+    if gv_t is None:
+        fast = _plain_step(q_t, k_t, v_t, beta_t, state, g_t, scale, qk_l2norm, inplace, None,
+                           gk_t)
         if fast is not None:
             return fast
-    check_step_inputs(q_t, k_t, v_t)
-    *batch, K = q_t.shape
-    batch = tuple(batch)
+    G = check_heads(q_t, k_t, v_t, -2, ("q_t", "k_t", "v_t"))
+    check_step_inputs(q_t, k_t, v_t if G == 1 else v_t.narrow(-2, 0, q_t.shape[-2]))
+    K = q_t.shape[-1]
+    batch = tuple(v_t.shape[:-1])  # the value heads' (as many as q_t's when G = 1)
     V = v_t.shape[-1]
     checked_tensor(beta_t, "beta_t", batch, q_t)
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
@@ -216,16 +277,19 @@ def delta_rule_step(
     traced = tracing(q_t, k_t, v_t, beta_t, state)
     grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)
     choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,
-                             _traits(V, gk_t is not None or gv_t is not None, grad), None,
-                             traced)
+                             _traits(V, gk_t is not None, gv_t is not None, grad, step=True),
+                             None, traced)
     beta_t = check_beta(beta_t, "beta_t", batch, q_t)
     if choice.backend == "native":
         # the gates' values (nan, > 0) are checked by the kernel, before it writes anything
         if g_t is not None:
             checked_tensor(g_t, "g_t", batch, q_t)
             g_t = g_t if g_t.dtype == torch.float32 else g_t.float()
+        if gk_t is not None:
+            checked_tensor(gk_t, "gk_t", (*batch, K), q_t)
+            gk_t = gk_t if gk_t.dtype == torch.float32 else gk_t.float()
         o, S_new = delta_native.delta_rule_step_native(q_t, k_t, v_t, beta_t, g_t, S, s,
-                                                       qk_l2norm, choice.isa)
+                                                       qk_l2norm, choice.isa, gk_t)
     else:
         o, S_new = torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, s, qk_l2norm)
     if inplace:  # (the fast path above writes in place; here a copy, e.g. on the torch path)
@@ -234,9 +298,11 @@ def delta_rule_step(
     return o, S_new
 
 
-#: The traits of a step the compiled backend takes (V a multiple of 16, no per-key or
-#: per-value gate, no gradient): what :func:`_plain_step` asks the dispatcher about.
+#: The traits of a step the compiled backend takes (V a multiple of 16, no per-value gate, no
+#: gradient), without and with per-key gates: what :func:`_plain_step` asks the dispatcher
+#: about (as :func:`_traits` spells them).
 _PLAIN_TRAITS = ("V:16",)
+_PLAIN_TRAITS_GK = ("V:16", "gates:k")
 #: Up to this many β values are checked for ±inf in Python (a list and a sum, ~1 µs: no tensor
 #: reduction, which costs several µs, a fifth of a step); above, by a reduction.
 _PY_CHECK_MAX = 256
@@ -244,12 +310,14 @@ _PY_CHECK_MAX = 256
 
 def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: object,
                 g_t: object, scale: object, qk_l2norm: object, inplace: object,
-                state_shape: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor] | None:
+                state_shape: tuple[int, ...] | None = None,
+                gk_t: object = None) -> tuple[Tensor, Tensor] | None:
     """The common decoding step, straight to the compiled kernel, or None when the call is
     anything else (then the full checks run, and they raise the errors).
 
     The common step: plain float32 CPU tensors, contiguous, of consistent shapes (q_t, k_t
-    (..., K), v_t (..., V) with V a multiple of 16, beta_t and g_t (...), state (..., K, V)
+    (..., H, K), v_t (..., HV, V) with V a multiple of 16 and HV = G·H (G = 1: v_t's leading
+    dimensions are q_t's), beta_t and g_t (..., HV), gk_t (..., HV, K), state (..., HV, K, V)
     given, or of ``state_shape``, a shape with the same elements in the same order: fla's
     front door passes its (B, 1, H, ·) tensors and (B, H, K, V) state as they are, so that no
     view is made), no gradient wanted, not traced, bool flags, a float scale, and the
@@ -257,32 +325,41 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
     shaped as ``state``. Each check here is a comparison of attributes (a few
     hundred ns each, ~5 µs in all) rather than the general checks' conversions and reductions,
     because at H = 16, K = V = 64 the kernel itself takes ~7 µs. Values: finite β here (a sum
-    of the few values in Python), nan β and the gates in the kernel."""
+    of the few values in Python), nan β and the gates (scalar and per-key) in the kernel."""
     T = Tensor
     if not (type(q_t) is T and type(k_t) is T and type(v_t) is T and type(beta_t) is T
             and type(state) is T and (g_t is None or type(g_t) is T)
+            and (gk_t is None or type(gk_t) is T)
             and (qk_l2norm is True or qk_l2norm is False)
             and (inplace is True or inplace is False)):
         return None
     f32 = torch.float32
     if not (q_t.dtype is f32 and k_t.dtype is f32 and v_t.dtype is f32 and beta_t.dtype is f32
-            and state.dtype is f32 and (g_t is None or g_t.dtype is f32)):
+            and state.dtype is f32 and (g_t is None or g_t.dtype is f32)
+            and (gk_t is None or gk_t.dtype is f32)):
         return None
     shape = q_t.shape
     if not shape or k_t.shape != shape:
         return None
     batch, K = shape[:-1], shape[-1]
     V = v_t.shape[-1]
-    if not (K and V and V % delta_native.V_MULTIPLE == 0 and v_t.shape[:-1] == batch
-            and beta_t.shape == batch and (g_t is None or g_t.shape == batch)
-            and state.shape == ((*batch, K, V) if state_shape is None else state_shape)):
+    vbatch = v_t.shape[:-1]
+    if vbatch != batch and not (  # grouped value heads: HV a multiple of H, the rest equal
+            len(vbatch) == len(batch) and batch and batch[-1]
+            and vbatch[-1] % batch[-1] == 0 and vbatch[:-1] == batch[:-1]):
+        return None
+    if not (K and V and V % delta_native.V_MULTIPLE == 0
+            and beta_t.shape == vbatch and (g_t is None or g_t.shape == vbatch)
+            and (gk_t is None or gk_t.shape == (*vbatch, K))
+            and state.shape == ((*vbatch, K, V) if state_shape is None else state_shape)):
         return None
     if not (q_t.is_cpu and k_t.is_cpu and v_t.is_cpu and beta_t.is_cpu and state.is_cpu
-            and (g_t is None or g_t.is_cpu)):
+            and (g_t is None or g_t.is_cpu) and (gk_t is None or gk_t.is_cpu)):
         return None
     if not (q_t.is_contiguous() and k_t.is_contiguous() and v_t.is_contiguous()
             and beta_t.is_contiguous() and state.is_contiguous()
-            and (g_t is None or g_t.is_contiguous())):
+            and (g_t is None or g_t.is_contiguous())
+            and (gk_t is None or gk_t.is_contiguous())):
         return None
     if scale is None:
         s = K ** -0.5
@@ -293,9 +370,11 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
     if tracing() or (torch.is_grad_enabled() and (
             q_t.requires_grad or k_t.requires_grad or v_t.requires_grad
             or beta_t.requires_grad or state.requires_grad
-            or (g_t is not None and g_t.requires_grad))):
+            or (g_t is not None and g_t.requires_grad)
+            or (gk_t is not None and gk_t.requires_grad))):
         return None
-    choice = dispatch.select(OP, "step", f32, "cpu", False, _PLAIN_TRAITS, None, False)
+    choice = dispatch.select(OP, "step", f32, "cpu", False,
+                             _PLAIN_TRAITS if gk_t is None else _PLAIN_TRAITS_GK, None, False)
     if choice.backend != "native":
         return None
     fns = delta_native.kernels_here(choice.isa)
@@ -303,7 +382,8 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
         return None
     o = torch.empty_like(v_t)
     S_out = state if inplace else torch.empty_like(state)
-    if delta_native.step_into(fns, q_t, k_t, v_t, beta_t, g_t, state, S_out, o, s, qk_l2norm):
+    if delta_native.step_into(fns, q_t, k_t, v_t, beta_t, g_t, state, S_out, o, s, qk_l2norm,
+                              gk_t):
         return None  # refused a value (nothing written): the full checks say which
     return o, S_out
 
@@ -323,8 +403,10 @@ def _refuses(traits: tuple[str, ...]) -> str | None:
     """Why the compiled backend cannot take a call with these traits, or None."""
     if "V:16" not in traits:
         return "needs V a multiple of 16"
-    if "gates:kv" in traits:
-        return "has no per-key or per-value gates"
+    if "gates:v" in traits:
+        return "has no per-value gates"
+    if "gates:k+grad" in traits:
+        return "has no gradient with per-key gates (the torch forms have)"
     if "step:grad" in traits:
         return "has no gradient for the decoding step"
     return None

@@ -4,7 +4,8 @@ The ground truth of the tests: a Python loop over the T tokens by design; never 
 fast path. Standalone: torch only, nothing shared with the op it checks (nor with the gated
 reference, which has its own loop). The L2-norm epsilon, a constant that must agree with the
 op's (``linattn.ops.delta.op.L2_EPS``), is restated here; tests/ops/test_reference.py holds
-them equal.
+them equal. Grouped value attention (q, k with H heads, v with HV = G·H) repeats q and k to
+HV heads first, value head j reading q/k head j // G.
 """
 
 from __future__ import annotations
@@ -27,11 +28,17 @@ def delta_rule(
     ``S_t = S' + k_t β_t (v_t − S'ᵀk_t)ᵀ``, ``o_t = S_tᵀ(s·q_t)``, token by token in float64
     (:mod:`linattn.ops.delta` for the fast form).
 
-    q, k: (..., T, K); v: (..., T, V); beta, g: (..., T); gk (..., T, K), gv (..., T, V) or
-    None; scale default ``K**-0.5``; initial_state (..., K, V) or None (zeros); ``qk_l2norm``
-    divides q and k by sqrt(Σx² + 1e-6) first. Returns (o (..., T, V), final state
-    (..., K, V)), both float64."""
+    q, k: (..., H, T, K); v: (..., HV, T, V); beta, g: (..., HV, T); gk (..., HV, T, K),
+    gv (..., HV, T, V) or None; scale default ``K**-0.5``; initial_state (..., HV, K, V) or
+    None (zeros); ``qk_l2norm`` divides q and k by sqrt(Σx² + 1e-6) first. HV = G·H with
+    G ≥ 1 (grouped value attention): value head j reads q/k head j // G. Returns
+    (o (..., HV, T, V), final state (..., HV, K, V)), both float64."""
     f64 = torch.float64
+    if q.dim() >= 3 and v.dim() == q.dim() and v.shape[-3] != q.shape[-3]:
+        H, HV = q.shape[-3], v.shape[-3]
+        if H == 0 or HV % H:
+            raise ValueError(f"v: expected a multiple of q's {H} heads, got {HV}")
+        q, k = q.repeat_interleave(HV // H, dim=-3), k.repeat_interleave(HV // H, dim=-3)
     q, k, v, beta = q.to(f64), k.to(f64), v.to(f64), beta.to(f64)
     if qk_l2norm:
         q = q / ((q * q).sum(-1, keepdim=True) + L2_EPS).sqrt()
