@@ -774,3 +774,54 @@ def test_kda_decode_continues_the_prefill(assert_close):
         outs.append(o)
     assert_close(torch.cat(outs, 1), o_all)
     assert_close(S, S_all)
+
+
+def test_grouped_value_heads_are_not_copied_on_the_compiled_path(monkeypatch):
+    """GVA (HV = 2·H) prefill and decode through the front door read q and k in place on the
+    compiled path: no repeat_interleave copy (where the compiled kernels load here)."""
+    from linattn.ops.delta import native
+
+    if native.unavailable() is not None:
+        pytest.skip(f"no compiled kernels here: {native.unavailable()}")
+    x = make(T=20, HV=4, V=16, dtype=torch.float32)
+    q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
+    want, S = fla.chunk_gated_delta_rule(*(t.double() for t in (q, k, v, g, beta)),
+                                         output_final_state=True)
+    want_step, _ = fla.fused_recurrent_gated_delta_rule(
+        *(t[:, :1].double() for t in (q, k, v)), g=g[:, :1].double(),
+        beta=beta[:, :1].double(), initial_state=S, output_final_state=True)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("q or k was copied per value head")
+
+    monkeypatch.setattr(torch, "repeat_interleave", refuse)
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", refuse)
+    with linattn_native():
+        o, S32 = fla.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+        o_t, _ = fla.fused_recurrent_gated_delta_rule(
+            q[:, :1], k[:, :1], v[:, :1], g=g[:, :1], beta=beta[:, :1],
+            initial_state=S.float(), output_final_state=True)
+    tol = dict(rtol=0, atol=64 * torch.finfo(torch.float32).eps * max(1.0, want.abs().max()))
+    torch.testing.assert_close(o.double(), want, **tol)
+    torch.testing.assert_close(o_t.double(), want_step, **tol)
+
+
+def linattn_native():
+    from linattn.ops import dispatch
+
+    return dispatch.use(impl="native")
+
+
+def test_kda_decoding_step_fast_path_matches_float64(assert_close):
+    """fused_recurrent_kda's one-token call (the compiled step where it loads) against the
+    float64 general path, with GVA."""
+    x = make(T=1, HV=4, V=16)
+    args = dict(q=x["q"], k=x["k"], v=x["v"], g=x["gk"], beta=x["beta"],
+                initial_state=x["h0"][:, :, :, :1].expand(2, 4, 4, 16).contiguous(),
+                output_final_state=True, use_qk_l2norm_in_kernel=True)
+    want, S_want = fla.fused_recurrent_kda(**args)
+    got, S = fla.fused_recurrent_kda(**{n: t.float() if isinstance(t, torch.Tensor) else t
+                                        for n, t in args.items()})
+    eps = 64 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(got.double(), want, rtol=eps, atol=eps * want.abs().max())
+    torch.testing.assert_close(S.double(), S_want, rtol=eps, atol=eps * S_want.abs().max())

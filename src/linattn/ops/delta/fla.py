@@ -83,16 +83,16 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
     cu = _varlen(cu_seqlens, q)
     N = B if cu is None else len(cu) - 1
     S0 = _state("initial_state", initial_state, N, HV, K, V, state_v_first)
-    if HV != H:  # grouped value attention: value head j reads q/k head j // (HV // H)
-        q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
+    # grouped value attention (HV = G·H): the op reads q/k head j // G for value head j itself,
+    # without copies, so q and k keep their H heads
     if gv is None and beta.dim() == 3 and _one_token_each(T, cu):
-        # decoding: every sequence one token, the step on (N, HV, ·) views (the chunked form
-        # would cost several times the step here); states (N, HV, K, V) as the step's
+        # decoding: every sequence one token, the step on (N, H or HV, ·) views (the chunked
+        # form would cost several times the step here); states (N, HV, K, V) as the step's
         n = q.shape[0] if cu is None else T
         if S0 is None:
             S0 = torch.zeros(n, HV, K, V, dtype=accumulation_dtype(q.dtype), device=q.device)
         o_t, S = delta.delta_rule_step(
-            *(x.reshape(n, HV, x.shape[-1]) for x in (q, k, v)), beta.reshape(n, HV), S0,
+            q.reshape(n, H, K), k.reshape(n, H, K), v.reshape(n, HV, V), beta.reshape(n, HV), S0,
             g_t=None if g is None else g.reshape(n, HV),
             gk_t=None if gk is None else gk.reshape(n, HV, K), scale=s, qk_l2norm=l2)
         o = o_t.view(B, T, HV, V)
@@ -103,6 +103,8 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
                                 gv=_hf(gv), scale=s, initial_state=S0, return_state=True,
                                 chunk_size=chunk_size, cu_seqlens=cu, qk_l2norm=l2)
     else:
+        if HV != H:  # the per-value step expands q/k itself: give it one row per value head
+            q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
         step = _per_value_beta_step(delta.delta_rule_step, s, l2) if beta.dim() == 4 else \
             (lambda q_t, k_t, v_t, S, beta_t, **gates:
              delta.delta_rule_step(q_t, k_t, v_t, beta_t, S, scale=s, qk_l2norm=l2, **gates))
@@ -167,9 +169,10 @@ def _finite_tensor(name: str, x: object) -> Tensor:
 
 def _decode(q: object, k: object, v: object, g: object, beta: object, scale: object,
             initial_state: object, output_final_state: object, l2norm: object,
-            positive_scale: bool) -> tuple[Tensor, Tensor | None] | None:
-    """The front door's decoding step: fla-layout q, k (B, 1, H, K), v (B, 1, H, V), g, beta
-    (B, 1, H) (g may be None), initial_state (B, H, K, V) straight to the compiled step
+            positive_scale: bool, gk: object = None) -> tuple[Tensor, Tensor | None] | None:
+    """The front door's decoding step: fla-layout q, k (B, 1, H, K), v (B, 1, HV, V), g, beta
+    (B, 1, HV) (g may be None), KDA's gk (B, 1, HV, K) or None, initial_state (B, HV, K, V)
+    straight to the compiled step
     (:func:`linattn.ops.delta.op._plain_step`, no view made: (B, 1, H, ·) and (B, H, ·) are
     the same memory), or None for anything else, which then takes the general path (with its
     checks and their errors). A token costs the step's checks, not the chunked form's setup."""
@@ -188,7 +191,7 @@ def _decode(q: object, k: object, v: object, g: object, beta: object, scale: obj
     else:
         return None  # any other scale: checked (and its error raised) by the general path
     out = delta._plain_step(q, k, v, beta, initial_state, g, s, l2norm, False,
-                            (B, H, K, v.shape[-1]))
+                            (B, v.shape[2], K, v.shape[-1]), gk)
     if out is None:
         return None
     o, S = out
@@ -537,6 +540,12 @@ def fused_recurrent_kda(
     svf = _state_v_first(state_v_first, kw)
     if g is None:
         raise ValueError("g: fused_recurrent_kda needs the gates (B, T, HV, K)")
+    if (cu_seqlens is None and svf is False and use_gate_in_kernel is False
+            and use_beta_sigmoid_in_kernel is False and allow_neg_eigval is False):
+        fast = _decode(q, k, v, None, beta, scale, initial_state, output_final_state,
+                       use_qk_l2norm_in_kernel, False, gk=g)
+        if fast is not None:
+            return fast
     return _delta(q, k, v, beta, gk=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
