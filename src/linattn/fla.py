@@ -44,6 +44,12 @@ chunk_gated_delta_rule / chunk_gdn yes -> delta_rule(g=...); GVA (HV > H); use_g
                                    A_log, dt_bias, beta sigmoid, allow_neg_eigval, state_v_first
 fused_recurrent_gated_delta_rule   yes, same; ``gk``/``gv``/per-value beta run token by token
  / fused_recurrent_gdn
+rms_norm_gated                     fla.modules' gated RMSNorm -> linattn.rms_norm_gated; ``bias``,
+                                   ``residual``, ``prenorm``, ``residual_in_fp32``
+causal_conv1d_fn                   the causal-conv1d package's (not fla's) -> linattn.causal_conv1d;
+                                   x (B, D, T); ``seq_idx``; unknown keywords ignored, as there
+causal_conv1d_update               the same package's decoding update, ``conv_state`` in place;
+                                   ``cache_seqlens``, ``conv_state_indices``
 ================================== =================================================================
 
 Not supported: ``cp_context`` (context parallelism: NotImplementedError), ``head_first`` (removed
