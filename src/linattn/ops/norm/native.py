@@ -95,35 +95,42 @@ def norm_into(fns: dict, x: Tensor, g: Tensor | None, w: Tensor | None, y: Tenso
               sigmoid: bool, group_size: int, before: bool) -> int:
     """The kernel on x, g (R, D) with contiguous channels (g may be None), w (D,) contiguous or
     None, into y (R, D) contiguous; every tensor in a dtype the kernel reads. Blocks of rows in
-    parallel on torch's threads when large enough. Returns the kernel's code (0; -1 on sizes it
+    parallel on torch's threads when large enough; a decoding step's few rows are one call, its
+    struct built from each attribute read once. Returns the kernel's code (0; -1 on sizes it
     does not take)."""
     R, D = x.shape
     fn = fns["norm_forward"]
-    work = fns["work"](D)
+    codes = DTYPE_CODES
+    xr, yr = x.stride(0), y.stride(0)
+    gr, gdt = (0, 0) if g is None else (g.stride(0), codes[g.dtype])
+    wp, wdt = (None, 0) if w is None else (w.data_ptr(), codes[w.dtype])
+    xdt, ydt = codes[x.dtype], codes[y.dtype]
+    act, bef = 1 if sigmoid else 0, 1 if before else 0
+    work = scratch(fns["work"](D)).data_ptr()
+    threads = threads_for(R * D, R, PARALLEL_MIN)
+    if threads <= 1:
+        return fn(NormForwardArgs(x=x.data_ptr(), xr=xr, xdt=xdt,
+                                  g=None if g is None else g.data_ptr(), gr=gr, gdt=gdt,
+                                  y=y.data_ptr(), yr=yr, ydt=ydt, w=wp, wdt=wdt, R=R, D=D,
+                                  G=group_size, eps=eps, act=act, before=bef, work=work))
     xe, ye = x.element_size(), y.element_size()
     ge = 0 if g is None else g.element_size()
     xp, yp = x.data_ptr(), y.data_ptr()
     gp = None if g is None else g.data_ptr()
-    common = dict(xr=x.stride(0), xdt=DTYPE_CODES[x.dtype], gr=0 if g is None else g.stride(0),
-                  gdt=0 if g is None else DTYPE_CODES[g.dtype], yr=y.stride(0),
-                  ydt=DTYPE_CODES[y.dtype], w=None if w is None else w.data_ptr(),
-                  wdt=0 if w is None else DTYPE_CODES[w.dtype], D=D, G=group_size, eps=eps,
-                  act=1 if sigmoid else 0, before=1 if before else 0)
+    codes_seen: list[int] = []
 
-    def part(r0: int, r1: int) -> int:
-        return fn(NormForwardArgs(
-            x=xp + xe * r0 * x.stride(0), g=None if gp is None else gp + ge * r0 * g.stride(0),
-            y=yp + ye * r0 * y.stride(0), R=r1 - r0, work=scratch(work).data_ptr(), **common))
+    def part(r0: int, r1: int) -> None:
+        codes_seen.append(fn(NormForwardArgs(
+            x=xp + xe * r0 * xr, xr=xr, xdt=xdt, g=None if gp is None else gp + ge * r0 * gr,
+            gr=gr, gdt=gdt, y=yp + ye * r0 * yr, yr=yr, ydt=ydt, w=wp, wdt=wdt, R=r1 - r0, D=D,
+            G=group_size, eps=eps, act=act, before=bef,
+            work=scratch(fns["work"](D)).data_ptr())))
 
-    threads = threads_for(R * D, R, PARALLEL_MIN)
-    if threads <= 1:
-        return part(0, R)
     parts = min(R, 4 * threads)
     cuts = [R * i // parts for i in range(parts + 1)]
-    codes: list[int] = []
-    run_jobs(lambda r0, r1: codes.append(part(r0, r1)),
-             [(cuts[i], cuts[i + 1]) for i in range(parts) if cuts[i] < cuts[i + 1]], threads)
-    return next((c for c in codes if c), 0)
+    run_jobs(part, [(cuts[i], cuts[i + 1]) for i in range(parts) if cuts[i] < cuts[i + 1]],
+             threads)
+    return next((c for c in codes_seen if c), 0)
 
 
 def _readable(t: Tensor | None) -> Tensor | None:
