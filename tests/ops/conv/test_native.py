@@ -98,6 +98,22 @@ def test_mixed_dtypes(native_calls):
     _close(causal_conv1d(xf, w, b, initial_state=S0), want, F32)
 
 
+def test_a_transposed_projection_reaches_the_kernel_without_a_copy(monkeypatch):
+    """x (B, T, D) as ``h.transpose(1, 2)`` of the (B, D, T) view of a contiguous (B, T, D)
+    projection: the kernel reads the projection's own memory."""
+    seen = []
+    real = conv_native._forward
+    monkeypatch.setattr(conv_native, "_forward",
+                        lambda fns, x, *a: seen.append(x.data_ptr()) or real(fns, x, *a))
+    proj = torch.randn(2, 30, 48)
+    mixed = proj.transpose(1, 2)  # (B, D, T), as the layers hold it
+    w = torch.randn(48, 4)
+    with dispatch.use(impl="native"):
+        causal_conv1d(mixed.transpose(1, 2), w, activation="silu")
+        fla.causal_conv1d_fn(mixed, w, activation="silu")
+    assert seen == [proj.data_ptr(), proj.data_ptr()]
+
+
 def test_strided_layouts(native_calls):
     x, w, b, S0 = _inputs(3, 33, 50, 4)
     want = ref.causal_conv1d(x, w, b, activation="silu", initial_state=S0)[0]

@@ -141,6 +141,9 @@ def causal_conv1d(
     return_state = check_flag(return_state, "return_state")
     segs = None
     if cu_seqlens is not None:
+        if isinstance(cu_seqlens, Tensor) and B != 1:
+            raise ValueError(f"cu_seqlens: packed sequences need batch size B = 1, got x of "
+                             f"shape {tuple(x.shape)}; concatenate them to (1, sum of lengths, D)")
         cu = check_cu_seqlens(cu_seqlens, x)
         segs = segments(cu)
     N = B if segs is None else segs.shape[0]
