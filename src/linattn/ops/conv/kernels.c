@@ -293,24 +293,30 @@ static inline __attribute__((always_inline)) void cv_step_row(
 }
 
 /* One row of a step with the common layout: state rows and weight rows contiguous (strides
- * (slen, 1) and (width, 1)), contiguous bias, one dtype throughout (constant here). Per block of
- * CV_SB channels: the taps' sums in a loop the compiler vectorises (strided loads of a constant
- * stride), SiLU and the stores in vectors, then the state shifted by one element (a memmove:
- * each channel's oldest column drops out, its newest is then overwritten by x_t). */
+ * (slen, 1) and (width, 1)), contiguous bias, one dtype throughout (constant here), slen <=
+ * CV_SMAX. Per block of channels the block's state rows are first copied into a local buffer
+ * (so the state may be updated in place while the loops below read it through restrict
+ * pointers, which lets the compiler vectorise them with constant strides): the taps' sums,
+ * SiLU and the stores in vectors, then each row written back shifted by one with x_t
+ * appended. */
 #define CV_SB 256
+#define CV_SMAX 16
 static inline __attribute__((always_inline)) void cv_step_dense(
     long width, long slen, int dt, int act, const void *x, void *y, long D, const void *w,
     const void *bias, const void *si, void *so) {
     const long h = width - 1;
     const int es = dt == LA_F32 ? 4 : 2;
     float tmp[CV_SB];
+    float sbuf[CV_SB * CV_SMAX]; /* holds CV_SB rows of float32, or of 16-bit elements */
     for (long c0 = 0; c0 < D; c0 += CV_SB) {
         const long nc = D - c0 < CV_SB ? D - c0 : CV_SB;
+        memcpy(sbuf, (const char *)si + c0 * slen * es, (size_t)(nc * slen * es));
+        const void *sb = sbuf;
         for (long c = 0; c < nc; ++c) {
             long cc = c0 + c;
             float acc = bias ? load_dt(bias, cc, dt) : 0.0f;
             for (long j = 0; j < h; ++j)
-                acc += load_dt(w, cc * width + j, dt) * load_dt(si, cc * slen + slen - h + j, dt);
+                acc += load_dt(w, cc * width + j, dt) * load_dt(sb, c * slen + slen - h + j, dt);
             tmp[c] = acc + load_dt(w, cc * width + h, dt) * load_dt(x, cc, dt);
         }
         const long nv = nc - nc % W;
@@ -319,15 +325,21 @@ static inline __attribute__((always_inline)) void cv_step_dense(
             vstore_dt(y, c0 + c, act ? vsilu(a) : a, dt);
         }
         for (long c = nv; c < nc; ++c) store_dt(y, c0 + c, act ? ssilu(tmp[c]) : tmp[c], dt);
-        if (slen == 0) continue;
-        memmove((char *)so + c0 * slen * es, (const char *)si + (c0 * slen + 1) * es,
-                (size_t)(nc * slen - 1) * es);
-        if (dt == LA_F32)
+        if (dt == LA_F32) {
+            float *restrict o = (float *)so + c0 * slen;
+            const float *restrict sr = (const float *)sbuf;
+            const float *restrict xr = (const float *)x + c0;
             for (long c = 0; c < nc; ++c)
-                ((float *)so)[(c0 + c) * slen + slen - 1] = ((const float *)x)[c0 + c];
-        else
+                for (long k = 0; k < slen; ++k)
+                    o[c * slen + k] = k + 1 < slen ? sr[c * slen + k + 1] : xr[c];
+        } else {
+            u16 *restrict o = (u16 *)so + c0 * slen;
+            const u16 *restrict sr = (const u16 *)(const void *)sbuf;
+            const u16 *restrict xr = (const u16 *)x + c0;
             for (long c = 0; c < nc; ++c)
-                ((u16 *)so)[(c0 + c) * slen + slen - 1] = ((const u16 *)x)[c0 + c];
+                for (long k = 0; k < slen; ++k)
+                    o[c * slen + k] = k + 1 < slen ? sr[c * slen + k + 1] : xr[c];
+        }
     }
 }
 
@@ -367,6 +379,7 @@ static int la_conv_step(const void *x, long xb, int xdt, void *y, long yb, int y
         const char *sr = (const char *)si + b * sib * e[sdt];
         char *orow = (char *)so + b * sob * e[sdt];
         if (sic == slen && sik == 1 && soc == slen && sok == 1 && wd == width && wj == 1
+            && slen <= CV_SMAX
             && (!bias || (bs == 1 && bdt == xdt)) && sdt == xdt && wdt == xdt && ydt == xdt
             && (si == so || (const char *)si + B * sib * e[sdt] <= (const char *)so
                 || (const char *)so + B * sob * e[sdt] <= (const char *)si)) {
