@@ -47,6 +47,12 @@ fused_recurrent_gated_delta_rule   yes, same; ``gk``/``gv``/per-value beta run t
 chunk_kda                          yes -> delta_rule(gk=...) (Kimi Delta Attention); GVA;
                                    use_gate_in_kernel with A_log, dt_bias, lower_bound (safe_gate)
 fused_recurrent_kda                yes, same; a decoding step runs delta_rule_step
+rms_norm_gated                     fla.modules' gated RMSNorm -> linattn.rms_norm_gated; ``bias``,
+                                   ``residual``, ``prenorm``, ``residual_in_fp32``
+causal_conv1d_fn                   the causal-conv1d package's (not fla's) -> linattn.causal_conv1d;
+                                   x (B, D, T); ``seq_idx``; unknown keywords ignored, as there
+causal_conv1d_update               the same package's decoding update, ``conv_state`` in place;
+                                   ``cache_seqlens``, ``conv_state_indices``
 ================================== =================================================================
 
 Not supported: ``cp_context`` (context parallelism: NotImplementedError), ``head_first``

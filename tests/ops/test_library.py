@@ -35,7 +35,8 @@ def test_the_ops_are_registered_in_the_linattn_namespace():
     import linattn.ops
 
     names = linattn.ops.register_custom_ops()
-    for name in ("linear_attention_fwd", "linear_attention_bwd", "gdr_forward", "gdr_step"):
+    for name in ("linear_attention_fwd", "linear_attention_bwd", "gdr_forward", "gdr_step",
+                 "conv_forward", "conv_step", "rms_norm_gated"):
         assert hasattr(torch.ops.linattn, name), name
         assert f"linattn::{name}" in names
 

@@ -26,6 +26,8 @@ OPS: dict[str, tuple[str, ...]] = {
                "WindowLinearAttentionState"),
     "gated": ("gated_linear_attention", "gated_linear_attention_step"),
     "delta": ("delta_rule", "delta_rule_step"),
+    "conv": ("causal_conv1d", "causal_conv1d_step"),
+    "norm": ("rms_norm_gated",),
 }
 
 #: public name -> the op folder that exports it

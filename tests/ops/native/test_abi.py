@@ -8,13 +8,17 @@ from ctypes import c_float, c_int, c_long, c_void_p
 import pytest
 
 from linattn.ops import native
+from linattn.ops.conv import native as conv_native
 from linattn.ops.delta import native as delta_native
 from linattn.ops.linear import native as linear_native
 from linattn.ops.native import abi
+from linattn.ops.norm import native as norm_native
 
 #: op module -> (its C layout table, its mirrors)
 OPS = {"linear": ("la_linear_abi", linear_native.KERNELS),
-       "delta": ("la_delta_abi", delta_native.KERNELS)}
+       "delta": ("la_delta_abi", delta_native.KERNELS),
+       "conv": ("la_conv_abi", conv_native.KERNELS),
+       "norm": ("la_norm_abi", norm_native.KERNELS)}
 
 pytestmark = pytest.mark.skipif(native.load() is None,
                                 reason=f"compiled path: {native.unavailable_reason()}")

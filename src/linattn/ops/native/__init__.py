@@ -47,7 +47,7 @@ __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavai
            "describe", "runnable_isas", "bf16_products", "empty_hugepage", "pool", "check_rc",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
            "torch_threads", "torch_threads_in_this_thread", "scratch", "is_small", "head_jobs",
-           "run_jobs"]
+           "run_jobs", "DTYPE_CODES"]
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -69,6 +69,10 @@ ISA_FLAGS = {
 #: /proc/cpuinfo flags an ISA build needs to run (x86); a build this CPU cannot run is refused.
 _ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"},
               "avx2": {"avx2", "fma"}}
+
+#: The dtype code of a buffer for the kernels that read or write several dtypes (``LA_F32``,
+#: ``LA_BF16``, ``LA_F16`` in common.h): what ``vload_dt`` / ``vstore_dt`` take.
+DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 _libs: dict[str, ctypes.CDLL | None] = {}
 _reasons: dict[str, str] = {}  # isa -> why load(isa) gave None

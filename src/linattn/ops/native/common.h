@@ -127,6 +127,88 @@ static inline void store_any(void *p, long i, float x, int bf) {
     else ((float *)p)[i] = x;
 }
 
+/* float16 (IEEE binary16) <-> float32 with bit operations only, so that every build and every
+ * vector width has them (no F16C or NEON half instructions needed): widening is exact
+ * (subnormals, infinities and NaN included: the exponent is rebased by a multiplication by
+ * 2^112, exact for every half value); narrowing rounds to nearest, ties to even, overflow to
+ * infinity, NaN kept a (quiet) NaN. */
+static inline float h2f(u16 h) {
+    unsigned em = (unsigned)(h & 0x7FFFu) << 13, u;
+    float f;
+    memcpy(&f, &em, 4);
+    f *= 0x1p112f;
+    memcpy(&u, &f, 4);
+    if ((h & 0x7C00u) == 0x7C00u) u = em | 0x7F800000u; /* infinity or NaN */
+    u |= (unsigned)(h & 0x8000u) << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline u16 f2h(float f) {
+    unsigned u, sign;
+    memcpy(&u, &f, 4);
+    sign = (u >> 16) & 0x8000u;
+    u &= 0x7FFFFFFFu;
+    if (u >= 0x47800000u) /* >= 2^16: infinity (NaN stays NaN) */
+        return (u16)(sign | (u > 0x7F800000u ? 0x7E00u : 0x7C00u));
+    if (u < 0x38800000u) { /* below 2^-14: a subnormal half; adding 0.5 rounds at its ulp */
+        float a;
+        memcpy(&a, &u, 4);
+        a += 0.5f;
+        memcpy(&u, &a, 4);
+        return (u16)(sign | (u - 0x3F000000u));
+    }
+    u += 0xC8000FFFu + ((u >> 13) & 1u); /* rebias the exponent, round to nearest even */
+    return (u16)(sign | (u >> 13));
+}
+static inline vu vsplat_u(unsigned a) { return (vu){LA_LANES(a)}; }
+static inline vf vh2f(vu h) { /* h: one half per lane, in the low 16 bits */
+    vu em = (h & 0x7FFFu) << 13;
+    vf f = (vf)em * 0x1p112f;
+    f = vselect((vi)((h & 0x7C00u) == 0x7C00u), (vf)(em | 0x7F800000u), f);
+    return (vf)((vu)f | ((h & 0x8000u) << 16));
+}
+static inline vu vf2h(vf x) {
+    vu u = (vu)x;
+    vu sign = (u >> 16) & 0x8000u;
+    u &= 0x7FFFFFFFu;
+    vu sub = (vu)((vf)u + 0.5f) - 0x3F000000u;
+    vu norm = (u + 0xC8000FFFu + ((u >> 13) & 1u)) >> 13;
+    vu h = (vu)vselect((vi)(u < 0x38800000u), (vf)sub, (vf)norm);
+    vu big = (vu)vselect((vi)(u > 0x7F800000u), (vf)vsplat_u(0x7E00u), (vf)vsplat_u(0x7C00u));
+    h = (vu)vselect((vi)(u >= 0x47800000u), (vf)big, (vf)h);
+    return h | sign;
+}
+
+/* Buffers of any of the three dtypes the compiled paths take, by code (Python passes the code
+ * of each tensor; linattn.ops.native.DTYPE_CODES): elements, not bytes, in the indices. */
+enum { LA_F32 = 0, LA_BF16 = 1, LA_F16 = 2 };
+static inline vf vload_dt(const void *p, long i, int dt) {
+    if (dt == LA_F32) return vload((const float *)p + i);
+    vh h;
+    memcpy(&h, (const u16 *)p + i, sizeof h);
+    vu u = __builtin_convertvector(h, vu);
+    return dt == LA_BF16 ? (vf)(u << 16) : vh2f(u);
+}
+static inline void vstore_dt(void *p, long i, vf x, int dt) {
+    if (dt == LA_F32) {
+        vstore((float *)p + i, x);
+    } else if (dt == LA_BF16) {
+        vstore_any(p, i, x, 1);
+    } else {
+        vh h = __builtin_convertvector(vf2h(x), vh);
+        memcpy((u16 *)p + i, &h, sizeof h);
+    }
+}
+static inline float load_dt(const void *p, long i, int dt) {
+    if (dt == LA_F32) return ((const float *)p)[i];
+    u16 h = ((const u16 *)p)[i];
+    return dt == LA_BF16 ? bf2f(h) : h2f(h);
+}
+static inline void store_dt(void *p, long i, float x, int dt) {
+    if (dt == LA_F32) ((float *)p)[i] = x;
+    else ((u16 *)p)[i] = dt == LA_BF16 ? f2bf(x) : f2h(x);
+}
+
 /* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): 2^n * p(r) with
  * n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7 minimax polynomial of
  * exp on |r| <= ln2 / 2 (error ~1 ulp). Below -87 the result is flushed to 0 (exp(-87) is
@@ -150,6 +232,39 @@ static inline vf vexp_nonpos(vf x) {
 }
 
 static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
+
+/* exp(x) for x in [-87, 88] (callers clamp): vexp_nonpos's reduction and polynomial, 2^n taken
+ * from t's bits (t = x log2(e) + 1.5 2^23 holds n in its low bits), ~1 ulp. */
+static inline vf vexp_clamped(vf x) {
+    const vf magic = vsplat(12582912.0f);
+    vf t = x * 1.44269504088896341f + magic;
+    vf n = t - magic;
+    vf r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    vf p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * (vf)(((vi)t - (vi)magic + 127) << 23);
+}
+
+/* sigmoid(a) = 1 / (1 + e) and silu(a) = a / (1 + e), e = exp(-a) with -a clamped to
+ * [-87, 88] (below, sigmoid is 1 to float32's precision; above, it is < 2^-126 and silu is
+ * within 1e-36 of 0). ~2 ulp; NaN stays NaN. The activations of the convolution and the gated
+ * norm, where they are most of the arithmetic. */
+static inline vf vexp_neg(vf a) {
+    vf x = -a;
+    x = vselect(x < -87.0f, vsplat(-87.0f), x);
+    x = vselect(x > 88.0f, vsplat(88.0f), x);
+    return vexp_clamped(x);
+}
+static inline vf vsigmoid(vf a) { return 1.0f / (1.0f + vexp_neg(a)); }
+static inline vf vsilu(vf a) { return a / (1.0f + vexp_neg(a)); }
+static inline float ssigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+static inline float ssilu(float a) { return a / (1.0f + expf(-a)); }
 
 /* phi(x); NaN propagates (x <= 0 is false for NaN, which takes the x + 1 branch). */
 static inline vf vphi(int kind, vf x) {

@@ -1,0 +1,165 @@
+"""The gated RMSNorm (ops/norm/op.py): the torch form against the float64 reference over
+shapes, groups, activations and both orders of norm and gate; gradients; argument errors;
+``torch.compile``. Runs without a C compiler."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch._dynamo.backends.registry import lookup_backend
+
+import linattn
+from linattn import rms_norm_gated
+from linattn.ops import dispatch
+from linattn.ops import reference as ref
+from linattn.ops.norm import native as norm_native
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+F64 = torch.float64
+
+
+def _inputs(*shape, dtype=F64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=gen, dtype=F64) * 2
+    g = torch.randn(*shape, generator=gen, dtype=F64) * 2
+    w = torch.rand(shape[-1], generator=gen, dtype=F64) + 0.5
+    return x.to(dtype), g.to(dtype), w.to(dtype)
+
+
+def _close(got, want, dtype, ulps=4.0):
+    want = want.double()
+    assert got.shape == want.shape and got.dtype == dtype
+    scale = max(want.abs().max().item(), 1.0) if want.numel() else 1.0
+    tol = 1e-12 * scale if dtype == F64 else ulps * torch.finfo(dtype).eps * scale
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=tol)
+
+
+def test_reference_is_the_definition():
+    """Written out once more with torch's own functions, in float64."""
+    x, g, w = _inputs(3, 4, 12)
+    y = ref.rms_norm_gated(x, g, w, eps=1e-5)
+    want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w * torch.nn.functional.silu(g)
+    torch.testing.assert_close(y, want)
+    y = ref.rms_norm_gated(x, g, w, activation="sigmoid", group_size=4, norm_before_gate=False)
+    z = (x * torch.sigmoid(g)).view(3, 4, 3, 4)
+    want = (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)).view(3, 4, 12) * w
+    torch.testing.assert_close(y, want)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D, G", [(1, None), (7, None), (128, None), (24, 6), (24, 24)])
+@pytest.mark.parametrize("activation", ["silu", "swish", "sigmoid"])
+@pytest.mark.parametrize("before", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_portable_matches_reference(dtype, D, G, activation, before, weighted):
+    x, g, w = _inputs(2, 5, D, dtype=dtype)
+    w = w if weighted else None
+    want = ref.rms_norm_gated(x, g, w, eps=1e-5, activation=activation, group_size=G,
+                              norm_before_gate=before)
+    with dispatch.use(impl="portable"):
+        y = rms_norm_gated(x, g, w, eps=1e-5, activation=activation, group_size=G,
+                           norm_before_gate=before)
+    _close(y, want, dtype, ulps=1.0 if dtype == torch.bfloat16 else 8.0)
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+def test_no_gate_is_a_plain_rmsnorm(impl):
+    x, _, w = _inputs(4, 33, dtype=torch.float32)
+    with dispatch.use(impl=impl):
+        y = rms_norm_gated(x, None, w, group_size=11)
+    _close(y, ref.rms_norm_gated(x, None, w, group_size=11), torch.float32)
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+def test_shapes_and_layouts(impl):
+    """Any leading dimensions (none too), empty inputs, strided and transposed inputs and gates
+    of another dtype."""
+    with dispatch.use(impl=impl):
+        for shape in [(16,), (0, 16), (3, 0, 16), (2, 3, 5, 16)]:
+            x, g, w = _inputs(*shape, dtype=torch.float32)
+            _close(rms_norm_gated(x, g, w), ref.rms_norm_gated(x, g, w), torch.float32)
+        x, g, w = _inputs(16, 6, dtype=torch.float32)
+        xt = x.t()  # (6, 16) with a row stride of 1
+        gb = g.t().contiguous()[:, :].bfloat16()
+        _close(rms_norm_gated(xt, gb, w[:1].expand(16).contiguous()),
+               ref.rms_norm_gated(xt, gb, w[:1].expand(16)), torch.float32)
+
+
+def test_gradients_of_the_portable_path():
+    x, g, w = _inputs(3, 8)
+    args = [t.detach().requires_grad_() for t in (x, g, w)]
+    with dispatch.use(impl="portable"):
+        for kw in ({}, {"activation": "sigmoid", "norm_before_gate": False, "group_size": 4}):
+            torch.autograd.gradcheck(lambda x, g, w, kw=kw: rms_norm_gated(x, g, w, **kw), args)
+
+
+def test_gradients_take_the_portable_path_by_default():
+    x, g, w = _inputs(4, 32, dtype=torch.float32)
+    x.requires_grad_()
+    rms_norm_gated(x, g, w).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("call, kind, name", [
+    (lambda x, g, w: rms_norm_gated(x.tolist(), g, w), TypeError, "x"),
+    (lambda x, g, w: rms_norm_gated(x[..., :0], g[..., :0], None), ValueError, "x"),
+    (lambda x, g, w: rms_norm_gated(x, g[:1], w), ValueError, "gate"),
+    (lambda x, g, w: rms_norm_gated(x, g.long(), w), TypeError, "gate"),
+    (lambda x, g, w: rms_norm_gated(x, g, w[:3]), ValueError, "weight"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, eps=-1.0), ValueError, "eps"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, eps=float("nan")), ValueError, "eps"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, eps="1e-6"), TypeError, "eps"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, activation="relu"), ValueError, "activation"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, activation=None), TypeError, "activation"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, group_size=5), ValueError, "group_size"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, group_size=True), ValueError, "group_size"),
+    (lambda x, g, w: rms_norm_gated(x, g, w, norm_before_gate=0), TypeError,
+     "norm_before_gate"),
+])
+def test_errors_name_the_argument(call, kind, name):
+    x, g, w = _inputs(2, 3, 12, dtype=torch.float32)
+    with pytest.raises(kind) as exc:
+        call(x, g, w)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{name}:"), msg
+
+
+def test_public_names():
+    assert linattn.rms_norm_gated is rms_norm_gated
+    assert linattn.reference.rms_norm_gated is ref.rms_norm_gated
+
+
+_CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+BACKEND = "inductor" if _CXX else "aot_eager"
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_compile_fullgraph_equals_eager(setting, monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", setting)
+    torch._dynamo.reset()
+    dispatch._memo.clear()
+    x, g, w = _inputs(2, 6, 32, dtype=torch.float32)
+
+    def f(x, g, w):
+        y = rms_norm_gated(x, g, w, eps=1e-5)
+        return rms_norm_gated(y * 2, g, None, activation="sigmoid", group_size=8,
+                              norm_before_gate=False)
+
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(str(gm.graph))
+        return lookup_backend(BACKEND)(gm, inputs)
+
+    try:
+        want = f(x, g, w)
+        got = torch.compile(f, fullgraph=True, backend=backend)(x, g, w)
+    finally:
+        torch._dynamo.reset()
+        dispatch._memo.clear()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    kernels = setting == "1" and norm_native.kernels() is not None
+    assert ("linattn.rms_norm_gated" in graphs[0]) == kernels, graphs[0]
