@@ -12,9 +12,8 @@ The functions transformers' linear-attention layers call where the package is in
   **updated in place**; ``cache_seqlens`` (a circular buffer) and ``conv_state_indices`` (the
   rows of a larger cache, as vLLM keeps it) are supported.
 
-Unlike the fla names of :mod:`linattn.fla`, unknown keyword arguments are accepted and ignored,
-as the package's own functions (and transformers' fallbacks) do: transformers passes its own
-keyword arguments through. Errors are one-line ValueError / TypeError naming the argument
+As every name of :mod:`linattn.fla`, unknown keyword arguments are accepted and ignored:
+transformers passes its own keyword arguments through. Errors are one-line ValueError / TypeError naming the argument
 (the package asserts or raises NotImplementedError for an unknown activation).
 """
 
