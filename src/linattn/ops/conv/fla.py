@@ -13,8 +13,9 @@ The functions transformers' linear-attention layers call where the package is in
   rows of a larger cache, as vLLM keeps it) are supported.
 
 As every name of :mod:`linattn.fla`, unknown keyword arguments are accepted and ignored:
-transformers passes its own keyword arguments through. Errors are one-line ValueError / TypeError naming the argument
-(the package asserts or raises NotImplementedError for an unknown activation).
+transformers passes its own keyword arguments through. Errors are one-line ValueError /
+TypeError naming the argument (the package asserts or raises NotImplementedError for an
+unknown activation).
 """
 
 from __future__ import annotations
