@@ -264,3 +264,22 @@ def test_the_fla_front_door_takes_transformers_keywords():
                                    output_attentions=False)
     torch.testing.assert_close(a[0], fla.chunk_gated_delta_rule(q, k, v, g, beta)[0],
                                rtol=0, atol=0)
+
+
+def test_a_first_argument_by_keyword_is_routed_too(monkeypatch):
+    module = __import__(lh.FAMILIES["qwen3_5"].module, fromlist=["_"])
+    calls = []
+    real = fla.causal_conv1d_fn
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["x"].device.type)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fla, "causal_conv1d_fn", spy)
+    lh.apply_linattn("qwen3_5")
+    x = torch.randn(1, 8, 5)
+    w = torch.randn(8, 4)
+    got = module.causal_conv1d_fn(hidden_states=x, weight=w, activation="silu")
+    want = module.causal_conv1d_fn._linattn_original(x, w, None, "silu")
+    torch.testing.assert_close(got, want)
+    assert calls == ["cpu"]

@@ -129,9 +129,11 @@ def _router(original: Callable, target: Callable, rename: dict[str, str]) -> Cal
     positional = [rename.get(p.name, p.name) for p in params
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
+    first = params[0].name if params else None
+
     @functools.wraps(original)
     def routed(*args, **kwargs):
-        if not (args and _route_here(args[0])):
+        if not _route_here(args[0] if args else kwargs.get(first)):
             return original(*args, **kwargs)
         # by hand, not Signature.bind: a few µs, and this runs per layer and token
         named = dict(zip(positional, args, strict=False))
