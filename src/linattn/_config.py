@@ -15,8 +15,9 @@
   is loaded). Shared declarations live here (:data:`THREADS`, :data:`POSITIVE_INT`,
   :data:`FEATURE_MAP_NAMES`); those of one configuration beside it, torch-free
   (:data:`linattn.nn.mixers.CONFIG_CHECKS`, :mod:`linattn.lm.options`).
-* Thread counts (:func:`capped_threads`, :func:`set_threads`): checked, and capped at the CPUs
-  this process may run on with one warning (torch and OpenMP crash on absurd counts).
+* Thread counts (:func:`capped_threads`, :func:`set_threads`, :func:`torch_threads`): checked,
+  and capped at the CPUs this process may run on with one warning (torch and OpenMP crash on
+  absurd counts). Every place that takes a user's count goes through them.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ import os
 import sys
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = ["rename_deprecated", "renamed_keywords", "Removed", "drop_removed",
            "check_field_types", "check_ranges", "Range", "Check", "THREADS", "POSITIVE_INT",
-           "INTEGER", "FEATURE_MAP_NAMES", "available_cpus", "capped_threads", "set_threads"]
+           "INTEGER", "FEATURE_MAP_NAMES", "available_cpus", "capped_threads", "set_threads",
+           "torch_threads"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -290,3 +293,21 @@ def set_threads(n: Any, name: str = "n_threads") -> int | None:
 
     torch.set_num_threads(n)
     return n
+
+
+@contextmanager
+def torch_threads(n: Any, name: str = "n_threads") -> Iterator[int | None]:
+    """Run the block on ``n`` torch threads (:func:`set_threads`: checked and capped; None
+    leaves torch's setting), then restore the caller's count. Yields the count set."""
+    if n is None:
+        yield None
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    n = capped_threads(n, name)
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)

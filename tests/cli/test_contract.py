@@ -91,6 +91,9 @@ class Case:
     setup: Callable[[SimpleNamespace, Path], None] | None = None
     code: str = ""  # python -c code instead of the trampoline (the bench plot's stubs)
     stdin: bytes = b""
+    env: tuple[tuple[str, str], ...] = ()  # more environment variables
+    #: more checks of what the row left in its folder, ``check(d)`` (a link still a link, ...)
+    check: Callable[[Path], None] | None = None
 
 
 def _lm(*extra: str) -> Callable:
@@ -124,12 +127,19 @@ def _copy_forda_run(f: SimpleNamespace, d: Path) -> None:
     shutil.copytree(f.forda, d / "run")
 
 
+RECALL_TINY = ["--lr", "1e-3", "--seq-len", "16", "--pairs", "2", "--vocab-size", "32",
+               "--train-examples", "32", "--val-examples", "8", "--test-examples", "8",
+               "--epochs", "1", "--batch-size", "16", "--train-mix", "", "--quiet"]
+
+
 def _recall(*extra: str) -> Callable:
-    return lambda f, d: ["recall", "train", "--mixer", "softmax", "--lr", "1e-3", "--out",
-                         str(d / "run"), "--d-model", "16", "--seq-len", "16", "--pairs", "2",
-                         "--vocab-size", "32", "--train-examples", "32", "--val-examples", "8",
-                         "--test-examples", "8", "--epochs", "1", "--batch-size", "16",
-                         "--train-mix", "", "--quiet", *extra]
+    return lambda f, d: ["recall", "train", "--mixer", "softmax", "--out", str(d / "run"),
+                         "--d-model", "16", *RECALL_TINY, *extra]
+
+
+def _recall_table(*extra: str) -> Callable:
+    return lambda f, d: ["recall", "table", "--mixers", "softmax", "--d-models", "16", "--out",
+                         str(d / "grid"), *RECALL_TINY, *extra]
 
 
 def _bench(*extra: str) -> Callable:
@@ -278,6 +288,10 @@ CASES: list[Case] = [
          "--mixers: expected one of", before_torch=True),
     Case("recall-out-at-a-file", lambda f, d: ["recall", "train", "--out", str(f.a_file)],
          "--out: ", before_torch=True),
+    Case("recall-threads-capped", _recall("--threads", "100000"), "--threads: 100000 threads "
+         "asked for", status=0),
+    Case("recall-table-threads-capped", _recall_table("--threads", "100000"), "--threads: "
+         "100000 threads asked for", status=0),
     Case("recall-out-disk-full", _recall(), "run/result.json: File too large", fsize=200,
          absent=("run/result.json",)),
     # -- plot
@@ -365,7 +379,7 @@ def _run(case: Case, f: SimpleNamespace, d: Path) -> Result:
         cmd = [sys.executable, "-m", "linattn", *argv]
     # one thread a process: the pool runs several on few cores (and the fixtures calibrated
     # the dispatcher for one thread; a row under RLIMIT_FSIZE could not write a calibration)
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", **dict(case.env)}
     t0 = time.perf_counter()
     if case.stdout == "head":  # `linattn ... | head -c 4`: read a little, then leave
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -392,13 +406,20 @@ def _run(case: Case, f: SimpleNamespace, d: Path) -> Result:
                   time.perf_counter() - t0)
 
 
+def _selected(request) -> set[str]:
+    """The ids of the rows this session runs (``-k``, a test id): the table runs only those."""
+    return {item.callspec.params["case"].id for item in request.session.items
+            if getattr(item, "originalname", "") == "test_one_line_and_status"}
+
+
 @pytest.fixture(scope="module")
-def table(tmp_path_factory) -> dict[str, tuple[Result, Path]]:
-    """Every row, run in a pool of 3 processes at a time; the test of each row reads its
-    result."""
+def table(tmp_path_factory, request) -> dict[str, tuple[Result, Path]]:
+    """Every selected row, run in a pool of 3 processes at a time; the test of each row reads
+    its result."""
     root = tmp_path_factory.mktemp("contract")
     f = _fixtures(root / "fixtures")
-    cases = [c for c in CASES if HAS_FULL or c.stdout != "full"]
+    selected = _selected(request)
+    cases = [c for c in CASES if c.id in selected and (HAS_FULL or c.stdout != "full")]
     if not Path("/proc").is_dir():
         cases = [c for c in cases if "proc" not in c.id]
     t0 = time.perf_counter()
@@ -447,6 +468,8 @@ def test_one_line_and_status(case: Case, table) -> None:
     assert _leftovers(d) == []
     for rel in case.absent:
         assert not (d / rel).exists(), rel
+    if case.check is not None:
+        case.check(d)
 
 
 def test_the_table_covers_every_subcommand() -> None:

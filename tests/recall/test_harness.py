@@ -271,3 +271,24 @@ def test_grid_seeds_are_cells_and_one_row_of_the_table(tmp_path, monkeypatch):
         "softmax-d16-T16-P2-s1.json", "softmax-d16-T16-P2.json"]
     rows = format_table(res).splitlines()[2:]
     assert rows == ["| softmax | (16, 2) | 16 | 50.0 | 64 | 25.0–75.0 | 2 | 0.001 | 2 | 2 |"]
+
+
+def test_threads_are_capped_at_the_cpus(monkeypatch):
+    """``threads`` above the CPUs available is capped with one warning, as every command's
+    ``--threads`` is (torch's OpenMP crashed on 100,000 threads: SIGSEGV); the caller's count
+    is restored after."""
+    from linattn._config import available_cpus
+
+    asked = []
+    real = torch.set_num_threads
+
+    def record(n: int) -> None:  # an absurd count is recorded, never passed on (a crash)
+        asked.append(n)
+        real(min(n, available_cpus()))
+
+    monkeypatch.setattr(torch, "set_num_threads", record)
+    before = torch.get_num_threads()
+    with pytest.warns(RuntimeWarning, match="threads: 100000 threads asked for"):
+        run_cell(RecallConfig(mixer="softmax", **{**TINY, "threads": 100_000}))
+    assert asked and max(asked) <= available_cpus()
+    assert torch.get_num_threads() == before

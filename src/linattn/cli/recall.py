@@ -113,13 +113,23 @@ def _config(args: argparse.Namespace, **override) -> RecallConfig:
                         ) from None
 
 
+def _capped_threads(args: argparse.Namespace) -> None:
+    """``--threads`` capped at the CPUs available (one warning line), once everything else
+    is checked: a user error then is the only line (the cells are made from ``args``)."""
+    from linattn._config import capped_threads
+
+    args.threads = capped_threads(args.threads, "--threads")
+
+
 def _log(args: argparse.Namespace) -> Callable[[str], None] | None:
     return None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def train(args: argparse.Namespace) -> int:
-    cfg = _config(args)
+    _config(args)
     probe_output_dir(args.out, "--out")
+    _capped_threads(args)
+    cfg = _config(args)
     from linattn._io import write_json
     from linattn.recall.harness import run_cell
 
@@ -139,6 +149,8 @@ def table(args: argparse.Namespace) -> int:
         for d in args.d_models:
             _config(args, mixer=name, feature_map=fmap or None, d_model=d)
     probe_output_dir(args.out, "--out")
+    _capped_threads(args)
+    base = _config(args, mixer="softmax")
     from linattn.recall.table import format_table, run_grid
 
     results = run_grid(base, args.mixers, args.d_models, args.out, _log(args),

@@ -25,6 +25,7 @@ import inspect
 import math
 import numbers
 import os
+from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
-from linattn._config import THREADS, capped_threads, check_field_types, rename_deprecated
+from linattn._config import THREADS, check_field_types, rename_deprecated, torch_threads
 from linattn._io import read_json, write_atomic
 from linattn.train_loop import first_non_finite
 from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding
@@ -171,27 +172,22 @@ class _ThreadLimit:
     """Run a block with ``torch.set_num_threads(n)`` and the BLAS libraries (numpy's, scipy's:
     the ridge heads' solves) held to n threads (None: leave both as they are), then restore. A
     count above the CPUs available is capped there, with one warning
-    (:func:`linattn._config.capped_threads`)."""
+    (:func:`linattn._config.torch_threads`, the helper every thread count goes through)."""
 
     def __init__(self, n: int | None) -> None:
-        self.n, self.old, self.blas = n, None, None
+        self.n, self.stack = n, ExitStack()
 
     def __enter__(self):
-        if self.n is not None:
-            n = capped_threads(self.n, "n_threads")
-            self.old = torch.get_num_threads()
-            torch.set_num_threads(n)
+        n = self.stack.enter_context(torch_threads(self.n, "n_threads"))
+        if n is not None:
             # n_threads=1 must mean one thread for the whole fit: left alone, OpenBLAS spins
             # its own threads in the ridge's Gram product and eigendecomposition, and two such
             # fits side by side on 2 cores took twice the CPU time (docs/benchmarks.md)
-            self.blas = threadpool_limits(limits=n, user_api="blas")
+            blas = threadpool_limits(limits=n, user_api="blas")
+            self.stack.callback(blas.restore_original_limits)
 
     def __exit__(self, *exc):
-        if self.blas is not None:
-            self.blas.restore_original_limits()
-            self.blas = None
-        if self.old is not None:
-            torch.set_num_threads(self.old)
+        self.stack.close()
 
 
 class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
