@@ -27,6 +27,7 @@ by a row in the table of tests/cli/test_contract.py.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -40,7 +41,7 @@ from linattn.train_loop import CheckpointError, NonFiniteError
 SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm", "recall")
 
 __all__ = ["UserError", "OutputError", "Parser", "build_parser", "main", "SUBCOMMANDS",
-           "probe_output_dir", "read_json_file"]
+           "probe_output_dir", "probe_output_file", "read_json_file"]
 
 
 class UserError(Exception):
@@ -146,6 +147,26 @@ def probe_output_dir(path: str | os.PathLike, option: str) -> None:
                 p.rmdir()
             except OSError:
                 pass
+
+
+def probe_output_file(path: str | os.PathLike, option: str) -> None:
+    """Fail now, as a :class:`UserError` naming ``option``, if file ``path`` cannot be written.
+    A regular file (new, or behind a link) is replaced from its folder, which must exist and be
+    writable (:func:`probe_output_dir`); a device or a FIFO is written through
+    (:func:`linattn._io.write_target`) and needs write permission only."""
+    from linattn._io import write_target
+
+    try:
+        target, regular = write_target(path)
+    except OSError as err:
+        raise UserError(f"{option}: {describe_os_error(err)}") from None
+    if not regular:
+        if not os.access(target, os.W_OK):
+            raise UserError(f"{option}: {path}: {os.strerror(errno.EACCES)}")
+        return
+    if not target.parent.is_dir():
+        raise UserError(f"{option}: folder {str(target.parent)!r} does not exist")
+    probe_output_dir(target.parent, option)
 
 
 def read_json_file(path: str | os.PathLike) -> object:

@@ -285,13 +285,11 @@ def plot(results: dict, path: Path) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linattn.cli import UserError, probe_output_dir
+    from linattn.cli import UserError, probe_output_file
 
     out = Path(args.plot)
     if not args.no_crossover:
-        if not out.parent.is_dir():
-            raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
-        probe_output_dir(out.parent, "--plot")  # writable, before minutes of measuring
+        probe_output_file(out, "--plot")  # writable, before minutes of measuring
     from linattn.ops.native import ISA_FLAGS  # imports torch
 
     for isa in args.isa:
