@@ -95,3 +95,21 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
         tmp.write_text("half")
         raise OSError(errno.ENOSPC, "No space left on device")
     assert p.read_text() == "old"
+
+
+def test_a_run_folder_has_one_owner(tmp_path):
+    run = tmp_path / "a" / "run"
+    first = _io.FolderLock(run)
+    assert run.is_dir() and (run / _io.LOCK_FILE).read_text().strip() == str(os.getpid())
+    with pytest.raises(_io.FolderInUseError) as err:  # another open of the lock: refused
+        _io.FolderLock(run)
+    assert err.value.filename == str(run)
+    assert f"in use by another linattn run (process {os.getpid()})" in str(err.value)
+    first.release()
+    first.release()  # again: nothing
+    assert not run.exists()  # made by the lock and left empty: removed again
+    with _io.FolderLock(run):
+        (run / "result.json").write_text("{}")
+    assert [p.name for p in run.iterdir()] == ["result.json"]  # written to: kept, unlocked
+    with _io.FolderLock(run) as lock:  # free again once released
+        assert lock.fd is not None

@@ -8,7 +8,10 @@ A write replaces a regular file by renaming a finished temporary file over it. W
 regular file is never replaced (:func:`write_target`): a symbolic link stays a link and the
 file it points to is replaced; a device or a FIFO (``-o /dev/null``, ``/dev/full``, a named
 pipe) is written through, as a shell's ``>`` would, since a rename would turn ``/dev/full``
-into a regular file (a FIFO nobody reads is an error, not a hang)."""
+into a regular file (a FIFO nobody reads is an error, not a hang).
+
+A run folder (a training run's checkpoint, metrics and results) has one owner at a time:
+:class:`FolderLock`."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["atomic_path", "write_atomic", "write_json", "read_json", "copy_atomic",
-           "append_text", "user_cache_dir", "write_target"]
+           "append_text", "user_cache_dir", "write_target", "FolderLock", "FolderInUseError",
+           "LOCK_FILE"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -187,3 +191,90 @@ def append_text(path: str | os.PathLike, text: str) -> None:
             raise _named(err, path) from None
     finally:
         os.close(fd)
+
+
+#: The lock file of a run folder (:class:`FolderLock`).
+LOCK_FILE = "run.lock"
+
+
+class FolderInUseError(BlockingIOError):
+    """Another process holds the run folder (:class:`FolderLock`); ``filename`` is the folder."""
+
+
+class FolderLock:
+    """Exclusive ownership of the run folder ``folder`` while held: an advisory lock
+    (``flock``) on ``folder/run.lock``, a file that holds the owner's process id while it
+    exists. Two runs into one folder would otherwise both write its checkpoint and interleave
+    its ``metrics.jsonl``. The kernel drops the lock with its process, so a killed run never
+    leaves the folder locked (only its stale, unlocked file).
+
+    Making one creates the folder (and its parents) and takes the lock, or raises
+    :class:`FolderInUseError` naming the folder and the owner; :meth:`release` (or leaving a
+    ``with`` block) gives it up and deletes the lock file, and the folder too if this lock
+    created it and nothing else was written there. A lock is taken only on the file that is
+    still at the path (one deleted by an owner releasing it meanwhile is opened again), so the
+    deletion never lets two owners in. Where the platform has no ``flock`` it is a no-op."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self.created = not self.folder.exists()
+        self.fd: int | None = None
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            import fcntl
+        except ImportError:  # no flock here (Windows): unowned, as before
+            return
+        while self.fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                owner = os.read(fd, 32).decode("ascii", "replace").strip()
+                os.close(fd)
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise _named(err, self.path) from None
+                raise FolderInUseError(
+                    errno.EWOULDBLOCK, "in use by another linattn run"
+                    + (f" (process {owner})" if owner.isdigit() else ""), str(self.folder)
+                ) from None
+            try:
+                mine = os.fstat(fd)
+                here = os.stat(self.path)
+            except FileNotFoundError:  # released and deleted meanwhile: open it anew
+                os.close(fd)
+                continue
+            if (mine.st_dev, mine.st_ino) != (here.st_dev, here.st_ino):
+                os.close(fd)
+                continue
+            try:  # the owner's pid, for the message of the next one (informational only)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError:
+                pass
+            self.fd = fd
+
+    def release(self) -> None:
+        """Give the folder up (again: nothing): the lock file is deleted while still locked,
+        then the folder too if this lock created it and it is empty."""
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            os.unlink(self.path)
+            if self.created and not any(self.folder.iterdir()):
+                self.folder.rmdir()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # drops the lock
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)

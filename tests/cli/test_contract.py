@@ -150,6 +150,40 @@ def _devices_stay(d: Path) -> None:
             assert stat.S_ISCHR(os.lstat(dev).st_mode), f"{dev} was replaced"
 
 
+#: Run folders that this process owns while the table runs (:func:`_held`).
+_HELD: list = []
+
+
+def _held(rel: str) -> Callable[[SimpleNamespace, Path], None]:
+    """A setup that takes the lock of the run folder ``d/rel`` in this process, as a run
+    already training there would hold it."""
+    def setup(f: SimpleNamespace, d: Path) -> None:
+        from linattn._io import FolderLock
+
+        _HELD.append(FolderLock(d / rel))
+    return setup
+
+
+def _finished_recall_run(f: SimpleNamespace, d: Path) -> None:
+    (d / "run").mkdir()
+    (d / "run" / "result.json").write_text('{"old_run": true}\n')
+
+
+def _io_lock_file() -> str:
+    from linattn._io import LOCK_FILE
+
+    return LOCK_FILE
+
+
+def _match(folder: Path, names: list[str], not_in: str = "") -> None:
+    """``folder`` holds exactly the files ``names`` (the busy run's own, nothing the refused
+    one wrote), none of which contains ``not_in``."""
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names)
+    if not_in:
+        for name in names:
+            assert not_in not in (folder / name).read_text(), f"{name} was not replaced"
+
+
 def _copy_forda_run(f: SimpleNamespace, d: Path) -> None:
     shutil.copytree(f.forda, d / "run")
 
@@ -208,6 +242,8 @@ CASES: list[Case] = [
          before_torch=True),
     Case("forda-resume-deep-json", _resume("run_deep"), "run.json: not valid JSON (nested too "
          "deeply)", before_torch=True),
+    Case("forda-out-in-use", _forda_train(), "in use by another linattn run",
+         setup=_held("run"), check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("forda-out-disk-full", _forda_train(), "run.json: File too large", fsize=200,
          absent=("run",)),
     Case("forda-export-disk-full",
@@ -270,6 +306,8 @@ CASES: list[Case] = [
                                            "1", *LM_TINY], "--out: ", before_torch=True),
     Case("lm-out-disk-full", _lm(), "run/checkpoint.pt: File too large", fsize=2000,
          absent=("run/checkpoint.pt",)),
+    Case("lm-out-in-use", _lm(), "--out: ", setup=_held("run"),
+         check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("lm-diverges", _lm("--lr", "1e30", "--steps", "20", "--checkpoint-every", "0"),
          "training diverged at step 2: the loss is nan"),
     # -- lm generate
@@ -325,6 +363,15 @@ CASES: list[Case] = [
          "asked for", status=0),
     Case("recall-table-threads-capped", _recall_table("--threads", "100000"), "--threads: "
          "100000 threads asked for", status=0),
+    Case("recall-out-in-use", _recall(), "in use by another linattn run", setup=_held("run"),
+         check=lambda d: _match(d / "run", [_io_lock_file()])),
+    Case("recall-table-out-in-use", _recall_table(), "in use by another linattn run",
+         setup=_held("grid"), check=lambda d: _match(d / "grid", [_io_lock_file()])),
+    Case("recall-out-holds-a-run", _recall(), "already holds a run (result.json); pass "
+         "--replace", before_torch=True, setup=_finished_recall_run),
+    Case("recall-out-replaced", _recall("--replace"), "", status=0,
+         setup=_finished_recall_run,
+         check=lambda d: _match(d / "run", ["result.json"], "old_run")),
     Case("recall-out-disk-full", _recall(), "run/result.json: File too large", fsize=200,
          absent=("run/result.json",)),
     # -- plot

@@ -151,3 +151,17 @@ def test_checkpoint_every_is_checked():
     for bad in (-1.0, float("nan"), "60"):
         with pytest.raises(ValueError, match="^checkpoint_every: expected a finite number >= 0"):
             Trainer(MODEL, TRAIN, corpus=CORPUS, checkpoint_every=bad)
+
+
+def test_a_run_folder_has_one_trainer_at_a_time(tmp_path):
+    """Two runs into one folder would both write its checkpoint and interleave its metrics: the
+    second is refused while the first holds the folder, and may start once it is done."""
+    from linattn._io import FolderInUseError
+
+    first = Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS)
+    with pytest.raises(FolderInUseError, match="in use by another linattn run"):
+        Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS)
+    first.run()
+    with pytest.raises(FileExistsError):  # done: a finished run, not a busy one
+        Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS)
+    Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS, resume=True).run()

@@ -19,10 +19,11 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 
 from linattn._config import INTEGER, POSITIVE_INT, THREADS
-from linattn.cli import UserError, probe_output_dir, read_json_file
+from linattn.cli import UserError, describe_os_error, probe_output_dir, read_json_file
 from linattn.tsc.recipes import RECIPES  # torch-free
 
 DEFAULT_OUT = "runs/forda"
@@ -304,7 +305,8 @@ def train(args) -> int:
     args.device = rank_device(args.device)
     rank = _init_distributed(args.device)
     try:
-        status = _train(args, main=rank == 0)
+        with ExitStack() as owned:  # the run folder's lock, taken by _train, given up here
+            status = _train(args, main=rank == 0, owned=owned)
         # Leave together: a rank that tears its group down while a peer's last collectives are
         # still in flight can abort (SIGABRT, seen once in ~30 two-rank CI runs).
         _barrier()
@@ -314,10 +316,11 @@ def train(args) -> int:
             dist.destroy_process_group()
 
 
-def _train(args, main: bool) -> int:
+def _train(args, main: bool, owned: ExitStack) -> int:
     """The train command; with several ranks (``main`` False on all but rank 0) every rank
-    trains its share of each batch and rank 0 alone writes and reports."""
-    from linattn._io import write_json
+    trains its share of each batch and rank 0 alone writes and reports; it alone owns the run
+    folder (:class:`~linattn._io.FolderLock`, held in ``owned``)."""
+    from linattn._io import FolderInUseError, FolderLock, write_json
 
     out = Path(args.out)
     run_path = out / "run.json"
@@ -363,11 +366,18 @@ def _train(args, main: bool) -> int:
     _barrier()  # every rank has checked --out before rank 0 writes into it
     if main:
         created = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
+        try:  # the folder's one owner from here on; whether it holds a run is asked again
+            lock = owned.enter_context(FolderLock(out))
+        except FolderInUseError as err:
+            raise UserError(f"--out: {describe_os_error(err)}") from None
+        if not args.resume and run_path.exists():
+            raise UserError(f"--out: {out} already holds a run; pass --resume to continue it "
+                            "or choose another folder")
         try:
             write_json(run_path, run)
         except OSError:
             if created:  # leave nothing behind: not even an empty folder
+                lock.release()
                 shutil.rmtree(out, ignore_errors=True)
             raise
     t_start = time.perf_counter()

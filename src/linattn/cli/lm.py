@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from linattn._config import POSITIVE_INT, THREADS
-from linattn.cli import UserError, probe_output_dir
+from linattn.cli import UserError, describe_os_error, probe_output_dir
 from linattn.lm.options import (  # torch-free
     CHECKPOINT_EVERY,
     GENERATE_CHECKS,
@@ -82,6 +82,7 @@ def train(args: argparse.Namespace) -> int:
     probe_output_dir(out, "--out")
 
     from linattn._config import set_threads
+    from linattn._io import FolderInUseError
     from linattn.lm.training import TrainConfig, Trainer
     from linattn.nn.lm import LMConfig
     from linattn.train_loop import Stopped
@@ -96,6 +97,8 @@ def train(args: argparse.Namespace) -> int:
         trainer = Trainer(LMConfig(**model), TrainConfig(**train), out=args.out,
                           resume=args.resume, checkpoint_every=args.checkpoint_every,
                           progress=not args.quiet, on_step=stop_after)
+    except FolderInUseError as err:  # another `lm train --out` at work there
+        raise UserError(f"--out: {describe_os_error(err)}") from None
     except FileExistsError:
         raise UserError(f"{args.out} already holds a run; pass --resume or choose a new "
                         "--out") from None
