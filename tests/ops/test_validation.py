@@ -273,17 +273,48 @@ def test_numpy_bools_are_flags(name, flag):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-#: ops with a ``scale``: name -> call(scale)
+#: ops with a ``scale``: name -> call(scale, dtype of the inputs)
 SCALED = {
-    "gated_linear_attention": lambda s: linattn.gated_linear_attention(*_qkv(), scale=s),
-    "gated_linear_attention_step": lambda s: linattn.gated_linear_attention_step(
-        *(_step(x) for x in _qkv()), scale=s)[0],
-    "delta_rule": lambda s: linattn.delta_rule(*_qkv(), _beta(), scale=s),
-    "delta_rule_step": lambda s: linattn.delta_rule_step(
-        *(_step(x) for x in _qkv()), _beta()[..., 0], scale=s)[0],
-    "decay_softmax_attention": lambda s: linattn.decay_softmax_attention(
-        *_qkv(), 0.9, scale=s),
+    "gated_linear_attention": lambda s, dt=torch.float64: linattn.gated_linear_attention(
+        *_cast(_qkv(), dt), scale=s),
+    "gated_linear_attention_step": lambda s, dt=torch.float64:
+        linattn.gated_linear_attention_step(*(_step(x) for x in _cast(_qkv(), dt)),
+                                            scale=s)[0],
+    "delta_rule": lambda s, dt=torch.float64: linattn.delta_rule(
+        *_cast((*_qkv(), _beta()), dt), scale=s),
+    "delta_rule_step": lambda s, dt=torch.float64: linattn.delta_rule_step(
+        *(_step(x) for x in _cast(_qkv(), dt)), _beta()[..., 0].to(dt), scale=s)[0],
+    "decay_softmax_attention": lambda s, dt=torch.float64: linattn.decay_softmax_attention(
+        *_cast(_qkv(), dt), 0.9, scale=s),
+    # fla's names check theirs with the same rule (the gated op's)
+    "fla.chunk_simple_gla": lambda s, dt=torch.float64: linattn.fla.chunk_simple_gla(
+        *(x.transpose(1, 2).contiguous() for x in _cast(_qkv(), dt)), scale=s)[0],
 }
+
+
+def _cast(xs, dtype):
+    return tuple(x.to(dtype) for x in xs)
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+@pytest.mark.parametrize("dtype,scale", [(torch.float32, 1e300), (torch.float32, -1e39),
+                                         (torch.float32, 1e-39), (torch.float32, 1e-46),
+                                         (torch.bfloat16, 1e-40), (torch.float64, 1e-320)])
+def test_scale_out_of_the_dtypes_range_is_named(name, dtype, scale):
+    """A finite scale the computation in the inputs' dtype cannot carry: ±inf outputs (1e300
+    in float32) or a silently wrong one (1e-46 is 0 in float32) before, a ValueError now."""
+    if name == "decay_softmax_attention" and scale < 0:
+        scale = -scale  # its scale must be positive anyway
+    with pytest.raises(ValueError, match=r"^scale: \S+ is out of the range "):
+        SCALED[name](scale, dtype)
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+def test_scales_at_the_ends_of_the_range_give_finite_outputs(name):
+    lo, hi = torch.finfo(torch.float32).tiny, 1e30
+    for s in (lo, hi) if name == "decay_softmax_attention" else (lo, -lo):
+        assert bool(torch.isfinite(SCALED[name](s, torch.float32)).all())
+    assert bool(torch.isfinite(SCALED[name](1e300, torch.float64)).all())
 
 
 @pytest.mark.parametrize("name", list(SCALED))

@@ -151,20 +151,37 @@ def _finite_float(x: numbers.Real) -> float | None:
     return None if value != value or value in (math.inf, -math.inf) else value
 
 
-def check_scale(scale: object, K: int, *, positive: bool = False) -> float:
+#: The magnitudes each input dtype's computation carries (that of its accumulation dtype,
+#: :func:`accumulation_dtype`): (smallest normal, largest finite) number.
+_CARRIED: dict[torch.dtype, tuple[float, float]] = {
+    dt: (torch.finfo(accumulation_dtype(dt)).tiny, torch.finfo(accumulation_dtype(dt)).max)
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+def check_scale(scale: object, K: int, *, positive: bool = False,
+                dtype: torch.dtype | None = None) -> float:
     """``scale`` as a float, or the default ``K**-0.5`` for None; TypeError naming ``scale``
     unless a real number (bools refused; NumPy numbers taken), ValueError unless finite (and
-    > 0 if ``positive``)."""
+    > 0 if ``positive``). With the inputs' ``dtype``, also a ValueError for a scale that the
+    op's computation in that dtype cannot carry: a magnitude beyond its accumulation dtype's
+    largest number (1e300 with float32 inputs: ±inf outputs) or below its smallest normal one
+    (1e-39: subnormal, 1e-46: 0 in float32, a silently wrong output)."""
     if scale is None:
         return K ** -0.5
     if type(scale) is float and scale - scale == 0 and (scale > 0 or not positive):
-        return scale  # the common case, on every decoding step: finite (inf − inf is nan)
-    if is_bool(scale) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
-    value = _finite_float(scale)
-    if value is None or (positive and not value > 0):
-        what = "positive number" if positive else "real number"
-        raise ValueError(f"scale: expected a finite {what}, got {shown(scale)}")
+        value = scale  # the common case, on every decoding step: finite (inf − inf is nan)
+    else:
+        if is_bool(scale) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+        value = _finite_float(scale)
+        if value is None or (positive and not value > 0):
+            what = "positive number" if positive else "real number"
+            raise ValueError(f"scale: expected a finite {what}, got {shown(scale)}")
+    if dtype is not None and value != 0:
+        lo, hi = _CARRIED.get(dtype, _CARRIED[torch.float64])
+        if not lo <= abs(value) <= hi:
+            raise ValueError(f"scale: {value:g} is out of the range {dtype} inputs carry "
+                             f"(magnitudes {lo:.3g} to {hi:.3g}, or 0)")
     return value
 
 
