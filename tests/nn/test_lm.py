@@ -611,3 +611,53 @@ def test_no_mlp_when_mlp_dim_is_zero():
     m(ids).sum().backward()
     with pytest.raises(ValueError, match="mlp_dim"):
         LinearTransformerLM(40, 16, 2, 2, mlp_dim=-1)
+
+
+def test_ids_out_of_range_inside_a_graph_are_an_assertion():
+    """Traced, the ids' range is an assertion node of the graph (as the ops' gate checks are):
+    the exported program and a compiled model raise a RuntimeError naming the range. It was
+    checked in eager only, and a graph compiled by Inductor then aborted the process (SIGABRT)
+    in its own bounds check of the embedding gather (test below)."""
+    m = LinearTransformerLM(V, 16, 1, 2).eval()
+    ids = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(0))
+    ep = torch.export.export(m, (ids,))
+    asserts = [n for n in ep.graph.nodes if "assert" in str(n.target)
+               and any(f"ids: values must lie in [0, {V})" in str(a) for a in n.args)]
+    assert asserts, ep.graph
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(ids), m(ids), rtol=0, atol=0)
+        for bad in (torch.full((2, 8), V), torch.full((2, 8), -1)):
+            with pytest.raises(RuntimeError, match=rf"ids: values must lie in \[0, {V}\)"):
+                ep.module()(bad)
+        compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(ids), m(ids), rtol=0, atol=0)
+        with pytest.raises(RuntimeError, match=rf"ids: values must lie in \[0, {V}\)"):
+            compiled(torch.full((2, 8), V + 33))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(map(__import__("shutil").which, ("c++", "g++", "clang++"))),
+                    reason="Inductor needs a C++ compiler")
+def test_an_inductor_compiled_model_raises_on_bad_ids_in_a_serving_process():
+    """The issue's case in a process of its own (the failure was SIGABRT): Inductor, dynamic
+    T, a batch large enough for a parallel loop. About three minutes of compiling."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from linattn.nn import LinearTransformerLM
+torch.manual_seed(0)
+m = LinearTransformerLM(64, 16, 1, 2).eval()
+cm = torch.compile(m, fullgraph=True, dynamic=True)
+with torch.no_grad():
+    cm(torch.randint(0, 64, (2, 8)))
+    try:
+        cm(torch.full((512, 200), 70))
+    except RuntimeError as err:
+        print("RuntimeError:", err)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "RuntimeError: ids: values must lie in [0, 64)" in done.stdout, done.stdout
