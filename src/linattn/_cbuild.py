@@ -17,11 +17,15 @@ Beside each library ``<name>-<key>.so`` in the cache:
 
 * ``<name>-<key>.so.sha256``: JSON ``{"size": bytes, "sha256": hex, "check": seal}`` of the
   library, written (atomically) once the library is in place and passed its test load;
-  ``seal`` hashes the test it passed. A library is loaded only when size and hash match: a
-  truncated or corrupt file would crash the process, so a mismatch or a missing record means
-  "rebuild". A record without the seal (an older linattn, another test) gets the child test
-  load first. A library that loads but lacks an entry point of ``symbols`` (a foreign file
-  with a matching record) is not used: its record is removed, so the next process rebuilds.
+  ``seal`` hashes the test it passed *and the library's own hash*, so it vouches for those
+  bytes only. A library is loaded only when size and hash match: a truncated or corrupt file
+  would crash the process (SIGBUS in dlopen), so a mismatch or a missing record means
+  "rebuild". A record whose seal does not vouch for the file (an older linattn, another test,
+  a record rewritten to the size and hash of a truncated file) gets the child test load
+  first, and a file shorter than its own ELF headers say (:func:`elf_complete`) is never
+  opened in this process at all. A library that loads but lacks an entry point of
+  ``symbols`` (a foreign file with a matching record) is not used: its record is removed, so
+  the next process rebuilds.
 * ``<name>-<key>.so.lock``: held with ``flock`` while building, so concurrent first runs
   compile once (the others wait, then load what the first built; for at most twice the
   compiler timeout and 30 s). Where ``fcntl`` or file locks are unavailable the build runs unlocked
@@ -274,10 +278,51 @@ def _digest(data: bytes) -> dict[str, int | str]:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _vouched(seal: str, digest: dict[str, int | str]) -> str:
+    """A record's ``check``: the test load ``seal`` bound to the bytes that passed it."""
+    return hashlib.sha256(f"{seal}:{digest['size']}:{digest['sha256']}".encode()
+                          ).hexdigest()[:16]
+
+
 def _write_record(target: Path, seal: str) -> None:
-    """Record ``target``'s size and hash, and the test load it passed (``seal``)."""
-    record = {**_digest(target.read_bytes()), "check": seal}
-    write_atomic(_sidecar(target), json.dumps(record).encode())
+    """Record ``target``'s size and hash, and the test load these bytes passed (``seal``)."""
+    digest = _digest(target.read_bytes())
+    write_atomic(_sidecar(target), json.dumps({**digest, "check": _vouched(seal, digest)}
+                                              ).encode())
+
+
+def elf_complete(data: bytes) -> bool:
+    """Whether ``data`` holds every byte its ELF headers point to (the program and section
+    header tables and each segment's file bytes). A truncated shared library maps pages past
+    its end, and dlopen dies of SIGBUS on them. A file that is not ELF (Mach-O, ...) passes:
+    its record's hash and the test load are the checks there."""
+    import struct
+
+    if data[:4] != b"\x7fELF":
+        return True
+    if len(data) < 52:
+        return False
+    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
+    try:
+        if wide:
+            phoff, shoff = struct.unpack_from(order + "QQ", data, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 54)
+        else:
+            phoff, shoff = struct.unpack_from(order + "II", data, 28)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 42)
+        if phoff + phnum * phentsize > len(data) or shoff + shnum * shentsize > len(data):
+            return False
+        for i in range(phnum):  # each segment's bytes in the file: p_offset + p_filesz
+            at = phoff + i * phentsize
+            if wide:
+                offset, filesz = struct.unpack_from(order + "Q8x8xQ", data, at + 8)
+            else:
+                offset, filesz = struct.unpack_from(order + "I8xI", data, at + 4)
+            if offset + filesz > len(data):
+                return False
+    except struct.error:
+        return False
+    return True
 
 
 def _mark(marker: Path | None, data: bytes) -> Path | None:
@@ -346,18 +391,21 @@ def _load_cached(target: Path, job: _Job) -> ctypes.CDLL | None:
         record = json.loads(sidecar.read_text())
         if not isinstance(record, dict):
             return None
-        digest = _digest(target.read_bytes())
-        if digest != {"size": record.get("size"), "sha256": record.get("sha256")}:
+        data = target.read_bytes()
+        digest = _digest(data)
+        if digest != {"size": record.get("size"), "sha256": record.get("sha256")} or \
+                not elf_complete(data):
             return None
     except (OSError, ValueError):
         return None
-    if record.get("check") != job.seal:
+    if record.get("check") != _vouched(job.seal, digest):  # not these bytes' test load
         try:
             _test_load(target, job)
         except BuildError:
             return None  # rebuild
         with suppress(OSError):
-            write_atomic(sidecar, json.dumps({**digest, "check": job.seal}).encode())
+            write_atomic(sidecar, json.dumps({**digest, "check": _vouched(job.seal, digest)}
+                                             ).encode())
     try:
         lib = ctypes.CDLL(str(target))
     except OSError:
