@@ -44,18 +44,23 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "FordA"  # the committed subset: 64 TRAIN, 40 TEST series
 HAS_FULL = os.path.exists("/dev/full")
 
-#: The trampoline: ``RLIMIT_FSIZE`` (argv[1], 0: none), torch made unimportable (argv[2]),
-#: then ``linattn`` run as ``python -m linattn`` runs it.
+#: The trampoline: ``RLIMIT_FSIZE`` (argv[1], 0: none), ``RLIMIT_AS`` (argv[2], 0: none),
+#: torch made unimportable (argv[3]), then ``linattn`` run as ``python -m linattn`` runs it.
 TRAMPOLINE = """
 import resource, runpy, sys
-limit, no_torch = int(sys.argv[1]), sys.argv[2] == "1"
+limit, memory, no_torch = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 if limit:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+if memory:
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 if no_torch:
     sys.modules["torch"] = None  # import torch: ImportError, so the row must fail before it
-sys.argv = ["linattn", *sys.argv[3:]]
+sys.argv = ["linattn", *sys.argv[4:]]
 runpy.run_module("linattn", run_name="__main__", alter_sys=True)
 """
+#: The address space of the rows that ask for absurd sizes: were their estimate to let them
+#: through, the allocation fails here instead of taking the machine's memory.
+ABSURD_AS = 8 * 2**30
 
 #: `linattn bench` with its measuring tables stubbed out (a real run takes a minute): what is
 #: left is the SDPA crossover at one tiny length and the plot, whose write is under test.
@@ -89,6 +94,7 @@ class Case:
     status: int = 2
     before_torch: bool = False  # refused before torch is imported
     fsize: int = 0  # RLIMIT_FSIZE in bytes (0: none): a full disk
+    memory: int = 0  # RLIMIT_AS in bytes (0: none): the absurd sizes' rows
     stdout: str = ""  # "full": /dev/full; "head": the reader leaves after a few bytes
     absent: tuple[str, ...] = ()  # paths under the row's folder that must not exist after
     setup: Callable[[SimpleNamespace, Path], None] | None = None
@@ -242,6 +248,8 @@ CASES: list[Case] = [
          before_torch=True),
     Case("forda-resume-deep-json", _resume("run_deep"), "run.json: not valid JSON (nested too "
          "deeply)", before_torch=True),
+    Case("forda-d-model-absurd", _forda_train("--set", "d_model=1000000000"), "--set: "
+         "d_model: training this model needs about", memory=ABSURD_AS, absent=("run",)),
     Case("forda-out-in-use", _forda_train(), "in use by another linattn run",
          setup=_held("run"), check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("forda-out-disk-full", _forda_train(), "run.json: File too large", fsize=200,
@@ -306,6 +314,14 @@ CASES: list[Case] = [
                                            "1", *LM_TINY], "--out: ", before_torch=True),
     Case("lm-out-disk-full", _lm(), "run/checkpoint.pt: File too large", fsize=2000,
          absent=("run/checkpoint.pt",)),
+    # absurd sizes: the estimate refuses them before anything is allocated (issue 51)
+    *(Case(f"lm-{flag[2:]}-{value}-absurd", _lm(flag, value, *extra), f"{flag}: training this model "
+           "needs about", before_torch=True, memory=ABSURD_AS, absent=("run",))
+      for flag, value, extra in (("--d-model", "65536", ("--num-heads", "1")),
+                                 ("--d-model", "1000000000", ("--num-heads", "1")),
+                                 ("--batch-size", "1000000000", ()),
+                                 ("--short-conv", "1000000000", ()),
+                                 ("--context", "1000000000", ()))),
     Case("lm-out-in-use", _lm(), "--out: ", setup=_held("run"),
          check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("lm-diverges", _lm("--lr", "1e30", "--steps", "20", "--checkpoint-every", "0"),
@@ -339,6 +355,11 @@ CASES: list[Case] = [
          before_torch=True),
     Case("bench-threads-0", _bench("--threads", "0"), "--threads: expected a positive integer",
          before_torch=True),
+    *(Case(f"bench-{name}-absurd", _bench(*extra), f"{flag}: this benchmark needs about",
+           before_torch=True, memory=ABSURD_AS)
+      for name, flag, extra in (("T", "-T", ("-T", str(10**12))),
+                                ("d", "-d", ("-d", str(10**6), "-T", "16")),
+                                ("crossover", "--crossover", ("--crossover", "1000000000")))),
     Case("bench-plot-folder-missing", lambda f, d: ["bench", "--plot", str(d / "no" / "b.png")],
          "--plot: folder", before_torch=True),
     Case("bench-plot-disk-full", _bench("--crossover", "8", "--no-portable"),
@@ -363,6 +384,13 @@ CASES: list[Case] = [
          "asked for", status=0),
     Case("recall-table-threads-capped", _recall_table("--threads", "100000"), "--threads: "
          "100000 threads asked for", status=0),
+    *(Case(f"recall-{flag[2:]}-absurd", _recall(flag, value), f"{flag}: this cell needs about",
+           before_torch=True, memory=ABSURD_AS, absent=("run",))
+      for flag, value in (("--train-mix", "1000000000:2:1"), ("--vocab-size", "1000000000"),
+                          ("--d-model", "1000000000"), ("--mlp-dim", "1000000000"),
+                          ("--short-conv", "1000000000"), ("--eval-at", "1000000000:2"))),
+    Case("recall-table-absurd", _recall_table("--eval-at", "1000000000:2"), "--eval-at: this "
+         "cell needs about", before_torch=True, memory=ABSURD_AS, absent=("grid",)),
     Case("recall-out-in-use", _recall(), "in use by another linattn run", setup=_held("run"),
          check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("recall-table-out-in-use", _recall_table(), "in use by another linattn run",
@@ -462,9 +490,9 @@ def _run(case: Case, f: SimpleNamespace, d: Path) -> Result:
     argv = case.argv(f, d)
     if case.code:
         cmd = [sys.executable, "-c", case.code, *argv]
-    elif case.fsize or case.before_torch:
-        cmd = [sys.executable, "-c", TRAMPOLINE, str(case.fsize), str(int(case.before_torch)),
-               *argv]
+    elif case.fsize or case.before_torch or case.memory:
+        cmd = [sys.executable, "-c", TRAMPOLINE, str(case.fsize), str(case.memory),
+               str(int(case.before_torch)), *argv]
     else:
         cmd = [sys.executable, "-m", "linattn", *argv]
     # one thread a process: the pool runs several on few cores (and the fixtures calibrated

@@ -152,6 +152,12 @@ def _with_command(monkeypatch, func) -> None:
     (CheckpointError("/x/ck.pt: corrupt\nmore"), "linattn probe-cmd: error: /x/ck.pt: corrupt"),
     (NonFiniteError("training diverged at step 3"),
      "linattn probe-cmd: error: training diverged at step 3"),
+    # an allocation that still fails past the memory estimates (issue 51): one line, no
+    # traceback
+    (MemoryError(), "linattn probe-cmd: error: out of memory; choose smaller sizes"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough "
+                  "memory: you tried to allocate 4398046511104 bytes."),
+     "linattn probe-cmd: error: out of memory (4 TiB asked for); choose smaller sizes"),
 ])
 def test_main_turns_user_errors_into_one_line(monkeypatch, capsys, raise_, line):
     def boom():
@@ -175,4 +181,11 @@ def test_main_reader_left_is_quiet_and_a_bug_still_raises(monkeypatch, capsys):
     assert sys.stdout is not None  # the caller's stdout is left as it was
     _with_command(monkeypatch, bug)
     with pytest.raises(ZeroDivisionError):
+        main(["probe-cmd"])
+
+    def torch_bug():
+        raise RuntimeError("shape mismatch: a bug, not memory")
+
+    _with_command(monkeypatch, torch_bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
         main(["probe-cmd"])

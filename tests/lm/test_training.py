@@ -165,3 +165,19 @@ def test_a_run_folder_has_one_trainer_at_a_time(tmp_path):
     with pytest.raises(FileExistsError):  # done: a finished run, not a busy one
         Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS)
     Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS, resume=True).run()
+
+
+@pytest.mark.parametrize("model, train, name", [
+    ({"d_model": 65536, "num_heads": 1}, {}, "d_model"),
+    ({}, {"batch_size": 10**9}, "batch_size"),
+    ({}, {"context": 10**9}, "context"),
+    ({"short_conv": 10**9}, {}, "short_conv"),
+])
+def test_absurd_sizes_are_refused_before_anything_is_allocated(model, train, name, tmp_path):
+    """Were an OOM kill (137) or an allocation traceback; now one ValueError naming the
+    option, and no run folder."""
+    cfg = LMConfig(**{**MODEL.to_dict(), **model})
+    with pytest.raises(ValueError, match=rf"^{name}: training this model needs about "):
+        Trainer(cfg, TrainConfig(**{**TRAIN.to_dict(), **train}), out=tmp_path / "run",
+                corpus=CORPUS)
+    assert not (tmp_path / "run").exists()

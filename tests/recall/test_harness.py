@@ -292,3 +292,19 @@ def test_threads_are_capped_at_the_cpus(monkeypatch):
         run_cell(RecallConfig(mixer="softmax", **{**TINY, "threads": 100_000}))
     assert asked and max(asked) <= available_cpus()
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("change, name", [
+    ({"train_mix": ((10**9, 2, 1),)}, "train_mix"), ({"eval_at": ((10**9, 2),)}, "eval_at"),
+    ({"vocab_size": 10**9}, "vocab_size"), ({"d_model": 10**9}, "d_model"),
+    ({"mlp_dim": 10**9}, "mlp_dim"), ({"short_conv": 10**9}, "short_conv"),
+])
+def test_absurd_cells_are_refused_before_anything_is_allocated(change, name):
+    from linattn.recall.options import check_cell_memory
+
+    cfg = RecallConfig(mixer="softmax", **{**TINY, **change})
+    with pytest.raises(ValueError, match=rf"^{name}: this cell needs about "):
+        check_cell_memory(cfg)
+    with pytest.raises(ValueError, match=rf"^{name}: this cell needs about "):
+        run_cell(cfg)
+    check_cell_memory(RecallConfig(mixer="softmax", **TINY))  # a small one fits

@@ -525,3 +525,14 @@ def test_members_carry_their_own_stem_nets(tmp_path):
     back = ConvAttentionClassifier.load(ens.save(tmp_path / "m"))
     assert back.members_[0].stem_net_ is not None
     np.testing.assert_array_equal(back.predict_proba(X), ens.predict_proba(X))
+
+
+@pytest.mark.parametrize("name, value", [("features", 10**12), ("global_features", 10**12),
+                                         ("segments", 10**9)])
+def test_absurd_sizes_are_refused_before_anything_is_allocated(name, value):
+    """features=10**12 allocated until the OOM killer came (137): now one ValueError naming
+    the parameter."""
+    X, y = _two_shapes(20)
+    with pytest.raises(ValueError, match=rf"^ConvAttentionClassifier.fit: {name}: fitting "
+                                         r"this model needs about "):
+        ConvAttentionClassifier(**{**FAST, name: value}).fit(X, y)

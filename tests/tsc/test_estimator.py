@@ -120,6 +120,10 @@ def test_deprecated_parameter_names():
     (dict(device="meta"), "device: 'meta' holds no data"),
     (dict(missing="drop"), "missing must be one of 'error', 'interpolate', got 'drop'"),
     (dict(missing=None), "missing must be one of"),
+    # absurd sizes (issue 51): refused before anything is allocated, naming the parameter
+    (dict(d_model=10**9), "d_model: training this model needs about"),
+    (dict(mlp_dim=10**9), "mlp_dim: training this model needs about"),
+    (dict(num_layers=10**9), "num_layers: training this model needs about"),
 ])
 def test_fit_validates_every_parameter(kw, match):
     X, y = toy(n=20, length=16, n_classes=2)

@@ -14,7 +14,9 @@ The contract (docs/design.md): a user error is one line on stderr, ``linattn COM
   exit 2: :class:`UserError` (raised by the subcommands), argparse's errors, ``OSError`` (an
   unwritable folder, a full disk: the file and the reason), the library's
   :class:`~linattn.train_loop.CheckpointError` (a corrupt or mismatched file) and
-  :class:`~linattn.train_loop.NonFiniteError` (training diverged). Standard output is guarded:
+  :class:`~linattn.train_loop.NonFiniteError` (training diverged), and an allocation that
+  failed (``MemoryError``, torch's allocator: sizes are estimated before allocating,
+  :mod:`linattn._memory`, so this is what is left). Standard output is guarded:
   a failed write (``> /dev/full``) is ``cannot write the output (...)``, and a reader that left
   (``| head``) ends the command quietly with status 1, as Unix tools do.
 
@@ -35,6 +37,7 @@ import warnings
 from collections.abc import Sequence
 
 from linattn import __version__
+from linattn._memory import is_out_of_memory
 from linattn.train_loop import CheckpointError, NonFiniteError
 
 # Subcommand modules, in the order they are listed by --help.
@@ -227,12 +230,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, NonFiniteError) as err:
         return _error(command, str(err).strip().splitlines()[0] if str(err).strip() else
                       type(err).__name__)
+    except (MemoryError, RuntimeError) as err:  # past the estimates (linattn._memory)
+        if not is_out_of_memory(err):
+            raise  # a bug: its traceback
+        return _error(command, _out_of_memory(err))
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return 130
     finally:
         if guarded:
             sys.stdout = stdout
+
+
+def _out_of_memory(err: BaseException) -> str:
+    """One line for an allocation that failed: how much was asked for, where torch says."""
+    import re
+
+    from linattn._memory import format_bytes
+
+    asked = re.search(r"allocate (\d+) bytes", str(err))
+    size = f" ({format_bytes(int(asked.group(1)))} asked for)" if asked else ""
+    return f"out of memory{size}; choose smaller sizes"
 
 
 def _flushed(status: int) -> int:

@@ -198,7 +198,7 @@ def _run_params(run: dict, run_path: Path, where: str) -> dict:
         raise UserError(f"{run_path}: params: expected an object, got {run.get('params')!r:.60}")
     try:
         params = upgrade_saved_params(run["params"], f"{run_path}: params")
-        LinearAttentionClassifier(**params).check_params(where)
+        LinearAttentionClassifier(**params).check_memory(where)  # check_params, and sizes
     except (CheckpointError, TypeError, ValueError) as err:
         raise UserError(str(err)) from None
     return params

@@ -30,9 +30,11 @@ from linattn.cli import UserError, describe_os_error, probe_output_dir
 from linattn.lm.options import (  # torch-free
     CHECKPOINT_EVERY,
     GENERATE_CHECKS,
+    SIZE_DEFAULTS,
     TRAIN_CHECKS,
     check_generate,
     check_train_config,
+    check_training_memory,
 )
 from linattn.nn.mixers import CONFIG_CHECKS, DEFAULT_WINDOW, MIXERS, check_config  # torch-free
 
@@ -72,6 +74,7 @@ def train(args: argparse.Namespace) -> int:
     try:
         check_config(model)
         check_train_config(train)
+        check_training_memory(model, train)  # absurd sizes, before anything is allocated
     except ValueError as err:
         raise _user_error(err, args) from None
     out = Path(args.out)
@@ -167,11 +170,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     m, c, gen = CONFIG_CHECKS, TRAIN_CHECKS, GENERATE_CHECKS  # each flag's type and range
     t.add_argument("--window", type=m["window"].parse,
                    help=f"{takes['window']} only: exact-softmax window (default {DEFAULT_WINDOW})")
-    t.add_argument("--short-conv", type=m["short_conv"].parse, default=0,
+    t.add_argument("--short-conv", type=m["short_conv"].parse,
+                   default=SIZE_DEFAULTS["short_conv"],
                    help="token-shift width over the embeddings (default 0: none)")
-    t.add_argument("--d-model", type=m["d_model"].parse, default=128)
+    t.add_argument("--d-model", type=m["d_model"].parse, default=SIZE_DEFAULTS["d_model"])
     t.add_argument("--num-layers", "--layers", dest="num_layers", type=m["num_layers"].parse,
-                   default=4)
+                   default=SIZE_DEFAULTS["num_layers"])
     t.add_argument("--num-heads", "--heads", dest="num_heads", type=m["num_heads"].parse,
                    default=4)
     t.add_argument("--feature-map", default="elu", type=m["feature_map"].parse,
@@ -180,9 +184,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--dropout", type=m["dropout"].parse, default=0.0)
     t.add_argument("--chunk-size", type=m["chunk_size"].parse,
                    help="causal chunk length (default: linattn.ops.dispatch.DEFAULT_CHUNK_SIZE)")
-    t.add_argument("--context", type=c["context"].parse, default=256,
+    t.add_argument("--context", type=c["context"].parse, default=SIZE_DEFAULTS["context"],
                    help="training window (default 256)")
-    t.add_argument("--batch-size", type=c["batch_size"].parse, default=32)
+    t.add_argument("--batch-size", type=c["batch_size"].parse,
+                   default=SIZE_DEFAULTS["batch_size"])
     t.add_argument("--lr", type=c["lr"].parse, default=2e-3)
     t.add_argument("--weight-decay", type=c["weight_decay"].parse, default=0.01)
     t.add_argument("--warmup", type=c["warmup"].parse, default=30, help="warm-up steps")

@@ -26,6 +26,7 @@ from linattn.recall.options import (  # torch-free
     RECALL_CHECKS,
     TABLE_MIX,
     RecallConfig,
+    check_cell_memory,
 )
 
 #: parsed names → RecallConfig fields (the rest are the command's own)
@@ -104,7 +105,9 @@ def _config(args: argparse.Namespace, **override) -> RecallConfig:
     if values.get("lrs") is None:
         values["lrs"] = DEFAULT_LRS
     try:
-        return RecallConfig(**values)
+        cfg = RecallConfig(**values)
+        check_cell_memory(cfg)  # absurd sizes, before anything is allocated
+        return cfg
     except ValueError as err:
         msg = str(err)
         head, sep, rest = msg.partition(": ")

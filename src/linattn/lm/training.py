@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from linattn._io import FolderLock, write_json
 from linattn.lm.data import byte_ids, stdlib_corpus, training_windows, validation_windows
-from linattn.lm.options import CHECKPOINT_EVERY, check_train_config
+from linattn.lm.options import CHECKPOINT_EVERY, check_train_config, check_training_memory
 from linattn.nn.lm import LinearTransformerLM, LMConfig
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop
 
@@ -265,6 +265,8 @@ class Trainer:
         if model_config.vocab_size < VOCAB_SIZE:
             raise ValueError(f"vocab_size: byte tokens need at least {VOCAB_SIZE}, "
                              f"got {model_config.vocab_size}")
+        # absurd sizes refused before anything is allocated (an OOM kill otherwise)
+        check_training_memory(model_config.to_dict(), config.to_dict())
         self.model_config, self.config = model_config, config
         self.out = None if out is None else Path(out)
         self._lock: FolderLock | None = None

@@ -27,7 +27,7 @@ from torch import Tensor
 from linattn._config import torch_threads
 from linattn.nn.lm import LinearTransformerLM
 from linattn.recall.data import IGNORE_INDEX, mqar
-from linattn.recall.options import RecallConfig, model_kwargs
+from linattn.recall.options import RecallConfig, check_cell_memory, model_kwargs
 
 __all__ = ["build_model", "query_logits", "accuracy", "state_bytes", "train_one", "run_cell",
            "splits", "cpu_name"]
@@ -186,6 +186,7 @@ def run_cell(cfg: RecallConfig, log: Callable[[str], None] | None = None) -> dic
     ``state_bytes``, ``eval_at`` (``seq_len``, ``num_kv_pairs``, ``test_acc``, ``state_bytes``
     at each of ``cfg.eval_at``), ``parameters``, ``train_time_s`` (the chosen run's) and
     ``sweep_time_s`` (all runs'), ``cpu``, ``torch``."""
+    check_cell_memory(cfg)  # absurd sizes refused before anything is allocated
     # capped at the CPUs available, as every command's --threads (OpenMP crashes on 100,000)
     with torch_threads(cfg.threads, "threads") as threads:
         data = splits(cfg)

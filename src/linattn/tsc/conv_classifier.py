@@ -50,6 +50,7 @@ splits of the UCR TRAIN sets only (``benchmarks/ucr_tokens.py``, docs/benchmarks
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -67,6 +68,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from linattn._config import Check, Range
 from linattn._io import write_atomic, write_json
+from linattn._memory import check_fits
 from linattn.train_loop import CheckpointError, first_non_finite
 from linattn.tsc.competing import CompetingKernels
 from linattn.tsc.conv_tokens import ConvTokens, TokenNet, at_least, check_param
@@ -84,6 +86,18 @@ from linattn.tsc.stem import StemNet
 __all__ = ["ConvAttentionClassifier", "RidgeHead", "train_token_net", "token_net_proba",
            "train_stem_net", "stem_net_proba", "fit_net", "net_proba", "ridge_proba",
            "joined_heads", "Heads", "CONV_FORMAT"]
+
+#: The parameters the memory of a fit grows with (:func:`_fit_bytes`).
+_FEATURE_SIZES = ("segments", "features", "global_features", "difference_features")
+
+
+def _fit_bytes(p: dict) -> int:
+    """A lower bound of the bytes a fit on ``p["n"]`` series needs: the float32 features of
+    every series (the tokens' ``segments × features``, the global and the differences'
+    features), each also standardised (a second copy)."""
+    per_series = p["segments"] * p["features"] + p["global_features"] + p["difference_features"]
+    return 8 * p["n"] * per_series
+
 
 #: The ``format`` field of a saved ConvAttentionClassifier's config.json.
 CONV_FORMAT = "linattn.tsc.ConvAttentionClassifier/1"
@@ -397,10 +411,22 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                              f"num_heads ({self.num_heads})")
         return seed_of(self.random_state, where)
 
+    def _check_memory(self, n: int, where: str) -> None:
+        """ValueError naming the parameter when fitting ``n`` series cannot fit in the memory
+        available: before this, ``features=10**12`` allocated until the OOM killer came."""
+        defaults = {name: inspect.signature(type(self)).parameters[name].default
+                    for name in _FEATURE_SIZES}
+        try:
+            check_fits(_fit_bytes, {"n": n, **{k: getattr(self, k) for k in _FEATURE_SIZES}},
+                       defaults, "fitting this model")
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+
     def fit(self, X, y) -> ConvAttentionClassifier:
         t0 = time.perf_counter()
         seed = self._checked_params("ConvAttentionClassifier.fit")
         X = self._series(X, "ConvAttentionClassifier.fit")
+        self._check_memory(len(X), "ConvAttentionClassifier.fit")
         y = np.asarray(y)
         if y.ndim != 1 or len(y) != len(X):
             raise ValueError(f"ConvAttentionClassifier.fit: y must have shape ({len(X)},), "

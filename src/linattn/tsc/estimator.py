@@ -39,6 +39,7 @@ from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
 from linattn._config import THREADS, check_field_types, rename_deprecated, torch_threads
 from linattn._io import read_json, write_atomic
+from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 from linattn.train_loop import first_non_finite
 from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding
 from linattn.tsc.model import (
@@ -168,6 +169,21 @@ def check_device(value: Any, where: str) -> torch.device:
     return dev
 
 
+#: The architecture's sizes its memory grows with (:func:`_training_bytes`).
+_SIZES = ("d_model", "num_layers", "num_heads", "head_dim", "mlp_dim", "patch", "window")
+
+
+def _training_bytes(model: dict) -> int:
+    """A lower bound of the bytes training the architecture ``model`` (ModelConfig fields)
+    needs: its token embedding and blocks' parameters with their gradients and Adam's
+    moments."""
+    embed = (model["window"] or model["patch"]) + (model["patch"] + 1 if model["spectral"]
+                                                   else 0)
+    params = transformer_parameters(model["d_model"], model["num_layers"], model["mlp_dim"],
+                                    embed, model["num_heads"] * model["head_dim"])
+    return TRAINING_BYTES_PER_PARAMETER * params
+
+
 class _ThreadLimit:
     """Run a block with ``torch.set_num_threads(n)`` and the BLAS libraries (numpy's, scipy's:
     the ridge heads' solves) held to n threads (None: leave both as they are), then restore. A
@@ -269,6 +285,20 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         tcfg = TrainConfig(seed=seed, **{k: _plain(v) for k, v in train.items()})
         return model, tcfg
 
+    def check_memory(self, where: str | None = None) -> None:
+        """ValueError naming the parameter (prefixed by ``where``) when training this
+        architecture cannot fit in the memory available (:func:`_training_bytes`): absurd
+        sizes refused before anything is allocated (``d_model=10**9`` was an OOM kill).
+        :meth:`fit` and ``linattn forda train`` ask; loading a saved model checks the sizes
+        against its weights instead."""
+        where = where or type(self).__name__
+        model = {k: _plain(v) for k, v in self.check_params(where)[0].items()}
+        try:
+            check_fits(_training_bytes, model, {k: _DEFAULTS[k] for k in _SIZES},
+                       "training this model")
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+
     def model_config(self, length: int, n_classes: int) -> ModelConfig:
         """The architecture for series of ``length`` samples and ``n_classes`` classes."""
         return self._model_config(self.check_params()[0], length, n_classes)
@@ -287,6 +317,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         """Train on X: (n, length), y: (n,). Extra keyword arguments go to
         :class:`~linattn.tsc.training.Trainer` (``X_val``, ``checkpoint_dir``, ``progress`` …)."""
         model_params, tcfg = self.check_params()
+        self.check_memory()
         X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
                              ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
