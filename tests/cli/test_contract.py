@@ -315,13 +315,26 @@ CASES: list[Case] = [
     Case("lm-out-disk-full", _lm(), "run/checkpoint.pt: File too large", fsize=2000,
          absent=("run/checkpoint.pt",)),
     # absurd sizes: the estimate refuses them before anything is allocated (issue 51)
-    *(Case(f"lm-{flag[2:]}-{value}-absurd", _lm(flag, value, *extra), f"{flag}: training this model "
-           "needs about", before_torch=True, memory=ABSURD_AS, absent=("run",))
+    *(Case(f"lm-{flag[2:]}-{value}-absurd", _lm(flag, value, *extra),
+           f"{flag}: training this model needs about", before_torch=True, memory=ABSURD_AS,
+           absent=("run",))
       for flag, value, extra in (("--d-model", "65536", ("--num-heads", "1")),
                                  ("--d-model", "1000000000", ("--num-heads", "1")),
                                  ("--batch-size", "1000000000", ()),
                                  ("--short-conv", "1000000000", ()),
                                  ("--context", "1000000000", ()))),
+    # the library's errors of a valid-looking option, one line before anything is trained
+    Case("lm-context-past-the-corpus", _lm("--context", "40000", "--batch-size", "1"),
+         "--context: 40000 needs at least 40001 validation tokens, the corpus has",
+         absent=("run",)),
+    Case("lm-corpus-bytes-too-few", _lm("--corpus-bytes", "20000"), "--corpus-bytes: 20000 "
+         "bytes hold", absent=("run",)),
+    Case("lm-hybrid-window-absurd", _lm("--attention", "hybrid", "--window", "1000000000000"),
+         "--window: expected an integer in [1, 2147483647], got 1000000000000",
+         before_torch=True),
+    Case("lm-cosformer-context", _lm("--attention", "cosformer", "--context", "2000"),
+         "--context: cosformer's weights hold for 1024 positions, 2000 asked for",
+         before_torch=True, absent=("run",)),
     Case("lm-out-in-use", _lm(), "--out: ", setup=_held("run"),
          check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("lm-diverges", _lm("--lr", "1e30", "--steps", "20", "--checkpoint-every", "0"),
@@ -344,6 +357,9 @@ CASES: list[Case] = [
     Case("generate-stdout-full", _gen(), "cannot write the output", stdout="full"),
     Case("generate-reader-leaves", _gen("--max-new-tokens", "100000"), "", status=1,
          stdout="head"),
+    Case("generate-cosformer-past-its-horizon", _gen("--max-new-tokens", "2000",
+                                                     model="lm_cos"),
+         "--max-new-tokens: cosformer's weights hold for 1024 positions, 2003 asked for"),
     Case("generate-threads-capped", _gen("--threads", "100000", "--max-new-tokens", "2"),
          "--threads: 100000 threads asked for", status=0),
     # -- bench
@@ -391,6 +407,13 @@ CASES: list[Case] = [
                           ("--short-conv", "1000000000"), ("--eval-at", "1000000000:2"))),
     Case("recall-table-absurd", _recall_table("--eval-at", "1000000000:2"), "--eval-at: this "
          "cell needs about", before_torch=True, memory=ABSURD_AS, absent=("grid",)),
+    Case("recall-hybrid-window-absurd", _recall("--mixer", "hybrid", "--window",
+                                                "1000000000000"),
+         "--window: expected an integer in [1, 2147483647], got 1000000000000",
+         before_torch=True),
+    Case("recall-cosformer-seq-len", _recall("--mixer", "cosformer", "--seq-len", "2048"),
+         "--seq-len: cosformer's weights hold for 1024 positions, 2048 asked for",
+         before_torch=True),
     Case("recall-out-in-use", _recall(), "in use by another linattn run", setup=_held("run"),
          check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("recall-table-out-in-use", _recall_table(), "in use by another linattn run",
@@ -456,6 +479,13 @@ def _fixtures(root: Path) -> SimpleNamespace:
               out=root / "lm", corpus=(b"def f(x):\n    return x\n" * 100, b"x = 1\n" * 50,
                                        {}))
         f.lm = root / "lm"
+        train(LMConfig(vocab_size=256, d_model=16, num_layers=1, num_heads=2,
+                       attention="cosformer"),
+              TrainConfig(context=16, batch_size=2, steps=1, val_tokens=64, eval_every=1,
+                          warmup=1),
+              out=root / "lm_cos", corpus=(b"def f(x):\n    return x\n" * 100,
+                                           b"x = 1\n" * 50, {}))
+        f.lm_cos = root / "lm_cos"
     finally:
         torch.set_num_threads(threads)
 

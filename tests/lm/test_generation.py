@@ -71,3 +71,15 @@ def test_non_finite_or_garbage_checkpoint_is_refused(tmp_path):
 def test_generate_text_checks_its_options_at_once(kw, match):
     with pytest.raises(ValueError, match=match):
         generate_text(_model(), "def ", **{"max_new_tokens": 3, **kw})
+
+
+def test_a_cosformer_past_its_horizon_is_refused_before_the_first_piece():
+    """The stream failed after printing about 1 KB; now generate_text raises at once, naming
+    the option (the prompt's tokens and the new ones but the last are read)."""
+    model = _model(attention="cosformer")
+    with pytest.raises(ValueError, match=r"^max_new_tokens: cosformer's weights hold for 1024 "
+                                         r"positions, 1025 asked for$"):
+        generate_text(model, "def ", 1022)
+    with pytest.raises(ValueError, match=r"^prompt: cosformer's weights hold for 1024 "):
+        generate_text(model, "x" * 1025, 1)
+    assert len(list(generate_text(model, "def ", 1021))) > 0  # 1024 positions: fits

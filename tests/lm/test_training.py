@@ -181,3 +181,18 @@ def test_absurd_sizes_are_refused_before_anything_is_allocated(model, train, nam
         Trainer(cfg, TrainConfig(**{**TRAIN.to_dict(), **train}), out=tmp_path / "run",
                 corpus=CORPUS)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_context_the_corpus_or_the_kind_cannot_hold_is_refused_before_training(tmp_path):
+    """Were errors at the first step or the first evaluation (after the corpus line), and an
+    IndexError for a validation split shorter than a window."""
+    small = (TEXT[:500], TEXT[:100], CORPUS[2])
+    with pytest.raises(ValueError, match=r"^context: 600 needs at least 602 training tokens, "
+                                         r"the corpus has 500$"):
+        Trainer(MODEL, TrainConfig(**{**TRAIN.to_dict(), "context": 600}), corpus=small)
+    with pytest.raises(ValueError, match=r"^context: 200 needs at least 201 validation tokens, "
+                                         r"the corpus has 100$"):
+        Trainer(MODEL, TrainConfig(**{**TRAIN.to_dict(), "context": 200}), corpus=small)
+    with pytest.raises(ValueError, match=r"^context: cosformer's weights hold for 1024 "):
+        Trainer(LMConfig(256, 16, 1, 2, attention="cosformer"),
+                TrainConfig(**{**TRAIN.to_dict(), "context": 2000}), corpus=CORPUS)

@@ -36,7 +36,13 @@ from linattn.lm.options import (  # torch-free
     check_train_config,
     check_training_memory,
 )
-from linattn.nn.mixers import CONFIG_CHECKS, DEFAULT_WINDOW, MIXERS, check_config  # torch-free
+from linattn.nn.mixers import (  # torch-free
+    CONFIG_CHECKS,
+    DEFAULT_WINDOW,
+    MIXERS,
+    check_config,
+    check_positions,
+)
 
 # torch and the library are imported inside the functions: every `linattn` command builds this
 # parser, and the light ones (`linattn solve`, `--help`) should not pay for importing torch.
@@ -75,6 +81,7 @@ def train(args: argparse.Namespace) -> int:
         check_config(model)
         check_train_config(train)
         check_training_memory(model, train)  # absurd sizes, before anything is allocated
+        check_positions(args.attention, args.context, "context")  # cosFormer's horizon
     except ValueError as err:
         raise _user_error(err, args) from None
     out = Path(args.out)
@@ -149,9 +156,13 @@ def generate(args: argparse.Namespace) -> int:
     # a full disk or a reader that left (`| head`): linattn.cli's guarded stdout
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
-    for piece in pieces:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    try:  # the generator runs here: an error of the model's is still one line
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except ValueError as err:
+        sys.stdout.write("\n")
+        raise _user_error(err, args) from None
     sys.stdout.write("\n")
     return 0
 

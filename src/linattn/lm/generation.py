@@ -20,6 +20,7 @@ import torch
 
 from linattn.lm.options import check_generate
 from linattn.nn.lm import LinearTransformerLM, LMConfig
+from linattn.nn.mixers import check_positions
 from linattn.train_loop import (
     CHECKPOINT_FILE,
     LOAD_ERRORS,
@@ -70,6 +71,12 @@ def generate_text(model: LinearTransformerLM, prompt: str, max_new_tokens: int =
     data = prompt.encode("utf-8")
     if not data:
         raise ValueError("prompt: give at least one character")
+    # the positions the kind's weights hold (cosFormer's horizon), checked before the first
+    # piece (a stream that fails half-way has printed its text already); the last token is
+    # sampled, not read
+    attention = model.config.attention
+    check_positions(attention, len(data), "prompt")
+    check_positions(attention, len(data) + max(max_new_tokens - 1, 0), "max_new_tokens")
     ids = torch.tensor([list(data)], dtype=torch.long)
     tokens = model.stream(ids, max_new_tokens, temperature, top_k,
                           torch.Generator().manual_seed(seed))

@@ -36,9 +36,16 @@ import torch
 import torch.nn.functional as F
 
 from linattn._io import FolderLock, write_json
-from linattn.lm.data import byte_ids, stdlib_corpus, training_windows, validation_windows
+from linattn.lm.data import (
+    byte_ids,
+    check_windows,
+    stdlib_corpus,
+    training_windows,
+    validation_windows,
+)
 from linattn.lm.options import CHECKPOINT_EVERY, check_train_config, check_training_memory
 from linattn.nn.lm import LinearTransformerLM, LMConfig
+from linattn.nn.mixers import check_positions
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop
 
 __all__ = ["TrainConfig", "LMTraining", "Trainer", "train", "evaluate", "flushed_denormals",
@@ -265,8 +272,10 @@ class Trainer:
         if model_config.vocab_size < VOCAB_SIZE:
             raise ValueError(f"vocab_size: byte tokens need at least {VOCAB_SIZE}, "
                              f"got {model_config.vocab_size}")
-        # absurd sizes refused before anything is allocated (an OOM kill otherwise)
+        # absurd sizes refused before anything is allocated (an OOM kill otherwise), and a
+        # context longer than the kind's weights hold (cosFormer's horizon)
         check_training_memory(model_config.to_dict(), config.to_dict())
+        check_positions(model_config.attention, config.context, "context")
         self.model_config, self.config = model_config, config
         self.out = None if out is None else Path(out)
         self._lock: FolderLock | None = None
@@ -291,6 +300,8 @@ class Trainer:
             tr, va, self.corpus_info = (stdlib_corpus(config.corpus_bytes) if corpus is None
                                         else corpus)
             self.train_ids, self.val_ids = byte_ids(tr), byte_ids(va)
+            # now, not at the first step or evaluation (a traceback after the corpus line)
+            check_windows(config.context, len(self.train_ids), len(self.val_ids))
             torch.manual_seed(config.seed)
             self.model = LinearTransformerLM.from_config(model_config)
             self.loop = LMTraining(

@@ -22,7 +22,7 @@ from typing import Any
 
 from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
 from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
-from linattn.nn.mixers import CONFIG_CHECKS, MIXERS, check_config
+from linattn.nn.mixers import CONFIG_CHECKS, MIXERS, check_config, check_positions
 
 __all__ = ["MIXER_PRESETS", "DEFAULT_LRS", "TABLE_MIX", "RecallConfig", "RECALL_CHECKS",
            "model_kwargs", "check_mqar", "cell_bytes", "check_cell_memory"]
@@ -62,7 +62,7 @@ _POS_FLOAT = Check(float, Range(0.0, math.inf, False))
 RECALL_CHECKS: dict[str, Check] = {
     "mixer": Check(str, choices=tuple(MIXER_PRESETS)),
     "feature_map": Check(str, choices=FEATURE_MAP.choices, optional=True),
-    "window": Check(int, Range(1, math.inf), optional=True),
+    "window": CONFIG_CHECKS["window"],  # the LM's own declaration
     "decay": Check(float, Range(0.0, 1.0, False, True)),  # each value (checked by the LM)
     "d_model": POSITIVE_INT,
     "num_layers": POSITIVE_INT,
@@ -156,7 +156,13 @@ class RecallConfig:
             "train_mix", self.train_mix, 3, self.vocab_size, self.power_a))
         object.__setattr__(self, "eval_at", _check_shapes(
             "eval_at", self.eval_at, 2, self.vocab_size, self.power_a))
-        check_config({"vocab_size": self.vocab_size, **model_kwargs(self, build_maps=False)})
+        kwargs = model_kwargs(self, build_maps=False)
+        check_config({"vocab_size": self.vocab_size, **kwargs})
+        # the sequences the kind's weights must hold (cosFormer's horizon)
+        for name, lengths in (("seq_len", [self.seq_len]),
+                              ("train_mix", [T for T, _, _ in self.train_mix]),
+                              ("eval_at", [T for T, _ in self.eval_at])):
+            check_positions(kwargs["attention"], max(lengths, default=0), name)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
