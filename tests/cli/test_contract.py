@@ -360,6 +360,8 @@ CASES: list[Case] = [
     Case("generate-cosformer-past-its-horizon", _gen("--max-new-tokens", "2000",
                                                      model="lm_cos"),
          "--max-new-tokens: cosformer's weights hold for 1024 positions, 2003 asked for"),
+    Case("generate-temperature-tiny", _gen("--temperature", "1e-300", "--max-new-tokens", "5"),
+         "", status=0),
     Case("generate-threads-capped", _gen("--threads", "100000", "--max-new-tokens", "2"),
          "--threads: 100000 threads asked for", status=0),
     # -- bench

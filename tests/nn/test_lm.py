@@ -392,7 +392,8 @@ def test_hybrid_bad_arguments():
     with pytest.raises(ValueError, match="^window: only used with attention='hybrid'"):
         DecayedMultiheadAttention(16, 2, window=8)  # the module's own check
     for bad in (0, -3, 2.5):
-        with pytest.raises(ValueError, match="^window: expected a positive integer"):
+        with pytest.raises(ValueError, match=r"^window: expected an integer in "
+                                             r"\[1, 2147483647\]"):
             LinearTransformerLM(V, 32, 1, 4, attention="hybrid", window=bad)
     m = _hybrid()
     with torch.no_grad():
@@ -661,3 +662,29 @@ with torch.no_grad():
                           timeout=1200)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "RuntimeError: ids: values must lie in [0, 64)" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax", "hybrid", "gated_delta", "gla",
+                                       "deltanet", "cosformer", "flowformer"])
+def test_a_tiny_temperature_is_greedy_for_every_kind(attention):
+    """logits / 1e-300 overflowed to inf, and multinomial raised 'probability tensor contains
+    either inf, nan or element < 0'; the logits are now shifted by their maximum first, so
+    any temperature > 0 is a distribution (at 1e-300: all on the arg-max)."""
+    from linattn.nn.mixers import MIXERS
+
+    assert attention in MIXERS
+    m = _model(attention)
+    ids = _ids(B=2, T=5)
+    greedy = m.generate(ids, 6, temperature=0.0)
+    for t in (1e-300, 5e-324):
+        g = torch.Generator().manual_seed(0)
+        assert torch.equal(m.generate(ids, 6, temperature=t, generator=g), greedy)
+        assert torch.equal(m.generate(ids, 6, temperature=t, top_k=3, generator=g), greedy)
+
+
+def test_every_kind_is_in_the_tiny_temperature_test():
+    from linattn.nn.mixers import MIXERS
+
+    tested = {"linear", "softmax", "hybrid", "gated_delta", "gla", "deltanet", "cosformer",
+              "flowformer"}
+    assert set(MIXERS) == tested

@@ -582,7 +582,11 @@ class LinearTransformerLM(nn.Module):
                 if temperature == 0:
                     nxt = last.argmax(-1)
                 else:
-                    last = last / temperature
+                    # shifted by the maximum first and divided in float64 (where 1e-300 is
+                    # not 0): ≤ 0 before the division, so a tiny temperature gives -inf
+                    # (weight 0), never inf − inf or 0 / 0; at 1e-300 all the weight is on the
+                    # arg-max (greedy), where logits / t was NaN
+                    last = (last - last.amax(-1, keepdim=True)).double() / temperature
                     if top_k is not None and top_k < last.shape[-1]:
                         kth = last.topk(top_k, -1).values[:, -1:]
                         last = last.masked_fill(last < kth, -math.inf)
