@@ -252,6 +252,17 @@ CASES: list[Case] = [
          "d_model: training this model needs about", memory=ABSURD_AS, absent=("run",)),
     Case("forda-out-in-use", _forda_train(), "in use by another linattn run",
          setup=_held("run"), check=lambda d: _match(d / "run", [_io_lock_file()])),
+    # seeds past what the generators take (issue 51): named, before torch, no run left
+    *(Case(f"{name}-seed-huge", argv, f"--{flag}: expected an integer in [0, 4294967295], got "
+           f"{2**70}", before_torch=True, absent=("run", "grid"))
+      for name, flag, argv in (
+          ("forda", "seed", _forda_train("--seed", str(2**70))),
+          ("recall", "seed", _recall("--seed", str(2**70))),
+          ("recall-table", "seeds", _recall_table("--seeds", f"0,{2**70}")),
+          ("lm", "seed", _lm("--seed", str(2**70))),
+          ("generate", "seed", _gen("--seed", str(2**70))))),
+    Case("forda-resume-seed-huge", _resume("run_seed"), "run.json: params: random_state: "
+         f"expected an integer in [0, 4294967295], got {2**70}"),
     Case("forda-out-disk-full", _forda_train(), "run.json: File too large", fsize=200,
          absent=("run",)),
     Case("forda-export-disk-full",
@@ -496,7 +507,10 @@ def _fixtures(root: Path) -> SimpleNamespace:
     runs = {"run_garbage": b"\x00garbage{", "run_empty": b"", "run_list": b"[1, 2]",
             "run_params": b'{"params": 3, "stages": ["full"]}',
             "run_stages": b'{"params": {}, "stages": ["test"]}',
-            "run_deep": b"[" * 100_000 + b"]" * 100_000}
+            "run_deep": b"[" * 100_000 + b"]" * 100_000,
+            # a run an older linattn started with --seed 2**70 (it crashed, and so did resume)
+            "run_seed": json.dumps({"params": {**params, "random_state": 2**70},
+                                    "stages": ["full"], "subset": 64}).encode()}
     for name, data in runs.items():
         d = root / name
         shutil.copytree(f.forda / "model", d / "model")

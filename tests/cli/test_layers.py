@@ -189,3 +189,19 @@ def test_main_reader_left_is_quiet_and_a_bug_still_raises(monkeypatch, capsys):
     _with_command(monkeypatch, torch_bug)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         main(["probe-cmd"])
+
+
+def test_huge_integers_are_shown_by_their_size():
+    """A 4,000-digit value made a 4 KB error line (and over 4,300 digits Python refuses to
+    print it at all): the messages give its size instead."""
+    from linattn._config import SEED
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^expected an integer in "
+                                                         r"\[0, 4294967295\], got an integer "
+                                                         r"of 13288 bits$"):
+        SEED.parse("9" * 4000)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"got an integer of 5000 digits$"):
+        SEED.parse("9" * 5000)  # more digits than int() reads
+    with pytest.raises(ValueError, match=r"^seed: expected .*, got an integer of 3322 bits$"):
+        SEED.check("seed", 10**1000)
+    assert SEED.parse(str(2**32 - 1)) == 2**32 - 1

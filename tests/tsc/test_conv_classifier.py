@@ -536,3 +536,11 @@ def test_absurd_sizes_are_refused_before_anything_is_allocated(name, value):
     with pytest.raises(ValueError, match=rf"^ConvAttentionClassifier.fit: {name}: fitting "
                                          r"this model needs about "):
         ConvAttentionClassifier(**{**FAST, name: value}).fit(X, y)
+
+
+@pytest.mark.parametrize("seed", [2**70, -1])
+def test_a_seed_the_generators_cannot_take_is_named(seed):
+    X, y = _two_shapes(20)
+    with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: random_state: expected "
+                                         r"an integer in \[0, 4294967295\]"):
+        ConvAttentionClassifier(**{**FAST, "random_state": seed}).fit(X, y)

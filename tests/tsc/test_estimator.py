@@ -114,6 +114,10 @@ def test_deprecated_parameter_names():
     (dict(n_threads="x"), "n_threads must be None or a positive integer, got 'x'"),
     (dict(n_threads=0), "n_threads must be None or a positive integer"),
     (dict(random_state=np.random.RandomState(0)), "random_state must be None or an int"),
+    # seeds the generators cannot take (issue 51): named, not torch's overflow
+    (dict(random_state=2**70), r"random_state: expected an integer in \[0, 4294967295\], "
+                               f"got {2**70}"),
+    (dict(random_state=-1), r"random_state: expected an integer in \[0, 4294967295\]"),
     (dict(verbose="loud"), "verbose must be a bool"),
     (dict(device=0), "device must be a string such as 'cpu' or 'cuda', got 0"),
     (dict(device="bogus"), "device: not a torch device: 'bogus'"),

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
-from linattn._config import INTEGER, POSITIVE_INT, THREADS
+from linattn._config import POSITIVE_INT, SEED, THREADS
 from linattn.cli import UserError, describe_os_error, probe_output_dir, read_json_file
 from linattn.tsc.recipes import RECIPES  # torch-free
 
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--epochs", type=POSITIVE_INT.parse,
                    help="epochs per stage, exactly (min_steps 0 unless --set min_steps=N; "
                         "default: the recipe's)")
-    t.add_argument("--seed", type=INTEGER.parse, default=0,
+    t.add_argument("--seed", type=SEED.parse, default=0,
                    help="random seed (default: %(default)s)")
     t.add_argument(
         "--stages",

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from linattn._config import INTEGER, POSITIVE_INT, Check, Range
+from linattn._config import POSITIVE_INT, SEED, Check, Range
 from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 
 __all__ = ["TRAIN_CHECKS", "GENERATE_CHECKS", "CHECKPOINT_EVERY", "check_train_config",
@@ -27,7 +27,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "warmup": POSITIVE_INT,
     "steps": Check(int, Range(1, math.inf), optional=True),
     "max_time": Check(float, Range(0.0, math.inf, False), optional=True),
-    "seed": INTEGER,
+    "seed": SEED,
     "val_tokens": POSITIVE_INT,
     "eval_every": POSITIVE_INT,
     "corpus_bytes": POSITIVE_INT,
@@ -42,7 +42,7 @@ GENERATE_CHECKS: dict[str, Check] = {
     "max_new_tokens": Check(int, Range(0, math.inf)),
     "temperature": Check(float, Range(0.0, math.inf)),
     "top_k": Check(int, Range(1, math.inf), optional=True),
-    "seed": INTEGER,
+    "seed": SEED,
 }
 
 

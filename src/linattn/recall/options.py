@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
+from linattn._config import FEATURE_MAP, POSITIVE_INT, SEED, Check, Range
 from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 from linattn.nn.mixers import CONFIG_CHECKS, MIXERS, check_config, check_positions
 
@@ -79,7 +79,7 @@ RECALL_CHECKS: dict[str, Check] = {
     "lr": Check(float, Range(0.0, math.inf, False), optional=True),
     "weight_decay": Check(float, Range(0.0, math.inf)),
     "stop_at": Check(float, Range(0.0, 1.0, False, True)),
-    "seed": Check(int),
+    "seed": SEED,
     "threads": POSITIVE_INT,
     "short_conv": CONFIG_CHECKS["short_conv"],
     "mlp_dim": Check(int, Range(0, math.inf)),

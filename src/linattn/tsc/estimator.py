@@ -37,7 +37,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
-from linattn._config import THREADS, check_field_types, rename_deprecated, torch_threads
+from linattn._config import SEED, THREADS, check_field_types, rename_deprecated, torch_threads
 from linattn._io import read_json, write_atomic
 from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 from linattn.train_loop import first_non_finite
@@ -119,15 +119,19 @@ def _check_threads(value: Any, where: str) -> None:
 
 
 def seed_of(random_state: Any, where: str) -> int:
-    """The seed an estimator's ``random_state`` stands for: None is 0, an integer itself; a
-    one-line ValueError naming ``where`` for anything else (a RandomState instance too)."""
+    """The seed an estimator's ``random_state`` stands for: None is 0, an integer itself (a
+    seed, :data:`linattn._config.SEED`: 2**70 failed inside torch); a one-line ValueError
+    naming ``where`` and ``random_state`` for anything else (a RandomState instance too)."""
     if random_state is None:
         return 0
     if (isinstance(random_state, (bool, np.bool_))
             or not isinstance(random_state, numbers.Integral)):
         raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
                          f"instance is not supported), got {random_state!r}")
-    return int(random_state)
+    try:
+        return int(SEED.check("random_state", int(random_state)))
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 def _parse_device(value: Any, where: str) -> torch.device:
