@@ -121,6 +121,12 @@ def _forda_train(*extra: str) -> Callable:
                          *extra]
 
 
+def _forda_on(data: str, *extra: str) -> Callable:
+    return lambda f, d: ["forda", "train", "--out", str(d / "run"), "--subset", "64", "--quiet",
+                         "--threads", "1", "--data-dir", str(f.bad_data[data]), *FORDA_TINY,
+                         *extra]
+
+
 def _resume(run_json: str) -> Callable:
     return lambda f, d: ["forda", "train", "--resume", "--out", str(getattr(f, run_json)),
                          "--data-dir", str(DATA), "--threads", "1", "--quiet"]
@@ -270,6 +276,19 @@ CASES: list[Case] = [
                        str(DATA), "--threads", "1", "--quiet", "--export", str(d / "export")],
          "export/model.safetensors: File too large", fsize=2000, setup=_copy_forda_run,
          absent=("export/model.safetensors", "export/config.json", "export/test.json")),
+    # a user's own data files: one line naming the file, line and what is wrong, no run
+    *(Case(f"forda-data-{name.replace('_', '-')}", _forda_on(name), match, absent=("run",))
+      for name, match in (
+          ("one_class", "FordA_TRAIN.tsv: every series has the label 1; a classifier needs at "
+                        "least 2 classes"),
+          ("nan_inside", "FordA_TRAIN.tsv line 4 has a missing value (NaN) at sample 9, inside "
+                         "the series"),
+          ("value_1e39", "FordA_TRAIN.tsv line 6, column 8: '1e39' is not a finite number "
+                         "float32 holds"),
+          ("labels_1e20", "FordA_TRAIN.tsv line 1: the label 2e+20 is not an integer class id"),
+          ("labels_half", "FordA_TRAIN.tsv line 1: the label 1.5 is not an integer class id"),
+          ("test_label_unseen", "FordA_TEST.tsv line 7: label 3 is not a class of "
+                                "FordA_TRAIN.tsv (-1, 1)"))),
     # -- forda evaluate
     Case("evaluate-run-garbage", _evaluate("run_garbage"), "run.json: not valid JSON",
          before_torch=True),
@@ -284,6 +303,12 @@ CASES: list[Case] = [
     Case("evaluate-report-dir-at-a-file",
          lambda f, d: ["forda", "evaluate", "--model", str(f.forda), "--report-dir",
                        str(f.a_file)], "--report-dir: ", before_torch=True),
+    Case("evaluate-data-label-unknown",
+         lambda f, d: ["forda", "evaluate", "--model", str(f.forda), "--data-dir",
+                       str(f.bad_data["three_classes"]), "--no-baselines", "--threads", "1",
+                       "--report-dir", str(d / "report")],
+         "FordA_TRAIN.tsv line 3: label 3 is not a class of the model (-1, 1)",
+         absent=("report/report.md",)),
     Case("evaluate-report-dir-disk-full", _evaluate(), ".png: File too large", fsize=2000,
          absent=("report/report.md",)),
     # -- lm train
@@ -456,6 +481,49 @@ CASES: list[Case] = [
 ]
 
 
+def _relabel(one: str, other: str) -> Callable[[list], None]:
+    """An edit of :data:`BAD_DATA`: label 1 becomes ``one``, -1 ``other``."""
+    return lambda rows: [r.__setitem__(0, one if r[0] == "1" else other) for r in rows]
+
+
+#: A user's own FordA files, each with one thing wrong (issue 51): name -> (edit of the TRAIN
+#: rows, edit of the TEST rows); a row is [label, value, ...] as text.
+BAD_DATA: dict[str, tuple[Callable[[list], None] | None, Callable[[list], None] | None]] = {
+    "one_class": (lambda rows: [r.__setitem__(0, "1") for r in rows], None),
+    "nan_inside": (lambda rows: rows[3].__setitem__(10, "nan"), None),
+    "value_1e39": (lambda rows: rows[5].__setitem__(7, "1e39"), None),
+    "labels_1e20": (_relabel("1e20", "2e20"), _relabel("1e20", "2e20")),
+    "labels_half": (_relabel("0.5", "1.5"), _relabel("0.5", "1.5")),
+    "test_label_unseen": (None, lambda rows: rows[6].__setitem__(0, "3")),
+    # a third class in both files: fine data, but not the classes of the fixture's model
+    "three_classes": (lambda rows: rows[2].__setitem__(0, "3"),
+                      lambda rows: rows[4].__setitem__(0, "3")),
+}
+
+
+def _bad_data(root: Path) -> dict[str, Path]:
+    """The folders of :data:`BAD_DATA`, each with a SHA256SUMS (a user's variant of FordA)."""
+    import gzip
+    import hashlib
+
+    folders = {}
+    for name, edits in BAD_DATA.items():
+        d = root / name
+        d.mkdir(parents=True)
+        sums = []
+        for split, edit in zip(("TRAIN", "TEST"), edits, strict=True):
+            text = gzip.decompress((DATA / f"FordA_{split}.tsv.gz").read_bytes()).decode()
+            rows = [line.split("\t") for line in text.splitlines()]
+            if edit is not None:
+                edit(rows)
+            data = ("\n".join("\t".join(r) for r in rows) + "\n").encode()
+            (d / f"FordA_{split}.tsv").write_bytes(data)
+            sums.append(f"{hashlib.sha256(data).hexdigest()}  FordA_{split}.tsv\n")
+        (d / "SHA256SUMS").write_text("".join(sums))
+        folders[name] = d
+    return folders
+
+
 def _fixtures(root: Path) -> SimpleNamespace:
     """The files the rows read, made in this process (torch is loaded here already): a FordA
     run folder with a tiny model, an LM checkpoint, and broken copies of each. Training them
@@ -516,6 +584,7 @@ def _fixtures(root: Path) -> SimpleNamespace:
         shutil.copytree(f.forda / "model", d / "model")
         (d / "run.json").write_bytes(data)
         setattr(f, name, d)
+    f.bad_data = _bad_data(root / "bad_data")
     f.lm_garbage = root / "lm_garbage"
     f.lm_garbage.mkdir()
     (f.lm_garbage / "checkpoint.pt").write_bytes(b"garbage\x80\x03")

@@ -122,15 +122,33 @@ def _setup(args) -> None:
         raise UserError(str(err)) from None
 
 
-def _load_data(args):
-    from linattn.datasets import UCRFormatError, load_ucr
+def _load_data(args, missing: str, classes=None):
+    """FordA's TRAIN and TEST, every problem a user's own files can have refused in one line
+    naming the file and line, before any training: the format and the classes
+    (:func:`~linattn.datasets.read_ucr_split`), labels that are no integer class ids, NaN
+    inside a series unless ``missing`` takes it, and with ``classes`` (a trained model's) a
+    label the model does not know."""
+    import numpy as np
+
+    from linattn.datasets import UCRFormatError, check_class_ids, read_ucr_split, ucr_paths
+    from linattn.tsc.data import fill_nan_padding
 
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UserError(f"--data-dir: {args.data_dir}: no such folder")
     try:
-        return load_ucr("FordA", data_dir=args.data_dir)
+        train, test = ucr_paths("FordA", data_dir=args.data_dir)
+        data = read_ucr_split(train, test)
+        for X, y, path in ((data[0], data[1], train), (data[2], data[3], test)):
+            check_class_ids(y, path)
+            fill_nan_padding(X, str(path), missing, first_line=1)
     except (UCRFormatError, ValueError) as err:
         raise UserError(str(err)) from None
+    for y, path in ((data[1], train), (data[3], test)):
+        unknown = [] if classes is None else np.flatnonzero(~np.isin(y, classes))
+        if len(unknown):
+            raise UserError(f"{path} line {unknown[0] + 1}: label {y[unknown[0]]} is not a "
+                            f"class of the model ({', '.join(map(str, classes))})")
+    return data
 
 
 def _parse_sets(items: list[str]) -> dict:
@@ -359,7 +377,7 @@ def _train(args, main: bool, owned: ExitStack) -> int:
                                 f"{run_path}: params" if args.resume else "--set")
     run["threads"] = args.threads
     run["device"] = args.device
-    X_train, y_train, X_test, y_test = _load_data(args)
+    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"))
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
@@ -504,7 +522,7 @@ def evaluate(args) -> int:
         if other.n_features_in_ != est.n_features_in_ or \
                 not np.array_equal(other.classes_, est.classes_):
             raise UserError(f"--model: {d} has other classes or series length than {dirs[0]}")
-    X_train, y_train, X_test, y_test = _load_data(args)
+    X_train, y_train, X_test, y_test = _load_data(args, est.missing, est.classes_)
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
