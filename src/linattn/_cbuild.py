@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from linattn._config import env_setting
 from linattn._io import atomic_path, user_cache_dir, write_atomic
 
 fcntl: ModuleType | None
@@ -89,7 +90,9 @@ except ImportError:  # not on Windows (where load_library returns None anyway)
     fcntl = None
 
 __all__ = ["load_library", "build_library", "library_path", "BuildError", "warn_failure",
-           "compiler", "compiler_identity", "cc_timeout", "cpu_tag", "cpu_flags", "warn_once"]
+           "compiler", "compiler_identity", "cc_timeout", "cpu_tag", "cpu_flags", "warn_once",
+           "native_setting", "isa_setting", "check_environment", "ISA_NAMES", "SETTINGS",
+           "setting"]
 
 #: A ``.failed`` or ``.timeout`` marker older than this is ignored: the build is tried again.
 MARKER_TTL_S = 24 * 3600
@@ -105,20 +108,71 @@ def compiler() -> str | None:
     return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
 
 
+#: The compiled builds by name (:data:`linattn.ops.native.ISA_FLAGS` holds their flags; a test
+#: holds the two equal), here torch-free for the settings below.
+ISA_NAMES: tuple[str, ...] = ("native", "avx512", "avx2", "generic", "scalar")
+_OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
+
+
+def _native(value: str) -> str | None:
+    value = value.lower()
+    return "0" if value in _OFF else "1" if value in _ON else "auto" if value == "auto" else None
+
+
+def _seconds(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 and math.isfinite(seconds) else None
+
+
+#: Every ``LINATTN_*`` setting: name → (how a value is read, None for one it does not take;
+#: the value when unset, empty or refused; what it takes; what a refused one means). One rule
+#: for all (:func:`linattn._config.env_setting`): a bad value warns once and is ignored.
+SETTINGS: dict[str, tuple] = {
+    "LINATTN_NATIVE": (_native, "auto", "one of 0, 1, off, on, false, true, no, yes, auto",
+                       "auto"),
+    "LINATTN_NATIVE_ISA": (lambda v: v.lower() if v.lower() in ISA_NAMES else None, None,
+                           f"one of {', '.join(ISA_NAMES)}", "the calibration's choice"),
+    "LINATTN_CC_TIMEOUT": (_seconds, CC_TIMEOUT_S, "a positive number of seconds",
+                           f"{CC_TIMEOUT_S:g}"),
+}
+
+
+def setting(name: str):
+    """The value of setting ``name`` (:data:`SETTINGS`): a bad one warns once and is ignored."""
+    return env_setting(name, *SETTINGS[name], warn_once)
+
+
+def native_setting() -> str:
+    """``LINATTN_NATIVE``: "0" (off: 0, off, false, no), "1" (on wherever it applies: 1, on,
+    true, yes) or "auto" (unset, empty or "auto": measured), in any case."""
+    return setting("LINATTN_NATIVE")
+
+
+def isa_setting() -> str | None:
+    """``LINATTN_NATIVE_ISA``: one build (:data:`ISA_NAMES`, any case) for every compiled
+    call, or None (an unknown build was a traceback at the first compiled call)."""
+    return setting("LINATTN_NATIVE_ISA")
+
+
+def check_environment() -> list[str]:
+    """Read every ``LINATTN_*`` setting now: each bad one is one warning line (once per
+    process) before a command starts its work, not at its first compiled call. Returns the
+    names of the variables whose values were refused."""
+    refused = []
+    for name, (parse, *_) in SETTINGS.items():
+        setting(name)
+        raw = os.environ.get(name, "").strip()
+        if raw and parse(raw) is None:
+            refused.append(name)
+    return refused
+
+
 def cc_timeout() -> float:
     """``LINATTN_CC_TIMEOUT`` (seconds, > 0), else :data:`CC_TIMEOUT_S`."""
-    raw = os.environ.get("LINATTN_CC_TIMEOUT", "").strip()
-    if not raw:
-        return CC_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if value > 0 and math.isfinite(value):
-        return value
-    warn_once("cc-timeout", f"linattn: LINATTN_CC_TIMEOUT={raw!r} is not a positive number of "
-                            f"seconds; using {CC_TIMEOUT_S:g}.")
-    return CC_TIMEOUT_S
+    return setting("LINATTN_CC_TIMEOUT")
 
 
 def _signame(num: int) -> str:

@@ -15,6 +15,7 @@
   is loaded). Shared declarations live here (:data:`THREADS`, :data:`POSITIVE_INT`,
   :data:`FEATURE_MAP_NAMES`); those of one configuration beside it, torch-free
   (:data:`linattn.nn.mixers.CONFIG_CHECKS`, :mod:`linattn.lm.options`).
+* Environment settings (:func:`env_setting`): the one rule of every ``LINATTN_*`` variable.
 * Thread counts (:func:`capped_threads`, :func:`set_threads`, :func:`torch_threads`): checked,
   and capped at the CPUs this process may run on with one warning (torch and OpenMP crash on
   absurd counts). Every place that takes a user's count goes through them.
@@ -39,7 +40,7 @@ from typing import Any, NamedTuple, TypeVar
 __all__ = ["rename_deprecated", "renamed_keywords", "Removed", "drop_removed",
            "check_field_types", "check_ranges", "Range", "Check", "THREADS", "POSITIVE_INT",
            "INTEGER", "SEED", "FEATURE_MAP_NAMES", "available_cpus", "capped_threads",
-           "set_threads", "torch_threads", "shown"]
+           "set_threads", "torch_threads", "shown", "env_setting"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -327,3 +328,21 @@ def torch_threads(n: Any, name: str = "n_threads") -> Iterator[int | None]:
         yield n
     finally:
         torch.set_num_threads(before)
+
+
+def env_setting(name: str, parse: Callable[[str], Any], fallback: Any, expected: str,
+                using: str, warn: Callable[[str, str], Any]) -> Any:
+    """The environment variable ``name`` as ``parse`` reads its stripped value (None: not a
+    value it takes), ``fallback`` when it is unset or empty. A value ``parse`` refuses is one
+    warning line through ``warn(key, message)`` (the caller's warn-once), naming the variable,
+    what it takes (``expected``) and what is used instead (``using``), then ``fallback``: the
+    one rule of ``LINATTN_NATIVE``, ``LINATTN_NATIVE_ISA`` and ``LINATTN_CC_TIMEOUT`` (a
+    setting is never a traceback at the first compiled call)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return fallback
+    value = parse(raw)
+    if value is None:
+        warn(f"env:{name}={raw}", f"linattn: {name}={raw!r} is not {expected}; using {using}")
+        return fallback
+    return value

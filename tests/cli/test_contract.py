@@ -225,6 +225,30 @@ CASES: list[Case] = [
     Case("no-such-command", lambda f, d: ["frobnicate"], "invalid choice", before_torch=True),
     Case("unknown-flag", lambda f, d: ["lm", "train", "--bogus"], "unrecognized arguments",
          before_torch=True),
+    # LINATTN_* settings: one rule for all three, a bad value warns once (one line) and is
+    # ignored (a bad LINATTN_NATIVE_ISA was a traceback at the first compiled call)
+    *(Case(f"{cmd}-env-{var[8:].lower().replace('_', '-')}-junk", argv,
+           f"{var}='junk' is not ", status=0, env=((var, "junk"),), code=code)
+      for cmd, argv, code in (("lm", _lm(), ""), ("recall", _recall(), ""),
+                              ("bench", _bench("--crossover", "8", "--no-portable"),
+                               BENCH_STUBBED))
+      for var in ("LINATTN_NATIVE_ISA", "LINATTN_NATIVE", "LINATTN_CC_TIMEOUT")),
+    # a capped --threads (or a bad setting) and a user error: the error is the only line
+    Case("lm-threads-capped-and-a-bad-context",
+         _lm("--threads", "100000", "--context", "40000", "--batch-size", "1"),
+         "--context: 40000 needs at least", absent=("run",),
+         env=(("LINATTN_NATIVE_ISA", "junk"),)),
+    Case("forda-threads-capped-and-bad-data", _forda_on("one_class", "--threads", "100000"),
+         "every series has the label 1", absent=("run",)),
+    Case("evaluate-threads-capped-and-bad-data",
+         lambda f, d: ["forda", "evaluate", "--model", str(f.forda), "--data-dir",
+                       str(f.bad_data["three_classes"]), "--no-baselines", "--threads",
+                       "100000", "--report-dir", str(d / "report")],
+         "label 3 is not a class of the model"),
+    Case("generate-threads-capped-and-a-bad-checkpoint",
+         _gen("--threads", "100000", model="lm_garbage"), "cannot load a model"),
+    Case("recall-threads-capped-and-out-in-use", _recall("--threads", "100000"),
+         "in use by another linattn run", setup=_held("run")),
     # -- solve
     Case("solve-empty-input", lambda f, d: ["solve"], "empty input", before_torch=True),
     Case("solve-stdout-full", lambda f, d: ["solve"], "cannot write the output", stdout="full",

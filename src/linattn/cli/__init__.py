@@ -44,7 +44,7 @@ from linattn.train_loop import CheckpointError, NonFiniteError
 SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm", "recall")
 
 __all__ = ["UserError", "OutputError", "Parser", "build_parser", "main", "SUBCOMMANDS",
-           "probe_output_dir", "probe_output_file", "read_json_file"]
+           "probe_output_dir", "probe_output_file", "read_json_file", "start_work"]
 
 
 class UserError(Exception):
@@ -170,6 +170,23 @@ def probe_output_file(path: str | os.PathLike, option: str) -> None:
     if not target.parent.is_dir():
         raise UserError(f"{option}: folder {str(target.parent)!r} does not exist")
     probe_output_dir(target.parent, option)
+
+
+def start_work(threads: int | None, option: str = "--threads", *, set_torch: bool = True
+               ) -> int | None:
+    """What a command does once every option, file and size is checked, before its work:
+    the ``LINATTN_*`` settings read (a bad one: one warning line,
+    :func:`linattn._cbuild.check_environment`) and the thread count capped at the CPUs
+    available (one warning line) and, with ``set_torch``, set for torch. A user error is then
+    the only line a command prints, never after a warning. Returns the count (None: torch's
+    default)."""
+    from linattn import _cbuild
+    from linattn._config import capped_threads, set_threads
+
+    _cbuild.check_environment()
+    if not set_torch:
+        return None if threads is None else capped_threads(threads, option)
+    return set_threads(threads, option)
 
 
 def read_json_file(path: str | os.PathLike) -> object:

@@ -330,9 +330,12 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
-    from linattn._config import set_threads
+    from linattn import _cbuild
+    from linattn.cli import start_work
 
-    set_threads(args.threads, "--threads")
+    start_work(args.threads)
+    for name in _cbuild.check_environment():  # refused and warned once: not in every child
+        os.environ.pop(name, None)
 
     dtype = getattr(torch, args.dtype)
     selection_table()

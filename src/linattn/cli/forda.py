@@ -23,7 +23,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from linattn._config import POSITIVE_INT, SEED, THREADS
-from linattn.cli import UserError, describe_os_error, probe_output_dir, read_json_file
+from linattn.cli import (
+    UserError,
+    describe_os_error,
+    probe_output_dir,
+    read_json_file,
+    start_work,
+)
 from linattn.tsc.recipes import RECIPES  # torch-free
 
 DEFAULT_OUT = "runs/forda"
@@ -110,12 +116,11 @@ def _stages(text: str) -> list[str]:
     return stages
 
 
-def _setup(args) -> None:
-    """Threads (capped at the CPUs available) and the device; imports torch."""
-    from linattn._config import set_threads
+def _check_device(args) -> None:
+    """``--device`` checked (imports torch); the threads are set once every check is done
+    (:func:`linattn.cli.start_work`)."""
     from linattn.tsc.estimator import check_device
 
-    args.threads = set_threads(args.threads, "--threads")
     try:
         check_device(args.device, "--device")
     except ValueError as err:
@@ -357,7 +362,7 @@ def _train(args, main: bool, owned: ExitStack) -> int:
         probe_output_dir(out, "--out")
         if args.export:
             probe_output_dir(args.export, "--export")
-    _setup(args)
+    _check_device(args)
     from linattn.tsc.data import VAL_FRACTION, VAL_SEED, stratified_split
     from linattn.tsc.estimator import LinearAttentionClassifier
     from linattn.tsc.evaluation import classification_metrics
@@ -375,9 +380,10 @@ def _train(args, main: bool, owned: ExitStack) -> int:
         }
     run["params"] = _run_params(run, run_path,
                                 f"{run_path}: params" if args.resume else "--set")
+    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"))
+    args.threads = start_work(args.threads)  # every check done: now the warnings, if any
     run["threads"] = args.threads
     run["device"] = args.device
-    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"))
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
@@ -503,7 +509,7 @@ def evaluate(args) -> int:
     fraction, seed = _val_split(run, root / "run.json")
     report_dir = Path(args.report_dir) if args.report_dir else root
     probe_output_dir(report_dir, "--report-dir")
-    _setup(args)
+    _check_device(args)
     import numpy as np
 
     from linattn.tsc.data import stratified_split
@@ -529,6 +535,7 @@ def evaluate(args) -> int:
     if X_test.shape[1] != est.n_features_in_:
         raise UserError(f"--model: {dirs[0]} expects series of length {est.n_features_in_}, "
                         f"FordA has {X_test.shape[1]}")
+    args.threads = start_work(args.threads)  # every check done: now the warnings, if any
     if args.split == "val":
         _, va = stratified_split(y_train, fraction, seed)
         X_eval, y_eval = X_train[va], y_train[va]

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from linattn._config import POSITIVE_INT, THREADS
-from linattn.cli import UserError, describe_os_error, probe_output_dir
+from linattn.cli import UserError, describe_os_error, probe_output_dir, start_work
 from linattn.lm.options import (  # torch-free
     CHECKPOINT_EVERY,
     GENERATE_CHECKS,
@@ -91,13 +91,10 @@ def train(args: argparse.Namespace) -> int:
         raise UserError(f"--resume: no checkpoint in {args.out}")
     probe_output_dir(out, "--out")
 
-    from linattn._config import set_threads
     from linattn._io import FolderInUseError
     from linattn.lm.training import TrainConfig, Trainer
     from linattn.nn.lm import LMConfig
     from linattn.train_loop import Stopped
-
-    set_threads(args.threads, "--threads")
 
     def stop_after(loop) -> None:  # the tests' stand-in for Ctrl-C
         if loop.step == args.stop_after:
@@ -114,6 +111,7 @@ def train(args: argparse.Namespace) -> int:
                         "--out") from None
     except (ValueError, FileNotFoundError) as err:  # CheckpointError is a ValueError
         raise _user_error(err, args) from None
+    start_work(args.threads)  # every check done (the corpus's too): now the warnings, if any
     info = trainer.corpus_info
     if not args.quiet:
         print(f"corpus: {info['files']} stdlib files of Python {info['python']}, "
@@ -140,11 +138,9 @@ def generate(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise _user_error(err, args) from None
 
-    from linattn._config import set_threads
     from linattn.lm.generation import generate_text, load_model
     from linattn.train_loop import CheckpointError
 
-    set_threads(args.threads, "--threads")
     try:
         model, _ = load_model(Path(args.model))
         pieces = generate_text(model, args.prompt, args.max_new_tokens, args.temperature,
@@ -153,6 +149,7 @@ def generate(args: argparse.Namespace) -> int:
         raise  # one line from linattn.cli, naming the file
     except ValueError as err:
         raise _user_error(err, args) from None
+    start_work(args.threads)  # every check done: now the warnings, if any
     # a full disk or a reader that left (`| head`): linattn.cli's guarded stdout
     sys.stdout.write(args.prompt)
     sys.stdout.flush()

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from linattn.cli import UserError, describe_os_error, probe_output_dir
+from linattn.cli import UserError, describe_os_error, probe_output_dir, start_work
 from linattn.recall.options import (  # torch-free
     DEFAULT_LRS,
     MIXER_PRESETS,
@@ -117,11 +117,10 @@ def _config(args: argparse.Namespace, **override) -> RecallConfig:
 
 
 def _capped_threads(args: argparse.Namespace) -> None:
-    """``--threads`` capped at the CPUs available (one warning line), once everything else
-    is checked: a user error then is the only line (the cells are made from ``args``)."""
-    from linattn._config import capped_threads
-
-    args.threads = capped_threads(args.threads, "--threads")
+    """``--threads`` capped at the CPUs available and the settings read (one warning line
+    each, :func:`linattn.cli.start_work`), once everything else is checked: a user error is
+    then the only line (the cells are made from ``args``)."""
+    args.threads = start_work(args.threads, set_torch=False)
 
 
 def _own(out: Path):
@@ -146,13 +145,12 @@ def train(args: argparse.Namespace) -> int:
         raise UserError(f"--out: {out} already holds a run (result.json); pass --replace to "
                         "run it again or choose another folder")
     probe_output_dir(out, "--out")
-    _capped_threads(args)
-    cfg = _config(args)
     from linattn._io import write_json
     from linattn.recall.harness import run_cell
 
     with _own(out):  # the folder's one owner while the cell trains and writes
-        result = run_cell(cfg, _log(args))
+        _capped_threads(args)  # every check done (the folder's owner too): the warnings
+        result = run_cell(_config(args), _log(args))
         write_json(out / "result.json", result)
     print(json.dumps({k: result[k] for k in ("test_acc", "val_acc", "lr", "state_bytes",
                                              "train_time_s", "sweep_time_s", "parameters",
@@ -167,11 +165,11 @@ def table(args: argparse.Namespace) -> int:
         for d in args.d_models:
             _config(args, mixer=name, feature_map=fmap or None, d_model=d)
     probe_output_dir(args.out, "--out")
-    _capped_threads(args)
-    base = _config(args, mixer="softmax")
     from linattn.recall.table import format_table, run_grid
 
     with _own(Path(args.out)):  # its cells are written (and reused) by one table at a time
+        _capped_threads(args)  # every check done (the folder's owner too): the warnings
+        base = _config(args, mixer="softmax")
         results = run_grid(base, args.mixers, args.d_models, args.out, _log(args),
                            seeds=args.seeds or None)
     print(f"MQAR seq_len {base.seq_len}, {base.num_kv_pairs} pairs, vocab {base.vocab_size}; "
