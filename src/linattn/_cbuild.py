@@ -450,7 +450,7 @@ def _load_cached(target: Path, job: _Job) -> ctypes.CDLL | None:
         if digest != {"size": record.get("size"), "sha256": record.get("sha256")} or \
                 not elf_complete(data):
             return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a record nested too deeply: no record
         return None
     if record.get("check") != _vouched(job.seal, digest):  # not these bytes' test load
         try:
@@ -496,7 +496,7 @@ def _hung_before(hung: Path, job: _Job) -> None:
         return
     try:
         recorded = float(json.loads(hung.read_text())["timeout"])
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         recorded = math.inf
     if job.timeout <= recorded:
         raise _timed_out(job, recorded, hung, before=True)

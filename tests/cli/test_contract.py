@@ -176,6 +176,12 @@ def _held(rel: str) -> Callable[[SimpleNamespace, Path], None]:
     return setup
 
 
+def _deep_cell(f: SimpleNamespace, d: Path) -> None:
+    """The cell file of :func:`_recall_table`'s one cell, nested 100,000 deep."""
+    (d / "grid").mkdir()
+    (d / "grid" / "softmax-d16-T16-P2.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
 def _finished_recall_run(f: SimpleNamespace, d: Path) -> None:
     (d / "run").mkdir()
     (d / "run" / "result.json").write_text('{"old_run": true}\n')
@@ -476,6 +482,8 @@ CASES: list[Case] = [
     Case("recall-cosformer-seq-len", _recall("--mixer", "cosformer", "--seq-len", "2048"),
          "--seq-len: cosformer's weights hold for 1024 positions, 2048 asked for",
          before_torch=True),
+    Case("recall-table-deep-cell", _recall_table(), "", status=0, setup=_deep_cell,
+         check=lambda d: _match(d / "grid", ["softmax-d16-T16-P2.json"])),
     Case("recall-out-in-use", _recall(), "in use by another linattn run", setup=_held("run"),
          check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("recall-table-out-in-use", _recall_table(), "in use by another linattn run",

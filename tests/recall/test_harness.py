@@ -308,3 +308,15 @@ def test_absurd_cells_are_refused_before_anything_is_allocated(change, name):
     with pytest.raises(ValueError, match=rf"^{name}: this cell needs about "):
         run_cell(cfg)
     check_cell_memory(RecallConfig(mixer="softmax", **TINY))  # a small one fits
+
+
+def test_a_cell_file_nested_too_deeply_is_no_cell(tmp_path):
+    """Was a RecursionError out of `recall table` (forda's run.json already said 'nested too
+    deeply'): such a file is read as no result, and the cell is run again."""
+    from linattn.recall.table import load_cell, saved_cells
+
+    cfg = RecallConfig(mixer="softmax", **TINY)
+    path = tmp_path / f"{cell_name(cfg)}.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert load_cell(path, cfg) is None
+    assert saved_cells(tmp_path) == []
