@@ -51,6 +51,7 @@ import math
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -199,7 +200,8 @@ class TrainLoop:
         self.checkpoint_every = checkpoint_every
         self.metrics_path = None if metrics_path is None else Path(metrics_path)
         self.meta = {} if meta is None else meta
-        self.progress = progress and self.rank == 0
+        # no bar without a standard error to draw it on (a process started with `2>&-`)
+        self.progress = progress and self.rank == 0 and sys.stderr is not None
         self.desc, self.bar_total, self.bar_unit = desc, bar_total, bar_unit
         self.on_step = on_step
         self.step = 0  # optimiser steps done

@@ -101,6 +101,7 @@ class Case:
     code: str = ""  # python -c code instead of the trampoline (the bench plot's stubs)
     stdin: bytes = b""
     env: tuple[tuple[str, str], ...] = ()  # more environment variables
+    closed: str = ""  # "stdout" or "stderr": started with that stream closed (`>&-`, `2>&-`)
     #: more checks of what the row left in its folder, ``check(d)`` (a link still a link, ...)
     check: Callable[[Path], None] | None = None
 
@@ -255,6 +256,13 @@ CASES: list[Case] = [
          _gen("--threads", "100000", model="lm_garbage"), "cannot load a model"),
     Case("recall-threads-capped-and-out-in-use", _recall("--threads", "100000"),
          "in use by another linattn run", setup=_held("run")),
+    # help and version into a full standard output: one line, not a silent exit 0
+    Case("help-stdout-full", lambda f, d: ["--help"], "cannot write the output",
+         stdout="full", before_torch=True),
+    Case("version-stdout-full", lambda f, d: ["--version"], "cannot write the output",
+         stdout="full", before_torch=True),
+    Case("lm-train-help-stdout-full", lambda f, d: ["lm", "train", "--help"],
+         "cannot write the output", stdout="full", before_torch=True),
     # -- solve
     Case("solve-empty-input", lambda f, d: ["solve"], "empty input", before_torch=True),
     Case("solve-stdout-full", lambda f, d: ["solve"], "cannot write the output", stdout="full",
@@ -401,6 +409,12 @@ CASES: list[Case] = [
     Case("lm-cosformer-context", _lm("--attention", "cosformer", "--context", "2000"),
          "--context: cosformer's weights hold for 1024 positions, 2000 asked for",
          before_torch=True, absent=("run",)),
+    # stderr closed (`2>&-`): the progress bar has nowhere to go, and the run still runs
+    Case("lm-stderr-closed", lambda f, d: [a for a in _lm()(f, d) if a != "--quiet"], "",
+         status=0, closed="stderr", check=lambda d: _match(d / "run", [
+             "checkpoint.pt", "metrics.jsonl", "result.json"])),
+    Case("forda-stderr-closed", lambda f, d: [a for a in _forda_train()(f, d) if a != "--quiet"],
+         "", status=0, closed="stderr"),
     Case("lm-out-in-use", _lm(), "--out: ", setup=_held("run"),
          check=lambda d: _match(d / "run", [_io_lock_file()])),
     Case("lm-diverges", _lm("--lr", "1e30", "--steps", "20", "--checkpoint-every", "0"),
@@ -428,6 +442,8 @@ CASES: list[Case] = [
          "--max-new-tokens: cosformer's weights hold for 1024 positions, 2003 asked for"),
     Case("generate-temperature-tiny", _gen("--temperature", "1e-300", "--max-new-tokens", "5"),
          "", status=0),
+    Case("generate-stdout-closed", _gen(), "cannot write the output (standard output is "
+         "closed)", closed="stdout"),
     Case("generate-threads-capped", _gen("--threads", "100000", "--max-new-tokens", "2"),
          "--threads: 100000 threads asked for", status=0),
     # -- bench
@@ -642,6 +658,9 @@ def _run(case: Case, f: SimpleNamespace, d: Path) -> Result:
                str(int(case.before_torch)), *argv]
     else:
         cmd = [sys.executable, "-m", "linattn", *argv]
+    if case.closed:  # the shell closes the stream, then execs the command without it
+        cmd = ["sh", "-c", f'exec "$@" {">&-" if case.closed == "stdout" else "2>&-"}', "sh",
+               *cmd]
     # one thread a process: the pool runs several on few cores (and the fixtures calibrated
     # the dispatcher for one thread; a row under RLIMIT_FSIZE could not write a calibration)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", **dict(case.env)}

@@ -205,3 +205,45 @@ def test_huge_integers_are_shown_by_their_size():
     with pytest.raises(ValueError, match=r"^seed: expected .*, got an integer of 3322 bits$"):
         SEED.check("seed", 10**1000)
     assert SEED.parse(str(2**32 - 1)) == 2**32 - 1
+
+
+def test_a_closed_standard_output_is_one_line_and_a_closed_stderr_is_silence(monkeypatch,
+                                                                              capsys):
+    """A process started with `>&-` has sys.stdout None: the first print was an
+    AttributeError. With `2>&-` (sys.stderr None) the command runs, its messages lost."""
+    def prints():
+        print("result")
+
+    _with_command(monkeypatch, prints)
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["probe-cmd"]) == 2
+    assert capsys.readouterr().err == ("linattn probe-cmd: error: cannot write the output "
+                                       "(standard output is closed)\n")
+    assert sys.stdout is None  # restored as it was
+    monkeypatch.undo()
+
+    def warns_then_fails():
+        import warnings
+        warnings.warn("a warning with nowhere to go", RuntimeWarning, stacklevel=2)
+        raise UserError("an error with nowhere to go")
+
+    _with_command(monkeypatch, warns_then_fails)
+    monkeypatch.setattr(sys, "stderr", None)
+    assert main(["probe-cmd"]) == 2  # the status still says it
+    assert sys.stderr is None
+
+
+def test_help_into_a_full_disk_is_an_error(monkeypatch, capsys):
+    """argparse swallowed the failed write of --help and --version: exit 0, nothing
+    written."""
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    assert main(["--help"]) == 2
+    assert capsys.readouterr().err == ("linattn: error: cannot write the output (No space left "
+                                       "on device)\n")

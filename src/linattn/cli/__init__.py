@@ -71,6 +71,15 @@ class Parser(argparse.ArgumentParser):
         command = " ".join(self.prog.split()[:2])  # "linattn lm train" -> "linattn lm"
         raise _ArgumentError(message.removeprefix("argument "), command)
 
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse's, without swallowing a failed write: ``--help`` or ``--version`` into a
+        full disk exited 0 with nothing written. Flushed, so that the failure is raised here,
+        in :func:`main`'s layer, not at the interpreter's exit."""
+        if message:
+            file = sys.stderr if file is None else file
+            file.write(message)
+            file.flush()
+
 
 class _GuardedOutput:
     """Standard output whose failed writes raise :class:`OutputError` (BrokenPipeError, the
@@ -96,6 +105,51 @@ class _GuardedOutput:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+class _ClosedStream:
+    """Stands for a standard stream the process was started without (``>&-``): Python makes
+    it None, and the first ``print`` was an AttributeError. A write is an OSError, which
+    :class:`_GuardedOutput` reports in one line."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+    def flush(self) -> None:
+        pass
+
+
+def _occupy_closed_descriptors() -> None:
+    """Point file descriptors 0-2 that the process was started without at /dev/null, so that
+    the next file opened (a checkpoint, a lock) never becomes descriptor 1 or 2, where C code's
+    and torch's messages would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                if devnull != fd:
+                    os.dup2(devnull, fd)
+                    os.close(devnull)
+            except OSError:
+                pass
+
+
+def _standard_streams() -> tuple:
+    """(stdout, stderr) for a command: a closed standard output writes nothing and fails in
+    one line (``cannot write the output (standard output is closed)``); a closed standard
+    error is /dev/null (progress bars and warnings have nowhere to go; the exit status still
+    says what happened)."""
+    _occupy_closed_descriptors()
+    stdout = sys.stdout if sys.stdout is not None else _ClosedStream("standard output")
+    stderr = sys.stderr
+    if stderr is None:
+        stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's own
+    return stdout, stderr
 
 
 def _drop_stdout(stream) -> None:
@@ -221,10 +275,10 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warning
     command = "linattn"
-    stdout = sys.stdout
-    guarded = stdout is not None and not isinstance(stdout, _GuardedOutput)
-    if guarded:
-        sys.stdout = _GuardedOutput(stdout)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _standard_streams()
+    if not isinstance(sys.stdout, _GuardedOutput):
+        sys.stdout = _GuardedOutput(sys.stdout)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -255,8 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{command}: interrupted", file=sys.stderr)
         return 130
     finally:
-        if guarded:
-            sys.stdout = stdout
+        sys.stdout, sys.stderr = stdout, stderr
 
 
 def _out_of_memory(err: BaseException) -> str:
