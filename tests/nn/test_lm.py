@@ -688,3 +688,17 @@ def test_every_kind_is_in_the_tiny_temperature_test():
     tested = {"linear", "softmax", "hybrid", "gated_delta", "gla", "deltanet", "cosformer",
               "flowformer"}
     assert set(MIXERS) == tested
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax", "hybrid", "gated_delta", "gla",
+                                       "deltanet", "cosformer", "flowformer"])
+def test_an_empty_batch_gives_empty_logits_for_every_kind(attention):
+    """No sequence (B = 0): empty logits and a state, no error (the linear and hybrid mixers
+    failed in a reshape of their ops)."""
+    m = _model(attention, **({"window": 4} if attention == "hybrid" else {}))
+    ids = torch.zeros(0, 5, dtype=torch.long)
+    with torch.no_grad():
+        logits, state = m(ids, return_state=True)
+        assert logits.shape == (0, 5, V)
+        step, _ = m(ids[:, :1], state, return_state=True)
+    assert step.shape == (0, 1, V)

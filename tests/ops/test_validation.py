@@ -136,6 +136,54 @@ def test_empty_sequence_gives_an_empty_output(name):
     assert q.grad.shape == q.shape
 
 
+#: Every op of the library on (B, H, T, ·) inputs: name -> call(q, k, v) (issue 51: an empty
+#: batch or no heads).
+BATCHED = {
+    **{name: call for name, call in CALLS.items()},
+    "window_linear_attention": lambda q, k, v: linattn.window_linear_attention(
+        q, k, v, window=2),
+    "window_linear_attention non-causal state": lambda q, k, v: linattn.window_linear_attention(
+        q, k, v, window=2, is_causal=False),
+    "window_linear_attention return_state": lambda q, k, v: linattn.window_linear_attention(
+        q, k, v, window=2, return_state=True)[0],
+    "flowformer_attention": lambda q, k, v: linattn.flowformer_attention(q, k, v),
+    "flowformer_attention causal": lambda q, k, v: linattn.flowformer_attention(
+        q, k, v, is_causal=True),
+    "decay_softmax_attention": lambda q, k, v: linattn.decay_softmax_attention(q, k, v, 0.9),
+    "gated_linear_attention g": lambda q, k, v: linattn.gated_linear_attention(
+        q, k, v, g=-q[..., 0].detach().abs()),
+    "gated_linear_attention gk": lambda q, k, v: linattn.gated_linear_attention(
+        q, k, v, gk=-q.detach().abs()),
+    "delta_rule": lambda q, k, v: linattn.delta_rule(
+        q, k, v, torch.rand(q.shape[:-1], dtype=q.dtype)),
+}
+for _name in [n for n in BATCHED if "relative" in n]:  # r: one set of lags per head
+    BATCHED[_name] = (lambda call: lambda q, k, v: call(q, k, v, r=torch.randn(
+        q.shape[1], 2 * q.shape[2] - 1, q.shape[3], dtype=q.dtype)))(
+        {"relative_linear_attention": linattn.relative_linear_attention,
+         "relative_linear_attention causal fft": lambda q, k, v, r: (
+             linattn.relative_linear_attention(q, k, v, r, is_causal=True, method="fft")),
+         "reference.relative_linear_attention": reference.relative_linear_attention}[_name])
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("batch", [(0, H), (B, 0)], ids=["B=0", "H=0"])
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_an_empty_batch_or_no_heads_give_an_empty_output(name, batch, impl):
+    """Zero sequences or zero heads: an empty output of the right shape, gradients too (the
+    decayed, window, causal Flowformer and portable gated forms failed in a reshape that
+    could not infer a -1 from 0 elements)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*batch, T, d, generator=g, dtype=torch.float64).requires_grad_(True)
+               for d in (D, D, DV))
+    with dispatch.use(impl=impl):
+        out = BATCHED[name](q, k, v)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.shape == (*batch, T, DV) and out.dtype == q.dtype
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
 @pytest.mark.parametrize("name", [*CALLS, *STEPS])
 def test_zero_head_dimension_is_a_clean_error(name):
     q, k, v = _qkv(D=0)

@@ -155,7 +155,9 @@ def chunked_form(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor |
         for c in range(n):
             inter.append(q_in[..., c, :, :] @ S)
             S = through[..., c, None, None] * S + own[..., c, :, :]
-        return (out + torch.stack(inter, dim=-3)).reshape(*batch, n * C, -1)[..., :T, :], S
+        # every size explicit: an empty batch (B or H = 0) cannot infer a -1
+        return (out + torch.stack(inter, dim=-3)).reshape(*batch, n * C, v.shape[-1]
+                                                          )[..., :T, :], S
     gkc = to_chunks(gk, C)  # (..., n, C, K)
     outs = []
     for c in range(n):
