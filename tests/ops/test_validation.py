@@ -533,3 +533,30 @@ def test_state_zeros_sizes_are_named(which, arg, value, exc):
     st = cls.zeros(**{**kw, "batch_shape": torch.Size([np.int64(2), 3]),
                       "num_features": np.int64(4)})
     assert st.S.shape == (2, 3, 4, 5)
+
+
+#: Every decoding step of the library: name -> call(q_t, k_t, v_t) with a 1-token state.
+ZERO_D_STEPS = {
+    "linear_attention_step": lambda q, k, v: linattn.linear_attention_step(
+        q, k, v, LinearAttentionState.zeros((), 1, 1, dtype=torch.float64)),
+    "decay_linear_attention_step": lambda q, k, v: linattn.decay_linear_attention_step(
+        q, k, v, 0.9, LinearAttentionState.zeros((), 1, 1, dtype=torch.float64)),
+    "window_linear_attention_step": lambda q, k, v: linattn.window_linear_attention_step(
+        q, k, v, linattn.window_linear_attention(*(torch.ones(1, 1, dtype=torch.float64),) * 3,
+                                                 window=2, return_state=True)[1], window=2),
+    "gated_linear_attention_step": lambda q, k, v: linattn.gated_linear_attention_step(q, k, v),
+    "delta_rule_step": lambda q, k, v: linattn.delta_rule_step(
+        q, k, v, torch.tensor(0.5, dtype=torch.float64), None),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_D_STEPS))
+@pytest.mark.parametrize("which", ["q_t", "k_t", "v_t"])
+def test_a_0d_step_input_is_named(name, which):
+    """A 0-D tensor was an IndexError: the check unsqueezed it before asking its dim()."""
+    args = {n: torch.ones(1, dtype=torch.float64) for n in ("q_t", "k_t", "v_t")}
+    args[which] = torch.tensor(1.0, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"^{which}: expected shape \(\.\.\., D\), got \(\)$"):
+        ZERO_D_STEPS[name](*args.values())
+    ones = torch.ones(1, dtype=torch.float64)
+    assert ZERO_D_STEPS[name](ones, ones, ones) is not None  # the same call with (1,) inputs

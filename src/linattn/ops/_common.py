@@ -97,11 +97,14 @@ def check_step_inputs(q_t: Tensor, k_t: Tensor, v_t: Tensor) -> None:
     if (isinstance(q_t, Tensor) and isinstance(k_t, Tensor) and isinstance(v_t, Tensor)
             and q_t.dtype == k_t.dtype == v_t.dtype and q_t.is_floating_point()
             and q_t.dim() >= 1 and q_t.shape == k_t.shape and q_t.shape[-1] > 0
-            and q_t.shape[:-1] == v_t.shape[:-1] and q_t.device == k_t.device == v_t.device):
+            and v_t.dim() == q_t.dim() and q_t.shape[:-1] == v_t.shape[:-1]
+            and q_t.device == k_t.device == v_t.device):
         return
     for name, t in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0:  # asked before the unsqueeze below, which a 0-D tensor fails
+            raise ValueError(f"{name}: expected shape (..., D), got ()")
     check_qkv(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), same_length=True)
 
 
