@@ -544,3 +544,15 @@ def test_a_seed_the_generators_cannot_take_is_named(seed):
     with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: random_state: expected "
                                          r"an integer in \[0, 4294967295\]"):
         ConvAttentionClassifier(**{**FAST, "random_state": seed}).fit(X, y)
+
+
+def test_an_unfitted_model_is_not_fitted_for_every_method(tmp_path):
+    """predict read classes_ before predict_proba checked the fit: AttributeError."""
+    from sklearn.exceptions import NotFittedError
+
+    X, y = _two_shapes(4)
+    est = ConvAttentionClassifier(**FAST)
+    for call in (est.predict, est.predict_proba, est.head_probas, lambda X: est.score(X, y),
+                 lambda X: est.save(tmp_path / "m")):
+        with pytest.raises(NotFittedError):
+            call(X)

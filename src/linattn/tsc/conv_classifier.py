@@ -533,7 +533,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                             net_weight=self.net_weight)
 
     def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_proba(X).argmax(1)]
+        proba = self.predict_proba(X)  # first: an unfitted model is NotFittedError there
+        return self.classes_[proba.argmax(1)]
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
