@@ -155,11 +155,16 @@ BATCHED = {
     "gated_linear_attention gk": lambda q, k, v: linattn.gated_linear_attention(
         q, k, v, gk=-q.detach().abs()),
     "delta_rule": lambda q, k, v: linattn.delta_rule(
-        q, k, v, torch.rand(q.shape[:-1], dtype=q.dtype)),
+        q, k, v, torch.rand(q.shape[:-1], dtype=q.dtype, device=q.device)),
+    "delta_rule gated": lambda q, k, v: linattn.delta_rule(
+        q, k, v, torch.rand(q.shape[:-1], dtype=q.dtype, device=q.device),
+        g=-q[..., 0].detach().abs(), gk=-q.detach().abs()),
+    "decay_linear_attention tensor": lambda q, k, v: linattn.decay_linear_attention(
+        q, k, v, torch.full(q.shape[1:2], 0.9, dtype=q.dtype, device=q.device)),
 }
 for _name in [n for n in BATCHED if "relative" in n]:  # r: one set of lags per head
     BATCHED[_name] = (lambda call: lambda q, k, v: call(q, k, v, r=torch.randn(
-        q.shape[1], 2 * q.shape[2] - 1, q.shape[3], dtype=q.dtype)))(
+        q.shape[1], 2 * q.shape[2] - 1, q.shape[3], dtype=q.dtype, device=q.device)))(
         {"relative_linear_attention": linattn.relative_linear_attention,
          "relative_linear_attention causal fft": lambda q, k, v, r: (
              linattn.relative_linear_attention(q, k, v, r, is_causal=True, method="fft")),
@@ -560,3 +565,32 @@ def test_a_0d_step_input_is_named(name, which):
         ZERO_D_STEPS[name](*args.values())
     ones = torch.ones(1, dtype=torch.float64)
     assert ZERO_D_STEPS[name](ones, ones, ones) is not None  # the same call with (1,) inputs
+
+
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_meta_tensors_give_meta_outputs(name):
+    """Shapes only (a model built on the meta device): the value checks of the gates, β and
+    decays have no values to read there (they called .item(): a RuntimeError)."""
+    if name.startswith("reference.") or "fft" in name:
+        pytest.skip("the references and the FFT form compute on values")
+    q, k, v = (torch.empty(B, H, T, d, device="meta", dtype=torch.float64) for d in (D, D, DV))
+    out = BATCHED[name](q, k, v)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.is_meta and out.shape == (B, H, T, DV)
+
+
+def test_meta_steps_give_meta_outputs():
+    """The steps' value checks (β, the gates, γ) on the meta device: no values to read."""
+    m = {"device": "meta", "dtype": torch.float64}
+    q = torch.empty(B, H, D, **m)
+    v = torch.empty(B, H, DV, **m)
+    state = LinearAttentionState.zeros((B, H), D, DV, **m)
+    outs = [
+        linattn.decay_linear_attention_step(q, q, v, 0.9, state)[0],
+        linattn.decay_linear_attention_step(q, q, v, torch.full((H,), 0.9, **m), state)[0],
+        linattn.gated_linear_attention_step(q, q, v, g_t=torch.empty(B, H, **m),
+                                            gk_t=torch.empty(B, H, D, **m))[0],
+        linattn.delta_rule_step(q, q, v, torch.empty(B, H, **m), None,
+                                g_t=torch.empty(B, H, **m))[0],
+    ]
+    assert all(o.is_meta and o.shape == (B, H, DV) for o in outs)
