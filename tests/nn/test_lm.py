@@ -404,7 +404,7 @@ def test_hybrid_bad_arguments():
 
 # --- tracing: torch.compile(fullgraph=True) and torch.export (issue 23 §2) ---
 #
-# The model's own code traces for every kind (the id range check stays out of traced code).
+# The model's own code traces for every kind (the ids' range an assertion node there).
 # Every attention kind traces: the ops' value checks become assertion nodes of the graph
 # (linattn.ops._common.check_values). The "aot_eager" backend runs Dynamo (the fullgraph
 # capture) and AOTAutograd (the backward graph) without compiling C++ (inductor: the slow
@@ -469,6 +469,22 @@ def test_export_equals_eager(attention):
     ep = torch.export.export(m, (ids,))
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(ids), m(ids), **TOL)
+
+
+@pytest.mark.parametrize("attention", KINDS)
+def test_export_with_a_dynamic_batch_equals_eager(attention):
+    """What docs/design.md promises of torch.export's dynamic shapes: the batch dimension may
+    be dynamic for every kind (the sequence length is static: each op picks its chunks and
+    blocks from T while tracing)."""
+    from torch.export import Dim
+
+    m = _tiny(attention)
+    ep = torch.export.export(m, (_ids(B=3, T=16),),
+                             dynamic_shapes={"ids": {0: Dim("B", min=1, max=64)}})
+    with torch.no_grad():
+        for B in (1, 5, 64):
+            ids = _ids(B=B, T=16, seed=B)
+            torch.testing.assert_close(ep.module()(ids), m(ids), **TOL)
 
 
 @pytest.mark.parametrize("attention", KINDS)
