@@ -265,6 +265,9 @@ CASES: list[Case] = [
          "cannot write the output", stdout="full", before_torch=True),
     # -- solve
     Case("solve-empty-input", lambda f, d: ["solve"], "empty input", before_torch=True),
+    Case("solve-header-of-4000-digits", lambda f, d: ["solve"], "expected 3·N·d values (a "
+         "number of about 4001 digits) after the header, got 3", before_torch=True,
+         stdin=b"9" * 4000 + b" 1\n1\n1\n1\n"),
     Case("solve-stdout-full", lambda f, d: ["solve"], "cannot write the output", stdout="full",
          stdin=b"1 1\n1\n1\n1\n"),
     # -- forda train: options, folders, run.json, the disk, divergence
@@ -272,6 +275,13 @@ CASES: list[Case] = [
          "integer, got 0", before_torch=True, absent=("run",)),
     Case("forda-threads-0", _forda_train("--threads", "0"), "--threads: expected a positive "
          "integer", before_torch=True, absent=("run",)),
+    Case("forda-set-patch-wider-than-the-recipes-window", _forda_train("--set", "patch=100000",
+                                                                       "--set", "window=40"),
+         "--set: window must be 0 or an integer >= patch", absent=("run",)),
+    Case("forda-set-patch-alone", lambda f, d: ["forda", "train", "--out", str(d / "run"),
+                                                "--data-dir", str(DATA), "--set",
+                                                "patch=100000"],
+         "--set: patch=100000 is wider than the final recipe's window=40", absent=("run",)),
     Case("forda-stages", _forda_train("--stages", "test"), "--stages: expected val and/or full",
          before_torch=True),
     Case("forda-recipe", _forda_train("--recipe", "magic"), "--recipe: unknown recipe 'magic'",
@@ -444,6 +454,13 @@ CASES: list[Case] = [
          "", status=0),
     Case("generate-stdout-closed", _gen(), "cannot write the output (standard output is "
          "closed)", closed="stdout"),
+    # messages that name the right thing (issue 51, 21)
+    Case("generate-prompt-not-utf8",
+         lambda f, d: ["lm", "generate", "--model", str(f.lm), "--prompt", "ab\udcffc",
+                       "--threads", "1"],
+         "--prompt: not UTF-8 text (character 2 is a lone surrogate '\\udcff'"),
+    Case("generate-checkpoint-missing-a-tensor", _gen(model="lm_missing"),
+         "checkpoint.pt: cannot load a model (missing tensor 'blocks.0.attn.q_proj.weight')"),
     Case("generate-threads-capped", _gen("--threads", "100000", "--max-new-tokens", "2"),
          "--threads: 100000 threads asked for", status=0),
     # -- bench
@@ -633,6 +650,12 @@ def _fixtures(root: Path) -> SimpleNamespace:
         (d / "run.json").write_bytes(data)
         setattr(f, name, d)
     f.bad_data = _bad_data(root / "bad_data")
+    # the LM's checkpoint without one of its tensors
+    ck = torch.load(f.lm / "checkpoint.pt", weights_only=True)
+    ck["model"].pop("blocks.0.attn.q_proj.weight")
+    (root / "lm_missing").mkdir()
+    torch.save(ck, root / "lm_missing" / "checkpoint.pt")
+    f.lm_missing = root / "lm_missing"
     f.lm_garbage = root / "lm_garbage"
     f.lm_garbage.mkdir()
     (f.lm_garbage / "checkpoint.pt").write_bytes(b"garbage\x80\x03")

@@ -556,3 +556,14 @@ def test_an_unfitted_model_is_not_fitted_for_every_method(tmp_path):
                  lambda X: est.save(tmp_path / "m")):
         with pytest.raises(NotFittedError):
             call(X)
+
+
+def test_no_series_and_complex_series_are_named():
+    """0 rows said 'y has one class'; complex X lost its imaginary part silently."""
+    X, y = _two_shapes(20)
+    with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: X has 0 series; "
+                                         r"fitting needs at least 2$"):
+        ConvAttentionClassifier(**FAST).fit(X[:0], y[:0])
+    with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: Complex data not "
+                                         r"supported: X holds complex\d+ values"):
+        ConvAttentionClassifier(**FAST).fit(X + 1j, y)

@@ -609,3 +609,15 @@ def test_thread_limit_holds_blas_to_n_threads_and_restores_it():
     assert blas_threads() == before and torch.get_num_threads() == torch_before
     with _ThreadLimit(None):  # None leaves both alone
         assert blas_threads() == before
+
+
+def test_complex_series_are_one_line():
+    """scikit-learn's own refusal of complex X ran to 15 lines."""
+    X, y = toy(n=20, length=16, n_classes=2)
+    with pytest.raises(ValueError, match=r"^LinearAttentionClassifier: Complex data not supported: "
+                                         r"X holds complex\d+ values; the series must be real "
+                                         r"numbers$"):
+        LinearAttentionClassifier(**TINY).fit(X + 1j, y)
+    est = LinearAttentionClassifier(**TINY).fit(X, y)
+    with pytest.raises(ValueError, match=r"^LinearAttentionClassifier: Complex data not"):
+        est.predict(X + 1j)

@@ -112,6 +112,8 @@ class _ClosedStream:
     it None, and the first ``print`` was an AttributeError. A write is an OSError, which
     :class:`_GuardedOutput` reports in one line."""
 
+    closed = True  # as a closed file says (a command may ask before its work)
+
     def __init__(self, name: str) -> None:
         self.name = name
 

@@ -192,6 +192,14 @@ def _params(args) -> dict:
         raise UserError(f"--set: {', '.join(removed)}: removed after linattn 0.1 (rejected "
                         "experiments, see docs/forda.md)")
     params = {**RECIPES[args.recipe], **sets, "random_state": args.seed}
+    # the recipe's window against the user's patch: name the option the user set (the check
+    # below would blame the recipe's window for it)
+    window, patch = params.get("window"), params.get("patch")
+    if "patch" in sets and "window" not in sets and isinstance(window, int) and \
+            isinstance(patch, int) and 0 < window < patch:
+        raise UserError(f"--set: patch={patch} is wider than the {args.recipe} recipe's "
+                        f"window={window} (a window covers its patch); set window=0 or a window "
+                        ">= patch too")
     if args.epochs is not None:
         params["epochs"] = args.epochs
     # recorded in run.json (a run.json without them predates them: 0); an explicit

@@ -72,7 +72,7 @@ from linattn._memory import check_fits
 from linattn.train_loop import CheckpointError, first_non_finite
 from linattn.tsc.competing import CompetingKernels
 from linattn.tsc.conv_tokens import ConvTokens, TokenNet, at_least, check_param
-from linattn.tsc.data import MISSING, fill_nan_padding
+from linattn.tsc.data import MISSING, fill_nan_padding, real_series
 from linattn.tsc.estimator import (
     _check_threads,
     _plain,
@@ -329,7 +329,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float32)
+        X = np.asarray(real_series(X, where), dtype=np.float32)
         if X.ndim != 2:
             raise ValueError(f"{where}: X must have shape (n_series, length), got {X.shape}")
         # contiguous: torch.from_numpy (the stem net's input) refuses a reversed view
@@ -426,6 +426,9 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         t0 = time.perf_counter()
         seed = self._checked_params("ConvAttentionClassifier.fit")
         X = self._series(X, "ConvAttentionClassifier.fit")
+        if len(X) < 2:  # said "y has one class" of no series at all
+            raise ValueError(f"ConvAttentionClassifier.fit: X has {len(X)} series; fitting "
+                             "needs at least 2")
         self._check_memory(len(X), "ConvAttentionClassifier.fit")
         y = np.asarray(y)
         if y.ndim != 1 or len(y) != len(X):

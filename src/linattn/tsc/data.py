@@ -51,6 +51,19 @@ def validation_split(y: np.ndarray, seed: int = VAL_SEED) -> tuple[np.ndarray, n
     return stratified_split(y, VAL_FRACTION, seed=seed)
 
 
+def real_series(X, where: str):
+    """``X`` (as an array when it is a list); a one-line ValueError naming ``where`` for
+    complex values. Cast to float32 their imaginary part is dropped (the convolutional
+    estimator did so silently, and scikit-learn's check refused them in 15 lines)."""
+    if not hasattr(X, "dtype"):  # a list; arrays and sparse matrices (refused later, by
+        X = np.asarray(X)        # scikit-learn's check, in its words) keep their type
+    if np.issubdtype(np.dtype(X.dtype), np.complexfloating):
+        # scikit-learn's wording opens the line (its estimator checks look for it)
+        raise ValueError(f"{where}: Complex data not supported: X holds {X.dtype} values; the "
+                         "series must be real numbers")
+    return X
+
+
 def encode_labels(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(classes, codes)``: the sorted distinct labels and each label's index among them."""
     classes, codes = np.unique(np.asarray(y), return_inverse=True)

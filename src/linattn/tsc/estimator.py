@@ -41,7 +41,7 @@ from linattn._config import SEED, THREADS, check_field_types, rename_deprecated,
 from linattn._io import read_json, write_atomic
 from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 from linattn.train_loop import first_non_finite
-from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding
+from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding, real_series
 from linattn.tsc.model import (
     REMOVED_OPTIONS,
     RENAMED,
@@ -322,6 +322,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         :class:`~linattn.tsc.training.Trainer` (``X_val``, ``checkpoint_dir``, ``progress`` …)."""
         model_params, tcfg = self.check_params()
         self.check_memory()
+        X = real_series(X, type(self).__name__)  # sklearn's own refusal runs to 15 lines
         X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
                              ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
@@ -356,6 +357,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
 
     def _logits(self, X) -> torch.Tensor:
         check_is_fitted(self, "model_")
+        X = real_series(X, type(self).__name__)
         X = validate_data(self, X, dtype=np.float32, reset=False, ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
         device = check_device(self.device, type(self).__name__)
