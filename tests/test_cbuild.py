@@ -436,10 +436,10 @@ def test_foreign_library_with_a_matching_record_is_not_used(
     assert answer_elsewhere(src, "answer", "answer") == "42"
     (built,) = cache.glob("answer-*.so")
     sidecar = built.with_name(built.name + ".sha256")
-    seal = json.loads(sidecar.read_text())["check"]
+    seal = _cbuild._seal("", ["answer"])  # the test load of this job (no check code)
     subprocess.run([shutil.which(CC or "cc"), "-shared", "-fPIC", "-o", str(built), "-x", "c",
                     "-"], input=FOREIGN, check=True)
-    _cbuild._write_record(built, seal)  # a record that matches
+    _cbuild._write_record(built, seal)  # a record that matches, vouching for these bytes
     proc = load_elsewhere(src, "answer", "answer")
     out, err = proc.communicate(timeout=300)
     assert out.strip() == "none" and proc.returncode == 0, err
@@ -596,3 +596,34 @@ def test_no_python_to_test_load_in_is_no_failed_build(
                                             r"load"):
         assert _cbuild.load_library(source(tmp_path), "answer", ["-O2"]) is None
     assert not list(cache.glob("*.failed"))
+
+
+@needs_cc
+def test_truncated_library_whose_record_was_rewritten_to_match_is_rebuilt(
+    tmp_path: Path, cache: Path, runs: Path
+) -> None:
+    """A record is no proof on its own: one rewritten to the size and hash of a truncated
+    library (its seal kept) loaded it, and dlopen died of SIGBUS in every later process. The
+    loader checks the library itself: the seal vouches for the hash of the bytes that passed
+    the test load, and a file shorter than its own ELF headers say is never opened."""
+    src = source(tmp_path)
+    assert answer_elsewhere(src) == "42"
+    (built,) = cache.glob("answer-*.so")
+    sidecar = built.with_name(built.name + ".sha256")
+    good, seal = built.read_bytes(), json.loads(sidecar.read_text())["check"]
+    os.truncate(built, 4096)
+    data = built.read_bytes()
+    sidecar.write_text(json.dumps({"size": len(data), "sha256":
+                                   _cbuild.hashlib.sha256(data).hexdigest(), "check": seal}))
+    assert answer_elsewhere(src) == "42"
+    assert count(runs) == 2 and built.read_bytes() == good
+
+
+def test_a_truncated_elf_file_is_incomplete(tmp_path: Path) -> None:
+    lib = Path(sys.executable)  # an ELF file on Linux; any file elsewhere
+    data = lib.read_bytes()
+    if not data.startswith(b"\x7fELF"):
+        pytest.skip("not an ELF system")
+    assert _cbuild.elf_complete(data)
+    assert not _cbuild.elf_complete(data[:4096])
+    assert not _cbuild.elf_complete(data[:10])

@@ -215,3 +215,43 @@ def test_real_forda_verifies():
     assert fXtr.shape == (64, 500) and fXte.shape == (40, 500)
     np.testing.assert_array_equal(fXtr, Xtr[:64])
     np.testing.assert_array_equal(fyte, yte[:40])
+
+
+@pytest.mark.parametrize("text, match", [
+    # a value float32 cannot hold became inf in the float32 array (then a fit traceback)
+    (tsv([[1, 2, 3], [2, "1e39", 3]]), r"line 2, column 2: '1e39' is not a finite number "
+                                       r"float32 holds"),
+    (tsv([[1, 2, 3], [2, 2, "-inf"]]), r"line 2, column 3: '-inf' is not a finite number"),
+])
+def test_values_float32_cannot_hold_are_named(tmp_path, text, match):
+    p = tmp_path / "Toy_TRAIN.tsv"
+    p.write_text(text)
+    with pytest.raises(UCRFormatError, match=match):
+        read_ucr_tsv(p)
+
+
+def test_labels_beyond_int64_stay_apart(tmp_path):
+    """1e20 and 2e20 were both cast to int64's minimum: one class, silently."""
+    p = tmp_path / "Toy_TRAIN.tsv"
+    p.write_text(tsv([["1e20", 1, 2], ["2e20", 3, 4], [3, 5, 6]]))
+    _, y = read_ucr_tsv(p)
+    assert len(np.unique(y)) == 3 and y.dtype == np.float64
+    with pytest.raises(UCRFormatError, match=r"Toy_TRAIN.tsv line 1: the label 1e\+20 is not an "
+                                             r"integer class id"):
+        datasets.check_class_ids(y, p)
+    datasets.check_class_ids(np.array([-1, 1, 2**53]), p)
+
+
+@pytest.mark.parametrize("train, test, match", [
+    (tsv([[1, 2, 3, 4], [1, 4, 5, 6]]), GOOD_TEST,
+     r"Toy_TRAIN.tsv: every series has the label 1; a classifier needs at least 2 classes"),
+    (GOOD_TRAIN, tsv([[2, 1, 2, 3], [3, 1, 1, 1]]), r"Toy_TEST.tsv line 2: label 3 is not a "
+                                                    r"class of Toy_TRAIN.tsv \(1, 2\)"),
+    (GOOD_TRAIN, tsv([[2, 1, 2], [1, 1, 1]]), r"Toy_TEST.tsv: series of length 2, TRAIN's have "
+                                              r"3"),
+])
+def test_a_split_a_classifier_cannot_use_is_named(tmp_path, train, test, match):
+    """A TEST label TRAIN lacks failed after training (IndexError in the scores)."""
+    write(tmp_path / "d", "Toy", train=train, test=test)
+    with pytest.raises(UCRFormatError, match=match):
+        load_ucr("Toy", data_dir=tmp_path / "d")

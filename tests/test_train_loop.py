@@ -227,6 +227,12 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path):
 @pytest.mark.parametrize("edit, match", [
     (lambda ck: ck["model"]["0.weight"].fill_(float("nan")), "0.weight holds non-finite"),
     (lambda ck: ck.pop("optimizer"), "does not fit this model"),
+    # the tensor named (torch's message had the keys on its second line)
+    (lambda ck: ck["model"].pop("2.bias"), r"does not fit this model \(missing tensor "
+                                           r"'2.bias'\)$"),
+    (lambda ck: ck["model"].update(extra=torch.zeros(1)), r"\(unexpected tensor 'extra'\)$"),
+    (lambda ck: ck["model"].update({"0.weight": torch.zeros(3, 4)}),
+     r"\('0.weight' has shape \(3, 4\) where the model has \(8, 4\)\)$"),
     (lambda ck: ck.pop("meta"), "incomplete checkpoint"),
     (lambda ck: ck.update(step=-1), "corrupt checkpoint"),
     (lambda ck: ck.update(history="[" * 100_000), "corrupt checkpoint"),

@@ -17,11 +17,15 @@ Beside each library ``<name>-<key>.so`` in the cache:
 
 * ``<name>-<key>.so.sha256``: JSON ``{"size": bytes, "sha256": hex, "check": seal}`` of the
   library, written (atomically) once the library is in place and passed its test load;
-  ``seal`` hashes the test it passed. A library is loaded only when size and hash match: a
-  truncated or corrupt file would crash the process, so a mismatch or a missing record means
-  "rebuild". A record without the seal (an older linattn, another test) gets the child test
-  load first. A library that loads but lacks an entry point of ``symbols`` (a foreign file
-  with a matching record) is not used: its record is removed, so the next process rebuilds.
+  ``seal`` hashes the test it passed *and the library's own hash*, so it vouches for those
+  bytes only. A library is loaded only when size and hash match: a truncated or corrupt file
+  would crash the process (SIGBUS in dlopen), so a mismatch or a missing record means
+  "rebuild". A record whose seal does not vouch for the file (an older linattn, another test,
+  a record rewritten to the size and hash of a truncated file) gets the child test load
+  first, and a file shorter than its own ELF headers say (:func:`elf_complete`) is never
+  opened in this process at all. A library that loads but lacks an entry point of
+  ``symbols`` (a foreign file with a matching record) is not used: its record is removed, so
+  the next process rebuilds.
 * ``<name>-<key>.so.lock``: held with ``flock`` while building, so concurrent first runs
   compile once (the others wait, then load what the first built; for at most twice the
   compiler timeout and 30 s). Where ``fcntl`` or file locks are unavailable the build runs unlocked
@@ -76,6 +80,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from linattn._config import env_setting
 from linattn._io import atomic_path, user_cache_dir, write_atomic
 
 fcntl: ModuleType | None
@@ -85,7 +90,9 @@ except ImportError:  # not on Windows (where load_library returns None anyway)
     fcntl = None
 
 __all__ = ["load_library", "build_library", "library_path", "BuildError", "warn_failure",
-           "compiler", "compiler_identity", "cc_timeout", "cpu_tag", "cpu_flags", "warn_once"]
+           "compiler", "compiler_identity", "cc_timeout", "cpu_tag", "cpu_flags", "warn_once",
+           "native_setting", "isa_setting", "check_environment", "ISA_NAMES", "SETTINGS",
+           "setting"]
 
 #: A ``.failed`` or ``.timeout`` marker older than this is ignored: the build is tried again.
 MARKER_TTL_S = 24 * 3600
@@ -101,20 +108,71 @@ def compiler() -> str | None:
     return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
 
 
+#: The compiled builds by name (:data:`linattn.ops.native.ISA_FLAGS` holds their flags; a test
+#: holds the two equal), here torch-free for the settings below.
+ISA_NAMES: tuple[str, ...] = ("native", "avx512", "avx2", "generic", "scalar")
+_OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
+
+
+def _native(value: str) -> str | None:
+    value = value.lower()
+    return "0" if value in _OFF else "1" if value in _ON else "auto" if value == "auto" else None
+
+
+def _seconds(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 and math.isfinite(seconds) else None
+
+
+#: Every ``LINATTN_*`` setting: name → (how a value is read, None for one it does not take;
+#: the value when unset, empty or refused; what it takes; what a refused one means). One rule
+#: for all (:func:`linattn._config.env_setting`): a bad value warns once and is ignored.
+SETTINGS: dict[str, tuple] = {
+    "LINATTN_NATIVE": (_native, "auto", "one of 0, 1, off, on, false, true, no, yes, auto",
+                       "auto"),
+    "LINATTN_NATIVE_ISA": (lambda v: v.lower() if v.lower() in ISA_NAMES else None, None,
+                           f"one of {', '.join(ISA_NAMES)}", "the calibration's choice"),
+    "LINATTN_CC_TIMEOUT": (_seconds, CC_TIMEOUT_S, "a positive number of seconds",
+                           f"{CC_TIMEOUT_S:g}"),
+}
+
+
+def setting(name: str):
+    """The value of setting ``name`` (:data:`SETTINGS`): a bad one warns once and is ignored."""
+    return env_setting(name, *SETTINGS[name], warn_once)
+
+
+def native_setting() -> str:
+    """``LINATTN_NATIVE``: "0" (off: 0, off, false, no), "1" (on wherever it applies: 1, on,
+    true, yes) or "auto" (unset, empty or "auto": measured), in any case."""
+    return setting("LINATTN_NATIVE")
+
+
+def isa_setting() -> str | None:
+    """``LINATTN_NATIVE_ISA``: one build (:data:`ISA_NAMES`, any case) for every compiled
+    call, or None (an unknown build was a traceback at the first compiled call)."""
+    return setting("LINATTN_NATIVE_ISA")
+
+
+def check_environment() -> list[str]:
+    """Read every ``LINATTN_*`` setting now: each bad one is one warning line (once per
+    process) before a command starts its work, not at its first compiled call. Returns the
+    names of the variables whose values were refused."""
+    refused = []
+    for name, (parse, *_) in SETTINGS.items():
+        setting(name)
+        raw = os.environ.get(name, "").strip()
+        if raw and parse(raw) is None:
+            refused.append(name)
+    return refused
+
+
 def cc_timeout() -> float:
     """``LINATTN_CC_TIMEOUT`` (seconds, > 0), else :data:`CC_TIMEOUT_S`."""
-    raw = os.environ.get("LINATTN_CC_TIMEOUT", "").strip()
-    if not raw:
-        return CC_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if value > 0 and math.isfinite(value):
-        return value
-    warn_once("cc-timeout", f"linattn: LINATTN_CC_TIMEOUT={raw!r} is not a positive number of "
-                            f"seconds; using {CC_TIMEOUT_S:g}.")
-    return CC_TIMEOUT_S
+    return setting("LINATTN_CC_TIMEOUT")
 
 
 def _signame(num: int) -> str:
@@ -274,10 +332,51 @@ def _digest(data: bytes) -> dict[str, int | str]:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _vouched(seal: str, digest: dict[str, int | str]) -> str:
+    """A record's ``check``: the test load ``seal`` bound to the bytes that passed it."""
+    return hashlib.sha256(f"{seal}:{digest['size']}:{digest['sha256']}".encode()
+                          ).hexdigest()[:16]
+
+
 def _write_record(target: Path, seal: str) -> None:
-    """Record ``target``'s size and hash, and the test load it passed (``seal``)."""
-    record = {**_digest(target.read_bytes()), "check": seal}
-    write_atomic(_sidecar(target), json.dumps(record).encode())
+    """Record ``target``'s size and hash, and the test load these bytes passed (``seal``)."""
+    digest = _digest(target.read_bytes())
+    write_atomic(_sidecar(target), json.dumps({**digest, "check": _vouched(seal, digest)}
+                                              ).encode())
+
+
+def elf_complete(data: bytes) -> bool:
+    """Whether ``data`` holds every byte its ELF headers point to (the program and section
+    header tables and each segment's file bytes). A truncated shared library maps pages past
+    its end, and dlopen dies of SIGBUS on them. A file that is not ELF (Mach-O, ...) passes:
+    its record's hash and the test load are the checks there."""
+    import struct
+
+    if data[:4] != b"\x7fELF":
+        return True
+    if len(data) < 52:
+        return False
+    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
+    try:
+        if wide:
+            phoff, shoff = struct.unpack_from(order + "QQ", data, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 54)
+        else:
+            phoff, shoff = struct.unpack_from(order + "II", data, 28)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", data, 42)
+        if phoff + phnum * phentsize > len(data) or shoff + shnum * shentsize > len(data):
+            return False
+        for i in range(phnum):  # each segment's bytes in the file: p_offset + p_filesz
+            at = phoff + i * phentsize
+            if wide:
+                offset, filesz = struct.unpack_from(order + "Q8x8xQ", data, at + 8)
+            else:
+                offset, filesz = struct.unpack_from(order + "I8xI", data, at + 4)
+            if offset + filesz > len(data):
+                return False
+    except struct.error:
+        return False
+    return True
 
 
 def _mark(marker: Path | None, data: bytes) -> Path | None:
@@ -346,18 +445,21 @@ def _load_cached(target: Path, job: _Job) -> ctypes.CDLL | None:
         record = json.loads(sidecar.read_text())
         if not isinstance(record, dict):
             return None
-        digest = _digest(target.read_bytes())
-        if digest != {"size": record.get("size"), "sha256": record.get("sha256")}:
+        data = target.read_bytes()
+        digest = _digest(data)
+        if digest != {"size": record.get("size"), "sha256": record.get("sha256")} or \
+                not elf_complete(data):
             return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a record nested too deeply: no record
         return None
-    if record.get("check") != job.seal:
+    if record.get("check") != _vouched(job.seal, digest):  # not these bytes' test load
         try:
             _test_load(target, job)
         except BuildError:
             return None  # rebuild
         with suppress(OSError):
-            write_atomic(sidecar, json.dumps({**digest, "check": job.seal}).encode())
+            write_atomic(sidecar, json.dumps({**digest, "check": _vouched(job.seal, digest)}
+                                             ).encode())
     try:
         lib = ctypes.CDLL(str(target))
     except OSError:
@@ -394,7 +496,7 @@ def _hung_before(hung: Path, job: _Job) -> None:
         return
     try:
         recorded = float(json.loads(hung.read_text())["timeout"])
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         recorded = math.inf
     if job.timeout <= recorded:
         raise _timed_out(job, recorded, hung, before=True)

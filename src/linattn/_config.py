@@ -15,8 +15,10 @@
   is loaded). Shared declarations live here (:data:`THREADS`, :data:`POSITIVE_INT`,
   :data:`FEATURE_MAP_NAMES`); those of one configuration beside it, torch-free
   (:data:`linattn.nn.mixers.CONFIG_CHECKS`, :mod:`linattn.lm.options`).
-* Thread counts (:func:`capped_threads`, :func:`set_threads`): checked, and capped at the CPUs
-  this process may run on with one warning (torch and OpenMP crash on absurd counts).
+* Environment settings (:func:`env_setting`): the one rule of every ``LINATTN_*`` variable.
+* Thread counts (:func:`capped_threads`, :func:`set_threads`, :func:`torch_threads`): checked,
+  and capped at the CPUs this process may run on with one warning (torch and OpenMP crash on
+  absurd counts). Every place that takes a user's count goes through them.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ import os
 import sys
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = ["rename_deprecated", "renamed_keywords", "Removed", "drop_removed",
            "check_field_types", "check_ranges", "Range", "Check", "THREADS", "POSITIVE_INT",
-           "INTEGER", "FEATURE_MAP_NAMES", "available_cpus", "capped_threads", "set_threads"]
+           "INTEGER", "SEED", "FEATURE_MAP_NAMES", "available_cpus", "capped_threads",
+           "set_threads", "torch_threads", "shown", "env_setting"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -169,6 +173,15 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` for a one-line message; an integer of 60 digits or more by its size
+    (Python refuses to print one of more than 4,300 digits, and a 4 KB line says nothing)."""
+    if isinstance(value, numbers.Integral) and not _is_bool(value) \
+            and abs(int(value)) >= 10 ** 60:
+        return f"{'-' if value < 0 else ''}an integer of {abs(int(value)).bit_length()} bits"
+    return repr(value)
+
+
 @dataclass(frozen=True)
 class Check:
     """The type and allowed values of one option, declared once for the library and the
@@ -214,7 +227,7 @@ class Check:
             ok = isinstance(value, str) and (self.choices is None
                                              or value.lower() in self.choices)
             if not ok:
-                raise ValueError(f"{name}: expected {self.expected()}, got {value!r}")
+                raise ValueError(f"{name}: expected {self.expected()}, got {shown(value)}")
             return value if self.choices is None else value.lower()
         if self.kind is int:
             ok = isinstance(value, numbers.Integral) and not _is_bool(value)
@@ -222,34 +235,41 @@ class Check:
             ok = (isinstance(value, numbers.Real) and not _is_bool(value)
                   and math.isfinite(value))
         if not ok or (self.range is not None and not self.range.holds(value)):
-            raise ValueError(f"{name}: expected {self.expected()}, got {value!r}")
+            raise ValueError(f"{name}: expected {self.expected()}, got {shown(value)}")
         return value
 
     def parse(self, text: str) -> Any:
         """The value of a command-line flag (argparse's ``type=``): argparse reports an
         ``ArgumentTypeError`` as ``argument --flag: expected ..., got ...``."""
-        shown = repr(text)
+        said = repr(text)
         if self.kind is str:
             value: Any = text
         else:
             try:
                 value = int(text) if self.kind is int else float(text)
-                shown = text
-            except ValueError:
+                said = text if len(text) < 60 else shown(value)
+            except ValueError:  # not a number, or more digits than int() reads
                 value = None
+                digits = text.strip().lstrip("+-")
+                said = (repr(text) if len(text) < 60 else f"an integer of {len(digits)} digits"
+                        if digits.isdigit() else f"{text[:40]!r}…")
         try:
             if value is None:
                 raise ValueError
             return self.check("", value)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected {self.expected()}, got {shown}") from None
+                f"expected {self.expected()}, got {said}") from None
 
 
 #: An integer >= 1 (sizes, counts, steps).
 POSITIVE_INT = Check(int, Range(1, math.inf))
-#: Any integer (seeds).
+#: Any integer.
 INTEGER = Check(int)
+#: A random seed: an integer in [0, 2**32 − 1], what NumPy's and torch's generators take, with
+#: room for the seeds derived from it (``seed * 1_000_003 + step``, ``3 * seed + split``,
+#: ``random_state + m``); 2**70 failed inside torch ("Overflow when unpacking long long").
+SEED = Check(int, Range(0, 2**32 - 1, True, True))
 #: Torch threads: ``n_threads`` of the estimator, ``--threads`` of every command. Counts above
 #: the CPUs available are capped there (:func:`capped_threads`).
 THREADS = Check(int, Range(1, math.inf))
@@ -290,3 +310,39 @@ def set_threads(n: Any, name: str = "n_threads") -> int | None:
 
     torch.set_num_threads(n)
     return n
+
+
+@contextmanager
+def torch_threads(n: Any, name: str = "n_threads") -> Iterator[int | None]:
+    """Run the block on ``n`` torch threads (:func:`set_threads`: checked and capped; None
+    leaves torch's setting), then restore the caller's count. Yields the count set."""
+    if n is None:
+        yield None
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    n = capped_threads(n, name)
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+
+
+def env_setting(name: str, parse: Callable[[str], Any], fallback: Any, expected: str,
+                using: str, warn: Callable[[str, str], Any]) -> Any:
+    """The environment variable ``name`` as ``parse`` reads its stripped value (None: not a
+    value it takes), ``fallback`` when it is unset or empty. A value ``parse`` refuses is one
+    warning line through ``warn(key, message)`` (the caller's warn-once), naming the variable,
+    what it takes (``expected``) and what is used instead (``using``), then ``fallback``: the
+    one rule of ``LINATTN_NATIVE``, ``LINATTN_NATIVE_ISA`` and ``LINATTN_CC_TIMEOUT`` (a
+    setting is never a traceback at the first compiled call)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return fallback
+    value = parse(raw)
+    if value is None:
+        warn(f"env:{name}={raw}", f"linattn: {name}={raw!r} is not {expected}; using {using}")
+        return fallback
+    return value

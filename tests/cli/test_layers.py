@@ -152,6 +152,12 @@ def _with_command(monkeypatch, func) -> None:
     (CheckpointError("/x/ck.pt: corrupt\nmore"), "linattn probe-cmd: error: /x/ck.pt: corrupt"),
     (NonFiniteError("training diverged at step 3"),
      "linattn probe-cmd: error: training diverged at step 3"),
+    # an allocation that still fails past the memory estimates (issue 51): one line, no
+    # traceback
+    (MemoryError(), "linattn probe-cmd: error: out of memory; choose smaller sizes"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough "
+                  "memory: you tried to allocate 4398046511104 bytes."),
+     "linattn probe-cmd: error: out of memory (4 TiB asked for); choose smaller sizes"),
 ])
 def test_main_turns_user_errors_into_one_line(monkeypatch, capsys, raise_, line):
     def boom():
@@ -176,3 +182,68 @@ def test_main_reader_left_is_quiet_and_a_bug_still_raises(monkeypatch, capsys):
     _with_command(monkeypatch, bug)
     with pytest.raises(ZeroDivisionError):
         main(["probe-cmd"])
+
+    def torch_bug():
+        raise RuntimeError("shape mismatch: a bug, not memory")
+
+    _with_command(monkeypatch, torch_bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(["probe-cmd"])
+
+
+def test_huge_integers_are_shown_by_their_size():
+    """A 4,000-digit value made a 4 KB error line (and over 4,300 digits Python refuses to
+    print it at all): the messages give its size instead."""
+    from linattn._config import SEED
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^expected an integer in "
+                                                         r"\[0, 4294967295\], got an integer "
+                                                         r"of 13288 bits$"):
+        SEED.parse("9" * 4000)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"got an integer of 5000 digits$"):
+        SEED.parse("9" * 5000)  # more digits than int() reads
+    with pytest.raises(ValueError, match=r"^seed: expected .*, got an integer of 3322 bits$"):
+        SEED.check("seed", 10**1000)
+    assert SEED.parse(str(2**32 - 1)) == 2**32 - 1
+
+
+def test_a_closed_standard_output_is_one_line_and_a_closed_stderr_is_silence(monkeypatch,
+                                                                              capsys):
+    """A process started with `>&-` has sys.stdout None: the first print was an
+    AttributeError. With `2>&-` (sys.stderr None) the command runs, its messages lost."""
+    def prints():
+        print("result")
+
+    _with_command(monkeypatch, prints)
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["probe-cmd"]) == 2
+    assert capsys.readouterr().err == ("linattn probe-cmd: error: cannot write the output "
+                                       "(standard output is closed)\n")
+    assert sys.stdout is None  # restored as it was
+    monkeypatch.undo()
+
+    def warns_then_fails():
+        import warnings
+        warnings.warn("a warning with nowhere to go", RuntimeWarning, stacklevel=2)
+        raise UserError("an error with nowhere to go")
+
+    _with_command(monkeypatch, warns_then_fails)
+    monkeypatch.setattr(sys, "stderr", None)
+    assert main(["probe-cmd"]) == 2  # the status still says it
+    assert sys.stderr is None
+
+
+def test_help_into_a_full_disk_is_an_error(monkeypatch, capsys):
+    """argparse swallowed the failed write of --help and --version: exit 0, nothing
+    written."""
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    assert main(["--help"]) == 2
+    assert capsys.readouterr().err == ("linattn: error: cannot write the output (No space left "
+                                       "on device)\n")

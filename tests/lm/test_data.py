@@ -43,3 +43,10 @@ def test_validation_windows_cover_the_first_tokens_without_overlap():
     assert [len(b) for b in batches] == [3, 1]  # 45 targets: 4 windows of 10
     w = torch.cat(batches)
     assert torch.equal(w[:, 0], torch.arange(0, 40, 10)) and w.shape[1] == 11
+
+
+def test_a_budget_without_a_validation_file_names_corpus_bytes():
+    """Said 'no Python source found' of a stdlib full of it."""
+    with pytest.raises(ValueError, match=r"^corpus_bytes: 20000 bytes hold \d+ file\(s\), too "
+                                         r"few for a validation file"):
+        stdlib_corpus(20_000)

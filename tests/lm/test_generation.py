@@ -71,3 +71,39 @@ def test_non_finite_or_garbage_checkpoint_is_refused(tmp_path):
 def test_generate_text_checks_its_options_at_once(kw, match):
     with pytest.raises(ValueError, match=match):
         generate_text(_model(), "def ", **{"max_new_tokens": 3, **kw})
+
+
+def test_a_cosformer_past_its_horizon_is_refused_before_the_first_piece():
+    """The stream failed after printing about 1 KB; now generate_text raises at once, naming
+    the option (the prompt's tokens and the new ones but the last are read)."""
+    model = _model(attention="cosformer")
+    with pytest.raises(ValueError, match=r"^max_new_tokens: cosformer's weights hold for 1024 "
+                                         r"positions, 1025 asked for$"):
+        generate_text(model, "def ", 1022)
+    with pytest.raises(ValueError, match=r"^prompt: cosformer's weights hold for 1024 "):
+        generate_text(model, "x" * 1025, 1)
+    assert len(list(generate_text(model, "def ", 1021))) > 0  # 1024 positions: fits
+
+
+def test_a_prompt_that_is_not_utf8_is_named():
+    """A command-line argument with a byte that is not UTF-8 reaches Python as a lone
+    surrogate: its encoding error named no option."""
+    with pytest.raises(ValueError, match=r"^prompt: not UTF-8 text \(character 2 is a lone "
+                                         r"surrogate '\\udcff'"):
+        generate_text(_model(), "ab\udcffc", 3)
+
+
+def test_a_checkpoint_missing_a_tensor_names_it(tmp_path):
+    model = _model()
+    weights = model.state_dict()
+    weights.pop("blocks.0.attn.k_proj.weight")
+    torch.save({"model_config": model.config.to_dict(), "model": weights}, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError, match=r"m.pt: cannot load a model \(missing tensor "
+                                              r"'blocks.0.attn.k_proj.weight'\)$"):
+        load_model(tmp_path / "m.pt")
+    weights = model.state_dict()
+    weights["embed.weight"] = weights["embed.weight"][:10]
+    torch.save({"model_config": model.config.to_dict(), "model": weights}, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError, match=r"'embed.weight' has shape \(10, 16\) where the "
+                                              r"model has \(256, 16\)"):
+        load_model(tmp_path / "m.pt")

@@ -151,3 +151,48 @@ def test_checkpoint_every_is_checked():
     for bad in (-1.0, float("nan"), "60"):
         with pytest.raises(ValueError, match="^checkpoint_every: expected a finite number >= 0"):
             Trainer(MODEL, TRAIN, corpus=CORPUS, checkpoint_every=bad)
+
+
+def test_a_run_folder_has_one_trainer_at_a_time(tmp_path):
+    """Two runs into one folder would both write its checkpoint and interleave its metrics: the
+    second is refused while the first holds the folder, and may start once it is done."""
+    from linattn._io import FolderInUseError
+
+    first = Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS)
+    with pytest.raises(FolderInUseError, match="in use by another linattn run"):
+        Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS)
+    first.run()
+    with pytest.raises(FileExistsError):  # done: a finished run, not a busy one
+        Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS)
+    Trainer(MODEL, TRAIN, out=tmp_path / "run", corpus=CORPUS, resume=True).run()
+
+
+@pytest.mark.parametrize("model, train, name", [
+    ({"d_model": 65536, "num_heads": 1}, {}, "d_model"),
+    ({}, {"batch_size": 10**9}, "batch_size"),
+    ({}, {"context": 10**9}, "context"),
+    ({"short_conv": 10**9}, {}, "short_conv"),
+])
+def test_absurd_sizes_are_refused_before_anything_is_allocated(model, train, name, tmp_path):
+    """Were an OOM kill (137) or an allocation traceback; now one ValueError naming the
+    option, and no run folder."""
+    cfg = LMConfig(**{**MODEL.to_dict(), **model})
+    with pytest.raises(ValueError, match=rf"^{name}: training this model needs about "):
+        Trainer(cfg, TrainConfig(**{**TRAIN.to_dict(), **train}), out=tmp_path / "run",
+                corpus=CORPUS)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_context_the_corpus_or_the_kind_cannot_hold_is_refused_before_training(tmp_path):
+    """Were errors at the first step or the first evaluation (after the corpus line), and an
+    IndexError for a validation split shorter than a window."""
+    small = (TEXT[:500], TEXT[:100], CORPUS[2])
+    with pytest.raises(ValueError, match=r"^context: 600 needs at least 602 training tokens, "
+                                         r"the corpus has 500$"):
+        Trainer(MODEL, TrainConfig(**{**TRAIN.to_dict(), "context": 600}), corpus=small)
+    with pytest.raises(ValueError, match=r"^context: 200 needs at least 201 validation tokens, "
+                                         r"the corpus has 100$"):
+        Trainer(MODEL, TrainConfig(**{**TRAIN.to_dict(), "context": 200}), corpus=small)
+    with pytest.raises(ValueError, match=r"^context: cosformer's weights hold for 1024 "):
+        Trainer(LMConfig(256, 16, 1, 2, attention="cosformer"),
+                TrainConfig(**{**TRAIN.to_dict(), "context": 2000}), corpus=CORPUS)

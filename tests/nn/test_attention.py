@@ -235,3 +235,10 @@ def test_flow_attention_errors():
         MultiheadLinearAttention(8, 2, attention="soft")
     with pytest.raises(ValueError, match="^attention: 'flow' takes neither max_len"):
         MultiheadLinearAttention(8, 2, attention="flow", max_len=4)
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_is_causal_is_a_flag_checked_at_construction(flag):
+    """Constructed fine and failed only at the first forward."""
+    with pytest.raises(TypeError, match=r"^is_causal: expected a bool, got "):
+        MultiheadLinearAttention(16, 2, is_causal=flag)

@@ -392,7 +392,8 @@ def test_hybrid_bad_arguments():
     with pytest.raises(ValueError, match="^window: only used with attention='hybrid'"):
         DecayedMultiheadAttention(16, 2, window=8)  # the module's own check
     for bad in (0, -3, 2.5):
-        with pytest.raises(ValueError, match="^window: expected a positive integer"):
+        with pytest.raises(ValueError, match=r"^window: expected an integer in "
+                                             r"\[1, 2147483647\]"):
             LinearTransformerLM(V, 32, 1, 4, attention="hybrid", window=bad)
     m = _hybrid()
     with torch.no_grad():
@@ -403,7 +404,7 @@ def test_hybrid_bad_arguments():
 
 # --- tracing: torch.compile(fullgraph=True) and torch.export (issue 23 §2) ---
 #
-# The model's own code traces for every kind (the id range check stays out of traced code).
+# The model's own code traces for every kind (the ids' range an assertion node there).
 # Every attention kind traces: the ops' value checks become assertion nodes of the graph
 # (linattn.ops._common.check_values). The "aot_eager" backend runs Dynamo (the fullgraph
 # capture) and AOTAutograd (the backward graph) without compiling C++ (inductor: the slow
@@ -468,6 +469,22 @@ def test_export_equals_eager(attention):
     ep = torch.export.export(m, (ids,))
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(ids), m(ids), **TOL)
+
+
+@pytest.mark.parametrize("attention", KINDS)
+def test_export_with_a_dynamic_batch_equals_eager(attention):
+    """What docs/design.md promises of torch.export's dynamic shapes: the batch dimension may
+    be dynamic for every kind (the sequence length is static: each op picks its chunks and
+    blocks from T while tracing)."""
+    from torch.export import Dim
+
+    m = _tiny(attention)
+    ep = torch.export.export(m, (_ids(B=3, T=16),),
+                             dynamic_shapes={"ids": {0: Dim("B", min=1, max=64)}})
+    with torch.no_grad():
+        for B in (1, 5, 64):
+            ids = _ids(B=B, T=16, seed=B)
+            torch.testing.assert_close(ep.module()(ids), m(ids), **TOL)
 
 
 @pytest.mark.parametrize("attention", KINDS)
@@ -611,3 +628,93 @@ def test_no_mlp_when_mlp_dim_is_zero():
     m(ids).sum().backward()
     with pytest.raises(ValueError, match="mlp_dim"):
         LinearTransformerLM(40, 16, 2, 2, mlp_dim=-1)
+
+
+def test_ids_out_of_range_inside_a_graph_are_an_assertion():
+    """Traced, the ids' range is an assertion node of the graph (as the ops' gate checks are):
+    the exported program and a compiled model raise a RuntimeError naming the range. It was
+    checked in eager only, and a graph compiled by Inductor then aborted the process (SIGABRT)
+    in its own bounds check of the embedding gather (test below)."""
+    m = LinearTransformerLM(V, 16, 1, 2).eval()
+    ids = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(0))
+    ep = torch.export.export(m, (ids,))
+    asserts = [n for n in ep.graph.nodes if "assert" in str(n.target)
+               and any(f"ids: values must lie in [0, {V})" in str(a) for a in n.args)]
+    assert asserts, ep.graph
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(ids), m(ids), rtol=0, atol=0)
+        for bad in (torch.full((2, 8), V), torch.full((2, 8), -1)):
+            with pytest.raises(RuntimeError, match=rf"ids: values must lie in \[0, {V}\)"):
+                ep.module()(bad)
+        compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(ids), m(ids), rtol=0, atol=0)
+        with pytest.raises(RuntimeError, match=rf"ids: values must lie in \[0, {V}\)"):
+            compiled(torch.full((2, 8), V + 33))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(map(__import__("shutil").which, ("c++", "g++", "clang++"))),
+                    reason="Inductor needs a C++ compiler")
+def test_an_inductor_compiled_model_raises_on_bad_ids_in_a_serving_process():
+    """The issue's case in a process of its own (the failure was SIGABRT): Inductor, dynamic
+    T, a batch large enough for a parallel loop. About three minutes of compiling."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from linattn.nn import LinearTransformerLM
+torch.manual_seed(0)
+m = LinearTransformerLM(64, 16, 1, 2).eval()
+cm = torch.compile(m, fullgraph=True, dynamic=True)
+with torch.no_grad():
+    cm(torch.randint(0, 64, (2, 8)))
+    try:
+        cm(torch.full((512, 200), 70))
+    except RuntimeError as err:
+        print("RuntimeError:", err)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "RuntimeError: ids: values must lie in [0, 64)" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax", "hybrid", "gated_delta", "gla",
+                                       "deltanet", "cosformer", "flowformer"])
+def test_a_tiny_temperature_is_greedy_for_every_kind(attention):
+    """logits / 1e-300 overflowed to inf, and multinomial raised 'probability tensor contains
+    either inf, nan or element < 0'; the logits are now shifted by their maximum first, so
+    any temperature > 0 is a distribution (at 1e-300: all on the arg-max)."""
+    from linattn.nn.mixers import MIXERS
+
+    assert attention in MIXERS
+    m = _model(attention)
+    ids = _ids(B=2, T=5)
+    greedy = m.generate(ids, 6, temperature=0.0)
+    for t in (1e-300, 5e-324):
+        g = torch.Generator().manual_seed(0)
+        assert torch.equal(m.generate(ids, 6, temperature=t, generator=g), greedy)
+        assert torch.equal(m.generate(ids, 6, temperature=t, top_k=3, generator=g), greedy)
+
+
+def test_every_kind_is_in_the_tiny_temperature_test():
+    from linattn.nn.mixers import MIXERS
+
+    tested = {"linear", "softmax", "hybrid", "gated_delta", "gla", "deltanet", "cosformer",
+              "flowformer"}
+    assert set(MIXERS) == tested
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax", "hybrid", "gated_delta", "gla",
+                                       "deltanet", "cosformer", "flowformer"])
+def test_an_empty_batch_gives_empty_logits_for_every_kind(attention):
+    """No sequence (B = 0): empty logits and a state, no error (the linear and hybrid mixers
+    failed in a reshape of their ops)."""
+    m = _model(attention, **({"window": 4} if attention == "hybrid" else {}))
+    ids = torch.zeros(0, 5, dtype=torch.long)
+    with torch.no_grad():
+        logits, state = m(ids, return_state=True)
+        assert logits.shape == (0, 5, V)
+        step, _ = m(ids[:, :1], state, return_state=True)
+    assert step.shape == (0, 1, V)

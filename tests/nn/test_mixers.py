@@ -161,3 +161,25 @@ def test_state_types_with_the_same_fields_need_the_kind(monkeypatch):
     assert torch.equal(back.layers[0].S, st.layers[0].S) and back.position == 3
     with pytest.raises(ValueError, match="no state type of"):
         LMState.from_dict({"position": torch.tensor(0), "layers.0.q": torch.zeros(1)})
+
+
+def test_positions_past_what_a_kind_holds_are_named():
+    from linattn.nn.mixers import COSFORMER_HORIZON, check_positions
+
+    check_positions("cosformer", COSFORMER_HORIZON, "context")
+    check_positions("linear", 10**12, "context")  # no limit
+    with pytest.raises(ValueError, match=r"^context: cosformer's weights hold for 1024 "
+                                         r"positions, 1025 asked for$"):
+        check_positions("cosformer", COSFORMER_HORIZON + 1, "context")
+
+
+def test_a_window_a_state_cannot_keep_is_refused_by_the_config():
+    """The hybrid's state keeps the last `window` keys, at most 2**31 − 1 (was a library
+    error at the first forward)."""
+    from linattn.nn.mixers import check_config
+
+    base = {"vocab_size": 8, "d_model": 8, "num_layers": 1, "num_heads": 2,
+            "attention": "hybrid"}
+    check_config({**base, "window": 2**31 - 1})
+    with pytest.raises(ValueError, match=r"^window: expected an integer in \[1, 2147483647\]"):
+        check_config({**base, "window": 2**31})

@@ -158,15 +158,45 @@ def test_native_setting_spellings(monkeypatch, value, want):
     assert dispatch.native_setting() == want
 
 
-def test_unknown_settings_warn_or_raise_naming_the_variable(monkeypatch):
+def test_unknown_settings_warn_once_naming_the_variable_and_are_ignored(monkeypatch):
+    """One rule for every setting (issue 51: a bad LINATTN_NATIVE_ISA was a traceback at the
+    first compiled call, where LINATTN_NATIVE and LINATTN_CC_TIMEOUT warned)."""
+    from linattn import _cbuild
+
+    monkeypatch.setattr(_cbuild, "_warned", set())
     monkeypatch.setenv("LINATTN_NATIVE", "sometimes")
-    dispatch._warned.discard("env:sometimes")
-    with pytest.warns(RuntimeWarning, match="LINATTN_NATIVE='sometimes'"):
+    with pytest.warns(RuntimeWarning, match="LINATTN_NATIVE='sometimes' is not one of"):
         assert dispatch.native_setting() == "auto"
+    monkeypatch.setenv("LINATTN_NATIVE_ISA", "nonsense")
+    with pytest.warns(RuntimeWarning, match="LINATTN_NATIVE_ISA='nonsense' is not one of "
+                                            "native, avx512, avx2, generic, scalar; using the "
+                                            "calibration's choice") as caught:
+        assert dispatch.isa_setting() is None
+        assert dispatch.isa_setting() is None  # warned once
+    assert len(caught) == 1
+    monkeypatch.setenv("LINATTN_NATIVE_ISA", "GENERIC")  # any case
+    assert dispatch.isa_setting() == "generic"
+
+
+@needs_native
+def test_a_compiled_call_under_an_unknown_build_runs(monkeypatch):
+    """Was a ValueError traceback at the first compiled call (bench, lm and recall)."""
+    from linattn import _cbuild
+
+    monkeypatch.setattr(_cbuild, "_warned", set())
     monkeypatch.setenv("LINATTN_NATIVE", "1")
     monkeypatch.setenv("LINATTN_NATIVE_ISA", "nonsense")
-    with pytest.raises(ValueError, match="LINATTN_NATIVE_ISA"):
-        linattn.delta_rule(*_delta_args())
+    with pytest.warns(RuntimeWarning, match="LINATTN_NATIVE_ISA='nonsense'"):
+        got = linattn.delta_rule(*_delta_args())
+    monkeypatch.delenv("LINATTN_NATIVE_ISA")
+    torch.testing.assert_close(got, linattn.delta_rule(*_delta_args()), rtol=0, atol=0)
+
+
+def test_the_settings_know_every_build():
+    from linattn import _cbuild
+    from linattn.ops.native import ISA_FLAGS
+
+    assert _cbuild.ISA_NAMES == tuple(ISA_FLAGS)
 
 
 def test_traced_calls_only_take_traceable_backends():

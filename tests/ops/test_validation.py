@@ -136,6 +136,59 @@ def test_empty_sequence_gives_an_empty_output(name):
     assert q.grad.shape == q.shape
 
 
+#: Every op of the library on (B, H, T, ·) inputs: name -> call(q, k, v) (issue 51: an empty
+#: batch or no heads).
+BATCHED = {
+    **{name: call for name, call in CALLS.items()},
+    "window_linear_attention": lambda q, k, v: linattn.window_linear_attention(
+        q, k, v, window=2),
+    "window_linear_attention non-causal state": lambda q, k, v: linattn.window_linear_attention(
+        q, k, v, window=2, is_causal=False),
+    "window_linear_attention return_state": lambda q, k, v: linattn.window_linear_attention(
+        q, k, v, window=2, return_state=True)[0],
+    "flowformer_attention": lambda q, k, v: linattn.flowformer_attention(q, k, v),
+    "flowformer_attention causal": lambda q, k, v: linattn.flowformer_attention(
+        q, k, v, is_causal=True),
+    "decay_softmax_attention": lambda q, k, v: linattn.decay_softmax_attention(q, k, v, 0.9),
+    "gated_linear_attention g": lambda q, k, v: linattn.gated_linear_attention(
+        q, k, v, g=-q[..., 0].detach().abs()),
+    "gated_linear_attention gk": lambda q, k, v: linattn.gated_linear_attention(
+        q, k, v, gk=-q.detach().abs()),
+    "delta_rule": lambda q, k, v: linattn.delta_rule(
+        q, k, v, torch.rand(q.shape[:-1], dtype=q.dtype, device=q.device)),
+    "delta_rule gated": lambda q, k, v: linattn.delta_rule(
+        q, k, v, torch.rand(q.shape[:-1], dtype=q.dtype, device=q.device),
+        g=-q[..., 0].detach().abs(), gk=-q.detach().abs()),
+    "decay_linear_attention tensor": lambda q, k, v: linattn.decay_linear_attention(
+        q, k, v, torch.full(q.shape[1:2], 0.9, dtype=q.dtype, device=q.device)),
+}
+for _name in [n for n in BATCHED if "relative" in n]:  # r: one set of lags per head
+    BATCHED[_name] = (lambda call: lambda q, k, v: call(q, k, v, r=torch.randn(
+        q.shape[1], 2 * q.shape[2] - 1, q.shape[3], dtype=q.dtype, device=q.device)))(
+        {"relative_linear_attention": linattn.relative_linear_attention,
+         "relative_linear_attention causal fft": lambda q, k, v, r: (
+             linattn.relative_linear_attention(q, k, v, r, is_causal=True, method="fft")),
+         "reference.relative_linear_attention": reference.relative_linear_attention}[_name])
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("batch", [(0, H), (B, 0)], ids=["B=0", "H=0"])
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_an_empty_batch_or_no_heads_give_an_empty_output(name, batch, impl):
+    """Zero sequences or zero heads: an empty output of the right shape, gradients too (the
+    decayed, window, causal Flowformer and portable gated forms failed in a reshape that
+    could not infer a -1 from 0 elements)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*batch, T, d, generator=g, dtype=torch.float64).requires_grad_(True)
+               for d in (D, D, DV))
+    with dispatch.use(impl=impl):
+        out = BATCHED[name](q, k, v)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.shape == (*batch, T, DV) and out.dtype == q.dtype
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
 @pytest.mark.parametrize("name", [*CALLS, *STEPS])
 def test_zero_head_dimension_is_a_clean_error(name):
     q, k, v = _qkv(D=0)
@@ -273,17 +326,48 @@ def test_numpy_bools_are_flags(name, flag):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-#: ops with a ``scale``: name -> call(scale)
+#: ops with a ``scale``: name -> call(scale, dtype of the inputs)
 SCALED = {
-    "gated_linear_attention": lambda s: linattn.gated_linear_attention(*_qkv(), scale=s),
-    "gated_linear_attention_step": lambda s: linattn.gated_linear_attention_step(
-        *(_step(x) for x in _qkv()), scale=s)[0],
-    "delta_rule": lambda s: linattn.delta_rule(*_qkv(), _beta(), scale=s),
-    "delta_rule_step": lambda s: linattn.delta_rule_step(
-        *(_step(x) for x in _qkv()), _beta()[..., 0], scale=s)[0],
-    "decay_softmax_attention": lambda s: linattn.decay_softmax_attention(
-        *_qkv(), 0.9, scale=s),
+    "gated_linear_attention": lambda s, dt=torch.float64: linattn.gated_linear_attention(
+        *_cast(_qkv(), dt), scale=s),
+    "gated_linear_attention_step": lambda s, dt=torch.float64:
+        linattn.gated_linear_attention_step(*(_step(x) for x in _cast(_qkv(), dt)),
+                                            scale=s)[0],
+    "delta_rule": lambda s, dt=torch.float64: linattn.delta_rule(
+        *_cast((*_qkv(), _beta()), dt), scale=s),
+    "delta_rule_step": lambda s, dt=torch.float64: linattn.delta_rule_step(
+        *(_step(x) for x in _cast(_qkv(), dt)), _beta()[..., 0].to(dt), scale=s)[0],
+    "decay_softmax_attention": lambda s, dt=torch.float64: linattn.decay_softmax_attention(
+        *_cast(_qkv(), dt), 0.9, scale=s),
+    # fla's names check theirs with the same rule (the gated op's)
+    "fla.chunk_simple_gla": lambda s, dt=torch.float64: linattn.fla.chunk_simple_gla(
+        *(x.transpose(1, 2).contiguous() for x in _cast(_qkv(), dt)), scale=s)[0],
 }
+
+
+def _cast(xs, dtype):
+    return tuple(x.to(dtype) for x in xs)
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+@pytest.mark.parametrize("dtype,scale", [(torch.float32, 1e300), (torch.float32, -1e39),
+                                         (torch.float32, 1e-39), (torch.float32, 1e-46),
+                                         (torch.bfloat16, 1e-40), (torch.float64, 1e-320)])
+def test_scale_out_of_the_dtypes_range_is_named(name, dtype, scale):
+    """A finite scale the computation in the inputs' dtype cannot carry: ±inf outputs (1e300
+    in float32) or a silently wrong one (1e-46 is 0 in float32) before, a ValueError now."""
+    if name == "decay_softmax_attention" and scale < 0:
+        scale = -scale  # its scale must be positive anyway
+    with pytest.raises(ValueError, match=r"^scale: \S+ is out of the range "):
+        SCALED[name](scale, dtype)
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+def test_scales_at_the_ends_of_the_range_give_finite_outputs(name):
+    lo, hi = torch.finfo(torch.float32).tiny, 1e30
+    for s in (lo, hi) if name == "decay_softmax_attention" else (lo, -lo):
+        assert bool(torch.isfinite(SCALED[name](s, torch.float32)).all())
+    assert bool(torch.isfinite(SCALED[name](1e300, torch.float64)).all())
 
 
 @pytest.mark.parametrize("name", list(SCALED))
@@ -454,3 +538,59 @@ def test_state_zeros_sizes_are_named(which, arg, value, exc):
     st = cls.zeros(**{**kw, "batch_shape": torch.Size([np.int64(2), 3]),
                       "num_features": np.int64(4)})
     assert st.S.shape == (2, 3, 4, 5)
+
+
+#: Every decoding step of the library: name -> call(q_t, k_t, v_t) with a 1-token state.
+ZERO_D_STEPS = {
+    "linear_attention_step": lambda q, k, v: linattn.linear_attention_step(
+        q, k, v, LinearAttentionState.zeros((), 1, 1, dtype=torch.float64)),
+    "decay_linear_attention_step": lambda q, k, v: linattn.decay_linear_attention_step(
+        q, k, v, 0.9, LinearAttentionState.zeros((), 1, 1, dtype=torch.float64)),
+    "window_linear_attention_step": lambda q, k, v: linattn.window_linear_attention_step(
+        q, k, v, linattn.window_linear_attention(*(torch.ones(1, 1, dtype=torch.float64),) * 3,
+                                                 window=2, return_state=True)[1], window=2),
+    "gated_linear_attention_step": lambda q, k, v: linattn.gated_linear_attention_step(q, k, v),
+    "delta_rule_step": lambda q, k, v: linattn.delta_rule_step(
+        q, k, v, torch.tensor(0.5, dtype=torch.float64), None),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_D_STEPS))
+@pytest.mark.parametrize("which", ["q_t", "k_t", "v_t"])
+def test_a_0d_step_input_is_named(name, which):
+    """A 0-D tensor was an IndexError: the check unsqueezed it before asking its dim()."""
+    args = {n: torch.ones(1, dtype=torch.float64) for n in ("q_t", "k_t", "v_t")}
+    args[which] = torch.tensor(1.0, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"^{which}: expected shape \(\.\.\., D\), got \(\)$"):
+        ZERO_D_STEPS[name](*args.values())
+    ones = torch.ones(1, dtype=torch.float64)
+    assert ZERO_D_STEPS[name](ones, ones, ones) is not None  # the same call with (1,) inputs
+
+
+@pytest.mark.parametrize("name", list(BATCHED))
+def test_meta_tensors_give_meta_outputs(name):
+    """Shapes only (a model built on the meta device): the value checks of the gates, β and
+    decays have no values to read there (they called .item(): a RuntimeError)."""
+    if name.startswith("reference.") or "fft" in name:
+        pytest.skip("the references and the FFT form compute on values")
+    q, k, v = (torch.empty(B, H, T, d, device="meta", dtype=torch.float64) for d in (D, D, DV))
+    out = BATCHED[name](q, k, v)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.is_meta and out.shape == (B, H, T, DV)
+
+
+def test_meta_steps_give_meta_outputs():
+    """The steps' value checks (β, the gates, γ) on the meta device: no values to read."""
+    m = {"device": "meta", "dtype": torch.float64}
+    q = torch.empty(B, H, D, **m)
+    v = torch.empty(B, H, DV, **m)
+    state = LinearAttentionState.zeros((B, H), D, DV, **m)
+    outs = [
+        linattn.decay_linear_attention_step(q, q, v, 0.9, state)[0],
+        linattn.decay_linear_attention_step(q, q, v, torch.full((H,), 0.9, **m), state)[0],
+        linattn.gated_linear_attention_step(q, q, v, g_t=torch.empty(B, H, **m),
+                                            gk_t=torch.empty(B, H, D, **m))[0],
+        linattn.delta_rule_step(q, q, v, torch.empty(B, H, **m), None,
+                                g_t=torch.empty(B, H, **m))[0],
+    ]
+    assert all(o.is_meta and o.shape == (B, H, DV) for o in outs)

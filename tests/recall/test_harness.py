@@ -271,3 +271,54 @@ def test_grid_seeds_are_cells_and_one_row_of_the_table(tmp_path, monkeypatch):
         "softmax-d16-T16-P2-s1.json", "softmax-d16-T16-P2.json"]
     rows = format_table(res).splitlines()[2:]
     assert rows == ["| softmax | (16, 2) | 16 | 50.0 | 64 | 25.0–75.0 | 2 | 0.001 | 2 | 2 |"]
+
+
+def test_threads_are_capped_at_the_cpus(monkeypatch):
+    """``threads`` above the CPUs available is capped with one warning, as every command's
+    ``--threads`` is (torch's OpenMP crashed on 100,000 threads: SIGSEGV); the caller's count
+    is restored after."""
+    from linattn._config import available_cpus
+
+    asked = []
+    real = torch.set_num_threads
+    before = torch.get_num_threads()
+
+    def record(n: int) -> None:  # an absurd count is recorded, never passed on (a crash)
+        asked.append(n)
+        real(n if n <= available_cpus() or n == before else available_cpus())
+
+    monkeypatch.setattr(torch, "set_num_threads", record)
+    with pytest.warns(RuntimeWarning, match="threads: 100000 threads asked for"):
+        run_cell(RecallConfig(mixer="softmax", **{**TINY, "threads": 100_000}))
+    # every count set is capped, but the caller's own restored at the end (another test may
+    # have left more threads than CPUs)
+    assert asked and all(n <= available_cpus() for n in asked[:-1]) and asked[-1] == before
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("change, name", [
+    ({"train_mix": ((10**9, 2, 1),)}, "train_mix"), ({"eval_at": ((10**9, 2),)}, "eval_at"),
+    ({"vocab_size": 10**9}, "vocab_size"), ({"d_model": 10**9}, "d_model"),
+    ({"mlp_dim": 10**9}, "mlp_dim"), ({"short_conv": 10**9}, "short_conv"),
+])
+def test_absurd_cells_are_refused_before_anything_is_allocated(change, name):
+    from linattn.recall.options import check_cell_memory
+
+    cfg = RecallConfig(mixer="softmax", **{**TINY, **change})
+    with pytest.raises(ValueError, match=rf"^{name}: this cell needs about "):
+        check_cell_memory(cfg)
+    with pytest.raises(ValueError, match=rf"^{name}: this cell needs about "):
+        run_cell(cfg)
+    check_cell_memory(RecallConfig(mixer="softmax", **TINY))  # a small one fits
+
+
+def test_a_cell_file_nested_too_deeply_is_no_cell(tmp_path):
+    """Was a RecursionError out of `recall table` (forda's run.json already said 'nested too
+    deeply'): such a file is read as no result, and the cell is run again."""
+    from linattn.recall.table import load_cell, saved_cells
+
+    cfg = RecallConfig(mixer="softmax", **TINY)
+    path = tmp_path / f"{cell_name(cfg)}.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert load_cell(path, cfg) is None
+    assert saved_cells(tmp_path) == []

@@ -525,3 +525,45 @@ def test_members_carry_their_own_stem_nets(tmp_path):
     back = ConvAttentionClassifier.load(ens.save(tmp_path / "m"))
     assert back.members_[0].stem_net_ is not None
     np.testing.assert_array_equal(back.predict_proba(X), ens.predict_proba(X))
+
+
+@pytest.mark.parametrize("name, value", [("features", 10**12), ("global_features", 10**12),
+                                         ("segments", 10**9)])
+def test_absurd_sizes_are_refused_before_anything_is_allocated(name, value):
+    """features=10**12 allocated until the OOM killer came (137): now one ValueError naming
+    the parameter."""
+    X, y = _two_shapes(20)
+    with pytest.raises(ValueError, match=rf"^ConvAttentionClassifier.fit: {name}: fitting "
+                                         r"this model needs about "):
+        ConvAttentionClassifier(**{**FAST, name: value}).fit(X, y)
+
+
+@pytest.mark.parametrize("seed", [2**70, -1])
+def test_a_seed_the_generators_cannot_take_is_named(seed):
+    X, y = _two_shapes(20)
+    with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: random_state: expected "
+                                         r"an integer in \[0, 4294967295\]"):
+        ConvAttentionClassifier(**{**FAST, "random_state": seed}).fit(X, y)
+
+
+def test_an_unfitted_model_is_not_fitted_for_every_method(tmp_path):
+    """predict read classes_ before predict_proba checked the fit: AttributeError."""
+    from sklearn.exceptions import NotFittedError
+
+    X, y = _two_shapes(4)
+    est = ConvAttentionClassifier(**FAST)
+    for call in (est.predict, est.predict_proba, est.head_probas, lambda X: est.score(X, y),
+                 lambda X: est.save(tmp_path / "m")):
+        with pytest.raises(NotFittedError):
+            call(X)
+
+
+def test_no_series_and_complex_series_are_named():
+    """0 rows said 'y has one class'; complex X lost its imaginary part silently."""
+    X, y = _two_shapes(20)
+    with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: X has 0 series; "
+                                         r"fitting needs at least 2$"):
+        ConvAttentionClassifier(**FAST).fit(X[:0], y[:0])
+    with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: Complex data not "
+                                         r"supported: X holds complex\d+ values"):
+        ConvAttentionClassifier(**FAST).fit(X + 1j, y)

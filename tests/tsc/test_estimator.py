@@ -114,12 +114,20 @@ def test_deprecated_parameter_names():
     (dict(n_threads="x"), "n_threads must be None or a positive integer, got 'x'"),
     (dict(n_threads=0), "n_threads must be None or a positive integer"),
     (dict(random_state=np.random.RandomState(0)), "random_state must be None or an int"),
+    # seeds the generators cannot take (issue 51): named, not torch's overflow
+    (dict(random_state=2**70), r"random_state: expected an integer in \[0, 4294967295\], "
+                               f"got {2**70}"),
+    (dict(random_state=-1), r"random_state: expected an integer in \[0, 4294967295\]"),
     (dict(verbose="loud"), "verbose must be a bool"),
     (dict(device=0), "device must be a string such as 'cpu' or 'cuda', got 0"),
     (dict(device="bogus"), "device: not a torch device: 'bogus'"),
     (dict(device="meta"), "device: 'meta' holds no data"),
     (dict(missing="drop"), "missing must be one of 'error', 'interpolate', got 'drop'"),
     (dict(missing=None), "missing must be one of"),
+    # absurd sizes (issue 51): refused before anything is allocated, naming the parameter
+    (dict(d_model=10**9), "d_model: training this model needs about"),
+    (dict(mlp_dim=10**9), "mlp_dim: training this model needs about"),
+    (dict(num_layers=10**9), "num_layers: training this model needs about"),
 ])
 def test_fit_validates_every_parameter(kw, match):
     X, y = toy(n=20, length=16, n_classes=2)
@@ -601,3 +609,15 @@ def test_thread_limit_holds_blas_to_n_threads_and_restores_it():
     assert blas_threads() == before and torch.get_num_threads() == torch_before
     with _ThreadLimit(None):  # None leaves both alone
         assert blas_threads() == before
+
+
+def test_complex_series_are_one_line():
+    """scikit-learn's own refusal of complex X ran to 15 lines."""
+    X, y = toy(n=20, length=16, n_classes=2)
+    with pytest.raises(ValueError, match=r"^LinearAttentionClassifier: Complex data not supported: "
+                                         r"X holds complex\d+ values; the series must be real "
+                                         r"numbers$"):
+        LinearAttentionClassifier(**TINY).fit(X + 1j, y)
+    est = LinearAttentionClassifier(**TINY).fit(X, y)
+    with pytest.raises(ValueError, match=r"^LinearAttentionClassifier: Complex data not"):
+        est.predict(X + 1j)

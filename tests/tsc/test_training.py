@@ -247,6 +247,13 @@ def test_to_cpu_copies_nested_tensors():
     assert not out["a"][0].requires_grad and torch.equal(out["a"][0], t.detach())
 
 
+def test_fill_nan_padding_names_the_line_of_a_file():
+    X = np.array([[1.0, np.nan, 2.0], [1.0, 2.0, np.nan]], dtype=np.float32)
+    with pytest.raises(ValueError, match=r"^data.tsv line 1 has a missing value \(NaN\) at "
+                                         r"sample 1, inside the series"):
+        fill_nan_padding(X, "data.tsv", first_line=1)
+
+
 def test_fill_nan_padding():
     X = np.arange(12, dtype=np.float32).reshape(3, 4)
     assert fill_nan_padding(X) is X  # all finite: no copy

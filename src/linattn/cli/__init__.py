@@ -14,7 +14,9 @@ The contract (docs/design.md): a user error is one line on stderr, ``linattn COM
   exit 2: :class:`UserError` (raised by the subcommands), argparse's errors, ``OSError`` (an
   unwritable folder, a full disk: the file and the reason), the library's
   :class:`~linattn.train_loop.CheckpointError` (a corrupt or mismatched file) and
-  :class:`~linattn.train_loop.NonFiniteError` (training diverged). Standard output is guarded:
+  :class:`~linattn.train_loop.NonFiniteError` (training diverged), and an allocation that
+  failed (``MemoryError``, torch's allocator: sizes are estimated before allocating,
+  :mod:`linattn._memory`, so this is what is left). Standard output is guarded:
   a failed write (``> /dev/full``) is ``cannot write the output (...)``, and a reader that left
   (``| head``) ends the command quietly with status 1, as Unix tools do.
 
@@ -27,6 +29,7 @@ by a row in the table of tests/cli/test_contract.py.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -34,13 +37,14 @@ import warnings
 from collections.abc import Sequence
 
 from linattn import __version__
+from linattn._memory import is_out_of_memory
 from linattn.train_loop import CheckpointError, NonFiniteError
 
 # Subcommand modules, in the order they are listed by --help.
 SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm", "recall")
 
 __all__ = ["UserError", "OutputError", "Parser", "build_parser", "main", "SUBCOMMANDS",
-           "probe_output_dir", "read_json_file"]
+           "probe_output_dir", "probe_output_file", "read_json_file", "start_work"]
 
 
 class UserError(Exception):
@@ -67,6 +71,15 @@ class Parser(argparse.ArgumentParser):
         command = " ".join(self.prog.split()[:2])  # "linattn lm train" -> "linattn lm"
         raise _ArgumentError(message.removeprefix("argument "), command)
 
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse's, without swallowing a failed write: ``--help`` or ``--version`` into a
+        full disk exited 0 with nothing written. Flushed, so that the failure is raised here,
+        in :func:`main`'s layer, not at the interpreter's exit."""
+        if message:
+            file = sys.stderr if file is None else file
+            file.write(message)
+            file.flush()
+
 
 class _GuardedOutput:
     """Standard output whose failed writes raise :class:`OutputError` (BrokenPipeError, the
@@ -92,6 +105,53 @@ class _GuardedOutput:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+class _ClosedStream:
+    """Stands for a standard stream the process was started without (``>&-``): Python makes
+    it None, and the first ``print`` was an AttributeError. A write is an OSError, which
+    :class:`_GuardedOutput` reports in one line."""
+
+    closed = True  # as a closed file says (a command may ask before its work)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+    def flush(self) -> None:
+        pass
+
+
+def _occupy_closed_descriptors() -> None:
+    """Point file descriptors 0-2 that the process was started without at /dev/null, so that
+    the next file opened (a checkpoint, a lock) never becomes descriptor 1 or 2, where C code's
+    and torch's messages would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                if devnull != fd:
+                    os.dup2(devnull, fd)
+                    os.close(devnull)
+            except OSError:
+                pass
+
+
+def _standard_streams() -> tuple:
+    """(stdout, stderr) for a command: a closed standard output writes nothing and fails in
+    one line (``cannot write the output (standard output is closed)``); a closed standard
+    error is /dev/null (progress bars and warnings have nowhere to go; the exit status still
+    says what happened)."""
+    _occupy_closed_descriptors()
+    stdout = sys.stdout if sys.stdout is not None else _ClosedStream("standard output")
+    stderr = sys.stderr
+    if stderr is None:
+        stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's own
+    return stdout, stderr
 
 
 def _drop_stdout(stream) -> None:
@@ -148,6 +208,43 @@ def probe_output_dir(path: str | os.PathLike, option: str) -> None:
                 pass
 
 
+def probe_output_file(path: str | os.PathLike, option: str) -> None:
+    """Fail now, as a :class:`UserError` naming ``option``, if file ``path`` cannot be written.
+    A regular file (new, or behind a link) is replaced from its folder, which must exist and be
+    writable (:func:`probe_output_dir`); a device or a FIFO is written through
+    (:func:`linattn._io.write_target`) and needs write permission only."""
+    from linattn._io import write_target
+
+    try:
+        target, regular = write_target(path)
+    except OSError as err:
+        raise UserError(f"{option}: {describe_os_error(err)}") from None
+    if not regular:
+        if not os.access(target, os.W_OK):
+            raise UserError(f"{option}: {path}: {os.strerror(errno.EACCES)}")
+        return
+    if not target.parent.is_dir():
+        raise UserError(f"{option}: folder {str(target.parent)!r} does not exist")
+    probe_output_dir(target.parent, option)
+
+
+def start_work(threads: int | None, option: str = "--threads", *, set_torch: bool = True
+               ) -> int | None:
+    """What a command does once every option, file and size is checked, before its work:
+    the ``LINATTN_*`` settings read (a bad one: one warning line,
+    :func:`linattn._cbuild.check_environment`) and the thread count capped at the CPUs
+    available (one warning line) and, with ``set_torch``, set for torch. A user error is then
+    the only line a command prints, never after a warning. Returns the count (None: torch's
+    default)."""
+    from linattn import _cbuild
+    from linattn._config import capped_threads, set_threads
+
+    _cbuild.check_environment()
+    if not set_torch:
+        return None if threads is None else capped_threads(threads, option)
+    return set_threads(threads, option)
+
+
 def read_json_file(path: str | os.PathLike) -> object:
     """The JSON value in a user's file; a :class:`UserError` in one line naming the file for a
     file that is not UTF-8, not JSON or nested too deeply to parse (an unreadable one is an
@@ -180,10 +277,10 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warning
     command = "linattn"
-    stdout = sys.stdout
-    guarded = stdout is not None and not isinstance(stdout, _GuardedOutput)
-    if guarded:
-        sys.stdout = _GuardedOutput(stdout)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _standard_streams()
+    if not isinstance(sys.stdout, _GuardedOutput):
+        sys.stdout = _GuardedOutput(sys.stdout)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -206,12 +303,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, NonFiniteError) as err:
         return _error(command, str(err).strip().splitlines()[0] if str(err).strip() else
                       type(err).__name__)
+    except (MemoryError, RuntimeError) as err:  # past the estimates (linattn._memory)
+        if not is_out_of_memory(err):
+            raise  # a bug: its traceback
+        return _error(command, _out_of_memory(err))
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return 130
     finally:
-        if guarded:
-            sys.stdout = stdout
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _out_of_memory(err: BaseException) -> str:
+    """One line for an allocation that failed: how much was asked for, where torch says."""
+    import re
+
+    from linattn._memory import format_bytes
+
+    asked = re.search(r"allocate (\d+) bytes", str(err))
+    size = f" ({format_bytes(int(asked.group(1)))} asked for)" if asked else ""
+    return f"out of memory{size}; choose smaller sizes"
 
 
 def _flushed(status: int) -> int:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from linattn._config import FEATURE_MAP, POSITIVE_INT, THREADS
 from linattn._io import atomic_path
+from linattn._memory import check_fits, num_features
 
 DTYPES = ("float32", "bfloat16", "float64")
 # torch is imported inside the functions: registering this command must stay cheap, since
@@ -284,14 +285,41 @@ def plot(results: dict, path: Path) -> Path | None:
     return path
 
 
-def run(args: argparse.Namespace) -> int:
-    from linattn.cli import UserError, probe_output_dir
+#: The defaults of the sizes (and the crossover's lengths, None) a benchmark's memory grows
+#: with, by flag (:func:`bench_bytes`).
+SIZE_DEFAULTS = {"-T": 65536, "-B": 1, "-H": 8, "-d": 64, "--crossover": None}
+DEFAULT_CROSSOVER = [256, 512, 1024, 2048, 4096, 8192, 16384]
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 
+
+def bench_bytes(v: dict) -> int:
+    """A lower bound of the bytes the benchmark needs (``v``: its sizes by flag, ``dtype``,
+    ``feature_map``, ``crossover_on``): the efficiency table's q, k, v, output and their
+    gradients, the state φ(K)ᵀV of every head and the roofline's two 2048² matrices; the
+    crossover's q, k, v, output and gradients at its longest length (each once)."""
+    B, H, T, d = v["-B"], v["-H"], v["-T"], v["-d"]
+    size = _DTYPE_BYTES[v["dtype"]]
+    state = B * H * num_features(v["feature_map"], d) * d * max(size, 4)
+    table = 8 * B * H * T * d * size + state + 2 * 2048 * 2048 * size
+    if not v["crossover_on"]:
+        return table
+    longest = max(v["--crossover"] or DEFAULT_CROSSOVER)
+    return max(table, 8 * B * H * longest * d * size)
+
+
+def run(args: argparse.Namespace) -> int:
+    from linattn.cli import UserError, probe_output_file
+
+    sizes = {"-T": args.T, "-B": args.B, "-H": args.H, "-d": args.d,
+             "--crossover": args.crossover, "dtype": args.dtype,
+             "feature_map": args.feature_map, "crossover_on": not args.no_crossover}
+    try:  # absurd sizes refused before anything is allocated (or minutes of measuring)
+        check_fits(bench_bytes, sizes, SIZE_DEFAULTS, "this benchmark")
+    except ValueError as err:
+        raise UserError(str(err)) from None
     out = Path(args.plot)
     if not args.no_crossover:
-        if not out.parent.is_dir():
-            raise UserError(f"--plot: folder {str(out.parent)!r} does not exist")
-        probe_output_dir(out.parent, "--plot")  # writable, before minutes of measuring
+        probe_output_file(out, "--plot")  # writable, before minutes of measuring
     from linattn.ops.native import ISA_FLAGS  # imports torch
 
     for isa in args.isa:
@@ -302,14 +330,17 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
-    from linattn._config import set_threads
+    from linattn import _cbuild
+    from linattn.cli import start_work
 
-    set_threads(args.threads, "--threads")
+    start_work(args.threads)
+    for name in _cbuild.check_environment():  # refused and warned once: not in every child
+        os.environ.pop(name, None)
 
     dtype = getattr(torch, args.dtype)
     selection_table()
     efficiency_table(args, dtype)
     if not args.no_crossover:
-        lengths = args.crossover or [256, 512, 1024, 2048, 4096, 8192, 16384]
+        lengths = args.crossover or DEFAULT_CROSSOVER
         plot(crossover(args, dtype, sorted(lengths)), out)
     return 0

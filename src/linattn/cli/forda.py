@@ -19,10 +19,17 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 
-from linattn._config import INTEGER, POSITIVE_INT, THREADS
-from linattn.cli import UserError, probe_output_dir, read_json_file
+from linattn._config import POSITIVE_INT, SEED, THREADS
+from linattn.cli import (
+    UserError,
+    describe_os_error,
+    probe_output_dir,
+    read_json_file,
+    start_work,
+)
 from linattn.tsc.recipes import RECIPES  # torch-free
 
 DEFAULT_OUT = "runs/forda"
@@ -46,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--epochs", type=POSITIVE_INT.parse,
                    help="epochs per stage, exactly (min_steps 0 unless --set min_steps=N; "
                         "default: the recipe's)")
-    t.add_argument("--seed", type=INTEGER.parse, default=0,
+    t.add_argument("--seed", type=SEED.parse, default=0,
                    help="random seed (default: %(default)s)")
     t.add_argument(
         "--stages",
@@ -109,27 +116,44 @@ def _stages(text: str) -> list[str]:
     return stages
 
 
-def _setup(args) -> None:
-    """Threads (capped at the CPUs available) and the device; imports torch."""
-    from linattn._config import set_threads
+def _check_device(args) -> None:
+    """``--device`` checked (imports torch); the threads are set once every check is done
+    (:func:`linattn.cli.start_work`)."""
     from linattn.tsc.estimator import check_device
 
-    args.threads = set_threads(args.threads, "--threads")
     try:
         check_device(args.device, "--device")
     except ValueError as err:
         raise UserError(str(err)) from None
 
 
-def _load_data(args):
-    from linattn.datasets import UCRFormatError, load_ucr
+def _load_data(args, missing: str, classes=None):
+    """FordA's TRAIN and TEST, every problem a user's own files can have refused in one line
+    naming the file and line, before any training: the format and the classes
+    (:func:`~linattn.datasets.read_ucr_split`), labels that are no integer class ids, NaN
+    inside a series unless ``missing`` takes it, and with ``classes`` (a trained model's) a
+    label the model does not know."""
+    import numpy as np
+
+    from linattn.datasets import UCRFormatError, check_class_ids, read_ucr_split, ucr_paths
+    from linattn.tsc.data import fill_nan_padding
 
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UserError(f"--data-dir: {args.data_dir}: no such folder")
     try:
-        return load_ucr("FordA", data_dir=args.data_dir)
+        train, test = ucr_paths("FordA", data_dir=args.data_dir)
+        data = read_ucr_split(train, test)
+        for X, y, path in ((data[0], data[1], train), (data[2], data[3], test)):
+            check_class_ids(y, path)
+            fill_nan_padding(X, str(path), missing, first_line=1)
     except (UCRFormatError, ValueError) as err:
         raise UserError(str(err)) from None
+    for y, path in ((data[1], train), (data[3], test)):
+        unknown = [] if classes is None else np.flatnonzero(~np.isin(y, classes))
+        if len(unknown):
+            raise UserError(f"{path} line {unknown[0] + 1}: label {y[unknown[0]]} is not a "
+                            f"class of the model ({', '.join(map(str, classes))})")
+    return data
 
 
 def _parse_sets(items: list[str]) -> dict:
@@ -168,6 +192,14 @@ def _params(args) -> dict:
         raise UserError(f"--set: {', '.join(removed)}: removed after linattn 0.1 (rejected "
                         "experiments, see docs/forda.md)")
     params = {**RECIPES[args.recipe], **sets, "random_state": args.seed}
+    # the recipe's window against the user's patch: name the option the user set (the check
+    # below would blame the recipe's window for it)
+    window, patch = params.get("window"), params.get("patch")
+    if "patch" in sets and "window" not in sets and isinstance(window, int) and \
+            isinstance(patch, int) and 0 < window < patch:
+        raise UserError(f"--set: patch={patch} is wider than the {args.recipe} recipe's "
+                        f"window={window} (a window covers its patch); set window=0 or a window "
+                        ">= patch too")
     if args.epochs is not None:
         params["epochs"] = args.epochs
     # recorded in run.json (a run.json without them predates them: 0); an explicit
@@ -197,7 +229,7 @@ def _run_params(run: dict, run_path: Path, where: str) -> dict:
         raise UserError(f"{run_path}: params: expected an object, got {run.get('params')!r:.60}")
     try:
         params = upgrade_saved_params(run["params"], f"{run_path}: params")
-        LinearAttentionClassifier(**params).check_params(where)
+        LinearAttentionClassifier(**params).check_memory(where)  # check_params, and sizes
     except (CheckpointError, TypeError, ValueError) as err:
         raise UserError(str(err)) from None
     return params
@@ -304,7 +336,8 @@ def train(args) -> int:
     args.device = rank_device(args.device)
     rank = _init_distributed(args.device)
     try:
-        status = _train(args, main=rank == 0)
+        with ExitStack() as owned:  # the run folder's lock, taken by _train, given up here
+            status = _train(args, main=rank == 0, owned=owned)
         # Leave together: a rank that tears its group down while a peer's last collectives are
         # still in flight can abort (SIGABRT, seen once in ~30 two-rank CI runs).
         _barrier()
@@ -314,10 +347,11 @@ def train(args) -> int:
             dist.destroy_process_group()
 
 
-def _train(args, main: bool) -> int:
+def _train(args, main: bool, owned: ExitStack) -> int:
     """The train command; with several ranks (``main`` False on all but rank 0) every rank
-    trains its share of each batch and rank 0 alone writes and reports."""
-    from linattn._io import write_json
+    trains its share of each batch and rank 0 alone writes and reports; it alone owns the run
+    folder (:class:`~linattn._io.FolderLock`, held in ``owned``)."""
+    from linattn._io import FolderInUseError, FolderLock, write_json
 
     out = Path(args.out)
     run_path = out / "run.json"
@@ -336,7 +370,7 @@ def _train(args, main: bool) -> int:
         probe_output_dir(out, "--out")
         if args.export:
             probe_output_dir(args.export, "--export")
-    _setup(args)
+    _check_device(args)
     from linattn.tsc.data import VAL_FRACTION, VAL_SEED, stratified_split
     from linattn.tsc.estimator import LinearAttentionClassifier
     from linattn.tsc.evaluation import classification_metrics
@@ -354,20 +388,28 @@ def _train(args, main: bool) -> int:
         }
     run["params"] = _run_params(run, run_path,
                                 f"{run_path}: params" if args.resume else "--set")
+    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"))
+    args.threads = start_work(args.threads)  # every check done: now the warnings, if any
     run["threads"] = args.threads
     run["device"] = args.device
-    X_train, y_train, X_test, y_test = _load_data(args)
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
     _barrier()  # every rank has checked --out before rank 0 writes into it
     if main:
         created = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
+        try:  # the folder's one owner from here on; whether it holds a run is asked again
+            lock = owned.enter_context(FolderLock(out))
+        except FolderInUseError as err:
+            raise UserError(f"--out: {describe_os_error(err)}") from None
+        if not args.resume and run_path.exists():
+            raise UserError(f"--out: {out} already holds a run; pass --resume to continue it "
+                            "or choose another folder")
         try:
             write_json(run_path, run)
         except OSError:
             if created:  # leave nothing behind: not even an empty folder
+                lock.release()
                 shutil.rmtree(out, ignore_errors=True)
             raise
     t_start = time.perf_counter()
@@ -475,7 +517,7 @@ def evaluate(args) -> int:
     fraction, seed = _val_split(run, root / "run.json")
     report_dir = Path(args.report_dir) if args.report_dir else root
     probe_output_dir(report_dir, "--report-dir")
-    _setup(args)
+    _check_device(args)
     import numpy as np
 
     from linattn.tsc.data import stratified_split
@@ -494,13 +536,14 @@ def evaluate(args) -> int:
         if other.n_features_in_ != est.n_features_in_ or \
                 not np.array_equal(other.classes_, est.classes_):
             raise UserError(f"--model: {d} has other classes or series length than {dirs[0]}")
-    X_train, y_train, X_test, y_test = _load_data(args)
+    X_train, y_train, X_test, y_test = _load_data(args, est.missing, est.classes_)
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
     if X_test.shape[1] != est.n_features_in_:
         raise UserError(f"--model: {dirs[0]} expects series of length {est.n_features_in_}, "
                         f"FordA has {X_test.shape[1]}")
+    args.threads = start_work(args.threads)  # every check done: now the warnings, if any
     if args.split == "val":
         _, va = stratified_split(y_train, fraction, seed)
         X_eval, y_eval = X_train[va], y_train[va]

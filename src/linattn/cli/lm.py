@@ -26,15 +26,23 @@ import sys
 from pathlib import Path
 
 from linattn._config import POSITIVE_INT, THREADS
-from linattn.cli import UserError, probe_output_dir
+from linattn.cli import UserError, describe_os_error, probe_output_dir, start_work
 from linattn.lm.options import (  # torch-free
     CHECKPOINT_EVERY,
     GENERATE_CHECKS,
+    SIZE_DEFAULTS,
     TRAIN_CHECKS,
     check_generate,
     check_train_config,
+    check_training_memory,
 )
-from linattn.nn.mixers import CONFIG_CHECKS, DEFAULT_WINDOW, MIXERS, check_config  # torch-free
+from linattn.nn.mixers import (  # torch-free
+    CONFIG_CHECKS,
+    DEFAULT_WINDOW,
+    MIXERS,
+    check_config,
+    check_positions,
+)
 
 # torch and the library are imported inside the functions: every `linattn` command builds this
 # parser, and the light ones (`linattn solve`, `--help`) should not pay for importing torch.
@@ -72,6 +80,8 @@ def train(args: argparse.Namespace) -> int:
     try:
         check_config(model)
         check_train_config(train)
+        check_training_memory(model, train)  # absurd sizes, before anything is allocated
+        check_positions(args.attention, args.context, "context")  # cosFormer's horizon
     except ValueError as err:
         raise _user_error(err, args) from None
     out = Path(args.out)
@@ -81,12 +91,10 @@ def train(args: argparse.Namespace) -> int:
         raise UserError(f"--resume: no checkpoint in {args.out}")
     probe_output_dir(out, "--out")
 
-    from linattn._config import set_threads
+    from linattn._io import FolderInUseError
     from linattn.lm.training import TrainConfig, Trainer
     from linattn.nn.lm import LMConfig
     from linattn.train_loop import Stopped
-
-    set_threads(args.threads, "--threads")
 
     def stop_after(loop) -> None:  # the tests' stand-in for Ctrl-C
         if loop.step == args.stop_after:
@@ -96,11 +104,14 @@ def train(args: argparse.Namespace) -> int:
         trainer = Trainer(LMConfig(**model), TrainConfig(**train), out=args.out,
                           resume=args.resume, checkpoint_every=args.checkpoint_every,
                           progress=not args.quiet, on_step=stop_after)
+    except FolderInUseError as err:  # another `lm train --out` at work there
+        raise UserError(f"--out: {describe_os_error(err)}") from None
     except FileExistsError:
         raise UserError(f"{args.out} already holds a run; pass --resume or choose a new "
                         "--out") from None
     except (ValueError, FileNotFoundError) as err:  # CheckpointError is a ValueError
         raise _user_error(err, args) from None
+    start_work(args.threads)  # every check done (the corpus's too): now the warnings, if any
     info = trainer.corpus_info
     if not args.quiet:
         print(f"corpus: {info['files']} stdlib files of Python {info['python']}, "
@@ -127,11 +138,9 @@ def generate(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise _user_error(err, args) from None
 
-    from linattn._config import set_threads
     from linattn.lm.generation import generate_text, load_model
     from linattn.train_loop import CheckpointError
 
-    set_threads(args.threads, "--threads")
     try:
         model, _ = load_model(Path(args.model))
         pieces = generate_text(model, args.prompt, args.max_new_tokens, args.temperature,
@@ -140,12 +149,17 @@ def generate(args: argparse.Namespace) -> int:
         raise  # one line from linattn.cli, naming the file
     except ValueError as err:
         raise _user_error(err, args) from None
+    start_work(args.threads)  # every check done: now the warnings, if any
     # a full disk or a reader that left (`| head`): linattn.cli's guarded stdout
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
-    for piece in pieces:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    try:  # the generator runs here: an error of the model's is still one line
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except ValueError as err:
+        sys.stdout.write("\n")
+        raise _user_error(err, args) from None
     sys.stdout.write("\n")
     return 0
 
@@ -164,11 +178,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     m, c, gen = CONFIG_CHECKS, TRAIN_CHECKS, GENERATE_CHECKS  # each flag's type and range
     t.add_argument("--window", type=m["window"].parse,
                    help=f"{takes['window']} only: exact-softmax window (default {DEFAULT_WINDOW})")
-    t.add_argument("--short-conv", type=m["short_conv"].parse, default=0,
+    t.add_argument("--short-conv", type=m["short_conv"].parse,
+                   default=SIZE_DEFAULTS["short_conv"],
                    help="token-shift width over the embeddings (default 0: none)")
-    t.add_argument("--d-model", type=m["d_model"].parse, default=128)
+    t.add_argument("--d-model", type=m["d_model"].parse, default=SIZE_DEFAULTS["d_model"])
     t.add_argument("--num-layers", "--layers", dest="num_layers", type=m["num_layers"].parse,
-                   default=4)
+                   default=SIZE_DEFAULTS["num_layers"])
     t.add_argument("--num-heads", "--heads", dest="num_heads", type=m["num_heads"].parse,
                    default=4)
     t.add_argument("--feature-map", default="elu", type=m["feature_map"].parse,
@@ -177,9 +192,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--dropout", type=m["dropout"].parse, default=0.0)
     t.add_argument("--chunk-size", type=m["chunk_size"].parse,
                    help="causal chunk length (default: linattn.ops.dispatch.DEFAULT_CHUNK_SIZE)")
-    t.add_argument("--context", type=c["context"].parse, default=256,
+    t.add_argument("--context", type=c["context"].parse, default=SIZE_DEFAULTS["context"],
                    help="training window (default 256)")
-    t.add_argument("--batch-size", type=c["batch_size"].parse, default=32)
+    t.add_argument("--batch-size", type=c["batch_size"].parse,
+                   default=SIZE_DEFAULTS["batch_size"])
     t.add_argument("--lr", type=c["lr"].parse, default=2e-3)
     t.add_argument("--weight-decay", type=c["weight_decay"].parse, default=0.01)
     t.add_argument("--warmup", type=c["warmup"].parse, default=30, help="warm-up steps")

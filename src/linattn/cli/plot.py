@@ -16,12 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linattn.cli import UserError, probe_output_dir
+    from linattn.cli import UserError, probe_output_file
 
     out = Path(args.output)
-    if not out.parent.is_dir():
-        raise UserError(f"--output: folder {str(out.parent)!r} does not exist")
-    probe_output_dir(out.parent, "--output")
+    probe_output_file(out, "--output")
     try:
         import matplotlib
 

@@ -19,13 +19,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from linattn.cli import UserError, probe_output_dir
+from linattn.cli import UserError, describe_os_error, probe_output_dir, start_work
 from linattn.recall.options import (  # torch-free
     DEFAULT_LRS,
     MIXER_PRESETS,
     RECALL_CHECKS,
     TABLE_MIX,
     RecallConfig,
+    check_cell_memory,
 )
 
 #: parsed names → RecallConfig fields (the rest are the command's own)
@@ -104,7 +105,9 @@ def _config(args: argparse.Namespace, **override) -> RecallConfig:
     if values.get("lrs") is None:
         values["lrs"] = DEFAULT_LRS
     try:
-        return RecallConfig(**values)
+        cfg = RecallConfig(**values)
+        check_cell_memory(cfg)  # absurd sizes, before anything is allocated
+        return cfg
     except ValueError as err:
         msg = str(err)
         head, sep, rest = msg.partition(": ")
@@ -113,19 +116,42 @@ def _config(args: argparse.Namespace, **override) -> RecallConfig:
                         ) from None
 
 
+def _capped_threads(args: argparse.Namespace) -> None:
+    """``--threads`` capped at the CPUs available and the settings read (one warning line
+    each, :func:`linattn.cli.start_work`), once everything else is checked: a user error is
+    then the only line (the cells are made from ``args``)."""
+    args.threads = start_work(args.threads, set_torch=False)
+
+
+def _own(out: Path):
+    """The run folder ``out``, owned (:class:`~linattn._io.FolderLock`) or a UserError naming
+    --out when another run holds it."""
+    from linattn._io import FolderInUseError, FolderLock
+
+    try:
+        return FolderLock(out)
+    except FolderInUseError as err:
+        raise UserError(f"--out: {describe_os_error(err)}") from None
+
+
 def _log(args: argparse.Namespace) -> Callable[[str], None] | None:
     return None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def train(args: argparse.Namespace) -> int:
-    cfg = _config(args)
-    probe_output_dir(args.out, "--out")
+    _config(args)
+    out = Path(args.out)
+    if (out / "result.json").exists() and not args.replace:
+        raise UserError(f"--out: {out} already holds a run (result.json); pass --replace to "
+                        "run it again or choose another folder")
+    probe_output_dir(out, "--out")
     from linattn._io import write_json
     from linattn.recall.harness import run_cell
 
-    result = run_cell(cfg, _log(args))
-    Path(args.out).mkdir(parents=True, exist_ok=True)  # the probe leaves no folder behind
-    write_json(Path(args.out) / "result.json", result)
+    with _own(out):  # the folder's one owner while the cell trains and writes
+        _capped_threads(args)  # every check done (the folder's owner too): the warnings
+        result = run_cell(_config(args), _log(args))
+        write_json(out / "result.json", result)
     print(json.dumps({k: result[k] for k in ("test_acc", "val_acc", "lr", "state_bytes",
                                              "train_time_s", "sweep_time_s", "parameters",
                                              "eval_at")}))
@@ -141,8 +167,11 @@ def table(args: argparse.Namespace) -> int:
     probe_output_dir(args.out, "--out")
     from linattn.recall.table import format_table, run_grid
 
-    results = run_grid(base, args.mixers, args.d_models, args.out, _log(args),
-                       seeds=args.seeds or None)
+    with _own(Path(args.out)):  # its cells are written (and reused) by one table at a time
+        _capped_threads(args)  # every check done (the folder's owner too): the warnings
+        base = _config(args, mixer="softmax")
+        results = run_grid(base, args.mixers, args.d_models, args.out, _log(args),
+                           seeds=args.seeds or None)
     print(f"MQAR seq_len {base.seq_len}, {base.num_kv_pairs} pairs, vocab {base.vocab_size}; "
           f"{base.train_examples} train examples x {base.epochs} epochs; "
           f"{results[0]['cpu']}, {base.threads} thread(s)")
@@ -211,6 +240,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"one of {mixers} (default: %(default)s)")
     t.add_argument("--d-model", type=RECALL_CHECKS["d_model"].parse, default=64)
     t.add_argument("--out", required=True, help="folder for result.json")
+    t.add_argument("--replace", action="store_true",
+                   help="run again into an --out that holds a result.json, replacing it")
     _common(t)
     t.set_defaults(func=train)
     g = actions.add_parser("table", help="a grid of mixers x d_model, printed as a table")

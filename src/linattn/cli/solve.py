@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     # A closed stream (`<&-`, `>&-`) is None in Python: say so instead of an AttributeError.
     if sys.stdin is None:
         raise UserError("standard input is closed; pipe the input in (linattn solve < FILE)")
-    if sys.stdout is None:
+    if sys.stdout is None or getattr(sys.stdout, "closed", False):  # linattn.cli's stand-in
         raise UserError("standard output is closed; nothing to write the result to")
     importer = _start_import() if args.engine == "torch" else None
     try:
@@ -196,6 +196,15 @@ def _pieces(token: bytes) -> list[str] | None:
         return token.decode("utf-8").split()
     except UnicodeDecodeError:
         return None
+
+
+def _values(count: int) -> str:
+    """'12 values', or for a header's absurd N·d its size: a 4,000-digit N made a 4 KB line
+    (and past 4,300 digits Python refuses to print the number at all)."""
+    if count < 10**18:
+        return f"{count} values"
+    digits = int(count.bit_length() * math.log10(2)) + 1
+    return f"3·N·d values (a number of about {digits} digits)"
 
 
 def parse_header(data: bytes) -> tuple[int, int, int]:
@@ -360,7 +369,7 @@ def parse_values(data: bytes, pos: int, n: int, d: int, *, parser: str = "auto")
             pos = m.end()
             if extra:
                 got += extra + _count_tokens(data, pos)
-                raise UserError(f"expected {count} values after the header, got {got}")
+                raise UserError(f"expected {_values(count)} after the header, got {got}")
     except _BadToken as bad:
         raise UserError(
             f"line {_line(data, bad.offset)}: expected {bad.what}, got {_show(bad.token)}"
@@ -368,5 +377,5 @@ def parse_values(data: bytes, pos: int, n: int, d: int, *, parser: str = "auto")
         ) from None
     total = got + (_count_tokens(data, pos) if got == out.size else 0)
     if total != count:
-        raise UserError(f"expected {count} values after the header, got {total}")
+        raise UserError(f"expected {_values(count)} after the header, got {total}")
     return out

@@ -20,6 +20,7 @@ import torch
 
 from linattn.lm.options import check_generate
 from linattn.nn.lm import LinearTransformerLM, LMConfig
+from linattn.nn.mixers import check_positions
 from linattn.train_loop import (
     CHECKPOINT_FILE,
     LOAD_ERRORS,
@@ -27,6 +28,7 @@ from linattn.train_loop import (
     first_line,
     first_non_finite,
     load_error_reason,
+    state_dict_mismatch,
     torch_load,
 )
 
@@ -47,6 +49,9 @@ def load_model(path: str | os.PathLike) -> tuple[LinearTransformerLM, dict]:
     try:
         config = LMConfig.from_dict(ck.get("meta", ck)["model_config"], f"{f}: model_config")
         model = LinearTransformerLM.from_config(config)
+        wrong = state_dict_mismatch(model, ck["model"])
+        if wrong is not None:  # named here: torch's message has the keys on its 2nd line
+            raise ValueError(wrong)
         model.load_state_dict(ck["model"])
     except (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as err:
         raise CheckpointError(f"{f}: cannot load a model ({first_line(err)})") from None
@@ -67,9 +72,22 @@ def generate_text(model: LinearTransformerLM, prompt: str, max_new_tokens: int =
     of range (:data:`linattn.lm.options.GENERATE_CHECKS`)."""
     check_generate({"max_new_tokens": max_new_tokens, "temperature": temperature,
                     "top_k": top_k, "seed": seed})
-    data = prompt.encode("utf-8")
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
+    try:
+        data = prompt.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate: bytes of an argument not UTF-8
+        raise ValueError(f"prompt: not UTF-8 text (character {err.start} is a lone surrogate "
+                         f"{prompt[err.start]!a}, e.g. a byte of a command-line argument that "
+                         "is not UTF-8)") from None
     if not data:
         raise ValueError("prompt: give at least one character")
+    # the positions the kind's weights hold (cosFormer's horizon), checked before the first
+    # piece (a stream that fails half-way has printed its text already); the last token is
+    # sampled, not read
+    attention = model.config.attention
+    check_positions(attention, len(data), "prompt")
+    check_positions(attention, len(data) + max(max_new_tokens - 1, 0), "max_new_tokens")
     ids = torch.tensor([list(data)], dtype=torch.long)
     tokens = model.stream(ids, max_new_tokens, temperature, top_k,
                           torch.Generator().manual_seed(seed))

@@ -11,10 +11,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from linattn._config import INTEGER, POSITIVE_INT, Check, Range
+from linattn._config import POSITIVE_INT, SEED, Check, Range
+from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 
 __all__ = ["TRAIN_CHECKS", "GENERATE_CHECKS", "CHECKPOINT_EVERY", "check_train_config",
-           "check_generate"]
+           "check_generate", "SIZE_DEFAULTS", "training_bytes", "check_training_memory"]
 
 #: The fields of :class:`~linattn.lm.training.TrainConfig`. A budget is needed: ``steps``,
 #: ``max_time`` (training seconds) or both (:func:`check_train_config`).
@@ -26,7 +27,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "warmup": POSITIVE_INT,
     "steps": Check(int, Range(1, math.inf), optional=True),
     "max_time": Check(float, Range(0.0, math.inf, False), optional=True),
-    "seed": INTEGER,
+    "seed": SEED,
     "val_tokens": POSITIVE_INT,
     "eval_every": POSITIVE_INT,
     "corpus_bytes": POSITIVE_INT,
@@ -41,7 +42,7 @@ GENERATE_CHECKS: dict[str, Check] = {
     "max_new_tokens": Check(int, Range(0, math.inf)),
     "temperature": Check(float, Range(0.0, math.inf)),
     "top_k": Check(int, Range(1, math.inf), optional=True),
-    "seed": INTEGER,
+    "seed": SEED,
 }
 
 
@@ -60,3 +61,35 @@ def check_generate(values: Mapping[str, Any]) -> None:
     for name, check in GENERATE_CHECKS.items():
         if name in values:
             check.check(name, values[name])
+
+
+#: The sizes of ``linattn lm train``'s defaults (the command's flags take them from here): what
+#: an estimate of training memory that does not fit compares with, to name the option that
+#: made it too large (:func:`linattn._memory.check_fits`).
+SIZE_DEFAULTS: dict[str, Any] = {"d_model": 128, "num_layers": 4, "context": 256,
+                                 "batch_size": 32, "short_conv": 0, "mlp_dim": None,
+                                 "vocab_size": 256}
+
+
+def training_bytes(values: Mapping[str, Any]) -> int:
+    """A lower bound of the bytes training needs: the model's parameters with their gradients
+    and Adam's moments, and one step's activations (per token and layer q, k, v, the output
+    and the MLP's hidden layer; the logits and their gradient), the token shift's padded
+    copies and the batch of ids. ``values``: the model's and the training's options
+    (LMConfig and TrainConfig fields; ``mlp_dim`` None is 4·d_model)."""
+    E, L, V = values["d_model"], values["num_layers"], values["vocab_size"]
+    mlp = 4 * E if values.get("mlp_dim") is None else values["mlp_dim"]
+    k = values.get("short_conv") or 0
+    B, T = values["batch_size"], values["context"]
+    params = transformer_parameters(E, L, mlp, V) + k * E
+    activations = 4 * B * T * (L * (4 * E + mlp) + 2 * V)
+    shift = 8 * B * (T + k) * E if k else 0
+    return TRAINING_BYTES_PER_PARAMETER * params + activations + shift + 8 * B * (T + 1)
+
+
+def check_training_memory(model: Mapping[str, Any], train: Mapping[str, Any],
+                          available: int | None = None) -> None:
+    """ValueError naming the option (a field name) when training ``model`` with ``train``
+    cannot fit in the memory available (:func:`training_bytes`)."""
+    check_fits(training_bytes, {**model, **train}, SIZE_DEFAULTS, "training this model",
+               available)

@@ -35,10 +35,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from linattn._io import write_json
-from linattn.lm.data import byte_ids, stdlib_corpus, training_windows, validation_windows
-from linattn.lm.options import CHECKPOINT_EVERY, check_train_config
+from linattn._io import FolderLock, write_json
+from linattn.lm.data import (
+    byte_ids,
+    check_windows,
+    stdlib_corpus,
+    training_windows,
+    validation_windows,
+)
+from linattn.lm.options import CHECKPOINT_EVERY, check_train_config, check_training_memory
 from linattn.nn.lm import LinearTransformerLM, LMConfig
+from linattn.nn.mixers import check_positions
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop
 
 __all__ = ["TrainConfig", "LMTraining", "Trainer", "train", "evaluate", "flushed_denormals",
@@ -265,8 +272,13 @@ class Trainer:
         if model_config.vocab_size < VOCAB_SIZE:
             raise ValueError(f"vocab_size: byte tokens need at least {VOCAB_SIZE}, "
                              f"got {model_config.vocab_size}")
+        # absurd sizes refused before anything is allocated (an OOM kill otherwise), and a
+        # context longer than the kind's weights hold (cosFormer's horizon)
+        check_training_memory(model_config.to_dict(), config.to_dict())
+        check_positions(model_config.attention, config.context, "context")
         self.model_config, self.config = model_config, config
         self.out = None if out is None else Path(out)
+        self._lock: FolderLock | None = None
         if self.out is None:
             if resume:
                 raise ValueError("resume: needs the run folder out")
@@ -275,24 +287,33 @@ class Trainer:
                 raise ValueError("feature_map: a checkpoint stores the feature map by name; "
                                  f"got {type(model_config.feature_map).__name__}")
             ck = self.out / CHECKPOINT_FILE
-            if ck.exists() and not resume:
-                raise FileExistsError(f"{self.out} already holds a run; resume it or choose "
-                                      "another folder")
             if resume and not ck.exists():
                 raise FileNotFoundError(f"resume: no checkpoint in {self.out}")
-            self.out.mkdir(parents=True, exist_ok=True)
-        tr, va, self.corpus_info = (stdlib_corpus(config.corpus_bytes) if corpus is None
-                                    else corpus)
-        self.train_ids, self.val_ids = byte_ids(tr), byte_ids(va)
-        torch.manual_seed(config.seed)
-        self.model = LinearTransformerLM.from_config(model_config)
-        self.loop = LMTraining(
-            self.model, config, self.train_ids, self.val_ids, out=self.out,
-            meta={"model_config": model_config.to_dict(), "train_config": config.to_dict(),
-                  "corpus": self.corpus_info},
-            checkpoint_every=checkpoint_every, progress=progress, on_step=on_step)
-        if resume:
-            self.loop.load_checkpoint()
+            # the folder's one owner until run() ends (FolderInUseError: another run has it);
+            # whether it holds a run is asked again under the lock
+            self._lock = FolderLock(self.out)
+            if ck.exists() and not resume:
+                self._lock.release()
+                raise FileExistsError(f"{self.out} already holds a run; resume it or choose "
+                                      "another folder")
+        try:
+            tr, va, self.corpus_info = (stdlib_corpus(config.corpus_bytes) if corpus is None
+                                        else corpus)
+            self.train_ids, self.val_ids = byte_ids(tr), byte_ids(va)
+            # now, not at the first step or evaluation (a traceback after the corpus line)
+            check_windows(config.context, len(self.train_ids), len(self.val_ids))
+            torch.manual_seed(config.seed)
+            self.model = LinearTransformerLM.from_config(model_config)
+            self.loop = LMTraining(
+                self.model, config, self.train_ids, self.val_ids, out=self.out,
+                meta={"model_config": model_config.to_dict(), "train_config": config.to_dict(),
+                      "corpus": self.corpus_info},
+                checkpoint_every=checkpoint_every, progress=progress, on_step=on_step)
+            if resume:
+                self.loop.load_checkpoint()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def checkpoint_path(self) -> Path | None:
@@ -306,18 +327,27 @@ class Trainer:
         (Ctrl-C, ``request_stop``) saves the checkpoint and raises
         :class:`~linattn.train_loop.Stopped`."""
         c, loop = self.config, self.loop
-        with flushed_denormals():
-            loop.run()
-        bpc = evaluate(self.model, self.val_ids, c.context, c.val_tokens)
-        result = {"attention": self.model_config.attention, "val_bpc": round(bpc, 4),
-                  "parameters": self.model.num_parameters(),
-                  "train_time_s": round(loop.elapsed, 1), "steps": loop.step,
-                  "tokens_seen": loop.step * c.batch_size * c.context,
-                  "threads": torch.get_num_threads(), "model": self.model_config.to_dict(),
-                  "train": c.to_dict(), "corpus": self.corpus_info}
-        if self.out is not None:
-            write_json(self.out / "result.json", result)
+        try:
+            with flushed_denormals():
+                loop.run()
+            bpc = evaluate(self.model, self.val_ids, c.context, c.val_tokens)
+            result = {"attention": self.model_config.attention, "val_bpc": round(bpc, 4),
+                      "parameters": self.model.num_parameters(),
+                      "train_time_s": round(loop.elapsed, 1), "steps": loop.step,
+                      "tokens_seen": loop.step * c.batch_size * c.context,
+                      "threads": torch.get_num_threads(), "model": self.model_config.to_dict(),
+                      "train": c.to_dict(), "corpus": self.corpus_info}
+            if self.out is not None:
+                write_json(self.out / "result.json", result)
+        finally:
+            self.close()
         return result
+
+    def close(self) -> None:
+        """Give up the run folder (:class:`~linattn._io.FolderLock`); :meth:`run` does at its
+        end. A Trainer that is never run holds it until it is closed or collected."""
+        if self._lock is not None:
+            self._lock.release()
 
 
 def train(model_config: LMConfig | Mapping[str, Any], config: TrainConfig, **kwargs: Any

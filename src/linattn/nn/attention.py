@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from linattn._config import renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.ops._common import check_flag
 from linattn.ops.flowformer.op import SigmoidFeatures, flowformer_attention
 from linattn.ops.linear.op import linear_attention
 from linattn.ops.relative.op import relative_linear_attention
@@ -193,7 +194,8 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
         super().__init__(d_model, num_heads, head_dim, feature_map=feature_map, bias=bias,
                          dropout=dropout)
         self.sequence_parallel_group = sequence_parallel_group
-        self.is_causal = is_causal
+        # checked now (a TypeError naming it), not at the first forward
+        self.is_causal = check_flag(is_causal, "is_causal")
         self.max_len = max_len
         self.attention = attention
         if max_len is not None:

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from linattn._config import POSITIVE_INT
 from linattn.nn.attention import MultiheadAttentionBase
-from linattn.nn.mixers import StateDict
+from linattn.nn.mixers import COSFORMER_HORIZON, StateDict
 from linattn.ops._common import accumulation_dtype, causal_chunked, clamped_chunk, normalise
 from linattn.ops.cosformer.op import CosFormerFeatures
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
@@ -50,8 +50,9 @@ __all__ = ["CosFormerAttention", "CosFormerState", "DEFAULT_HORIZON", "cosformer
 
 #: M, the lag at which the cosine weight reaches 0, and the most tokens a model decodes: 1024,
 #: four times the language model's default context (``linattn lm train --context 256``), so
-#: that a lag of a whole training context still weighs cos(π/8) ≈ 0.92.
-DEFAULT_HORIZON = 1024
+#: that a lag of a whole training context still weighs cos(π/8) ≈ 0.92. Declared torch-free
+#: with the kinds (the commands check a context against it before torch is loaded).
+DEFAULT_HORIZON = COSFORMER_HORIZON
 #: ε of the normaliser: the op's (relu features can give a zero normaliser).
 EPS = CosFormerFeatures.eps
 

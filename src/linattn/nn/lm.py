@@ -53,8 +53,9 @@ configuration.
 Shapes: ids (B, T) integers in [0, vocab_size) → logits (B, T, vocab_size).
 
 Tracing: the forward runs under ``torch.compile(model, fullgraph=True)`` and
-``torch.export.export``. The id checks that read tensor values (the vocabulary range) run in
-eager mode only; dtype and shape checks run while tracing too.
+``torch.export.export``. The ids' range is an assertion node of the graph there (a RuntimeError
+when the compiled program meets an id out of range; a ValueError naming the range in eager);
+dtype and shape checks run while tracing too.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from linattn.nn.mixers import (
     state_to_dict,
     state_types,
 )
+from linattn.ops._common import check_values
 from linattn.ops._library import tracing
 from linattn.ops.decay.op import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.decay_softmax.op import decay_softmax_attention
@@ -504,15 +506,22 @@ class LinearTransformerLM(nn.Module):
 
         The range is read off the values, which a trace does not know: under
         ``torch.compile``/``torch.export`` (or any trace or transform,
-        :func:`linattn.ops._library.tracing`) only the type, dtype and shape are checked (an id
-        out of range then fails in the embedding lookup)."""
+        :func:`linattn.ops._library.tracing`) it is an assertion node of the graph, as the
+        ops' value checks are (:func:`linattn.ops._common.check_values`): the compiled program
+        raises a RuntimeError naming the range, and the lookup itself reads clamped ids
+        (:meth:`embed_tokens`), so that no compiled gather reads outside the table (Inductor's
+        own bounds check aborted the process from inside a parallel loop)."""
         if not isinstance(ids, Tensor):
             raise ValueError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
         if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
             raise ValueError(f"ids: expected an integer tensor, got dtype {ids.dtype}")
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {tuple(ids.shape)}")
-        if tracing(ids) or ids.numel() == 0:  # values unknown (compile, export, fake, vmap)
+        if tracing(ids):  # values unknown (compile, export, fake, vmap): an assertion node
+            check_values((ids >= 0) & (ids < self.vocab_size),
+                         f"ids: values must lie in [0, {self.vocab_size})")
+            return
+        if ids.numel() == 0:
             return
         lo, hi = (int(t) for t in torch.aminmax(ids))
         if lo < 0 or hi >= self.vocab_size:
@@ -540,7 +549,10 @@ class LinearTransformerLM(nn.Module):
         """The blocks' input for ``ids`` (B, T): embeddings, token-shifted after ``conv`` (the
         state's last k − 1 embeddings) where the model has ``short_conv``, then dropout.
         Returns (h (B, T, E), the new ``conv``, None without a token shift)."""
-        h = self.embed(ids.long())
+        ids = ids.long()
+        if tracing(ids):  # out-of-range ids fail the assertion of check_ids, not the gather
+            ids = ids.clamp(0, self.vocab_size - 1)
+        h = self.embed(ids)
         if self.shift is not None:
             h, conv = self.shift(h, conv)
         elif conv is not None:
@@ -570,7 +582,11 @@ class LinearTransformerLM(nn.Module):
                 if temperature == 0:
                     nxt = last.argmax(-1)
                 else:
-                    last = last / temperature
+                    # shifted by the maximum first and divided in float64 (where 1e-300 is
+                    # not 0): ≤ 0 before the division, so a tiny temperature gives -inf
+                    # (weight 0), never inf − inf or 0 / 0; at 1e-300 all the weight is on the
+                    # arg-max (greedy), where logits / t was NaN
+                    last = (last - last.amax(-1, keepdim=True)).double() / temperature
                     if top_k is not None and top_k < last.shape[-1]:
                         kth = last.topk(top_k, -1).values[:, -1:]
                         last = last.masked_fill(last < kth, -math.inf)

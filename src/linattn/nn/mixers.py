@@ -45,7 +45,7 @@ from typing import Any
 from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
 
 __all__ = ["MixerSpec", "MIXERS", "OPTION_DEFAULTS", "DEFAULT_WINDOW", "CONFIG_CHECKS",
-           "check_config", "get_mixer",
+           "COSFORMER_HORIZON", "check_positions", "check_config", "get_mixer",
            "is_unset", "mixer_options", "build_mixer", "state_types", "state_fields",
            "state_to_dict", "state_from_dict", "StateDict"]
 
@@ -79,6 +79,8 @@ class MixerSpec:
         summary: one line for ``--help`` and the docs.
         kwargs: fixed keywords for the constructor (a module that computes several kinds is
             told which one).
+        max_positions: the most positions the kind's weights hold in a sequence (cosFormer's
+            horizon; a ValueError past it), None for any (:func:`check_positions`).
     """
 
     module: str | type
@@ -86,6 +88,7 @@ class MixerSpec:
     options: Mapping[str, Any]
     summary: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    max_positions: int | None = None
 
     def module_class(self) -> type:
         return _resolve(self.module)
@@ -95,6 +98,8 @@ class MixerSpec:
 
 
 _DECAYED = "linattn.nn.lm:DecayedMultiheadAttention"
+#: cosFormer's horizon: the positions its re-weighting holds for (linattn.nn.cosformer).
+COSFORMER_HORIZON = 1024
 
 #: ``attention=`` kind → its mixer. The first is the default.
 MIXERS: dict[str, MixerSpec] = {
@@ -121,7 +126,8 @@ MIXERS: dict[str, MixerSpec] = {
         {}, "DeltaNet: the delta rule without decays", {"gated": False}),
     "cosformer": MixerSpec(
         "linattn.nn.cosformer:CosFormerAttention", "linattn.nn.cosformer:CosFormerState", {},
-        "causal cosFormer: relu features re-weighted by cos of the lag (up to 1024 tokens)"),
+        f"causal cosFormer: relu features re-weighted by cos of the lag (up to "
+        f"{COSFORMER_HORIZON} tokens)", max_positions=COSFORMER_HORIZON),
     "flowformer": MixerSpec(
         "linattn.nn.flowformer:FlowformerAttention", "linattn.nn.flowformer:FlowState", {},
         "causal Flowformer: sigmoid features normalised by conserved flows"),
@@ -175,7 +181,8 @@ CONFIG_CHECKS: dict[str, Check] = {
     "num_heads": POSITIVE_INT,
     "mlp_dim": Check(int, Range(0, math.inf), optional=True),  # 0: no MLP
     "chunk_size": Check(int, Range(1, math.inf), optional=True),
-    "window": Check(int, Range(1, math.inf), optional=True),
+    # a state keeps the last `window` keys: at most 2**31 − 1 (linattn.ops.window.check_window)
+    "window": Check(int, Range(1, 2**31 - 1, True, True), optional=True),
     "short_conv": Check(int, Range(0, math.inf)),
     "dropout": Check(float, Range(0.0, 1.0, True, False)),
     "feature_map": FEATURE_MAP,
@@ -202,6 +209,15 @@ def check_config(values: Mapping[str, Any]) -> None:
     d_model, num_heads = values["d_model"], values["num_heads"]
     if d_model % num_heads:
         raise ValueError(f"num_heads: d_model {d_model} is not divisible by {num_heads}")
+
+
+def check_positions(attention: str, positions: int, name: str) -> None:
+    """ValueError naming ``name`` when a sequence of ``positions`` tokens is longer than the
+    kind ``attention``'s weights hold (:attr:`MixerSpec.max_positions`)."""
+    most = MIXERS[attention].max_positions if attention in MIXERS else None
+    if most is not None and positions > most:
+        raise ValueError(f"{name}: {attention}'s weights hold for {most} positions, "
+                         f"{positions} asked for")
 
 
 def build_mixer(attention: str, d_model: int, num_heads: int, *, chunk_size: int,

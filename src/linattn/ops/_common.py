@@ -97,11 +97,14 @@ def check_step_inputs(q_t: Tensor, k_t: Tensor, v_t: Tensor) -> None:
     if (isinstance(q_t, Tensor) and isinstance(k_t, Tensor) and isinstance(v_t, Tensor)
             and q_t.dtype == k_t.dtype == v_t.dtype and q_t.is_floating_point()
             and q_t.dim() >= 1 and q_t.shape == k_t.shape and q_t.shape[-1] > 0
-            and q_t.shape[:-1] == v_t.shape[:-1] and q_t.device == k_t.device == v_t.device):
+            and v_t.dim() == q_t.dim() and q_t.shape[:-1] == v_t.shape[:-1]
+            and q_t.device == k_t.device == v_t.device):
         return
     for name, t in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0:  # asked before the unsqueeze below, which a 0-D tensor fails
+            raise ValueError(f"{name}: expected shape (..., D), got ()")
     check_qkv(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), same_length=True)
 
 
@@ -151,20 +154,37 @@ def _finite_float(x: numbers.Real) -> float | None:
     return None if value != value or value in (math.inf, -math.inf) else value
 
 
-def check_scale(scale: object, K: int, *, positive: bool = False) -> float:
+#: The magnitudes each input dtype's computation carries (that of its accumulation dtype,
+#: :func:`accumulation_dtype`): (smallest normal, largest finite) number.
+_CARRIED: dict[torch.dtype, tuple[float, float]] = {
+    dt: (torch.finfo(accumulation_dtype(dt)).tiny, torch.finfo(accumulation_dtype(dt)).max)
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+def check_scale(scale: object, K: int, *, positive: bool = False,
+                dtype: torch.dtype | None = None) -> float:
     """``scale`` as a float, or the default ``K**-0.5`` for None; TypeError naming ``scale``
     unless a real number (bools refused; NumPy numbers taken), ValueError unless finite (and
-    > 0 if ``positive``)."""
+    > 0 if ``positive``). With the inputs' ``dtype``, also a ValueError for a scale that the
+    op's computation in that dtype cannot carry: a magnitude beyond its accumulation dtype's
+    largest number (1e300 with float32 inputs: ±inf outputs) or below its smallest normal one
+    (1e-39: subnormal, 1e-46: 0 in float32, a silently wrong output)."""
     if scale is None:
         return K ** -0.5
     if type(scale) is float and scale - scale == 0 and (scale > 0 or not positive):
-        return scale  # the common case, on every decoding step: finite (inf − inf is nan)
-    if is_bool(scale) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
-    value = _finite_float(scale)
-    if value is None or (positive and not value > 0):
-        what = "positive number" if positive else "real number"
-        raise ValueError(f"scale: expected a finite {what}, got {shown(scale)}")
+        value = scale  # the common case, on every decoding step: finite (inf − inf is nan)
+    else:
+        if is_bool(scale) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+        value = _finite_float(scale)
+        if value is None or (positive and not value > 0):
+            what = "positive number" if positive else "real number"
+            raise ValueError(f"scale: expected a finite {what}, got {shown(scale)}")
+    if dtype is not None and value != 0:
+        lo, hi = _CARRIED.get(dtype, _CARRIED[torch.float64])
+        if not lo <= abs(value) <= hi:
+            raise ValueError(f"scale: {value:g} is out of the range {dtype} inputs carry "
+                             f"(magnitudes {lo:.3g} to {hi:.3g}, or 0)")
     return value
 
 
@@ -223,9 +243,12 @@ def check_values(ok: Tensor, message: str, detail: Callable[[], str] | None = No
     """Raise ValueError(``message`` + ``detail()``) unless every element of the bool tensor
     ``ok`` is True. Inside a traced graph (``torch.compile``, ``torch.export``) the check cannot
     branch on values: it becomes an assertion node of the graph, which raises RuntimeError with
-    ``message`` when the compiled program runs."""
+    ``message`` when the compiled program runs. A meta tensor has no values: nothing to check.
+    """
     if tracing(ok):
         torch._assert_async(ok.all(), message)
+        return
+    if ok.is_meta:  # shapes only, no values to check (as linear_attention has always run)
         return
     if not bool(ok.all()):
         raise ValueError(message + ("" if detail is None else detail()))

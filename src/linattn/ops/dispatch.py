@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -49,9 +48,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from linattn import _cbuild
 from linattn.ops import calibration
 from linattn.ops._choice import Choice
-from linattn.ops.native import ISA_FLAGS, runnable_isas, torch_threads
+from linattn.ops.native import runnable_isas, torch_threads
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
            "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
@@ -118,42 +118,17 @@ def use(**changes) -> Iterator[Policy]:
 
 
 # --------------------------------------------------------------------------------- environment
-_OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-
 def native_setting() -> str:
-    """``LINATTN_NATIVE``: "0" (off: 0, off, false, no), "1" (on wherever it applies: 1, on,
-    true, yes) or "auto" (unset, empty or "auto": measured). Another value warns once and
-    means "auto"."""
-    value = os.environ.get("LINATTN_NATIVE", "").strip().lower()
-    if value in _OFF:
-        return "0"
-    if value in _ON:
-        return "1"
-    if value not in ("", "auto"):
-        _warn_once(f"env:{value}", f"LINATTN_NATIVE={value!r} is not one of 0, 1, off, on, "
-                   "false, true, no, yes, auto; using auto")
-    return "auto"
+    """``LINATTN_NATIVE``: "0", "1" or "auto" (:func:`linattn._cbuild.native_setting`, where
+    every setting's rule is: a bad value warns once and is ignored)."""
+    return _cbuild.native_setting()
 
 
 def isa_setting() -> str | None:
-    """``LINATTN_NATIVE_ISA`` (one build for every compiled call, unmeasured against the
-    others), or None. ValueError naming the variable for an unknown build; read only when a
-    compiled backend is considered (with ``LINATTN_NATIVE=0`` it is never read)."""
-    value = os.environ.get("LINATTN_NATIVE_ISA", "").strip()
-    if not value:
-        return None
-    if value not in ISA_FLAGS:
-        raise ValueError(f"LINATTN_NATIVE_ISA: expected one of {', '.join(ISA_FLAGS)}, "
-                         f"got {value!r}")
-    return value
+    """``LINATTN_NATIVE_ISA``, a build of :data:`~linattn.ops.native.ISA_FLAGS` or None
+    (:func:`linattn._cbuild.isa_setting`); read only when a compiled backend is considered
+    (with ``LINATTN_NATIVE=0`` it is never read)."""
+    return _cbuild.isa_setting()
 
 
 # ------------------------------------------------------------------------------------ backends

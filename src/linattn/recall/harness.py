@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linattn._config import torch_threads
 from linattn.nn.lm import LinearTransformerLM
 from linattn.recall.data import IGNORE_INDEX, mqar
-from linattn.recall.options import RecallConfig, model_kwargs
+from linattn.recall.options import RecallConfig, check_cell_memory, model_kwargs
 
 __all__ = ["build_model", "query_logits", "accuracy", "state_bytes", "train_one", "run_cell",
            "splits", "cpu_name"]
@@ -185,9 +186,9 @@ def run_cell(cfg: RecallConfig, log: Callable[[str], None] | None = None) -> dic
     ``state_bytes``, ``eval_at`` (``seq_len``, ``num_kv_pairs``, ``test_acc``, ``state_bytes``
     at each of ``cfg.eval_at``), ``parameters``, ``train_time_s`` (the chosen run's) and
     ``sweep_time_s`` (all runs'), ``cpu``, ``torch``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    check_cell_memory(cfg)  # absurd sizes refused before anything is allocated
+    # capped at the CPUs available, as every command's --threads (OpenMP crashes on 100,000)
+    with torch_threads(cfg.threads, "threads") as threads:
         data = splits(cfg)
         best: tuple[LinearTransformerLM, dict] | None = None
         sweep = []
@@ -206,10 +207,8 @@ def run_cell(cfg: RecallConfig, log: Callable[[str], None] | None = None) -> dic
                         seed=3 * cfg.seed + _SPLITS["test"])
             more.append({"seq_len": T, "num_kv_pairs": P, "test_acc": accuracy(model, x, y),
                          "state_bytes": state_bytes(model, x[:1])})
-    finally:
-        torch.set_num_threads(threads)
     return {"config": cfg.to_dict(), "sweep": sweep, "lr": rec["lr"], "val_acc": rec["val_acc"],
             "test_acc": test_acc, "state_bytes": nbytes, "eval_at": more,
             "parameters": model.num_parameters(), "train_time_s": rec["train_time_s"],
             "sweep_time_s": sum(r["train_time_s"] for r in sweep), "cpu": cpu_name(),
-            "threads": cfg.threads, "torch": torch.__version__}
+            "threads": threads, "torch": torch.__version__}

@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
-from linattn.nn.mixers import CONFIG_CHECKS, MIXERS, check_config
+from linattn._config import FEATURE_MAP, POSITIVE_INT, SEED, Check, Range
+from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
+from linattn.nn.mixers import CONFIG_CHECKS, MIXERS, check_config, check_positions
 
 __all__ = ["MIXER_PRESETS", "DEFAULT_LRS", "TABLE_MIX", "RecallConfig", "RECALL_CHECKS",
-           "model_kwargs", "check_mqar"]
+           "model_kwargs", "check_mqar", "cell_bytes", "check_cell_memory"]
 
 #: Zoology sweeps 4 learning rates from 1e-4 to 1e-2 (np.logspace(-4, -2, 4)); these are the
 #: issue's round values of the same span.
@@ -61,7 +62,7 @@ _POS_FLOAT = Check(float, Range(0.0, math.inf, False))
 RECALL_CHECKS: dict[str, Check] = {
     "mixer": Check(str, choices=tuple(MIXER_PRESETS)),
     "feature_map": Check(str, choices=FEATURE_MAP.choices, optional=True),
-    "window": Check(int, Range(1, math.inf), optional=True),
+    "window": CONFIG_CHECKS["window"],  # the LM's own declaration
     "decay": Check(float, Range(0.0, 1.0, False, True)),  # each value (checked by the LM)
     "d_model": POSITIVE_INT,
     "num_layers": POSITIVE_INT,
@@ -78,7 +79,7 @@ RECALL_CHECKS: dict[str, Check] = {
     "lr": Check(float, Range(0.0, math.inf, False), optional=True),
     "weight_decay": Check(float, Range(0.0, math.inf)),
     "stop_at": Check(float, Range(0.0, 1.0, False, True)),
-    "seed": Check(int),
+    "seed": SEED,
     "threads": POSITIVE_INT,
     "short_conv": CONFIG_CHECKS["short_conv"],
     "mlp_dim": Check(int, Range(0, math.inf)),
@@ -155,7 +156,13 @@ class RecallConfig:
             "train_mix", self.train_mix, 3, self.vocab_size, self.power_a))
         object.__setattr__(self, "eval_at", _check_shapes(
             "eval_at", self.eval_at, 2, self.vocab_size, self.power_a))
-        check_config({"vocab_size": self.vocab_size, **model_kwargs(self, build_maps=False)})
+        kwargs = model_kwargs(self, build_maps=False)
+        check_config({"vocab_size": self.vocab_size, **kwargs})
+        # the sequences the kind's weights must hold (cosFormer's horizon)
+        for name, lengths in (("seq_len", [self.seq_len]),
+                              ("train_mix", [T for T, _, _ in self.train_mix]),
+                              ("eval_at", [T for T, _ in self.eval_at])):
+            check_positions(kwargs["attention"], max(lengths, default=0), name)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -255,3 +262,40 @@ def check_mqar(num_examples: object, seq_len: object, num_kv_pairs: object,
             or not math.isfinite(power_a) or power_a <= 0):
         raise ValueError(f"power_a: expected a finite number > 0, got {power_a!r}")
     return n, T, P, V, float(power_a)
+
+
+#: The fields a cell's memory grows with (:func:`cell_bytes`).
+_SIZES = ("d_model", "num_layers", "vocab_size", "mlp_dim", "short_conv", "seq_len",
+          "num_kv_pairs", "train_examples", "val_examples", "test_examples", "batch_size",
+          "train_mix", "eval_at")
+
+
+def cell_bytes(values: Mapping[str, Any]) -> int:
+    """A lower bound of the bytes a cell needs (``values``: :class:`RecallConfig` fields):
+    every data set's inputs and targets (int64), the largest ``eval_at`` set (made one at a
+    time), the model's parameters with their gradients and Adam's moments, and the largest
+    batch's activations (per token and layer q, k, v, the output and the MLP's hidden layer,
+    the token shift's padded copies; the logits at the queries and their gradient)."""
+    E, L, V = values["d_model"], values["num_layers"], values["vocab_size"]
+    mlp, k = values["mlp_dim"], values["short_conv"]
+    own = (values["seq_len"], values["num_kv_pairs"])
+    sets = [(*own, values["train_examples"]), (*own, values["val_examples"]),
+            (*own, values["test_examples"]), *values["train_mix"]]
+    data = sum(16 * n * T for T, _, n in sets)
+    evals = max((16 * values["test_examples"] * T for T, _ in values["eval_at"]), default=0)
+    params = transformer_parameters(E, L, mlp, V) + k * E
+
+    def batch(T: int, P: int, n: int) -> int:
+        b = min(values["batch_size"], n)
+        return 4 * b * T * L * (4 * E + mlp) + 8 * b * (T + k) * E + 8 * b * P * V
+
+    largest = max(batch(*s) for s in sets[:1] + sets[3:])
+    return data + evals + TRAINING_BYTES_PER_PARAMETER * params + largest
+
+
+def check_cell_memory(cfg: RecallConfig, available: int | None = None) -> None:
+    """ValueError naming the field (the one whose default shrinks the estimate most) when the
+    cell ``cfg`` cannot fit in the memory available (:func:`cell_bytes`)."""
+    defaults = {f.name: f.default for f in fields(RecallConfig) if f.name in _SIZES}
+    check_fits(cell_bytes, {name: getattr(cfg, name) for name in _SIZES}, defaults,
+               "this cell", available)

@@ -8,12 +8,11 @@ interrupted grid resumes where it stopped.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from linattn._io import write_json
+from linattn._io import read_json, write_json
 from linattn.recall.options import RecallConfig
 
 __all__ = ["cell_name", "run_grid", "format_table", "load_cell", "scores", "saved_cells",
@@ -37,9 +36,9 @@ _BEFORE = {"train_mix": [], "eval_at": []}
 
 def load_cell(path: Path, cfg: RecallConfig) -> dict | None:
     """The result saved at ``path`` if it was made with ``cfg``; None otherwise (missing,
-    unreadable or another configuration)."""
+    unreadable, not JSON, nested too deeply to parse, or another configuration)."""
     try:
-        saved = json.loads(path.read_text())
+        saved = read_json(path)  # RecursionError of a deep file: a ValueError
     except (OSError, ValueError):
         return None
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
@@ -58,7 +57,7 @@ def saved_cells(out: str | Path) -> list[dict]:
     results = []
     for path in Path(out).glob("*.json"):
         try:
-            r = json.loads(path.read_text())
+            r = read_json(path)
             c = r["config"]
             key = (c["seq_len"], c["num_kv_pairs"], c["d_model"], c["mixer"],
                    c.get("feature_map") or "", c["num_heads"], c["seed"])

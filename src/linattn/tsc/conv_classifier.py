@@ -50,6 +50,7 @@ splits of the UCR TRAIN sets only (``benchmarks/ucr_tokens.py``, docs/benchmarks
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -67,10 +68,11 @@ from sklearn.utils.validation import check_is_fitted
 
 from linattn._config import Check, Range
 from linattn._io import write_atomic, write_json
+from linattn._memory import check_fits
 from linattn.train_loop import CheckpointError, first_non_finite
 from linattn.tsc.competing import CompetingKernels
 from linattn.tsc.conv_tokens import ConvTokens, TokenNet, at_least, check_param
-from linattn.tsc.data import MISSING, fill_nan_padding
+from linattn.tsc.data import MISSING, fill_nan_padding, real_series
 from linattn.tsc.estimator import (
     _check_threads,
     _plain,
@@ -84,6 +86,18 @@ from linattn.tsc.stem import StemNet
 __all__ = ["ConvAttentionClassifier", "RidgeHead", "train_token_net", "token_net_proba",
            "train_stem_net", "stem_net_proba", "fit_net", "net_proba", "ridge_proba",
            "joined_heads", "Heads", "CONV_FORMAT"]
+
+#: The parameters the memory of a fit grows with (:func:`_fit_bytes`).
+_FEATURE_SIZES = ("segments", "features", "global_features", "difference_features")
+
+
+def _fit_bytes(p: dict) -> int:
+    """A lower bound of the bytes a fit on ``p["n"]`` series needs: the float32 features of
+    every series (the tokens' ``segments × features``, the global and the differences'
+    features), each also standardised (a second copy)."""
+    per_series = p["segments"] * p["features"] + p["global_features"] + p["difference_features"]
+    return 8 * p["n"] * per_series
+
 
 #: The ``format`` field of a saved ConvAttentionClassifier's config.json.
 CONV_FORMAT = "linattn.tsc.ConvAttentionClassifier/1"
@@ -315,7 +329,7 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
         self.missing, self.random_state, self.n_threads = missing, random_state, n_threads
 
     def _series(self, X, where: str) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float32)
+        X = np.asarray(real_series(X, where), dtype=np.float32)
         if X.ndim != 2:
             raise ValueError(f"{where}: X must have shape (n_series, length), got {X.shape}")
         # contiguous: torch.from_numpy (the stem net's input) refuses a reversed view
@@ -397,10 +411,25 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                              f"num_heads ({self.num_heads})")
         return seed_of(self.random_state, where)
 
+    def _check_memory(self, n: int, where: str) -> None:
+        """ValueError naming the parameter when fitting ``n`` series cannot fit in the memory
+        available: before this, ``features=10**12`` allocated until the OOM killer came."""
+        defaults = {name: inspect.signature(type(self)).parameters[name].default
+                    for name in _FEATURE_SIZES}
+        try:
+            check_fits(_fit_bytes, {"n": n, **{k: getattr(self, k) for k in _FEATURE_SIZES}},
+                       defaults, "fitting this model")
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+
     def fit(self, X, y) -> ConvAttentionClassifier:
         t0 = time.perf_counter()
         seed = self._checked_params("ConvAttentionClassifier.fit")
         X = self._series(X, "ConvAttentionClassifier.fit")
+        if len(X) < 2:  # said "y has one class" of no series at all
+            raise ValueError(f"ConvAttentionClassifier.fit: X has {len(X)} series; fitting "
+                             "needs at least 2")
+        self._check_memory(len(X), "ConvAttentionClassifier.fit")
         y = np.asarray(y)
         if y.ndim != 1 or len(y) != len(X):
             raise ValueError(f"ConvAttentionClassifier.fit: y must have shape ({len(X)},), "
@@ -507,7 +536,8 @@ class ConvAttentionClassifier(ClassifierMixin, BaseEstimator):
                             net_weight=self.net_weight)
 
     def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_proba(X).argmax(1)]
+        proba = self.predict_proba(X)  # first: an unfitted model is NotFittedError there
+        return self.classes_[proba.argmax(1)]
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:

@@ -51,6 +51,19 @@ def validation_split(y: np.ndarray, seed: int = VAL_SEED) -> tuple[np.ndarray, n
     return stratified_split(y, VAL_FRACTION, seed=seed)
 
 
+def real_series(X, where: str):
+    """``X`` (as an array when it is a list); a one-line ValueError naming ``where`` for
+    complex values. Cast to float32 their imaginary part is dropped (the convolutional
+    estimator did so silently, and scikit-learn's check refused them in 15 lines)."""
+    if not hasattr(X, "dtype"):  # a list; arrays and sparse matrices (refused later, by
+        X = np.asarray(X)        # scikit-learn's check, in its words) keep their type
+    if np.issubdtype(np.dtype(X.dtype), np.complexfloating):
+        # scikit-learn's wording opens the line (its estimator checks look for it)
+        raise ValueError(f"{where}: Complex data not supported: X holds {X.dtype} values; the "
+                         "series must be real numbers")
+    return X
+
+
 def encode_labels(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(classes, codes)``: the sorted distinct labels and each label's index among them."""
     classes, codes = np.unique(np.asarray(y), return_inverse=True)
@@ -62,14 +75,21 @@ def encode_labels(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 MISSING = ("error", "interpolate")
 
 
-def fill_nan_padding(X: np.ndarray, name: str = "X", missing: str = "error") -> np.ndarray:
+def fill_nan_padding(X: np.ndarray, name: str = "X", missing: str = "error",
+                     first_line: int | None = None) -> np.ndarray:
     """Series (n, L) with the UCR archive's convention for variable length, trailing NaN after
     a shorter series, turned into zeros: the padding the model gives a series shorter than
     its length anyway. NaN inside a series (a missing value: NaN before the row's last value)
     is refused in one line naming ``name``, the row and the sample (``missing="error"``), or
     replaced by linear interpolation between the row's neighbouring values, the first value
     repeated before it (``missing="interpolate"``). A row of NaN only and infinities are
-    always refused. Returns ``X`` itself when it is all finite, else a copy."""
+    always refused. Returns ``X`` itself when it is all finite, else a copy. With
+    ``first_line``, ``name`` is a file whose row i is line ``i + first_line``, and the
+    messages say so (``FordA_TRAIN.tsv line 4: ...``)."""
+
+    def row(i: int) -> str:
+        return f"{name}: row {i}" if first_line is None else f"{name} line {i + first_line}"
+
     if missing not in MISSING:
         raise ValueError(f"missing: expected one of {MISSING}, got {missing!r}")
     X = np.asarray(X)
@@ -79,7 +99,7 @@ def fill_nan_padding(X: np.ndarray, name: str = "X", missing: str = "error") -> 
     inf = np.isinf(X)
     if inf.any():
         i, j = np.argwhere(inf)[0]
-        raise ValueError(f"{name}: row {i} holds an infinite value (sample {j}); only finite "
+        raise ValueError(f"{row(i)} holds an infinite value (sample {j}); only finite "
                          "values and NaN are accepted")
     nan = ~finite
     # a row's valid length: up to its last non-NaN sample; NaN before that is a missing value
@@ -87,12 +107,12 @@ def fill_nan_padding(X: np.ndarray, name: str = "X", missing: str = "error") -> 
     length[nan.all(axis=1)] = 0
     empty = np.flatnonzero(length == 0)
     if len(empty):
-        raise ValueError(f"{name}: row {empty[0]} is all NaN (an empty series); drop it")
+        raise ValueError(f"{row(empty[0])} is all NaN (an empty series); drop it")
     inner = nan & (np.arange(X.shape[1]) < length[:, None])
     if inner.any() and missing == "error":
         i, j = np.argwhere(inner)[0]
         raise ValueError(
-            f"{name}: row {i} has a missing value (NaN) at sample {j}, inside the series; pass "
+            f"{row(i)} has a missing value (NaN) at sample {j}, inside the series; pass "
             "missing='interpolate' or impute first, e.g. make_pipeline(SimpleImputer(), "
             "LinearAttentionClassifier()) (trailing NaN, variable-length padding, is accepted)")
     out = np.where(nan, np.zeros((), X.dtype), X)

@@ -25,6 +25,7 @@ import inspect
 import math
 import numbers
 import os
+from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,11 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
-from linattn._config import THREADS, capped_threads, check_field_types, rename_deprecated
+from linattn._config import SEED, THREADS, check_field_types, rename_deprecated, torch_threads
 from linattn._io import read_json, write_atomic
+from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 from linattn.train_loop import first_non_finite
-from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding
+from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding, real_series
 from linattn.tsc.model import (
     REMOVED_OPTIONS,
     RENAMED,
@@ -117,15 +119,19 @@ def _check_threads(value: Any, where: str) -> None:
 
 
 def seed_of(random_state: Any, where: str) -> int:
-    """The seed an estimator's ``random_state`` stands for: None is 0, an integer itself; a
-    one-line ValueError naming ``where`` for anything else (a RandomState instance too)."""
+    """The seed an estimator's ``random_state`` stands for: None is 0, an integer itself (a
+    seed, :data:`linattn._config.SEED`: 2**70 failed inside torch); a one-line ValueError
+    naming ``where`` and ``random_state`` for anything else (a RandomState instance too)."""
     if random_state is None:
         return 0
     if (isinstance(random_state, (bool, np.bool_))
             or not isinstance(random_state, numbers.Integral)):
         raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
                          f"instance is not supported), got {random_state!r}")
-    return int(random_state)
+    try:
+        return int(SEED.check("random_state", int(random_state)))
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 def _parse_device(value: Any, where: str) -> torch.device:
@@ -167,31 +173,41 @@ def check_device(value: Any, where: str) -> torch.device:
     return dev
 
 
+#: The architecture's sizes its memory grows with (:func:`_training_bytes`).
+_SIZES = ("d_model", "num_layers", "num_heads", "head_dim", "mlp_dim", "patch", "window")
+
+
+def _training_bytes(model: dict) -> int:
+    """A lower bound of the bytes training the architecture ``model`` (ModelConfig fields)
+    needs: its token embedding and blocks' parameters with their gradients and Adam's
+    moments."""
+    embed = (model["window"] or model["patch"]) + (model["patch"] + 1 if model["spectral"]
+                                                   else 0)
+    params = transformer_parameters(model["d_model"], model["num_layers"], model["mlp_dim"],
+                                    embed, model["num_heads"] * model["head_dim"])
+    return TRAINING_BYTES_PER_PARAMETER * params
+
+
 class _ThreadLimit:
     """Run a block with ``torch.set_num_threads(n)`` and the BLAS libraries (numpy's, scipy's:
     the ridge heads' solves) held to n threads (None: leave both as they are), then restore. A
     count above the CPUs available is capped there, with one warning
-    (:func:`linattn._config.capped_threads`)."""
+    (:func:`linattn._config.torch_threads`, the helper every thread count goes through)."""
 
     def __init__(self, n: int | None) -> None:
-        self.n, self.old, self.blas = n, None, None
+        self.n, self.stack = n, ExitStack()
 
     def __enter__(self):
-        if self.n is not None:
-            n = capped_threads(self.n, "n_threads")
-            self.old = torch.get_num_threads()
-            torch.set_num_threads(n)
+        n = self.stack.enter_context(torch_threads(self.n, "n_threads"))
+        if n is not None:
             # n_threads=1 must mean one thread for the whole fit: left alone, OpenBLAS spins
             # its own threads in the ridge's Gram product and eigendecomposition, and two such
             # fits side by side on 2 cores took twice the CPU time (docs/benchmarks.md)
-            self.blas = threadpool_limits(limits=n, user_api="blas")
+            blas = threadpool_limits(limits=n, user_api="blas")
+            self.stack.callback(blas.restore_original_limits)
 
     def __exit__(self, *exc):
-        if self.blas is not None:
-            self.blas.restore_original_limits()
-            self.blas = None
-        if self.old is not None:
-            torch.set_num_threads(self.old)
+        self.stack.close()
 
 
 class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
@@ -273,6 +289,20 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         tcfg = TrainConfig(seed=seed, **{k: _plain(v) for k, v in train.items()})
         return model, tcfg
 
+    def check_memory(self, where: str | None = None) -> None:
+        """ValueError naming the parameter (prefixed by ``where``) when training this
+        architecture cannot fit in the memory available (:func:`_training_bytes`): absurd
+        sizes refused before anything is allocated (``d_model=10**9`` was an OOM kill).
+        :meth:`fit` and ``linattn forda train`` ask; loading a saved model checks the sizes
+        against its weights instead."""
+        where = where or type(self).__name__
+        model = {k: _plain(v) for k, v in self.check_params(where)[0].items()}
+        try:
+            check_fits(_training_bytes, model, {k: _DEFAULTS[k] for k in _SIZES},
+                       "training this model")
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+
     def model_config(self, length: int, n_classes: int) -> ModelConfig:
         """The architecture for series of ``length`` samples and ``n_classes`` classes."""
         return self._model_config(self.check_params()[0], length, n_classes)
@@ -291,6 +321,8 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         """Train on X: (n, length), y: (n,). Extra keyword arguments go to
         :class:`~linattn.tsc.training.Trainer` (``X_val``, ``checkpoint_dir``, ``progress`` …)."""
         model_params, tcfg = self.check_params()
+        self.check_memory()
+        X = real_series(X, type(self).__name__)  # sklearn's own refusal runs to 15 lines
         X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
                              ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
@@ -325,6 +357,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
 
     def _logits(self, X) -> torch.Tensor:
         check_is_fitted(self, "model_")
+        X = real_series(X, type(self).__name__)
         X = validate_data(self, X, dtype=np.float32, reset=False, ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
         device = check_device(self.device, type(self).__name__)

@@ -192,3 +192,34 @@ def test_huge_block_size_is_one_block():
     q, k, v = qkv(9, 12)
     torch.testing.assert_close(decay_softmax_attention(q, k, v, GAMMAS, block_size=10 ** 30),
                                decay_softmax_attention(q, k, v, GAMMAS), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scale", [torch.finfo(torch.float32).tiny, 1e-30, 1e30, 1e38, 3e38])
+@pytest.mark.parametrize("T,S", [(1, 40), (33, 33), (9, 40)])
+def test_float32_scales_at_the_ends_of_its_range(scale, T, S):
+    """Every scale float32 carries gives the reference's output: 1e-39-like scales made the
+    bias coordinate ±inf (it was divided by the scale), 1e38 made the scores inf; both NaN
+    everywhere before. Scales beyond √max are computed in float64. The tolerance is float32's
+    softmax rounding (the largest scales are a hard arg-max: the same rows of v)."""
+    q, k, v = qkv(T, S, dtype=torch.float32, seed=3)
+    got = decay_softmax_attention(q, k, v, GAMMAS, scale=scale, block_size=8)
+    want = reference.decay_softmax_attention(q.double(), k.double(), v.double(),
+                                             GAMMAS.double(), scale=scale)
+    assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+    tol = 64 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("scale", [1e-39, 1e-46, 4e38])
+def test_float32_scales_it_cannot_carry_are_refused(scale):
+    q, k, v = qkv(9, 9, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"^scale: \S+ is out of the range torch.float32 "):
+        decay_softmax_attention(q, k, v, GAMMAS, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e300])
+def test_float64_takes_float64_scales(scale):
+    q, k, v = qkv(9, 12)
+    got = decay_softmax_attention(q, k, v, GAMMAS, scale=scale, block_size=4)
+    want = reference.decay_softmax_attention(q, k, v, GAMMAS, scale=scale)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -60,6 +60,9 @@ from linattn.ops._common import (
 from linattn.ops._library import tracing
 
 DEFAULT_BLOCK_SIZE = 512
+#: Scales above √max of the working dtype are computed in float64: a score of scale·q·k
+#: overflows there at |q·k| > √max (at scale 1e38, float32's scores of random q, k were inf).
+_LARGE_SCALE = {dt: torch.finfo(dt).max ** 0.5 for dt in (torch.float32, torch.float64)}
 
 
 def check_decay_softmax_inputs(q: Tensor, k: Tensor, v: Tensor, gamma: float | Tensor,
@@ -74,7 +77,7 @@ def check_decay_softmax_inputs(q: Tensor, k: Tensor, v: Tensor, gamma: float | T
     g = check_gamma(gamma, tuple(q.shape[:-2]), q)
     check_values(g != 0, "gamma: expected decays in (0, 1] (log γ must be finite)",
                  lambda: f", got {shown(gamma)}")
-    return g.log(), check_scale(scale, q.shape[-1], positive=True)
+    return g.log(), check_scale(scale, q.shape[-1], positive=True, dtype=q.dtype)
 
 
 def decay_softmax_attention(
@@ -115,18 +118,23 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, logg: Tensor, scale: float, block_
     ``attention`` in place of ``F.scaled_dot_product_attention`` (same signature)."""
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    q, k, v, logg = q.to(work), k.to(work), v.to(work), logg.to(work)
+    if scale > _LARGE_SCALE[work]:  # scores beyond √max overflow the dtype at |q·k| > √max
+        work = torch.float64
+    # the scale goes into q (the kernels run at scale 1): the bias coordinate below is then
+    # (p − j)·log γ itself, where dividing it by a tiny scale (1e-39) overflowed to ±inf
+    q = q.to(work) * scale
+    k, v, logg = k.to(work), v.to(work), logg.to(work)
     T, S, D, Dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     key_pos = torch.arange(S, device=q.device, dtype=work)
     if T == 1:  # a decoding step: its bias row is S numbers, cheaper than extending k by one
         bias = ((S - 1 - key_pos) * logg[..., None])[..., None, :]  # (..., 1, S), ≤ 0
-        o = attention(q, k, v, attn_mask=bias, scale=scale)
+        o = attention(q, k, v, attn_mask=bias, scale=1.0)
         return o.to(dtype)
     width = max(D + 1, Dv)
     batch = q.shape[:-2]
     q_ext = torch.cat([q, q.new_ones(*batch, T, 1), q.new_zeros(*batch, T, width - D - 1)], -1)
     v_pad = F.pad(v, (0, width - Dv))
-    rate = (logg / scale)[..., None]  # (..., 1): the coordinate per unit of lag
+    rate = logg[..., None]  # (..., 1): the coordinate per unit of lag
     outs = []
     for lo, hi in block_ranges(T, block_size):
         p, end = S - T + lo, S - T + hi  # the block's first position; keys [0, end)
@@ -135,12 +143,12 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, logg: Tensor, scale: float, block_
                            k.new_zeros(*batch, end, width - D - 1)], -1)
         if p == 0:
             o = attention(q_ext[..., lo:hi, :], k_ext, v_pad[..., :end, :], is_causal=True,
-                          scale=scale)
+                          scale=1.0)
         else:  # row r sees keys j <= p + r (lower-right causal)
             mask = (torch.arange(end, device=q.device)[None, :]
                     <= torch.arange(p, end, device=q.device)[:, None])
             o = attention(q_ext[..., lo:hi, :], k_ext, v_pad[..., :end, :], attn_mask=mask,
-                          scale=scale)
+                          scale=1.0)
         outs.append(o[..., :Dv])
     return torch.cat(outs, -2).to(dtype)
 

@@ -171,7 +171,7 @@ def delta_rule(
     g = check_gate(g, "g", (*batch, T), q)
     gk = check_gate(gk, "gk", (*batch, T, K), q)
     gv = check_gate(gv, "gv", (*batch, T, V), q)
-    s = resolve_scale(scale, K)
+    s = resolve_scale(scale, K, q.dtype)
     C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     qk_l2norm = check_flag(qk_l2norm, "qk_l2norm")
     return_state = check_flag(return_state, "return_state")
@@ -273,7 +273,7 @@ def delta_rule_step(
     if check_flag(inplace, "inplace") and (state is None or state.dtype != S.dtype):
         raise ValueError(f"state: inplace=True needs a state in {S.dtype}, got "
                          f"{'None' if state is None else state.dtype}")
-    s = resolve_scale(scale, K)
+    s = resolve_scale(scale, K, q_t.dtype)
     traced = tracing(q_t, k_t, v_t, beta_t, state)
     grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)
     choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,

@@ -158,7 +158,8 @@ def _prefix_sum(x: Tensor, chunk: int) -> Tensor:
     within = torch.matmul(causal_mask(chunk, x.device).to(x.dtype), blocks)
     totals = within[..., -1:, :].cumsum(-3)  # (…, n, 1, F): through the end of each block
     within[..., 1:, :, :] += totals[..., :-1, :, :]  # in place: one pass, no (…, T, F) copy
-    return within.reshape(*x.shape[:-2], -1, F)[..., :T, :]
+    # every size explicit: an empty batch (B or H = 0) cannot infer a -1
+    return within.reshape(*x.shape[:-2], blocks.shape[-3] * chunk, F)[..., :T, :]
 
 
 def _count(keep: Tensor | None, like: Tensor, T: int, causal: bool) -> Tensor:

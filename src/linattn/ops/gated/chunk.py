@@ -74,10 +74,11 @@ def initial_state_for(state: Tensor | None, name: str, shape: tuple[int, ...],
     return state.to(acc)
 
 
-def resolve_scale(scale: float | None, K: int) -> float:
+def resolve_scale(scale: float | None, K: int, dtype: torch.dtype | None = None) -> float:
     """``scale`` or the default ``K**-0.5``; TypeError unless a real number (NumPy numbers
-    taken, bools refused), ValueError unless finite (:func:`linattn.ops._common.check_scale`)."""
-    return check_scale(scale, K)
+    taken, bools refused), ValueError unless finite and, with the inputs' ``dtype``, a
+    magnitude the computation carries (:func:`linattn.ops._common.check_scale`)."""
+    return check_scale(scale, K, dtype=dtype)
 
 
 def decayed(S: Tensor, g_t: object, gk_t: object, gv_t: object, like: Tensor) -> Tensor:
@@ -154,7 +155,9 @@ def chunked_form(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor |
         for c in range(n):
             inter.append(q_in[..., c, :, :] @ S)
             S = through[..., c, None, None] * S + own[..., c, :, :]
-        return (out + torch.stack(inter, dim=-3)).reshape(*batch, n * C, -1)[..., :T, :], S
+        # every size explicit: an empty batch (B or H = 0) cannot infer a -1
+        return (out + torch.stack(inter, dim=-3)).reshape(*batch, n * C, v.shape[-1]
+                                                          )[..., :T, :], S
     gkc = to_chunks(gk, C)  # (..., n, C, K)
     outs = []
     for c in range(n):

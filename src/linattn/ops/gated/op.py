@@ -107,7 +107,7 @@ def gated_linear_attention(
     V = v.shape[-1]
     g = check_gate(g, "g", (*batch, T), q)
     gk = check_gate(gk, "gk", (*batch, T, K), q)
-    s = resolve_scale(scale, K)
+    s = resolve_scale(scale, K, q.dtype)
     C = check_chunk_size(chunk_size, dispatch.policy().chunk_size)
     return_state = check_flag(return_state, "return_state")
     cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, q)
@@ -158,6 +158,7 @@ def gated_linear_attention_step(
     *batch, K = q_t.shape
     V = v_t.shape[-1]
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
+    s = resolve_scale(scale, K, q_t.dtype)
     traced = tracing(q_t, k_t, v_t, state, g_t, gk_t, gv_t)
     grad = needs_grad(q_t, k_t, v_t, state, g_t, gk_t, gv_t)
     choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,
@@ -171,12 +172,11 @@ def gated_linear_attention_step(
         if gk_t is not None:
             checked_tensor(gk_t, "gk_t", (*batch, K), q_t)
             gk_t = gk_t if gk_t.dtype == torch.float32 else gk_t.float()
-        return gated_native.gla_step(q_t, k_t, v_t, g_t, gk_t, S, resolve_scale(scale, K),
-                                     choice.isa)
+        return gated_native.gla_step(q_t, k_t, v_t, g_t, gk_t, S, s, choice.isa)
     acc = S.dtype
     S = decayed(S, g_t, gk_t, gv_t, q_t)
     S = S + k_t.to(acc).unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)
-    o = ((q_t.to(acc) * resolve_scale(scale, K)).unsqueeze(-2) @ S).squeeze(-2)
+    o = ((q_t.to(acc) * s).unsqueeze(-2) @ S).squeeze(-2)
     return o.to(q_t.dtype), S
 
 

@@ -213,8 +213,9 @@ def relative_linear_attention(
         content, _ = causal_chunked(fq, fk, v1, max(1, min(chunk_size, T)), None)
     else:
         content = fq @ (fk.transpose(-1, -2) @ v1)
-    # T = 0: nothing to transform (and no FFT size); the direct form gives the empty output
-    use_direct = method == "direct" or T == 0 or (method == "auto" and T <= DIRECT_MAX_T)
+    # nothing to transform (T = 0: no FFT size; no sequence or head: MKL's FFT refuses an
+    # empty batch); the direct form gives the empty output
+    use_direct = method == "direct" or q.numel() == 0 or (method == "auto" and T <= DIRECT_MAX_T)
     positional = (
         _relative_direct(fq, fr, v1) if use_direct else _relative_fft(fq, fr, v1)
     )

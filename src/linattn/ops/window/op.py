@@ -231,7 +231,8 @@ def _band(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, lam: Tensor, w: 
     s = torch.where(valid, s, float("-inf"))
     m = _row_max(s, to_chunks(lam.unsqueeze(-1), chunk).squeeze(-1))
     e = torch.exp(s - m.unsqueeze(-1))  # exactly 0 outside the window
-    num = (e @ vb).reshape(*q.shape[:-2], n * chunk, -1)[..., :T, :]
+    # every size explicit: an empty batch (B or H = 0) cannot infer a -1
+    num = (e @ vb).reshape(*q.shape[:-2], n * chunk, vb.shape[-1])[..., :T, :]
     den = e.sum(-1).reshape(*q.shape[:-2], n * chunk)[..., :T]
     return num, den, m.reshape(*q.shape[:-2], n * chunk)[..., :T]
 
