@@ -12,21 +12,22 @@ Models (random weights, built from transformers' config classes; no download):
   a dense MLP, vocabulary 163,840, every fourth layer softmax.
 
 For each model, dtype (``--dtypes``) and thread count (``--threads``), both paths run in this
-one process, one after the other on the same weights and inputs:
+one process on the same weights and inputs, interleaved (prefills alternating, then decoding
+steps alternating step by step, each path from its own cache; :func:`compare`):
 
 * prefill of each of ``--prefill`` tokens (batch 1, the model's forward with the cache, logits of
   the last position only, as ``generate`` asks), median of ``--repeats`` (one run from 8,192
-  tokens); then decode
-  ``--decode-tokens`` greedy tokens from that cache (the context is the prefill's length):
-  tokens per second from the median step;
+  tokens); then ``--decode-tokens`` greedy tokens from that cache (the context is the
+  prefill's length): tokens per second from the median step;
 * decode at batch ``--batch`` (default 8) after a prefill of ``--batch-context`` tokens.
 
-Then a profile of one prefill of ``--profile-tokens`` tokens and of ``--decode-tokens`` decoding
-steps, per path: each part's own time (nested parts subtracted), summed over layers:
-recurrence (the GDN / KDA functions), convolution, gated norm, the linear-attention layers'
-other work (projections excluded: reshapes, gates, l2 norms), projections (every nn.Linear but
-the LM head), softmax layers (their own work, projections excluded), LM head, other
-(embeddings, RMSNorms, MLP activations, residuals, the cache). "LA own" is recurrence +
+Then, on 1 thread, a profile of a prefill of ``--profile-tokens`` tokens and of
+``--decode-tokens`` decoding steps, per path (medians of three rounds, the paths alternating):
+each part's own time (nested parts subtracted), summed over layers: recurrence (the GDN / KDA
+functions), convolution, gated norm, the linear-attention layers' other work (projections
+excluded: reshapes, gates, l2 norms), projections (every nn.Linear but the LM head), softmax
+layers (their own work, projections excluded), LM head, other (embeddings, RMSNorms, MLP
+activations, residuals, the cache). "LA own" is recurrence +
 convolution + gated norm: issue 47's target is at most 10 % of prefill-2048 and of decode.
 
 Prints markdown tables with the CPU and ISA. The default grid (both models, float32 and
@@ -116,14 +117,40 @@ def decode(model, out, steps: int) -> list[float]:
     return times
 
 
-def timed_prefill(model, ids: torch.Tensor, repeats: int):
-    times, out = [], None
-    for _ in range(repeats):
-        out = None  # free the last cache first
-        t0 = time.perf_counter()
-        out = prefill(model, ids)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+PATHS = ("transformers", "linattn")
+
+
+def compare(model, ids: torch.Tensor, repeats: int, steps: int) -> dict[str, tuple[float, float]]:
+    """Both paths side by side on the same weights and prompt, interleaved so that neither
+    always runs after the other (what one leaves in the caches, the allocator and the OpenMP
+    pool, the other pays for): ``repeats`` prefills each, alternating, then ``steps`` decoding
+    steps each, alternating step by step from each path's own cache. Returns per path (median
+    prefill seconds, median step seconds)."""
+    for which in PATHS:  # warm: builds, calibrations, first allocations
+        with path(model, which):
+            prefill(model, ids[:, :64])
+    prefills: dict[str, list[float]] = {w: [] for w in PATHS}
+    state: dict[str, list] = {}
+    for r in range(repeats):
+        for which in PATHS if r % 2 == 0 else PATHS[::-1]:
+            state.pop(which, None)  # free this path's last cache first
+            with path(model, which):
+                t0 = time.perf_counter()
+                out = prefill(model, ids)
+                prefills[which].append(time.perf_counter() - t0)
+            state[which] = [out.past_key_values, out.logits[:, -1:].argmax(-1)]
+            del out
+    decodes: dict[str, list[float]] = {w: [] for w in PATHS}
+    with torch.no_grad():
+        for r in range(steps):
+            for which in PATHS if r % 2 == 0 else PATHS[::-1]:
+                cache, token = state[which]
+                with path(model, which):
+                    t0 = time.perf_counter()
+                    out = model(token, past_key_values=cache, use_cache=True)
+                    decodes[which].append(time.perf_counter() - t0)
+                state[which] = [out.past_key_values, out.logits[:, -1:].argmax(-1)]
+    return {w: (statistics.median(prefills[w]), statistics.median(decodes[w])) for w in PATHS}
 
 
 @contextlib.contextmanager
@@ -209,18 +236,30 @@ class Profile:
         for undo in reversed(self.undo):
             undo()
 
-    def shares(self) -> dict[str, float]:
-        total = sum(self.own.values())
-        return {part: self.own.get(part, 0.0) / total for part in PARTS} | {"total": total}
+def shares(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each part's median own time over the runs, as a share of their sum (and the sum)."""
+    own = {part: statistics.median(r.get(part, 0.0) for r in runs) for part in PARTS}
+    total = sum(own.values())
+    return {part: own[part] / total for part in PARTS} | {"total": total}
 
 
-def profiled(model, family: str, ids: torch.Tensor, steps: int) -> tuple[dict, dict]:
-    out = prefill(model, ids)  # warm
-    with Profile(model, family) as p:
-        out = prefill(model, ids)
-    with Profile(model, family) as d:
-        decode(model, out, steps)
-    return p.shares(), d.shares()
+def profiled(model, family: str, ids: torch.Tensor, steps: int, rounds: int = 3
+             ) -> dict[str, tuple[dict, dict]]:
+    """Per path, the shares of a profiled prefill and of ``steps`` profiled decoding steps,
+    medians over ``rounds`` rounds, the two paths alternating."""
+    runs: dict[str, tuple[list, list]] = {w: ([], []) for w in PATHS}
+    for r in range(rounds + 1):  # round 0 warms
+        for which in PATHS if r % 2 == 0 else PATHS[::-1]:
+            with path(model, which):
+                with Profile(model, family) as p:
+                    out = prefill(model, ids)
+                with Profile(model, family) as d:
+                    decode(model, out, steps)
+                del out
+            if r:
+                runs[which][0].append(dict(p.own))
+                runs[which][1].append(dict(d.own))
+    return {w: (shares(pre), shares(dec)) for w, (pre, dec) in runs.items()}
 
 
 # ----------------------------------------------------------------------------- main
@@ -282,35 +321,22 @@ def main(argv: list[str] | None = None) -> int:
                 gen = torch.Generator().manual_seed(1)
                 for T in lengths:
                     ids = torch.randint(3, 1000, (1, T), generator=gen)
-                    res = {}
-                    for which in ("transformers", "linattn"):
-                        with path(model, which):
-                            prefill(model, ids[:, :64])  # warm: builds, calibrations
-                            # one prefill of 8,192 tokens or more (a minute on the
-                            # fallback): its noise is small beside its length
-                            t, out = timed_prefill(model, ids, a.repeats if T < 8192 else 1)
-                            step = statistics.median(decode(model, out, a.decode_tokens))
-                            res[which] = (t, step)
-                            del out
+                    # one prefill each from 8,192 tokens (a minute and more on the fallback:
+                    # its noise is small beside its length)
+                    res = compare(model, ids, a.repeats if T < 8192 else 1, a.decode_tokens)
                     rows.append((name, dtype_name, threads, f"prefill {T} + decode b1",
                                  res["transformers"], res["linattn"]))
                     print_row(rows[-1], flush=True)
                 ids = torch.randint(3, 1000, (a.batch, a.batch_context), generator=gen)
-                res = {}
-                for which in ("transformers", "linattn"):
-                    with path(model, which):
-                        t, out = timed_prefill(model, ids, 1)
-                        res[which] = (t, statistics.median(decode(model, out, a.decode_tokens)))
-                        del out
+                res = compare(model, ids, 1, a.decode_tokens)
                 rows.append((name, dtype_name, threads,
                              f"prefill {a.batch}x{a.batch_context} + decode b{a.batch}",
                              res["transformers"], res["linattn"]))
                 print_row(rows[-1], flush=True)
                 if threads == 1:
                     ids = torch.randint(3, 1000, (1, a.profile_tokens), generator=gen)
-                    for which in ("transformers", "linattn"):
-                        with path(model, which):
-                            pre, dec = profiled(model, name, ids, a.decode_tokens)
+                    for which, (pre, dec) in profiled(model, name, ids,
+                                                      a.decode_tokens).items():
                         profiles.append((name, dtype_name, which, pre, dec))
             del model
     print()
