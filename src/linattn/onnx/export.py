@@ -16,10 +16,13 @@ import os
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 import torch
 from torch import Tensor, nn
 
 from linattn.nn.lm import LinearTransformerLM
+from linattn.onnx.dft import exact_rfft
 from linattn.onnx.lm import LMGraph, pack_state
 
 __all__ = ["export", "input_names", "output_names", "MAX_LENGTH", "SAME_SINCE"]
@@ -50,6 +53,21 @@ def output_names(model: LinearTransformerLM) -> list[str]:
     return names + (["present_conv"] if model.shift is not None else [])
 
 
+def _dft_axis_as_input(proto, node) -> None:
+    """DFT-17's ``axis`` attribute (default 1) as DFT-20's third input, the same transform."""
+    from onnx import helper, numpy_helper
+
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
+    keep = [a for a in node.attribute if a.name != "axis"]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    name = f"{node.name or node.output[0]}_axis"
+    proto.graph.initializer.append(numpy_helper.from_array(np.array(axis, np.int64), name))
+    inputs = list(node.input) + [""] * (2 - len(node.input))
+    del node.input[:]
+    node.input.extend([*inputs[:2], name])
+
+
 def _raise_opset(proto, opset: int) -> None:
     """The default-domain import of ``proto`` set to ``opset``, after checking every op."""
     import onnx
@@ -67,6 +85,8 @@ def _raise_opset(proto, opset: int) -> None:
         except onnx.defs.SchemaError:
             was = None
         if node.op_type == "DFT":  # DFT-17 kept its axis as an attribute, DFT-20 an input
+            if old < 20 and node in proto.graph.node:
+                _dft_axis_as_input(proto, node)
             ok = not any(a.name == "axis" for a in node.attribute)
         else:  # an op new since `old` was written at its first version (Gelu-20, ...)
             ok = was is None or new == was or node.op_type in SAME_SINCE
@@ -137,7 +157,7 @@ def export(model: nn.Module, example: Tensor | tuple, path: str | os.PathLike, *
     # for it (harmless: _raise_opset does the job); its other messages are progress notes
     logging.disable(logging.ERROR)
     try:
-        with dispatch.use(impl="torch"), warnings.catch_warnings():
+        with dispatch.use(impl="torch"), exact_rfft(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporter's progress and deprecation notes
             program = torch.onnx.export(
                 graph, args, dynamo=True, custom_translation_table=TRANSLATIONS,
