@@ -15,7 +15,7 @@ __all__ = ["export", "LMSession"]
 def __getattr__(name: str) -> Any:
     if name == "export":
         _require("onnx", "onnxscript")
-        from linattn.onnx.export import export
+        from linattn.onnx.exporter import export
 
         return export
     if name == "LMSession":

@@ -178,7 +178,7 @@ class LMGraph(nn.Module):
             y, tail = torch.ops.linattn.onnx_causal_conv(h.transpose(1, 2), weight, past[-1],
                                                          "none")
             h = y.transpose(1, 2)
-        for block, state, plain in zip(m.blocks, past, self.plain):
+        for block, state, plain in zip(m.blocks, past[:len(m.blocks)], self.plain, strict=True):
             a, S = self.mixer(block.attn, block.norm1(h), state, plain)
             h = block.mlp_residual(h + a)
             present.append(S)

@@ -49,6 +49,6 @@ class LMSession:
         if ids.ndim != 2 or ids.shape[1] < 1:
             raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {ids.shape}")
         states = self.zeros(ids.shape[0]) if self.states is None else self.states
-        feed = {"ids": ids, **{i.name: s for i, s in zip(self._past, states)}}
+        feed = {"ids": ids, **{i.name: s for i, s in zip(self._past, states, strict=True)}}
         logits, *self.states = self.session.run(None, feed)
         return logits

@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-
 import torch
 from torch import Tensor, nn
 
@@ -101,15 +100,17 @@ def _raise_opset(proto, opset: int) -> None:
 
 def _lm_inputs(model: LinearTransformerLM, example: Tensor) -> tuple[Tensor, ...]:
     if not isinstance(example, Tensor) or example.dim() != 2 or example.is_floating_point():
-        raise ValueError("example: expected integer ids of shape (B, T), got "
-                         f"{type(example).__name__ if not isinstance(example, Tensor) else tuple(example.shape)}")
+        got = (f"{example.dtype} {tuple(example.shape)}" if isinstance(example, Tensor)
+               else type(example).__name__)
+        raise ValueError(f"example: expected integer ids of shape (B, T), got {got}")
     if example.shape[1] < 2:  # T = 1 would be specialised by the trace: a longer example
         example = example.repeat(1, 2)
     return (example.long(), *pack_state(model, None, example.shape[0]))
 
 
 def export(model: nn.Module, example: Tensor | tuple, path: str | os.PathLike, *,
-           dynamic: bool = True, max_length: int = MAX_LENGTH, check: bool = True) -> Path:
+           dynamic: bool = True, max_length: int = MAX_LENGTH, dynamic_shapes=None,
+           check: bool = True) -> Path:
     """Write ``model`` as an ONNX file at ``path`` (opset 27) and return the path.
 
     ``model``: a :class:`~linattn.nn.LinearTransformerLM` of a kind whose mixers are
@@ -119,8 +120,9 @@ def export(model: nn.Module, example: Tensor | tuple, path: str | os.PathLike, *
     other module torch exports (the FordA classifier, the encoders), exported as it is with
     linattn's torch forms. ``example``: the LM's ids (B, T), or the module's positional
     inputs (a tensor or a tuple). ``dynamic``: the batch dimension (and the LM's T, 1 to
-    ``max_length``) left free; else every shape is the example's. ``check``: run
-    ``onnx.checker`` on the result.
+    ``max_length``) left free; else every shape is the example's. ``dynamic_shapes``: for
+    another module, ``torch.export``'s specification instead (e.g. a free T as well).
+    ``check``: run ``onnx.checker`` on the result.
 
     ValueError/TypeError naming the argument for a model, example or size it cannot take."""
     import onnx
@@ -150,7 +152,8 @@ def export(model: nn.Module, example: Tensor | tuple, path: str | os.PathLike, *
             raise TypeError("example: expected a tensor or a tuple of tensors")
         names, outs = [f"input.{i}" for i in range(len(args))] if len(args) > 1 else \
             ["input"], None
-        shapes = tuple({0: B} for _ in args) if dynamic else None
+        shapes = dynamic_shapes if dynamic_shapes is not None else \
+            tuple({0: B} for _ in args) if dynamic else None
     was, quiet = graph.training, logging.root.manager.disable
     graph.eval()
     # the exporter's own attempt at opset 27 fails on ops it wrote at 18 and logs a traceback
