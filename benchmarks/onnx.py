@@ -85,7 +85,7 @@ def bench_kind(kind: str, args, folder: Path) -> list[tuple]:
         torch.set_num_threads(threads)
         lm = LMSession(path, threads=threads)
 
-        def ort_prefill():
+        def ort_prefill(lm=lm):
             lm.reset()
             lm(ids.numpy())
 
@@ -93,7 +93,7 @@ def bench_kind(kind: str, args, folder: Path) -> list[tuple]:
             with torch.no_grad():
                 model(ids, return_state=True)
 
-        def ort_decode():
+        def ort_decode(lm=lm):
             lm.reset()
             lm(prompt.numpy())
             for t in range(steps.shape[1]):
@@ -108,7 +108,7 @@ def bench_kind(kind: str, args, folder: Path) -> list[tuple]:
         p_ort, p_torch = _interleaved([ort_prefill, torch_prefill], args.rounds)
         d_ort, d_torch = _interleaved([ort_decode, torch_decode], args.rounds)
         # per token: the prompt's prefill taken out with its own (interleaved) timing
-        lm_prompt = _interleaved([lambda: (lm.reset(), lm(prompt.numpy())),
+        lm_prompt = _interleaved([lambda lm=lm: (lm.reset(), lm(prompt.numpy())),
                                   lambda: model(prompt, return_state=True)], args.rounds)
         n = steps.shape[1]
         d_ort, d_torch = (d_ort - lm_prompt[0]) / n, (d_torch - lm_prompt[1]) / n
@@ -149,7 +149,10 @@ def bench_op(args, folder: Path) -> list[tuple]:
 
         ref = linattn_op()[0]
         err = float(np.abs(out - ref.numpy()).max() / ref.abs().max())
-        t_ort, t_lin = _interleaved([lambda: sess.run(None, feed), linattn_op], args.rounds)
+        def ort_op(sess=sess, feed=feed):
+            return sess.run(None, feed)
+
+        t_ort, t_lin = _interleaved([ort_op, linattn_op], args.rounds)
         rows.append((threads, t_ort, t_lin, err))
     return rows
 
