@@ -21,8 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from linattn.nn.lm import LinearTransformerLM
+from linattn.nn.mixers import MIXERS
 from linattn.onnx.dft import exact_rfft
-from linattn.onnx.lm import LMGraph, pack_state
+from linattn.onnx.lm import POSITIONAL, LMGraph, pack_state
 
 __all__ = ["export", "input_names", "output_names", "MAX_LENGTH", "SAME_SINCE"]
 
@@ -37,13 +38,17 @@ SAME_SINCE = frozenset({
     "Flatten", "HardSigmoid", "HardSwish", "Identity", "Mish", "Pad", "ReduceMax",
     "ReduceMin", "Reshape", "Round", "Selu", "Shape", "Sin", "Size", "Softplus", "Squeeze",
     "Transpose", "Unsqueeze",
+    # Range-27 adds float16/bfloat16 and stash_type, the precision those accumulate in
+    "Range",
 })
 
 
 def input_names(model: LinearTransformerLM) -> list[str]:
-    """The exported LM's inputs: ``ids``, ``past_state.{i}`` per layer, ``past_conv``."""
+    """The exported LM's inputs: ``ids``, ``past_state.{i}`` per layer, ``past_conv`` (with a
+    token shift), ``position`` (cosFormer: the tokens before ``ids``, an int64 scalar)."""
     names = ["ids"] + [f"past_state.{i}" for i in range(len(model.blocks))]
-    return names + (["past_conv"] if model.shift is not None else [])
+    names += ["past_conv"] if model.shift is not None else []
+    return names + (["position"] if model.config.attention in POSITIONAL else [])
 
 
 def output_names(model: LinearTransformerLM) -> list[str]:
@@ -105,7 +110,8 @@ def _lm_inputs(model: LinearTransformerLM, example: Tensor) -> tuple[Tensor, ...
         raise ValueError(f"example: expected integer ids of shape (B, T), got {got}")
     if example.shape[1] < 2:  # T = 1 would be specialised by the trace: a longer example
         example = example.repeat(1, 2)
-    return (example.long(), *pack_state(model, None, example.shape[0]))
+    extra = (torch.tensor(0),) if model.config.attention in POSITIONAL else ()
+    return (example.long(), *pack_state(model, None, example.shape[0]), *extra)
 
 
 def export(model: nn.Module, example: Tensor | tuple, path: str | os.PathLike, *,
@@ -142,9 +148,12 @@ def export(model: nn.Module, example: Tensor | tuple, path: str | os.PathLike, *
         graph: nn.Module = LMGraph(model)
         args = _lm_inputs(model, example)
         names, outs = input_names(model), output_names(model)
-        T = torch.export.Dim("T", min=1, max=max_length)
-        # forward(ids, *past): the states are one (var-positional) argument
-        shapes = ({0: B, 1: T}, tuple({0: B} for _ in args[1:])) if dynamic else None
+        most = MIXERS[model.config.attention].max_positions  # cosFormer's horizon
+        T = torch.export.Dim("T", min=1, max=max_length if most is None else
+                             min(max_length, most))
+        # forward(ids, *past): the states (and a position) are one var-positional argument
+        shapes = ({0: B, 1: T}, tuple({0: B} if a.dim() else None for a in args[1:])) \
+            if dynamic else None
     else:
         graph = model
         args = example if isinstance(example, tuple) else (example,)

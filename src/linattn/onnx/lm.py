@@ -9,13 +9,17 @@ as plain tensors in ONNX's layouts, each recurrence one ``linattn::onnx_linear_a
   ``z`` appended as a last value column, d_v = d + 1 (:func:`pack_state`); the feature map
   runs as ONNX elementwise ops and the normaliser is carried exactly, as the extra column of
   ones that the values get (the numerator and ``z·φ(q)`` come out of the same node);
-* ``gated_delta`` / ``deltanet`` / ``gla``: the state as linattn keeps it (d, d).
+* ``gated_delta`` / ``deltanet`` / ``gla``: the state as linattn keeps it (d, d);
+* ``cosformer``: ``kv`` with ``k_sum`` appended, (2d, d + 1); its graph also takes
+  ``position``, the tokens before ``ids`` (an int64 scalar), for the angles.
 
 The tail of the token shift is ONNX ``CausalConvWithState``'s ``(B, E, k − 1)`` (channels
 first; :class:`~linattn.nn.lm.LMState` keeps it as (B, k − 1, E)).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +29,13 @@ from linattn.nn.lm import LinearTransformerLM, LMState
 from linattn.ops._common import guarded, resolve
 from linattn.ops.delta.chunk import l2_normalised
 
-__all__ = ["EXPORTABLE", "LMGraph", "pack_state", "unpack_state", "state_shapes"]
+__all__ = ["EXPORTABLE", "POSITIONAL", "LMGraph", "pack_state", "unpack_state", "state_shapes"]
 
 #: the LM kinds whose every mixer is an ONNX LinearAttention node → its update rule
 EXPORTABLE = {"linear": "gated", "gated_delta": "gated_delta", "deltanet": "delta",
-              "gla": "gated"}
+              "gla": "gated", "cosformer": "linear"}
+#: the kinds whose graph also takes ``position`` (the tokens before ``ids``): cosFormer's angles
+POSITIONAL = frozenset({"cosformer"})
 
 
 def _packed(x: Tensor) -> Tensor:
@@ -52,7 +58,8 @@ def _recurrence(q, k, v, state, decay, beta, rule: str, scale: float):
     return _heads(o, H), S
 
 
-def _decayed_linear(attn, x: Tensor, state: Tensor, plain: bool) -> tuple[Tensor, Tensor]:
+def _decayed_linear(attn, x: Tensor, state: Tensor, plain: bool, position: Tensor | None
+                    ) -> tuple[Tensor, Tensor]:
     q, k, v = attn.project(x)
     fmap, eps = resolve(attn.feature_map, None)
     fq = fmap.forward_queries(q.float())
@@ -69,7 +76,8 @@ def _decayed_linear(attn, x: Tensor, state: Tensor, plain: bool) -> tuple[Tensor
     return attn.merge(o.to(x.dtype)), S
 
 
-def _delta(attn, x: Tensor, state: Tensor, plain: bool) -> tuple[Tensor, Tensor]:
+def _delta(attn, x: Tensor, state: Tensor, plain: bool, position: Tensor | None
+           ) -> tuple[Tensor, Tensor]:
     q, k, v = attn.project(x)
     q, k = l2_normalised(F.silu(q).float()), l2_normalised(F.silu(k).float())
     beta, g = attn.gates(x)  # (B, H, T) each; g None for DeltaNet
@@ -82,7 +90,8 @@ def _delta(attn, x: Tensor, state: Tensor, plain: bool) -> tuple[Tensor, Tensor]
     return attn.merge(o * gate), S
 
 
-def _gla(attn, x: Tensor, state: Tensor, plain: bool) -> tuple[Tensor, Tensor]:
+def _gla(attn, x: Tensor, state: Tensor, plain: bool, position: Tensor | None
+         ) -> tuple[Tensor, Tensor]:
     q, k, v = attn.project(x)
     gk = _packed(attn.gates(x).float())  # (B, T, H·d): one log-gate per key dimension
     o, S = _recurrence(q.float(), k.float(), v.float(), state, gk, None, "gated",
@@ -92,7 +101,31 @@ def _gla(attn, x: Tensor, state: Tensor, plain: bool) -> tuple[Tensor, Tensor]:
     return attn.merge(o * gate), S
 
 
-_MIXERS = {"linear": _decayed_linear, "gated_delta": _delta, "deltanet": _delta, "gla": _gla}
+def _cosformer(attn, x: Tensor, state: Tensor, plain: bool, position: Tensor | None
+               ) -> tuple[Tensor, Tensor]:
+    """cosFormer's cos(π/2·(i − j)/M) re-weighting is the sum of a cos and a sin product, so
+    [relu(q) cos a_i, relu(q) sin a_i]·[relu(k) cos a_j, relu(k) sin a_j] over 2d features is
+    plain causal linear attention: ``update_rule="linear"``, the normaliser as a value column
+    of ones. The angles a_t = π/2·t/M read the absolute positions from ``position``."""
+    from linattn.nn.cosformer import EPS
+
+    q, k, v = attn.project(x)
+    T = q.shape[2]
+    t = (torch.arange(T) + position).float()  # exact integers, then the angles
+    a = (t * (math.pi / (2 * attn.horizon))).unsqueeze(-1)  # (T, 1)
+
+    def features(z: Tensor) -> Tensor:
+        r = F.relu(z.float())
+        return torch.cat([r * a.cos(), r * a.sin()], -1)
+
+    v1 = F.pad(v.float(), (0, 1), value=1.0)
+    out, S = _recurrence(features(q), features(k), v1, state, None, None, "linear", 1.0)
+    o = out[..., :-1] / guarded(out[..., -1], EPS).unsqueeze(-1)
+    return attn.merge(o.to(x.dtype)), S
+
+
+_MIXERS = {"linear": _decayed_linear, "gated_delta": _delta, "deltanet": _delta, "gla": _gla,
+           "cosformer": _cosformer}
 
 
 def check_exportable(model: LinearTransformerLM) -> None:
@@ -115,6 +148,8 @@ def state_shapes(model: LinearTransformerLM, batch: int) -> list[tuple[int, ...]
         if c.attention == "linear":
             dk = attn.feature_map.num_features(d)
             shapes.append((batch, c.num_heads, dk, d + 1))
+        elif c.attention == "cosformer":
+            shapes.append((batch, c.num_heads, 2 * d, d + 1))
         else:
             shapes.append((batch, c.num_heads, d, d))
     if model.shift is not None:
@@ -130,6 +165,8 @@ def pack_state(model: LinearTransformerLM, state: LMState | None, batch: int) ->
     for st in state.layers:
         if model.config.attention == "linear":
             out.append(torch.cat([st.S, st.z.unsqueeze(-1)], -1).float())
+        elif model.config.attention == "cosformer":
+            out.append(torch.cat([st.kv, st.k_sum.unsqueeze(-1)], -1).float())
         else:
             out.append((st.S if hasattr(st, "S") else st.kv).float())
     if model.shift is not None:
@@ -147,6 +184,8 @@ def unpack_state(model: LinearTransformerLM, present: list[Tensor], position: in
     for S in present[:n]:
         if model.config.attention == "linear":
             layers.append(cls(S=S[..., :-1], z=S[..., -1]))
+        elif model.config.attention == "cosformer":
+            layers.append(cls(kv=S[..., :-1], k_sum=S[..., -1]))
         else:
             layers.append(cls(*[S]))
     conv = present[n].transpose(1, 2) if model.shift is not None else None
@@ -166,9 +205,13 @@ class LMGraph(nn.Module):
         # read off the buffers now: a traced graph cannot branch on their values
         self.plain = [model.config.attention == "linear" and bool((b.attn.decay == 1).all())
                       for b in model.blocks]
+        self.positional = model.config.attention in POSITIONAL
 
     def forward(self, ids: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
         m = self.model
+        position = None
+        if self.positional:  # the last input: the tokens before ids, an int64 scalar
+            past, position = past[:-1], past[-1]
         h = m.embed(ids)
         present = []
         if m.shift is not None:
@@ -179,7 +222,7 @@ class LMGraph(nn.Module):
                                                          "none")
             h = y.transpose(1, 2)
         for block, state, plain in zip(m.blocks, past[:len(m.blocks)], self.plain, strict=True):
-            a, S = self.mixer(block.attn, block.norm1(h), state, plain)
+            a, S = self.mixer(block.attn, block.norm1(h), state, plain, position)
             h = block.mlp_residual(h + a)
             present.append(S)
         if m.shift is not None:

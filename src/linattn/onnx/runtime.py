@@ -34,11 +34,13 @@ class LMSession:
         inputs = self.session.get_inputs()
         if not inputs or inputs[0].name != "ids":
             raise ValueError(f"path: {path} is not a linattn LM export (no 'ids' input)")
-        self._past = inputs[1:]
+        self._past = [i for i in inputs[1:] if i.name != "position"]
+        self._positional = any(i.name == "position" for i in inputs)
         self.states: list[np.ndarray] | None = None
+        self.position = 0  # tokens seen since the start (or the last reset)
 
     def reset(self) -> None:
-        self.states = None
+        self.states, self.position = None, 0
 
     def zeros(self, batch: int) -> list[np.ndarray]:
         """The start states for a batch of ``batch``."""
@@ -50,5 +52,8 @@ class LMSession:
             raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {ids.shape}")
         states = self.zeros(ids.shape[0]) if self.states is None else self.states
         feed = {"ids": ids, **{i.name: s for i, s in zip(self._past, states, strict=True)}}
+        if self._positional:
+            feed["position"] = np.array(self.position, np.int64)
         logits, *self.states = self.session.run(None, feed)
+        self.position += ids.shape[1]
         return logits
