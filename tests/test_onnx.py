@@ -125,6 +125,7 @@ KINDS = {
     "deltanet": (dict(attention="deltanet", short_conv=4), "delta"),
     "gla": (dict(attention="gla"), "gated"),
     "cosformer": (dict(attention="cosformer"), "linear"),
+    "hybrid": (dict(attention="hybrid", window=8, short_conv=2), "linear"),
 }
 VOCAB = 64
 

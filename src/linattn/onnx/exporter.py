@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from linattn.nn.lm import LinearTransformerLM
 from linattn.nn.mixers import MIXERS
 from linattn.onnx.dft import exact_rfft
-from linattn.onnx.lm import POSITIONAL, LMGraph, pack_state
+from linattn.onnx.lm import POSITIONAL, LMGraph, pack_state, state_parts
 
 __all__ = ["export", "input_names", "output_names", "MAX_LENGTH", "SAME_SINCE"]
 
@@ -46,14 +46,16 @@ SAME_SINCE = frozenset({
 def input_names(model: LinearTransformerLM) -> list[str]:
     """The exported LM's inputs: ``ids``, ``past_state.{i}`` per layer, ``past_conv`` (with a
     token shift), ``position`` (cosFormer: the tokens before ``ids``, an int64 scalar)."""
-    names = ["ids"] + [f"past_state.{i}" for i in range(len(model.blocks))]
+    names = ["ids"] + [f"past_{p}.{i}" for i in range(len(model.blocks))
+                       for p in state_parts(model)]
     names += ["past_conv"] if model.shift is not None else []
     return names + (["position"] if model.config.attention in POSITIONAL else [])
 
 
 def output_names(model: LinearTransformerLM) -> list[str]:
     """``logits``, ``present_state.{i}`` per layer, ``present_conv``."""
-    names = ["logits"] + [f"present_state.{i}" for i in range(len(model.blocks))]
+    names = ["logits"] + [f"present_{p}.{i}" for i in range(len(model.blocks))
+                          for p in state_parts(model)]
     return names + (["present_conv"] if model.shift is not None else [])
 
 

@@ -11,7 +11,9 @@ as plain tensors in ONNX's layouts, each recurrence one ``linattn::onnx_linear_a
   ones that the values get (the numerator and ``z·φ(q)`` come out of the same node);
 * ``gated_delta`` / ``deltanet`` / ``gla``: the state as linattn keeps it (d, d);
 * ``cosformer``: ``kv`` with ``k_sum`` appended, (2d, d + 1); its graph also takes
-  ``position``, the tokens before ``ids`` (an int64 scalar), for the angles.
+  ``position``, the tokens before ``ids`` (an int64 scalar), for the angles;
+* ``hybrid``: three tensors per layer, the linear state as for ``linear`` and the last w keys
+  and values (B, H, w, d), oldest first (linattn's ring buffer rotated); ``position`` too.
 
 The tail of the token shift is ONNX ``CausalConvWithState``'s ``(B, E, k − 1)`` (channels
 first; :class:`~linattn.nn.lm.LMState` keeps it as (B, k − 1, E)).
@@ -29,13 +31,15 @@ from linattn.nn.lm import LinearTransformerLM, LMState
 from linattn.ops._common import guarded, resolve
 from linattn.ops.delta.chunk import l2_normalised
 
-__all__ = ["EXPORTABLE", "POSITIONAL", "LMGraph", "pack_state", "unpack_state", "state_shapes"]
+__all__ = ["EXPORTABLE", "POSITIONAL", "STATE_PARTS", "state_parts", "LMGraph", "pack_state",
+           "unpack_state", "state_shapes"]
 
 #: the LM kinds whose every mixer is an ONNX LinearAttention node → its update rule
 EXPORTABLE = {"linear": "gated", "gated_delta": "gated_delta", "deltanet": "delta",
-              "gla": "gated", "cosformer": "linear"}
-#: the kinds whose graph also takes ``position`` (the tokens before ``ids``): cosFormer's angles
-POSITIONAL = frozenset({"cosformer"})
+              "gla": "gated", "cosformer": "linear", "hybrid": "linear"}
+#: the kinds whose graph also takes ``position`` (the tokens before ``ids``): cosFormer's
+#: angles, the hybrid's slots that no token has filled yet
+POSITIONAL = frozenset({"cosformer", "hybrid"})
 
 
 def _packed(x: Tensor) -> Tensor:
@@ -124,8 +128,56 @@ def _cosformer(attn, x: Tensor, state: Tensor, plain: bool, position: Tensor | N
     return attn.merge(o.to(x.dtype)), S
 
 
+def _hybrid(attn, x: Tensor, state: tuple[Tensor, Tensor, Tensor], plain: bool,
+            position: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """Exact softmax over the last w tokens, linear attention before them, one normaliser
+    (:mod:`linattn.ops.window`). The linear part is ``LinearAttention(linear)`` over the keys
+    delayed by w: at query i the node adds key i − w, so its output is Σ_{j ≤ i−w}. The window
+    is a band of w keys per query gathered from [the previous w keys, this call's keys]
+    ((B, H, T, w, d): O(T·w), never T×T). ``state`` is (S with z as its last column, the last
+    w keys, their values), the keys and values oldest first; ``position`` (the tokens seen)
+    tells the slots before the first token, which take part in nothing."""
+    from linattn.ops.window.op import _combine, _log_far, _row_max
+
+    S0, buf_k, buf_v = state
+    q, k, v = attn.project(x)
+    fmap, eps = resolve(attn.feature_map, None)
+    w = attn.window
+    B, H, T, d = q.shape
+    keys = torch.cat([buf_k.to(k.dtype), k], 2)  # positions position − w … position + T − 1
+    vals = torch.cat([buf_v.to(v.dtype), v], 2)
+    c = torch.arange(w + T)
+    valid = (c + position - w >= 0).to(torch.float32)  # (w + T,): a token exists there
+    fq = fmap.forward_queries(q.float())
+    # the linear part: key i − w reaches query i (concatenated index t for query t)
+    fk = fmap.forward_keys(keys[:, :, :T].float())
+    v1 = F.pad(vals[:, :, :T].float(), (0, 1), value=1.0) * valid[:T, None]
+    far, S = _recurrence(fq, fk, v1, S0, None, None, "linear", 1.0)
+    far_den = far[..., -1] + eps
+    # the window: keys at concatenated indices t + 1 … t + w for query t
+    band = (torch.arange(T)[:, None] + 1 + torch.arange(w)[None, :]).reshape(-1)
+    kb = keys.float().index_select(2, band).reshape(B, H, T, w, d)
+    vb = vals.float().index_select(2, band).reshape(B, H, T, w, -1)
+    scores = (kb @ q.float().unsqueeze(-1)).squeeze(-1) * (1.0 / math.sqrt(d))
+    scores = scores.masked_fill(valid.index_select(0, band).reshape(T, w) == 0, float("-inf"))
+    lam, absd = _log_far(far_den)
+    mx = _row_max(scores, lam)
+    e = torch.exp(scores - mx.unsqueeze(-1))
+    num = (e.unsqueeze(-2) @ vb).squeeze(-2)
+    o = _combine(num, e.sum(-1), far[..., :-1], far_den, absd, mx)
+    new = (S, keys[:, :, T:].contiguous(), vals[:, :, T:].contiguous())
+    return attn.merge(o.to(x.dtype)), new
+
+
 _MIXERS = {"linear": _decayed_linear, "gated_delta": _delta, "deltanet": _delta, "gla": _gla,
-           "cosformer": _cosformer}
+           "cosformer": _cosformer, "hybrid": _hybrid}
+#: the state tensors of one layer, by kind (default: one, ``state``)
+STATE_PARTS = {"hybrid": ("state", "keys", "values")}
+
+
+def state_parts(model: LinearTransformerLM) -> tuple[str, ...]:
+    """The names of one layer's state tensors (``past_<name>.<layer>``)."""
+    return STATE_PARTS.get(model.config.attention, ("state",))
 
 
 def check_exportable(model: LinearTransformerLM) -> None:
@@ -138,8 +190,9 @@ def check_exportable(model: LinearTransformerLM) -> None:
 
 
 def state_shapes(model: LinearTransformerLM, batch: int) -> list[tuple[int, ...]]:
-    """The shapes of ``past`` for a batch of ``batch``: one (B, H, d_k, d_v) per layer, then
-    (B, E, k − 1) with a token shift."""
+    """The shapes of ``past`` for a batch of ``batch``: one (B, H, d_k, d_v) per layer (the
+    hybrid: also its last w keys and values, (B, H, w, d) each), then (B, E, k − 1) with a
+    token shift."""
     c = model.config
     shapes = []
     for block in model.blocks:
@@ -150,6 +203,11 @@ def state_shapes(model: LinearTransformerLM, batch: int) -> list[tuple[int, ...]
             shapes.append((batch, c.num_heads, dk, d + 1))
         elif c.attention == "cosformer":
             shapes.append((batch, c.num_heads, 2 * d, d + 1))
+        elif c.attention == "hybrid":
+            dk = attn.feature_map.num_features(d)
+            w = attn.window
+            shapes += [(batch, c.num_heads, dk, d + 1), (batch, c.num_heads, w, d),
+                       (batch, c.num_heads, w, d)]
         else:
             shapes.append((batch, c.num_heads, d, d))
     if model.shift is not None:
@@ -163,7 +221,10 @@ def pack_state(model: LinearTransformerLM, state: LMState | None, batch: int) ->
         return [torch.zeros(s) for s in state_shapes(model, batch)]
     out = []
     for st in state.layers:
-        if model.config.attention == "linear":
+        if model.config.attention == "hybrid":
+            out.append(torch.cat([st.S, st.z.unsqueeze(-1)], -1).float())
+            out += [_ring_to_chronological(b.float(), st.count) for b in (st.k, st.v)]
+        elif model.config.attention == "linear":
             out.append(torch.cat([st.S, st.z.unsqueeze(-1)], -1).float())
         elif model.config.attention == "cosformer":
             out.append(torch.cat([st.kv, st.k_sum.unsqueeze(-1)], -1).float())
@@ -174,15 +235,39 @@ def pack_state(model: LinearTransformerLM, state: LMState | None, batch: int) ->
     return out
 
 
+def _ring_to_chronological(buf: Tensor, count: int) -> Tensor:
+    """The window's ring buffer (token p in slot p mod w) oldest first, as the graph keeps it:
+    row c holds token count − w + c (zeros before the first token)."""
+    w = buf.shape[-2]
+    pos = torch.arange(w) + count - w
+    out = buf.index_select(-2, pos % w)
+    return out * (pos >= 0).to(out.dtype)[:, None]
+
+
+def _chronological_to_ring(buf: Tensor, count: int) -> Tensor:
+    """The inverse of :func:`_ring_to_chronological` (unused slots zeros)."""
+    w = buf.shape[-2]
+    pos = torch.arange(w) + count - w
+    keep = pos >= 0
+    out = torch.zeros_like(buf)
+    out[..., pos[keep] % w, :] = buf[..., keep, :]
+    return out
+
+
 def unpack_state(model: LinearTransformerLM, present: list[Tensor], position: int) -> LMState:
     """The graph's ``present`` tensors as an :class:`LMState` after ``position`` tokens."""
     from linattn.nn.mixers import get_mixer
 
     cls = get_mixer(model.config.attention).state_class()
-    n = len(model.blocks)
+    parts = len(state_parts(model))
+    n = len(model.blocks) * parts
     layers = []
-    for S in present[:n]:
-        if model.config.attention == "linear":
+    for i in range(0, n, parts):
+        S = present[i]
+        if model.config.attention == "hybrid":
+            k, v = (_chronological_to_ring(b, position) for b in present[i + 1:i + 3])
+            layers.append(cls(S=S[..., :-1], z=S[..., -1], k=k, v=v, count=position))
+        elif model.config.attention == "linear":
             layers.append(cls(S=S[..., :-1], z=S[..., -1]))
         elif model.config.attention == "cosformer":
             layers.append(cls(kv=S[..., :-1], k_sum=S[..., -1]))
@@ -206,6 +291,7 @@ class LMGraph(nn.Module):
         self.plain = [model.config.attention == "linear" and bool((b.attn.decay == 1).all())
                       for b in model.blocks]
         self.positional = model.config.attention in POSITIONAL
+        self.parts = len(state_parts(model))
 
     def forward(self, ids: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
         m = self.model
@@ -221,10 +307,12 @@ class LMGraph(nn.Module):
             y, tail = torch.ops.linattn.onnx_causal_conv(h.transpose(1, 2), weight, past[-1],
                                                          "none")
             h = y.transpose(1, 2)
-        for block, state, plain in zip(m.blocks, past[:len(m.blocks)], self.plain, strict=True):
+        n = self.parts
+        for i, (block, plain) in enumerate(zip(m.blocks, self.plain, strict=True)):
+            state = past[i * n] if n == 1 else tuple(past[i * n:(i + 1) * n])
             a, S = self.mixer(block.attn, block.norm1(h), state, plain, position)
             h = block.mlp_residual(h + a)
-            present.append(S)
+            present += [S] if n == 1 else list(S)
         if m.shift is not None:
             present.append(tail)
         return (m.head(m.norm(h)), *present)
