@@ -4,8 +4,9 @@
     python benchmarks/onnx.py --quick                                  # a smoke run, seconds
 
 Needs the ``onnx`` extra. For each LM kind whose mixers export as ONNX ``LinearAttention``
-nodes (``--kinds``; default linear, gated_delta, deltanet, gla) one model is built (``--d-model``
-256, ``--layers`` 4, ``--heads`` 4, MLP 4×, vocabulary 256, seed 0), exported once with
+nodes (``--kinds``; default linear, gated_delta, deltanet, gla, hybrid) one model is built
+(``--d-model`` 256, ``--layers`` 4, ``--heads`` 4, MLP 4×, vocabulary 256, seed 0; the hybrid's
+window its default 64), exported once with
 :func:`linattn.onnx.export` (dynamic T) and run
 
 * as a *prefill* of ``--prefill`` tokens (batch 1): the ORT session against ``model(ids,
@@ -46,7 +47,7 @@ from linattn.onnx.exporter import export  # noqa: E402
 from linattn.onnx.runtime import LMSession, session  # noqa: E402
 from linattn.profiling import cpu_description  # noqa: E402
 
-KINDS = ("linear", "gated_delta", "deltanet", "gla")
+KINDS = ("linear", "gated_delta", "deltanet", "gla", "hybrid")
 
 
 def _median_time(fn, rounds: int) -> float:
