@@ -34,7 +34,8 @@ from linattn.ops.delta.chunk import l2_normalised
 __all__ = ["EXPORTABLE", "POSITIONAL", "STATE_PARTS", "state_parts", "LMGraph", "pack_state",
            "unpack_state", "state_shapes"]
 
-#: the LM kinds whose every mixer is an ONNX LinearAttention node → its update rule
+#: the LM kinds that export → the update rule of their LinearAttention nodes (one per layer;
+#: the hybrid's is its linear part, its window plain ops beside it)
 EXPORTABLE = {"linear": "gated", "gated_delta": "gated_delta", "deltanet": "delta",
               "gla": "gated", "cosformer": "linear", "hybrid": "linear"}
 #: the kinds whose graph also takes ``position`` (the tokens before ``ids``): cosFormer's
