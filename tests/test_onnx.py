@@ -118,14 +118,16 @@ def test_causal_conv_op(tmp_path):
 # -- the language model ----------------------------------------------------------------------
 
 #: name → (LinearTransformerLM keywords, the update rule its LinearAttention nodes carry)
+#: one layer where a second would only repeat it (an export's time grows with the graph);
+#: two for a single-state kind and for the hybrid's three states per layer
 KINDS = {
-    "linear": (dict(attention="linear", short_conv=3), "gated"),
-    "linear_undecayed": (dict(attention="linear", decay=[1.0, 1.0]), "linear"),
-    "gated_delta": (dict(attention="gated_delta"), "gated_delta"),
-    "deltanet": (dict(attention="deltanet", short_conv=4), "delta"),
-    "gla": (dict(attention="gla"), "gated"),
-    "cosformer": (dict(attention="cosformer"), "linear"),
-    "hybrid": (dict(attention="hybrid", window=8, short_conv=2), "linear"),
+    "linear": (dict(attention="linear", short_conv=3, num_layers=1), "gated"),
+    "linear_undecayed": (dict(attention="linear", decay=[1.0, 1.0], num_layers=1), "linear"),
+    "gated_delta": (dict(attention="gated_delta", num_layers=2), "gated_delta"),
+    "deltanet": (dict(attention="deltanet", short_conv=4, num_layers=1), "delta"),
+    "gla": (dict(attention="gla", num_layers=1), "gated"),
+    "cosformer": (dict(attention="cosformer", num_layers=1), "linear"),
+    "hybrid": (dict(attention="hybrid", window=8, short_conv=2, num_layers=2), "linear"),
 }
 VOCAB = 64
 
@@ -134,7 +136,7 @@ VOCAB = 64
 def exported(request, tmp_path_factory):
     kwargs, rule = KINDS[request.param]
     torch.manual_seed(0)
-    model = LinearTransformerLM(VOCAB, 32, 2, 2, mlp_dim=64, **kwargs).eval()
+    model = LinearTransformerLM(VOCAB, 32, num_heads=2, mlp_dim=64, **kwargs).eval()
     path = export(model, torch.randint(0, VOCAB, (2, 8)),
                   tmp_path_factory.mktemp("lm") / f"{request.param}.onnx")
     return model, path, rule
@@ -223,8 +225,9 @@ def _forda_data():
 def test_forda_predictions(tmp_path):
     """The shipped FordA model: ORT's predictions on the test set equal PyTorch's (held-out
     synthetic series where the data set is absent). Its logits go through logarithms of
-    near-empty spectral bins, so even PyTorch in float32 differs from float64 by ~3e-4: the
-    bound is four times that measured difference."""
+    near-empty spectral bins, so even PyTorch in float32 differs from float64 by ~3e-4 on the
+    test set: the bound is eight times that difference measured on 128 series (1.2e-4 there,
+    a subset's maximum being smaller than the whole set's); ORT's was 4.3e-4."""
     pytest.importorskip("sklearn")
     pytest.importorskip("safetensors")
     from linattn.tsc.estimator import LinearAttentionClassifier
@@ -244,11 +247,11 @@ def test_forda_predictions(tmp_path):
                              for i in range(0, len(X), 512)])
     with torch.no_grad():
         ref = est._logits(X).numpy()
-        ref64 = model.double()(torch.from_numpy(X[:256]).double()).numpy()
+        ref64 = model.double()(torch.from_numpy(X[:128]).double()).numpy()
     model.float()
     np.testing.assert_array_equal(est.classes_[logits.argmax(-1)], est.predict(X))
-    conditioning = rel_err(ref[:256], ref64)
-    assert rel_err(logits, ref) <= 4 * max(conditioning, 64 * EPS)
+    conditioning = rel_err(ref[:128], ref64)
+    assert rel_err(logits, ref) <= 8 * max(conditioning, 64 * EPS)
     if y is not None:
         assert (est.classes_[logits.argmax(-1)] == y).mean() == pytest.approx(0.9788, abs=1e-4)
 
