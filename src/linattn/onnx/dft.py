@@ -1,7 +1,8 @@
 """The real DFT as two products with exact tables, for export.
 
-onnxruntime's CPU ``DFT`` of a length that is not a power of two loses accuracy (its
-twiddles come from float32 angles): on the FordA model's 500-sample spectra, whose logarithm
+onnxruntime's CPU ``DFT`` of a length that is not a power of two lost accuracy here (the cause
+inside ORT was not traced; float32 twiddle angles would explain it): on the FordA model's
+500-sample spectra, whose logarithm
 amplifies any error in a near-empty bin, ORT's logits were 7e-2 (relative) from PyTorch's where
 float32 against float64 PyTorch differ by 3e-4. While a model is exported, ``torch.fft.rfft``
 along the last dimension is computed as ``x @ cos`` and ``x @ sin`` with tables built in
