@@ -128,6 +128,7 @@ KINDS = {
     "gla": (dict(attention="gla", num_layers=1), "gated"),
     "cosformer": (dict(attention="cosformer", num_layers=1), "linear"),
     "hybrid": (dict(attention="hybrid", window=8, short_conv=2, num_layers=2), "linear"),
+    "flowformer": (dict(attention="flowformer", num_layers=1), "linear"),
 }
 VOCAB = 64
 

@@ -12,6 +12,8 @@ as plain tensors in ONNX's layouts, each recurrence one ``linattn::onnx_linear_a
 * ``gated_delta`` / ``deltanet`` / ``gla``: the state as linattn keeps it (d, d);
 * ``cosformer``: ``kv`` with ``k_sum`` appended, (2d, d + 1); its graph also takes
   ``position``, the tokens before ``ids`` (an int64 scalar), for the angles;
+* ``flowformer``: two tensors per layer, ``kv`` (d, d) and the flow sums [k_sum, q_sum,
+  source_sum, sink_sum, e_sum] (4d + 1); ``position`` too;
 * ``hybrid``: three tensors per layer, the linear state as for ``linear`` and the last w keys
   and values (B, H, w, d), oldest first (linattn's ring buffer rotated); ``position`` too.
 
@@ -35,12 +37,14 @@ __all__ = ["EXPORTABLE", "POSITIONAL", "STATE_PARTS", "state_parts", "LMGraph", 
            "unpack_state", "state_shapes"]
 
 #: the LM kinds that export → the update rule of their LinearAttention nodes (one per layer;
-#: the hybrid's is its linear part, its window plain ops beside it)
+#: the hybrid's is its linear part, its window plain ops beside it; Flowformer's its product,
+#: its flows prefix sums beside it)
 EXPORTABLE = {"linear": "gated", "gated_delta": "gated_delta", "deltanet": "delta",
-              "gla": "gated", "cosformer": "linear", "hybrid": "linear"}
+              "gla": "gated", "cosformer": "linear", "hybrid": "linear",
+              "flowformer": "linear"}
 #: the kinds whose graph also takes ``position`` (the tokens before ``ids``): cosFormer's
-#: angles, the hybrid's slots that no token has filled yet
-POSITIONAL = frozenset({"cosformer", "hybrid"})
+#: angles, the hybrid's slots that no token has filled yet, Flowformer's counts
+POSITIONAL = frozenset({"cosformer", "hybrid", "flowformer"})
 
 
 def _packed(x: Tensor) -> Tensor:
@@ -170,10 +174,44 @@ def _hybrid(attn, x: Tensor, state: tuple[Tensor, Tensor, Tensor], plain: bool,
     return attn.merge(o.to(x.dtype)), new
 
 
+def _flowformer(attn, x: Tensor, state: tuple[Tensor, Tensor], plain: bool,
+                position: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Causal Flowformer (:func:`linattn.nn.flowformer.flow_chunked`, formula for formula):
+    the four flow sums and Σ exp(Ô) are prefix sums (ONNX ``CumSum``, dynamic T) continuing
+    the state's, and the product Σ_j φ(k_j) c_j v_jᵀ read by φ(q_i)/(N·I_i) is one
+    ``LinearAttention(linear)`` node. ``state`` is (kv (d, d), the sums [k_sum, q_sum,
+    source_sum, sink_sum, e_sum] (4d + 1)); ``position`` gives the counts N(t)."""
+    from linattn.nn.flowformer import _flow
+
+    kv0, sums0 = state
+    q, k, v = attn.project(x)
+    fq, fk, v = torch.sigmoid(q.float()), torch.sigmoid(k.float()), v.float()
+    T, d, eps = q.shape[2], q.shape[3], attn.eps
+    n = (torch.arange(1, T + 1) + position).float()  # N(t), counted from 1
+    k0, q0, src0, sink0, e0 = sums0.split([d, d, d, d, 1], -1)
+    k_sum = fk.cumsum(-2) + k0.unsqueeze(-2)
+    q_sum = fq.cumsum(-2) + q0.unsqueeze(-2)
+    raw_in = guarded(_flow(fq, k_sum, eps), 0.0)  # N·I
+    raw_out = guarded(_flow(fk, q_sum, eps), 0.0)  # N·O
+    source_sum = (fk * (n / raw_out).unsqueeze(-1)).cumsum(-2) + src0.unsqueeze(-2)
+    sink_sum = (fq * (n / raw_in).unsqueeze(-1)).cumsum(-2) + sink0.unsqueeze(-2)
+    conserved_sink = _flow(fq, source_sum, eps) / n
+    conserved_source = (_flow(fk, sink_sum, eps) / n).clamp(-1.0, 1.0)
+    e = conserved_source.exp()
+    e_sum = e.cumsum(-1) + e0
+    competition = e * n / guarded(e_sum, 0.0)
+    out, kv = _recurrence(fq / raw_in.unsqueeze(-1), fk, v * competition.unsqueeze(-1), kv0,
+                          None, None, "linear", 1.0)
+    o = out * torch.sigmoid(conserved_sink).unsqueeze(-1)
+    sums = torch.cat([k_sum[..., -1, :], q_sum[..., -1, :], source_sum[..., -1, :],
+                      sink_sum[..., -1, :], e_sum[..., -1:]], -1)
+    return attn.merge(o.to(x.dtype)), (kv, sums)
+
+
 _MIXERS = {"linear": _decayed_linear, "gated_delta": _delta, "deltanet": _delta, "gla": _gla,
-           "cosformer": _cosformer, "hybrid": _hybrid}
+           "cosformer": _cosformer, "hybrid": _hybrid, "flowformer": _flowformer}
 #: the state tensors of one layer, by kind (default: one, ``state``)
-STATE_PARTS = {"hybrid": ("state", "keys", "values")}
+STATE_PARTS = {"hybrid": ("state", "keys", "values"), "flowformer": ("state", "sums")}
 
 
 def state_parts(model: LinearTransformerLM) -> tuple[str, ...]:
@@ -204,6 +242,8 @@ def state_shapes(model: LinearTransformerLM, batch: int) -> list[tuple[int, ...]
             shapes.append((batch, c.num_heads, dk, d + 1))
         elif c.attention == "cosformer":
             shapes.append((batch, c.num_heads, 2 * d, d + 1))
+        elif c.attention == "flowformer":
+            shapes += [(batch, c.num_heads, d, d), (batch, c.num_heads, 4 * d + 1)]
         elif c.attention == "hybrid":
             dk = attn.feature_map.num_features(d)
             w = attn.window
@@ -222,7 +262,11 @@ def pack_state(model: LinearTransformerLM, state: LMState | None, batch: int) ->
         return [torch.zeros(s) for s in state_shapes(model, batch)]
     out = []
     for st in state.layers:
-        if model.config.attention == "hybrid":
+        if model.config.attention == "flowformer":
+            out.append(st.kv.float())
+            out.append(torch.cat([st.k_sum, st.q_sum, st.source_sum, st.sink_sum,
+                                  st.e_sum.unsqueeze(-1)], -1).float())
+        elif model.config.attention == "hybrid":
             out.append(torch.cat([st.S, st.z.unsqueeze(-1)], -1).float())
             out += [_ring_to_chronological(b.float(), st.count) for b in (st.k, st.v)]
         elif model.config.attention == "linear":
@@ -265,7 +309,11 @@ def unpack_state(model: LinearTransformerLM, present: list[Tensor], position: in
     layers = []
     for i in range(0, n, parts):
         S = present[i]
-        if model.config.attention == "hybrid":
+        if model.config.attention == "flowformer":
+            d = S.shape[-1]
+            sums = present[i + 1].split([d, d, d, d, 1], -1)
+            layers.append(cls(*sums[:4], e_sum=sums[4][..., 0], kv=S))
+        elif model.config.attention == "hybrid":
             k, v = (_chronological_to_ring(b, position) for b in present[i + 1:i + 3])
             layers.append(cls(S=S[..., :-1], z=S[..., -1], k=k, v=v, count=position))
         elif model.config.attention == "linear":
