@@ -4,7 +4,8 @@
     python benchmarks/onnx.py --quick                                  # a smoke run, seconds
 
 Needs the ``onnx`` extra. For each LM kind whose mixers export as ONNX ``LinearAttention``
-nodes (``--kinds``; default linear, gated_delta, deltanet, gla, hybrid) one model is built
+nodes (``--kinds``; default linear, gated_delta, deltanet, gla, hybrid, flowformer; cosFormer
+holds only 1,024 positions) one model is built
 (``--d-model`` 256, ``--layers`` 4, ``--heads`` 4, MLP 4×, vocabulary 256, seed 0; the hybrid's
 window its default 64), exported once with
 :func:`linattn.onnx.export` (dynamic T) and run
@@ -12,7 +13,8 @@ window its default 64), exported once with
 * as a *prefill* of ``--prefill`` tokens (batch 1): the ORT session against ``model(ids,
   return_state=True)`` in eager PyTorch (``torch.no_grad``, linattn's dispatcher's default
   choice: the compiled kernels where the calibration chose them);
-* as *decoding*: ``--steps`` tokens one at a time after a 64-token prompt, the state carried
+* as *decoding*: ``--steps`` tokens one at a time after a 64-token prompt (its prefill not
+  timed), the state carried
   (ORT: the ``past_*`` inputs fed from the previous ``present_*`` outputs; PyTorch: the
   ``LMState``), per-token time;
 
@@ -47,28 +49,20 @@ from linattn.onnx.exporter import export  # noqa: E402
 from linattn.onnx.runtime import LMSession, session  # noqa: E402
 from linattn.profiling import cpu_description  # noqa: E402
 
-KINDS = ("linear", "gated_delta", "deltanet", "gla", "hybrid")
-
-
-def _median_time(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+KINDS = ("linear", "gated_delta", "deltanet", "gla", "hybrid", "flowformer")
 
 
 def _interleaved(fns, rounds: int) -> list[float]:
-    """Median seconds of each of ``fns``, run alternately ``rounds`` times (after one warm-up)."""
+    """Median seconds of each of ``fns``, run alternately ``rounds`` times (after one warm-up).
+    A function that returns a number has timed itself (its untimed set-up left out)."""
     for fn in fns:
         fn()
     times = [[] for _ in fns]
     for _ in range(rounds):
         for i, fn in enumerate(fns):
             t = time.perf_counter()
-            fn()
-            times[i].append(time.perf_counter() - t)
+            own = fn()
+            times[i].append(own if isinstance(own, float) else time.perf_counter() - t)
     return [statistics.median(t) for t in times]
 
 
@@ -94,25 +88,26 @@ def bench_kind(kind: str, args, folder: Path) -> list[tuple]:
             with torch.no_grad():
                 model(ids, return_state=True)
 
-        def ort_decode(lm=lm):
+        def ort_decode(lm=lm) -> float:  # the prompt's prefill untimed, then the steps
             lm.reset()
             lm(prompt.numpy())
-            for t in range(steps.shape[1]):
-                lm(steps[:, t:t + 1].numpy())
+            t = time.perf_counter()
+            for i in range(steps.shape[1]):
+                lm(steps[:, i:i + 1].numpy())
+            return time.perf_counter() - t
 
-        def torch_decode():
+        def torch_decode() -> float:
             with torch.no_grad():
                 _, st = model(prompt, return_state=True)
-                for t in range(steps.shape[1]):
-                    _, st = model(steps[:, t:t + 1], st, return_state=True)
+                t = time.perf_counter()
+                for i in range(steps.shape[1]):
+                    _, st = model(steps[:, i:i + 1], st, return_state=True)
+                return time.perf_counter() - t
 
         p_ort, p_torch = _interleaved([ort_prefill, torch_prefill], args.rounds)
         d_ort, d_torch = _interleaved([ort_decode, torch_decode], args.rounds)
-        # per token: the prompt's prefill taken out with its own (interleaved) timing
-        lm_prompt = _interleaved([lambda lm=lm: (lm.reset(), lm(prompt.numpy())),
-                                  lambda: model(prompt, return_state=True)], args.rounds)
         n = steps.shape[1]
-        d_ort, d_torch = (d_ort - lm_prompt[0]) / n, (d_torch - lm_prompt[1]) / n
+        d_ort, d_torch = d_ort / n, d_torch / n  # per token
         rows.append((kind, threads, p_ort, p_torch, d_ort, d_torch))
     return rows
 
