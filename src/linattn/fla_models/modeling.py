@@ -162,6 +162,9 @@ class FLAModel(FLAPreTrainedModel):
                             f"model returns), got {type(past_key_values).__name__}")
         if use_cache and past_key_values is None:
             past_key_values = FLACache()
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError("attention_mask: expected a 0/1 matrix (batch, length) marking "
+                             f"padding with 0 (as fla), got shape {tuple(attention_mask.shape)}")
         if attention_mask is not None and bool(attention_mask.bool().all()):
             attention_mask = None  # nothing padded: fla's unpadding is a no-op then
         bounds = self._lower_bounds()
