@@ -117,9 +117,9 @@ def test_greedy_generation_with_and_without_the_cache(case, ids):
     model = build(case)
     prompt = ids[:1, :6]
     with torch.no_grad():
-        cached = model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
-        plain = model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, use_cache=False,
-                               pad_token_id=0)
+        greedy = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+        cached = model.generate(prompt, **greedy)
+        plain = model.generate(prompt, use_cache=False, **greedy)
     assert cached.shape == (1, 14)
     assert torch.equal(cached, plain)
 
@@ -152,7 +152,8 @@ def test_bfloat16_weights(case, ids):
         full = model(ids, use_cache=False).logits
         model = model.to(torch.bfloat16)
         logits = model(ids, use_cache=False).logits
-        gen = model.generate(ids[:1, :6], max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+        gen = model.generate(ids[:1, :6], max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                             pad_token_id=0)
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
     assert rel(logits, full) < TOLBF16
     assert gen.shape == (1, 10)
