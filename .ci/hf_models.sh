@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# transformers' linear-attention families through linattn.hf (tests/test_hf.py): the optional
+# transformers' linear-attention families through linattn.hf (tests/test_hf.py) and fla's model
+# classes on linattn (tests/test_fla_models.py): the optional
 # `hf` extra, installed into the CI venv after `make test` has run without it (so the fresh
 # clone's suite is green without transformers). Tiny random models built from transformers'
 # config classes, no download of weights. Where the package index cannot be reached this step
@@ -10,4 +11,4 @@ if ! .venv/bin/python -m pip install -q 'transformers==5.23.0'; then
     echo "SKIP hf models: transformers==5.23.0 could not be installed"
     exit 0
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_hf.py
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_hf.py tests/test_fla_models.py
