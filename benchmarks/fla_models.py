@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import resource
 import statistics
 import sys
@@ -49,8 +50,19 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models as shared  # noqa: E402  (benchmarks/models.py: Profile, shares, cpu_name)
+
+def _load_shared():
+    """benchmarks/models.py (Profile, shares, prefill, cpu_name), loaded by path under a
+    private name: the benchmarks folder is no package, and "models" is too common a name to
+    put into sys.modules."""
+    path = Path(__file__).resolve().with_name("models.py")
+    spec = importlib.util.spec_from_file_location("_linattn_bench_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+shared = _load_shared()
 
 # ----------------------------------------------------------------------------- models
 
