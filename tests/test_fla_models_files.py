@@ -216,6 +216,127 @@ def test_forward_against_references(case, saved, naive):
     assert all(e < TOL32 for e in ERRORS[case].values()), ERRORS[case]
 
 
+# ----------------------------------------------------------------------------- fla's own code
+# fla's layers and models run on the CPU once their Triton pieces are swapped for torch ones
+# (below) and their recurrences for linattn.fla's (tested against fla's naive.py by
+# tests/test_fla_oracle.py): fla's own glue — projections, head layouts, gates, feature maps,
+# norms' placement, residuals, rotary positions — against linattn.fla_models'.
+
+
+def _rms(x, weight, bias, eps):
+    y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y
+
+
+def _rms_forward(self, x, residual=None, prenorm=False, residual_in_fp32=False):
+    if residual is not None:
+        x = x + residual
+    y = _rms(x, self.weight, self.bias, self.eps).to(x.dtype)
+    return (y, x) if prenorm else y
+
+
+def _gated_forward(self, x, g, residual=None, prenorm=False, residual_in_fp32=False):
+    act = torch.sigmoid(g.float()) if self.activation == "sigmoid" else \
+        torch.nn.functional.silu(g.float())
+    return (_rms(x, self.weight, self.bias, self.eps) * act).to(x.dtype)
+
+
+def _conv(x, weight, bias=None, activation=None, **kwargs):
+    """fla's causal_conv1d without a cache: x (B, T, D), weight (D, W)."""
+    T, W = x.shape[1], weight.shape[-1]
+    y = torch.nn.functional.conv1d(x.transpose(1, 2), weight[:, None], bias, padding=W - 1,
+                                   groups=x.shape[-1])[..., :T].transpose(1, 2)
+    return (torch.nn.functional.silu(y) if activation in ("silu", "swish") else y), None
+
+
+def _short_conv_forward(self, x, residual=None, mask=None, cache=None,
+                        output_final_state=False, cu_seqlens=None, **kwargs):
+    assert cache is None and cu_seqlens is None and mask is None
+    return _conv(x, self.weight[:, 0], self.bias, self.activation)
+
+
+def _mlp_forward(self, x, **kwargs):
+    return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotary_forward(self, q, k, seqlen_offset=0, cu_seqlens=None, max_seqlen=None, **kwargs):
+    assert cu_seqlens is None and isinstance(seqlen_offset, int)
+    pos = torch.arange(seqlen_offset, seqlen_offset + q.shape[1], dtype=torch.float32)
+    inv = 1.0 / self.base ** (torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim)
+    angles = pos[:, None] * inv
+    cos = torch.cat([angles.cos()] * 2, -1)[:, None].to(q.dtype)
+    sin = torch.cat([angles.sin()] * 2, -1)[:, None].to(q.dtype)
+
+    def rotate(x):
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+    return rotate(q), rotate(k)
+
+
+def _flash_attn(q, k, v, causal=True, window_size=(-1, -1), **kwargs):
+    T, S = q.shape[1], k.shape[1]
+    i = torch.arange(S - T, S)[:, None]
+    j = torch.arange(S)[None]
+    mask = j <= i
+    if window_size[0] >= 0:
+        mask &= i - j <= window_size[0]
+    G = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(G, 2), v.repeat_interleave(G, 2)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+    return o.transpose(1, 2)
+
+
+@pytest.fixture
+def fla_on_cpu(fla_classes):
+    import fla.layers.attn as fla_attn
+    import fla.layers.gated_deltanet
+    import fla.layers.hgrn2
+    import fla.modules as modules
+
+    from linattn import fla as lf
+
+    def rms_norm_linear(x, norm_weight, norm_bias, linear_weight, linear_bias, eps=1e-5,
+                        **kwargs):
+        return torch.nn.functional.linear(_rms(x, norm_weight, norm_bias, eps).to(x.dtype),
+                                          linear_weight, linear_bias)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(modules.RMSNorm, "forward", _rms_forward)
+        mp.setattr(modules.FusedRMSNormGated, "forward", _gated_forward)
+        mp.setattr(modules.ShortConvolution, "forward", _short_conv_forward)
+        mp.setattr(modules.GatedMLP, "forward", _mlp_forward)
+        mp.setattr(modules.RotaryEmbedding, "forward", _rotary_forward)
+        mp.setattr(fla.layers.gated_deltanet, "causal_conv1d", _conv)
+        mp.setattr(fla.layers.hgrn2, "rms_norm_linear", rms_norm_linear)
+        mp.setattr(fla.layers.hgrn2, "swish", torch.nn.functional.silu)
+        mp.setattr(fla_attn, "flash_attn_func", _flash_attn)
+        for layer in ("gla", "gated_deltanet", "delta_net", "kda", "multiscale_retention",
+                      "linear_attn", "hgrn2"):
+            module = importlib.import_module(f"fla.layers.{layer}")
+            for name in dir(module):
+                if name.startswith(("chunk_", "fused_", "parallel_")) and hasattr(lf, name):
+                    mp.setattr(module, name, getattr(lf, name))
+        yield
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fla_s_own_forward(case, saved, fla_classes, fla_on_cpu):
+    model_type = CASES[case][0]
+    theirs = fla_classes[model_type][1].from_pretrained(saved[case]).eval()
+    ours, _ = load(case, saved[case])
+    ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expect = theirs(ids, use_cache=False).logits
+        got = ours(ids, use_cache=False).logits
+    ERRORS.setdefault(case, {})["fla's own model code"] = rel(got, expect)
+    assert rel(got, expect) < TOL32
+
+
 def test_print_errors():
     for case, errors in sorted(ERRORS.items()):
         print(f"{case}: " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))

@@ -288,6 +288,9 @@ def _positions(attention_mask: Tensor | None, B: int, q_len: int, seen: int,
 # ----------------------------------------------------------------------------- HGRN2
 
 
+_FUSED_NORM_EPS = 1e-5
+
+
 class HGRN2Attention(_ShortConvs):
     """fla's ``HGRN2Attention``: GLA with keys ``1 − forget gate`` and per-layer lower bounds
     on the forget gates (passed by the model)."""
@@ -344,7 +347,10 @@ class HGRN2Attention(_ShortConvs):
         if past_key_values is not None and use_cache:
             past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=_v_first(S),
                                          conv_state=conv_state)
-        return packing.unpack(self.o_proj(self.g_norm(o.flatten(-2))))
+        # fla's HGRN2 fuses this norm into o_proj (rms_norm_linear) with that function's
+        # default eps, 1e-5, whatever norm_eps says; the same here, so its checkpoints match
+        o = ops.norm(o.flatten(-2), None, self.g_norm.weight, _FUSED_NORM_EPS)
+        return packing.unpack(self.o_proj(o))
 
 
 # ----------------------------------------------------------------------------- delta rules
