@@ -5,8 +5,9 @@ CPU fla's package imports and builds its models, only their forward needs a GPU)
 ``.ci/fla_models.sh`` installs them into a temporary folder. For each family (and fla's hybrid
 configs): fla's own classes build a tiny model with random weights and ``save_pretrained`` it;
 linattn loads the folder with no missing, unexpected or resized weights and the same config;
-its forward is compared with the float64 references (``reference_ops``) and with the same layers
-on fla's own ``naive.py`` recurrences, and its cached decode with its full forward.
+its forward is compared with the float64 references (``reference_ops``), with the same layers
+on fla's own ``naive.py`` recurrences and with fla's own model code run on the CPU (its Triton
+pieces swapped for torch ones), and its cached decode with its full forward.
 
 Registration: with fla imported, transformers' Auto classes give fla's classes (fla stays in
 charge); ``linattn.fla_models.register(override=True)`` gives linattn's.
