@@ -7,7 +7,7 @@ transformers does not know their ``model_type``. One import registers linattn's 
     import linattn.fla_models                      # registers the model types below
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained("fla-hub/gla-340M-15B")   # any fla checkpoint
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)   # an fla checkpoint (hub or folder)
     model.generate(ids, max_new_tokens=32)
 
 The classes have fla's names (``GLAForCausalLM``, ...), config fields, defaults and parameter
