@@ -124,6 +124,18 @@ def test_greedy_generation_with_and_without_the_cache(case, ids):
     assert torch.equal(cached, plain)
 
 
+@pytest.mark.parametrize("case", ["gla-gqa-hybrid", "gated_deltanet", "retnet"])
+def test_beam_search_reorders_the_cache(case, ids):
+    """Beam search (the cache reordered and repeated per beam) as without the cache."""
+    model = build(case)
+    beams = dict(max_new_tokens=5, min_new_tokens=5, num_beams=3, do_sample=False,
+                 pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(ids[:, :6], **beams)
+        plain = model.generate(ids[:, :6], use_cache=False, **beams)
+    assert torch.equal(cached, plain)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_left_padded_batch_is_each_sequence_alone(case, ids):
     """As fla: padded tokens are dropped (the sequences packed), their outputs zero; the
