@@ -252,6 +252,8 @@ def test_user_errors(ids):
             model(ids[:, 4:5], attention_mask=mask, past_key_values=cache)
         with pytest.raises(ValueError, match="attention_mask"):
             model(ids, attention_mask=torch.ones(2, 1, 16, 16))
+        with pytest.raises(ValueError, match="attention_mask"):
+            model(ids, attention_mask=torch.full((2, 16), 2))
         with pytest.raises(TypeError, match="past_key_values"):
             model(ids, past_key_values=transformers.DynamicCache())
         with pytest.raises(ValueError, match="input_ids"):

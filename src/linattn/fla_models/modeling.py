@@ -165,6 +165,10 @@ class FLAModel(FLAPreTrainedModel):
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError("attention_mask: expected a 0/1 matrix (batch, length) marking "
                              f"padding with 0 (as fla), got shape {tuple(attention_mask.shape)}")
+        if attention_mask is not None and not bool(((attention_mask == 0)
+                                                    | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask: expected 0 (padding) and 1 (a token) only, as "
+                             "fla's models take it")
         if attention_mask is not None and bool(attention_mask.bool().all()):
             attention_mask = None  # nothing padded: fla's unpadding is a no-op then
         bounds = self._lower_bounds()
