@@ -205,8 +205,6 @@ class Profile:
         return None
 
     def __enter__(self) -> Profile:
-        import importlib
-
         for name, module in self.model.named_modules():
             category = self._category(name, module)
             if category is None:
@@ -214,10 +212,8 @@ class Profile:
             pre = module.register_forward_pre_hook(lambda *_, c=category: self._enter(c))
             post = module.register_forward_hook(lambda *_: self._exit())
             self.undo += [pre.remove, post.remove]
-        mod = importlib.import_module(self.family.module)
-        for fname, kind in self.family.functions.items():
-            fn = getattr(mod, fname)
-            category = "convolution" if kind.startswith("conv") else "recurrence"
+        for owner, fname, category in self._functions():
+            fn = getattr(owner, fname)
 
             def timed(*args, _fn=fn, _c=category, **kwargs):
                 self._enter(_c)
@@ -226,10 +222,19 @@ class Profile:
                 finally:
                     self._exit()
 
-            setattr(mod, fname, timed)
-            self.undo.append(lambda m=mod, n=fname, f=fn: setattr(m, n, f))
+            setattr(owner, fname, timed)
+            self.undo.append(lambda m=owner, n=fname, f=fn: setattr(m, n, f))
         self._enter("other")
         return self
+
+    def _functions(self) -> list[tuple[object, str, str]]:
+        """(owner, attribute, category) of each function timed by wrapping: here the family's
+        module-level functions (benchmarks/fla_models.py times other ones)."""
+        import importlib
+
+        mod = importlib.import_module(self.family.module)
+        return [(mod, fname, "convolution" if kind.startswith("conv") else "recurrence")
+                for fname, kind in self.family.functions.items()]
 
     def __exit__(self, *exc) -> None:
         self._exit()

@@ -8,6 +8,7 @@ resident — torch's, BLAS's and OpenMP's — unlike allocator statistics, and u
 
 from __future__ import annotations
 
+import ctypes
 import platform
 import statistics
 import time
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from linattn._cbuild import _cpu_lines, cpu_flags
+from linattn._cbuild import _cpu_lines, cpu_flags, cpu_tag
+from linattn._io import read_json, user_cache_dir, write_json
 
-__all__ = ["median_time", "PeakMemory", "matmul_gflops", "cpu_model", "cpu_flags",
-           "cpu_description"]
+__all__ = ["median_time", "PeakMemory", "matmul_gflops", "core_peak", "peak_kind",
+           "cpu_model", "cpu_flags", "cpu_description"]
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -70,6 +72,94 @@ def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: in
     """GFLOP/s of one n×n by n×n matmul in ``dtype``: the roofline the ops are compared to."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     return 2 * n**3 / median_time(lambda: a @ b, repeats=repeats) / 1e9
+
+
+#: Seconds one timing of the peak loop runs: long beside a timer tick and the clock's ramp-up,
+#: short enough that `linattn bench` does not wait on it (5 timings, once per machine).
+_PEAK_SECONDS = 0.1
+_PEAK_TIMINGS = 5
+_peaks: dict[str, float | None] = {}
+
+
+def _peak_cache() -> Path:
+    return user_cache_dir() / f"peaks-{cpu_tag()}.json"
+
+
+def _measure_peak(lib, dtype: str) -> float | None:
+    """Best GFLOP/s of the library's peak loop over a few timings (a peak: noise only slows it),
+    or None where the build lacks the instruction (bfloat16 without AVX512-BF16)."""
+    fn = lib.la_peak_bf16 if dtype == "bfloat16" else lib.la_peak_f32
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
+    io = (ctypes.c_float * 4)(0.999999, 1e-7, 1.0, 0.0)
+    iters = 1 << 16
+    while True:  # grow the loop until one run is long enough to time
+        t0 = time.perf_counter()
+        flops = fn(iters, io)
+        dt = time.perf_counter() - t0
+        if flops < 0:
+            return None
+        if dt >= _PEAK_SECONDS / 4 or iters >= 1 << 40:
+            break
+        iters *= 4
+    iters = max(1, int(iters * _PEAK_SECONDS / max(dt, 1e-9)))
+    best = 0.0
+    for _ in range(_PEAK_TIMINGS):
+        t0 = time.perf_counter()
+        flops = fn(iters, io)
+        best = max(best, flops / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def peak_kind(dtype: str, isa: str = "native") -> str:
+    """What :func:`core_peak` measures for kernels of ``dtype`` in the ``isa`` build: "bf16 dot"
+    where that build multiplies bfloat16 in hardware (the native build on an AVX512-BF16 CPU),
+    "fma" otherwise (float32 FMAs: bfloat16 inputs widened to float32 have that limit too)."""
+    bf16 = dtype == "bfloat16" and isa == "native" and "avx512_bf16" in cpu_flags()
+    return "bf16 dot" if bf16 else "fma"
+
+
+def core_peak(dtype: str = "float32", isa: str = "native", refresh: bool = False
+              ) -> float | None:
+    """One core's multiply-add peak in GFLOP/s, the limit a kernel of ``dtype`` compiled for
+    the ``isa`` build is measured against (:func:`peak_kind`): float32 (and float64, which the
+    kernels do not vectorise beyond it) -> FMAs at the build's vector width
+    (``benchmarks/fma_peak.c``'s loop, ``la_peak_f32``); bfloat16 -> the AVX512-BF16 dot product
+    ``vdpbf16ps`` (2 products and 2 adds per float32 lane, ``la_peak_bf16``) where the build has
+    it, else the float32 FMA peak. AMX tiles are not measured (no kernel here uses them yet).
+
+    Measured once per machine (the CPU tag of the compiled builds), build and kind, on the
+    calling thread, and cached in the user cache (``peaks-<tag>.json``), as the dispatcher's
+    calibration is. A peak is a maximum (a busy machine only lowers a timing), so
+    ``refresh=True`` measures again and keeps the larger figure. None where no compiled build
+    loads (no C compiler)."""
+    from linattn.ops import native
+
+    kind = peak_kind(dtype, isa)
+    key = f"{isa}:{kind}"
+    if not refresh and key in _peaks:
+        return _peaks[key]
+    path = _peak_cache()
+    cached: dict = {}
+    try:
+        stored = read_json(path)
+        cached = stored if isinstance(stored, dict) else {}
+    except (OSError, ValueError):
+        pass
+    value = cached.get(key)
+    value = value if isinstance(value, (int, float)) and value > 0 else None
+    if refresh or value is None:
+        lib = native.load(isa)
+        fresh = None if lib is None else _measure_peak(lib, "bfloat16" if kind == "bf16 dot"
+                                                        else "float32")
+        if fresh is not None:
+            value = max(fresh, value or 0.0)
+            cached[key] = value
+            try:
+                write_json(path, cached)
+            except OSError:
+                pass  # a read-only cache: measured again by the next process
+    _peaks[key] = value
+    return value
 
 
 def cpu_model() -> str:

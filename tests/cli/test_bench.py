@@ -26,5 +26,6 @@ def test_small_run_prints_the_tables_and_writes_the_plot(capsys, tmp_path):
     assert code == 0
     assert text.count("| torch |") == 4 and "roofline:" in text
     assert text.count("| native native |") == (4 if native.load() else 0)
+    assert "| of peak |" in text and "core peak, native build:" in text
     assert "crossover, forward non-causal" in text
     assert out.read_bytes()[:4] == b"\x89PNG"

@@ -2,7 +2,12 @@
 
 Efficiency = useful FLOPs / time / roofline, where the roofline is the GFLOP/s of a 2048×2048
 matmul in the same dtype measured in the same process, and the useful FLOPs of a forward are
-4·B·H·T·ℓ·Dv (φ(K)ᵀV and φ(Q)·state), three times that for forward+backward. Rows:
+4·B·H·T·ℓ·Dv (φ(K)ᵀV and φ(Q)·state), three times that for forward+backward. "Of peak" divides
+the same useful GFLOP/s by the core's own limit times the threads: its multiply-add peak for the
+build and dtype (float32 FMAs; bfloat16 dot products where the build has AVX512-BF16),
+measured once per machine and cached (:func:`linattn.profiling.core_peak`). torch's matmul
+reaches well under that peak on some cores (~0.4 of it on AMD Zen 5), so an efficiency above 1
+can still be far from the core's limit. Rows:
 
 * ``default``: what a call runs by default (``impl="auto"``: the backend and build the dispatcher
   chose from its calibration; the table before it says which, per op and form);
@@ -186,6 +191,7 @@ def efficiency_table(args, dtype) -> None:
 
     from linattn.feature_maps import get_feature_map
     from linattn.ops import native
+    from linattn.profiling import core_peak, peak_kind
 
     B, H, T, d = args.B, args.H, args.T, args.d
     ell = get_feature_map(args.feature_map).num_features(d)
@@ -198,10 +204,20 @@ def efficiency_table(args, dtype) -> None:
     print(f"shape: B={B} H={H} T={T} d=Dv={d} ℓ={ell}, {args.dtype}, map {args.feature_map}; "
           f"q, k, v, o = {io_bytes / 2**20:.0f} MiB; {threads} thread(s)")
     print(f"roofline: a 2048×2048 {args.dtype} matmul timed in the same rounds as the paths "
-          f"(median of {args.repeats}); times: median of {args.repeats} interleaved calls\n")
-    print("| path | form | pass | median time | useful GFLOP | roofline | efficiency | vs torch "
-          "| peak extra | peak / (q,k,v,o) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"(median of {args.repeats}); times: median of {args.repeats} interleaved calls")
+    # the core's own limit (measured once per machine and cached): what "of peak" divides by,
+    # times the threads; the rows without a build of their own (torch, portable) run the
+    # native ISA's instructions at best
+    peaks = {isa: core_peak(args.dtype, isa) for isa in ["native", *isas]}
+    for isa, peak in peaks.items():
+        what = ("bfloat16 dot products" if peak_kind(args.dtype, isa) == "bf16 dot"
+                else "float32 FMAs")
+        print(f"core peak, {isa} build: " + ("n/a (no compiled build)" if peak is None
+                                             else f"{peak:.0f} GFLOP/s per core ({what})"))
+    print()
+    print("| path | form | pass | median time | useful GFLOP | roofline | efficiency | of peak "
+          "| vs torch | peak extra | peak / (q,k,v,o) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     # (row label, dispatch impl, compiled build); "torch": what runs without the compiled path,
     # "fast": the compiled path wherever it applies (bfloat16 with gradients: the torch path)
     paths = [("default", "auto", None), ("torch", "torch", None)]
@@ -221,10 +237,12 @@ def efficiency_table(args, dtype) -> None:
                 if extra is not None:
                     peak, ratio = f"{extra / 2**20:.0f} MiB", f"{extra / io_bytes:.2f}"
                 speedup = cell["times"]["torch"] / t
+                core = peaks.get(isa or "native")
+                of_peak = "n/a" if core is None else f"{mult * useful / t / (core * threads):.2f}"
                 print(f"| {label} | {'causal' if causal else 'non-causal'} | {name} | "
                       f"{t * 1e3:.0f} ms | {mult * useful:.1f} | {roof:.0f} GFLOP/s | "
-                      f"{mult * useful / t / max(roof, 1e-9):.2f} | {speedup:.2f}× | {peak} "
-                      f"| {ratio} |", flush=True)
+                      f"{mult * useful / t / max(roof, 1e-9):.2f} | {of_peak} | {speedup:.2f}× "
+                      f"| {peak} | {ratio} |", flush=True)
 
 
 def crossover(args, dtype, lengths) -> dict:

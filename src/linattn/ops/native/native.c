@@ -7,3 +7,53 @@
 /* What this build is, for the Python side: the vector width in floats and the register tile. */
 int la_width(void) { return W; }
 int la_tile(void) { return MR * 100 + NV; }
+
+/* The core's multiply-add peak at this build's width: what `linattn bench` and
+ * benchmarks/roofline.py divide a kernel's useful work by (linattn.profiling.core_peak).
+ * PEAK_CHAINS independent accumulator chains cover FMA latency x ports (4 cycles x 2 ports on
+ * recent x86 cores: 8 in flight; 12 leaves slack), so the loop is bound by throughput alone;
+ * 12 accumulators + 2 operands fit the 16 vector registers of AVX2. io[0..2] seed the operands
+ * (read at run time, so nothing folds) and io[3] receives a sum of the results (so nothing is
+ * dropped). Returns the floating-point operations done: 2 per lane per multiply-add. Where the
+ * build has no FMA (generic, scalar) the compiler emits a multiply and an add: that pair's rate,
+ * which is what such a build's kernels can reach. */
+#define PEAK_CHAINS 12
+#define PEAK_STEP(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11)
+
+double la_peak_f32(long iters, float *io) {
+    vf a = (vf){LA_LANES(io[0])}, b = (vf){LA_LANES(io[1])};
+    vf acc[PEAK_CHAINS];
+    for (int c = 0; c < PEAK_CHAINS; c++) acc[c] = (vf){LA_LANES(io[2] + (float)c)};
+#define PEAK_FMA(c) acc[c] = acc[c] * a + b;
+    for (long i = 0; i < iters; i++) { PEAK_STEP(PEAK_FMA) }
+#undef PEAK_FMA
+    float s = 0.0f;
+    for (int c = 0; c < PEAK_CHAINS; c++)
+        for (int l = 0; l < W; l++) s += acc[c][l];
+    io[3] = s;
+    return 2.0 * W * PEAK_CHAINS * (double)iters;
+}
+
+/* The bfloat16 dot-product peak (AVX512-BF16's vdpbf16ps: per float32 lane, two bfloat16
+ * products added to the accumulator, 4 operations), or -1 where this build lacks it. */
+#if defined(HAVE_CVTNEPS2BF16)
+double la_peak_bf16(long iters, float *io) {
+    __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(io[0]), _mm512_set1_ps(io[0]));
+    __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(io[1]), _mm512_set1_ps(io[1]));
+    __m512 acc[PEAK_CHAINS];
+    for (int c = 0; c < PEAK_CHAINS; c++) acc[c] = _mm512_set1_ps(io[2] + (float)c);
+#define PEAK_DOT(c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    for (long i = 0; i < iters; i++) { PEAK_STEP(PEAK_DOT) }
+#undef PEAK_DOT
+    float s = 0.0f;
+    for (int c = 0; c < PEAK_CHAINS; c++) s += _mm512_reduce_add_ps(acc[c]);
+    io[3] = s;
+    return 4.0 * 16 * PEAK_CHAINS * (double)iters;
+}
+#else
+double la_peak_bf16(long iters, float *io) {
+    (void)iters;
+    (void)io;
+    return -1.0;
+}
+#endif
