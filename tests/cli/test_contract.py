@@ -477,6 +477,12 @@ CASES: list[Case] = [
       for name, flag, extra in (("T", "-T", ("-T", str(10**12))),
                                 ("d", "-d", ("-d", str(10**6), "-T", "16")),
                                 ("crossover", "--crossover", ("--crossover", "1000000000")))),
+    # issue 51 probe: --repeats had no bound (10**12 ran for ever); --crossover with
+    # --no-crossover exited 0 silently
+    Case("bench-repeats-absurd", _bench("--repeats", str(10**12)), "--repeats: expected an "
+         "integer in [1, 1000], got 1000000000000", before_torch=True),
+    Case("bench-crossover-and-no-crossover", _bench("--crossover", "64", "--no-crossover"),
+         "--no-crossover: not allowed with argument --crossover", before_torch=True),
     Case("bench-plot-folder-missing", lambda f, d: ["bench", "--plot", str(d / "no" / "b.png")],
          "--plot: folder", before_torch=True),
     Case("bench-plot-disk-full", _bench("--crossover", "8", "--no-portable"),
