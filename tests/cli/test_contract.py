@@ -71,6 +71,21 @@ bench.selection_table = lambda: None
 bench.efficiency_table = lambda args, dtype: None
 sys.exit(main(sys.argv[1:]))
 """
+#: `linattn recall train` where another run finishes into --out between the command's first
+#: look at the folder (its probe) and its taking the folder's lock: the result.json that run
+#: wrote must be refused under the lock, never overwritten (issue 51 probe: it was).
+RECALL_RACED = """
+import sys
+from pathlib import Path
+from linattn.cli import main, recall
+probe = recall.probe_output_dir
+def raced(path, option):
+    probe(path, option)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    (Path(path) / "result.json").write_text('{"old_run": true}\\n')
+recall.probe_output_dir = raced
+sys.exit(main(sys.argv[1:]))
+"""
 #: The same on a full disk: files of at most 2,000 bytes.
 BENCH_PLOT_ONLY = BENCH_STUBBED.replace(
     "from linattn.cli", "resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))\nfrom linattn.cli")
@@ -186,6 +201,12 @@ def _deep_cell(f: SimpleNamespace, d: Path) -> None:
 def _finished_recall_run(f: SimpleNamespace, d: Path) -> None:
     (d / "run").mkdir()
     (d / "run" / "result.json").write_text('{"old_run": true}\n')
+
+
+def _still_the_old_run(d: Path) -> None:
+    _match(d / "run", ["result.json"])
+    assert json.loads((d / "run" / "result.json").read_text()) == {"old_run": True}, \
+        "the finished run's result.json was overwritten"
 
 
 def _io_lock_file() -> str:
@@ -529,6 +550,9 @@ CASES: list[Case] = [
          setup=_held("grid"), check=lambda d: _match(d / "grid", [_io_lock_file()])),
     Case("recall-out-holds-a-run", _recall(), "already holds a run (result.json); pass "
          "--replace", before_torch=True, setup=_finished_recall_run),
+    Case("recall-out-finished-meanwhile", _recall(), "already holds a run (result.json); "
+         "pass --replace", code=RECALL_RACED,
+         check=_still_the_old_run),
     Case("recall-out-replaced", _recall("--replace"), "", status=0,
          setup=_finished_recall_run,
          check=lambda d: _match(d / "run", ["result.json"], "old_run")),
