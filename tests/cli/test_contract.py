@@ -164,6 +164,27 @@ def _still_a_link(d: Path) -> None:
     assert (d / "real.png").read_bytes().startswith(b"\x89PNG"), "its file was not written"
 
 
+def _dangling_links(f: SimpleNamespace, d: Path) -> None:
+    """``gone.png``: a link into a folder that does not exist; ``new.png``: a link to a file
+    not made yet in a folder that exists, through a second link (``via.png``)."""
+    (d / "gone.png").symlink_to(d / "no" / "such" / "x.png")
+    (d / "sub").mkdir()
+    (d / "via.png").symlink_to("sub/new.png")
+    (d / "new.png").symlink_to("via.png")
+
+
+def _links_kept(made: bool) -> Callable[[Path], None]:
+    def check(d: Path) -> None:
+        for name in ("gone.png", "via.png", "new.png"):
+            assert (d / name).is_symlink(), f"the link {name} was replaced"
+        assert not (d / "no").exists(), "the missing folder was created"
+        png = d / "sub" / "new.png"
+        assert png.is_file() == made, "the link's file was not written" if made else png
+        if made:
+            assert png.read_bytes().startswith(b"\x89PNG")
+    return check
+
+
 def _fifo(f: SimpleNamespace, d: Path) -> None:
     os.mkfifo(d / "fifo")
 
@@ -511,6 +532,12 @@ CASES: list[Case] = [
     Case("bench-plot-symlink", _bench("--crossover", "8", "--no-portable", "--plot",
                                       "link.png"), "", status=0, code=BENCH_STUBBED,
          setup=_link_to_png, check=_still_a_link),
+    Case("bench-plot-dangling-link", _bench("--crossover", "8", "--no-portable", "--plot",
+                                            "gone.png"), "--plot: folder", code=BENCH_STUBBED,
+         setup=_dangling_links, check=_links_kept(False)),
+    Case("bench-plot-dangling-link-made", _bench("--crossover", "8", "--no-portable", "--plot",
+                                                 "new.png"), "", status=0, code=BENCH_STUBBED,
+         setup=_dangling_links, check=_links_kept(True)),
     Case("bench-plot-dev-full", _bench("--crossover", "8", "--no-portable", "--plot",
                                        "/dev/full"), "/dev/full: No space left on device",
          code=BENCH_STUBBED, check=_devices_stay),
@@ -563,6 +590,14 @@ CASES: list[Case] = [
          "--output: folder", before_torch=True),
     Case("plot-output-symlink", lambda f, d: ["plot", "feature-maps", "-o", str(d / "link.png")],
          "", status=0, setup=_link_to_png, check=_still_a_link),
+    # issue 51 probe: a dangling link was replaced by a regular file; it is written through
+    # (its file made where it points), or refused when its folder does not exist
+    Case("plot-output-dangling-link", lambda f, d: ["plot", "feature-maps", "-o",
+                                                    str(d / "gone.png")],
+         "--output: folder", setup=_dangling_links, check=_links_kept(False)),
+    Case("plot-output-dangling-link-made", lambda f, d: ["plot", "feature-maps", "-o",
+                                                         str(d / "new.png")],
+         "", status=0, setup=_dangling_links, check=_links_kept(True)),
     Case("plot-output-fifo", lambda f, d: ["plot", "feature-maps", "-o", str(d / "fifo")],
          "fifo: a FIFO that no process reads", setup=_fifo, check=_still_a_fifo),
     Case("plot-output-dev-null", lambda f, d: ["plot", "feature-maps", "-o", os.devnull], "",
