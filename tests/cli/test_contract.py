@@ -408,6 +408,19 @@ CASES: list[Case] = [
          before_torch=True),
     Case("lm-lr-nan", _lm("--lr", "nan"), "--lr: expected a finite number > 0, got nan",
          before_torch=True),
+    # issue 51 probe: a learning rate float32 cannot hold was a traceback from the optimiser
+    # (and left files behind): refused with the other options, before anything is written
+    *(Case(f"{cmd}-{flag[2:]}-beyond-float32", argv(flag, "1e300"),
+           f"{flag}: expected a finite number {op} that float32 holds", before_torch=True,
+           absent=("run",))
+      for cmd, argv in (("lm", _lm), ("recall", _recall))
+      for flag, op in (("--lr", "> 0"), ("--weight-decay", ">= 0"))),
+    Case("lm-lr-underflows-float32", _lm("--lr", "1e-300"), "--lr: expected a finite number "
+         "> 0 that float32 holds", before_torch=True, absent=("run",)),
+    Case("recall-lr-sweep-beyond-float32", _recall("--lr-sweep", "1e-3,1e300"), "--lr-sweep: "
+         "expected a finite number > 0 that float32 holds", before_torch=True, absent=("run",)),
+    *(Case(f"forda-{name}-beyond-float32", _forda_train(f"--set={name}=1e300"),
+           f"{name} must be in", absent=("run",)) for name in ("lr", "weight_decay")),
     Case("lm-lr-inf", _lm("--lr", "inf"), "--lr: expected a finite number > 0, got inf",
          before_torch=True),
     Case("lm-feature-map", _lm("--feature-map", "bogus"), "--feature-map: expected one of elu",
