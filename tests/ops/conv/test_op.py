@@ -185,6 +185,22 @@ def test_step_inplace_writes_the_state(impl, state_dtype):
     torch.testing.assert_close(y, want_y, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_step_inplace_refuses_a_state_whose_rows_share_memory(impl, dtype):
+    # issue 51 probe: float32 wrote both rows of an expanded state (both ended with x_t[1]);
+    # float64 raised torch's overlap error
+    torch.manual_seed(0)
+    xt, w = torch.randn(2, 4, dtype=dtype), torch.randn(4, 3, dtype=dtype)
+    base = torch.randn(1, 4, 2, dtype=dtype)
+    state = base.expand(2, 4, 2)
+    with dispatch.use(impl=impl), pytest.raises(ValueError, match="^state: .*share memory"):
+        causal_conv1d_step(xt, state, w, inplace=True)
+    assert torch.equal(state, base.expand(2, 4, 2))  # nothing written
+    y, S = causal_conv1d_step(xt, state, w)  # not in place: a new state, fine
+    assert S.shape == (2, 4, 2) and torch.equal(S[:, :, -1], xt)
+
+
 def test_step_without_state_columns_keeps_an_empty_state():
     x, w, b, _ = _inputs(B=2, T=1, D=4, W=1)
     y, S = causal_conv1d_step(x[:, 0], x.new_zeros(2, 4, 0), w, b)
