@@ -312,3 +312,17 @@ def test_compile_fullgraph_equals_eager(setting, monkeypatch):
     kernels = setting == "1" and conv_native.kernels() is not None
     assert ("linattn.conv_forward" in graphs[0]) == kernels, graphs[0]
     assert ("linattn.conv_step" in graphs[0]) == kernels
+
+
+def test_meta_inputs_give_meta_outputs():
+    # issue 51 probe: meta cu_seqlens raised NotImplementedError; a meta cu_seqlens with CPU
+    # inputs (nothing to read) is one ValueError naming it
+    m = {"device": "meta"}
+    x, w = torch.empty(1, 8, 4, **m), torch.empty(4, 3, **m)
+    cu = torch.tensor([0, 3, 8])
+    y, S = causal_conv1d(x, w, cu_seqlens=cu.to("meta"), return_state=True)
+    assert y.is_meta and y.shape == (1, 8, 4) and S.is_meta and S.shape == (2, 4, 2)
+    y, S = causal_conv1d_step(x[:, 0], torch.empty(1, 4, 2, **m), w, inplace=True)
+    assert y.is_meta and S.is_meta
+    with pytest.raises(ValueError, match="^cu_seqlens: .*meta"):
+        causal_conv1d(torch.randn(1, 8, 4), torch.randn(4, 3), cu_seqlens=cu.to("meta"))
