@@ -40,7 +40,7 @@ CHECKPOINT_EVERY = Check(float, Range(0.0, math.inf))
 #: greedy; top_k None: every token).
 GENERATE_CHECKS: dict[str, Check] = {
     "max_new_tokens": Check(int, Range(0, math.inf)),
-    "temperature": Check(float, Range(0.0, math.inf), float32=True),
+    "temperature": Check(float, Range(0.0, math.inf)),
     "top_k": Check(int, Range(1, math.inf), optional=True),
     "seed": SEED,
 }
