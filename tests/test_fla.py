@@ -843,3 +843,84 @@ def test_kda_decoding_step_fast_path_matches_float64(assert_close):
     eps = 64 * torch.finfo(torch.float32).eps
     torch.testing.assert_close(got.double(), want, rtol=eps, atol=eps * want.abs().max())
     torch.testing.assert_close(S.double(), S_want, rtol=eps, atol=eps * S_want.abs().max())
+
+
+def _meta_calls():
+    """Every name of linattn.fla with meta-device inputs of the shapes it takes (issue 51
+    probe: the gates' value checks called .item() on meta tensors; conv's cu_seqlens and
+    seq_idx raised NotImplementedError)."""
+    m = {"device": "meta", "dtype": torch.float32}
+    B, T, H, K, V = 1, 8, 2, 4, 4
+    q = torch.empty(B, T, H, K, **m)
+    v = torch.empty(B, T, H, V, **m)
+    gh = torch.empty(B, T, H, **m)  # a gate or β per head
+    gk = torch.empty(B, T, H, K, **m)  # a gate per key
+    gv = torch.empty(B, T, H, V, **m)
+    state = torch.empty(B, H, K, V, **m)
+    cu = torch.tensor([0, 3, 8], device="meta")
+    x, w = torch.empty(1, 4, 8, **m), torch.empty(4, 3, **m)
+    st = {"initial_state": state, "output_final_state": True}
+    calls = {
+        **{n: (q, q, v) for n in ("chunk_linear_attn", "fused_chunk_linear_attn",
+                                  "fused_recurrent_linear_attn", "chunk_retention",
+                                  "fused_recurrent_retention", "fused_chunk_retention",
+                                  "parallel_retention")},
+        **{n: (q, q, v, gh) for n in ("chunk_simple_gla", "fused_recurrent_simple_gla",
+                                      "fused_chunk_simple_gla", "parallel_simple_gla")},
+        "chunk_gla": (q, q, v, gk),
+        "fused_recurrent_gla": (q, q, v, gk, gv),
+        "fused_chunk_gla": {"q": q, "k": q, "v": v, "g": gk},
+        **{n: (q, q, v, gh) for n in ("chunk_delta_rule", "fused_recurrent_delta_rule",
+                                      "parallel_delta_rule")},
+        "fused_chunk_delta_rule": {"q": q, "k": q, "v": v, "beta": gh},
+        **{n: (q, q, v, gh, gh) for n in ("chunk_gated_delta_rule", "chunk_gdn")},
+        **{n: {"q": q, "k": q, "v": v, "g": gh, "gk": gk, "beta": gh}
+           for n in ("fused_recurrent_gated_delta_rule", "fused_recurrent_gdn")},
+        **{n: (q, q, v, gk, gh) for n in ("chunk_kda", "fused_recurrent_kda")},
+        "causal_conv1d_fn": (x, w),
+        "causal_conv1d_update": (x[..., 0], torch.empty(1, 4, 3, **m), w),
+        "rms_norm_gated": (v, v, torch.empty(V, **m), None),
+    }
+    extra = {
+        "causal_conv1d_fn": [{"seq_idx": torch.zeros(1, 8, dtype=torch.int32, device="meta")},
+                             {"initial_states": torch.empty(1, 4, 2, **m),
+                              "return_final_states": True}],
+        "causal_conv1d_update": [{"cache_seqlens": torch.zeros(1, dtype=torch.int32,
+                                                               device="meta")}],
+        "rms_norm_gated": [{}],
+    }
+    for name in fla.__all__:
+        if name in ("fused_chunk_gla", "fused_chunk_delta_rule"):
+            continue  # deprecated: NotImplementedError, as in fla
+        args = calls[name]
+        args, kw = ((), args) if isinstance(args, dict) else (args, {})
+        for more in extra.get(name, [{}, st]):
+            if name.startswith("parallel") and "initial_state" in more:
+                continue
+            yield name, args, {**kw, **more}
+    q1, v1 = (t.reshape(1, B * T, H, -1) for t in (q, v))
+    for name in ("chunk_gla", "chunk_simple_gla", "chunk_delta_rule"):
+        g = gk if name == "chunk_gla" else gh
+        yield name, (q1, q1, v1, g.reshape(1, B * T, H, -1).squeeze(-1)
+                     if name != "chunk_gla" else g.reshape(1, B * T, H, K)), {"cu_seqlens": cu}
+
+
+@pytest.mark.parametrize("name, args, kwargs",
+                         [pytest.param(*c, id=f"{c[0]}-{i}") for i, c in enumerate(_meta_calls())])
+def test_meta_inputs_give_meta_outputs(name, args, kwargs):
+    out = getattr(fla, name)(*args, **kwargs)
+    outs = out if isinstance(out, tuple) else (out,)
+    assert any(isinstance(o, torch.Tensor) for o in outs)
+    for o in outs:
+        if isinstance(o, torch.Tensor):
+            assert o.is_meta, name
+
+
+def test_meta_indices_with_cpu_inputs_are_named():
+    x, w = torch.randn(2, 4, 8), torch.randn(4, 3)
+    with pytest.raises(ValueError, match="^seq_idx: .*meta"):
+        fla.causal_conv1d_fn(x, w, seq_idx=torch.zeros(2, 8, dtype=torch.int32).to("meta"))
+    q = torch.randn(1, 8, 2, 4)
+    with pytest.raises(ValueError, match="^cu_seqlens: .*meta"):
+        fla.chunk_simple_gla(q, q, q, torch.zeros(1, 8, 2),
+                             cu_seqlens=torch.tensor([0, 3, 8], device="meta"))

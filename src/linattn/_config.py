@@ -140,6 +140,20 @@ def check_field_types(values: Mapping[str, Any], cls: type, where: str) -> None:
                              f"{kind.__name__}, got {value!r}")
 
 
+#: float32's largest finite number and its smallest positive (subnormal) one. A number that
+#: reaches torch as a float32 scalar (a learning rate, a weight decay, a temperature) must lie
+#: between them, or be 0 (:attr:`Check.float32`): 1e300 as a learning rate was a traceback
+#: from inside the optimiser ("value cannot be converted to type float without overflow").
+F32_MAX = 3.4028234663852886e38
+F32_TINY = 2.0 ** -149
+
+
+def float32_holds(v: float) -> bool:
+    """Whether the finite number ``v`` is 0 or has a magnitude float32 can hold (a number
+    that rounds to 0 or overflows in float32 is not held)."""
+    return v == 0 or F32_TINY <= abs(v) <= F32_MAX
+
+
 class Range(NamedTuple):
     """An allowed interval of numbers: (low, high, low inclusive, high inclusive)."""
 
@@ -189,16 +203,31 @@ class Check:
 
     ``kind``: int (integers, not bools), float (finite real numbers) or str; ``range``: the
     allowed interval of a number; ``choices``: the allowed strings (compared in lower case);
-    ``optional``: None is allowed too."""
+    ``optional``: None is allowed too; ``float32``: a number that reaches torch as a float32
+    scalar, whose magnitude float32 must hold (:func:`float32_holds`)."""
 
     kind: type
     range: Range | None = None
     choices: tuple[str, ...] | None = None
     optional: bool = False
+    float32: bool = False
 
-    def expected(self) -> str:
+    def _beyond_float32(self, value: Any) -> bool:
+        return (self.float32 and isinstance(value, numbers.Real) and not _is_bool(value)
+                and math.isfinite(value) and not float32_holds(value))
+
+    def expected(self, value: Any = None) -> str:
         """What a value must be, as error messages say it: 'a positive integer', 'a finite
-        number > 0', 'a number in [0, 1)', 'one of elu, relu'."""
+        number > 0', 'a number in [0, 1)', 'one of elu, relu'; for a ``value`` that float32
+        cannot hold, that too."""
+        text = self._expected()
+        if self._beyond_float32(value):
+            zero = self.range is None or self.range.holds(0)
+            text += (f" that float32 holds (a magnitude in [{F32_TINY:.2g}, {F32_MAX:.8g}]"
+                     f"{', or 0' if zero else ''})")
+        return text
+
+    def _expected(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(self.choices)
         if self.kind is str:
@@ -234,8 +263,9 @@ class Check:
         else:
             ok = (isinstance(value, numbers.Real) and not _is_bool(value)
                   and math.isfinite(value))
-        if not ok or (self.range is not None and not self.range.holds(value)):
-            raise ValueError(f"{name}: expected {self.expected()}, got {shown(value)}")
+        if not ok or (self.range is not None and not self.range.holds(value)) \
+                or self._beyond_float32(value):
+            raise ValueError(f"{name}: expected {self.expected(value)}, got {shown(value)}")
         return value
 
     def parse(self, text: str) -> Any:
@@ -259,7 +289,7 @@ class Check:
             return self.check("", value)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected {self.expected()}, got {said}") from None
+                f"expected {self.expected(value)}, got {said}") from None
 
 
 #: An integer >= 1 (sizes, counts, steps).

@@ -71,6 +71,21 @@ bench.selection_table = lambda: None
 bench.efficiency_table = lambda args, dtype: None
 sys.exit(main(sys.argv[1:]))
 """
+#: `linattn recall train` where another run finishes into --out between the command's first
+#: look at the folder (its probe) and its taking the folder's lock: the result.json that run
+#: wrote must be refused under the lock, never overwritten (issue 51 probe: it was).
+RECALL_RACED = """
+import sys
+from pathlib import Path
+from linattn.cli import main, recall
+probe = recall.probe_output_dir
+def raced(path, option):
+    probe(path, option)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    (Path(path) / "result.json").write_text('{"old_run": true}\\n')
+recall.probe_output_dir = raced
+sys.exit(main(sys.argv[1:]))
+"""
 #: The same on a full disk: files of at most 2,000 bytes.
 BENCH_PLOT_ONLY = BENCH_STUBBED.replace(
     "from linattn.cli", "resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))\nfrom linattn.cli")
@@ -149,6 +164,27 @@ def _still_a_link(d: Path) -> None:
     assert (d / "real.png").read_bytes().startswith(b"\x89PNG"), "its file was not written"
 
 
+def _dangling_links(f: SimpleNamespace, d: Path) -> None:
+    """``gone.png``: a link into a folder that does not exist; ``new.png``: a link to a file
+    not made yet in a folder that exists, through a second link (``via.png``)."""
+    (d / "gone.png").symlink_to(d / "no" / "such" / "x.png")
+    (d / "sub").mkdir()
+    (d / "via.png").symlink_to("sub/new.png")
+    (d / "new.png").symlink_to("via.png")
+
+
+def _links_kept(made: bool) -> Callable[[Path], None]:
+    def check(d: Path) -> None:
+        for name in ("gone.png", "via.png", "new.png"):
+            assert (d / name).is_symlink(), f"the link {name} was replaced"
+        assert not (d / "no").exists(), "the missing folder was created"
+        png = d / "sub" / "new.png"
+        assert png.is_file() == made, "the link's file was not written" if made else png
+        if made:
+            assert png.read_bytes().startswith(b"\x89PNG")
+    return check
+
+
 def _fifo(f: SimpleNamespace, d: Path) -> None:
     os.mkfifo(d / "fifo")
 
@@ -186,6 +222,12 @@ def _deep_cell(f: SimpleNamespace, d: Path) -> None:
 def _finished_recall_run(f: SimpleNamespace, d: Path) -> None:
     (d / "run").mkdir()
     (d / "run" / "result.json").write_text('{"old_run": true}\n')
+
+
+def _still_the_old_run(d: Path) -> None:
+    _match(d / "run", ["result.json"])
+    assert json.loads((d / "run" / "result.json").read_text()) == {"old_run": True}, \
+        "the finished run's result.json was overwritten"
 
 
 def _io_lock_file() -> str:
@@ -366,6 +408,19 @@ CASES: list[Case] = [
          before_torch=True),
     Case("lm-lr-nan", _lm("--lr", "nan"), "--lr: expected a finite number > 0, got nan",
          before_torch=True),
+    # issue 51 probe: a learning rate float32 cannot hold was a traceback from the optimiser
+    # (and left files behind): refused with the other options, before anything is written
+    *(Case(f"{cmd}-{flag[2:]}-beyond-float32", argv(flag, "1e300"),
+           f"{flag}: expected a finite number {op} that float32 holds", before_torch=True,
+           absent=("run",))
+      for cmd, argv in (("lm", _lm), ("recall", _recall))
+      for flag, op in (("--lr", "> 0"), ("--weight-decay", ">= 0"))),
+    Case("lm-lr-underflows-float32", _lm("--lr", "1e-300"), "--lr: expected a finite number "
+         "> 0 that float32 holds", before_torch=True, absent=("run",)),
+    Case("recall-lr-sweep-beyond-float32", _recall("--lr-sweep", "1e-3,1e300"), "--lr-sweep: "
+         "expected a finite number > 0 that float32 holds", before_torch=True, absent=("run",)),
+    *(Case(f"forda-{name}-beyond-float32", _forda_train(f"--set={name}=1e300"),
+           f"{name} must be in", absent=("run",)) for name in ("lr", "weight_decay")),
     Case("lm-lr-inf", _lm("--lr", "inf"), "--lr: expected a finite number > 0, got inf",
          before_torch=True),
     Case("lm-feature-map", _lm("--feature-map", "bogus"), "--feature-map: expected one of elu",
@@ -477,6 +532,12 @@ CASES: list[Case] = [
       for name, flag, extra in (("T", "-T", ("-T", str(10**12))),
                                 ("d", "-d", ("-d", str(10**6), "-T", "16")),
                                 ("crossover", "--crossover", ("--crossover", "1000000000")))),
+    # issue 51 probe: --repeats had no bound (10**12 ran for ever); --crossover with
+    # --no-crossover exited 0 silently
+    Case("bench-repeats-absurd", _bench("--repeats", str(10**12)), "--repeats: expected an "
+         "integer in [1, 1000], got 1000000000000", before_torch=True),
+    Case("bench-crossover-and-no-crossover", _bench("--crossover", "64", "--no-crossover"),
+         "--no-crossover: not allowed with argument --crossover", before_torch=True),
     Case("bench-plot-folder-missing", lambda f, d: ["bench", "--plot", str(d / "no" / "b.png")],
          "--plot: folder", before_torch=True),
     Case("bench-plot-disk-full", _bench("--crossover", "8", "--no-portable"),
@@ -484,6 +545,12 @@ CASES: list[Case] = [
     Case("bench-plot-symlink", _bench("--crossover", "8", "--no-portable", "--plot",
                                       "link.png"), "", status=0, code=BENCH_STUBBED,
          setup=_link_to_png, check=_still_a_link),
+    Case("bench-plot-dangling-link", _bench("--crossover", "8", "--no-portable", "--plot",
+                                            "gone.png"), "--plot: folder", code=BENCH_STUBBED,
+         setup=_dangling_links, check=_links_kept(False)),
+    Case("bench-plot-dangling-link-made", _bench("--crossover", "8", "--no-portable", "--plot",
+                                                 "new.png"), "", status=0, code=BENCH_STUBBED,
+         setup=_dangling_links, check=_links_kept(True)),
     Case("bench-plot-dev-full", _bench("--crossover", "8", "--no-portable", "--plot",
                                        "/dev/full"), "/dev/full: No space left on device",
          code=BENCH_STUBBED, check=_devices_stay),
@@ -523,6 +590,9 @@ CASES: list[Case] = [
          setup=_held("grid"), check=lambda d: _match(d / "grid", [_io_lock_file()])),
     Case("recall-out-holds-a-run", _recall(), "already holds a run (result.json); pass "
          "--replace", before_torch=True, setup=_finished_recall_run),
+    Case("recall-out-finished-meanwhile", _recall(), "already holds a run (result.json); "
+         "pass --replace", code=RECALL_RACED,
+         check=_still_the_old_run),
     Case("recall-out-replaced", _recall("--replace"), "", status=0,
          setup=_finished_recall_run,
          check=lambda d: _match(d / "run", ["result.json"], "old_run")),
@@ -533,6 +603,14 @@ CASES: list[Case] = [
          "--output: folder", before_torch=True),
     Case("plot-output-symlink", lambda f, d: ["plot", "feature-maps", "-o", str(d / "link.png")],
          "", status=0, setup=_link_to_png, check=_still_a_link),
+    # issue 51 probe: a dangling link was replaced by a regular file; it is written through
+    # (its file made where it points), or refused when its folder does not exist
+    Case("plot-output-dangling-link", lambda f, d: ["plot", "feature-maps", "-o",
+                                                    str(d / "gone.png")],
+         "--output: folder", setup=_dangling_links, check=_links_kept(False)),
+    Case("plot-output-dangling-link-made", lambda f, d: ["plot", "feature-maps", "-o",
+                                                         str(d / "new.png")],
+         "", status=0, setup=_dangling_links, check=_links_kept(True)),
     Case("plot-output-fifo", lambda f, d: ["plot", "feature-maps", "-o", str(d / "fifo")],
          "fifo: a FIFO that no process reads", setup=_fifo, check=_still_a_fifo),
     Case("plot-output-dev-null", lambda f, d: ["plot", "feature-maps", "-o", os.devnull], "",

@@ -37,7 +37,14 @@ def test_train_config_checks_its_fields():
                        ({"max_time": 0.0}, "^max_time: expected a finite number > 0"),
                        ({"steps": 1, "lr": float("nan")}, "^lr: expected a finite number > 0"),
                        ({"steps": 1, "lr": float("inf")}, "^lr: expected a finite number > 0"),
-                       ({"steps": 1, "eval_every": 0}, "^eval_every: expected a positive")):
+                       ({"steps": 1, "eval_every": 0}, "^eval_every: expected a positive"),
+                       # issue 51 probe: beyond float32 (the optimiser's scalars)
+                       ({"steps": 1, "lr": 1e300}, "^lr: expected a finite number > 0 that "
+                        "float32 holds"),
+                       ({"steps": 1, "lr": 1e-300}, "^lr: expected a finite number > 0 that "
+                        "float32 holds"),
+                       ({"steps": 1, "weight_decay": 1e300}, "^weight_decay: expected a finite "
+                        "number >= 0 that float32 holds")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)
     with pytest.raises(ValueError, match="train config: unknown keys"):

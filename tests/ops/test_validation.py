@@ -594,3 +594,18 @@ def test_meta_steps_give_meta_outputs():
                                 g_t=torch.empty(B, H, **m))[0],
     ]
     assert all(o.is_meta and o.shape == (B, H, DV) for o in outs)
+
+
+def test_meta_packed_sequences_and_the_new_ops_give_meta_outputs():
+    """issue 51 probe: meta cu_seqlens (no offsets to read) and the conv and norm ops."""
+    m = {"device": "meta", "dtype": torch.float32}
+    q = torch.empty(1, 2, 8, 4, **m)
+    cu = torch.tensor([0, 3, 8], device="meta")
+    g = torch.empty(1, 2, 8, **m)
+    for o, S in (linattn.gated_linear_attention(q, q, q, g=g, cu_seqlens=cu, return_state=True),
+                 linattn.delta_rule(q, q, q, g, cu_seqlens=cu, return_state=True)):
+        assert o.is_meta and o.shape == q.shape and S.is_meta and S.shape == (2, 2, 4, 4)
+    o = linattn.linear_attention(q, q, q, is_causal=True, cu_seqlens=cu)
+    assert o.is_meta and o.shape == q.shape
+    assert linattn.rms_norm_gated(q, q, torch.empty(4, **m)).is_meta
+    assert linattn.causal_conv1d(torch.empty(2, 8, 4, **m), torch.empty(4, 3, **m)).is_meta

@@ -281,6 +281,10 @@ def test_missing_values_and_bad_input():
                        ({"num_layers": -1}, "num_layers must be an integer >= 0"),
                        ({"dropout": 1.0}, r"dropout must be a finite number in \[0, 1\)"),
                        ({"lr": 0.0}, "lr must be a finite number > 0"),
+                       # issue 51 probe: beyond float32, a traceback from inside the optimiser
+                       ({"lr": 1e300}, "lr must be a finite number > 0 that float32 holds"),
+                       ({"weight_decay": 1e300}, "weight_decay must be a finite number >= 0 "
+                        "that float32 holds"),
                        ({"random_state": "a"}, "random_state must be None or an int")):
         with pytest.raises(ValueError, match=match):
             ConvAttentionClassifier(**{**FAST, **bad}).fit(X, y)

@@ -107,7 +107,10 @@ def test_deprecated_parameter_names():
     (dict(window=3), "window must be 0 or an integer >= patch"),
     (dict(epochs=0), r"epochs must be in \[1, inf\)"),
     (dict(epochs=2.0), "epochs must be an int"),
-    (dict(lr=-1.0), r"lr must be in \(0.0, inf\)"),
+    (dict(lr=-1.0), r"lr must be in \(0.0, 3.4028234663852886e\+38\]"),
+    # issue 51 probe: beyond float32 (the optimiser's scalars), a traceback from inside Adam
+    (dict(lr=1e300), r"lr must be in \(0.0, 3.4028234663852886e\+38\], got 1e\+300"),
+    (dict(weight_decay=1e300), r"weight_decay must be in \[0.0, 3.4028234663852886e\+38\]"),
     (dict(pct_start=1.0), "pct_start must be in"),
     (dict(shift="yes"), "shift must be a bool"),
     (dict(scale_low=1.5), "scale_low must be <= scale_high"),

@@ -31,11 +31,14 @@ import time
 from functools import partial
 from pathlib import Path
 
-from linattn._config import FEATURE_MAP, POSITIVE_INT, THREADS
+from linattn._config import FEATURE_MAP, POSITIVE_INT, THREADS, Check, Range
 from linattn._io import atomic_path
 from linattn._memory import check_fits, num_features
 
 DTYPES = ("float32", "bfloat16", "float64")
+#: Timed calls per measurement: the median of at most 1,000 (a larger count only runs longer:
+#: 10**12 ran for ever).
+REPEATS = Check(int, Range(1, 1000, True, True))
 # torch is imported inside the functions: registering this command must stay cheap, since
 # every `linattn` invocation (`linattn solve` included) builds all the subcommand parsers.
 
@@ -50,16 +53,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--feature-map", type=FEATURE_MAP.parse, default="elu",
                    help=f"one of {', '.join(FEATURE_MAP.choices)} (default: %(default)s)")
-    p.add_argument("--repeats", type=size, default=3)
+    p.add_argument("--repeats", type=REPEATS.parse, default=3,
+                   help="timed calls per measurement, at most 1000 (default 3)")
     p.add_argument("--threads", type=THREADS.parse, default=None,
                    help="torch intra-op threads (capped at the CPUs available)")
     p.add_argument("--no-portable", action="store_true", help="skip the portable-path rows")
     p.add_argument("--isa", nargs="+", default=["native"], metavar="ISA",
                    help="compiled-path builds to measure: native (default), avx512, avx2, "
                         "generic, scalar")
-    p.add_argument("--crossover", type=size, nargs="*", default=None, metavar="T",
-                   help="sequence lengths for the SDPA comparison (default 256 … 16384)")
-    p.add_argument("--no-crossover", action="store_true")
+    cross = p.add_mutually_exclusive_group()
+    cross.add_argument("--crossover", type=size, nargs="*", default=None, metavar="T",
+                       help="sequence lengths for the SDPA comparison (default 256 … 16384)")
+    cross.add_argument("--no-crossover", action="store_true")
     p.add_argument("--plot", default="bench.png", help="log-log plot of the crossover (PNG)")
     p.set_defaults(func=run)
 

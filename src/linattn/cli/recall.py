@@ -138,17 +138,24 @@ def _log(args: argparse.Namespace) -> Callable[[str], None] | None:
     return None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
 
 
+def _refuse_a_run(out: Path, replace: bool) -> None:
+    if (out / "result.json").exists() and not replace:
+        raise UserError(f"--out: {out} already holds a run (result.json); pass --replace to "
+                        "run it again or choose another folder")
+
+
 def train(args: argparse.Namespace) -> int:
     _config(args)
     out = Path(args.out)
-    if (out / "result.json").exists() and not args.replace:
-        raise UserError(f"--out: {out} already holds a run (result.json); pass --replace to "
-                        "run it again or choose another folder")
+    _refuse_a_run(out, args.replace)
     probe_output_dir(out, "--out")
     from linattn._io import write_json
-    from linattn.recall.harness import run_cell
 
     with _own(out):  # the folder's one owner while the cell trains and writes
+        # asked again under the lock: a run that finished into the folder meanwhile
+        _refuse_a_run(out, args.replace)
+        from linattn.recall.harness import run_cell
+
         _capped_threads(args)  # every check done (the folder's owner too): the warnings
         result = run_cell(_config(args), _log(args))
         write_json(out / "result.json", result)

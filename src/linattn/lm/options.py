@@ -22,8 +22,8 @@ __all__ = ["TRAIN_CHECKS", "GENERATE_CHECKS", "CHECKPOINT_EVERY", "check_train_c
 TRAIN_CHECKS: dict[str, Check] = {
     "context": POSITIVE_INT,
     "batch_size": POSITIVE_INT,
-    "lr": Check(float, Range(0.0, math.inf, False)),
-    "weight_decay": Check(float, Range(0.0, math.inf)),
+    "lr": Check(float, Range(0.0, math.inf, False), float32=True),
+    "weight_decay": Check(float, Range(0.0, math.inf), float32=True),
     "warmup": POSITIVE_INT,
     "steps": Check(int, Range(1, math.inf), optional=True),
     "max_time": Check(float, Range(0.0, math.inf, False), optional=True),

@@ -202,6 +202,22 @@ def check_eps(eps: object, name: str = "eps") -> float:
     return value
 
 
+def shares_memory(t: Tensor) -> bool:
+    """Whether elements of ``t`` surely share memory (an expanded view: a stride of 0 over a
+    dimension longer than 1, or strides that overlap), as torch's own check sees it."""
+    return torch._debug_has_internal_overlap(t) == 1
+
+
+def check_own_memory(t: Tensor, name: str) -> None:
+    """ValueError naming ``name`` for a tensor written in place whose elements share memory:
+    the compiled kernels would write one row over another (float32 states came back wrong,
+    silently) and torch's ``copy_`` raises its own RuntimeError. Not checked while traced."""
+    if not tracing() and shares_memory(t):
+        raise ValueError(f"{name}: written in place, but its elements share memory (an "
+                         f"expanded view, shape {tuple(t.shape)}, strides {t.stride()}); pass "
+                         "a tensor of its own (.clone())")
+
+
 def check_positive_int(x: object, name: str) -> int:
     """``x`` as an int; ValueError naming ``name`` unless a positive integer (NumPy integers
     taken, bools and integral floats refused). Any size: callers clamp what they allocate."""

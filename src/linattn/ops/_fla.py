@@ -58,7 +58,7 @@ def _gate(name: str, g: object, shape: tuple[int, ...]) -> Tensor | None:
     g = _tensor(name, g, len(shape))
     if tuple(g.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(g.shape)}")
-    if g.numel() and (g.isnan().any() or (g > 0).any()):
+    if g.numel() and not g.is_meta and (g.isnan().any() or (g > 0).any()):
         raise ValueError(f"{name}: expected log decays <= 0 (the state is multiplied by "
                          f"exp({name})), got values in [{g.min().item():g}, {g.max().item():g}]")
     return g
@@ -76,6 +76,8 @@ def _beta(beta: object, B: int, T: int, H: int, V: int, *, per_value: bool,
     if tuple(beta.shape) not in ok:
         want = " or ".join(str(s) for s in ok)
         raise ValueError(f"beta: expected shape {want}, got {tuple(beta.shape)}")
+    if beta.is_meta:  # shapes only: no values to check
+        return beta
     if logits:
         if beta.numel() and beta.isnan().any():
             raise ValueError("beta: expected logits that are not nan "

@@ -31,16 +31,26 @@ def check_cu_seqlens(cu_seqlens: object, q: Tensor) -> Tensor:
     if q.dim() < 3 or q.shape[0] != 1:
         raise ValueError("cu_seqlens: packed sequences need a batch dimension of 1, "
                          f"got q of shape {tuple(q.shape)}")
+    if cu_seqlens.is_meta != q.is_meta:
+        raise ValueError(f"cu_seqlens: expected q's device ({q.device}), got "
+                         f"{cu_seqlens.device}: a meta tensor has no values to read")
     cu = cu_seqlens.to(device=q.device, dtype=torch.long)
     T = q.shape[-2]
+    if cu.is_meta:  # shapes only (a model on the meta device): no offsets to check
+        return cu
     if cu[0].item() != 0 or cu[-1].item() != T or (cu[1:] < cu[:-1]).any():
         raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {T}, "
                          f"got {cu_seqlens.tolist()}")
     return cu
 
 
-def _index(cu: Tensor) -> tuple[Tensor, Tensor]:
-    """Gather positions (N, Lmax) into the packed time axis and the keep mask (N, Lmax)."""
+def _index(cu: Tensor, T: int) -> tuple[Tensor, Tensor]:
+    """Gather positions (N, Lmax) into the packed time axis and the keep mask (N, Lmax). On
+    the meta device (no lengths to read) Lmax is T, the longest a sequence can be."""
+    if cu.is_meta:
+        N = cu.shape[0] - 1
+        return (torch.empty(N, T, dtype=torch.long, device="meta"),
+                torch.empty(N, T, dtype=torch.bool, device="meta"))
     lengths = cu[1:] - cu[:-1]
     L = int(lengths.max().item())
     t = torch.arange(L, device=cu.device)
@@ -55,7 +65,7 @@ def packed(xs: list[Tensor | None], cu: Tensor) -> tuple[list[Tensor | None], Te
     ``xs[0]`` must be a (1, ..., T, F) tensor: an entry with one dimension less is a gate.
     None entries stay None. Returns the padded list and the keep mask (N, Lmax), True on real
     tokens."""
-    idx, keep = _index(cu)
+    idx, keep = _index(cu, xs[0].shape[-2])
     N, L = idx.shape
     out: list[Tensor | None] = []
     for x in xs:
@@ -76,4 +86,6 @@ def unpacked(o: Tensor, cu: Tensor, keep: Tensor) -> Tensor:
     """The inverse of :func:`packed` for an output (N, ..., Lmax, F) -> (1, ..., T, F)."""
     N, L = keep.shape
     flat = o.movedim(0, -3).flatten(-3, -2)  # (..., N·L, F)
+    if keep.is_meta:  # L = T there (_index): the T tokens' shape
+        return flat.narrow(-2, 0, L).unsqueeze(0)
     return flat.index_select(-2, keep.reshape(-1).nonzero().squeeze(-1)).unsqueeze(0)

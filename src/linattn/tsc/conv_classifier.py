@@ -111,8 +111,10 @@ PARAM_RULES = {
         ("n_nets", 1), ("competing_groups", 0), ("difference_features", 0), ("n_members", 1))},
     "net_weight": (Check(float, Range(0.0, 1.0, True, True)), "a finite number in [0, 1]"),
     "dropout": (Check(float, Range(0.0, 1.0)), "a finite number in [0, 1)"),
-    "lr": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
-    "weight_decay": (Check(float, Range(0.0, math.inf)), "a finite number >= 0"),
+    "lr": (Check(float, Range(0.0, math.inf, False), float32=True),
+           "a finite number > 0 that float32 holds"),
+    "weight_decay": (Check(float, Range(0.0, math.inf), float32=True),
+                     "a finite number >= 0 that float32 holds"),
     "ridge_temperature": (Check(float, Range(0.0, math.inf, False)), "a finite number > 0"),
 }
 #: Sharpness of the ridge's softmax. For two classes the columns are (−d, d), so a decision

@@ -39,7 +39,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linattn._config import Range, Removed, check_field_types, check_ranges, drop_removed
+from linattn._config import (
+    F32_MAX,
+    Range,
+    Removed,
+    check_field_types,
+    check_ranges,
+    drop_removed,
+)
 from linattn._io import read_json, write_json
 from linattn.train_loop import CHECKPOINT_FILE, CheckpointError, TrainLoop, first_line
 from linattn.tsc.data import augment, epoch_generator
@@ -127,8 +134,9 @@ class TrainConfig:
 TRAIN_RANGES: dict[str, Range] = {
     "epochs": (1, math.inf, True, False),
     "batch_size": (1, math.inf, True, False),
-    "lr": (0.0, math.inf, False, False),
-    "weight_decay": (0.0, math.inf, True, False),
+    # at most float32's largest: the optimiser takes them as float32 scalars
+    "lr": (0.0, F32_MAX, False, True),
+    "weight_decay": (0.0, F32_MAX, True, True),
     "pct_start": (0.0, 1.0, False, False),
     "label_smoothing": (0.0, 1.0, True, False),
     "clip": (0.0, math.inf, True, False),

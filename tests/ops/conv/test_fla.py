@@ -187,6 +187,25 @@ def test_state_indices_pick_rows_of_a_larger_cache():
         fla.causal_conv1d_update(x[..., 0], cache, w, b, conv_state_indices=torch.tensor([0, 5]))
 
 
+@pytest.mark.parametrize("T", [1, 3])
+def test_update_refuses_states_that_share_memory(T):
+    # issue 51 probe: an expanded conv_state was written row over row (float32), silently
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 4, T), torch.randn(4, 3)
+    state = torch.randn(1, 4, 3).expand(2, 4, 3)
+    for kw in ({}, {"cache_seqlens": torch.tensor([0, 1])}):
+        with pytest.raises(ValueError, match="^conv_state: .*share memory"):
+            fla.causal_conv1d_update(x, state, w, **kw)
+    # two batch rows into one cache row: which one wins is undefined
+    cache = torch.randn(3, 4, 3)
+    with pytest.raises(ValueError, match="^conv_state_indices: .*twice"):
+        fla.causal_conv1d_update(x, cache, w, conv_state_indices=torch.tensor([1, 1]))
+    out = torch.randn(1, 4, 2).expand(2, 4, 2)
+    with pytest.raises(ValueError, match="^final_states_out: .*share memory"):
+        fla.causal_conv1d_fn(torch.randn(2, 4, 5), w, return_final_states=True,
+                             final_states_out=out)
+
+
 def test_update_errors_name_the_argument():
     x, w, b = _inputs(B=2, T=1)
     with pytest.raises(ValueError, match=r"^conv_state: "):

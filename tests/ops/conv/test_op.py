@@ -185,6 +185,22 @@ def test_step_inplace_writes_the_state(impl, state_dtype):
     torch.testing.assert_close(y, want_y, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_step_inplace_refuses_a_state_whose_rows_share_memory(impl, dtype):
+    # issue 51 probe: float32 wrote both rows of an expanded state (both ended with x_t[1]);
+    # float64 raised torch's overlap error
+    torch.manual_seed(0)
+    xt, w = torch.randn(2, 4, dtype=dtype), torch.randn(4, 3, dtype=dtype)
+    base = torch.randn(1, 4, 2, dtype=dtype)
+    state = base.expand(2, 4, 2)
+    with dispatch.use(impl=impl), pytest.raises(ValueError, match="^state: .*share memory"):
+        causal_conv1d_step(xt, state, w, inplace=True)
+    assert torch.equal(state, base.expand(2, 4, 2))  # nothing written
+    y, S = causal_conv1d_step(xt, state, w)  # not in place: a new state, fine
+    assert S.shape == (2, 4, 2) and torch.equal(S[:, :, -1], xt)
+
+
 def test_step_without_state_columns_keeps_an_empty_state():
     x, w, b, _ = _inputs(B=2, T=1, D=4, W=1)
     y, S = causal_conv1d_step(x[:, 0], x.new_zeros(2, 4, 0), w, b)
@@ -296,3 +312,17 @@ def test_compile_fullgraph_equals_eager(setting, monkeypatch):
     kernels = setting == "1" and conv_native.kernels() is not None
     assert ("linattn.conv_forward" in graphs[0]) == kernels, graphs[0]
     assert ("linattn.conv_step" in graphs[0]) == kernels
+
+
+def test_meta_inputs_give_meta_outputs():
+    # issue 51 probe: meta cu_seqlens raised NotImplementedError; a meta cu_seqlens with CPU
+    # inputs (nothing to read) is one ValueError naming it
+    m = {"device": "meta"}
+    x, w = torch.empty(1, 8, 4, **m), torch.empty(4, 3, **m)
+    cu = torch.tensor([0, 3, 8])
+    y, S = causal_conv1d(x, w, cu_seqlens=cu.to("meta"), return_state=True)
+    assert y.is_meta and y.shape == (1, 8, 4) and S.is_meta and S.shape == (2, 4, 2)
+    y, S = causal_conv1d_step(x[:, 0], torch.empty(1, 4, 2, **m), w, inplace=True)
+    assert y.is_meta and S.is_meta
+    with pytest.raises(ValueError, match="^cu_seqlens: .*meta"):
+        causal_conv1d(torch.randn(1, 8, 4), torch.randn(4, 3), cu_seqlens=cu.to("meta"))

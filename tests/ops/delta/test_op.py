@@ -195,3 +195,19 @@ def test_qk_l2norm_must_be_a_bool_in_the_step_as_in_the_prefill(flag):
     with pytest.raises(TypeError, match="^qk_l2norm: "):
         delta_rule(q, k, v, beta, qk_l2norm=flag)
     delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0], qk_l2norm=np.True_)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("V", [4, 16])
+def test_step_inplace_refuses_a_state_whose_rows_share_memory(dtype, V):
+    # issue 51 probe: an expanded state written in place; one error naming it, nothing written
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 8, dtype=dtype), torch.randn(2, 3, 8, dtype=dtype)
+    v, beta = torch.randn(2, 3, V, dtype=dtype), torch.rand(2, 3, dtype=dtype)
+    base = torch.randn(1, 3, 8, V, dtype=dtype)
+    state = base.expand(2, 3, 8, V)
+    with pytest.raises(ValueError, match="^state: .*share memory"):
+        delta_rule_step(q, k, v, beta, state, inplace=True)
+    assert torch.equal(state, base.expand(2, 3, 8, V))
+    o, S = delta_rule_step(q, k, v, beta, state)  # a new state: fine
+    assert S.shape == (2, 3, 8, V)

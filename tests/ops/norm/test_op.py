@@ -163,3 +163,53 @@ def test_compile_fullgraph_equals_eager(setting, monkeypatch):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     kernels = setting == "1" and norm_native.kernels() is not None
     assert ("linattn.rms_norm_gated" in graphs[0]) == kernels, graphs[0]
+
+
+# issue 51 probe: finite float32 inputs whose squares overflow or underflow gave zeros or NaN
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("magnitude, eps", [(1e19, 1e-6), (1e30, 0.0), (1e-30, 0.0),
+                                            (1e-30, 1e-6), (1e-40, 0.0), (1.0, 0.0)])
+@pytest.mark.parametrize("gated", [False, True])
+def test_rows_whose_squares_overflow_or_underflow(impl, dtype, magnitude, eps, gated):
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 16, generator=gen, dtype=F64) * magnitude).to(dtype)
+    x[1] = torch.randn(16, generator=gen, dtype=F64).to(dtype)  # an ordinary row beside
+    g = torch.randn(3, 16, generator=gen, dtype=F64).to(dtype) if gated else None
+    w = torch.randn(16, generator=gen, dtype=F64).to(dtype)
+    want = ref.rms_norm_gated(x, g, w, eps=eps, norm_before_gate=True)
+    with dispatch.use(impl=impl):
+        got = rms_norm_gated(x, g, w, eps=eps)
+    assert got.isfinite().all()
+    tol = 8 * torch.finfo(dtype).eps
+    # relative to each row's largest value: tiny rows (1e-27 with eps 1e-6) are held too
+    row = want.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(F64).tiny)
+    torch.testing.assert_close(got.double() / row, want / row, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("eps", [0.0, 1e-300, 1e-45])
+def test_an_all_zero_row_normalises_to_zeros_whatever_eps(impl, dtype, eps):
+    # defined: rmsnorm(0) = 0, also with eps = 0 (torch's rms_norm gives nan there) and an
+    # eps that rounds to 0 in float32 (the probe's nan at eps=1e-300)
+    x = torch.zeros(2, 4, dtype=dtype)
+    x[1] = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=dtype)
+    with dispatch.use(impl=impl):
+        y = rms_norm_gated(x, None, eps=eps)
+        yg = rms_norm_gated(x, torch.ones_like(x), torch.ones(4, dtype=dtype), eps=eps,
+                            norm_before_gate=False)
+    for out in (y, yg):
+        assert torch.equal(out[0], torch.zeros(4, dtype=dtype))
+        assert out[1].isfinite().all() and out[1].abs().max() > 0
+    assert torch.equal(ref.rms_norm_gated(x, None, eps=0.0)[0], torch.zeros(4, dtype=F64))
+
+
+def test_an_eps_float32_cannot_hold_is_named():
+    x = torch.randn(2, 8)
+    for eps in (1e39, 1e300):
+        with pytest.raises(ValueError, match="^eps: .*float32"):
+            rms_norm_gated(x, None, eps=eps)
+        with pytest.raises(ValueError, match="^eps: .*float32"):
+            rms_norm_gated(x, torch.randn(2, 8), torch.ones(8), eps=eps)
+    assert rms_norm_gated(x.double(), None, eps=1e39).isfinite().all()  # float64 holds it

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._common import check_flag
+from linattn.ops._common import check_flag, check_own_memory
 from linattn.ops.conv import op as conv_op
 from linattn.ops.conv.op import check_activation
 
@@ -47,6 +47,9 @@ def _index(x: object, name: str, shape: tuple[int, ...], device: torch.device) -
         raise TypeError(f"{name}: expected an integer tensor, got {x.dtype}")
     if tuple(x.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {tuple(x.shape)}")
+    if x.is_meta != (torch.device(device).type == "meta"):
+        raise ValueError(f"{name}: expected a tensor on {device} (the inputs' device), got "
+                         f"{x.device}: a meta tensor has no values to read")
     return x.to(device=device, dtype=torch.long)
 
 
@@ -84,6 +87,7 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
         if tuple(final_states_out.shape) != (B, D, W - 1):
             raise ValueError(f"final_states_out: expected shape (B, D, W - 1) = "
                              f"{(B, D, W - 1)}, got {tuple(final_states_out.shape)}")
+        check_own_memory(final_states_out, "final_states_out")
         final_states_out.copy_(S)
         S = final_states_out
     return y.transpose(1, 2), S
@@ -96,6 +100,8 @@ def _with_seq_idx(xt: Tensor, weight: Tensor, bias: Tensor | None, silu: bool, s
     indices is one sequence from zeros: the op's segments (the compiled kernel where it runs);
     else the masked sum, in torch."""
     B, T, D = xt.shape
+    if xt.is_meta:  # shapes only: y is x's
+        return torch.empty(B, T, D, dtype=xt.dtype, device="meta")
     if T == 0 or bool((seq[:, 1:] >= seq[:, :-1]).all()):
         starts = torch.ones(B, T, dtype=torch.bool, device=seq.device)
         starts[:, 1:] = seq[:, 1:] != seq[:, :-1]
@@ -146,11 +152,16 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     if conv_state.shape[1] != D or S < W - 1:
         raise ValueError(f"conv_state: expected shape (B, D, S) with D = {D}, S >= W - 1 = "
                          f"{W - 1}, got {tuple(conv_state.shape)}")
+    check_own_memory(conv_state, "conv_state")  # updated in place
     if conv_state_indices is not None:
         idx = _index(conv_state_indices, "conv_state_indices", (B,), conv_state.device)
-        if B and (bool((idx < 0).any()) or bool((idx >= conv_state.shape[0]).any())):
+        if B and not idx.is_meta and (bool((idx < 0).any())
+                                      or bool((idx >= conv_state.shape[0]).any())):
             raise ValueError(f"conv_state_indices: expected rows of conv_state in [0, "
                              f"{conv_state.shape[0]}), got {idx.tolist()}")
+        if B > 1 and not idx.is_meta and torch.unique(idx).numel() < B:
+            raise ValueError(f"conv_state_indices: a row of conv_state given twice, "
+                             f"{idx.tolist()}: which update it keeps is undefined")
         rows = conv_state.index_select(0, idx)
         y = causal_conv1d_update(x, rows, weight, bias, activation, cache_seqlens)
         conv_state.index_copy_(0, idx, rows)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from linattn.ops import dispatch
-from linattn.ops._common import check_flag, needs_grad
+from linattn.ops._common import check_flag, check_own_memory, needs_grad, shares_memory
 from linattn.ops._library import tracing
 from linattn.ops.conv import native as conv_native
 from linattn.ops.conv.portable import torch_prefill, torch_step
@@ -202,6 +202,8 @@ def causal_conv1d_step(
     if tuple(state.shape[:2]) != (B, D) or state.shape[2] < W - 1:
         raise ValueError(f"state: expected shape (B, D, S) = ({B}, {D}, S) with S >= W - 1 = "
                          f"{W - 1}, got {tuple(state.shape)}")
+    if inplace:
+        check_own_memory(state, "state")
     traced = tracing(x_t, state, weight, bias)
     grad = needs_grad(x_t, state, weight, bias)
     choice = dispatch.select(OP, "step", x_t.dtype, x_t.device.type, grad, (), None, traced)
@@ -253,6 +255,8 @@ def lean_step(x_t: object, state: object, weight: object, bias: object, activati
     if tracing() or (torch.is_grad_enabled() and (
             x_t.requires_grad or state.requires_grad or weight.requires_grad
             or (bias is not None and bias.requires_grad))):
+        return None
+    if inplace and shares_memory(state):  # the full checks refuse it
         return None
     choice = dispatch.select(OP, "step", x_t.dtype, "cpu", False, (), None, False)
     if choice.backend != "native":

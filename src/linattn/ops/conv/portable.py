@@ -47,6 +47,10 @@ def torch_prefill(x: Tensor, weight: Tensor, bias: Tensor | None, silu: bool,
     if segs is None:
         return _rows(x, weight, bias, silu, S0)
     B, T, D = x.shape
+    if segs.is_meta:  # shapes only: y is x's, a state per sequence
+        return (torch.empty(B, T, D, dtype=x.dtype, device="meta"),
+                torch.empty(segs.shape[0], D, weight.shape[1] - 1, dtype=x.dtype,
+                            device="meta"))
     pieces, states = [], []
     for b, t0, t1, n in segs.tolist():
         y, S = _rows(x[b:b + 1, t0:t1], weight, bias, silu,

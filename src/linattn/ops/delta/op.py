@@ -57,6 +57,7 @@ from linattn.ops._common import (
     accumulation_dtype,
     check_chunk_size,
     check_flag,
+    check_own_memory,
     check_qkv,
     check_step_inputs,
     check_values,
@@ -273,6 +274,8 @@ def delta_rule_step(
     if check_flag(inplace, "inplace") and (state is None or state.dtype != S.dtype):
         raise ValueError(f"state: inplace=True needs a state in {S.dtype}, got "
                          f"{'None' if state is None else state.dtype}")
+    if inplace:
+        check_own_memory(state, "state")
     s = resolve_scale(scale, K, q_t.dtype)
     traced = tracing(q_t, k_t, v_t, beta_t, state)
     grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)

@@ -64,7 +64,29 @@ static inline __attribute__((always_inline)) void nm_rows(int xdt, int gdt, int 
                     ss += v * v;
                 }
             }
-            const float rs = 1.0f / sqrtf((hsum(acc) + ss) * invG + eps);
+            const float msq = (hsum(acc) + ss) * invG;
+            if (!(msq <= 0x1p120f && msq >= 0x1p-100f) && msq == msq) {
+                /* squares that overflowed (|x| ~ 1e19) or underflowed (|x| ~ 1e-30, eps 0),
+                 * or an all-zero group: the group again in double, where the squares of floats
+                 * are exact; a zero denominator (all zeros, eps 0) gives zeros. Ordinary rows
+                 * never get here (nan rows neither: they stay nan). */
+                double sd = 0.0;
+                for (long j = 0; j < G; ++j) {
+                    double v = zfirst ? z[g0 + j] : load_dt(x, xo + g0 + j, xdt);
+                    sd += v * v;
+                }
+                const double den = sqrt(sd / (double)G + (double)eps);
+                for (long j = 0; j < G; ++j) {
+                    long c = g0 + j;
+                    double v = zfirst ? z[c] : load_dt(x, xo + c, xdt);
+                    v = den == 0.0 ? 0.0 : v / den;
+                    if (w) v *= load_dt(w, c, wdt);
+                    if (g && before) v *= nm_sact(act, load_dt(g, go + c, gdt));
+                    store_dt(y, yo + c, (float)v, ydt);
+                }
+                continue;
+            }
+            const float rs = 1.0f / sqrtf(msq + eps);
             const vf rv = vsplat(rs);
             for (long j = 0; j < nv; j += W) {
                 long c = g0 + j;

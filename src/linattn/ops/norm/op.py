@@ -24,6 +24,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from linattn._config import F32_MAX
 from linattn.ops import dispatch
 from linattn.ops._common import check_eps, check_flag, is_bool, needs_grad, shown
 from linattn.ops._library import tracing
@@ -76,7 +77,8 @@ def rms_norm_gated(
         x: (..., D), D ≥ 1.
         gate: (..., D) (any floating dtype), or None: a plain RMSNorm.
         weight: (D,) or None (no scale).
-        eps: added to the mean square; a finite number ≥ 0.
+        eps: added to the mean square; a finite number ≥ 0 (at most float32's largest for
+            inputs other than float64). An all-zero group gives zeros, also with eps = 0.
         activation: "silu" / "swish" (the same) or "sigmoid".
         group_size: the norm over groups of this many channels (a divisor of D); None: D.
         norm_before_gate: True: ``rmsnorm(x)·w·act(g)`` (Qwen3-Next, Qwen3.5, Kimi, fla);
@@ -106,6 +108,9 @@ def rms_norm_gated(
         if weight.device != x.device:
             raise ValueError(f"weight: expected a tensor on {x.device}, got {weight.device}")
     eps = check_eps(eps)
+    if eps > F32_MAX and x.dtype != torch.float64:
+        raise ValueError(f"eps: {shown(eps)} is more than float32 (the accumulation dtype of "
+                         f"{x.dtype} inputs) holds ({F32_MAX:.8g}): every output would be 0")
     sigmoid = check_norm_activation(activation)
     G = _group(group_size, D)
     before = check_flag(norm_before_gate, "norm_before_gate")
@@ -148,7 +153,7 @@ def _lean(x: object, gate: object, weight: object, eps: object, activation: obje
     T = Tensor
     if not (type(x) is T and type(gate) is T and (weight is None or type(weight) is T)
             and group_size is None and (norm_before_gate is True or norm_before_gate is False)
-            and type(eps) is float and eps >= 0 and eps - eps == 0):
+            and type(eps) is float and 0 <= eps <= F32_MAX):
         return None
     if activation == "silu" or activation == "swish":
         sigmoid = False

@@ -36,7 +36,9 @@ def rms_norm_gated(
     for g0 in range(0, D, G):
         part = z[..., g0:g0 + G]
         mean_square = (part * part).sum(-1, keepdim=True) / G
-        y[..., g0:g0 + G] = part / torch.sqrt(mean_square + eps)
+        den = torch.sqrt(mean_square + eps)
+        # an all-zero group with eps = 0 normalises to zeros (defined; 0/0 otherwise)
+        y[..., g0:g0 + G] = torch.where(den == 0, 0.0, part / den)
     if weight is not None:
         y = y * weight.to(f64)
     if act is not None and norm_before_gate:
