@@ -26,7 +26,7 @@ one-segment :class:`~linattn.tsc.conv_tokens.ConvTokens` of about ``difference_f
 features, default 5,000, no quantiles; 0: none), standardised the same way: MultiRocket's
 second representation. ``net_weight`` (default 1/4) is the nets' weight in their join with the
 ridge: ``net_weight · nets + (1 − net_weight) · ridge``. Both were chosen on fresh validation
-splits (round 13, docs/benchmarks.md); 0 and 1/2 give the fourth configuration.
+splits (round 13, docs/experiments.md); 0 and 1/2 give the fourth configuration.
 
 With ``global_token=True`` (the default) each net also reads those global features as one more
 token after the segments, so that attention relates every segment to the whole series.
@@ -44,8 +44,8 @@ nets-and-ridge mean and the stem net's (:func:`joined_heads`).
 
 ``num_layers=0`` removes the mixer (the ablation: a linear model of the pooled tokens beside
 the ridge, and a stem net without attention). The defaults were chosen on inner validation
-splits of the UCR TRAIN sets only (``benchmarks/ucr_tokens.py``, docs/benchmarks.md
-"Convolution tokens").
+splits of the UCR TRAIN sets only (docs/experiments.md: each round's question, rule, result
+and the commit that holds its scripts).
 """
 
 from __future__ import annotations
@@ -122,12 +122,12 @@ PARAM_RULES = {
 RIDGE_TEMPERATURE = 3.0
 #: The nets' optimiser steps: 1,800 since round 7 of the TRAIN-only study (600 before; three
 #: times as many scored 0.8361 against 0.8359 on validation, 12 sets won and 10 lost, by the
-#: rule written before the round ran; runs/ucr7/DECISION.md).
+#: rule written before the round ran; docs/experiments.md, round 7).
 NET_STEPS = 1800
 #: The first differences' PPV features the ridge reads, and the nets' weight in the join: the
 #: fifth configuration, round 13 of the TRAIN-only study (0 and 1/2 before; on two fresh
 #: splits +0.72 points on validation, 35 dataset-splits won and 11 lost, by the rule written
-#: before the round ran; runs/ucr13/DECISION.md).
+#: before the round ran; docs/experiments.md, round 13).
 DIFFERENCE_FEATURES = 5000
 NET_WEIGHT = 0.25
 
