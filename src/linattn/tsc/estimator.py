@@ -202,7 +202,7 @@ class _ThreadLimit:
         if n is not None:
             # n_threads=1 must mean one thread for the whole fit: left alone, OpenBLAS spins
             # its own threads in the ridge's Gram product and eigendecomposition, and two such
-            # fits side by side on 2 cores took twice the CPU time (docs/benchmarks.md)
+            # fits side by side on 2 cores took twice the CPU time (docs/timeseries.md)
             blas = threadpool_limits(limits=n, user_api="blas")
             self.stack.callback(blas.restore_original_limits)
 
