@@ -12,7 +12,7 @@
  *
  * Without FMA in the target (plain -O3 on x86-64: SSE2 only) the loop is a multiply and an add
  * per step, and the figure is that pair's rate, not an FMA peak: the program says so.
- * docs/benchmarks.md quotes it beside the matmul "roofline" of `linattn bench`. */
+ * docs/bench-ops.md quotes it beside the matmul "roofline" of `linattn bench`. */
 #include <stdio.h>
 #include <time.h>
 

@@ -5,7 +5,7 @@
  *   cc -O3 -march=native -fno-math-errno -o /tmp/nk benchmarks/native_kernels.c -lm && /tmp/nk
  *   cc -O3 -mavx2 -mfma -fno-math-errno -o /tmp/nk2 benchmarks/native_kernels.c -lm && /tmp/nk2
  *
- * Best of 5 (products) or of 3 (full size) runs. docs/benchmarks.md quotes it. */
+ * Best of 5 (products) or of 3 (full size) runs. docs/bench-ops.md quotes it. */
 #include "../src/linattn/ops/linear/kernels.c"
 
 #include <stdio.h>

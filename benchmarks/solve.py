@@ -1,6 +1,6 @@
 """Benchmark of ``linattn solve`` at full size (N = 10^5, d = 64, ~144 MB of text).
 
-Prints markdown tables for docs/benchmarks.md:
+Prints markdown tables for docs/bench-ops.md:
 
 1. end to end, stdin from a file, stdout to a file: the C baseline (``solve_baseline.c``, built
    with ``cc -O2``: fread + strtod), ``linattn solve`` as shipped (compiled parser, numpy

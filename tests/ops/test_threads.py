@@ -19,7 +19,7 @@ from linattn.ops.linear import native as linear_native
 @pytest.fixture
 def two_threads(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(native, "_late_until", 0.0)
+    monkeypatch.setattr(native.threads, "_late_until", 0.0)
 
 
 def test_small_work_stays_on_the_calling_thread(two_threads):
@@ -38,7 +38,7 @@ def test_one_torch_thread_means_one(monkeypatch):
 
 def test_back_off_after_a_late_helper(two_threads, monkeypatch):
     m = native.PARALLEL_MIN
-    monkeypatch.setattr(native, "_late_until", float("inf"))
+    monkeypatch.setattr(native.threads, "_late_until", float("inf"))
     assert native.threads_for(4 * m, 16) == 1
     assert native.threads_for(native.BACKOFF_WORK * m, 16) == 2  # large work: threads anyway
 
@@ -231,7 +231,7 @@ def test_a_small_call_runs_torch_on_one_thread_and_gives_the_count_back(torch_th
         assert seen == [("_causal_forward", 1), ("_causal_backward", 1)]
         assert torch.get_num_threads() == 2
         seen.clear()
-        monkeypatch.setattr(native, "_late_until", 0.0)
+        monkeypatch.setattr(native.threads, "_late_until", 0.0)
         big = linear_native.PARALLEL_MIN  # a call of 16 heads worth threads
         T = 2 * big // (16 * 16 * 16)
         q, k, v = (torch.randn(1, 16, T, 16) for _ in range(3))

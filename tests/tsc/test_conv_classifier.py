@@ -88,7 +88,7 @@ def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
                                ref.decision_function(T.mean(1)), rtol=tol, atol=tol)
     # the probabilities are the mean of the net's and the ridge head's
     both = (token_net_proba(full.net_, T) + ridge_proba(ref.decision_function(T.mean(1)),
-                                                        ref.classes_, 2)) / 2
+                                                        ref.classes_, 2, 3.0)) / 2
     np.testing.assert_allclose(full.predict_proba(X), both, rtol=tol, atol=tol)
     no_ridge = ConvAttentionClassifier(ridge=False, **POOLED).fit(X, y)
     assert no_ridge.ridge_ is None  # the net's probabilities alone (same tokens, same scaling)
@@ -99,7 +99,7 @@ def test_the_ablation_has_no_mixer_and_the_ridge_head_is_ridge_classifier_cv():
     assert stem is None  # no stem net by default
     np.testing.assert_allclose(net, token_net_proba(full.net_, T), rtol=tol, atol=tol)
     np.testing.assert_allclose(ridge, ridge_proba(ref.decision_function(T.mean(1)),
-                                                  ref.classes_, 2), rtol=tol, atol=tol)
+                                                  ref.classes_, 2, 3.0), rtol=tol, atol=tol)
     assert no_ridge.head_probas(X)[1] is None
 
 
@@ -121,7 +121,7 @@ def test_a_richer_global_ridge_head_and_an_ensemble_of_nets():
                                rtol=tol, atol=tol)
     T = (clf.tokens_.transform(X) - clf.mean_) / clf.scale_
     nets = (token_net_proba(clf.nets_[0], T) + token_net_proba(clf.nets_[1], T)) / 2
-    both = (nets + ridge_proba(ref.decision_function(G), ref.classes_, 2)) / 2
+    both = (nets + ridge_proba(ref.decision_function(G), ref.classes_, 2, 3.0)) / 2
     np.testing.assert_allclose(clf.predict_proba(X), both, rtol=tol, atol=tol)
     # a global token: the nets read the same standardised global features as the ridge, and the
     # ridge's softmax is sharpened by ridge_temperature
@@ -242,6 +242,22 @@ def test_first_differences_join_the_ridge_and_net_weight_weighs_the_heads(tmp_pa
             ConvAttentionClassifier(**{**params, **bad}).fit(X, y)
     with pytest.raises(ValueError, match="difference_features > 0 needs series of at least 2"):
         ConvAttentionClassifier(**params).fit(X[:, :1], y)
+
+
+def test_one_ridge_temperature_default_the_published_results_used():
+    """ridge_proba's default and the estimator's are one number, 5: the value every
+    published UCR row was fitted with (benchmarks/ucr_results.json keeps the TEST rows;
+    docs/experiments.md, round 4)."""
+    import inspect
+
+    from linattn.tsc.heads import RIDGE_TEMPERATURE
+
+    assert RIDGE_TEMPERATURE == 5.0
+    assert ConvAttentionClassifier().ridge_temperature == RIDGE_TEMPERATURE
+    default = inspect.signature(ridge_proba).parameters["temperature"].default
+    assert default == RIDGE_TEMPERATURE
+    d = np.array([0.1, -1.0])
+    np.testing.assert_allclose(ridge_proba(d), ridge_proba(d, temperature=5.0))
 
 
 def test_ridge_proba_places_the_classes_it_saw():
@@ -566,7 +582,7 @@ def test_no_series_and_complex_series_are_named():
     """0 rows said 'y has one class'; complex X lost its imaginary part silently."""
     X, y = _two_shapes(20)
     with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: X has 0 series; "
-                                         r"fitting needs at least 2$"):
+                                         r"fitting needs at least 2 \(found 0 sample\(s\)\)$"):
         ConvAttentionClassifier(**FAST).fit(X[:0], y[:0])
     with pytest.raises(ValueError, match=r"^ConvAttentionClassifier.fit: Complex data not "
                                          r"supported: X holds complex\d+ values"):

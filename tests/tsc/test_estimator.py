@@ -596,7 +596,7 @@ def test_thread_counts_are_capped_at_the_cpus(monkeypatch):
 def test_thread_limit_holds_blas_to_n_threads_and_restores_it():
     """n_threads bounds the ridge heads' BLAS too (not only torch), and gives it back."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from linattn.tsc.estimator import _ThreadLimit
+    from linattn.tsc.shared import ThreadLimit
 
     def blas_threads():
         return [d["num_threads"] for d in threadpoolctl.threadpool_info()
@@ -606,11 +606,11 @@ def test_thread_limit_holds_blas_to_n_threads_and_restores_it():
     before, torch_before = blas_threads(), torch.get_num_threads()
     if not before:
         pytest.skip("no BLAS library that threadpoolctl can see")
-    with _ThreadLimit(1):
+    with ThreadLimit(1):
         assert blas_threads() == [1] * len(before)
         assert torch.get_num_threads() == 1
     assert blas_threads() == before and torch.get_num_threads() == torch_before
-    with _ThreadLimit(None):  # None leaves both alone
+    with ThreadLimit(None):  # None leaves both alone
         assert blas_threads() == before
 
 

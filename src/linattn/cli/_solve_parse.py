@@ -1,7 +1,7 @@
 """The compiled number parser of ``linattn solve``: built from ``_solve_parse.c`` at first use.
 
 Parsing 144 MB of text is most of the exercise's work, and a C loop does it ~5x faster than
-anything numpy or Python offer (see docs/benchmarks.md). The package ships the C source, not a
+anything numpy or Python offer (see docs/bench-ops.md). The package ships the C source, not a
 binary: the first call compiles it (:mod:`linattn._cbuild`: the machine's C compiler, a cache
 folder keyed by source and platform) and later calls just load it with :mod:`ctypes`. Without a
 compiler (or where the build fails its test call in a child interpreter: :data:`CHECK`)

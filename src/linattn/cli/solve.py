@@ -15,7 +15,7 @@ never N×N.
 Two engines compute it. ``--engine torch`` calls the library's own
 :func:`linattn.linear_attention` with the "relu" map. The default ``--engine numpy`` computes
 the same factorised sums with NumPy, because importing torch alone takes longer than the
-whole exercise in C (measured 1.4–1.6× the C program's run; see docs/benchmarks.md), and the
+whole exercise in C (measured 1.4–1.6× the C program's run; see docs/bench-ops.md), and the
 exercise is judged on wall time. The tests hold the two engines to each other (1e-12
 relative) on random and extreme inputs, so they cannot silently disagree.
 
@@ -141,7 +141,7 @@ def row_sums(qkv: np.ndarray, importer: threading.Thread | None = None) -> np.nd
     q, k, v = torch.from_numpy(qkv)  # three (N, d) views, no copy
     # One thread: at N = 10^5 the op takes ~0.06 s on one core, while with two threads on a
     # machine whose cores are busy each of its ~200 chunk steps can stall a scheduler tick
-    # waiting for the other thread (measured 3-11 s; see docs/benchmarks.md).
+    # waiting for the other thread (measured 3-11 s; see docs/bench-ops.md).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

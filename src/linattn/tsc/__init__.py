@@ -18,12 +18,10 @@ _EXPORTS = {
     "ConvAttentionClassifier": "linattn.tsc.conv_classifier",  # scikit-learn too
     "ConvTokens": "linattn.tsc.conv_tokens",
     "CompetingKernels": "linattn.tsc.competing",
-    "RandomAttentionFeatures": "linattn.tsc.attention_features",
 }
 
 __all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier",
-           "ConvAttentionClassifier", "ConvTokens", "CompetingKernels",
-           "RandomAttentionFeatures"]
+           "ConvAttentionClassifier", "ConvTokens", "CompetingKernels"]
 
 
 def __getattr__(name: str):

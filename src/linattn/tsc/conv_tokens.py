@@ -6,7 +6,7 @@ of positive values* (PPV) over the series, describe where in amplitude and scale
 its shapes. :class:`ConvTokens` computes the same kind of feature, but per time segment instead
 of over the whole series, so that a token mixer (linear attention) can relate what happens in
 one part of a series to another; the mean over the tokens is the global PPV that a ridge head
-reads (issue 27, docs/benchmarks.md "Convolution tokens").
+reads (docs/timeseries.md).
 
 The kernels: length 9, weight 2 on three taps and −1 on the other six (the 84 ways to choose
 three of nine; each kernel sums to zero, so a constant series gives 0); dilations spaced

@@ -25,7 +25,6 @@ import inspect
 import math
 import numbers
 import os
-from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,9 @@ import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
-from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
-from linattn._config import SEED, THREADS, check_field_types, rename_deprecated, torch_threads
-from linattn._io import read_json, write_atomic
+from linattn._config import check_field_types, rename_deprecated
+from linattn._io import write_atomic
 from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
 from linattn.train_loop import first_non_finite
 from linattn.tsc.data import MISSING, encode_labels, fill_nan_padding, real_series
@@ -48,6 +46,14 @@ from linattn.tsc.model import (
     FordATransformer,
     ModelConfig,
     upgrade_saved,
+)
+from linattn.tsc.shared import (
+    ThreadLimit,
+    check_threads,
+    open_saved_model,
+    plain,
+    read_classes,
+    seed_of,
 )
 from linattn.tsc.training import (
     DEFAULT_MIN_BATCHES,
@@ -95,43 +101,6 @@ def upgrade_saved_params(params: dict, where: str) -> dict:
     for name in ("min_steps", "min_batches"):
         params.setdefault(name, 0)
     return params
-
-
-def _plain(value: Any) -> Any:
-    """A NumPy scalar as the Python number it holds (configs are written as JSON)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return value
-
-
-def _check_threads(value: Any, where: str) -> None:
-    """``n_threads``: None or a thread count (:data:`linattn._config.THREADS`)."""
-    if value is not None:
-        try:
-            THREADS.check("n_threads", value)
-        except ValueError:
-            raise ValueError(f"{where}: n_threads must be None or {THREADS.expected()}, got "
-                             f"{value!r}") from None
-
-
-def seed_of(random_state: Any, where: str) -> int:
-    """The seed an estimator's ``random_state`` stands for: None is 0, an integer itself (a
-    seed, :data:`linattn._config.SEED`: 2**70 failed inside torch); a one-line ValueError
-    naming ``where`` and ``random_state`` for anything else (a RandomState instance too)."""
-    if random_state is None:
-        return 0
-    if (isinstance(random_state, (bool, np.bool_))
-            or not isinstance(random_state, numbers.Integral)):
-        raise ValueError(f"{where}: random_state must be None or an int (a RandomState "
-                         f"instance is not supported), got {random_state!r}")
-    try:
-        return int(SEED.check("random_state", int(random_state)))
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
 
 
 def _parse_device(value: Any, where: str) -> torch.device:
@@ -186,28 +155,6 @@ def _training_bytes(model: dict) -> int:
     params = transformer_parameters(model["d_model"], model["num_layers"], model["mlp_dim"],
                                     embed, model["num_heads"] * model["head_dim"])
     return TRAINING_BYTES_PER_PARAMETER * params
-
-
-class _ThreadLimit:
-    """Run a block with ``torch.set_num_threads(n)`` and the BLAS libraries (numpy's, scipy's:
-    the ridge heads' solves) held to n threads (None: leave both as they are), then restore. A
-    count above the CPUs available is capped there, with one warning
-    (:func:`linattn._config.torch_threads`, the helper every thread count goes through)."""
-
-    def __init__(self, n: int | None) -> None:
-        self.n, self.stack = n, ExitStack()
-
-    def __enter__(self):
-        n = self.stack.enter_context(torch_threads(self.n, "n_threads"))
-        if n is not None:
-            # n_threads=1 must mean one thread for the whole fit: left alone, OpenBLAS spins
-            # its own threads in the ridge's Gram product and eigendecomposition, and two such
-            # fits side by side on 2 cores took twice the CPU time (docs/benchmarks.md)
-            blas = threadpool_limits(limits=n, user_api="blas")
-            self.stack.callback(blas.restore_original_limits)
-
-    def __exit__(self, *exc):
-        self.stack.close()
 
 
 class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
@@ -274,19 +221,19 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         params = self.get_params()
         model = {k: params[k] for k in MODEL_PARAMS}
         check_field_types(model, ModelConfig, where)
-        model = {k: _plain(v) for k, v in model.items()}
+        model = {k: plain(v) for k, v in model.items()}
         ModelConfig(**model).validate(where)
         train = {k: params[k] for k in TRAIN_PARAMS}
         TrainConfig(**train).validate(where)
         seed = seed_of(self.random_state, where)
-        _check_threads(self.n_threads, where)
+        check_threads(self.n_threads, where)
         check_device(self.device, where)
         if not isinstance(self.missing, str) or self.missing not in MISSING:
             raise ValueError(f"{where}: missing must be one of {', '.join(map(repr, MISSING))}, "
                              f"got {self.missing!r}")
         if not isinstance(self.verbose, (bool, np.bool_, numbers.Integral)):
             raise ValueError(f"{where}: verbose must be a bool, got {self.verbose!r}")
-        tcfg = TrainConfig(seed=seed, **{k: _plain(v) for k, v in train.items()})
+        tcfg = TrainConfig(seed=seed, **{k: plain(v) for k, v in train.items()})
         return model, tcfg
 
     def check_memory(self, where: str | None = None) -> None:
@@ -296,7 +243,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         :meth:`fit` and ``linattn forda train`` ask; loading a saved model checks the sizes
         against its weights instead."""
         where = where or type(self).__name__
-        model = {k: _plain(v) for k, v in self.check_params(where)[0].items()}
+        model = {k: plain(v) for k, v in self.check_params(where)[0].items()}
         try:
             check_fits(_training_bytes, model, {k: _DEFAULTS[k] for k in _SIZES},
                        "training this model")
@@ -342,7 +289,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             if len(unseen):
                 raise ValueError(f"y_val: labels not in y: {unseen[:5].tolist()}")
             trainer_kwargs["y_val"] = np.searchsorted(classes, yv)
-        with _ThreadLimit(self.n_threads):
+        with ThreadLimit(self.n_threads):
             torch.manual_seed(tcfg.seed)
             self.model_ = FordATransformer(config)  # initialised on the CPU on every device
             trainer = Trainer(self.model_, X, codes, tcfg, progress=bool(self.verbose),
@@ -361,7 +308,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         X = validate_data(self, X, dtype=np.float32, reset=False, ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
         device = check_device(self.device, type(self).__name__)
-        with _ThreadLimit(self.n_threads):
+        with ThreadLimit(self.n_threads):
             self.model_.to(device)  # a set_params(device=…) after fit takes effect here
             return predict_logits(self.model_, X, device=device)
 
@@ -395,7 +342,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         write_atomic(path / "model.safetensors", save(weights))
         write_json(path / "config.json", {
             "format": FORMAT,
-            "params": {k: str(v) if k == "device" else _plain(v)
+            "params": {k: str(v) if k == "device" else plain(v)
                        for k, v in self.get_params().items()},
             "model": self.model_.config.to_dict(),
             "classes": self.classes_.tolist(),
@@ -475,58 +422,13 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             if getattr(model_cfg, k) != getattr(est, k):
                 raise ValueError(f"{cfg_path}: params and model disagree on {k} "
                                  f"({getattr(est, k)!r} and {getattr(model_cfg, k)!r})")
-        classes = _read_classes(cfg, model_cfg.n_classes, cfg_path)
+        classes = read_classes(cfg, model_cfg.n_classes, cfg_path)
         n_features = cfg["n_features_in"]
         if isinstance(n_features, bool) or not isinstance(n_features, int) or \
                 not 1 <= n_features <= model_cfg.length:
             raise ValueError(f"{cfg_path}: n_features_in must be an integer in [1, "
                              f"{model_cfg.length}] (the model's length), got {n_features!r}")
         return est, model_cfg, classes, n_features
-
-
-def open_saved_model(path: str | os.PathLike, fmt: str, name: str) -> tuple[dict, Path, Path]:
-    """(config, config.json path, model.safetensors path) of a folder written by an estimator's
-    ``save``: a missing folder or file, an unreadable or malformed config.json, or one of
-    another ``format`` raise :class:`~linattn.train_loop.CheckpointError` in one line."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such model folder")
-    cfg_path, w_path = path / "config.json", path / "model.safetensors"
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise CheckpointError(f"{p}: missing (not a saved {name})")
-    try:
-        cfg = read_json(cfg_path)  # also a file nested too deeply to parse
-    except OSError as err:
-        raise CheckpointError(f"{cfg_path}: cannot be read ({err.strerror or err})") from None
-    except ValueError as err:
-        raise CheckpointError(str(err)) from None
-    if not isinstance(cfg, dict) or cfg.get("format") != fmt:
-        raise CheckpointError(f"{cfg_path}: not a {fmt} config")
-    return cfg, cfg_path, w_path
-
-
-def _read_classes(cfg: dict, n_classes: int, cfg_path: Path) -> np.ndarray:
-    """The saved class labels as an array: a list of ``n_classes`` distinct, sorted labels that
-    ``classes_dtype`` (a plain NumPy scalar type) holds exactly."""
-    raw = cfg["classes"]
-    try:
-        dtype = np.dtype(cfg["classes_dtype"])
-    except (TypeError, ValueError):
-        raise ValueError(f"{cfg_path}: classes_dtype: not a NumPy dtype: "
-                         f"{cfg['classes_dtype']!r}") from None
-    if dtype.kind not in "biufcUSO" or dtype.shape != ():
-        raise ValueError(f"{cfg_path}: classes_dtype: unsupported dtype {dtype.str!r}")
-    if not isinstance(raw, list) or len(raw) != n_classes:
-        raise ValueError(f"{cfg_path}: classes must be a list of {n_classes} labels (the "
-                         f"model's n_classes), got {raw!r}")
-    classes = np.asarray(raw, dtype=dtype)
-    if classes.ndim != 1 or classes.tolist() != raw:
-        raise ValueError(f"{cfg_path}: classes {raw!r} are not exactly representable as "
-                         f"{dtype.str}")
-    if len(set(raw)) != len(raw) or sorted(raw) != raw:
-        raise ValueError(f"{cfg_path}: classes must be distinct and sorted, got {raw!r}")
-    return classes
 
 
 def _header_shapes(w_path: Path) -> dict[str, tuple[int, ...]]:

@@ -1,5 +1,5 @@
 """``StemNet``: learned convolutions over the raw series, then linear attention over their
-pooled tokens (issue 27, ``benchmarks/ucr_tokens.py --round 9``).
+pooled tokens (round 9 of docs/experiments.md).
 
 The random-kernel tokens of :class:`~linattn.tsc.conv_tokens.ConvTokens` are fixed before any
 label is seen; on long or finely shaped series (EthanolLevel's spectra, ChlorineConcentration)

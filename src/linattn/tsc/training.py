@@ -151,7 +151,7 @@ MIN_BATCH = 8
 
 #: The estimator's ``min_steps`` and ``min_batches`` (:class:`~linattn.tsc.
 #: LinearAttentionClassifier`; 0 in this dataclass): chosen on inner TRAIN/validation splits of
-#: UCR datasets (docs/benchmarks.md, "Second run").
+#: UCR datasets (docs/experiments.md, "Second run").
 DEFAULT_MIN_STEPS = 1000
 DEFAULT_MIN_BATCHES = 0  # tried (4) and not adopted: worse than batch 64 at 1000 steps
 

@@ -281,7 +281,7 @@ def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
     with dispatch.use(impl="fast"):
         want = linattn.linear_attention(q, k, v, is_causal=True)
     for setup in ({"env": "0"}, {"compiler": None}):
-        monkeypatch.setattr(native, "_libs", {})
+        monkeypatch.setattr(native.build, "_libs", {})
         monkeypatch.setattr(lnative._KERNELS, "_bound", {})
         dispatch._memo.clear()
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there

@@ -47,8 +47,8 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for var in ("LINATTN_NATIVE", "LINATTN_NATIVE_ISA", "LINATTN_CC_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(_cbuild, "_warned", set())
-    monkeypatch.setattr(native, "_libs", {})
-    monkeypatch.setattr(native, "_reasons", {})
+    monkeypatch.setattr(native.build, "_libs", {})
+    monkeypatch.setattr(native.build, "_reasons", {})
     for kernels in (linear_native._KERNELS, delta_native._KERNELS):
         monkeypatch.setattr(kernels, "_bound", {})
         monkeypatch.setattr(kernels, "_why", {})

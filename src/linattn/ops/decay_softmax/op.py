@@ -13,8 +13,8 @@ softmax weights fade with the lag exactly as the linear model's do.
 
 Why not ``scaled_dot_product_attention(q, k, v, attn_mask=bias)``: a float mask costs a
 materialised (T, S) bias per head and, on CPU, a kernel several times slower than the causal one
-(2.6–5× for training at T = 4,096 here: docs/benchmarks.md). Two identities make the fast kernel
-do it:
+(2.6–5× for training at T = 4,096 here: docs/bench-recurrences.md). Two identities make the
+fast kernel do it:
 
 * ``(i − j)·log γ = (i − p)·log γ + (p − j)·log γ`` for any p. The first term is constant along
   the row, and softmax ignores a row constant; the second depends on the key only, so it is one

@@ -67,7 +67,7 @@ def torch_prefill(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | Non
     if gv is not None or (gk is not None and not _differentiated(q, k, v, beta, g, gk, S0)):
         # per-value gates: token by token (kda.py says why); per-key gates without gradients
         # too: the token loop's forward took 0.6-0.8x the chunked form's at T = 1,024-4,096,
-        # whose strength is the backward (3.5-13.7x faster; docs/benchmarks.md)
+        # whose strength is the backward (3.5-13.7x faster; docs/bench-recurrences.md)
         o, S = recurrent_form(q * s, k, v, beta, g, gk, gv, S0)
     elif gk is not None:  # one per-key gate: e^g·diag(e^gk) = diag(e^(g+gk))
         o, S = per_key_chunked_form(q * s, k, v, beta, gk if g is None else gk + g.unsqueeze(-1),

@@ -23,8 +23,8 @@ operations (3·K·V multiply-adds and, with a gate, K·V multiplies), with per-k
 scalar one. At K = V = 64 that is fewer operations than the chunked WY form of
 :mod:`linattn.ops.delta` (≈ 3·K·V + C·(3K/2 + V) multiply-adds per token: 22.5 K at C = 64,
 17.4 K at C = 32, against 16.4 K operations here) with no triangular solve, and it runs near
-the FMA units' rate (docs/benchmarks.md, "Gated delta rule"). Heads (and, for fewer heads than
-threads, column blocks of a head) run in parallel on torch's threads once a call is large
+the FMA units' rate (docs/bench-recurrences.md, "Gated delta rule"). Heads (and, for fewer
+heads than threads, column blocks of a head) run in parallel on torch's threads once a call is large
 enough to pay for the hand-over; a decoding step runs on the calling thread.
 
 Grouped value attention (GVA): q and k may have H heads for HV = G·H value heads (β, the gates,

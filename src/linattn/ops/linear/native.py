@@ -1,6 +1,6 @@
 r"""The compiled CPU fast path of ``linear_attention`` for 1 + elu and 1 + relu (``kernels.c``).
 
-Measured on this project's CPU (docs/benchmarks.md), the chunked torch path spent most of its
+Measured on this project's CPU (docs/bench-ops.md), the chunked torch path spent most of its
 time outside the matrix products: 1 + elu costs ~0.8 ns per element in torch, the [V, 1]
 column made every product 65 wide where MKL is 15–20 % slower than at 64, fresh outputs cost
 32768 page faults each, and the backward differentiated φ through autograd. Here the state is
@@ -86,7 +86,7 @@ _MAP_OF_KIND = {kind: cls for cls, kind in MAP_KINDS.items()}
 NONCAUSAL_CHUNK = 64
 #: A call splits its heads across threads from this many state-element updates
 #: (N·T·ℓ·Dv; :func:`linattn.ops.native.threads_for`): below it the hand-over to the pool costs
-#: more than the second thread saves (measured: benchmarks/threads.py, docs/benchmarks.md).
+#: more than the second thread saves (measured: benchmarks/threads.py, docs/bench-ops.md).
 PARALLEL_MIN = 1 << 22
 
 
