@@ -356,20 +356,87 @@ class HGRN2Attention(_ShortConvs):
 # ----------------------------------------------------------------------------- delta rules
 
 
+def _fla_dt_bias(n: int) -> nn.Parameter:
+    """fla's initial ``dt_bias``: softplus⁻¹ of a log-uniform dt in [1e-3, 0.1] (checkpoints
+    overwrite it)."""
+    dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(1e-3))
+                   + math.log(1e-3)).clamp(min=1e-4)
+    return nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+
 class _DeltaBase(_ShortConvs):
-    def _qkv(self, x: Tensor, state: dict | None, use_cache: bool, cu: Tensor | None,
-             conv_activation: bool = True) -> tuple[Tensor, Tensor, Tensor, tuple | None]:
+    """What fla's three delta-rule layers share: q/k/v projections and short convolutions,
+    one forward (pack, convolve, the layer's own gates and β, :func:`ops.delta`, the cache,
+    the output norm), and the grouped-value-head set-up of Gated DeltaNet and KDA. A layer
+    supplies :meth:`_mix_inputs`."""
+
+    #: whether fla's layer keeps its state as (N, H, V, K) (``state_v_first=True``)
+    state_v_first = True
+    #: whether the q/k path applies SiLU where there is no short convolution
+    qk_silu = True
+
+    def _grouped_heads(self, num_heads: int, num_v_heads: int | None, head_dim: int,
+                       expand_v: float) -> None:
+        self.num_heads = num_heads
+        self.num_v_heads = num_v_heads if num_v_heads is not None else num_heads
+        if self.num_v_heads % num_heads:
+            raise ValueError(f"num_v_heads: must be a multiple of num_heads={num_heads}, got "
+                             f"{self.num_v_heads}")
+        self.head_k_dim = head_dim
+        self.head_v_dim = integer_dim("expand_v", head_dim * expand_v)
+        self.key_dim = num_heads * head_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+
+    def _qkv_projections(self, hidden_size: int) -> None:
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+
+    def _qkv_convs(self, conv_size: int, conv_bias: bool, qk_act: str | None = "silu") -> None:
+        self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
+        self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
+        self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
+
+    def _qkv(self, x: Tensor, state: dict | None, use_cache: bool, cu: Tensor | None
+             ) -> tuple[Tensor, Tensor, Tensor, tuple | None]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.use_short_conv:
             (q, k, v), conv_state = self._convs(("q_conv1d", "k_conv1d", "v_conv1d"),
                                                 [q, k, v], state, use_cache, cu)
             return q, k, v, conv_state
-        if conv_activation:
+        if self.qk_silu:
             q, k = F.silu(q), F.silu(k)
         return q, k, F.silu(v), None
 
-    def _gates_of(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def _mix_inputs(self, q: Tensor, k: Tensor, x: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], bool]:
+        """(q, k, β, the gate keyword of :func:`ops.delta` ({} / {"g": ...} / {"gk": ...}),
+        whether q and k are L2-normalised in the kernel)."""
         raise NotImplementedError
+
+    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None,
+                past_key_values: FLACache | None = None, use_cache: bool = False,
+                **kwargs) -> Tensor:
+        q_len = hidden_states.shape[1]
+        state = _layer_state(past_key_values, self.layer_idx)
+        packing = Packing(attention_mask, q_len)
+        x, cu = packing.pack(hidden_states), packing.cu_seqlens
+        q, k, v, conv_state = self._qkv(x, state, use_cache, cu)
+        q, k, v = _heads(q, self.head_k_dim), _heads(k, self.head_k_dim), \
+            _heads(v, self.head_v_dim)
+        q, k, beta, gate, l2norm = self._mix_inputs(q, k, x)
+        layout = _v_first if self.state_v_first else (lambda S: S)
+        S0 = layout(state["recurrent_state"]) if state is not None else None
+        o, S = ops.delta(q, k, v, beta, **gate, l2norm=l2norm, initial_state=S0,
+                         cu_seqlens=cu)
+        if past_key_values is not None and use_cache:
+            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=layout(S),
+                                         conv_state=conv_state)
+        if self.use_gate:
+            o = self.o_norm(o, _heads(self.g_proj(x), self.head_v_dim))
+        else:
+            o = self.o_norm(o)
+        return packing.unpack(self.o_proj(o.flatten(-2)))
 
 
 class GatedDeltaNet(_DeltaBase):
@@ -387,29 +454,15 @@ class GatedDeltaNet(_DeltaBase):
         _check_mode(mode, ("chunk", "fused_recurrent"), "GatedDeltaNet")
         self.allow_neg_eigval, self.use_gate = allow_neg_eigval, use_gate
         self.use_short_conv, self.layer_idx = use_short_conv, layer_idx
-        self.num_heads = num_heads
-        self.num_v_heads = num_v_heads if num_v_heads is not None else num_heads
-        if self.num_v_heads % num_heads:
-            raise ValueError(f"num_v_heads: must be a multiple of num_heads={num_heads}, got "
-                             f"{self.num_v_heads}")
-        self.head_k_dim = head_dim
-        self.head_v_dim = integer_dim("expand_v", head_dim * expand_v)
-        self.key_dim = num_heads * head_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._grouped_heads(num_heads, num_v_heads, head_dim, expand_v)
+        self._qkv_projections(hidden_size)
         self.a_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
         self.b_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
-        # fla's initialisation (A in [1, 16], dt in [1e-3, 0.1]); checkpoints overwrite both
+        # fla's initialisation (A in [1, 16]); checkpoints overwrite it
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads).uniform_(1, 16).log())
-        dt = torch.exp(torch.rand(self.num_v_heads) * (math.log(0.1) - math.log(1e-3))
-                       + math.log(1e-3)).clamp(min=1e-4)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.dt_bias = _fla_dt_bias(self.num_v_heads)
         if use_short_conv:
-            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
-            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
-            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
+            self._qkv_convs(conv_size, conv_bias)
         if use_gate:
             self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
             self.o_norm = FusedRMSNormGated(self.head_v_dim, eps=norm_eps,
@@ -427,33 +480,17 @@ class GatedDeltaNet(_DeltaBase):
         beta = self.b_proj(x).to(acc).sigmoid()
         return g, (beta * 2 if self.allow_neg_eigval else beta)
 
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None,
-                past_key_values: FLACache | None = None, use_cache: bool = False,
-                **kwargs) -> Tensor:
-        q_len = hidden_states.shape[1]
-        state = _layer_state(past_key_values, self.layer_idx)
-        packing = Packing(attention_mask, q_len)
-        x, cu = packing.pack(hidden_states), packing.cu_seqlens
-        q, k, v, conv_state = self._qkv(x, state, use_cache, cu)
-        q, k, v = _heads(q, self.head_k_dim), _heads(k, self.head_k_dim), \
-            _heads(v, self.head_v_dim)
+    def _mix_inputs(self, q, k, x):
         g, beta = self._gates(x)
-        S0 = _v_first(state["recurrent_state"]) if state is not None else None
-        o, S = ops.delta(q, k, v, beta, g=g, l2norm=True, initial_state=S0, cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=_v_first(S),
-                                         conv_state=conv_state)
-        if self.use_gate:
-            o = self.o_norm(o, _heads(self.g_proj(x), self.head_v_dim))
-        else:
-            o = self.o_norm(o)
-        return packing.unpack(self.o_proj(o.flatten(-2)))
+        return q, k, beta, {"g": g}, True
 
 
 class KimiDeltaAttention(_DeltaBase):
     """fla's ``KimiDeltaAttention`` (model_type "kda"): the delta rule with a decay per key
     dimension ``−exp(A_log)·softplus(f_proj(x) + dt_bias)`` (or ``lower_bound·sigmoid(...)``),
     a sigmoid-gated RMSNorm on the output."""
+
+    use_gate = True  # the output norm is always gated
 
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128,
                  num_heads: int = 16, num_v_heads: int | None = None, mode: str = "chunk",
@@ -467,22 +504,10 @@ class KimiDeltaAttention(_DeltaBase):
             raise ValueError("lower_bound: must be given with safe_gate=True (as fla)")
         self.allow_neg_eigval, self.lower_bound = allow_neg_eigval, lower_bound
         self.use_short_conv, self.layer_idx = use_short_conv, layer_idx
-        self.num_heads = num_heads
-        self.num_v_heads = num_v_heads if num_v_heads is not None else num_heads
-        if self.num_v_heads % num_heads:
-            raise ValueError(f"num_v_heads: must be a multiple of num_heads={num_heads}, got "
-                             f"{self.num_v_heads}")
-        self.head_k_dim = head_dim
-        self.head_v_dim = integer_dim("expand_v", head_dim * expand_v)
-        self.key_dim = num_heads * head_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._grouped_heads(num_heads, num_v_heads, head_dim, expand_v)
+        self._qkv_projections(hidden_size)
         if use_short_conv:
-            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
-            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
-            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
+            self._qkv_convs(conv_size, conv_bias)
         self.gate_dim = self.num_v_heads * head_dim
         self.f_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
                                     nn.Linear(self.head_v_dim, self.gate_dim, bias=False))
@@ -490,9 +515,7 @@ class KimiDeltaAttention(_DeltaBase):
         A = torch.zeros(self.num_v_heads) if safe_gate else \
             torch.empty(self.num_v_heads).uniform_(1, 16).log()
         self.A_log = nn.Parameter(A)
-        dt = torch.exp(torch.rand(self.gate_dim) * (math.log(0.1) - math.log(1e-3))
-                       + math.log(1e-3)).clamp(min=1e-4)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.dt_bias = _fla_dt_bias(self.gate_dim)
         self.g_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
                                     nn.Linear(self.head_v_dim, self.value_dim, bias=True))
         self.o_norm = FusedRMSNormGated(self.head_v_dim, activation="sigmoid", eps=norm_eps)
@@ -510,29 +533,16 @@ class KimiDeltaAttention(_DeltaBase):
         beta = self.b_proj(x).to(acc).sigmoid()
         return g, (beta * 2 if self.allow_neg_eigval else beta)
 
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None,
-                past_key_values: FLACache | None = None, use_cache: bool = False,
-                **kwargs) -> Tensor:
-        q_len = hidden_states.shape[1]
-        state = _layer_state(past_key_values, self.layer_idx)
-        packing = Packing(attention_mask, q_len)
-        x, cu = packing.pack(hidden_states), packing.cu_seqlens
-        q, k, v, conv_state = self._qkv(x, state, use_cache, cu)
-        q, k, v = _heads(q, self.head_k_dim), _heads(k, self.head_k_dim), \
-            _heads(v, self.head_v_dim)
+    def _mix_inputs(self, q, k, x):
         gk, beta = self._gates(x)
-        S0 = _v_first(state["recurrent_state"]) if state is not None else None
-        o, S = ops.delta(q, k, v, beta, gk=gk, l2norm=True, initial_state=S0, cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=_v_first(S),
-                                         conv_state=conv_state)
-        o = self.o_norm(o, _heads(self.g_proj(x), self.head_v_dim))
-        return packing.unpack(self.o_proj(o.flatten(-2)))
+        return q, k, beta, {"gk": gk}, True
 
 
 class DeltaNet(_DeltaBase):
     """fla's ``DeltaNet`` (model_type "delta_net"): the ungated delta rule, q/k activation and
     normalisation (``qk_activation``, ``qk_norm``), β = sigmoid(b_proj(x)) or 1."""
+
+    state_v_first = False  # fla's DeltaNet keeps (N, H, K, V)
 
     def __init__(self, mode: str = "chunk", d_model: int | None = None,
                  hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 1.0,
@@ -552,6 +562,7 @@ class DeltaNet(_DeltaBase):
             raise ValueError(f"qk_norm: expected 'l2' or 'sum', got {qk_norm!r}")
         hidden_size = d_model if d_model is not None else hidden_size
         self.qk_activation, self.qk_norm = qk_activation, qk_norm
+        self.qk_silu = qk_activation == "silu"
         self.use_beta, self.use_gate, self.allow_neg_eigval = use_beta, use_gate, \
             allow_neg_eigval
         self.use_short_conv, self.layer_idx, self.num_heads = use_short_conv, layer_idx, \
@@ -562,16 +573,11 @@ class DeltaNet(_DeltaBase):
             raise ValueError(f"num_heads: must divide the key and value widths "
                              f"({self.key_dim}, {self.value_dim}), got {num_heads}")
         self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._qkv_projections(hidden_size)
         if use_beta:
             self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         if use_short_conv:
-            qk_act = "silu" if qk_activation == "silu" else None
-            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
-            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
-            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
+            self._qkv_convs(conv_size, conv_bias, "silu" if self.qk_silu else None)
         if use_gate:
             self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
             self.o_norm = FusedRMSNormGated(self.head_v_dim, eps=norm_eps)
@@ -579,17 +585,7 @@ class DeltaNet(_DeltaBase):
             self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps, dtype=torch.float32)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
 
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None,
-                past_key_values: FLACache | None = None, use_cache: bool = False,
-                **kwargs) -> Tensor:
-        q_len = hidden_states.shape[1]
-        state = _layer_state(past_key_values, self.layer_idx)
-        packing = Packing(attention_mask, q_len)
-        x, cu = packing.pack(hidden_states), packing.cu_seqlens
-        q, k, v, conv_state = self._qkv(x, state, use_cache, cu,
-                                        conv_activation=self.qk_activation == "silu")
-        q, k, v = _heads(q, self.head_k_dim), _heads(k, self.head_k_dim), \
-            _heads(v, self.head_v_dim)
+    def _mix_inputs(self, q, k, x):
         if self.qk_activation == "relu":
             q, k = q.relu(), k.relu()
         elif self.qk_activation == "elu":
@@ -602,17 +598,7 @@ class DeltaNet(_DeltaBase):
             beta = torch.ones_like(q[..., 0])
         if self.allow_neg_eigval:
             beta = beta * 2.0
-        S0 = state["recurrent_state"] if state is not None else None
-        o, S = ops.delta(q, k, v, beta, l2norm=self.qk_norm == "l2", initial_state=S0,
-                         cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=S,
-                                         conv_state=conv_state)
-        if self.use_gate:
-            o = self.o_norm(o, _heads(self.g_proj(x), self.head_v_dim))
-        else:
-            o = self.o_norm(o)
-        return packing.unpack(self.o_proj(o.flatten(-2)))
+        return q, k, beta, {}, self.qk_norm == "l2"
 
 
 # ----------------------------------------------------------------------------- linear attn
