@@ -20,41 +20,8 @@
 
 static __typeof__(la_norm_forward) *volatile norm_forward = la_norm_forward;
 
-#define GUARD 64
-static const int ES[3] = {4, 2, 2};
-
-static unsigned long long rng = 0x2545F4914F6CDD1Dull;
-static double urand(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
-}
-static float uni(double lo, double hi) { return (float)(lo + (hi - lo) * urand()); }
-
-static int failures = 0, checks = 0;
-static void expect(int ok, const char *what, const char *cfg) {
-    ++checks;
-    if (!ok) {
-        ++failures;
-        printf("FAIL %s: %s\n", cfg, what);
-    }
-}
-static void *guarded(long n, int dt) {
-    size_t bytes = (size_t)(n + GUARD) * ES[dt];
-    void *p = malloc(bytes);
-    memset(p, 0x7F, bytes);
-    return p;
-}
-static int is_guard(const void *p, long i, int dt) {
-    const unsigned char *b = (const unsigned char *)p + (size_t)i * ES[dt];
-    for (int k = 0; k < ES[dt]; ++k)
-        if (b[k] != 0x7F) return 0;
-    return 1;
-}
-static double put(void *p, long i, float x, int dt) {
-    store_dt(p, i, x, dt);
-    return load_dt(p, i, dt);
-}
-static double tol_of(int dt) { return dt == LA_F32 ? 4e-6 : dt == LA_BF16 ? 8e-3 : 1.5e-3; }
+#define HARNESS_SEED 0x2545F4914F6CDD1Dull
+#include "harness_common.h"
 
 static void run(long R, long D, long G, int act, int before, int has_g, int has_w, int xdt,
                 int gdt) {

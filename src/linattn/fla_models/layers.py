@@ -99,6 +99,20 @@ def _repeat_heads(x: Tensor, d: int, groups: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=-2)
 
 
+def _recur(layer: nn.Module, run, state: dict | None, cache: FLACache | None,
+           use_cache: bool, q_len: int, conv_state: tuple | None = None,
+           v_first: bool = True):
+    """``run(initial_state) -> (o, final_state)`` with the layer's cached state: read from the
+    cache in fla's layout (``v_first``: (N, H, V, K), a transposed view of linattn's
+    (N, H, K, V)), the final state and the convolutions' tails stored back. Returns o."""
+    layout = _v_first if v_first else (lambda S: S)
+    o, S = run(layout(state["recurrent_state"]) if state is not None else None)
+    if cache is not None and use_cache:
+        cache.update_layer(layer.layer_idx, q_len, recurrent_state=layout(S),
+                           conv_state=conv_state)
+    return o
+
+
 def _check_mode(mode: str, allowed: tuple[str, ...], layer: str) -> None:
     if mode not in allowed:
         raise ValueError(f"attn_mode: {layer} takes {', '.join(allowed)} (as fla), got {mode!r}")
@@ -207,11 +221,8 @@ class GatedLinearAttention(_ShortConvs):
             gk = torch.clamp_min(gk, self.clamp_min)
         if self.feature_map_fn is not None:
             q, k = self.feature_map_fn(q), self.feature_map_fn(k)
-        S0 = _v_first(state["recurrent_state"]) if state is not None else None
-        o, S = ops.gla(q, k, v, gk=gk, initial_state=S0, cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=_v_first(S),
-                                         conv_state=conv_state)
+        o = _recur(self, lambda S0: ops.gla(q, k, v, gk=gk, initial_state=S0, cu_seqlens=cu),
+                   state, past_key_values, use_cache, q_len, conv_state)
         return packing.unpack(self._output(o, x))
 
 
@@ -265,11 +276,8 @@ class MultiScaleRetention(GatedLinearAttention):
         log_decay = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float64)))
         g = log_decay.to(q.device, torch.float64 if q.dtype == torch.float64 else
                          torch.float32).expand(*q.shape[:2], H)
-        S0 = state["recurrent_state"] if state is not None else None
-        o, S = ops.gla(q, k, v, g=g, initial_state=S0, cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=S,
-                                         conv_state=conv_state)
+        o = _recur(self, lambda S0: ops.gla(q, k, v, g=g, initial_state=S0, cu_seqlens=cu),
+                   state, past_key_values, use_cache, q_len, conv_state, v_first=False)
         return packing.unpack(self._output(o, x))
 
 
@@ -342,11 +350,9 @@ class HGRN2Attention(_ShortConvs):
             g = torch.logaddexp(lower_bound.log(), torch.log1p(-lower_bound) + g)
         k = (1 - g.exp()).to(i.dtype)
         q, k, g = (_heads(t, self.head_f_dim) for t in (q, k, g))
-        S0 = _v_first(state["recurrent_state"]) if state is not None else None
-        o, S = ops.gla(q, k, _heads(i, self.head_i_dim), gk=g, initial_state=S0, cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=_v_first(S),
-                                         conv_state=conv_state)
+        v = _heads(i, self.head_i_dim)
+        o = _recur(self, lambda S0: ops.gla(q, k, v, gk=g, initial_state=S0, cu_seqlens=cu),
+                   state, past_key_values, use_cache, q_len, conv_state)
         # fla's HGRN2 fuses this norm into o_proj (rms_norm_linear) with that function's
         # default eps, 1e-5, whatever norm_eps says; the same here, so its checkpoints match
         o = ops.norm(o.flatten(-2), None, self.g_norm.weight, _FUSED_NORM_EPS)
@@ -425,13 +431,9 @@ class _DeltaBase(_ShortConvs):
         q, k, v = _heads(q, self.head_k_dim), _heads(k, self.head_k_dim), \
             _heads(v, self.head_v_dim)
         q, k, beta, gate, l2norm = self._mix_inputs(q, k, x)
-        layout = _v_first if self.state_v_first else (lambda S: S)
-        S0 = layout(state["recurrent_state"]) if state is not None else None
-        o, S = ops.delta(q, k, v, beta, **gate, l2norm=l2norm, initial_state=S0,
-                         cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=layout(S),
-                                         conv_state=conv_state)
+        o = _recur(self, lambda S0: ops.delta(q, k, v, beta, **gate, l2norm=l2norm,
+                                              initial_state=S0, cu_seqlens=cu),
+                   state, past_key_values, use_cache, q_len, conv_state, self.state_v_first)
         if self.use_gate:
             o = self.o_norm(o, _heads(self.g_proj(x), self.head_v_dim))
         else:
@@ -675,11 +677,9 @@ class LinearAttention(nn.Module):
             q = q / (q.sum(-1, True) + 1e-4)
         if self.norm_k:
             k = k / (k.sum(-1, True) + 1e-4)
-        S0 = state["recurrent_state"] if state is not None else None
-        o, S = ops.linear(q, k, v, normalize=self.do_feature_map_norm, initial_state=S0,
-                          cu_seqlens=cu)
-        if past_key_values is not None and use_cache:
-            past_key_values.update_layer(self.layer_idx, q_len, recurrent_state=S)
+        o = _recur(self, lambda S0: ops.linear(q, k, v, normalize=self.do_feature_map_norm,
+                                               initial_state=S0, cu_seqlens=cu),
+                   state, past_key_values, use_cache, q_len, v_first=False)
         return self.o_proj(self.norm(packing.unpack(o)).flatten(-2))
 
 

@@ -209,34 +209,11 @@ static inline void store_dt(void *p, long i, float x, int dt) {
     else ((u16 *)p)[i] = dt == LA_BF16 ? f2bf(x) : f2h(x);
 }
 
-/* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): 2^n * p(r) with
- * n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7 minimax polynomial of
- * exp on |r| <= ln2 / 2 (error ~1 ulp). Below -87 the result is flushed to 0 (exp(-87) is
- * already within 2^-126 of 0). */
-static inline vf vexp_nonpos(vf x) {
-    const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    vf t = x * 1.44269504088896341f + magic;
-    vf n = t - magic;
-    vf r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    vf p = vsplat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf e = p * (vf)bits;
-    return vselect(x < -87.0f, vsplat(0.0f), e);
-}
-
-static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
-
-/* exp(x) for x in [-87, 88] (callers clamp): vexp_nonpos's reduction and polynomial, 2^n taken
- * from t's bits (t = x log2(e) + 1.5 2^23 holds n in its low bits), ~1 ulp. */
+/* exp(x) for x in [-87, 88] (callers clamp): 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2
+ * in two parts, p the degree-7 minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp); 2^n is
+ * taken from t's bits (t = x log2(e) + 1.5 2^23 holds n in its low bits). */
 static inline vf vexp_clamped(vf x) {
-    const vf magic = vsplat(12582912.0f);
+    const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
     vf t = x * 1.44269504088896341f + magic;
     vf n = t - magic;
     vf r = x - n * 0.693359375f;
@@ -250,6 +227,14 @@ static inline vf vexp_clamped(vf x) {
     p = p * r * r + r + 1.0f;
     return p * (vf)(((vi)t - (vi)magic + 127) << 23);
 }
+
+/* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): vexp_clamped, flushed
+ * to 0 below -87 (exp(-87) is already within 2^-126 of 0). */
+static inline vf vexp_nonpos(vf x) {
+    return vselect(x < -87.0f, vsplat(0.0f), vexp_clamped(x));
+}
+
+static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
 
 /* sigmoid(a) = 1 / (1 + e) and silu(a) = a / (1 + e), e = exp(-a) with -a clamped to
  * [-87, 88] (below, sigmoid is 1 to float32's precision; above, it is < 2^-126 and silu is
