@@ -386,6 +386,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     """
     import json, torch, linattn
     from linattn.ops import dispatch
+    from linattn.ops.native import empty_cache
 
     def peak_kib():  # this process's own high-water mark (the ru_maxrss of an exec'd child
         # starts at its parent's RSS, so it would hide growth below the pytest process's size)
@@ -411,6 +412,7 @@ _PEAK_SCRIPT = textwrap.dedent(
                 after = peak_kib()
             assert out.shape == (1, 1, T, D) and bool(torch.isfinite(out).all())
             del out
+            empty_cache()  # or the next call reuses this output's buffer: no growth to see
             growth[f"{path}, is_causal={causal}"] = (after - before) * 1024
     print(json.dumps(growth))
     """

@@ -1,9 +1,13 @@
-"""Memory of the compiled passes (part of :mod:`linattn.ops.native`): fresh outputs backed by
-huge pages (:func:`empty_hugepage`) and each thread's scratch buffer (:func:`scratch`)."""
+"""Memory of the compiled passes (part of :mod:`linattn.ops.native`): large outputs in recycled
+buffers backed by huge pages (:func:`empty_hugepage`, :func:`empty_cache`) and each thread's
+scratch buffer (:func:`scratch`)."""
 
 from __future__ import annotations
 
 import ctypes
+import math
+import mmap
+import os
 import sys
 import threading
 
@@ -21,23 +25,92 @@ def _libc() -> ctypes.CDLL | None:
 
 
 _LIBC = _libc() if sys.platform == "linux" else None
-_MADV_HUGEPAGE, _HUGE = 14, 1 << 21
+_MADV_HUGEPAGE = 14
+
+
+class _Recycler:
+    """Large outputs of the compiled passes, recycled instead of mapped afresh on every call.
+
+    A fresh (8, 65536, 64) float32 output is 128 MiB of untouched memory: its first touch costs
+    32768 page faults (~50 ms), and 2 MiB pages, which make that 64 faults, are cheap only where
+    the machine has them ready. On a virtual machine that hands freed 2 MiB blocks back to its
+    host (free page reporting), every huge page is faulted in again from the host: measured
+    on this project's EPYC VM, a B1 H8 T65536 forward + backward took 0.4-4.5 s from call to
+    call. A training loop frees the last step's outputs before the next step asks for the same
+    sizes, so outputs here live in buffers that stay mapped (and advised onto 2 MiB pages) after
+    the tensors made from them are freed; a buffer is handed out again once nothing refers to
+    it (its reference count is back to the pool's own). Free buffers are kept up to
+    :attr:`keep_bytes` in all, the oldest dropped first; :func:`empty_cache` drops them all.
+    """
+
+    MIN_BYTES = 16 << 20  # smaller outputs fault in quickly and are not worth holding
+
+    def __init__(self) -> None:
+        self._bufs: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self.keep_bytes = min(2 << 30, _mem_total() // 16)
+
+    def take(self, nbytes: int) -> mmap.mmap:
+        with self._lock:
+            free = [b for b in self._bufs if _refs(b) <= _FREE_REFS]
+            for buf in free:
+                if len(buf) == nbytes:
+                    self._bufs.remove(buf)
+                    self._bufs.append(buf)  # most recently used last
+                    return buf
+            spare = sum(len(b) for b in free)
+            for buf in free:  # oldest first: make room under the cap for a new one
+                if spare + nbytes <= self.keep_bytes:
+                    break
+                self._bufs.remove(buf)
+                spare -= len(buf)
+            try:
+                buf = mmap.mmap(-1, nbytes)
+            except OSError as err:  # as torch's allocator would: an allocation that failed
+                raise MemoryError(f"cannot allocate {nbytes} bytes for an output: {err}") from None
+            if _LIBC is not None:
+                address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+                _LIBC.madvise(address, nbytes, _MADV_HUGEPAGE)
+            self._bufs.append(buf)
+            return buf
+
+    def empty_cache(self) -> None:
+        with self._lock:
+            self._bufs = [b for b in self._bufs if _refs(b) > _FREE_REFS]
+
+
+def _mem_total() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _refs(buf: mmap.mmap) -> int:
+    return sys.getrefcount(buf)
+
+
+# What _refs reports for a buffer held by a list only, asked from a comprehension over that list
+# (as the recycler asks): anything above it is a tensor still using the buffer.
+_FREE_REFS = [_refs(b) for b in [mmap.mmap(-1, 4096)]][0]
+_RECYCLER = _Recycler()
 
 
 def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
-    """An uninitialised float32 tensor whose pages the kernel backs with 2 MiB pages.
+    """An uninitialised tensor of ``like``'s dtype for a compiled pass's output: from the
+    recycled buffers of :class:`_Recycler` when it is large (a recycled one has its pages
+    already), else an ordinary allocation."""
+    nbytes = math.prod(shape) * like.element_size()
+    if nbytes < _Recycler.MIN_BYTES or like.device.type != "cpu":
+        return like.new_empty(*shape)
+    buf = _RECYCLER.take(nbytes)
+    return torch.frombuffer(buf, dtype=like.dtype).view(*shape)
 
-    A fresh (8, 65536, 64) output is 128 MiB of untouched memory: filling it costs 32768 page
-    faults, ~50 ms here, a third of the whole forward. With transparent huge pages in
-    "madvise" mode (common), MADV_HUGEPAGE makes that 64 faults. Advice only: where it is not
-    available nothing changes."""
-    t = like.new_empty(*shape)
-    nbytes = t.numel() * t.element_size()
-    if _LIBC is not None and nbytes >= 4 * _HUGE:
-        start = (t.data_ptr() + _HUGE - 1) & ~(_HUGE - 1)
-        end = (t.data_ptr() + nbytes) & ~(_HUGE - 1)
-        _LIBC.madvise(start, end - start, _MADV_HUGEPAGE)
-    return t
+
+def empty_cache() -> None:
+    """Release the free output buffers the compiled passes keep for reuse (see
+    :class:`_Recycler`); buffers still referenced by a tensor are released when it is."""
+    _RECYCLER.empty_cache()
 
 
 _SCRATCH = threading.local()

@@ -1,0 +1,78 @@
+"""The compiled passes' output memory: large outputs come from recycled buffers, handed out
+again only once no tensor refers to them."""
+
+import gc
+
+import pytest
+import torch
+
+from linattn.ops.native import memory
+from linattn.ops.native.memory import _Recycler, empty_cache, empty_hugepage
+
+LIKE = torch.empty(0)
+SHAPE = (4, _Recycler.MIN_BYTES // 16, 4)  # 4 * MIN_BYTES // 4 floats: at the threshold
+
+
+def test_small_outputs_are_ordinary_tensors():
+    t = empty_hugepage(LIKE, 3, 5)
+    assert t.shape == (3, 5) and t.dtype == torch.float32 and t.untyped_storage().resizable()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_outputs_have_the_shape_and_dtype_asked(dtype):
+    t = empty_hugepage(LIKE.to(dtype), *SHAPE)
+    assert t.shape == SHAPE and t.dtype == dtype and t.is_contiguous()
+    t.fill_(1.5)
+    assert t.sum().item() == pytest.approx(1.5 * t.numel())
+
+
+def test_a_buffer_in_use_is_never_handed_out_again(monkeypatch):
+    monkeypatch.setattr(memory, "_RECYCLER", _Recycler())
+    a = empty_hugepage(LIKE, *SHAPE)
+    view = a[1:3]  # a view keeps the buffer alive as well
+    del a
+    gc.collect()
+    b = empty_hugepage(LIKE, *SHAPE)
+    view.fill_(7.0)
+    b.fill_(3.0)
+    assert torch.all(view == 7.0) and view.data_ptr() != b.data_ptr()
+
+
+def test_a_freed_buffer_is_reused(monkeypatch):
+    monkeypatch.setattr(memory, "_RECYCLER", _Recycler())
+    a = empty_hugepage(LIKE, *SHAPE)
+    ptr = a.data_ptr()
+    del a
+    gc.collect()
+    b = empty_hugepage(LIKE, *SHAPE)
+    assert b.data_ptr() == ptr
+
+
+def test_free_buffers_are_kept_under_the_cap_and_released_on_request(monkeypatch):
+    pool = _Recycler()
+    pool.keep_bytes = 3 * _Recycler.MIN_BYTES
+    monkeypatch.setattr(memory, "_RECYCLER", pool)
+    sizes = [_Recycler.MIN_BYTES * (i + 1) for i in range(3)]
+    tensors = [empty_hugepage(LIKE, n // 4) for n in sizes]
+    del tensors
+    gc.collect()
+    assert sum(len(b) for b in pool._bufs) == sum(sizes)
+    keep = empty_hugepage(LIKE, 2 * _Recycler.MIN_BYTES // 4)  # reuses the 2x buffer
+    assert len(pool._bufs) == 3
+    empty_cache()
+    assert [len(b) for b in pool._bufs] == [2 * _Recycler.MIN_BYTES]  # the one in use stays
+    del keep
+    gc.collect()
+    big = empty_hugepage(LIKE, 3 * _Recycler.MIN_BYTES // 4)  # over the cap with the free one
+    assert [len(b) for b in pool._bufs] == [3 * _Recycler.MIN_BYTES]
+    del big
+
+
+def test_a_failed_mapping_is_a_memory_error(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(memory.mmap, "mmap", refuse)
+    monkeypatch.setattr(memory, "_RECYCLER", _Recycler())
+    with pytest.raises(MemoryError, match="cannot allocate"):
+        empty_hugepage(LIKE, *SHAPE)
