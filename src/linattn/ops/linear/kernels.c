@@ -119,12 +119,14 @@ static inline void grad_phi_row(int kind, float *dst, const float *dphi, float c
     for (; j < L; ++j) dst[j] = (dphi[j] + (vec ? c * vec[j] : 0.0f)) * sdphi(kind, x[j], f[j]);
 }
 
-/* The normaliser of row i of a causal chunk before eps: fq_i . z + sum_{j <= i} A[i, j]. */
+/* The normaliser of row i of a causal chunk before eps: fq_i . z + sum_{j <= i} A[i, j]. The
+ * scores above the diagonal are zero (scores() writes them so), so the row is summed in whole
+ * vectors up to the one holding the diagonal. */
 static inline float causal_den(const float *fq_i, const float *z, const float *A_i, long i,
                                long L) {
-    float den = dot(fq_i, z, L);
-    for (long j = 0; j <= i; ++j) den += A_i[j];
-    return den;
+    vf acc = vsplat(0.0f);
+    for (long j = 0; j <= i; j += W) acc += vload(A_i + j);
+    return dot(fq_i, z, L) + hsum(acc);
 }
 
 /* Buffers below are contiguous (N, R, F) (R >= T rows per head, the first T used); per-row
@@ -280,8 +282,13 @@ static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, 
 #undef T_
 }
 
-/* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak] (k < K, or k <= last row of the tile
- * when tri: A lower triangular) and B rows of Nc (a multiple of W). */
+/* The rows of the next register tile when `left` rows remain: MR, except that a remainder
+ * between MR and 2 MR is split in two near-equal tiles (32 rows: 6, 6, 6, 6, 4, 4 rather than
+ * ..., 6, 2, whose last tile would cost a full tile's loads for a third of its work). */
+static inline long row_tile(long left) {
+    return left <= MR ? left : left < 2 * MR ? (left + 1) / 2 : MR;
+}
+
 enum { FULL = 0, LOWER = 1, UPPER = 2 };
 
 /* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak], k < K, and B rows of Nc (a multiple
@@ -289,37 +296,95 @@ enum { FULL = 0, LOWER = 1, UPPER = 2 };
  * UPPER: upper triangular, k >= its first row only. */
 static void gemm(long M, long Nc, long K, const float *A, long lda, long ak, const float *B,
                  long ldb, float *C, long ldc, int add, int tri) {
-    for (long i0 = 0; i0 < M; i0 += MR) {
-        int mr = M - i0 < MR ? (int)(M - i0) : MR;
+    for (long i0 = 0, mr; i0 < M; i0 += mr) {
+        mr = row_tile(M - i0);
         long k0 = tri == UPPER ? (i0 < K ? i0 : K) : 0;
         long k1 = tri == LOWER ? (i0 + mr < K ? i0 + mr : K) : K;
         for (long j0 = 0; j0 < Nc; j0 += NV * W) {
             int nv = (Nc - j0) / W < NV ? (int)((Nc - j0) / W) : NV;
-            tile_any(mr, nv, k1 - k0, A + i0 * lda + k0 * ak, lda, ak, B + k0 * ldb + j0, ldb,
-                     C + i0 * ldc + j0, ldc, add);
+            tile_any((int)mr, nv, k1 - k0, A + i0 * lda + k0 * ak, lda, ak, B + k0 * ldb + j0,
+                     ldb, C + i0 * ldc + j0, ldc, add);
         }
     }
 }
 
-/* dst (cols x rows) = src (rows x cols)^T, both dense. */
+/* dst[c * ds + r] = src[r * ss + c] for r, c < W: one W x W block transposed in registers
+ * (unpacks within 128-bit lanes, then whole lanes moved), where the ISA has the shuffles; a
+ * scalar block transpose costs ~2 instructions per element and was 40 % of the causal
+ * forward's time outside the products. */
+static inline void transpose_block(const float *src, long ss, float *dst, long ds) {
+#if defined(__AVX512F__) && LA_W == 16
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ss);
+    for (int i = 0; i < 16; i += 2) { /* pairs of rows interleaved, per 128-bit lane */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) { /* r[g + c], lane l: column 4 l + c of rows g .. g + 3 */
+        __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+        __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; ++c) { /* output row 4 l + c: lane l of r[c], r[4 + c], ... */
+        __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44);
+        __m512 u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        __m512 u2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        __m512 u3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_ps(dst + c * ds, _mm512_shuffle_f32x4(u0, u2, 0x88));
+        _mm512_storeu_ps(dst + (4 + c) * ds, _mm512_shuffle_f32x4(u0, u2, 0xDD));
+        _mm512_storeu_ps(dst + (8 + c) * ds, _mm512_shuffle_f32x4(u1, u3, 0x88));
+        _mm512_storeu_ps(dst + (12 + c) * ds, _mm512_shuffle_f32x4(u1, u3, 0xDD));
+    }
+#elif defined(__AVX__) && LA_W == 8
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ss);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {
+        __m256d a = _mm256_castps_pd(t[g]), b = _mm256_castps_pd(t[g + 1]);
+        __m256d c = _mm256_castps_pd(t[g + 2]), d = _mm256_castps_pd(t[g + 3]);
+        r[g] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, c));
+        r[g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, c));
+        r[g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, d));
+        r[g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; ++c) {
+        _mm256_storeu_ps(dst + c * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (4 + c) * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+#else
+    for (long r = 0; r < W; ++r)
+        for (long c = 0; c < W; ++c) dst[c * ds + r] = src[r * ss + c];
+#endif
+}
+
+/* dst (cols x rows) = src (rows x cols)^T, both dense: W x W blocks, then the edges. */
 static void transpose(long rows, long cols, const float *src, float *dst) {
+    long r0 = rows - rows % W, c0 = cols - cols % W;
+    for (long r = 0; r < r0; r += W)
+        for (long c = 0; c < c0; c += W) transpose_block(src + r * cols + c, cols, dst + c * rows + r, rows);
     for (long r = 0; r < rows; ++r)
-        for (long c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+        for (long c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
 /* Scores of a chunk of Cn <= C rows: Acc[i, j] = fq_i . fk_j for j <= i, 0 above (fkT: L x C,
  * the keys' features transposed, zero beyond Cn; Acc rows of C); only the column vectors a row
  * tile can reach are computed. */
 static void scores(long Cn, long C, long L, const float *fq, const float *fkT, float *Acc) {
-    for (long i0 = 0; i0 < Cn; i0 += MR) {
-        int mr = Cn - i0 < MR ? (int)(Cn - i0) : MR;
+    for (long i0 = 0, mr; i0 < Cn; i0 += mr) {
+        mr = row_tile(Cn - i0);
         long reach = i0 + mr; /* columns 0 .. reach-1 */
         for (long j0 = 0; j0 < reach; j0 += NV * W) {
             long left = (reach - j0 + W - 1) / W;
             int nv = left < NV ? (int)left : NV;
-            tile_any(mr, nv, L, fq + i0 * L, L, 1, fkT + j0, C, Acc + i0 * C + j0, C, 0);
+            tile_any((int)mr, nv, L, fq + i0 * L, L, 1, fkT + j0, C, Acc + i0 * C + j0, C, 0);
         }
-        for (int i = 0; i < mr; ++i) /* the causal mask inside the diagonal tile */
+        for (long i = 0; i < mr; ++i) /* the causal mask inside the diagonal tile */
             for (long j = i0 + i + 1; j < C; ++j) Acc[(i0 + i) * C + j] = 0.0f;
     }
 }
@@ -350,13 +415,14 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
             gemm(Cn, Dv, Cn, A, C, 1, vc, Dv, num, Dv, 1, LOWER);  /* + A v */
             for (long i = 0; i < Cn; ++i) {
                 float den = causal_den(fq + i * L, zn, A + i * C, i, L);
-                scale_row(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
-                              1.0f / guarded(den, eps), Dv);
+                scale_row_stream(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
+                                 1.0f / guarded(den, eps), Dv);
             }
             gemm(L, Dv, Cn, fk, 1, L, vc, Dv, Sn, Dv, 1, FULL);   /* S += phi(k)^T v */
             add_colsums(zn, zn, fk, NULL, Cn, L);
         }
     }
+    stream_fence();
     return 0;
 }
 
@@ -414,11 +480,19 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
                 ds[i] = grad_out_row(g + n * gs + (t0 + i) * Dv, o + n * os + (t0 + i) * Dv,
                                      causal_den(fq + i * L, zb, A + i * C, i, L) + eps, Dv,
                                      dn + i * Dv);
-            for (long d = 0; d < Dv; ++d) /* vT[d, t] = v[t, d], zero beyond the chunk */
-                for (long t = 0; t < C; ++t) vT[d * C + t] = t < Cn ? vc[t * Dv + d] : 0.0f;
+            if (Cn == C) { /* vT[d, t] = v[t, d], zero beyond the chunk */
+                transpose(C, Dv, vc, vT);
+            } else {
+                for (long d = 0; d < Dv; ++d)
+                    for (long t = 0; t < C; ++t) vT[d * C + t] = t < Cn ? vc[t * Dv + d] : 0.0f;
+            }
             scores(Cn, C, Dv, dn, vT, dA);
-            for (long i = 0; i < Cn; ++i)
-                for (long j = 0; j <= i; ++j) dA[i * C + j] += ds[i];
+            for (long i = 0; i < Cn; ++i) { /* + ds[i] on and below the diagonal */
+                float *row = dA + i * C;
+                long j = 0;
+                for (; j + W <= i + 1; j += W) vstore(row + j, vload(row + j) + ds[i]);
+                for (; j <= i; ++j) row[j] += ds[i];
+            }
             /* dq */
             transpose(L, Dv, Sb, ST);
             gemm(Cn, L, Cn, dA, C, 1, fk, L, dphi, L, 0, LOWER);
@@ -471,10 +545,11 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
             phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, f);
             gemm(Cn, Dv, L, f, L, 1, Sn, Dv, num, Dv, 0, FULL);
             for (long i = 0; i < Cn; ++i)
-                scale_row(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
-                              1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
+                scale_row_stream(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
+                                 1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
         }
     }
+    stream_fence();
     return 0;
 }
 
