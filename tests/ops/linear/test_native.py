@@ -328,6 +328,27 @@ def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
     torch.testing.assert_close(got.double(), want, rtol=4 * eps, atol=4 * eps)
 
 
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+@pytest.mark.parametrize("T", [1, 64, 301])
+def test_bfloat16_one_pass_noncausal_within_its_bound(native_on, feature_map, T):
+    """The one-pass non-causal forward on bfloat16 (ℓ a multiple of 32, no mask), which runs its
+    products on bfloat16 dot products where the build has them (kernels.c: φ(k), φ(q) and the
+    state rounded to bfloat16, sums in float32): |o − exact| ≤ 3u·max_t |v_tj| + u·|o_j| with
+    u = 2⁻⁸ (bfloat16's unit roundoff; one u for each rounded operand of a product, one for the
+    output), plus float32 sums. Elsewhere the float32-arithmetic pass meets the same bound."""
+    q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=T, D=64, Dv=48, seed=T))
+    with torch.no_grad():
+        got = linattn.linear_attention(q, k, v, feature_map=feature_map)
+    want = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
+                                              feature_map=feature_map)
+    assert got.dtype == torch.bfloat16 and native_on
+    u = torch.finfo(torch.bfloat16).eps / 2
+    vmax = v.double().abs().amax(dim=-2, keepdim=True)  # per head and column
+    bound = 3 * u * vmax + u * want.abs() + 64 * torch.finfo(torch.float32).eps * vmax
+    err = (got.double() - want).abs()
+    assert (err <= bound).all(), f"worst excess {(err - bound).max().item():.3g}"
+
+
 def test_bfloat16_with_gradients_takes_the_float32_sums(native_on):
     q, k, v = (x.bfloat16().requires_grad_(True) for x in _qkv(1, 2, T=30, D=8, Dv=6))
     out = linattn.linear_attention(q, k, v, is_causal=True)

@@ -345,7 +345,9 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
                 z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o), work=work.data_ptr()))
             check_rc(rc, "la_noncausal_forward")
 
-        return _over_heads(b, C * L + 2 * C * Dv, heads)
+        # the float32 pass's scratch, or the bfloat16 dot-product pass's (kernels.c) if larger
+        size = C * L + 2 * C * Dv + (C + 1) // 2 * (L + Dv) + L * Dv // 2
+        return _over_heads(b, size, heads)
     bf16 = b.q.dtype == torch.bfloat16  # block products in bfloat16, S summed in float32
     for t0, t1 in block_ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
