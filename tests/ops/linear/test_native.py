@@ -329,18 +329,22 @@ def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
+@pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("T", [1, 64, 301])
-def test_bfloat16_one_pass_noncausal_within_its_bound(native_on, feature_map, T):
-    """The one-pass non-causal forward on bfloat16 (ℓ a multiple of 32, no mask), which runs its
-    products on bfloat16 dot products where the build has them (kernels.c: φ(k), φ(q) and the
-    state rounded to bfloat16, sums in float32): |o − exact| ≤ 3u·max_t |v_tj| + u·|o_j| with
-    u = 2⁻⁸ (bfloat16's unit roundoff; one u for each rounded operand of a product, one for the
-    output), plus float32 sums. Elsewhere the float32-arithmetic pass meets the same bound."""
+def test_bfloat16_one_pass_within_its_bound(native_on, feature_map, is_causal, T):
+    """The one-pass forwards on bfloat16 (ℓ a multiple of 32, no mask), which run their
+    products on bfloat16 dot products where the build has them (kernels.c: φ(k), φ(q), the
+    state and the causal scores rounded to bfloat16, sums in float32): |o − exact| ≤
+    3u·max_t |v_tj| + u·|o_j| with u = 2⁻⁸ (bfloat16's unit roundoff; a u for each rounded
+    operand of a product and for the state or score it came from, one for the output), plus
+    float32 sums. Elsewhere the float32-arithmetic passes meet the same bound."""
     q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=T, D=64, Dv=48, seed=T))
     with torch.no_grad():
-        got = linattn.linear_attention(q, k, v, feature_map=feature_map)
+        # chunks of 32: the one-pass kernels (the fixture's chunks of 4 take the block passes)
+        got = linattn.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal,
+                                       chunk_size=32)
     want = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
-                                              feature_map=feature_map)
+                                              feature_map=feature_map, is_causal=is_causal)
     assert got.dtype == torch.bfloat16 and native_on
     u = torch.finfo(torch.bfloat16).eps / 2
     vmax = v.double().abs().amax(dim=-2, keepdim=True)  # per head and column

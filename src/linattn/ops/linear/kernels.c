@@ -389,6 +389,151 @@ static void scores(long Cn, long C, long L, const float *fq, const float *fkT, f
     }
 }
 
+#if defined(HAVE_CVTNEPS2BF16) && defined(__AVX512BW__)
+#define LA_DP_BF16 1
+/* ------------------------------------------------ bfloat16 dot products (AVX512-BF16)
+ * The one-pass forwards for bfloat16 inputs with their products on vdpbf16ps: each float32 lane of an accumulator adds
+ * two bfloat16 products, a pair along the reduced dimension, so an operand is stored as pairs
+ * (one u32: the even element in the low half, the odd one in the high half) and the products
+ * run at twice the FMA rate. Keys: S += phi(k)^T v reduces over tokens, so the pairs are
+ * (token 2p, token 2p + 1): phi(k) rounded to bfloat16 and paired row by row (kp: C/2 rows of
+ * L, read by broadcast), v paired the same way (vp: C/2 rows of Dv). Queries: num = phi(q) S
+ * reduces over features: phi(q) rounded to bfloat16 is already paired in its rows, and S is
+ * rounded and paired once per head (Sp: L/2 rows of Dv). Sums, z and the normaliser stay
+ * float32 (phi unrounded in z and the normaliser).
+ * Error, u = 2^-8 the bfloat16 unit roundoff: rounding phi(k), phi(q) and S moves each
+ * numerator term by at most 3u of sum_t phi(q).phi(k_t) |v_tj|, so |o_j - exact| <= 3u
+ * max_t |v_tj| + u |o_j| (the output's own rounding) + float32 sums. */
+typedef unsigned u32;
+
+/* dst[j] = (x[a + j], x[b + j]) as a bfloat16 pair for j < n (n a multiple of 16); b < 0: 0. */
+static inline void pair_rows(const void *x, int bf, long a, long b, long n, u32 *dst) {
+    for (long j = 0; j < n; j += 16) {
+        __m512 lo = (__m512)vload_any(x, a + j, bf);
+        __m512 hi = b < 0 ? _mm512_setzero_ps() : (__m512)vload_any(x, b + j, bf);
+        /* cvtne2ps_pbh(hi, lo): lo's 16 values in the low 256 bits, hi's in the high ones;
+         * interleaving those halves 16-bit-wise makes the pairs. */
+        __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                       8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16,
+                                       0);
+        _mm512_storeu_si512((void *)(dst + j), _mm512_permutexvar_epi16(idx, both));
+    }
+}
+
+/* C[i, 0:16 nv] (+)= sum_{p < P} pair(A[i * lda + p * ap]) . pair(B[p * ldb + 0:16 nv]). */
+static inline __attribute__((always_inline)) void tile_dp(int mr, int nv, long P, const u32 *A,
+                                                          long lda, long ap, const u32 *B,
+                                                          long ldb, float *C, long ldc,
+                                                          int add) {
+    __m512 acc[MR][NV];
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j)
+            acc[i][j] = add ? _mm512_loadu_ps(C + i * ldc + j * 16) : _mm512_setzero_ps();
+    for (long p = 0; p < P; ++p) {
+        __m512bh b[NV];
+        for (int j = 0; j < nv; ++j) b[j] = (__m512bh)_mm512_loadu_si512(B + p * ldb + j * 16);
+        for (int i = 0; i < mr; ++i) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)A[i * lda + p * ap]);
+            for (int j = 0; j < nv; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+        }
+    }
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j) _mm512_storeu_ps(C + i * ldc + j * 16, acc[i][j]);
+}
+
+static void tile_dp_any(int mr, int nv, long P, const u32 *A, long lda, long ap, const u32 *B,
+                        long ldb, float *C, long ldc, int add) {
+#define T_(r, c)                                                                              \
+    case r * 8 + c:                                                                           \
+        tile_dp(r, c, P, A, lda, ap, B, ldb, C, ldc, add);                                    \
+        break;
+#define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
+    switch (mr * 8 + nv) {
+        ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
+        default: break;
+    }
+#undef ROW_
+#undef T_
+}
+
+/* C (M x Nc) (+)= A B over P pairs, Nc a multiple of 16 (gemm's tiling); lower: A is lower
+ * triangular in its elements, so a row tile reads the pairs up to its last row's only. */
+static void gemm_dp(long M, long Nc, long P, const u32 *A, long lda, long ap, const u32 *B,
+                    long ldb, float *C, long ldc, int add, int lower) {
+    for (long i0 = 0, mr; i0 < M; i0 += mr) {
+        mr = row_tile(M - i0);
+        long Pt = lower && (i0 + mr + 1) / 2 < P ? (i0 + mr + 1) / 2 : P;
+        for (long j0 = 0; j0 < Nc; j0 += NV * 16) {
+            int nv = (Nc - j0) / 16 < NV ? (int)((Nc - j0) / 16) : NV;
+            tile_dp_any((int)mr, nv, Pt, A + i0 * lda, lda, ap, B + j0, ldb, C + i0 * ldc + j0,
+                        ldc, add);
+        }
+    }
+}
+
+/* x rows of n floats (a multiple of W) to bfloat16 in dst (rows of n), for rows < rows. */
+static inline void bf16_rows(const float *x, long rows, long n, u16 *dst) {
+    for (long i = 0; i < rows * n; i += W) vstore_any(dst, i, vload(x + i), 1);
+}
+
+/* The causal forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32):
+ * per chunk, phi(q) S (S paired along its rows), the scores phi(q) phi(k)^T (phi(k) rounded and
+ * paired along the features, i.e. its bfloat16 rows transposed as 32-bit pairs), A v (A rounded
+ * and paired along the keys; v paired by key rows) and S += phi(k)^T v as in the non-causal
+ * pass; the normaliser's row sums from the float32 scores. Error as there: |o_j - exact| <= 3u
+ * max_t |v_tj| + u |o_j| (+ float32 sums), each product having two rounded operands and each
+ * term's state or score one rounding more. work: 2 C L + C C + C Dv + (3 C L + C C + C Dv +
+ * L Dv) / 2 floats (C even). */
+static void causal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
+                              const void *v, long vs, long N, long T, long L, long Dv, long C,
+                              float eps, float *S, float *z, void *out, long os, float *work) {
+    float *fq = work, *fk = fq + C * L, *A = fk + C * L, *num = A + C * C;
+    u32 *fqp = (u32 *)(num + C * Dv), *fkb = fqp + C * L / 2, *fkTp = fkb + C * L / 2;
+    u32 *Ab = fkTp + C * L / 2, *kp = fkb, *vp = Ab + C * C / 2, *Sp = vp + C / 2 * Dv;
+    for (long n = 0; n < N; ++n) {
+        float *Sn = S + n * L * Dv, *zn = z + n * L;
+        for (long t0 = 0; t0 < T; t0 += C) {
+            long Cn = T - t0 < C ? T - t0 : C, P = (Cn + 1) / 2;
+            phi_rows(kind, q, n * qs + t0 * L, 1, Cn * L, fq);
+            phi_rows(kind, k, n * ks + t0 * L, 1, Cn * L, fk);
+            if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
+                memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+            bf16_rows(fq, Cn, L, (u16 *)fqp);
+            bf16_rows(fk, C, L, (u16 *)fkb);
+            transpose(C, L / 2, (const float *)fkb, (float *)fkTp); /* 32-bit pairs moved */
+            for (long p = 0; p < L / 2; ++p)
+                pair_rows(Sn, 0, 2 * p * Dv, (2 * p + 1) * Dv, Dv, Sp + p * Dv);
+            gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0); /* phi(q) S */
+            for (long i0 = 0, mr; i0 < Cn; i0 += mr) { /* tril(phi(q) phi(k)^T), reachable part */
+                mr = row_tile(Cn - i0);
+                long reach = i0 + mr;
+                for (long j0 = 0; j0 < reach; j0 += NV * 16) {
+                    long left = (reach - j0 + 15) / 16;
+                    tile_dp_any((int)mr, left < NV ? (int)left : NV, L / 2, fqp + i0 * (L / 2),
+                                L / 2, 1, fkTp + j0, C, A + i0 * C + j0, C, 0);
+                }
+                for (long i = 0; i < mr; ++i)
+                    for (long j = i0 + i + 1; j < C; ++j) A[(i0 + i) * C + j] = 0.0f;
+            }
+            bf16_rows(A, Cn, C, (u16 *)Ab);
+            for (long p = 0; p < P; ++p) { /* v's and phi(k)'s rows in key pairs */
+                long a = n * vs + (t0 + 2 * p) * Dv, odd = 2 * p + 1 < Cn;
+                pair_rows(v, 1, a, odd ? a + Dv : -1, Dv, vp + p * Dv);
+                pair_rows(fk, 0, 2 * p * L, odd ? (2 * p + 1) * L : -1, L, kp + p * L);
+            }
+            gemm_dp(Cn, Dv, P, Ab, C / 2, 1, vp, Dv, num, Dv, 1, 1); /* + A v */
+            for (long i = 0; i < Cn; ++i)
+                scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
+                                 1.0f / guarded(causal_den(fq + i * L, zn, A + i * C, i, L), eps),
+                                 Dv);
+            gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0); /* S += phi(k)^T v */
+            add_colsums(zn, zn, fk, NULL, Cn, L);
+        }
+    }
+}
+#endif
+
 /* The causal forward over T tokens of N heads, chunks of C (a multiple of W; L and Dv
  * multiples of W too). q, k: rows of L with head strides qs, ks; v: rows of Dv, stride vs;
  * out: rows of Dv, stride os; all float32, or all bfloat16 with bf. S (N, L, Dv) and z (N, L),
@@ -398,6 +543,13 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
                       const void *v, long vs, long N, long T, long L, long Dv, long C, float eps,
                       float *S, float *z, void *out, long os, float *work) {
     if (C % W || L % W || Dv % W) return -1;
+#if defined(LA_DP_BF16)
+    if (bf && L % 32 == 0) {
+        causal_forward_dp(kind, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, work);
+        stream_fence();
+        return 0;
+    }
+#endif
     float *fq = work, *fk = fq + C * L, *fkT = fk + C * L, *A = fkT + L * C, *num = A + C * C;
     float *vbuf = num + C * Dv;
     for (long n = 0; n < N; ++n) {
@@ -519,87 +671,7 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
     return 0;
 }
 
-#if defined(HAVE_CVTNEPS2BF16) && defined(__AVX512BW__)
-#define LA_DP_BF16 1
-/* ------------------------------------------- non-causal, bfloat16 dot products (AVX512-BF16)
- * The same one pass with both products on vdpbf16ps: each float32 lane of an accumulator adds
- * two bfloat16 products, a pair along the reduced dimension, so an operand is stored as pairs
- * (one u32: the even element in the low half, the odd one in the high half) and the products
- * run at twice the FMA rate. Keys: S += phi(k)^T v reduces over tokens, so the pairs are
- * (token 2p, token 2p + 1): phi(k) rounded to bfloat16 and paired row by row (kp: C/2 rows of
- * L, read by broadcast), v paired the same way (vp: C/2 rows of Dv). Queries: num = phi(q) S
- * reduces over features: phi(q) rounded to bfloat16 is already paired in its rows, and S is
- * rounded and paired once per head (Sp: L/2 rows of Dv). Sums, z and the normaliser stay
- * float32 (phi unrounded in z and the normaliser).
- * Error, u = 2^-8 the bfloat16 unit roundoff: rounding phi(k), phi(q) and S moves each
- * numerator term by at most 3u of sum_t phi(q).phi(k_t) |v_tj|, so |o_j - exact| <= 3u
- * max_t |v_tj| + u |o_j| (the output's own rounding) + float32 sums. */
-typedef unsigned u32;
-
-/* dst[j] = (x[a + j], x[b + j]) as a bfloat16 pair for j < n (n a multiple of 16); b < 0: 0. */
-static inline void pair_rows(const void *x, int bf, long a, long b, long n, u32 *dst) {
-    for (long j = 0; j < n; j += 16) {
-        __m512 lo = (__m512)vload_any(x, a + j, bf);
-        __m512 hi = b < 0 ? _mm512_setzero_ps() : (__m512)vload_any(x, b + j, bf);
-        /* cvtne2ps_pbh(hi, lo): lo's 16 values in the low 256 bits, hi's in the high ones;
-         * interleaving those halves 16-bit-wise makes the pairs. */
-        __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-        __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                       8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16,
-                                       0);
-        _mm512_storeu_si512((void *)(dst + j), _mm512_permutexvar_epi16(idx, both));
-    }
-}
-
-/* C[i, 0:16 nv] (+)= sum_{p < P} pair(A[i * lda + p * ap]) . pair(B[p * ldb + 0:16 nv]). */
-static inline __attribute__((always_inline)) void tile_dp(int mr, int nv, long P, const u32 *A,
-                                                          long lda, long ap, const u32 *B,
-                                                          long ldb, float *C, long ldc,
-                                                          int add) {
-    __m512 acc[MR][NV];
-    for (int i = 0; i < mr; ++i)
-        for (int j = 0; j < nv; ++j)
-            acc[i][j] = add ? _mm512_loadu_ps(C + i * ldc + j * 16) : _mm512_setzero_ps();
-    for (long p = 0; p < P; ++p) {
-        __m512bh b[NV];
-        for (int j = 0; j < nv; ++j) b[j] = (__m512bh)_mm512_loadu_si512(B + p * ldb + j * 16);
-        for (int i = 0; i < mr; ++i) {
-            __m512bh a = (__m512bh)_mm512_set1_epi32((int)A[i * lda + p * ap]);
-            for (int j = 0; j < nv; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
-        }
-    }
-    for (int i = 0; i < mr; ++i)
-        for (int j = 0; j < nv; ++j) _mm512_storeu_ps(C + i * ldc + j * 16, acc[i][j]);
-}
-
-static void tile_dp_any(int mr, int nv, long P, const u32 *A, long lda, long ap, const u32 *B,
-                        long ldb, float *C, long ldc, int add) {
-#define T_(r, c)                                                                              \
-    case r * 8 + c:                                                                           \
-        tile_dp(r, c, P, A, lda, ap, B, ldb, C, ldc, add);                                    \
-        break;
-#define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
-    switch (mr * 8 + nv) {
-        ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
-        default: break;
-    }
-#undef ROW_
-#undef T_
-}
-
-/* C (M x Nc) (+)= A B over P pairs, Nc a multiple of 16 (gemm's tiling). */
-static void gemm_dp(long M, long Nc, long P, const u32 *A, long lda, long ap, const u32 *B,
-                    long ldb, float *C, long ldc, int add) {
-    for (long i0 = 0, mr; i0 < M; i0 += mr) {
-        mr = row_tile(M - i0);
-        for (long j0 = 0; j0 < Nc; j0 += NV * 16) {
-            int nv = (Nc - j0) / 16 < NV ? (int)((Nc - j0) / 16) : NV;
-            tile_dp_any((int)mr, nv, P, A + i0 * lda, lda, ap, B + j0, ldb, C + i0 * ldc + j0,
-                        ldc, add);
-        }
-    }
-}
-
+#if defined(LA_DP_BF16)
 /* la_noncausal_forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32).
  * work: C L + C Dv + ceil(C / 2) (L + Dv) + L Dv / 2 floats. */
 static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
@@ -619,7 +691,7 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
                 pair_rows(f, 0, 2 * p * L, b < 0 ? -1 : (2 * p + 1) * L, L, kp + p * L);
                 pair_rows(v, 1, a, b, Dv, vp + p * Dv);
             }
-            gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1);
+            gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0);
             add_colsums(zn, zn, f, NULL, Cn, L);
         }
         if (!Tq) continue;
@@ -633,7 +705,7 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
                         (__m512)vload(f + i * L + l + W), (__m512)vload(f + i * L + l));
                     _mm512_storeu_si512((void *)(fqp + i * (L / 2) + l / 2), both);
                 }
-            gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0);
+            gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0);
             for (long i = 0; i < Cn; ++i)
                 scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
                                  1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
@@ -641,6 +713,7 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
     }
 }
 #endif
+
 
 /* ------------------------------------------------------------- non-causal, float32, one pass
  * Per head, chunk by chunk with the chunk's features in L1:

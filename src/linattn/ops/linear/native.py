@@ -433,7 +433,9 @@ def _single_pass(b: _Block, chunk: int, backward: bool = False) -> bool:
 def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
     if _single_pass(b, chunk):
         L, Dv = b.L, b.Dv
-        size = 2 * chunk * L + L * chunk + chunk * chunk + 2 * chunk * Dv
+        # the float32 pass's scratch, and what the bfloat16 dot-product pass needs more
+        size = (2 * chunk * L + L * chunk + chunk * chunk + 2 * chunk * Dv
+                + (chunk * L + chunk * chunk + L * Dv) // 2)
 
         def heads(h0, h1, work):
             for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
