@@ -353,12 +353,26 @@ def test_bfloat16_one_pass_within_its_bound(native_on, feature_map, is_causal, T
     assert (err <= bound).all(), f"worst excess {(err - bound).max().item():.3g}"
 
 
-def test_bfloat16_with_gradients_takes_the_float32_sums(native_on):
-    q, k, v = (x.bfloat16().requires_grad_(True) for x in _qkv(1, 2, T=30, D=8, Dv=6))
-    out = linattn.linear_attention(q, k, v, is_causal=True)
-    assert not native_on  # the torch chunked path, which differentiates
-    out.float().sum().backward()
-    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad).all()
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_bfloat16_with_gradients_runs_the_float32_passes(native_on, is_causal):
+    """bfloat16 with gradients: widened to float32 (a differentiable cast), the compiled float32
+    forward and backward, the output rounded to bfloat16; the gradients are those of that
+    float32 computation, each rounded once to bfloat16."""
+    base = [x.bfloat16() for x in _qkv(1, 2, T=70, D=32, Dv=16)]
+    g = torch.randn(1, 2, 70, 16, generator=torch.Generator().manual_seed(3))
+    leaves = [x.clone().requires_grad_(True) for x in base]
+    out = linattn.linear_attention(*leaves, is_causal=is_causal, chunk_size=32)
+    assert native_on and out.dtype == torch.bfloat16
+    out.backward(g.bfloat16())
+    wide = [x.double().requires_grad_(True) for x in base]
+    want = linattn.reference.linear_attention(*wide, is_causal=is_causal)
+    want.backward(g.bfloat16().double())
+    eps = torch.finfo(torch.bfloat16).eps
+    gots, refs = [out] + [x.grad for x in leaves], [want] + [x.grad for x in wide]
+    for got, ref in zip(gots, refs, strict=True):
+        assert got.dtype == torch.bfloat16
+        atol = eps * ref.abs().max().item()
+        torch.testing.assert_close(got.double(), ref.detach(), rtol=eps, atol=atol)
 
 
 def test_phi_bfloat16_in_and_out():
@@ -394,15 +408,15 @@ def test_relu_gradient_for_tiny_positive_inputs(native_on):
 
 
 def test_bfloat16_with_a_trainable_initial_state(native_on):
-    """bfloat16 inputs, initial state that needs gradients: the torch path (no native
-    backward for bfloat16), gradients flow to the state."""
+    """bfloat16 inputs, initial state that needs gradients: the compiled float32 passes (the
+    inputs widened), gradients flow to the state."""
     q, k, v = (x.bfloat16() for x in _qkv(1, 2, T=20, D=8, Dv=6))
     S = torch.rand(1, 2, 8, 6, requires_grad=True)
     z = (torch.rand(1, 2, 8) + 1).requires_grad_(True)
     out = linattn.linear_attention(q, k, v, is_causal=True,
                                    initial_state=linattn.LinearAttentionState(S=S, z=z))
     out.float().sum().backward()
-    assert not native_on and torch.isfinite(S.grad).all() and torch.isfinite(z.grad).all()
+    assert native_on and torch.isfinite(S.grad).all() and torch.isfinite(z.grad).all()
 
 
 @pytest.mark.parametrize("impl", ["auto", "fast", "portable"])

@@ -37,7 +37,7 @@ bfloat16 inputs without gradients: the one-pass forwards read and write bfloat16
 every sum in float32 (the float32 arithmetic on half the memory traffic, on any CPU); the block
 passes multiply bfloat16 blocks where the CPU has bf16 dot products (:func:`bf16_products`) and
 otherwise widen to float32 once. Chunk states are float32 sums either way. bfloat16 with
-gradients takes the torch chunked path (float32 throughout).
+gradients is widened to float32 (a differentiable cast) and runs the float32 passes.
 
 Inside PyTorch: the forward and the backward are the custom ops ``linattn::linear_attention_fwd``
 and ``linattn::linear_attention_bwd``, with fake (shape-only) implementations and the backward
@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import EluPlusOne, ReluPlusOne
-from linattn.ops._common import block_ranges, flatten_heads, graph_grads
+from linattn.ops._common import block_ranges, flatten_heads, graph_grads, needs_grad
 from linattn.ops._library import KernelOp
 from linattn.ops.linear.portable import portable_forward
 from linattn.ops.native import (
@@ -624,7 +624,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, 
             outs = _portable(*leaves, keep, kind, eps, chunk, is_causal)
             grads = graph_grads(list(outs), [g_out, g_S, g_z], leaves, [True] * 5)
         return tuple(g.detach() for g in grads)
-    if q.dtype != torch.float32:  # the dispatcher routes bfloat16 with gradients away
+    if q.dtype != torch.float32:  # bfloat16 with gradients was widened before the forward
         raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
     N, Tq, L = q.shape
     Dv = v.shape[2]
@@ -730,9 +730,11 @@ def _small(q: Tensor, v: Tensor) -> bool:
 def _native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0, isa):
     L, Dv = q.shape[-1], v.shape[-1]
     one_pass = _fits_one_pass(L, Dv, chunk if is_causal else NONCAUSAL_CHUNK, keep is not None)
-    if q.dtype == torch.bfloat16 and not one_pass and not bf16_products():
-        # The block passes would multiply bfloat16 blocks, which a CPU without bf16 dot
-        # products does slower than float32: widen once, round the output once.
+    if q.dtype == torch.bfloat16 and (needs_grad(q, k, v, S0)
+                                      or not one_pass and not bf16_products()):
+        # The backward runs in float32 (its passes take float32), and the block passes would
+        # multiply bfloat16 blocks, which a CPU without bf16 dot products does slower than
+        # float32: widen once (a differentiable cast), round the output once.
         o, state = native_linear_attention(q.float(), k.float(), v.float(), fmap,
                                            is_causal=is_causal, keep=keep, eps=eps,
                                            chunk=chunk, block=block, S0=S0, isa=isa)

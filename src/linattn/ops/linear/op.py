@@ -90,7 +90,7 @@ def _run(choice: Choice, q, k, v, fmap, is_causal, keep, eps, chunk, block, S0):
 
 dispatch.register(Backend(
     OP, "native", compiled=True, devices=("cpu",), dtypes=(torch.float32, torch.bfloat16),
-    grad_dtypes=(torch.float32,), available=native.unavailable,
+    grad_dtypes=(torch.float32, torch.bfloat16), available=native.unavailable,
     accepts=lambda traits: None if "map:compiled" in traits
     else "computes the feature maps 1 + elu and 1 + relu only"))
 dispatch.register(Backend(
@@ -171,9 +171,10 @@ def linear_attention(
         ``return_state``. Sums run in float32 at least (float64 for float64 inputs).
 
     The implementation is chosen by :mod:`linattn.ops.dispatch`: on CPU the compiled path
-    (``native.py``: float32 with 1+elu or 1+relu, or bfloat16 without gradients, where it was
-    measured to beat torch on this machine) or the chunked torch path (``fused.py``, token-wise
-    maps, long sequences, eager only), else the portable form (``portable.py``). Inside
+    (``native.py``: float32 or bfloat16 with 1+elu or 1+relu, bfloat16 gradients computed in
+    float32, where it was measured to beat torch on this machine) or the chunked torch path
+    (``fused.py``, token-wise maps, long sequences, eager only), else the portable form
+    (``portable.py``). Inside
     ``torch.compile`` / ``torch.export`` the compiled path is the custom op
     ``linattn::linear_attention_fwd``. The fast paths have a hand-written backward; with
     ``create_graph=True`` (double backward) they differentiate a torch recomputation instead, so
