@@ -1,6 +1,6 @@
 """fla's token mixers with fla's parameter names, computing with linattn's kernels: the GLA
-family (gla.py: GLA, RetNet, HGRN2), the delta rules (delta.py), linear attention (linear.py),
-softmax attention (softmax.py); what they share in _common.py.
+family (gla.py: GLA, RetNet, HGRN2), the delta rules (delta.py), linear and softmax attention
+(attention.py); what they share in _common.py.
 
 Each layer mirrors one of fla's (``fla.layers``): the same submodules and parameter shapes (so
 a state dict saved by fla loads), the same arithmetic (gates, feature maps, normalisations, the
@@ -15,10 +15,9 @@ makes).
 """
 
 from linattn.fla_models.layers._common import Packing
+from linattn.fla_models.layers.attention import Attention, LinearAttention
 from linattn.fla_models.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.fla_models.layers.gla import GatedLinearAttention, HGRN2Attention, MultiScaleRetention
-from linattn.fla_models.layers.linear import LinearAttention
-from linattn.fla_models.layers.softmax import Attention
 
 __all__ = ["Attention", "DeltaNet", "GatedDeltaNet", "GatedLinearAttention", "HGRN2Attention",
            "KimiDeltaAttention", "LinearAttention", "MultiScaleRetention", "Packing"]
