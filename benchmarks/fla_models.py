@@ -222,7 +222,7 @@ class FLAProfile(shared.Profile):
             return "gated norm"
         if isinstance(module, layers.Attention) or type(module).__name__ == "LlamaAttention":
             return "softmax layers"
-        if type(module).__module__ == layers.__name__ and name.endswith(".attn"):
+        if type(module).__module__.startswith(layers.__name__ + ".") and name.endswith(".attn"):
             return "LA other"
         return None
 

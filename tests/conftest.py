@@ -1,4 +1,6 @@
-"""Shared fixtures: a random q/k/v factory, the feature maps to sweep, dtype-scaled tolerances.
+"""Shared fixtures: a random q/k/v factory, the feature maps to sweep, dtype-scaled tolerances;
+the benchmark scripts as modules (tests/benchmarks), the mixers' generation and decoding checks
+(tests/nn), noisy series (tests/tsc).
 
 Helpers are fixtures (not importable functions) so that tests work under any pytest import mode.
 """
@@ -13,8 +15,14 @@ import os
 # a descheduled core (measured here: 0.6 s -> 9 s for one 64k-token call at load 6).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F
 
 from linattn.feature_maps import (
     FEATURE_MAPS,
@@ -162,3 +170,95 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -------------------- the benchmark scripts as modules (tests/benchmarks)
+# The benchmark scripts (``benchmarks/*.py``) imported as modules for their tests.
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def load_benchmark():
+    """``load_benchmark("ucr")``: benchmarks/ucr.py as a module (registered in
+    ``sys.modules`` while the test module runs, as dataclasses and pickling need)."""
+    names = []
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"_{name}_bench", BENCHMARKS / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        names.append(spec.name)
+        spec.loader.exec_module(mod)
+        return mod
+
+    try:
+        yield load
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+
+
+# -------------------- the mixer tests' checks (tests/nn)
+# Fixtures shared by the mixer tests of tests/nn (helpers are fixtures, as in
+# tests/conftest.py, so that they work under any pytest import mode).
+
+
+@pytest.fixture
+def generates_and_trains():
+    """``check(model, prompt, ids)``: greedy generation from ``prompt`` (B, 4) agrees with the
+    arg-max of one parallel forward over what it generated, and a next-token loss on ``ids``
+    (B, T) gives every parameter a finite gradient. Returns the model, its gradients kept."""
+
+    def check(m, prompt, ids):
+        out = m.generate(prompt, 6, temperature=0)
+        with torch.no_grad():
+            torch.testing.assert_close(m(out[:, :-1])[:, 3:].argmax(-1), out[:, 4:])
+        m.train()
+        loss = F.cross_entropy(m(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+        return m
+    return check
+
+
+@pytest.fixture
+def decode_three_ways():
+    """``run(mixer, x, split=7)`` for a mixer (``mixer(x, state, position) -> (out, state)``)
+    and x (B, T, E), without gradients: the whole sequence at once, one token at a time, and
+    two pieces cut at ``split``. Returns a dict: ``full``, ``want`` (its output and state),
+    ``steps``, ``state`` (token by token, outputs concatenated) and ``pieces``, ``st`` (the two
+    pieces)."""
+
+    def run(m, x, split=7):
+        with torch.no_grad():
+            full, want = m(x)
+            state, steps = None, []
+            for t in range(x.shape[1]):
+                o, state = m(x[:, t:t + 1], state, t)
+                steps.append(o)
+            a, st = m(x[:, :split])
+            b, st = m(x[:, split:], st, split)
+        return {"full": full, "want": want, "steps": torch.cat(steps, 1), "state": state,
+                "pieces": torch.cat([a, b], 1), "st": st}
+    return run
+
+
+# -------------------- time series (tests/tsc)
+# Shared fixtures of the time-series tests (fixtures, not importable functions, so that tests
+# work under any pytest import mode).
+
+
+def _series(n: int, length: int, seed: int = 0) -> np.ndarray:
+    """n noisy sines of random frequency, float32 (n, length)."""
+    g = np.random.default_rng(seed)
+    t = np.linspace(0, 6 * np.pi, length)
+    return (np.sin(t * g.uniform(0.5, 2, (n, 1))) + 0.3 * g.standard_normal((n, length))
+            ).astype(np.float32)
+
+
+@pytest.fixture
+def series():
+    """The factory ``series(n, length, seed=0)``: noisy sines, float32 (n, length)."""
+    return _series

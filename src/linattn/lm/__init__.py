@@ -20,7 +20,7 @@ The model itself is :class:`linattn.nn.LinearTransformerLM`, configured by
 
 from __future__ import annotations
 
-import importlib
+from linattn._lazy import lazy_exports
 
 #: public name -> its module, imported on first use: :mod:`linattn.lm.options` (what
 #: ``linattn lm`` checks its flags against) imports without torch.
@@ -39,13 +39,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'linattn.lm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

@@ -7,7 +7,7 @@ builds its ``--attention`` choices from it).
 
 from __future__ import annotations
 
-import importlib
+from linattn._lazy import lazy_exports
 
 #: public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -22,13 +22,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'linattn.nn' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

@@ -9,7 +9,7 @@ The names load on first use, so that torch-free parts (:mod:`linattn.tsc.recipes
 
 from __future__ import annotations
 
-import importlib
+from linattn._lazy import lazy_exports
 
 _EXPORTS = {
     "FordATransformer": "linattn.tsc.model",
@@ -24,13 +24,4 @@ __all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier",
            "ConvAttentionClassifier", "ConvTokens", "CompetingKernels"]
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'linattn.tsc' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

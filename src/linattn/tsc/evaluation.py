@@ -203,10 +203,18 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def _save_figure(fig, path: Path) -> None:
-    """``fig`` as PNG ``path``, atomically (no half-written file on a full disk)."""
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=90)
+def _save_figure(fig, path: Path) -> Path:
+    """``fig`` laid out and saved as PNG ``path``, atomically (no half-written file on a full
+    disk), then closed (also when saving fails). Returns path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    try:
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=90)
+    finally:
+        plt.close(fig)
+    return path
 
 
 def _plt():
@@ -234,12 +242,7 @@ def plot_curves(stages: dict[str, list[dict]], path: Path) -> Path | None:
     ax2.set_xlabel("epoch"), ax2.set_ylabel("macro F1"), ax2.set_ylim(0.5, 1.0)
     if ax2.lines:
         ax2.legend()
-    fig.tight_layout()
-    try:
-        _save_figure(fig, path)
-    finally:
-        plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def plot_confusion(cm: list[list[int]], classes: list, path: Path) -> Path:
@@ -254,12 +257,7 @@ def plot_confusion(cm: list[list[int]], classes: list, path: Path) -> Path:
     ax.set_xticks(range(len(classes)), [str(c) for c in classes])
     ax.set_yticks(range(len(classes)), [str(c) for c in classes])
     ax.set_xlabel("predicted"), ax.set_ylabel("true"), ax.set_title("confusion matrix")
-    fig.tight_layout()
-    try:
-        _save_figure(fig, path)
-    finally:
-        plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def plot_kernels(kernels: np.ndarray, patch: int, path: Path) -> Path:
@@ -277,12 +275,7 @@ def plot_kernels(kernels: np.ndarray, patch: int, path: Path) -> Path:
         ax.set_title(f"block {b + 1}: mean φ(r) per lag")
         ax.set_xlabel("lag j − i (samples)")
     axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        _save_figure(fig, path)
-    finally:
-        plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def _fmt(x) -> str:
