@@ -107,14 +107,16 @@ static inline float grad_out_row(const float *g, const float *o, float den, long
     return den == 0.0f ? 0.0f : -dot(g, o, Dv) * inv;
 }
 
-/* dst = (dphi + c vec) phi'(x) for one row of L (no vec term where vec is NULL); f = phi(x). */
+/* dst = (dphi + c vec) phi'(x) for one row of L (no vec term where vec is NULL); f = phi(x).
+ * A gradient row is not read back: whole vectors go out with non-temporal stores where the row
+ * is aligned to them (stream_fence() before the kernel returns). */
 static inline void grad_phi_row(int kind, float *dst, const float *dphi, float c,
                                 const float *vec, const float *x, const float *f, long L) {
     long j = 0;
     for (; j + W <= L; j += W) {
         vf d = vload(dphi + j);
         if (vec) d += c * vload(vec + j);
-        vstore(dst + j, d * vdphi(kind, vload(x + j), vload(f + j)));
+        vstore_stream(dst + j, d * vdphi(kind, vload(x + j), vload(f + j)));
     }
     for (; j < L; ++j) dst[j] = (dphi[j] + (vec ? c * vec[j] : 0.0f)) * sdphi(kind, x[j], f[j]);
 }
@@ -177,6 +179,7 @@ static void la_grad_phi(int kind, const float *dphi, const float *x, long xs, co
                          vec ? group_row(vec, vrows, n, t, R, L) : NULL, x + n * xs + t * L,
                          f + (n * R + t) * L, L);
         }
+    stream_fence();
 }
 
 /* Causal chunks: A (B, C, C), float32 or bfloat16 (abf), loses its strictly upper triangle
@@ -668,6 +671,7 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
             add_colsums(Gzn, Gzn, fq, ds, Cn, L);
         }
     }
+    stream_fence();
     return 0;
 }
 
@@ -805,6 +809,7 @@ static int la_noncausal_backward(int kind, int parts, const float *q, long qs, c
             gemm(Cn, Dv, L, f, L, 1, Gn, Dv, dv + n * dvs + t0 * Dv, Dv, 0, FULL);
         }
     }
+    stream_fence();
     return 0;
 }
 

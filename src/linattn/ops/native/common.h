@@ -333,6 +333,17 @@ static inline void scale_row(void *dst, long j0, int bf, const float *src, float
     for (; j < n; ++j) store_any(dst, j0 + j, src[j] * s, bf);
 }
 
+/* *p = x with a non-temporal store where p is aligned to the vector (AVX2, AVX-512), else a plain
+ * store; a kernel that uses it calls stream_fence() before it returns. */
+static inline void vstore_stream(float *p, vf x) {
+#if defined(__AVX512F__) && LA_W == 16
+    if (((size_t)p & 63) == 0) { _mm512_stream_ps(p, (__m512)x); return; }
+#elif defined(__AVX__) && LA_W == 8
+    if (((size_t)p & 31) == 0) { _mm256_stream_ps(p, (__m256)x); return; }
+#endif
+    vstore(p, x);
+}
+
 /* scale_row for an output row nothing reads back soon: float32 rows whose address is a
  * multiple of the vector size go to memory with non-temporal stores (no read of the line
  * before it is written: a third less memory traffic for a streamed output); callers end the
