@@ -46,7 +46,7 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in ("LINATTN_NATIVE", "LINATTN_NATIVE_ISA", "LINATTN_CC_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setattr(native.build, "_libs", {})
     monkeypatch.setattr(native.build, "_reasons", {})
     for kernels in (linear_native._KERNELS, delta_native._KERNELS):
