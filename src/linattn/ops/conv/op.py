@@ -272,13 +272,13 @@ def lean_step(x_t: object, state: object, weight: object, bias: object, activati
         sib, sic, sik = state.stride()
         sob, soc, sok = out.stride()
         wd, wj = weight.stride()
-        rc = fns["conv_step"](conv_native.ConvStepArgs(
+        rc = fns["conv_step"](
             x=x_t.data_ptr(), xb=x_t.stride(0), xdt=xdt, y=y.data_ptr(), yb=D, ydt=xdt, B=B,
             D=D, width=width, slen=slen, w=weight.data_ptr(), wd=wd, wj=wj, wdt=wdt,
             bias=None if bias is None else bias.data_ptr(),
             bs=0 if bias is None else bias.stride(0), bdt=bdt, act=1 if silu else 0,
             si=state.data_ptr(), sib=sib, sic=sic, sik=sik, so=out.data_ptr(), sob=sob,
-            soc=soc, sok=sok, sdt=sdt))
+            soc=soc, sok=sok, sdt=sdt)
     if rc:
         return None
     return y, out

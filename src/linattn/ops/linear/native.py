@@ -44,8 +44,9 @@ and ``linattn::linear_attention_bwd``, with fake (shape-only) implementations an
 registered as the forward's autograd formula, so that ``torch.compile`` and ``torch.export``
 trace them as single nodes without touching a data pointer (an exported program runs them
 wherever ``linattn`` is imported). Plain eager calls that need no gradient skip the op
-dispatcher (about 8 µs a call). The C boundary: one argument struct per kernel, mirrored below
-and checked against the library's own layout table when it loads (ops/native/abi.py).
+dispatcher (about 8 µs a call). The C boundary: one argument struct per kernel, declared in
+kernels.c only; its fields are passed by keyword to a mirror built from the library's own layout
+table when it loads (ops/native/abi.py).
 
 The library is built on first use (:mod:`linattn.ops.native`), in the ISA build the
 dispatcher chose (:mod:`linattn.ops.dispatch`: where the calibration measured it to beat the
@@ -53,8 +54,6 @@ torch paths on this machine). Without a C compiler the torch paths run instead.
 """
 
 from __future__ import annotations
-
-from ctypes import c_float, c_int, c_long, c_void_p
 
 import torch
 from torch import Tensor
@@ -74,7 +73,6 @@ from linattn.ops.native import (
     threads_for,
     torch_on_one_thread,
 )
-from linattn.ops.native.abi import Args
 
 __all__ = ["native_linear_attention", "kernels", "unavailable", "phi", "MAP_KINDS"]
 
@@ -91,101 +89,9 @@ PARALLEL_MIN = 1 << 22
 
 
 # --------------------------------------------------------------------------- the C boundary
-class PhiArgs(Args):
-    _c_name_ = "la_phi_args"
-    _fields_ = [("kind", c_int), ("x", c_void_p), ("xbf", c_int), ("N", c_long), ("T", c_long),
-                ("D", c_long), ("xs", c_long), ("out", c_void_p), ("obf", c_int), ("R", c_long),
-                ("z", c_void_p), ("keep", c_void_p), ("ks", c_long)]
 
 
-class NormaliseArgs(Args):
-    _c_name_ = "la_normalise_args"
-    _fields_ = [("num", c_void_p), ("nbf", c_int), ("fq", c_void_p), ("fbf", c_int),
-                ("z", c_void_p), ("zrows", c_long), ("sx", c_void_p), ("N", c_long),
-                ("T", c_long), ("R", c_long), ("L", c_long), ("Dv", c_long), ("eps", c_float),
-                ("out", c_void_p), ("obf", c_int), ("os", c_long)]
-
-
-class NormGradArgs(Args):
-    _c_name_ = "la_norm_grad_args"
-    _fields_ = [("o", c_void_p), ("os", c_long), ("fq", c_void_p), ("z", c_void_p),
-                ("zrows", c_long), ("sx", c_void_p), ("g", c_void_p), ("gs", c_long),
-                ("N", c_long), ("T", c_long), ("R", c_long), ("L", c_long), ("Dv", c_long),
-                ("eps", c_float), ("dnum", c_void_p), ("ds", c_void_p)]
-
-
-class GradPhiArgs(Args):
-    _c_name_ = "la_grad_phi_args"
-    _fields_ = [("kind", c_int), ("dphi", c_void_p), ("x", c_void_p), ("xs", c_long),
-                ("f", c_void_p), ("coef", c_void_p), ("vec", c_void_p), ("vrows", c_long),
-                ("N", c_long), ("T", c_long), ("R", c_long), ("L", c_long), ("keep", c_void_p),
-                ("ks", c_long), ("dx", c_void_p), ("dxs", c_long)]
-
-
-class MaskRowsumArgs(Args):
-    _c_name_ = "la_mask_rowsum_args"
-    _fields_ = [("A", c_void_p), ("abf", c_int), ("B", c_long), ("C", c_long), ("rs", c_void_p)]
-
-
-class MaskAddArgs(Args):
-    _c_name_ = "la_mask_add_args"
-    _fields_ = [("A", c_void_p), ("B", c_long), ("C", c_long), ("ds", c_void_p)]
-
-
-class PrefixArgs(Args):
-    _c_name_ = "la_prefix_args"
-    _fields_ = [("P", c_void_p), ("N", c_long), ("n", c_long), ("F", c_long), ("S0", c_void_p),
-                ("S1", c_void_p), ("reverse", c_int)]
-
-
-class CausalForwardArgs(Args):
-    _c_name_ = "la_causal_forward_args"
-    _fields_ = [("kind", c_int), ("bf", c_int), ("q", c_void_p), ("qs", c_long), ("k", c_void_p),
-                ("ks", c_long), ("v", c_void_p), ("vs", c_long), ("N", c_long), ("T", c_long),
-                ("L", c_long), ("Dv", c_long), ("C", c_long), ("eps", c_float), ("S", c_void_p),
-                ("z", c_void_p), ("out", c_void_p), ("os", c_long), ("work", c_void_p)]
-
-
-class CausalBackwardArgs(Args):
-    _c_name_ = "la_causal_backward_args"
-    _fields_ = [("kind", c_int), ("q", c_void_p), ("qs", c_long), ("k", c_void_p), ("ks", c_long),
-                ("v", c_void_p), ("vs", c_long), ("o", c_void_p), ("os", c_long), ("g", c_void_p),
-                ("gs", c_long), ("N", c_long), ("T", c_long), ("L", c_long), ("Dv", c_long),
-                ("C", c_long), ("eps", c_float), ("S_in", c_void_p), ("z_in", c_void_p),
-                ("G", c_void_p), ("Gz", c_void_p), ("dq", c_void_p), ("dqs", c_long),
-                ("dk", c_void_p), ("dks", c_long), ("dv", c_void_p), ("dvs", c_long),
-                ("work", c_void_p)]
-
-
-class NoncausalForwardArgs(Args):
-    _c_name_ = "la_noncausal_forward_args"
-    _fields_ = [("kind", c_int), ("bf", c_int), ("q", c_void_p), ("qs", c_long), ("k", c_void_p),
-                ("ks", c_long), ("v", c_void_p), ("vs", c_long), ("N", c_long), ("Tq", c_long),
-                ("Tk", c_long), ("L", c_long), ("Dv", c_long), ("C", c_long), ("eps", c_float),
-                ("S", c_void_p), ("z", c_void_p), ("out", c_void_p), ("os", c_long),
-                ("work", c_void_p)]
-
-
-class NoncausalBackwardArgs(Args):
-    _c_name_ = "la_noncausal_backward_args"
-    _fields_ = [("kind", c_int), ("parts", c_int), ("q", c_void_p), ("qs", c_long),
-                ("k", c_void_p), ("ks", c_long), ("v", c_void_p), ("vs", c_long), ("o", c_void_p),
-                ("os", c_long), ("g", c_void_p), ("gs", c_long), ("N", c_long), ("Tq", c_long),
-                ("Tk", c_long), ("L", c_long), ("Dv", c_long), ("C", c_long), ("eps", c_float),
-                ("S", c_void_p), ("z", c_void_p), ("G", c_void_p), ("Gz", c_void_p),
-                ("dq", c_void_p), ("dqs", c_long), ("dk", c_void_p), ("dks", c_long),
-                ("dv", c_void_p), ("dvs", c_long), ("work", c_void_p)]
-
-
-#: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
-KERNELS: dict[str, type[Args]] = {
-    "phi": PhiArgs, "normalise": NormaliseArgs, "norm_grad": NormGradArgs,
-    "grad_phi": GradPhiArgs, "mask_rowsum": MaskRowsumArgs, "mask_add": MaskAddArgs,
-    "prefix": PrefixArgs, "causal_forward": CausalForwardArgs,
-    "causal_backward": CausalBackwardArgs, "noncausal_forward": NoncausalForwardArgs,
-    "noncausal_backward": NoncausalBackwardArgs,
-}
-_KERNELS = KernelSet("la_linear_abi", KERNELS)
+_KERNELS = KernelSet("la_linear_abi")
 
 
 def kernels(isa: str = "native") -> dict | None:
@@ -238,9 +144,9 @@ def _phi(fns, kind, x, out, z=None, keep=None) -> None:
     N, T, D = x.shape
     if not out.is_contiguous() or out.shape[1] < T:
         raise ValueError("native phi: out must be a contiguous (N, R >= T, D) buffer")
-    fns["phi"](PhiArgs(kind=kind, x=x.data_ptr(), xbf=_bf(x), N=N, T=T, D=D, xs=_head_stride(x),
-                       out=out.data_ptr(), obf=_bf(out), R=out.shape[1], z=_ptr(z),
-                       keep=_ptr(keep), ks=0 if keep is None else keep.stride(0)))
+    fns["phi"](kind=kind, x=x.data_ptr(), xbf=_bf(x), N=N, T=T, D=D, xs=_head_stride(x),
+               out=out.data_ptr(), obf=_bf(out), R=out.shape[1], z=_ptr(z),
+               keep=_ptr(keep), ks=0 if keep is None else keep.stride(0))
 
 
 def _bf(x: Tensor) -> int:
@@ -250,18 +156,18 @@ def _bf(x: Tensor) -> int:
 
 def _normalise(fns, num, fq, z, zrows, sx, eps, out):
     N, R, Dv = num.shape
-    fns["normalise"](NormaliseArgs(
+    fns["normalise"](
         num=num.data_ptr(), nbf=_bf(num), fq=fq.data_ptr(), fbf=_bf(fq), z=z.data_ptr(),
         zrows=zrows, sx=_ptr(sx), N=N, T=out.shape[1], R=R, L=fq.shape[2], Dv=Dv, eps=eps,
-        out=out.data_ptr(), obf=_bf(out), os=_head_stride(out)))
+        out=out.data_ptr(), obf=_bf(out), os=_head_stride(out))
 
 
 def _norm_grad(fns, o, fq, z, zrows, sx, g, eps, dnum, ds):
     N, R, L = fq.shape
-    fns["norm_grad"](NormGradArgs(
+    fns["norm_grad"](
         o=o.data_ptr(), os=_head_stride(o), fq=fq.data_ptr(), z=z.data_ptr(), zrows=zrows,
         sx=_ptr(sx), g=g.data_ptr(), gs=_head_stride(g), N=N, T=g.shape[1], R=R, L=L,
-        Dv=dnum.shape[2], eps=eps, dnum=dnum.data_ptr(), ds=ds.data_ptr()))
+        Dv=dnum.shape[2], eps=eps, dnum=dnum.data_ptr(), ds=ds.data_ptr())
 
 
 def _prefix(fns, P: Tensor, S0: Tensor, S1: Tensor, reverse: bool = False) -> Tensor:
@@ -269,18 +175,18 @@ def _prefix(fns, P: Tensor, S0: Tensor, S1: Tensor, reverse: bool = False) -> Te
     ``reverse``); S1 (may be S0) <- S0 + all chunks. All contiguous."""
     N, n = P.shape[:2]
     F = P[0, 0].numel() if N * n else 0  # an empty batch: nothing to sum
-    fns["prefix"](PrefixArgs(P=P.data_ptr(), N=N, n=n, F=F, S0=S0.data_ptr(), S1=S1.data_ptr(),
-                             reverse=int(reverse)))
+    fns["prefix"](P=P.data_ptr(), N=N, n=n, F=F, S0=S0.data_ptr(), S1=S1.data_ptr(),
+                  reverse=int(reverse))
     return P
 
 
 def _grad_phi(fns, kind, dphi, x, f, coef, vec, vrows, keep, dx):
     N, R, L = dphi.shape
-    fns["grad_phi"](GradPhiArgs(
+    fns["grad_phi"](
         kind=kind, dphi=dphi.data_ptr(), x=x.data_ptr(), xs=_head_stride(x), f=f.data_ptr(),
         coef=_ptr(coef), vec=_ptr(vec), vrows=vrows, N=N, T=dx.shape[1], R=R, L=L,
         keep=_ptr(keep), ks=0 if keep is None else keep.stride(0), dx=dx.data_ptr(),
-        dxs=_head_stride(dx)))
+        dxs=_head_stride(dx))
 
 
 class _Block:
@@ -338,11 +244,11 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
 
         def heads(h0, h1, work):
             q, k, v, o = (x[h0:h1] for x in (b.q, b.k, b.v, out))
-            rc = b.fns["noncausal_forward"](NoncausalForwardArgs(
+            rc = b.fns["noncausal_forward"](
                 kind=b.kind, bf=_bf(q), q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
                 ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), N=h1 - h0,
                 Tq=q.shape[1], Tk=k.shape[1], L=L, Dv=Dv, C=C, eps=eps, S=S[h0].data_ptr(),
-                z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o), work=work.data_ptr()))
+                z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o), work=work.data_ptr())
             check_rc(rc, "la_noncausal_forward")
 
         return _over_heads(b, C * L + 2 * C * Dv, heads)
@@ -383,8 +289,8 @@ def _causal_block(b: _Block, t0, t1, chunk, S, z, S_next=None, z_next=None, nume
     A = b.buf("A", n, chunk, chunk).view(-1, chunk, chunk)
     A = torch.bmm(fq3, fk3.transpose(1, 2), out=A)
     rs = b.buf("rs", R, acc=True)
-    b.fns["mask_rowsum"](MaskRowsumArgs(A=A.data_ptr(), abf=_bf(A), B=N * n, C=chunk,
-                                        rs=rs.data_ptr()))
+    b.fns["mask_rowsum"](A=A.data_ptr(), abf=_bf(A), B=N * n, C=chunk,
+                         rs=rs.data_ptr())
     c = dict(n=n, R=R, fq=fq, fk=fk, fq3=fq3, fk3=fk3, v3=v3, S_before=S_before,
              z_before=z_before, A=A, rs=rs)
     if numerator:
@@ -437,12 +343,12 @@ def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states)
             for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
                 S_states[i, h0:h1], z_states[i, h0:h1] = S[h0:h1], z[h0:h1]
                 q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
-                rc = b.fns["causal_forward"](CausalForwardArgs(
+                rc = b.fns["causal_forward"](
                     kind=b.kind, bf=_bf(q), q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
                     ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), N=h1 - h0,
                     T=t1 - t0, L=L, Dv=Dv, C=chunk, eps=eps, S=S[h0].data_ptr(),
                     z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o),
-                    work=work.data_ptr()))
+                    work=work.data_ptr())
                 check_rc(rc, "la_causal_forward")
 
         return _over_heads(b, size, heads)
@@ -463,7 +369,7 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
             """parts 1: the query pass over queries [q0, q1); 2: the key pass; 3: both."""
             qv, ov, dqv = (x[h0:h1, q0:q1] for x in (b.q, out, dq))
             k, v, dk_, dv_ = (x[h0:h1] for x in (b.k, b.v, dk, dv))
-            rc = b.fns["noncausal_backward"](NoncausalBackwardArgs(
+            rc = b.fns["noncausal_backward"](
                 kind=kind, parts=parts, q=qv.data_ptr(), qs=_head_stride(qv), k=k.data_ptr(),
                 ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=ov.data_ptr(),
                 os=_head_stride(ov), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
@@ -471,7 +377,7 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
                 z=z[h0].data_ptr(), G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(),
                 dq=dqv.data_ptr(), dqs=_head_stride(dqv), dk=dk_.data_ptr(),
                 dks=_head_stride(dk_), dv=dv_.data_ptr(), dvs=_head_stride(dv_),
-                work=work.data_ptr()))
+                work=work.data_ptr())
             check_rc(rc, "la_noncausal_backward")
 
         def heads(h0, h1, work):
@@ -518,7 +424,7 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
                 g = _rows_of(g_out[h0:h1, t0:t1], g_buf)
                 q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
                 dq_, dk_, dv_ = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
-                rc = b.fns["causal_backward"](CausalBackwardArgs(
+                rc = b.fns["causal_backward"](
                     kind=kind, q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
                     ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=o.data_ptr(),
                     os=_head_stride(o), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
@@ -526,7 +432,7 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
                     S_in=S_states[i, h0].data_ptr(), z_in=z_states[i, h0].data_ptr(),
                     G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(), dq=dq_.data_ptr(),
                     dqs=_head_stride(dq_), dk=dk_.data_ptr(), dks=_head_stride(dk_),
-                    dv=dv_.data_ptr(), dvs=_head_stride(dv_), work=work.data_ptr()))
+                    dv=dv_.data_ptr(), dvs=_head_stride(dv_), work=work.data_ptr())
                 check_rc(rc, "la_causal_backward")
 
         return _over_heads(b, size, heads)
@@ -550,7 +456,7 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
         Gz_after = _prefix(b.fns, Gz_after.view(N, n, L), Gz, Gz, reverse=True)
         dA = b.buf("dA", n, chunk, chunk).view(-1, chunk, chunk)
         dA = torch.bmm(dn3, c["v3"].transpose(1, 2), out=dA)
-        b.fns["mask_add"](MaskAddArgs(A=dA.data_ptr(), B=N * n, C=chunk, ds=ds3.data_ptr()))
+        b.fns["mask_add"](A=dA.data_ptr(), B=N * n, C=chunk, ds=ds3.data_ptr())
         dphi = b.buf("dphi", R, L)
         d = torch.bmm(dA, c["fk3"], out=dphi.view(N * n, chunk, L))
         d.baddbmm_(dn3, c["S_before"].view(N * n, L, Dv).transpose(1, 2))

@@ -185,12 +185,12 @@ def _lean(x: object, gate: object, weight: object, eps: object, activation: obje
     y = torch.empty(shape, dtype=x.dtype)
     # (contiguous x, gate and y: rows of D, one call on this thread at this size)
     xdt = codes[x.dtype]
-    if fns["norm_forward"](norm_native.NormForwardArgs(
+    if fns["norm_forward"](
             x=x.data_ptr(), xr=D, xdt=xdt, g=gate.data_ptr(), gr=D, gdt=codes[gate.dtype],
             y=y.data_ptr(), yr=D, ydt=xdt, w=None if weight is None else weight.data_ptr(),
             wdt=0 if weight is None else codes[weight.dtype], R=R, D=D, G=D, eps=eps,
             act=1 if sigmoid else 0, before=1 if norm_before_gate else 0,
-            work=scratch(fns["work"](D)).data_ptr())):
+            work=scratch(fns["work"](D)).data_ptr()):
         return None
     return y
 
