@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 import warnings
 
 import pytest
@@ -111,16 +112,16 @@ def test_every_key_padded_gives_zero_output(native_on):
 
 
 class _CountingKernels(dict):
-    """The bound kernels with the calls to one of them recorded (their argument structs)."""
+    """The bound kernels with the calls to one of them recorded (their fields, by name)."""
 
     def __init__(self, fns: dict, entry: str):
         super().__init__(fns)
         self.calls = []
         real = fns[entry]
 
-        def counted(args):
-            self.calls.append(args)
-            return real(args)
+        def counted(**fields):
+            self.calls.append(types.SimpleNamespace(**fields))
+            return real(**fields)
 
         self[entry] = counted
 

@@ -33,7 +33,7 @@ from linattn.ops._library import tracing
 from linattn.ops.conv import native as conv_native
 from linattn.ops.conv.portable import torch_prefill, torch_step
 from linattn.ops.dispatch import Backend, Choice
-from linattn.ops.native import DTYPE_CODES, threads_for, torch_on_one_thread
+from linattn.ops.native import DTYPE_CODES, threads_for
 from linattn.ops.varlen import check_cu_seqlens
 
 __all__ = ["causal_conv1d", "causal_conv1d_step", "check_activation", "segments", "prefill",
@@ -162,7 +162,7 @@ def prefill(x: Tensor, weight: Tensor, bias: Tensor | None, silu: bool, S0: Tens
                              None if traced else x.shape[1], traced)
     if traced:
         return _prefill(choice, x, weight, bias, silu, S0, segs)
-    with torch_on_one_thread(conv_native._small(x)):
+    with conv_native.conv_prefill_native.one_thread(x):
         return _prefill(choice, x, weight, bias, silu, S0, segs)
 
 

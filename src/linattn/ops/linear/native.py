@@ -71,7 +71,6 @@ from linattn.ops.native import (
     is_small,
     run_parts,
     threads_for,
-    torch_on_one_thread,
 )
 
 __all__ = ["native_linear_attention", "kernels", "unavailable", "phi", "MAP_KINDS"]
@@ -550,8 +549,13 @@ def _backward_fake(q, k, v, keep, S0, z0, S_states, z_states, S, z, out, g_out, 
             torch.empty_like(z))
 
 
-_BACKWARD = KernelOp("linear_attention_bwd", _backward, _backward_fake,
-                     small=lambda q, k, v, *_: _small(q, v))
+def _small(q: Tensor, k: Tensor, v: Tensor, *_) -> bool:
+    """The small-call rule (:class:`~linattn.ops._library.KernelOp`): whether a call is below
+    the thread policy's threshold, its torch operations then on one thread too."""
+    return is_small(q, v, PARALLEL_MIN)
+
+
+_BACKWARD = KernelOp("linear_attention_bwd", _backward, _backward_fake, small=_small)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -575,8 +579,7 @@ def _backward_formula(ctx, g_out, g_S, g_z, _g_states, _g_zstates):
 
 
 _FORWARD = KernelOp("linear_attention_fwd", _forward, _forward_fake,
-                    backward=_backward_formula, setup_context=_setup_context,
-                    small=lambda q, k, v, *_: _small(q, v))
+                    backward=_backward_formula, setup_context=_setup_context, small=_small)
 
 
 def _kernels_here(isa: str) -> dict | None:
@@ -619,14 +622,8 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
           "S0": S0, "isa": isa}
     if torch.compiler.is_compiling():  # a traced graph: its operations are the graph's
         return _native_linear_attention(*args, **kw)
-    with torch_on_one_thread(_small(q, v)):
+    with _FORWARD.one_thread(q, k, v):  # the flattening and the state's joins too
         return _native_linear_attention(*args, **kw)
-
-
-def _small(q: Tensor, v: Tensor) -> bool:
-    """Whether a call is below the thread policy's threshold (its torch operations then run on
-    one thread too: :func:`linattn.ops.native.torch_on_one_thread`)."""
-    return is_small(q, v, PARALLEL_MIN)
 
 
 def _native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0, isa):

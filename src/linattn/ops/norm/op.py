@@ -29,7 +29,7 @@ from linattn.ops import dispatch
 from linattn.ops._common import check_eps, check_flag, is_bool, needs_grad, shown
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import Backend, Choice
-from linattn.ops.native import DTYPE_CODES, scratch, torch_on_one_thread
+from linattn.ops.native import DTYPE_CODES, scratch
 from linattn.ops.norm import native as norm_native
 from linattn.ops.norm.portable import torch_norm
 
@@ -120,7 +120,7 @@ def rms_norm_gated(
     choice = dispatch.select(OP, form, x.dtype, x.device.type, grad, (), None, traced)
     if traced:
         return _run(choice, x, gate, weight, eps, sigmoid, G, before)
-    with torch_on_one_thread(norm_native._small(x)):
+    with norm_native.rms_norm_native.one_thread(x):
         return _run(choice, x, gate, weight, eps, sigmoid, G, before)
 
 
