@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from linattn.ops import _library
 from linattn.ops.delta import native as delta_native
 from linattn.ops.linear import native as linear_native
+from linattn.ops.linear import passes as linear_passes
 
 needs_native = pytest.mark.skipif(linear_native.kernels() is None,
                                   reason=f"compiled path: {linear_native.unavailable()}")
@@ -111,7 +112,7 @@ def test_the_ops_compute_the_same_function_where_the_kernels_cannot_be_had(monke
     x = torch.randn(1, 2, 16)
     step = (x, x, x, torch.rand(1, 2), None, torch.randn(1, 2, 16, 16), 0.25, True, "native")
     want_step = delta_native.delta_rule_step_native(*step)
-    monkeypatch.setattr(linear_native, "kernels", lambda isa="native": None)
+    monkeypatch.setattr(linear_passes, "kernels", lambda isa="native": None)
     monkeypatch.setattr(delta_native, "kernels", lambda isa="native": None)
     got = linear_native._FORWARD(*args)
     for a, b in zip(got[:3], want[:3], strict=True):
@@ -136,7 +137,7 @@ def test_the_small_call_rule_is_decided_once_per_call(op, monkeypatch):
     from linattn.ops.gated import native as gated_native
     from linattn.ops.norm import native as norm_native
 
-    kernel_op = {"linear": linear_native._FORWARD, "gated": gated_native.gla_forward,
+    kernel_op = {"linear": linear_native._FORWARD, "gated": gated_native._FORWARD,
                  "delta": delta_native.delta_rule_native,
                  "conv": conv_native.conv_prefill_native,
                  "norm": norm_native.rms_norm_native}[op]

@@ -41,8 +41,8 @@ from linattn.ops.native import (
     threads_for,
 )
 
-__all__ = ["conv_prefill_native", "conv_step_native", "kernels", "unavailable", "kernels_here",
-           "step_into", "PARALLEL_MIN"]
+__all__ = ["conv_prefill_native", "one_thread", "conv_step_native", "kernels", "unavailable",
+           "kernels_here", "step_into", "PARALLEL_MIN"]
 
 #: A pass splits across threads from this many elements (B·T·D), through the library's thread
 #: policy: one element is a few multiply-adds and ~6 bytes of memory traffic, ~1 ns; below
@@ -246,3 +246,5 @@ def _step_fake(x, state, weight, bias, silu, isa):
 
 conv_prefill_native = KernelOp("conv_forward", _prefill, _prefill_fake, small=_small)
 conv_step_native = KernelOp("conv_step", _step, _step_fake)
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = conv_prefill_native.one_thread

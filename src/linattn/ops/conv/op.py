@@ -162,7 +162,7 @@ def prefill(x: Tensor, weight: Tensor, bias: Tensor | None, silu: bool, S0: Tens
                              None if traced else x.shape[1], traced)
     if traced:
         return _prefill(choice, x, weight, bias, silu, S0, segs)
-    with conv_native.conv_prefill_native.one_thread(x):
+    with conv_native.one_thread(x):
         return _prefill(choice, x, weight, bias, silu, S0, segs)
 
 

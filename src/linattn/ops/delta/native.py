@@ -66,8 +66,9 @@ from linattn.ops.native import (
 )
 from linattn.ops.native.abi import LayoutError
 
-__all__ = ["delta_rule_native", "delta_rule_native_train", "delta_rule_step_native", "kernels",
-           "unavailable", "kernels_here", "checkpoints", "step_into", "V_MULTIPLE", "CHECKPOINT"]
+__all__ = ["delta_rule_native", "one_thread", "delta_rule_native_train", "delta_rule_step_native",
+           "kernels", "unavailable", "kernels_here", "checkpoints", "step_into", "V_MULTIPLE",
+           "CHECKPOINT"]
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
@@ -534,6 +535,9 @@ delta_rule_native = KernelOp("gdr_forward", _prefill, _prefill_fake, small=_smal
 #: saved states; :func:`delta_rule_native_train` the first two).
 _FORWARD_TRAIN = KernelOp("gdr_forward_train", _train_forward, _train_forward_fake,
                           backward=_backward_formula, setup_context=_setup_context, small=_small)
+
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = delta_rule_native.one_thread
 
 
 def delta_rule_native_train(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,

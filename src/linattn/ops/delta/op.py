@@ -191,7 +191,7 @@ def delta_rule(
         o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
     else:  # a small call's torch operations (casts, state copies) on one thread, as its kernels
         # (the compiled op's rule, also where the portable backend runs: native._small)
-        with delta_native.delta_rule_native.one_thread(q, k, v):
+        with delta_native.one_thread(q, k, v):
             o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
     return (o, S) if return_state else o
 

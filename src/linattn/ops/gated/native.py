@@ -57,7 +57,7 @@ from linattn.ops.native import (
     threads_for,
 )
 
-__all__ = ["gla_prefill", "gla_forward", "gla_step", "kernels", "unavailable",
+__all__ = ["gla_prefill", "one_thread", "gla_step", "kernels", "unavailable",
            "checkpoint_interval", "V_MULTIPLE"]
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
@@ -353,8 +353,8 @@ def _backward_formula(ctx, g_out, g_S, _g_ckpt):
 
 _FORWARD = KernelOp("gla_forward", _forward, _forward_fake, backward=_backward_formula,
                     setup_context=_setup_context, small=_small)
-#: the prefill's custom op, whose small-call rule the public op applies to its whole call
-gla_forward = _FORWARD
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = _FORWARD.one_thread
 
 
 def _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens):

@@ -107,7 +107,7 @@ def gated_linear_attention(
                         cu_seqlens)
     # a small call's torch operations (the gates' value checks, casts, state copies) on one
     # thread, as its kernels: the compiled op's rule, whichever backend runs
-    with gated_native.gla_forward.one_thread(q, k, v):
+    with gated_native.one_thread(q, k, v):
         return _checked(q, k, v, g, gk, scale, initial_state, return_state, chunk_size,
                         cu_seqlens)
 

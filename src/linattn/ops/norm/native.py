@@ -34,7 +34,7 @@ from linattn.ops.native import (
 )
 from linattn.ops.norm.portable import torch_norm
 
-__all__ = ["rms_norm_native", "kernels", "unavailable", "kernels_here", "norm_into",
+__all__ = ["rms_norm_native", "one_thread", "kernels", "unavailable", "kernels_here", "norm_into",
            "PARALLEL_MIN"]
 
 #: A call splits across threads from this many elements (rows · D): ~1 ns each (a few
@@ -155,3 +155,5 @@ def _small(x: Tensor, *_) -> bool:
 
 
 rms_norm_native = KernelOp("rms_norm_gated", _norm, _norm_fake, small=_small)
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = rms_norm_native.one_thread

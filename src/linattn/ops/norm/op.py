@@ -120,7 +120,7 @@ def rms_norm_gated(
     choice = dispatch.select(OP, form, x.dtype, x.device.type, grad, (), None, traced)
     if traced:
         return _run(choice, x, gate, weight, eps, sigmoid, G, before)
-    with norm_native.rms_norm_native.one_thread(x):
+    with norm_native.one_thread(x):
         return _run(choice, x, gate, weight, eps, sigmoid, G, before)
 
 
