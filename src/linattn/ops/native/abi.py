@@ -110,7 +110,9 @@ def _caller(kernel: str, cls: type[ctypes.Structure], fn: Callable) -> Callable[
     params = ", ".join(names)
     name = f"la_{kernel}_call"
     namespace: dict = {"_fn": fn, "_struct": cls}
-    exec(f"def {name}(*, {params}):\n    return _fn(_struct({params}))", namespace)  # noqa: S102
+    code = compile(f"def {name}(*, {params}):\n    return _fn(_struct({params}))", __file__,
+                   "exec")  # (tracebacks and profiles name this file)
+    exec(code, namespace)  # noqa: S102
     call = namespace[name]
     call.__doc__ = f"{name}: the fields of {cls.__name__} by keyword ({params})."
     call.struct, call.c_call = cls, fn
