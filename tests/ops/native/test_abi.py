@@ -7,6 +7,7 @@ from __future__ import annotations
 from ctypes import c_float, c_int, c_long, c_void_p
 
 import pytest
+import torch
 
 from linattn.ops import native
 from linattn.ops.conv import native as conv_native
@@ -59,6 +60,17 @@ def test_each_build_has_its_own_mirrors():
     assert a["gdr_step"].struct is not b["gdr_step"].struct
     assert abi.layout_of(a["gdr_step"].struct) == abi.layout_of(b["gdr_step"].struct)
     assert a["gdr_step"].c_call is not b["gdr_step"].c_call
+
+
+def test_binding_a_library_again_leaves_the_first_binding_working():
+    """Each bind types function objects of its own: a second bind of the same library (a test
+    resetting a kernel set, another op's table) must not retype the first one's entry points
+    to its own mirrors."""
+    lib = _lib("native")
+    first = abi.bind(lib, "la_linear_abi")["mask_add"]
+    abi.bind(lib, "la_linear_abi")
+    A, ds = torch.ones(1, 2, 2), torch.ones(1, 2)
+    assert first(A=A.data_ptr(), B=1, C=2, ds=ds.data_ptr()) == 0
 
 
 def test_a_field_c_does_not_have_is_a_clear_error():

@@ -131,7 +131,9 @@ def bind(lib: ctypes.CDLL, table: str) -> dict[str, Callable[..., int]]:
             raise LayoutError(f"{table}: {c_name} is no la_<kernel>_args struct")
         kernel = c_name[3:-5]
         cls = structure(c_name, layout)
-        fn = getattr(lib, f"la_{kernel}_call")
+        # a function object of its own (lib[...], not getattr, which hands every caller the
+        # same one): another bind of this library types its own with its own mirrors
+        fn = lib[f"la_{kernel}_call"]
         fn.argtypes, fn.restype = [POINTER(cls)], c_int
         fns[kernel] = _caller(kernel, cls, fn)
     if not fns:
