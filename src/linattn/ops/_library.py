@@ -126,7 +126,12 @@ class KernelOp:
     def __call__(self, *args):
         if tracing(*args):
             return self.op(*args)
+        if self.small is None:  # (a decoding step: nothing to decide, nothing entered)
+            return self._run(args)
         with self._decided(args):
-            if self.differentiable and _wants_grad([a for a in args if isinstance(a, Tensor)]):
-                return self.op(*args)
-            return self.impl(*args)
+            return self._run(args)
+
+    def _run(self, args: tuple):
+        if self.differentiable and _wants_grad([a for a in args if isinstance(a, Tensor)]):
+            return self.op(*args)
+        return self.impl(*args)
