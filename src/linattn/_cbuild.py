@@ -61,13 +61,11 @@ once per process and builds in a private temporary folder instead.
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import json
 import math
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +77,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from linattn._ccompiler import compiler, compiler_identity
+from linattn._ccompiler import quick_identity as _quick_identity
+from linattn._ccompiler import run as _run
+from linattn._ccompiler import signame as _signame
+from linattn._ccompiler import version as _version
 from linattn._io import atomic_path, user_cache_dir, write_atomic
 from linattn._native_env import (
     CC_TIMEOUT_S,
@@ -107,77 +110,6 @@ __all__ = ["load_library", "build_library", "library_path", "BuildError", "warn_
 
 #: A ``.failed`` or ``.timeout`` marker older than this is ignored: the build is tried again.
 MARKER_TTL_S = 24 * 3600
-
-
-def compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc and shutil.which(cc):
-        return cc
-    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-
-
-
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill ``proc`` and every process of its group (it leads a session of its own), then
-    reap it. A child that left the group and keeps the pipes open costs at most 5 s."""
-    with suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with suppress(subprocess.SubprocessError, OSError, ValueError):
-        proc.communicate(timeout=5)
-
-
-def _run(argv: list[str], data: bytes | None, timeout: float) -> subprocess.CompletedProcess:
-    """``argv`` with ``data`` on stdin and its output captured, in a session of its own (the C
-    locale: English messages, which :func:`_environment_cause` reads). On a timeout (or an
-    interrupt) its whole process group is killed, the compiler's own children included, and
-    the TimeoutExpired (or the interrupt) propagates."""
-    env = {**os.environ, "LC_ALL": "C"}
-    stdin = subprocess.PIPE if data is not None else subprocess.DEVNULL
-    with subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=env, start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(data, timeout=timeout)
-        except BaseException:
-            _kill_group(proc)
-            raise
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def _quick_identity(cc: str) -> str:
-    """Resolved path and mtime of ``cc``: no process started."""
-    path = os.path.realpath(shutil.which(cc) or cc)
-    try:
-        mtime = os.stat(path).st_mtime_ns
-    except OSError:
-        mtime = 0
-    return f"{path}\0{mtime}"
-
-
-@functools.cache
-def _version(cc: str) -> str | None:
-    """The first line of ``cc --version`` (once per process): "" where it fails, None where it
-    did not answer within the compiler timeout (a hung compiler)."""
-    try:
-        out = _run([cc, "--version"], None, min(cc_timeout(), 30.0)).stdout
-    except subprocess.TimeoutExpired:
-        return None
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.decode(errors="replace").partition("\n")[0].strip()
-
-
-@functools.cache
-def compiler_identity(cc: str) -> str:
-    """Resolved path, mtime and ``--version`` first line of ``cc`` (once per process): what
-    keys a ``.failed`` marker, so that an upgraded or different compiler tries again."""
-    return f"{_quick_identity(cc)}\0{_version(cc) or ''}"
 
 
 class BuildError(Exception):
