@@ -59,13 +59,13 @@ def step_case(rounds: int, calls: int) -> None:
     isa = choice.isa or "native"
     fns = delta_native.kernels(isa)
     S_out, o = torch.empty_like(S), torch.empty(1, H, K)
-    args = delta_native.GdrStepArgs(
+    kernel = fns["gdr_step"]
+    args = kernel.struct(
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), beta=beta.data_ptr(), g=gate.data_ptr(),
         N=H, K=K, V=K, scale=K ** -0.5, l2norm=1, S_in=S.data_ptr(), S_out=S_out.data_ptr(),
         o=o.data_ptr(), work=delta_native._work(fns, K).data_ptr())
-    kernel = fns["gdr_step"]
     cases = {
-        "kernel (prebuilt struct, outputs)": lambda: kernel(args),
+        "kernel (prebuilt struct, outputs)": lambda: kernel.c_call(args),
         "op implementation (+ outputs, struct)":
             lambda: delta_native._step(q, k, v, beta, gate, S, K ** -0.5, True, isa),
         "linattn.delta_rule_step": lambda: linattn.delta_rule_step(q, k, v, beta, S, g_t=gate,

@@ -46,7 +46,7 @@ LOAD = (
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The cache folder (under tmp_path), with no warning given yet in this process."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     return tmp_path / "xdg" / "linattn"
 
 
@@ -201,7 +201,7 @@ def test_retry_with_other_flags_without_warning(tmp_path: Path, cache: Path) -> 
 def test_unwritable_cache_warns_once_and_builds_privately(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     base = tmp_path / "xdg"
     if how == "under a file":  # mkdir fails, even for root
         base.write_text("not a folder")
@@ -326,11 +326,11 @@ def test_hanging_compiler_is_stopped_and_remembered(
     assert str(marker) in message and "\n" not in message
 
     # The next call, and the next process, skip the build at once.
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     start = time.monotonic()
     with pytest.warns(RuntimeWarning, match="did not finish within 0.5 s earlier in this process"):
         assert _cbuild.load_library(src, "hang", ["-O2"]) is None
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setattr(_cbuild, "_hung_here", {})  # as in another process: the marker says it
     with pytest.warns(RuntimeWarning, match="did not finish within 0.5 s in an earlier process"):
         assert _cbuild.load_library(src, "hang", ["-O2"]) is None
@@ -353,7 +353,7 @@ def test_hanging_compiler_without_a_cache_folder_waits_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nowhere to write the marker: still one wait per process, not one per library."""
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     (tmp_path / "xdg").write_text("not a folder")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     pids, log = tmp_path / "pids", tmp_path / "cc-runs"
@@ -375,7 +375,7 @@ def test_hanging_compiler_without_a_cache_folder_waits_once(
 
 
 def test_bad_timeout_setting_warns_and_uses_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setenv("LINATTN_CC_TIMEOUT", "soon")
     with pytest.warns(RuntimeWarning, match="LINATTN_CC_TIMEOUT='soon'"):
         assert _cbuild.cc_timeout() == _cbuild.CC_TIMEOUT_S
@@ -488,7 +488,7 @@ def test_full_disk_is_not_a_refusal(
         assert _cbuild.load_library(src, "full", ["-O2"]) is None
     assert len(w) == 1 and "\n" not in str(w[0].message)
     assert not list(cache.glob("*.failed"))
-    monkeypatch.setattr(_cbuild, "_warned", set())  # another process: it tries again
+    monkeypatch.setattr("linattn._native_env._warned", set())  # another process: it tries again
     with pytest.warns(RuntimeWarning, match="the disk is full"):
         assert _cbuild.load_library(src, "full", ["-O2"]) is None
     assert count(log) == 2
@@ -546,7 +546,7 @@ def test_unwritable_record_uses_the_build_and_writes_no_marker(
 def test_read_only_cache_with_a_refusing_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                   ) -> None:
     """Nowhere to put a marker: None and one warning per process, never an error."""
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     base = tmp_path / "xdg"
     base.write_text("not a folder")
     monkeypatch.setenv("XDG_CACHE_HOME", str(base))

@@ -61,27 +61,41 @@ once per process and builds in a private temporary folder instead.
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import json
 import math
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from linattn._config import env_setting
+from linattn._ccompiler import compiler, compiler_identity
+from linattn._ccompiler import quick_identity as _quick_identity
+from linattn._ccompiler import run as _run
+from linattn._ccompiler import signame as _signame
+from linattn._ccompiler import version as _version
 from linattn._io import atomic_path, user_cache_dir, write_atomic
+from linattn._native_env import (
+    CC_TIMEOUT_S,
+    ISA_NAMES,
+    SETTINGS,
+    cc_timeout,
+    check_environment,
+    cpu_flags,
+    cpu_tag,
+    isa_setting,
+    native_setting,
+    setting,
+    warn_once,
+)
 
 fcntl: ModuleType | None
 try:
@@ -92,190 +106,10 @@ except ImportError:  # not on Windows (where load_library returns None anyway)
 __all__ = ["load_library", "build_library", "library_path", "BuildError", "warn_failure",
            "compiler", "compiler_identity", "cc_timeout", "cpu_tag", "cpu_flags", "warn_once",
            "native_setting", "isa_setting", "check_environment", "ISA_NAMES", "SETTINGS",
-           "setting"]
+           "setting", "CC_TIMEOUT_S"]
 
 #: A ``.failed`` or ``.timeout`` marker older than this is ignored: the build is tried again.
 MARKER_TTL_S = 24 * 3600
-#: Seconds a compiler (and a test load) may take unless ``LINATTN_CC_TIMEOUT`` says otherwise:
-#: the largest build takes ~3.5 s on a 2-core machine.
-CC_TIMEOUT_S = 60.0
-
-
-def compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc and shutil.which(cc):
-        return cc
-    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-
-
-#: The compiled builds by name (:data:`linattn.ops.native.ISA_FLAGS` holds their flags; a test
-#: holds the two equal), here torch-free for the settings below.
-ISA_NAMES: tuple[str, ...] = ("native", "avx512", "avx2", "generic", "scalar")
-_OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
-
-
-def _native(value: str) -> str | None:
-    value = value.lower()
-    return "0" if value in _OFF else "1" if value in _ON else "auto" if value == "auto" else None
-
-
-def _seconds(value: str) -> float | None:
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds > 0 and math.isfinite(seconds) else None
-
-
-#: Every ``LINATTN_*`` setting: name → (how a value is read, None for one it does not take;
-#: the value when unset, empty or refused; what it takes; what a refused one means). One rule
-#: for all (:func:`linattn._config.env_setting`): a bad value warns once and is ignored.
-SETTINGS: dict[str, tuple] = {
-    "LINATTN_NATIVE": (_native, "auto", "one of 0, 1, off, on, false, true, no, yes, auto",
-                       "auto"),
-    "LINATTN_NATIVE_ISA": (lambda v: v.lower() if v.lower() in ISA_NAMES else None, None,
-                           f"one of {', '.join(ISA_NAMES)}", "the calibration's choice"),
-    "LINATTN_CC_TIMEOUT": (_seconds, CC_TIMEOUT_S, "a positive number of seconds",
-                           f"{CC_TIMEOUT_S:g}"),
-}
-
-
-def setting(name: str):
-    """The value of setting ``name`` (:data:`SETTINGS`): a bad one warns once and is ignored."""
-    return env_setting(name, *SETTINGS[name], warn_once)
-
-
-def native_setting() -> str:
-    """``LINATTN_NATIVE``: "0" (off: 0, off, false, no), "1" (on wherever it applies: 1, on,
-    true, yes) or "auto" (unset, empty or "auto": measured), in any case."""
-    return setting("LINATTN_NATIVE")
-
-
-def isa_setting() -> str | None:
-    """``LINATTN_NATIVE_ISA``: one build (:data:`ISA_NAMES`, any case) for every compiled
-    call, or None (an unknown build was a traceback at the first compiled call)."""
-    return setting("LINATTN_NATIVE_ISA")
-
-
-def check_environment() -> list[str]:
-    """Read every ``LINATTN_*`` setting now: each bad one is one warning line (once per
-    process) before a command starts its work, not at its first compiled call. Returns the
-    names of the variables whose values were refused."""
-    refused = []
-    for name, (parse, *_) in SETTINGS.items():
-        setting(name)
-        raw = os.environ.get(name, "").strip()
-        if raw and parse(raw) is None:
-            refused.append(name)
-    return refused
-
-
-def cc_timeout() -> float:
-    """``LINATTN_CC_TIMEOUT`` (seconds, > 0), else :data:`CC_TIMEOUT_S`."""
-    return setting("LINATTN_CC_TIMEOUT")
-
-
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill ``proc`` and every process of its group (it leads a session of its own), then
-    reap it. A child that left the group and keeps the pipes open costs at most 5 s."""
-    with suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with suppress(subprocess.SubprocessError, OSError, ValueError):
-        proc.communicate(timeout=5)
-
-
-def _run(argv: list[str], data: bytes | None, timeout: float) -> subprocess.CompletedProcess:
-    """``argv`` with ``data`` on stdin and its output captured, in a session of its own (the C
-    locale: English messages, which :func:`_environment_cause` reads). On a timeout (or an
-    interrupt) its whole process group is killed, the compiler's own children included, and
-    the TimeoutExpired (or the interrupt) propagates."""
-    env = {**os.environ, "LC_ALL": "C"}
-    stdin = subprocess.PIPE if data is not None else subprocess.DEVNULL
-    with subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=env, start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(data, timeout=timeout)
-        except BaseException:
-            _kill_group(proc)
-            raise
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def _quick_identity(cc: str) -> str:
-    """Resolved path and mtime of ``cc``: no process started."""
-    path = os.path.realpath(shutil.which(cc) or cc)
-    try:
-        mtime = os.stat(path).st_mtime_ns
-    except OSError:
-        mtime = 0
-    return f"{path}\0{mtime}"
-
-
-@functools.cache
-def _version(cc: str) -> str | None:
-    """The first line of ``cc --version`` (once per process): "" where it fails, None where it
-    did not answer within the compiler timeout (a hung compiler)."""
-    try:
-        out = _run([cc, "--version"], None, min(cc_timeout(), 30.0)).stdout
-    except subprocess.TimeoutExpired:
-        return None
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.decode(errors="replace").partition("\n")[0].strip()
-
-
-@functools.cache
-def compiler_identity(cc: str) -> str:
-    """Resolved path, mtime and ``--version`` first line of ``cc`` (once per process): what
-    keys a ``.failed`` marker, so that an upgraded or different compiler tries again."""
-    return f"{_quick_identity(cc)}\0{_version(cc) or ''}"
-
-
-_CPU_KEYS = ("flags", "model name", "Features", "CPU implementer", "CPU part")  # x86, ARM
-
-
-@functools.cache
-def _cpu_lines() -> tuple[str, ...]:
-    """The distinct /proc/cpuinfo lines that describe the CPU's model and features (read once
-    per process), or the platform's processor string where there is no /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return tuple(sorted({ln for ln in f if ln.startswith(_CPU_KEYS)}))
-    except OSError:
-        return (platform.processor(),)
-
-
-def cpu_tag() -> str:
-    """A short hash of the CPU's model and feature flags: a library built with -march=native
-    must not be loaded on another CPU that shares the cache folder."""
-    return hashlib.sha256("".join(_cpu_lines()).encode()).hexdigest()[:8]
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (x86 ``flags``, ARM ``Features``), empty where unknown."""
-    return frozenset(word for ln in _cpu_lines() if ln.startswith(("flags", "Features"))
-                     for word in ln.partition(":")[2].split())
-
-
-_warned: set[str] = set()
-
-
-def warn_once(key: str, message: str) -> bool:
-    """Emit ``message`` as one line (RuntimeWarning) unless ``key`` was warned already in this
-    process; True if it warned. Callers that retry with other flags share the key, so a user
-    sees one warning per library."""
-    if key in _warned:
-        return False
-    _warned.add(key)
-    warnings.warn(" ".join(message.split()), RuntimeWarning, stacklevel=3)
-    return True
 
 
 class BuildError(Exception):

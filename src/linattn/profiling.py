@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from linattn._cbuild import _cpu_lines, cpu_flags, cpu_tag
 from linattn._io import read_json, user_cache_dir, write_json
+from linattn._native_env import _cpu_lines, cpu_flags, cpu_tag
 
 __all__ = ["median_time", "PeakMemory", "matmul_gflops", "core_peak", "peak_kind",
            "cpu_model", "cpu_flags", "cpu_description"]

@@ -402,7 +402,7 @@ FOREIGN = b"int la_phi(void) { return 1; }\n"
 def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(_solve_parse, "_tried", False)
     monkeypatch.setattr(_solve_parse, "_lib", None)
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("LINATTN_SOLVE_PARSER", raising=False)
     return tmp_path / "xdg" / "linattn"

@@ -161,9 +161,8 @@ def test_native_setting_spellings(monkeypatch, value, want):
 def test_unknown_settings_warn_once_naming_the_variable_and_are_ignored(monkeypatch):
     """One rule for every setting (issue 51: a bad LINATTN_NATIVE_ISA was a traceback at the
     first compiled call, where LINATTN_NATIVE and LINATTN_CC_TIMEOUT warned)."""
-    from linattn import _cbuild
 
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setenv("LINATTN_NATIVE", "sometimes")
     with pytest.warns(RuntimeWarning, match="LINATTN_NATIVE='sometimes' is not one of"):
         assert dispatch.native_setting() == "auto"
@@ -181,9 +180,8 @@ def test_unknown_settings_warn_once_naming_the_variable_and_are_ignored(monkeypa
 @needs_native
 def test_a_compiled_call_under_an_unknown_build_runs(monkeypatch):
     """Was a ValueError traceback at the first compiled call (bench, lm and recall)."""
-    from linattn import _cbuild
 
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setenv("LINATTN_NATIVE", "1")
     monkeypatch.setenv("LINATTN_NATIVE_ISA", "nonsense")
     with pytest.warns(RuntimeWarning, match="LINATTN_NATIVE_ISA='nonsense'"):

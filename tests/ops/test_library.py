@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from linattn.ops import _library
 from linattn.ops.delta import native as delta_native
 from linattn.ops.linear import native as linear_native
+from linattn.ops.linear import passes as linear_passes
 
 needs_native = pytest.mark.skipif(linear_native.kernels() is None,
                                   reason=f"compiled path: {linear_native.unavailable()}")
@@ -111,7 +112,7 @@ def test_the_ops_compute_the_same_function_where_the_kernels_cannot_be_had(monke
     x = torch.randn(1, 2, 16)
     step = (x, x, x, torch.rand(1, 2), None, torch.randn(1, 2, 16, 16), 0.25, True, "native")
     want_step = delta_native.delta_rule_step_native(*step)
-    monkeypatch.setattr(linear_native, "kernels", lambda isa="native": None)
+    monkeypatch.setattr(linear_passes, "kernels", lambda isa="native": None)
     monkeypatch.setattr(delta_native, "kernels", lambda isa="native": None)
     got = linear_native._FORWARD(*args)
     for a, b in zip(got[:3], want[:3], strict=True):
@@ -121,3 +122,46 @@ def test_the_ops_compute_the_same_function_where_the_kernels_cannot_be_had(monke
         torch.testing.assert_close(x.grad, g, rtol=1e-4, atol=1e-5)
     for a, b in zip(delta_native.delta_rule_step_native(*step), want_step, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("op", ["linear", "gated", "delta", "conv", "norm"])
+def test_the_small_call_rule_is_decided_once_per_call(op, monkeypatch):
+    """The rule "a small call runs on one thread" is declared once, on the op's KernelOp
+    (``small``), and asked once per call: the op's entry decides for its whole call, and the
+    custom op it calls inside does not ask again (a call that wants gradients asks once
+    more, for the backward)."""
+    import linattn
+    from linattn.ops import dispatch
+    from linattn.ops.conv import native as conv_native
+    from linattn.ops.gated import native as gated_native
+    from linattn.ops.norm import native as norm_native
+
+    kernel_op = {"linear": linear_native._FORWARD, "gated": gated_native._FORWARD,
+                 "delta": delta_native.delta_rule_native,
+                 "conv": conv_native.conv_prefill_native,
+                 "norm": norm_native.rms_norm_native}[op]
+    asked = []
+    real = kernel_op.small
+    monkeypatch.setattr(kernel_op, "small", lambda *a: asked.append(1) or real(*a))
+    q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
+    with dispatch.use(impl="native"), torch.no_grad():
+        if op == "linear":
+            linattn.linear_attention(q, k, v, is_causal=True)
+        elif op == "gated":
+            linattn.gated_linear_attention(q, k, v, g=-torch.rand(1, 2, 16))
+        elif op == "delta":
+            linattn.delta_rule(q, k, v, torch.rand(1, 2, 16))
+        elif op == "conv":
+            linattn.causal_conv1d(torch.randn(1, 16, 32), torch.randn(32, 4))
+        else:
+            x = torch.randn(64, 512)  # above the lean decoding path (no rule: one kernel call)
+            linattn.rms_norm_gated(x, torch.randn(64, 512))
+    assert asked == [1]
+
+
+def test_a_kernel_op_without_a_rule_never_narrows():
+    op = _library.KernelOp.__new__(_library.KernelOp)
+    op.small = None
+    with op.one_thread(torch.randn(2, 2)):
+        assert _library._decision.depth == 0

@@ -15,13 +15,15 @@ transform and no gradient wanted — and goes through the registered op otherwis
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from linattn.ops.native import is_small, torch_on_one_thread
+from linattn.ops.native.threads import torch_on_one_thread
 
 __all__ = ["NAMESPACE", "KernelOp", "tracing"]
 
@@ -45,30 +47,35 @@ def _wants_grad(tensors: list[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _one_thread_when_small(fn: Callable, small: Callable[..., bool]) -> Callable:
-    """``fn`` run under :func:`linattn.ops.native.torch_on_one_thread` when ``small(*args,
-    **kwargs)`` (the signature, and so a custom op's schema, is ``fn``'s)."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with torch_on_one_thread(small(*args, **kwargs)):
-            return fn(*args, **kwargs)
+class _Decided:
+    """The small-call rule in force for one call in this thread (see :class:`KernelOp`):
+    torch's count narrowed to 1 when ``small``, and the decision recorded, so that the kernel
+    op called inside the same call does not decide again."""
 
-    return run
+    __slots__ = ("narrowing",)
+
+    def __init__(self, small: bool) -> None:
+        self.narrowing = torch_on_one_thread(small) if small else None
+
+    def __enter__(self) -> None:
+        _decision.depth += 1
+        if self.narrowing is not None:
+            self.narrowing.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.narrowing is not None:
+                self.narrowing.__exit__(*exc)
+        finally:
+            _decision.depth -= 1
 
 
-def one_thread_when_small(min_work: int) -> Callable[[Callable], Callable]:
-    """Decorate an op ``fn(q, k, v, ...)`` so that an eager call below the thread policy's
-    threshold (:func:`linattn.ops.native.is_small`) runs all of its torch operations on one
-    thread: its argument checks (value checks reduce over every gate), casts and state copies,
-    not only its kernels. Traced calls (fake or functional tensors, Dynamo) run ``fn`` as it
-    is."""
-    def small(q, k, v, *_, **__) -> bool:
-        if (torch.compiler.is_compiling() or not isinstance(q, Tensor)
-                or not isinstance(v, Tensor) or q.dim() < 2 or tracing(q, k, v)):
-            return False
-        return is_small(q, v, min_work)
+class _Decision(threading.local):
+    depth = 0  # calls of this thread whose small-call decision is in force
 
-    return lambda fn: _one_thread_when_small(fn, small)
+
+_decision = _Decision()
+_UNDECIDED = contextlib.nullcontext()
 
 
 class KernelOp:
@@ -76,27 +83,55 @@ class KernelOp:
     ``fake`` and, if given, ``backward`` / ``setup_context`` as its autograd formula (see
     :meth:`torch.library.custom_op`; ``fn`` needs full type hints, its outputs must be new
     tensors). Calling the object runs ``fn`` directly in plain eager calls that want no
-    gradient, and the registered op otherwise. ``small(*args)``: whether a call is too small
-    for threads; its torch operations then run on one thread too
-    (:func:`linattn.ops.native.torch_on_one_thread`), in eager calls and inside compiled graphs
-    alike (the op's implementation runs eagerly in both)."""
+    gradient, and the registered op otherwise.
+
+    The small-call rule lives here, and only here: ``small(*args)`` says whether a call is too
+    small for threads (:func:`linattn.ops.native.is_small` with the op's threshold); its torch
+    operations then run on one thread too (:func:`linattn.ops.native.torch_on_one_thread`),
+    in eager calls and inside compiled graphs alike (the op's implementation runs eagerly in
+    both). It is decided once per call: by :meth:`one_thread` where the op's entry wants its
+    own torch work (argument checks, casts, state copies) narrowed as well, else when the
+    object is called; a call already decided in this thread is not asked again."""
 
     def __init__(self, name: str, fn: Callable, fake: Callable, *,
                  backward: Callable | None = None, setup_context: Callable | None = None,
                  small: Callable[..., bool] | None = None) -> None:
         self.name = f"{NAMESPACE}::{name}"
+        self.impl, self.small = fn, small
+        registered = fn
         if small is not None:
-            fn = _one_thread_when_small(fn, small)
-        self.impl = fn
-        self.op = torch.library.custom_op(self.name, fn, mutates_args=(), device_types="cpu")
+            @functools.wraps(fn)
+            def registered(*args):  # the op's implementation, run eagerly (also in a graph)
+                with self._decided(args):
+                    return fn(*args)
+
+        self.op = torch.library.custom_op(self.name, registered, mutates_args=(),
+                                          device_types="cpu")
         self.op.register_fake(fake)
         self.differentiable = backward is not None
         if backward is not None:
             self.op.register_autograd(backward, setup_context=setup_context)
 
+    def _decided(self, args: tuple):
+        if self.small is None or _decision.depth:
+            return _UNDECIDED
+        return _Decided(self.small(*args))
+
+    def one_thread(self, *args):
+        """The small-call rule for a whole call of this op, entered by the op before its own
+        torch work (``with kernel_op.one_thread(q, k, v): ...``, args as ``small`` takes
+        them). Not for traced calls (the caller knows: it has asked :func:`tracing`)."""
+        return self._decided(args)
+
     def __call__(self, *args):
         if tracing(*args):
             return self.op(*args)
+        if self.small is None:  # (a decoding step: nothing to decide, nothing entered)
+            return self._run(args)
+        with self._decided(args):
+            return self._run(args)
+
+    def _run(self, args: tuple):
         if self.differentiable and _wants_grad([a for a in args if isinstance(a, Tensor)]):
             return self.op(*args)
         return self.impl(*args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 import warnings
 
 import pytest
@@ -20,6 +21,7 @@ from linattn import _cbuild
 from linattn.ops import dispatch, native
 from linattn.ops.linear import native as lnative
 from linattn.ops.linear import op as linear_mod
+from linattn.ops.linear import passes
 
 pytestmark = pytest.mark.skipif(
     lnative.kernels() is None, reason=f"compiled path: {lnative.unavailable()}"
@@ -111,16 +113,16 @@ def test_every_key_padded_gives_zero_output(native_on):
 
 
 class _CountingKernels(dict):
-    """The bound kernels with the calls to one of them recorded (their argument structs)."""
+    """The bound kernels with the calls to one of them recorded (their fields, by name)."""
 
     def __init__(self, fns: dict, entry: str):
         super().__init__(fns)
         self.calls = []
         real = fns[entry]
 
-        def counted(args):
-            self.calls.append(args)
-            return real(args)
+        def counted(**fields):
+            self.calls.append(types.SimpleNamespace(**fields))
+            return real(**fields)
 
         self[entry] = counted
 
@@ -130,8 +132,8 @@ def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native
     last chunk holds 1 token (T = 129) and 15 tokens (T = 143), and gives the reference's
     values; the blocked kernels (one pass refused) agree with it to float32 rounding."""
     lib = _CountingKernels(lnative.kernels(), "causal_forward")
-    monkeypatch.setattr(lnative, "kernels", lambda isa="native": lib)
-    one_pass = lnative._single_pass
+    monkeypatch.setattr(passes, "kernels", lambda isa="native": lib)
+    one_pass = passes._single_pass
     for T, tail in ((129, 1), (143, 15)):
         q, k, v = _qkv(1, 2, T=T, D=16, Dv=32)
         lib.calls.clear()
@@ -144,10 +146,10 @@ def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native
         torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
         lib.calls.clear()
         native_on.clear()
-        monkeypatch.setattr(lnative, "_single_pass", lambda b, c, backward=False: False)
+        monkeypatch.setattr(passes, "_single_pass", lambda b, c, backward=False: False)
         with torch.no_grad():
             blocked = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-        monkeypatch.setattr(lnative, "_single_pass", one_pass)
+        monkeypatch.setattr(passes, "_single_pass", one_pass)
         assert not lib.calls and native_on  # the blocked kernels, still the native path
         torch.testing.assert_close(got, blocked, rtol=1e-5, atol=1e-6)
 
@@ -282,7 +284,7 @@ def test_disabled_by_environment_or_missing_compiler(monkeypatch, tmp_path):
         want = linattn.linear_attention(q, k, v, is_causal=True)
     for setup in ({"env": "0"}, {"compiler": None}):
         monkeypatch.setattr(native.build, "_libs", {})
-        monkeypatch.setattr(lnative._KERNELS, "_bound", {})
+        monkeypatch.setattr(passes._KERNELS, "_bound", {})
         dispatch._memo.clear()
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
         if "env" in setup:

@@ -1,91 +1,118 @@
-"""The C boundary (ops/native/abi.py): every ctypes mirror of an argument struct matches the C
-side's own layout table, and a mirror that does not is refused at load instead of called."""
+"""The C boundary (ops/native/abi.py): the ctypes mirror of every argument struct is built from
+the C side's own layout table, matches it exactly in every build, and a call that names a field
+the C struct lacks (or leaves one out) is a TypeError naming the kernel and the field."""
 
 from __future__ import annotations
 
 from ctypes import c_float, c_int, c_long, c_void_p
 
 import pytest
+import torch
 
 from linattn.ops import native
 from linattn.ops.conv import native as conv_native
 from linattn.ops.delta import native as delta_native
+from linattn.ops.gated import native as gated_native
 from linattn.ops.linear import native as linear_native
 from linattn.ops.native import abi
 from linattn.ops.norm import native as norm_native
 
-#: op module -> (its C layout table, its mirrors)
-OPS = {"linear": ("la_linear_abi", linear_native.KERNELS),
-       "delta": ("la_delta_abi", delta_native.KERNELS),
-       "conv": ("la_conv_abi", conv_native.KERNELS),
-       "norm": ("la_norm_abi", norm_native.KERNELS)}
+#: op -> (its C layout table, its kernels(isa))
+OPS = {"linear": ("la_linear_abi", linear_native.kernels),
+       "gated": ("la_gated_abi", gated_native.kernels),
+       "delta": ("la_delta_abi", delta_native.kernels),
+       "conv": ("la_conv_abi", conv_native.kernels),
+       "norm": ("la_norm_abi", norm_native.kernels)}
 
 pytestmark = pytest.mark.skipif(native.load() is None,
                                 reason=f"compiled path: {native.unavailable_reason()}")
 
 
-@pytest.mark.parametrize("isa", ["native", "scalar"])
-@pytest.mark.parametrize("op", sorted(OPS))
-def test_every_mirror_matches_its_c_struct(op, isa):
-    """Names, order, offsets, sizes and kinds of every field, and the struct sizes, are what
-    the compiler laid out (in any build: the layout must not depend on the ISA)."""
+def _lib(isa):
     lib = native.load(isa)
     if lib is None:
         pytest.skip(f"{isa}: {native.unavailable_reason(isa)}")
-    table, mirrors = OPS[op]
+    return lib
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_every_mirror_is_the_c_layout(op, isa):
+    """Names, order, offsets, sizes and kinds of every field, and the struct sizes, are what
+    the compiler laid out, for every struct the table describes (in any build: each library's
+    mirrors are built from its own table)."""
+    lib = _lib(isa)
+    table, kernels = OPS[op]
     c = abi.c_layouts(lib, table)
-    assert set(c) == {cls._c_name_ for cls in mirrors.values()}
-    for cls in mirrors.values():
-        assert abi.layout_of(cls) == c[cls._c_name_], cls.__name__
-        size, fields = c[cls._c_name_]
+    fns = kernels(isa)
+    assert fns is not None
+    structs = {name: fn.struct for name, fn in fns.items() if hasattr(fn, "struct")}
+    assert {f"la_{name}_args" for name in structs} == set(c)
+    for name, cls in structs.items():
+        assert abi.layout_of(cls) == c[f"la_{name}_args"], name
+        size, fields = c[f"la_{name}_args"]
         assert fields and size >= fields[-1][1] + fields[-1][2]
-    abi.check(lib, table, mirrors)  # what bind() runs before handing out a kernel
 
 
-def _variant(cls, fields):
-    return type("Bad", (abi.Args,), {"_c_name_": cls._c_name_, "_fields_": fields})
+def test_each_build_has_its_own_mirrors():
+    lib, other = _lib("native"), _lib("scalar")
+    a, b = abi.bind(lib, "la_delta_abi"), abi.bind(other, "la_delta_abi")
+    assert a["gdr_step"].struct is not b["gdr_step"].struct
+    assert abi.layout_of(a["gdr_step"].struct) == abi.layout_of(b["gdr_step"].struct)
+    assert a["gdr_step"].c_call is not b["gdr_step"].c_call
 
 
-@pytest.mark.parametrize("change", ["reorder", "drop", "retype", "add"])
-def test_a_mismatched_mirror_is_a_layout_error(change):
-    lib = native.load()
-    table, mirrors = OPS["delta"]
-    good = mirrors["gdr_step"]
-    fields = list(good._fields_)
-    if change == "reorder":
-        fields[0], fields[1] = fields[1], fields[0]
-    elif change == "drop":
-        fields.pop(5)
-    elif change == "retype":  # scale: float -> long (same position, wrong type)
-        fields = [(n, c_long if n == "scale" else t) for n, t in fields]
-    else:
-        fields.append(("extra", c_int))
-    bad = {**mirrors, "gdr_step": _variant(good, fields)}
-    with pytest.raises(abi.LayoutError, match="la_gdr_step_args"):
-        abi.bind(lib, table, bad)
+def test_binding_a_library_again_leaves_the_first_binding_working():
+    """Each bind types function objects of its own: a second bind of the same library (a test
+    resetting a kernel set, another op's table) must not retype the first one's entry points
+    to its own mirrors."""
+    lib = _lib("native")
+    first = abi.bind(lib, "la_linear_abi")["mask_add"]
+    abi.bind(lib, "la_linear_abi")
+    A, ds = torch.ones(1, 2, 2), torch.ones(1, 2)
+    assert first(A=A.data_ptr(), B=1, C=2, ds=ds.data_ptr()) == 0
 
 
-def test_a_struct_without_mirror_or_a_mirror_without_struct_is_refused():
-    lib = native.load()
-    table, mirrors = OPS["delta"]
-    with pytest.raises(abi.LayoutError, match="describes"):
-        abi.bind(lib, table, {"gdr_forward": mirrors["gdr_forward"]})
-    ghost = type("Ghost", (abi.Args,), {"_c_name_": "la_ghost_args",
-                                         "_fields_": [("x", c_void_p)]})
-    with pytest.raises(abi.LayoutError, match="la_ghost_args"):
-        abi.bind(lib, table, {**mirrors, "ghost": ghost})
-
-
-def test_args_need_every_field_by_name():
-    cls = delta_native.GdrStepArgs
-    full = {name: 0 for name, _ in cls._fields_}
-    cls(**full)
-    with pytest.raises(TypeError, match="missing.*'work'"):
-        cls(**{k: v for k, v in full.items() if k != "work"})
-    with pytest.raises(TypeError, match="unexpected keyword argument 'wrok'"):
-        cls(**full, wrok=0)
+def test_a_field_c_does_not_have_is_a_clear_error():
+    fn = abi.bind(_lib("native"), "la_delta_abi")["gdr_step"]
+    full = {name: 0 for name, _ in fn.struct._fields_}
+    with pytest.raises(TypeError, match=r"la_gdr_step_call\(\) got an unexpected keyword "
+                                        r"argument 'wrok'"):
+        fn(**full, wrok=0)
+    with pytest.raises(TypeError, match=r"la_gdr_step_call\(\) missing .*'work'"):
+        fn(**{k: v for k, v in full.items() if k != "work"})
     with pytest.raises(TypeError):
-        cls(*full.values())  # never by position
+        fn(*full.values())  # never by position
+
+
+def test_the_struct_carries_the_values_given():
+    fn = abi.bind(_lib("native"), "la_delta_abi")["gdr_step"]
+    values = {name: i + 1 for i, (name, _) in enumerate(fn.struct._fields_)}
+    values["scale"] = 0.5
+    s = fn.struct(**values)
+    assert {name: getattr(s, name) for name in values} == values
+
+
+@pytest.mark.parametrize("change", ["offset", "size", "kind", "struct size"])
+def test_a_table_ctypes_cannot_mirror_is_a_layout_error(change):
+    """A field declared with the wrong kind in C (a long described as 'i', say) shows as an
+    offset or size that ctypes lays out differently: refused when the library loads."""
+    c = abi.c_layouts(_lib("native"), "la_delta_abi")
+    size, fields = c["la_gdr_step_args"]
+    fields = list(fields)
+    name, offset, fsize, kind = fields[1]
+    if change == "offset":
+        fields[1] = (name, offset + 4, fsize, kind)
+    elif change == "size":
+        fields[1] = (name, offset, fsize // 2, kind)
+    elif change == "kind":
+        fields[1] = (name, offset, fsize, "d")
+    else:
+        size += 8
+    with pytest.raises(abi.LayoutError, match="la_gdr_step_args"):
+        abi.structure("la_gdr_step_args", (size, tuple(fields)))
+    assert abi.layout_of(abi.structure("la_gdr_step_args", c["la_gdr_step_args"])) == \
+        c["la_gdr_step_args"]
 
 
 def test_kinds_cover_the_c_types():

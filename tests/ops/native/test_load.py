@@ -24,6 +24,7 @@ from linattn import _cbuild
 from linattn.ops import dispatch, native
 from linattn.ops.delta import native as delta_native
 from linattn.ops.linear import native as linear_native
+from linattn.ops.linear import passes as linear_passes
 
 CC = _cbuild.compiler()
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler found (cc, gcc, clang or $CC)")
@@ -46,10 +47,10 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in ("LINATTN_NATIVE", "LINATTN_NATIVE_ISA", "LINATTN_CC_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(_cbuild, "_warned", set())
+    monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setattr(native.build, "_libs", {})
     monkeypatch.setattr(native.build, "_reasons", {})
-    for kernels in (linear_native._KERNELS, delta_native._KERNELS):
+    for kernels in (linear_passes._KERNELS, delta_native._KERNELS):
         monkeypatch.setattr(kernels, "_bound", {})
         monkeypatch.setattr(kernels, "_why", {})
     dispatch._memo.clear()

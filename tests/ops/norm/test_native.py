@@ -32,7 +32,7 @@ def native_calls(monkeypatch):
     def counted(isa):
         fns = real(isa)
         kernel = fns["norm_forward"]
-        return {**fns, "norm_forward": lambda a: calls.append(1) or kernel(a)}
+        return {**fns, "norm_forward": lambda **fields: calls.append(1) or kernel(**fields)}
 
     monkeypatch.setattr(norm_native, "kernels_here", counted)
     with dispatch.use(impl="native"):

@@ -23,7 +23,7 @@ run the kernels directly.
 
 from __future__ import annotations
 
-from ctypes import c_int, c_long, c_void_p
+from ctypes import c_long
 
 import torch
 from torch import Tensor
@@ -40,10 +40,9 @@ from linattn.ops.native import (
     scratch,
     threads_for,
 )
-from linattn.ops.native.abi import Args
 
-__all__ = ["conv_prefill_native", "conv_step_native", "kernels", "unavailable", "kernels_here",
-           "step_into", "PARALLEL_MIN", "KERNELS"]
+__all__ = ["conv_prefill_native", "one_thread", "conv_step_native", "kernels", "unavailable",
+           "kernels_here", "step_into", "PARALLEL_MIN"]
 
 #: A pass splits across threads from this many elements (B·T·D), through the library's thread
 #: policy: one element is a few multiply-adds and ~6 bytes of memory traffic, ~1 ns; below
@@ -54,32 +53,6 @@ _BLOCK = 64
 
 
 # --------------------------------------------------------------------------- the C boundary
-class ConvForwardArgs(Args):
-    _c_name_ = "la_conv_forward_args"
-    _fields_ = [("x", c_void_p), ("xb", c_long), ("xt", c_long), ("xdt", c_int),
-                ("y", c_void_p), ("yb", c_long), ("yt", c_long), ("ydt", c_int),
-                ("B", c_long), ("T", c_long), ("D", c_long), ("width", c_long), ("c0", c_long),
-                ("c1", c_long), ("w", c_void_p), ("wd", c_long), ("wj", c_long),
-                ("wdt", c_int), ("bias", c_void_p), ("bs", c_long), ("bdt", c_int),
-                ("act", c_int), ("seg", c_void_p), ("nseg", c_long), ("s0", c_void_p),
-                ("s0n", c_long), ("s0c", c_long), ("s0k", c_long), ("s0dt", c_int),
-                ("sf", c_void_p), ("sfn", c_long), ("sfc", c_long), ("sfk", c_long),
-                ("sfdt", c_int), ("work", c_void_p)]
-
-
-class ConvStepArgs(Args):
-    _c_name_ = "la_conv_step_args"
-    _fields_ = [("x", c_void_p), ("xb", c_long), ("xdt", c_int), ("y", c_void_p),
-                ("yb", c_long), ("ydt", c_int), ("B", c_long), ("D", c_long),
-                ("width", c_long), ("slen", c_long), ("w", c_void_p), ("wd", c_long),
-                ("wj", c_long), ("wdt", c_int), ("bias", c_void_p), ("bs", c_long),
-                ("bdt", c_int), ("act", c_int), ("si", c_void_p), ("sib", c_long),
-                ("sic", c_long), ("sik", c_long), ("so", c_void_p), ("sob", c_long),
-                ("soc", c_long), ("sok", c_long), ("sdt", c_int)]
-
-
-#: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
-KERNELS: dict[str, type[Args]] = {"conv_forward": ConvForwardArgs, "conv_step": ConvStepArgs}
 
 
 def _work_size(lib) -> dict:
@@ -87,12 +60,13 @@ def _work_size(lib) -> dict:
     return {"work": lib.la_conv_work}
 
 
-_KERNELS = KernelSet("la_conv_abi", KERNELS, extra=_work_size)
+_KERNELS = KernelSet("la_conv_abi", extra=_work_size)
 
 
 def kernels(isa: str = "native") -> dict | None:
-    """The convolution kernels of one ISA build (name -> ctypes function taking its struct;
-    "work": the scratch size in floats for a width), or None where that build cannot be had."""
+    """The convolution kernels of one ISA build (name -> a function taking its struct's fields
+    by keyword; "work": the scratch size in floats for a width), or None where that build cannot
+    be had."""
     return _KERNELS.get(isa)
 
 
@@ -158,7 +132,7 @@ def _forward(fns: dict, x: Tensor, weight: Tensor, bias: Tensor | None, silu: bo
             Bp = r1 - r0
         else:  # segments r0..r1 (absolute rows and states)
             xo, yo, s0o, sfo, sg, n, Bp = xp, yp, s0p, Sp, gp + 32 * r0, r1 - r0, B
-        rc = fn(ConvForwardArgs(
+        rc = fn(
             x=xo, xb=x.stride(0), xt=x.stride(1), xdt=DTYPE_CODES[x.dtype], y=yo,
             yb=y.stride(0), yt=y.stride(1), ydt=DTYPE_CODES[y.dtype], B=Bp, T=T, D=D,
             width=width, c0=c0, c1=c1, w=wp, wd=weight.stride(0), wj=weight.stride(1),
@@ -166,7 +140,7 @@ def _forward(fns: dict, x: Tensor, weight: Tensor, bias: Tensor | None, silu: bo
             bdt=0 if bias is None else DTYPE_CODES[bias.dtype], act=1 if silu else 0, seg=sg,
             nseg=n, s0=s0o, s0n=s0s[0], s0c=s0s[1], s0k=s0s[2], s0dt=s0dt, sf=sfo,
             sfn=S.stride(0), sfc=S.stride(1), sfk=S.stride(2), sfdt=DTYPE_CODES[S.dtype],
-            work=scratch(work).data_ptr()))
+            work=scratch(work).data_ptr())
         check_rc(rc, "la_conv_forward")
 
     run_jobs(part, _jobs(D, rows, threads), threads)
@@ -234,14 +208,14 @@ def step_into(fns: dict, x: Tensor, state: Tensor, out: Tensor, y: Tensor, weigh
     fn = fns["conv_step"]
     threads = threads_for(B * D * width, B, PARALLEL_MIN)
     if threads <= 1:
-        return fn(ConvStepArgs(x=xp, y=yp, B=B, si=sp, so=op, **args))
+        return fn(x=xp, y=yp, B=B, si=sp, so=op, **args)
     xe, ye, se = x.element_size(), y.element_size(), state.element_size()
     codes_seen: list[int] = []
 
     def part(b0: int, b1: int) -> None:
-        codes_seen.append(fn(ConvStepArgs(
+        codes_seen.append(fn(
             x=xp + xe * b0 * xb, y=yp + ye * b0 * yb, B=b1 - b0, si=sp + se * b0 * sib,
-            so=op + se * b0 * sob, **args)))
+            so=op + se * b0 * sob, **args))
 
     cuts = [B * i // threads for i in range(threads + 1)]
     run_jobs(part, [(cuts[i], cuts[i + 1]) for i in range(threads) if cuts[i] < cuts[i + 1]],
@@ -272,3 +246,5 @@ def _step_fake(x, state, weight, bias, silu, isa):
 
 conv_prefill_native = KernelOp("conv_forward", _prefill, _prefill_fake, small=_small)
 conv_step_native = KernelOp("conv_step", _step, _step_fake)
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = conv_prefill_native.one_thread

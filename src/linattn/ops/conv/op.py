@@ -33,7 +33,7 @@ from linattn.ops._library import tracing
 from linattn.ops.conv import native as conv_native
 from linattn.ops.conv.portable import torch_prefill, torch_step
 from linattn.ops.dispatch import Backend, Choice
-from linattn.ops.native import DTYPE_CODES, threads_for, torch_on_one_thread
+from linattn.ops.native import DTYPE_CODES, threads_for
 from linattn.ops.varlen import check_cu_seqlens
 
 __all__ = ["causal_conv1d", "causal_conv1d_step", "check_activation", "segments", "prefill",
@@ -162,7 +162,7 @@ def prefill(x: Tensor, weight: Tensor, bias: Tensor | None, silu: bool, S0: Tens
                              None if traced else x.shape[1], traced)
     if traced:
         return _prefill(choice, x, weight, bias, silu, S0, segs)
-    with torch_on_one_thread(conv_native._small(x)):
+    with conv_native.one_thread(x):
         return _prefill(choice, x, weight, bias, silu, S0, segs)
 
 
@@ -272,13 +272,13 @@ def lean_step(x_t: object, state: object, weight: object, bias: object, activati
         sib, sic, sik = state.stride()
         sob, soc, sok = out.stride()
         wd, wj = weight.stride()
-        rc = fns["conv_step"](conv_native.ConvStepArgs(
+        rc = fns["conv_step"](
             x=x_t.data_ptr(), xb=x_t.stride(0), xdt=xdt, y=y.data_ptr(), yb=D, ydt=xdt, B=B,
             D=D, width=width, slen=slen, w=weight.data_ptr(), wd=wd, wj=wj, wdt=wdt,
             bias=None if bias is None else bias.data_ptr(),
             bs=0 if bias is None else bias.stride(0), bdt=bdt, act=1 if silu else 0,
             si=state.data_ptr(), sib=sib, sic=sic, sik=sik, so=out.data_ptr(), sob=sob,
-            soc=soc, sok=sok, sdt=sdt))
+            soc=soc, sok=sok, sdt=sdt)
     if rc:
         return None
     return y, out

@@ -44,7 +44,7 @@ kernel directly (the op dispatcher's ~8 µs would be a quarter of a decoding ste
 from __future__ import annotations
 
 import math
-from ctypes import c_float, c_int, c_long, c_void_p
+from ctypes import c_long
 
 import torch
 from torch import Tensor
@@ -64,10 +64,11 @@ from linattn.ops.native import (
     scratch,
     threads_for,
 )
-from linattn.ops.native.abi import Args, LayoutError
+from linattn.ops.native.abi import LayoutError
 
-__all__ = ["delta_rule_native", "delta_rule_native_train", "delta_rule_step_native", "kernels",
-           "unavailable", "kernels_here", "checkpoints", "step_into", "V_MULTIPLE", "CHECKPOINT"]
+__all__ = ["delta_rule_native", "one_thread", "delta_rule_native_train", "delta_rule_step_native",
+           "kernels", "unavailable", "kernels_here", "checkpoints", "step_into", "V_MULTIPLE",
+           "CHECKPOINT"]
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
@@ -78,45 +79,8 @@ PARALLEL_MIN = 1 << 20
 
 
 # --------------------------------------------------------------------------- the C boundary
-class GdrForwardArgs(Args):
-    _c_name_ = "la_gdr_forward_args"
-    _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
-                ("kt", c_long), ("G", c_long), ("g0", c_long), ("v", c_void_p), ("vs", c_long),
-                ("vt", c_long), ("beta", c_void_p), ("bs", c_long), ("g", c_void_p),
-                ("gs", c_long), ("gk", c_void_p), ("gks", c_long), ("gkt", c_long),
-                ("N", c_long), ("T", c_long), ("K", c_long), ("V", c_long), ("v0", c_long),
-                ("v1", c_long), ("scale", c_float), ("l2norm", c_int), ("S_in", c_void_p),
-                ("S_out", c_void_p), ("o", c_void_p), ("os", c_long), ("ot", c_long),
-                ("ckpt", c_void_p), ("cs", c_long), ("w", c_void_p), ("ws", c_long),
-                ("wt", c_long), ("work", c_void_p)]
 
 
-class GdrStepArgs(Args):
-    _c_name_ = "la_gdr_step_args"
-    _fields_ = [("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("beta", c_void_p),
-                ("g", c_void_p), ("gk", c_void_p), ("N", c_long), ("G", c_long), ("K", c_long),
-                ("V", c_long), ("scale", c_float),
-                ("l2norm", c_int), ("S_in", c_void_p), ("S_out", c_void_p), ("o", c_void_p),
-                ("work", c_void_p)]
-
-
-class GdrBackwardArgs(Args):
-    _c_name_ = "la_gdr_backward_args"
-    _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
-                ("kt", c_long), ("beta", c_void_p), ("bs", c_long), ("g", c_void_p),
-                ("gs", c_long), ("N", c_long), ("T", c_long), ("K", c_long), ("V", c_long),
-                ("scale", c_float), ("l2norm", c_int), ("ckpt", c_void_p), ("cs", c_long),
-                ("w", c_void_p), ("ws", c_long), ("wt", c_long), ("dout", c_void_p),
-                ("dos", c_long), ("dot", c_long), ("dS", c_void_p), ("dS0", c_void_p),
-                ("dq", c_void_p), ("dqs", c_long), ("dqt", c_long), ("dk", c_void_p),
-                ("dks", c_long), ("dkt", c_long), ("dv", c_void_p), ("dvs", c_long),
-                ("dvt", c_long), ("dbeta", c_void_p), ("dbs", c_long), ("dg", c_void_p),
-                ("dgs", c_long), ("work", c_void_p)]
-
-
-#: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
-KERNELS: dict[str, type[Args]] = {"gdr_forward": GdrForwardArgs, "gdr_step": GdrStepArgs,
-                                  "gdr_backward": GdrBackwardArgs}
 #: Tokens between two states the forward saves for the backward (GDR_TC in kernels.c, checked
 #: when the library loads): the backward recomputes the states of one chunk from the last.
 CHECKPOINT = 64
@@ -133,13 +97,13 @@ def _work_size(lib) -> dict:
     return {"work": lib.la_gdr_work, "backward_work": lib.la_gdr_backward_work}
 
 
-_KERNELS = KernelSet("la_delta_abi", KERNELS, extra=_work_size)
+_KERNELS = KernelSet("la_delta_abi", extra=_work_size)
 
 
 def kernels(isa: str = "native") -> dict | None:
-    """The delta-rule kernels of one ISA build (name -> ctypes function taking its struct; and
-    "work": the scratch size in floats for a head dimension K), or None where that build cannot
-    be had (see :func:`unavailable`)."""
+    """The delta-rule kernels of one ISA build (name -> a function taking its struct's fields by
+    keyword; and "work": the scratch size in floats for a head dimension K), or None where that
+    build cannot be had (see :func:`unavailable`)."""
     return _KERNELS.get(isa)
 
 
@@ -189,7 +153,7 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
         m0 = h0 // G  # the q/k head of value head h0; h0 % G: its place in the group
-        rc = fn(GdrForwardArgs(
+        rc = fn(
             q=qp + f4 * m0 * q.stride(0), qs=q.stride(0), qt=q.stride(1),
             k=kp + f4 * m0 * k.stride(0), ks=k.stride(0), kt=k.stride(1), G=G, g0=h0 - m0 * G,
             v=vp + f4 * h0 * v.stride(0), vs=v.stride(0), vt=v.stride(1),
@@ -200,7 +164,7 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
             S_out=Op + f4 * h0 * K * V, o=op + f4 * h0 * o.stride(0), os=o.stride(0),
             ot=o.stride(1), ckpt=None if cp is None else cp + f4 * h0 * cs, cs=cs,
             w=None if wp is None else wp + f4 * h0 * ws, ws=ws, wt=wt,
-            work=_work(fns, K).data_ptr()))
+            work=_work(fns, K).data_ptr())
         check_rc(rc, "la_gdr_forward")
 
     run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
@@ -223,7 +187,7 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
         return None if x is None else x.data_ptr() + f4 * h0 * x.stride(0)
 
     def part(h0: int, h1: int, _v0: int, _v1: int) -> None:
-        rc = fn(GdrBackwardArgs(
+        rc = fn(
             q=at(q, h0), qs=q.stride(0), qt=q.stride(1), k=at(k, h0), ks=k.stride(0),
             kt=k.stride(1), beta=at(beta, h0), bs=beta.stride(0), g=at(g, h0),
             gs=0 if g is None else g.stride(0), N=h1 - h0, T=T, K=K, V=V, scale=s,
@@ -233,7 +197,7 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
             dqs=dq.stride(0), dqt=dq.stride(1), dk=at(dk, h0), dks=dk.stride(0),
             dkt=dk.stride(1), dv=at(dv, h0), dvs=dv.stride(0), dvt=dv.stride(1),
             dbeta=at(dbeta, h0), dbs=dbeta.stride(0), dg=at(dg, h0),
-            dgs=0 if dg is None else dg.stride(0), work=_work(fns, K, V).data_ptr()))
+            dgs=0 if dg is None else dg.stride(0), work=_work(fns, K, V).data_ptr())
         check_rc(rc, "la_gdr_backward")
 
     run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
@@ -532,11 +496,11 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
                  None if g is None else g.view(N, 1), scale, l2norm, S_in.view(N, K, V),
                  S_out.view(N, K, V), o.view(N, 1, V), gk=None if gk is None else gk.view(N, 1, K))
         return 0
-    return fns["gdr_step"](GdrStepArgs(
+    return fns["gdr_step"](
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), beta=beta.data_ptr(),
         g=None if g is None else g.data_ptr(), gk=None if gk is None else gk.data_ptr(), N=N,
         G=G, K=K, V=V, scale=scale, l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(),
-        S_out=S_out.data_ptr(), o=o.data_ptr(), work=_work(fns, K).data_ptr()))
+        S_out=S_out.data_ptr(), o=o.data_ptr(), work=_work(fns, K).data_ptr())
 
 
 def _check_step_values(beta_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None = None) -> None:
@@ -571,6 +535,9 @@ delta_rule_native = KernelOp("gdr_forward", _prefill, _prefill_fake, small=_smal
 #: saved states; :func:`delta_rule_native_train` the first two).
 _FORWARD_TRAIN = KernelOp("gdr_forward_train", _train_forward, _train_forward_fake,
                           backward=_backward_formula, setup_context=_setup_context, small=_small)
+
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = delta_rule_native.one_thread
 
 
 def delta_rule_native_train(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,

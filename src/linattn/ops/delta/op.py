@@ -74,7 +74,6 @@ from linattn.ops.gated.chunk import (
     initial_state_for,
     resolve_scale,
 )
-from linattn.ops.native import is_small, torch_on_one_thread
 from linattn.ops.varlen import check_cu_seqlens
 
 __all__ = ["delta_rule", "delta_rule_step", "l2_normalised", "L2_EPS", "check_beta", "OP"]
@@ -191,8 +190,8 @@ def delta_rule(
     if traced:  # a graph's operations are the graph's
         o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
     else:  # a small call's torch operations (casts, state copies) on one thread, as its kernels
-        # (v in q's place: the value heads are the parts, see native._small)
-        with torch_on_one_thread(is_small(v, q, delta_native.PARALLEL_MIN)):
+        # (the compiled op's rule, also where the portable backend runs: native._small)
+        with delta_native.one_thread(q, k, v):
             o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
     return (o, S) if return_state else o
 

@@ -37,7 +37,7 @@ eager calls that want no gradient run the kernels directly.
 from __future__ import annotations
 
 import math
-from ctypes import c_float, c_long, c_void_p
+from ctypes import c_long
 
 import torch
 from torch import Tensor
@@ -56,10 +56,9 @@ from linattn.ops.native import (
     scratch,
     threads_for,
 )
-from linattn.ops.native.abi import Args
 
-__all__ = ["gla_prefill", "gla_step", "kernels", "unavailable", "checkpoint_interval",
-           "V_MULTIPLE"]
+__all__ = ["gla_prefill", "one_thread", "gla_step", "kernels", "unavailable",
+           "checkpoint_interval", "V_MULTIPLE"]
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
@@ -79,53 +78,20 @@ def checkpoint_interval(K: int) -> int:
 
 
 # --------------------------------------------------------------------------- the C boundary
-class GlaForwardArgs(Args):
-    _c_name_ = "la_gla_forward_args"
-    _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
-                ("kt", c_long), ("v", c_void_p), ("vs", c_long), ("vt", c_long), ("g", c_void_p),
-                ("gs", c_long), ("gk", c_void_p), ("gks", c_long), ("gkt", c_long), ("N", c_long),
-                ("T", c_long), ("K", c_long), ("V", c_long), ("v0", c_long), ("v1", c_long),
-                ("C", c_long), ("scale", c_float), ("S_in", c_void_p), ("S_out", c_void_p),
-                ("o", c_void_p), ("os", c_long), ("ot", c_long), ("ckpt", c_void_p),
-                ("cks", c_long), ("work", c_void_p)]
 
 
-class GlaBackwardArgs(Args):
-    _c_name_ = "la_gla_backward_args"
-    _fields_ = [("q", c_void_p), ("qs", c_long), ("qt", c_long), ("k", c_void_p), ("ks", c_long),
-                ("kt", c_long), ("v", c_void_p), ("vs", c_long), ("vt", c_long), ("g", c_void_p),
-                ("gs", c_long), ("gk", c_void_p), ("gks", c_long), ("gkt", c_long),
-                ("dout", c_void_p), ("dos", c_long), ("dot", c_long), ("N", c_long),
-                ("T", c_long), ("K", c_long), ("V", c_long), ("C", c_long), ("scale", c_float),
-                ("ckpt", c_void_p), ("cks", c_long), ("dS_in", c_void_p), ("dS_out", c_void_p),
-                ("dq", c_void_p), ("dqs", c_long), ("dqt", c_long), ("dk", c_void_p),
-                ("dks", c_long), ("dkt", c_long), ("dv", c_void_p), ("dvs", c_long),
-                ("dvt", c_long), ("dg", c_void_p), ("dgs", c_long), ("dgk", c_void_p),
-                ("dgks", c_long), ("dgkt", c_long), ("work", c_void_p)]
-
-
-class GlaStepArgs(Args):
-    _c_name_ = "la_gla_step_args"
-    _fields_ = [("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("g", c_void_p),
-                ("gk", c_void_p), ("N", c_long), ("K", c_long), ("V", c_long), ("scale", c_float),
-                ("S_in", c_void_p), ("S_out", c_void_p), ("o", c_void_p), ("work", c_void_p)]
-
-
-#: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
-KERNELS: dict[str, type[Args]] = {"gla_forward": GlaForwardArgs, "gla_backward": GlaBackwardArgs,
-                                  "gla_step": GlaStepArgs}
 def _work_size(lib) -> dict:
     lib.la_gla_work.restype, lib.la_gla_work.argtypes = c_long, [c_long, c_long]
     return {"work": lib.la_gla_work}
 
 
-_KERNELS = KernelSet("la_gated_abi", KERNELS, extra=_work_size)
+_KERNELS = KernelSet("la_gated_abi", extra=_work_size)
 
 
 def kernels(isa: str = "native") -> dict | None:
-    """The GLA kernels of one ISA build (name -> ctypes function taking its struct; and "work":
-    the scratch size in floats for head dimension K and chunk C), or None where that build
-    cannot be had (see :func:`unavailable`)."""
+    """The GLA kernels of one ISA build (name -> a function taking its struct's fields by
+    keyword; and "work": the scratch size in floats for head dimension K and chunk C), or None
+    where that build cannot be had (see :func:`unavailable`)."""
     return _KERNELS.get(isa)
 
 
@@ -170,7 +136,7 @@ def _forward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
         nonlocal work
-        rc = fn(GlaForwardArgs(
+        rc = fn(
             q=_ptr(q, h0), qs=q.stride(0), qt=q.stride(1), k=_ptr(k, h0), ks=k.stride(0),
             kt=k.stride(1), v=_ptr(v, h0), vs=v.stride(0), vt=v.stride(1), g=_ptr(g, h0),
             gs=0 if g is None else g.stride(0), gk=_ptr(gk, h0),
@@ -178,7 +144,7 @@ def _forward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
             N=h1 - h0, T=T, K=K, V=V, v0=v0, v1=v1, C=C, scale=s, S_in=_ptr(S, h0),
             S_out=_ptr(S, h0), o=_ptr(o, h0), os=o.stride(0), ot=o.stride(1),
             ckpt=None if ckpt is None else _ptr(ckpt, h0) + _F4 * first * K * V,
-            cks=0 if ckpt is None else ckpt.stride(0), work=_work(fns, K, C).data_ptr()))
+            cks=0 if ckpt is None else ckpt.stride(0), work=_work(fns, K, C).data_ptr())
         check_rc(rc, "la_gla_forward")
 
     run_jobs(part, head_jobs(N, V, threads, columns=True, block=V_MULTIPLE), threads)
@@ -197,7 +163,7 @@ def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
     fn = fns["gla_backward"]
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
-        rc = fn(GlaBackwardArgs(
+        rc = fn(
             q=_ptr(q, h0), qs=q.stride(0), qt=q.stride(1), k=_ptr(k, h0), ks=k.stride(0),
             kt=k.stride(1), v=_ptr(v, h0), vs=v.stride(0), vt=v.stride(1), g=_ptr(g, h0),
             gs=0 if g is None else g.stride(0), gk=_ptr(gk, h0),
@@ -209,7 +175,7 @@ def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
             dv=_ptr(dv, h0), dvs=dv.stride(0), dvt=dv.stride(1), dg=_ptr(dg, h0),
             dgs=0 if dg is None else dg.stride(0), dgk=_ptr(dgk, h0),
             dgks=0 if dgk is None else dgk.stride(0), dgkt=0 if dgk is None else dgk.stride(1),
-            work=_work(fns, K, C).data_ptr()))
+            work=_work(fns, K, C).data_ptr())
         check_rc(rc, "la_gla_backward")
 
     run_jobs(part, head_jobs(N, V, threads, columns=False, block=V_MULTIPLE), threads)
@@ -387,6 +353,8 @@ def _backward_formula(ctx, g_out, g_S, _g_ckpt):
 
 _FORWARD = KernelOp("gla_forward", _forward, _forward_fake, backward=_backward_formula,
                     setup_context=_setup_context, small=_small)
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = _FORWARD.one_thread
 
 
 def _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens):
@@ -454,11 +422,11 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tenso
                       scale, 1, S_out.view(N, K, V).copy_(S_in.view(N, K, V)), o.view(N, 1, V),
                       None, 0)
     else:
-        rc = fns["gla_step"](GlaStepArgs(
+        rc = fns["gla_step"](
             q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=None if g is None else g.data_ptr(),
             gk=None if gk is None else gk.data_ptr(), N=N, K=K, V=V, scale=scale,
             S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
-            work=_work(fns, K, 1).data_ptr()))
+            work=_work(fns, K, 1).data_ptr())
         if rc == -3:
             _check_step_gates(g_t, gk_t)  # raises, naming the gate and its values
         check_rc(rc, "la_gla_step")

@@ -50,7 +50,7 @@ from linattn.ops._common import (
     check_step_inputs,
     needs_grad,
 )
-from linattn.ops._library import one_thread_when_small, tracing
+from linattn.ops._library import tracing
 from linattn.ops.dispatch import Backend, Choice
 from linattn.ops.gated import native as gated_native
 from linattn.ops.gated.chunk import (
@@ -70,7 +70,6 @@ __all__ = ["gated_linear_attention", "gated_linear_attention_step", "portable_pr
 OP = "gated_linear_attention"
 
 
-@one_thread_when_small(gated_native.PARALLEL_MIN)
 def gated_linear_attention(
     q: Tensor,
     k: Tensor,
@@ -103,6 +102,17 @@ def gated_linear_attention(
         ((N, ..., K, V) with ``cu_seqlens``) in float32 (float64 for float64 inputs).
     """
     check_qkv(q, k, v, same_length=True)
+    if tracing(q, k, v):
+        return _checked(q, k, v, g, gk, scale, initial_state, return_state, chunk_size,
+                        cu_seqlens)
+    # a small call's torch operations (the gates' value checks, casts, state copies) on one
+    # thread, as its kernels: the compiled op's rule, whichever backend runs
+    with gated_native.one_thread(q, k, v):
+        return _checked(q, k, v, g, gk, scale, initial_state, return_state, chunk_size,
+                        cu_seqlens)
+
+
+def _checked(q, k, v, g, gk, scale, initial_state, return_state, chunk_size, cu_seqlens):
     *batch, T, K = q.shape
     V = v.shape[-1]
     g = check_gate(g, "g", (*batch, T), q)

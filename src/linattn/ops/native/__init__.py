@@ -6,8 +6,8 @@ The package ships C sources, not binaries. Each op with compiled kernels keeps t
 translation unit and builds it on first use (:mod:`linattn._cbuild`: cached per source, flags
 and CPU, test-loaded in a child interpreter before its first use, one build at a time) for the
 CPU at hand (``-march=native``) or for another ISA variant (``avx512``, ``avx2``, ``generic``,
-``scalar``). Ops bind their kernels with :func:`linattn.ops.native.abi.bind`, which checks every
-argument struct's layout against the C side first.
+``scalar``). Ops bind their kernels with :class:`KernelSet` (:func:`linattn.ops.native.abi.bind`
+builds each argument struct's ctypes mirror from the library's own layout table).
 
 A library is used only if it has the library-wide entry points (:func:`required_symbols`:
 ``la_width``, ``la_tile`` and every op's layout table ``la_<op>_abi``); anything else (a

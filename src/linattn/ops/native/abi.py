@@ -1,28 +1,35 @@
-"""The C boundary of the compiled kernels: one argument struct per kernel, checked at load.
+"""The C boundary of the compiled kernels: one argument struct per kernel, declared in C only.
 
 Every kernel that Python calls takes a single pointer to its argument struct
 (``la_<kernel>_args``, ``int la_<kernel>_call(const la_<kernel>_args *)``). The C side declares
 each struct once, as a field list from which it also builds a table of the struct's layout
 (``la_<op>_abi(i)``: name, size and, per field, name, offset, size and kind; see
-``ops/native/common.h``). Here each struct is mirrored as an :class:`Args` subclass, and
-:func:`bind` compares every mirror with that table before it hands out a kernel: a field
-added, removed, reordered or retyped on one side only is a :class:`LayoutError` when the library
-loads, never a call that reads its arguments from the wrong place.
+``ops/native/common.h``). :func:`bind` reads that table from the library it loaded and builds
+the ctypes mirror of each struct from it (:func:`structure`), so Python never spells a struct:
+a kernel is called with its fields by keyword, ``fns["phi"](kind=0, x=..., ...)``, and a field
+the C struct does not have (or one it has that the call leaves out) is a ``TypeError`` naming
+the kernel and the field, never a call that reads its arguments from the wrong place.
+
+Each library gets its own mirrors (a process may load several ISA builds; their layouts are
+the same, but each build describes its own). A table whose layout ctypes would not reproduce
+(a kind the mirror cannot express, an offset or size ctypes lays out differently: a field
+declared with the wrong kind) is a :class:`LayoutError` when the library loads.
 
 Why structs and ctypes rather than a compiled torch extension: the kernels build in about a
 second with any C compiler, need no torch headers, build in every ISA variant from one source
 (and under qemu for aarch64 in CI), and a machine without a compiler still imports linattn. What
-a compiled extension would add — the C signature checked by the compiler — is what the layout
-check gives here, at load time. Named fields also keep the call sites readable: a kernel with
-28 arguments is called with 28 keywords, not 28 positions.
+a compiled extension would add — the C signature checked by the compiler — is what the mirror
+built from the compiler's own layout gives here. Named fields also keep the call sites
+readable: a kernel with 28 arguments is called with 28 keywords, not 28 positions.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from ctypes import POINTER, c_char, c_char_p, c_float, c_int, c_long, c_void_p
 
-__all__ = ["Args", "LayoutError", "bind", "c_layouts", "layout_of", "KINDS"]
+__all__ = ["LayoutError", "bind", "c_layouts", "layout_of", "structure", "KINDS"]
 
 #: the C side's kind letters and the ctypes types that mirror them
 KINDS: dict[str, type] = {"i": c_int, "l": c_long, "f": c_float, "p": c_void_p}
@@ -30,29 +37,7 @@ _KIND_OF = {t: k for k, t in KINDS.items()}
 
 
 class LayoutError(RuntimeError):
-    """A ctypes mirror does not match its C struct (the library is not used)."""
-
-
-class Args(ctypes.Structure):
-    """Base of the argument-struct mirrors. Subclasses set ``_c_name_`` (the C typedef) and
-    ``_fields_``; instances are built with every field given by keyword (a forgotten field would
-    otherwise be a silent 0 or NULL, a misspelt one an error only at run time)."""
-
-    _c_name_ = ""
-    _fields_: list = []
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        names = [name for name, _ in cls.__dict__.get("_fields_", [])]
-        if not names:
-            return
-        # A generated __init__ with keyword-only parameters: Python itself refuses a missing or
-        # an unknown field, and the call costs a third of ctypes' keyword initialisation (this
-        # is on every decoding step).
-        params, values = ", ".join(names), ", ".join(names)
-        namespace: dict = {"_init": ctypes.Structure.__init__}
-        exec(f"def __init__(self, *, {params}):\n    _init(self, {values})", namespace)  # noqa: S102
-        cls.__init__ = namespace["__init__"]
+    """A C layout table that ctypes cannot mirror exactly (the library is not used)."""
 
 
 class _Field(ctypes.Structure):
@@ -85,8 +70,8 @@ def c_layouts(lib: ctypes.CDLL, table: str) -> dict[str, Layout]:
         i += 1
 
 
-def layout_of(cls: type[Args]) -> Layout:
-    """The layout ctypes gives a mirror, in the form of :func:`c_layouts`."""
+def layout_of(cls: type[ctypes.Structure]) -> Layout:
+    """The layout ctypes gives a Structure, in the form of :func:`c_layouts`."""
     fields = []
     for name, ctype in cls._fields_:
         desc = getattr(cls, name)
@@ -94,32 +79,63 @@ def layout_of(cls: type[Args]) -> Layout:
     return ctypes.sizeof(cls), tuple(fields)
 
 
-def check(lib: ctypes.CDLL, table: str, mirrors: dict[str, type[Args]]) -> None:
-    """LayoutError unless every mirror matches its C struct exactly and the table describes no
-    struct that has no mirror."""
-    have = c_layouts(lib, table)
-    wanted = {cls._c_name_: cls for cls in mirrors.values()}
-    if set(have) != set(wanted):
-        raise LayoutError(f"{table}: the library describes {sorted(have)}, Python mirrors "
-                          f"{sorted(wanted)}")
-    for name, cls in wanted.items():
-        mine, theirs = layout_of(cls), have[name]
-        if mine != theirs:
-            diff = next(((a, b) for a, b in zip(mine[1], theirs[1], strict=False) if a != b),
-                        (len(mine[1]), len(theirs[1])))
-            raise LayoutError(f"{name}: the ctypes mirror does not match the C struct (size "
-                              f"{mine[0]} vs {theirs[0]}; first difference Python {diff[0]} "
-                              f"vs C {diff[1]})")
+def structure(name: str, layout: Layout) -> type[ctypes.Structure]:
+    """The ctypes mirror of the C struct ``name`` with ``layout`` (from :func:`c_layouts`);
+    LayoutError unless ctypes lays it out exactly as the compiler did."""
+    size, fields = layout
+    unknown = [(f, kind) for f, _, _, kind in fields if kind not in KINDS]
+    if unknown:
+        raise LayoutError(f"{name}: fields of kinds the mirror does not know: {unknown}")
+    cls = type(name, (ctypes.Structure,), {"_fields_": [(f, KINDS[kind])
+                                                        for f, _, _, kind in fields]})
+    mine = layout_of(cls)
+    if mine != layout:
+        diff = next(((a, b) for a, b in zip(mine[1], fields, strict=True) if a != b),
+                    ("size", "size"))
+        raise LayoutError(f"{name}: ctypes cannot mirror the C struct (size {mine[0]} vs "
+                          f"{size}; first difference ctypes {diff[0]} vs C {diff[1]})")
+    return cls
 
 
-def bind(lib: ctypes.CDLL, table: str, mirrors: dict[str, type[Args]]) -> dict[str, object]:
-    """The entry points ``la_<kernel>_call`` of ``mirrors`` (kernel name -> its Args mirror),
-    typed to take their struct, after :func:`check`. Call them as ``fn(args)`` (ctypes passes
-    the struct by reference); they return 0, or -1 on sizes the kernel does not take."""
-    check(lib, table, mirrors)
+def _caller(kernel: str, cls: type[ctypes.Structure], fn: Callable) -> Callable[..., int]:
+    """``la_<kernel>_call(*, <every field>)``: the struct built from the keywords (every
+    field, by name only), passed to the C entry point ``fn``; returns its status. Generated
+    with keyword-only parameters, so that Python itself refuses a missing or an unknown field
+    with a TypeError naming the kernel and the field, at a third of the cost of ctypes' own
+    keyword initialisation (this is on every decoding step). ``.struct`` is the mirror,
+    ``.c_call`` the entry point taking a struct."""
+    names = [f for f, _ in cls._fields_]
+    if not all(f.isidentifier() for f in names):
+        raise LayoutError(f"{cls.__name__}: a field name is no identifier: {names}")
+    params = ", ".join(names)
+    name = f"la_{kernel}_call"
+    namespace: dict = {"_fn": fn, "_struct": cls}
+    code = compile(f"def {name}(*, {params}):\n    return _fn(_struct({params}))", __file__,
+                   "exec")  # (tracebacks and profiles name this file)
+    exec(code, namespace)  # noqa: S102
+    call = namespace[name]
+    call.__doc__ = f"{name}: the fields of {cls.__name__} by keyword ({params})."
+    call.struct, call.c_call = cls, fn
+    return call
+
+
+def bind(lib: ctypes.CDLL, table: str) -> dict[str, Callable[..., int]]:
+    """Every kernel the layout table ``table`` describes (``la_<kernel>_args`` ->
+    ``la_<kernel>_call``), as kernel name -> a function taking the struct's fields by keyword
+    (:func:`_caller`), with mirrors built from this library's own table. The kernels return 0,
+    or -1 on sizes they do not take. LayoutError where a struct cannot be mirrored or is no
+    ``la_<kernel>_args``; AttributeError where the library lacks an entry point."""
     fns = {}
-    for kernel, cls in mirrors.items():
-        fn = getattr(lib, f"la_{kernel}_call")
+    for c_name, layout in c_layouts(lib, table).items():
+        if not (c_name.startswith("la_") and c_name.endswith("_args")):
+            raise LayoutError(f"{table}: {c_name} is no la_<kernel>_args struct")
+        kernel = c_name[3:-5]
+        cls = structure(c_name, layout)
+        # a function object of its own (lib[...], not getattr, which hands every caller the
+        # same one): another bind of this library types its own with its own mirrors
+        fn = lib[f"la_{kernel}_call"]
         fn.argtypes, fn.restype = [POINTER(cls)], c_int
-        fns[kernel] = fn
+        fns[kernel] = _caller(kernel, cls, fn)
+    if not fns:
+        raise LayoutError(f"{table} describes no struct")
     return fns

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from linattn import _cbuild
-from linattn.ops.native.abi import Args, LayoutError, bind
+from linattn.ops.native.abi import LayoutError, bind
 
 _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
@@ -200,14 +200,15 @@ def describe(isa: str = "native") -> str:
 
 
 class KernelSet:
-    """One op's kernels — its ``la_<name>_call`` entry points, each with its argument struct's
-    mirror (``mirrors``: name -> :class:`~linattn.ops.native.abi.Args`), described by the C
-    layout table ``table`` — bound per ISA build on first use, after the layout check.
-    ``extra(lib)`` may add plain functions of the library (name -> typed ctypes function)."""
+    """One op's kernels — every ``la_<kernel>_call`` entry point its C layout table ``table``
+    describes (``la_<op>_abi``), each taking its argument struct's fields by keyword
+    (:func:`~linattn.ops.native.abi.bind`: the ctypes mirrors are built from the table) — bound
+    per ISA build on first use. ``extra(lib)`` may add plain functions of the library (name ->
+    typed ctypes function)."""
 
-    def __init__(self, table: str, mirrors: dict[str, type[Args]],
+    def __init__(self, table: str,
                  extra: Callable[[ctypes.CDLL], dict] | None = None) -> None:
-        self.table, self.mirrors, self.extra = table, mirrors, extra
+        self.table, self.extra = table, extra
         self._bound: dict[str, dict | None] = {}
         self._why: dict[str, str] = {}
 
@@ -220,12 +221,12 @@ class KernelSet:
             fns = None
             if lib is not None:
                 try:
-                    fns = bind(lib, self.table, self.mirrors)
+                    fns = bind(lib, self.table)
                     if self.extra is not None:
                         fns.update(self.extra(lib))
                 except (LayoutError, AttributeError) as err:
                     fns = None
-                    self._why[isa] = f"its argument structs do not match the C side ({err})"
+                    self._why[isa] = f"its argument structs cannot be mirrored ({err})"
             self._bound[isa] = fns
         return fns
 

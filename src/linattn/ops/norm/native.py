@@ -17,7 +17,7 @@ computes the same function with torch operations. Plain eager calls run the kern
 from __future__ import annotations
 
 import math
-from ctypes import c_float, c_int, c_long, c_void_p
+from ctypes import c_long
 
 from torch import Tensor
 
@@ -32,28 +32,14 @@ from linattn.ops.native import (
     scratch,
     threads_for,
 )
-from linattn.ops.native.abi import Args
 from linattn.ops.norm.portable import torch_norm
 
-__all__ = ["rms_norm_native", "kernels", "unavailable", "kernels_here", "norm_into",
-           "PARALLEL_MIN", "KERNELS"]
+__all__ = ["rms_norm_native", "one_thread", "kernels", "unavailable", "kernels_here", "norm_into",
+           "PARALLEL_MIN"]
 
 #: A call splits across threads from this many elements (rows · D): ~1 ns each (a few
 #: operations and 4-6 bytes of memory traffic); below ~65 µs a helper costs more than it saves.
 PARALLEL_MIN = 1 << 16
-
-
-class NormForwardArgs(Args):
-    _c_name_ = "la_norm_forward_args"
-    _fields_ = [("x", c_void_p), ("xr", c_long), ("xdt", c_int), ("g", c_void_p),
-                ("gr", c_long), ("gdt", c_int), ("y", c_void_p), ("yr", c_long),
-                ("ydt", c_int), ("w", c_void_p), ("wdt", c_int), ("R", c_long), ("D", c_long),
-                ("G", c_long), ("eps", c_float), ("act", c_int), ("before", c_int),
-                ("work", c_void_p)]
-
-
-#: kernel name (``la_<name>_call`` in kernels.c) -> its argument struct
-KERNELS: dict[str, type[Args]] = {"norm_forward": NormForwardArgs}
 
 
 def _work_size(lib) -> dict:
@@ -61,12 +47,13 @@ def _work_size(lib) -> dict:
     return {"work": lib.la_norm_work}
 
 
-_KERNELS = KernelSet("la_norm_abi", KERNELS, extra=_work_size)
+_KERNELS = KernelSet("la_norm_abi", extra=_work_size)
 
 
 def kernels(isa: str = "native") -> dict | None:
-    """The norm kernel of one ISA build (name -> ctypes function taking its struct; "work":
-    the scratch size in floats for rows of D), or None where that build cannot be had."""
+    """The norm kernel of one ISA build (name -> a function taking its struct's fields by
+    keyword; "work": the scratch size in floats for rows of D), or None where that build cannot
+    be had."""
     return _KERNELS.get(isa)
 
 
@@ -109,10 +96,10 @@ def norm_into(fns: dict, x: Tensor, g: Tensor | None, w: Tensor | None, y: Tenso
     work = scratch(fns["work"](D)).data_ptr()
     threads = threads_for(R * D, R, PARALLEL_MIN)
     if threads <= 1:
-        return fn(NormForwardArgs(x=x.data_ptr(), xr=xr, xdt=xdt,
-                                  g=None if g is None else g.data_ptr(), gr=gr, gdt=gdt,
-                                  y=y.data_ptr(), yr=yr, ydt=ydt, w=wp, wdt=wdt, R=R, D=D,
-                                  G=group_size, eps=eps, act=act, before=bef, work=work))
+        return fn(x=x.data_ptr(), xr=xr, xdt=xdt,
+                  g=None if g is None else g.data_ptr(), gr=gr, gdt=gdt,
+                  y=y.data_ptr(), yr=yr, ydt=ydt, w=wp, wdt=wdt, R=R, D=D,
+                  G=group_size, eps=eps, act=act, before=bef, work=work)
     xe, ye = x.element_size(), y.element_size()
     ge = 0 if g is None else g.element_size()
     xp, yp = x.data_ptr(), y.data_ptr()
@@ -120,11 +107,11 @@ def norm_into(fns: dict, x: Tensor, g: Tensor | None, w: Tensor | None, y: Tenso
     codes_seen: list[int] = []
 
     def part(r0: int, r1: int) -> None:
-        codes_seen.append(fn(NormForwardArgs(
+        codes_seen.append(fn(
             x=xp + xe * r0 * xr, xr=xr, xdt=xdt, g=None if gp is None else gp + ge * r0 * gr,
             gr=gr, gdt=gdt, y=yp + ye * r0 * yr, yr=yr, ydt=ydt, w=wp, wdt=wdt, R=r1 - r0, D=D,
             G=group_size, eps=eps, act=act, before=bef,
-            work=scratch(fns["work"](D)).data_ptr())))
+            work=scratch(fns["work"](D)).data_ptr()))
 
     parts = min(R, 4 * threads)
     cuts = [R * i // parts for i in range(parts + 1)]
@@ -168,3 +155,5 @@ def _small(x: Tensor, *_) -> bool:
 
 
 rms_norm_native = KernelOp("rms_norm_gated", _norm, _norm_fake, small=_small)
+#: The op's small-call rule for a whole call (its entry's own torch work too): see KernelOp.
+one_thread = rms_norm_native.one_thread

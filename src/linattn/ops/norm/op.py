@@ -29,7 +29,7 @@ from linattn.ops import dispatch
 from linattn.ops._common import check_eps, check_flag, is_bool, needs_grad, shown
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import Backend, Choice
-from linattn.ops.native import DTYPE_CODES, scratch, torch_on_one_thread
+from linattn.ops.native import DTYPE_CODES, scratch
 from linattn.ops.norm import native as norm_native
 from linattn.ops.norm.portable import torch_norm
 
@@ -120,7 +120,7 @@ def rms_norm_gated(
     choice = dispatch.select(OP, form, x.dtype, x.device.type, grad, (), None, traced)
     if traced:
         return _run(choice, x, gate, weight, eps, sigmoid, G, before)
-    with torch_on_one_thread(norm_native._small(x)):
+    with norm_native.one_thread(x):
         return _run(choice, x, gate, weight, eps, sigmoid, G, before)
 
 
@@ -185,12 +185,12 @@ def _lean(x: object, gate: object, weight: object, eps: object, activation: obje
     y = torch.empty(shape, dtype=x.dtype)
     # (contiguous x, gate and y: rows of D, one call on this thread at this size)
     xdt = codes[x.dtype]
-    if fns["norm_forward"](norm_native.NormForwardArgs(
+    if fns["norm_forward"](
             x=x.data_ptr(), xr=D, xdt=xdt, g=gate.data_ptr(), gr=D, gdt=codes[gate.dtype],
             y=y.data_ptr(), yr=D, ydt=xdt, w=None if weight is None else weight.data_ptr(),
             wdt=0 if weight is None else codes[weight.dtype], R=R, D=D, G=D, eps=eps,
             act=1 if sigmoid else 0, before=1 if norm_before_gate else 0,
-            work=scratch(fns["work"](D)).data_ptr())):
+            work=scratch(fns["work"](D)).data_ptr()):
         return None
     return y
 
