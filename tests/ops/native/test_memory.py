@@ -76,3 +76,18 @@ def test_a_failed_mapping_is_a_memory_error(monkeypatch):
     monkeypatch.setattr(memory, "_RECYCLER", _Recycler())
     with pytest.raises(MemoryError, match="cannot allocate"):
         empty_hugepage(LIKE, *SHAPE)
+
+
+def test_float32_rows_views_float32_and_widens_the_rest_exactly():
+    x = torch.randn(2, 3, 5, 4)
+    assert memory.float32_rows(x, 6).data_ptr() == x.data_ptr()  # a view
+    for dtype in (torch.bfloat16, torch.float16):
+        y = x.to(dtype)
+        got = memory.float32_rows(y, 6)
+        assert got.shape == (6, 5, 4) and got.dtype == torch.float32 and got.is_contiguous()
+        assert torch.equal(got, y.float().reshape(6, 5, 4))  # widening is exact
+    cols = x.transpose(-1, -2)  # last dimension not contiguous: copied
+    got = memory.float32_rows(cols, 6)
+    assert got.stride(-1) == 1 and torch.equal(got, cols.reshape(6, 4, 5))
+    big = torch.randn(4, _Recycler.MIN_BYTES // 16, 2, dtype=torch.bfloat16)  # recycled buffer
+    assert torch.equal(memory.float32_rows(big, 4), big.float())

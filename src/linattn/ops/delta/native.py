@@ -58,6 +58,7 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
+    float32_rows,
     head_jobs,
     is_small,
     run_jobs,
@@ -203,15 +204,6 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
     run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
 
 
-def _rows(x: Tensor, N: int) -> Tensor:
-    """x (..., T, F) as float32 (N, T, F) with a contiguous last dimension (a view when it is
-    one already)."""
-    x = x.reshape(N, *x.shape[-2:])
-    if x.dtype != torch.float32:
-        x = x.float()
-    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
-
-
 def _spans(q: Tensor, v: Tensor, cu_seqlens: Tensor | None, *xs: Tensor | None
            ) -> tuple[int, int, list[tuple[int, int]], tuple]:
     """(H, HV, spans, xs as (heads, ...) sources): H the q/k heads and HV the value heads (their
@@ -251,11 +243,11 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     T, K = q.shape[-2:]
     V = v.shape[-1]
     H, HV, spans, src = _spans(q, v, cu_seqlens, q, k, v, beta, g, gk)
-    qf, kf = _rows(src[0], H), _rows(src[1], H)
-    vf = _rows(src[2], HV)
+    qf, kf = float32_rows(src[0], H), float32_rows(src[1], H)
+    vf = float32_rows(src[2], HV)
     bf = src[3].reshape(HV, T).contiguous()
     gf = None if g is None else src[4].reshape(HV, T).contiguous()
-    gkf = None if gk is None else _rows(src[5], HV)
+    gkf = None if gk is None else float32_rows(src[5], HV)
     S_in = S0.reshape(-1, K, V)
     if cu_seqlens is None and T > 0 and S_in.is_contiguous():
         S = torch.empty_like(S_in)  # the kernel reads S0 and writes S: no copy (torch's copy
@@ -350,11 +342,11 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
     *batch, T, K = q.shape
     V = v.shape[-1]
     H, _, spans, (gq, gk, gb, gg, go) = _spans(q, q, cu_seqlens, q, k, beta, g, g_o)
-    qf, kf = _rows(gq, H), _rows(gk, H)
+    qf, kf = float32_rows(gq, H), float32_rows(gk, H)
     bf = gb.reshape(H, T).contiguous()
     gf = None if g is None else gg.reshape(H, T).contiguous()
     # a missing output gradient: one zero row read for every token (token and head strides 0)
-    go = q.new_zeros(1, 1, V).expand(H, T, V) if go is None else _rows(go, H)
+    go = q.new_zeros(1, 1, V).expand(H, T, V) if go is None else float32_rows(go, H)
     gS = None if g_S is None else g_S.reshape(-1, K, V).contiguous()
     dq, dk = q.new_empty(H, T, K), q.new_empty(H, T, K)
     dv = empty_hugepage(qf, H, T, V)

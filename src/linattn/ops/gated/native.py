@@ -50,6 +50,7 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
+    float32_rows,
     head_jobs,
     is_small,
     run_jobs,
@@ -181,15 +182,6 @@ def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
     run_jobs(part, head_jobs(N, V, threads, columns=False, block=V_MULTIPLE), threads)
 
 
-def _rows(x: Tensor, N: int) -> Tensor:
-    """x (..., T, F) as float32 (N, T, F) with a contiguous last dimension (a view when it is
-    one already)."""
-    x = x.reshape(N, *x.shape[-2:])
-    if x.dtype != torch.float32:
-        x = x.float()
-    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
-
-
 def _spans(T: int, cu_seqlens: Tensor | None) -> list[tuple[int, int]]:
     if cu_seqlens is None:
         return [(0, T)]
@@ -215,9 +207,9 @@ def _flat(q, k, v, g, gk, cu_seqlens):
     """The inputs as float32 (H, T, ·) rows (the packed batch dimension dropped)."""
     _, H = _layout(q, cu_seqlens)
     T = q.shape[-2]
-    qf, kf, vf = (_rows(x, H) for x in (q, k, v))
+    qf, kf, vf = (float32_rows(x, H) for x in (q, k, v))
     gf = None if g is None else g.reshape(H, T).float().contiguous()
-    gkf = None if gk is None else _rows(gk, H)
+    gkf = None if gk is None else float32_rows(gk, H)
     return H, qf, kf, vf, gf, gkf
 
 
@@ -288,7 +280,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | No
     if g_out is None:
         do = q.new_zeros(1, 1, V).expand(H, T, V)
     else:
-        do = _rows(g_out, H)
+        do = float32_rows(g_out, H)
     dS = (S0.new_zeros(S0.shape) if g_S is None else g_S.float().clone()).reshape(-1, K, V)
     dS = dS.contiguous()
     dq, dk = empty_hugepage(qf, H, T, K), empty_hugepage(qf, H, T, K)

@@ -49,7 +49,7 @@ from linattn.ops.native.build import (
     source,
     unavailable_reason,
 )
-from linattn.ops.native.memory import empty_cache, empty_hugepage, scratch
+from linattn.ops.native.memory import empty_cache, empty_hugepage, float32_rows, scratch
 from linattn.ops.native.threads import (
     BACKOFF_S,
     BACKOFF_WORK,
@@ -67,8 +67,8 @@ from linattn.ops.native.threads import (
 )
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
-           "describe", "runnable_isas", "bf16_products", "empty_cache", "empty_hugepage", "pool",
-           "check_rc",
+           "describe", "runnable_isas", "bf16_products", "empty_cache", "empty_hugepage",
+           "float32_rows", "pool", "check_rc",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
            "torch_threads", "torch_threads_in_this_thread", "scratch", "is_small", "head_jobs",
            "run_jobs", "DTYPE_CODES", "HEADER", "can_run", "flag_sets", "build_or_native",

@@ -107,6 +107,20 @@ def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
     return torch.frombuffer(buf, dtype=like.dtype).view(*shape)
 
 
+_FLOAT32 = torch.empty(0)
+
+
+def float32_rows(x: Tensor, N: int) -> Tensor:
+    """x (..., T, F) as float32 (N, T, F) with a contiguous last dimension: a view where it is
+    one already, else a contiguous float32 copy (a widened bfloat16 or float16 input), in a
+    recycled buffer when large: fresh memory for a 16 MiB copy costs ~5 ms of page faults where
+    the copy itself costs ~1 ms (EPYC Zen 4, one thread)."""
+    x = x.reshape(N, *x.shape[-2:])
+    if x.dtype == torch.float32 and (x.stride(-1) == 1 or x.shape[-1] <= 1):
+        return x
+    return empty_hugepage(_FLOAT32, *x.shape).copy_(x)
+
+
 def empty_cache() -> None:
     """Release the free output buffers the compiled passes keep for reuse (see
     :class:`_Recycler`); buffers still referenced by a tensor are released when it is."""
