@@ -257,7 +257,7 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     o = empty_hugepage(qf, HV, T, V)
     ckpt = w = None
     if save:
-        ckpt = S.new_empty(HV, checkpoints(T, cu_seqlens), K, V)
+        ckpt = empty_hugepage(S, HV, checkpoints(T, cu_seqlens), K, V)
         w = empty_hugepage(qf, HV, T, V)
     c = 0
     for i, (a, b) in enumerate(spans):
@@ -348,7 +348,7 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
     # a missing output gradient: one zero row read for every token (token and head strides 0)
     go = q.new_zeros(1, 1, V).expand(H, T, V) if go is None else float32_rows(go, H)
     gS = None if g_S is None else g_S.reshape(-1, K, V).contiguous()
-    dq, dk = q.new_empty(H, T, K), q.new_empty(H, T, K)
+    dq, dk = empty_hugepage(qf, H, T, K), empty_hugepage(qf, H, T, K)
     dv = empty_hugepage(qf, H, T, V)
     dbeta = q.new_empty(H, T)
     dg = None if g is None else q.new_empty(H, T)

@@ -232,7 +232,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | Non
     H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens)
     S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
     o = empty_hugepage(qf, H, T, V)
-    ckpt = S0.new_empty(H, n, K, V) if checkpoints else S0.new_empty(0)
+    ckpt = empty_hugepage(S0, H, n, K, V) if checkpoints else S0.new_empty(0)
     first = 0
     for i, (a, b) in enumerate(_spans(T, cu_seqlens)):
         _forward_span(fns, qf[:, a:b], kf[:, a:b], vf[:, a:b],
