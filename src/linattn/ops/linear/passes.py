@@ -490,7 +490,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor, keep: Tenso
         _noncausal_forward(b, S, z, eps, block, out)
         return out, S, z, S0.new_empty(0), z0.new_empty(0)
     nb = -(-Tq // block)
-    S_states, z_states = S0.new_empty(nb, N, L, Dv), S0.new_empty(nb, N, L)
+    S_states, z_states = empty_hugepage(S0, nb, N, L, Dv), S0.new_empty(nb, N, L)
     _causal_forward(b, S, z, eps, block, chunk, out, S_states, z_states)
     return out, S, z, S_states, z_states
 
