@@ -22,6 +22,8 @@ _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
 #: ops (``ops/*/kernels.c``), so an op with new kernels needs no line here.
 HEADER = _HERE / "common.h"
+#: the register-blocked products, joined after common.h (ops/linear/kernels.c uses them)
+TILES = _HERE / "tiles.h"
 SOURCES: list[Path] = [_HERE / "native.c", *sorted(_HERE.parent.glob("*/kernels.c"))]
 
 #: Compiler flags of each build. "native" (the default) targets the CPU at hand, whose vector
@@ -61,11 +63,12 @@ if hasattr(os, "register_at_fork"):
 
 
 def source() -> bytes:
-    """The one translation unit that is compiled: common.h, then native.c and each op's
-    kernels.c, with ``#line`` markers so that compiler messages name the real files. (Each .c
-    includes common.h under ``#ifndef LA_COMMON_H``, so the files also compile on their own.)"""
+    """The one translation unit that is compiled: common.h and tiles.h, then native.c and each
+    op's kernels.c, with ``#line`` markers so that compiler messages name the real files. (Each
+    .c includes the headers under ``#ifndef LA_COMMON_H`` / ``LA_TILES_H``, so the files also
+    compile on their own.)"""
     parts = []
-    for path in (HEADER, *SOURCES):
+    for path in (HEADER, TILES, *SOURCES):
         parts.append(f'#line 1 "{path.parent.name}/{path.name}"\n{path.read_text()}\n')
     return "".join(parts).encode()
 
@@ -180,7 +183,7 @@ def unavailable_reason(isa: str = "native") -> str | None:
         return None
     if isa in _reasons:
         return _reasons[isa]
-    missing = [p.name for p in (HEADER, *SOURCES) if not p.exists()]
+    missing = [p.name for p in (HEADER, TILES, *SOURCES) if not p.exists()]
     if missing:
         return f"the C sources {', '.join(missing)} are not installed beside {__name__}"
     if not can_run(isa):

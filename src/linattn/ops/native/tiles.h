@@ -1,0 +1,250 @@
+#ifndef LA_TILES_H
+#define LA_TILES_H
+/* The register-blocked products of the compiled kernels (linattn.ops.native), on common.h's
+ * vectors: float32 tiles of MR rows x NV vectors of FMA accumulators (sized per ISA in
+ * common.h), their dispatch and the gemm that walks them (full, lower or upper triangular A),
+ * the lower-triangular score block of a causal chunk, W x W block transposes in registers, and
+ * where the build has AVX512-BF16 (and AVX512-BW), the same products on bfloat16 dot products
+ * (vdpbf16ps: each float32 lane adds two bfloat16 products, operands stored as pairs along the
+ * reduced dimension). Used by ops/linear/kernels.c; joined after common.h into the one
+ * translation unit the library builds (ops/native/build.py). */
+#ifndef LA_COMMON_H
+#include "common.h"
+#endif
+
+/* C[i, 0:W nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:W nv] for i < mr. */
+static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, const float *A,
+                                                       long lda, long ak, const float *B,
+                                                       long ldb, float *C, long ldc, int add) {
+    vf acc[MR][NV];
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j)
+            acc[i][j] = add ? vload(C + i * ldc + j * W) : vsplat(0.0f);
+    for (long k = 0; k < K; ++k) {
+        vf b[NV];
+        for (int j = 0; j < nv; ++j) b[j] = vload(B + k * ldb + j * W);
+        for (int i = 0; i < mr; ++i) {
+            vf a = vsplat(A[i * lda + k * ak]);
+            for (int j = 0; j < nv; ++j) acc[i][j] += a * b[j];
+        }
+    }
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j) vstore(C + i * ldc + j * W, acc[i][j]);
+}
+
+/* Dispatch to a tile specialised for (mr, nv): constant sizes keep the accumulators in
+ * registers. */
+static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, const float *B,
+                     long ldb, float *C, long ldc, int add) {
+/* Cases beyond this ISA's MR x NV are constant-false (and never asked for). */
+#define T_(r, c)                                                                              \
+    case r * 8 + c:                                                                           \
+        if (r <= MR && c <= NV)                                                               \
+            tile(r <= MR ? r : MR, c <= NV ? c : NV, K, A, lda, ak, B, ldb, C, ldc, add);     \
+        break;
+#define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
+    switch (mr * 8 + nv) {
+        ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
+        default: break;
+    }
+#undef ROW_
+#undef T_
+}
+
+/* The rows of the next register tile when `left` rows remain: MR, except that a remainder
+ * between MR and 2 MR is split in two near-equal tiles (32 rows: 6, 6, 6, 6, 4, 4 rather than
+ * ..., 6, 2, whose last tile would cost a full tile's loads for a third of its work). */
+static inline long row_tile(long left) {
+    return left <= MR ? left : left < 2 * MR ? (left + 1) / 2 : MR;
+}
+
+enum { FULL = 0, LOWER = 1, UPPER = 2 };
+
+/* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak], k < K, and B rows of Nc (a multiple
+ * of 16). tri = LOWER: A is lower triangular, a row tile needs k <= its last row only;
+ * UPPER: upper triangular, k >= its first row only. */
+static void gemm(long M, long Nc, long K, const float *A, long lda, long ak, const float *B,
+                 long ldb, float *C, long ldc, int add, int tri) {
+    for (long i0 = 0, mr; i0 < M; i0 += mr) {
+        mr = row_tile(M - i0);
+        long k0 = tri == UPPER ? (i0 < K ? i0 : K) : 0;
+        long k1 = tri == LOWER ? (i0 + mr < K ? i0 + mr : K) : K;
+        for (long j0 = 0; j0 < Nc; j0 += NV * W) {
+            int nv = (Nc - j0) / W < NV ? (int)((Nc - j0) / W) : NV;
+            tile_any((int)mr, nv, k1 - k0, A + i0 * lda + k0 * ak, lda, ak, B + k0 * ldb + j0,
+                     ldb, C + i0 * ldc + j0, ldc, add);
+        }
+    }
+}
+
+/* dst[c * ds + r] = src[r * ss + c] for r, c < W: one W x W block transposed in registers
+ * (unpacks within 128-bit lanes, then whole lanes moved), where the ISA has the shuffles; a
+ * scalar block transpose costs ~2 instructions per element and was 40 % of the causal
+ * forward's time outside the products. */
+static inline void transpose_block(const float *src, long ss, float *dst, long ds) {
+#if defined(__AVX512F__) && LA_W == 16
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ss);
+    for (int i = 0; i < 16; i += 2) { /* pairs of rows interleaved, per 128-bit lane */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) { /* r[g + c], lane l: column 4 l + c of rows g .. g + 3 */
+        __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+        __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; ++c) { /* output row 4 l + c: lane l of r[c], r[4 + c], ... */
+        __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44);
+        __m512 u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        __m512 u2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        __m512 u3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_ps(dst + c * ds, _mm512_shuffle_f32x4(u0, u2, 0x88));
+        _mm512_storeu_ps(dst + (4 + c) * ds, _mm512_shuffle_f32x4(u0, u2, 0xDD));
+        _mm512_storeu_ps(dst + (8 + c) * ds, _mm512_shuffle_f32x4(u1, u3, 0x88));
+        _mm512_storeu_ps(dst + (12 + c) * ds, _mm512_shuffle_f32x4(u1, u3, 0xDD));
+    }
+#elif defined(__AVX__) && LA_W == 8
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ss);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {
+        __m256d a = _mm256_castps_pd(t[g]), b = _mm256_castps_pd(t[g + 1]);
+        __m256d c = _mm256_castps_pd(t[g + 2]), d = _mm256_castps_pd(t[g + 3]);
+        r[g] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, c));
+        r[g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, c));
+        r[g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, d));
+        r[g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; ++c) {
+        _mm256_storeu_ps(dst + c * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (4 + c) * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+#else
+    for (long r = 0; r < W; ++r)
+        for (long c = 0; c < W; ++c) dst[c * ds + r] = src[r * ss + c];
+#endif
+}
+
+/* dst (cols x rows) = src (rows x cols)^T, both dense: W x W blocks, then the edges. */
+static void transpose(long rows, long cols, const float *src, float *dst) {
+    long r0 = rows - rows % W, c0 = cols - cols % W;
+    for (long r = 0; r < r0; r += W)
+        for (long c = 0; c < c0; c += W) transpose_block(src + r * cols + c, cols, dst + c * rows + r, rows);
+    for (long r = 0; r < rows; ++r)
+        for (long c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
+/* Scores of a chunk of Cn <= C rows: Acc[i, j] = fq_i . fk_j for j <= i, 0 above (fkT: L x C,
+ * the keys' features transposed, zero beyond Cn; Acc rows of C); only the column vectors a row
+ * tile can reach are computed. */
+static void scores(long Cn, long C, long L, const float *fq, const float *fkT, float *Acc) {
+    for (long i0 = 0, mr; i0 < Cn; i0 += mr) {
+        mr = row_tile(Cn - i0);
+        long reach = i0 + mr; /* columns 0 .. reach-1 */
+        for (long j0 = 0; j0 < reach; j0 += NV * W) {
+            long left = (reach - j0 + W - 1) / W;
+            int nv = left < NV ? (int)left : NV;
+            tile_any((int)mr, nv, L, fq + i0 * L, L, 1, fkT + j0, C, Acc + i0 * C + j0, C, 0);
+        }
+        for (long i = 0; i < mr; ++i) /* the causal mask inside the diagonal tile */
+            for (long j = i0 + i + 1; j < C; ++j) Acc[(i0 + i) * C + j] = 0.0f;
+    }
+}
+
+#if defined(HAVE_CVTNEPS2BF16) && defined(__AVX512BW__)
+#define LA_DP_BF16 1
+/* ------------------------------------------------ bfloat16 dot products (AVX512-BF16)
+ * (ops/linear/kernels.c's one-pass forwards for bfloat16 inputs.) Products on vdpbf16ps: each float32 lane of an accumulator adds
+ * two bfloat16 products, a pair along the reduced dimension, so an operand is stored as pairs
+ * (one u32: the even element in the low half, the odd one in the high half) and the products
+ * run at twice the FMA rate. Keys: S += phi(k)^T v reduces over tokens, so the pairs are
+ * (token 2p, token 2p + 1): phi(k) rounded to bfloat16 and paired row by row (kp: C/2 rows of
+ * L, read by broadcast), v paired the same way (vp: C/2 rows of Dv). Queries: num = phi(q) S
+ * reduces over features: phi(q) rounded to bfloat16 is already paired in its rows, and S is
+ * rounded and paired once per head (Sp: L/2 rows of Dv). Sums, z and the normaliser stay
+ * float32 (phi unrounded in z and the normaliser).
+ * Error, u = 2^-8 the bfloat16 unit roundoff: rounding phi(k), phi(q) and S moves each
+ * numerator term by at most 3u of sum_t phi(q).phi(k_t) |v_tj|, so |o_j - exact| <= 3u
+ * max_t |v_tj| + u |o_j| (the output's own rounding) + float32 sums. */
+typedef unsigned u32;
+
+/* dst[j] = (x[a + j], x[b + j]) as a bfloat16 pair for j < n (n a multiple of 16); b < 0: 0. */
+static inline void pair_rows(const void *x, int bf, long a, long b, long n, u32 *dst) {
+    for (long j = 0; j < n; j += 16) {
+        __m512 lo = (__m512)vload_any(x, a + j, bf);
+        __m512 hi = b < 0 ? _mm512_setzero_ps() : (__m512)vload_any(x, b + j, bf);
+        /* cvtne2ps_pbh(hi, lo): lo's 16 values in the low 256 bits, hi's in the high ones;
+         * interleaving those halves 16-bit-wise makes the pairs. */
+        __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                       8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16,
+                                       0);
+        _mm512_storeu_si512((void *)(dst + j), _mm512_permutexvar_epi16(idx, both));
+    }
+}
+
+/* C[i, 0:16 nv] (+)= sum_{p < P} pair(A[i * lda + p * ap]) . pair(B[p * ldb + 0:16 nv]). */
+static inline __attribute__((always_inline)) void tile_dp(int mr, int nv, long P, const u32 *A,
+                                                          long lda, long ap, const u32 *B,
+                                                          long ldb, float *C, long ldc,
+                                                          int add) {
+    __m512 acc[MR][NV];
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j)
+            acc[i][j] = add ? _mm512_loadu_ps(C + i * ldc + j * 16) : _mm512_setzero_ps();
+    for (long p = 0; p < P; ++p) {
+        __m512bh b[NV];
+        for (int j = 0; j < nv; ++j) b[j] = (__m512bh)_mm512_loadu_si512(B + p * ldb + j * 16);
+        for (int i = 0; i < mr; ++i) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)A[i * lda + p * ap]);
+            for (int j = 0; j < nv; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+        }
+    }
+    for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nv; ++j) _mm512_storeu_ps(C + i * ldc + j * 16, acc[i][j]);
+}
+
+static void tile_dp_any(int mr, int nv, long P, const u32 *A, long lda, long ap, const u32 *B,
+                        long ldb, float *C, long ldc, int add) {
+#define T_(r, c)                                                                              \
+    case r * 8 + c:                                                                           \
+        tile_dp(r, c, P, A, lda, ap, B, ldb, C, ldc, add);                                    \
+        break;
+#define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
+    switch (mr * 8 + nv) {
+        ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
+        default: break;
+    }
+#undef ROW_
+#undef T_
+}
+
+/* C (M x Nc) (+)= A B over P pairs, Nc a multiple of 16 (gemm's tiling); lower: A is lower
+ * triangular in its elements, so a row tile reads the pairs up to its last row's only. */
+static void gemm_dp(long M, long Nc, long P, const u32 *A, long lda, long ap, const u32 *B,
+                    long ldb, float *C, long ldc, int add, int lower) {
+    for (long i0 = 0, mr; i0 < M; i0 += mr) {
+        mr = row_tile(M - i0);
+        long Pt = lower && (i0 + mr + 1) / 2 < P ? (i0 + mr + 1) / 2 : P;
+        for (long j0 = 0; j0 < Nc; j0 += NV * 16) {
+            int nv = (Nc - j0) / 16 < NV ? (int)((Nc - j0) / 16) : NV;
+            tile_dp_any((int)mr, nv, Pt, A + i0 * lda, lda, ap, B + j0, ldb, C + i0 * ldc + j0,
+                        ldc, add);
+        }
+    }
+}
+
+/* x rows of n floats (a multiple of W) to bfloat16 in dst (rows of n), for rows < rows. */
+static inline void bf16_rows(const float *x, long rows, long n, u16 *dst) {
+    for (long i = 0; i < rows * n; i += W) vstore_any(dst, i, vload(x + i), 1);
+}
+#endif /* LA_DP_BF16 */
+
+#endif /* LA_TILES_H */
