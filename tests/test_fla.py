@@ -953,3 +953,20 @@ def test_meta_gate_in_kernel_gives_meta_outputs(name):
                               dt_bias=torch.empty(H * K if kda else H, **m),
                               output_final_state=True)
     assert o.is_meta and S.is_meta
+
+
+# issue 51, second probe: *_linear_attn(normalize=True) with a scale float32 holds (1e38) but
+# scale·q does not: NaN where the quotient is an ordinary number (float64's is the reference)
+@pytest.mark.parametrize("name", ["chunk_linear_attn", "fused_recurrent_linear_attn"])
+@pytest.mark.parametrize("scale", [1e38, -3e38])
+def test_normalized_linear_attn_with_a_huge_scale(name, scale):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 19, 2, 8, generator=gen) for _ in range(3))
+    k = k.abs()  # positive keys: denominators away from 0
+    q = q.abs()
+    got, _ = getattr(fla, name)(q, k, v, scale=scale, normalize=True)
+    want, _ = getattr(fla, name)(q.double(), k.double(), v.double(), scale=scale,
+                                 normalize=True)
+    assert got.isfinite().all()
+    torch.testing.assert_close(got.double(), want, rtol=0,
+                               atol=64 * torch.finfo(torch.float32).eps * want.abs().max())
