@@ -189,6 +189,16 @@ def _fifo(f: SimpleNamespace, d: Path) -> None:
     os.mkfifo(d / "fifo")
 
 
+def _fifo_checkpoint_in(rel: str) -> Callable[[SimpleNamespace, Path], None]:
+    def setup(f: SimpleNamespace, d: Path) -> None:
+        (d / rel).mkdir()
+        os.mkfifo(d / rel / "checkpoint.pt")
+    return setup
+
+
+_fifo_checkpoint = _fifo_checkpoint_in("m")
+
+
 def _still_a_fifo(d: Path) -> None:
     assert stat.S_ISFIFO(os.lstat(d / "fifo").st_mode), "the FIFO was replaced"
 
@@ -518,6 +528,13 @@ CASES: list[Case] = [
          "checkpoint.pt: cannot load a model (missing tensor 'blocks.0.attn.q_proj.weight')"),
     Case("generate-threads-capped", _gen("--threads", "100000", "--max-new-tokens", "2"),
          "--threads: 100000 threads asked for", status=0),
+    # a checkpoint that is a FIFO (issue 51, second probe: torch.load waited for a writer)
+    Case("generate-checkpoint-a-fifo",
+         lambda f, d: ["lm", "generate", "--model", str(d / "m"), "--prompt", "x"],
+         "checkpoint.pt: cannot load a model (not a regular file)", setup=_fifo_checkpoint),
+    Case("lm-resume-checkpoint-a-fifo", _lm("--resume"),
+         "checkpoint.pt: unreadable checkpoint (not a regular file)",
+         setup=_fifo_checkpoint_in("run")),
     # -- bench
     Case("bench-feature-map", _bench("--feature-map", "bogus"), "--feature-map: expected one of",
          before_torch=True),
