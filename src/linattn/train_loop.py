@@ -147,6 +147,8 @@ def load_error_reason(err: BaseException) -> str:
     messages run to several sentences, and its advice to load the file unsafely is not ours)."""
     if isinstance(err, pickle.UnpicklingError):
         return "not a torch checkpoint, or one holding more than tensors and plain values"
+    if isinstance(err, KeyError):  # torch's legacy reader on another program's file: KeyError(6)
+        return "not a torch checkpoint"
     if isinstance(err, EOFError):
         return "empty or truncated file"
     if isinstance(err, RecursionError):

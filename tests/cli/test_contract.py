@@ -532,6 +532,18 @@ CASES: list[Case] = [
     Case("generate-checkpoint-a-fifo",
          lambda f, d: ["lm", "generate", "--model", str(d / "m"), "--prompt", "x"],
          "checkpoint.pt: cannot load a model (not a regular file)", setup=_fifo_checkpoint),
+    # other programs' files: torch.load's KeyError(6) on a broken safetensors header said
+    # "cannot load a model (6)"; the FordA model's safetensors (torch reads it: a dict of
+    # tensors) "cannot load a model ('model_config')"
+    Case("generate-checkpoint-another-format",
+         lambda f, d: ["lm", "generate", "--model", str(d / "x.bin"), "--prompt", "x"],
+         "x.bin: cannot load a model (not a torch checkpoint)",
+         setup=lambda f, d: (d / "x.bin").write_bytes(b"h\x06" + bytes(6) + b"{}")),
+    Case("generate-checkpoint-a-safetensors-file",
+         lambda f, d: ["lm", "generate", "--model", str(f.forda / "model" / "model.safetensors"),
+                       "--prompt", "x"],
+         "model.safetensors: cannot load a model (no 'model_config': not a checkpoint of "
+         "linattn's language model)"),
     Case("lm-resume-checkpoint-a-fifo", _lm("--resume"),
          "checkpoint.pt: unreadable checkpoint (not a regular file)",
          setup=_fifo_checkpoint_in("run")),
