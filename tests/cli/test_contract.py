@@ -544,6 +544,14 @@ CASES: list[Case] = [
                        "--prompt", "x"],
          "model.safetensors: cannot load a model (no 'model_config': not a checkpoint of "
          "linattn's language model)"),
+    # an empty --out (an unset shell variable) trained into the current folder
+    *(Case(f"{cmd}-out-empty", argv, f"{opt}: expected a path, got ''", absent=absent)
+      for cmd, opt, argv, absent in (
+          ("lm", "--out", _lm("--out", ""), ("checkpoint.pt", "metrics.jsonl", "result.json")),
+          ("recall", "--out", _recall("--out", ""), ("result.json", "run.lock")),
+          ("forda", "--out", _forda_train("--out", ""), ("run.json", "val")),
+          ("evaluate", "--report-dir", _evaluate("forda", "--report-dir", ""), ("report.md",)),
+          ("plot", "--output", lambda f, d: ["plot", "feature-maps", "-o", ""], ()))),
     Case("lm-resume-checkpoint-a-fifo", _lm("--resume"),
          "checkpoint.pt: unreadable checkpoint (not a regular file)",
          setup=_fifo_checkpoint_in("run")),

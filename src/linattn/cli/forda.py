@@ -26,6 +26,7 @@ from linattn._config import POSITIVE_INT, SEED, THREADS
 from linattn.cli import (
     UserError,
     describe_os_error,
+    path_arg,
     probe_output_dir,
     read_json_file,
     start_work,
@@ -45,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
 
     t = actions.add_parser("train", help="train (validation stage, then all of TRAIN + TEST)")
-    t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
+    t.add_argument("--out", default=DEFAULT_OUT, type=path_arg,
+                   help="run folder (default: %(default)s)")
     t.add_argument(
         "--recipe", default="final", type=_recipe,
         help=f"named recipe: {' or '.join(RECIPES)} (default: %(default)s)"
@@ -68,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="override an estimator parameter, e.g. --set window=40 (JSON values)",
     )
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
-    t.add_argument("--export", metavar="DIR", help="also copy the final model to DIR")
+    t.add_argument("--export", metavar="DIR", type=path_arg,
+                   help="also copy the final model to DIR")
     t.add_argument("--subset", type=POSITIVE_INT.parse, metavar="N", help=argparse.SUPPRESS)
     _common(t)
     t.set_defaults(func=train)
@@ -80,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--split", choices=("test", "val"), default="test",
                    help="test set, or the validation split with the val-stage models of run "
                         "folders (default: %(default)s)")
-    e.add_argument("--report-dir", metavar="DIR", help="where report.md goes (default: --model)")
+    e.add_argument("--report-dir", metavar="DIR", type=path_arg,
+                   help="where report.md goes (default: --model)")
     e.add_argument("--no-baselines", action="store_true", help="skip the logistic regressions")
     _common(e)
     e.set_defaults(func=evaluate)
