@@ -334,6 +334,9 @@ CASES: list[Case] = [
                                                 "--data-dir", str(DATA), "--set",
                                                 "patch=100000"],
          "--set: patch=100000 is wider than the final recipe's window=40", absent=("run",)),
+    # --set random_state was overwritten by --seed without a word (issue 51, second probe)
+    Case("forda-set-random-state", _forda_train("--set", "random_state=5"),
+         "--set: random_state is set by --seed", absent=("run",)),
     Case("forda-stages", _forda_train("--stages", "test"), "--stages: expected val and/or full",
          before_torch=True),
     Case("forda-recipe", _forda_train("--recipe", "magic"), "--recipe: unknown recipe 'magic'",

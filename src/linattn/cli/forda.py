@@ -172,6 +172,9 @@ def _parse_sets(items: list[str]) -> dict:
             out[key] = value
         except RecursionError:
             raise UserError(f"--set: {key}: value nested too deeply") from None
+    if "random_state" in out:  # (it would be overwritten by --seed without a word)
+        raise UserError(f"--set: random_state is set by --seed; use --seed "
+                        f"{out['random_state']}")
     return out
 
 
