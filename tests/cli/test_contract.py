@@ -337,6 +337,9 @@ CASES: list[Case] = [
     # --set random_state was overwritten by --seed without a word (issue 51, second probe)
     Case("forda-set-random-state", _forda_train("--set", "random_state=5"),
          "--set: random_state is set by --seed", absent=("run",)),
+    # a --subset of one class (one series) was a traceback from inside the estimator's fit
+    *(Case(f"forda-subset-{n}", _forda_train("--subset", n), "--subset: the first "
+           f"{n} TRAIN series", absent=("run",)) for n in ("1", "2")),
     Case("forda-stages", _forda_train("--stages", "test"), "--stages: expected val and/or full",
          before_torch=True),
     Case("forda-recipe", _forda_train("--recipe", "magic"), "--recipe: unknown recipe 'magic'",

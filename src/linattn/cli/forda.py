@@ -402,6 +402,13 @@ def _train(args, main: bool, owned: ExitStack) -> int:
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
+        # what the estimator would refuse in a traceback (a training set of one class) or
+        # score as NaN (an empty validation split)
+        tr, va = (stratified_split(y_train, *_val_split(run, run_path))
+                  if "val" in run["stages"] else (slice(None), [0]))
+        if len(set(y_train.tolist())) < 2 or len(set(y_train[tr].tolist())) < 2 or not len(va):
+            raise UserError(f"--subset: the first {run['subset']} TRAIN series leave a "
+                            "training set of one class or an empty validation split")
     _barrier()  # every rank has checked --out before rank 0 writes into it
     if main:
         created = not out.exists()
