@@ -924,3 +924,49 @@ def test_meta_indices_with_cpu_inputs_are_named():
     with pytest.raises(ValueError, match="^cu_seqlens: .*meta"):
         fla.chunk_simple_gla(q, q, q, torch.zeros(1, 8, 2),
                              cu_seqlens=torch.tensor([0, 3, 8], device="meta"))
+
+
+# issue 51, second probe: use_gate_in_kernel's A_log and dt_bias read their values (finite?)
+# with .item(), a RuntimeError for a meta tensor beside CPU inputs, and for an all-meta call
+@pytest.mark.parametrize("name", ["fused_recurrent_gated_delta_rule", "chunk_kda"])
+@pytest.mark.parametrize("param", ["A_log", "dt_bias"])
+def test_meta_gate_parameters_with_cpu_inputs_are_named(name, param):
+    B, T, H, K = 1, 5, 2, 4
+    q, v, beta = torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.rand(B, T, H)
+    kda = name == "chunk_kda"
+    g = torch.randn(B, T, H, K) if kda else torch.randn(B, T, H)
+    params = {"A_log": torch.randn(H), "dt_bias": torch.randn(H * K if kda else H)}
+    params[param] = params[param].to("meta")
+    with pytest.raises(ValueError, match=f"^{param}: .*meta"):
+        getattr(fla, name)(q, q, v, g=g, beta=beta, use_gate_in_kernel=True, **params)
+
+
+@pytest.mark.parametrize("name", ["fused_recurrent_gated_delta_rule", "chunk_kda"])
+def test_meta_gate_in_kernel_gives_meta_outputs(name):
+    m = {"device": "meta"}
+    B, T, H, K = 1, 5, 2, 4
+    kda = name == "chunk_kda"
+    q, beta = torch.empty(B, T, H, K, **m), torch.empty(B, T, H, **m)
+    g = torch.empty(B, T, H, K, **m) if kda else torch.empty(B, T, H, **m)
+    o, S = getattr(fla, name)(q, q, q, g=g, beta=beta, use_gate_in_kernel=True,
+                              A_log=torch.empty(H, **m),
+                              dt_bias=torch.empty(H * K if kda else H, **m),
+                              output_final_state=True)
+    assert o.is_meta and S.is_meta
+
+
+# issue 51, second probe: *_linear_attn(normalize=True) with a scale float32 holds (1e38) but
+# scale·q does not: NaN where the quotient is an ordinary number (float64's is the reference)
+@pytest.mark.parametrize("name", ["chunk_linear_attn", "fused_recurrent_linear_attn"])
+@pytest.mark.parametrize("scale", [1e38, -3e38])
+def test_normalized_linear_attn_with_a_huge_scale(name, scale):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 19, 2, 8, generator=gen) for _ in range(3))
+    k = k.abs()  # positive keys: denominators away from 0
+    q = q.abs()
+    got, _ = getattr(fla, name)(q, k, v, scale=scale, normalize=True)
+    want, _ = getattr(fla, name)(q.double(), k.double(), v.double(), scale=scale,
+                                 normalize=True)
+    assert got.isfinite().all()
+    torch.testing.assert_close(got.double(), want, rtol=0,
+                               atol=64 * torch.finfo(torch.float32).eps * want.abs().max())

@@ -147,6 +147,8 @@ def load_error_reason(err: BaseException) -> str:
     messages run to several sentences, and its advice to load the file unsafely is not ours)."""
     if isinstance(err, pickle.UnpicklingError):
         return "not a torch checkpoint, or one holding more than tensors and plain values"
+    if isinstance(err, KeyError):  # torch's legacy reader on another program's file: KeyError(6)
+        return "not a torch checkpoint"
     if isinstance(err, EOFError):
         return "empty or truncated file"
     if isinstance(err, RecursionError):
@@ -160,10 +162,17 @@ def load_error_reason(err: BaseException) -> str:
 
 def torch_load(path: str | os.PathLike) -> Any:
     """``torch.load(path, weights_only=True)`` with torch's warnings about the file (its pickle
-    protocol) kept off the terminal; the errors of :data:`LOAD_ERRORS` pass through."""
+    protocol) kept off the terminal; the errors of :data:`LOAD_ERRORS` pass through. A path
+    that is neither a regular file nor a folder (a FIFO, a device) is an OSError before it is
+    opened: reading one would wait for a writer or never end."""
+    import stat
     import warnings
 
     import torch
+
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # (a folder: torch's own error)
+        raise OSError(0, "not a regular file")
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

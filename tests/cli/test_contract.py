@@ -189,6 +189,16 @@ def _fifo(f: SimpleNamespace, d: Path) -> None:
     os.mkfifo(d / "fifo")
 
 
+def _fifo_checkpoint_in(rel: str) -> Callable[[SimpleNamespace, Path], None]:
+    def setup(f: SimpleNamespace, d: Path) -> None:
+        (d / rel).mkdir()
+        os.mkfifo(d / rel / "checkpoint.pt")
+    return setup
+
+
+_fifo_checkpoint = _fifo_checkpoint_in("m")
+
+
 def _still_a_fifo(d: Path) -> None:
     assert stat.S_ISFIFO(os.lstat(d / "fifo").st_mode), "the FIFO was replaced"
 
@@ -324,6 +334,12 @@ CASES: list[Case] = [
                                                 "--data-dir", str(DATA), "--set",
                                                 "patch=100000"],
          "--set: patch=100000 is wider than the final recipe's window=40", absent=("run",)),
+    # --set random_state was overwritten by --seed without a word (issue 51, second probe)
+    Case("forda-set-random-state", _forda_train("--set", "random_state=5"),
+         "--set: random_state is set by --seed", absent=("run",)),
+    # a --subset of one class (one series) was a traceback from inside the estimator's fit
+    *(Case(f"forda-subset-{n}", _forda_train("--subset", n), "--subset: the first "
+           f"{n} TRAIN series", absent=("run",)) for n in ("1", "2")),
     Case("forda-stages", _forda_train("--stages", "test"), "--stages: expected val and/or full",
          before_torch=True),
     Case("forda-recipe", _forda_train("--recipe", "magic"), "--recipe: unknown recipe 'magic'",
@@ -518,6 +534,33 @@ CASES: list[Case] = [
          "checkpoint.pt: cannot load a model (missing tensor 'blocks.0.attn.q_proj.weight')"),
     Case("generate-threads-capped", _gen("--threads", "100000", "--max-new-tokens", "2"),
          "--threads: 100000 threads asked for", status=0),
+    # a checkpoint that is a FIFO (issue 51, second probe: torch.load waited for a writer)
+    Case("generate-checkpoint-a-fifo",
+         lambda f, d: ["lm", "generate", "--model", str(d / "m"), "--prompt", "x"],
+         "checkpoint.pt: cannot load a model (not a regular file)", setup=_fifo_checkpoint),
+    # other programs' files: torch.load's KeyError(6) on a broken safetensors header said
+    # "cannot load a model (6)"; the FordA model's safetensors (torch reads it: a dict of
+    # tensors) "cannot load a model ('model_config')"
+    Case("generate-checkpoint-another-format",
+         lambda f, d: ["lm", "generate", "--model", str(d / "x.bin"), "--prompt", "x"],
+         "x.bin: cannot load a model (not a torch checkpoint)",
+         setup=lambda f, d: (d / "x.bin").write_bytes(b"h\x06" + bytes(6) + b"{}")),
+    Case("generate-checkpoint-a-safetensors-file",
+         lambda f, d: ["lm", "generate", "--model", str(f.forda / "model" / "model.safetensors"),
+                       "--prompt", "x"],
+         "model.safetensors: cannot load a model (no 'model_config': not a checkpoint of "
+         "linattn's language model)"),
+    # an empty --out (an unset shell variable) trained into the current folder
+    *(Case(f"{cmd}-out-empty", argv, f"{opt}: expected a path, got ''", absent=absent)
+      for cmd, opt, argv, absent in (
+          ("lm", "--out", _lm("--out", ""), ("checkpoint.pt", "metrics.jsonl", "result.json")),
+          ("recall", "--out", _recall("--out", ""), ("result.json", "run.lock")),
+          ("forda", "--out", _forda_train("--out", ""), ("run.json", "val")),
+          ("evaluate", "--report-dir", _evaluate("forda", "--report-dir", ""), ("report.md",)),
+          ("plot", "--output", lambda f, d: ["plot", "feature-maps", "-o", ""], ()))),
+    Case("lm-resume-checkpoint-a-fifo", _lm("--resume"),
+         "checkpoint.pt: unreadable checkpoint (not a regular file)",
+         setup=_fifo_checkpoint_in("run")),
     # -- bench
     Case("bench-feature-map", _bench("--feature-map", "bogus"), "--feature-map: expected one of",
          before_torch=True),

@@ -242,3 +242,18 @@ def test_is_causal_is_a_flag_checked_at_construction(flag):
     """Constructed fine and failed only at the first forward."""
     with pytest.raises(TypeError, match=r"^is_causal: expected a bool, got "):
         MultiheadLinearAttention(16, 2, is_causal=flag)
+
+
+# issue 51, second probe: sizes and dropout were not checked at construction: num_heads=0 a
+# ZeroDivisionError, d_model=-8 torch's RuntimeError, d_model=0, head_dim=0, dropout=nan and
+# bias="no" constructed a module
+@pytest.mark.parametrize("kwargs, match", [
+    ({"d_model": 0}, "d_model"), ({"d_model": -8}, "d_model"), ({"d_model": 8.0}, "d_model"),
+    ({"num_heads": 0}, "num_heads"), ({"num_heads": True}, "num_heads"),
+    ({"head_dim": 0}, "head_dim"), ({"dropout": float("nan")}, "dropout"),
+    ({"dropout": 2.0}, "dropout"), ({"bias": "no"}, "bias"), ({"max_len": 2.5}, "max_len"),
+])
+def test_bad_sizes_are_named_at_construction(kwargs, match):
+    args = {"d_model": 8, "num_heads": 2, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=f"^{match}: "):
+        MultiheadLinearAttention(**args)

@@ -44,7 +44,7 @@ from linattn.train_loop import CheckpointError, NonFiniteError
 SUBCOMMANDS: tuple[str, ...] = ("solve", "forda", "plot", "bench", "lm", "recall")
 
 __all__ = ["UserError", "OutputError", "Parser", "build_parser", "main", "SUBCOMMANDS",
-           "probe_output_dir", "probe_output_file", "read_json_file", "start_work"]
+           "path_arg", "probe_output_dir", "probe_output_file", "read_json_file", "start_work"]
 
 
 class UserError(Exception):
@@ -177,6 +177,14 @@ def describe_os_error(err: OSError) -> str:
         return reason
     files = str(err.filename) + ("" if err.filename2 is None else f" -> {err.filename2}")
     return f"{files}: {reason}"
+
+
+def path_arg(text: str) -> str:
+    """argparse's ``type=`` of an output path: not empty (an unset shell variable, ``--out
+    "$OUT"``: ``Path("")`` is the current folder, where the run was written)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got ''")
+    return text
 
 
 def probe_output_dir(path: str | os.PathLike, option: str) -> None:

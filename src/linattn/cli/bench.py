@@ -34,6 +34,7 @@ from pathlib import Path
 from linattn._config import FEATURE_MAP, POSITIVE_INT, THREADS, Check, Range
 from linattn._io import atomic_path
 from linattn._memory import check_fits, num_features
+from linattn.cli import path_arg
 
 DTYPES = ("float32", "bfloat16", "float64")
 #: Timed calls per measurement: the median of at most 1,000 (a larger count only runs longer:
@@ -65,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cross.add_argument("--crossover", type=size, nargs="*", default=None, metavar="T",
                        help="sequence lengths for the SDPA comparison (default 256 … 16384)")
     cross.add_argument("--no-crossover", action="store_true")
-    p.add_argument("--plot", default="bench.png", help="log-log plot of the crossover (PNG)")
+    p.add_argument("--plot", default="bench.png", type=path_arg,
+                   help="log-log plot of the crossover (PNG)")
     p.set_defaults(func=run)
 
 

@@ -26,6 +26,7 @@ from linattn._config import POSITIVE_INT, SEED, THREADS
 from linattn.cli import (
     UserError,
     describe_os_error,
+    path_arg,
     probe_output_dir,
     read_json_file,
     start_work,
@@ -45,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
 
     t = actions.add_parser("train", help="train (validation stage, then all of TRAIN + TEST)")
-    t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
+    t.add_argument("--out", default=DEFAULT_OUT, type=path_arg,
+                   help="run folder (default: %(default)s)")
     t.add_argument(
         "--recipe", default="final", type=_recipe,
         help=f"named recipe: {' or '.join(RECIPES)} (default: %(default)s)"
@@ -68,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="override an estimator parameter, e.g. --set window=40 (JSON values)",
     )
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
-    t.add_argument("--export", metavar="DIR", help="also copy the final model to DIR")
+    t.add_argument("--export", metavar="DIR", type=path_arg,
+                   help="also copy the final model to DIR")
     t.add_argument("--subset", type=POSITIVE_INT.parse, metavar="N", help=argparse.SUPPRESS)
     _common(t)
     t.set_defaults(func=train)
@@ -80,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--split", choices=("test", "val"), default="test",
                    help="test set, or the validation split with the val-stage models of run "
                         "folders (default: %(default)s)")
-    e.add_argument("--report-dir", metavar="DIR", help="where report.md goes (default: --model)")
+    e.add_argument("--report-dir", metavar="DIR", type=path_arg,
+                   help="where report.md goes (default: --model)")
     e.add_argument("--no-baselines", action="store_true", help="skip the logistic regressions")
     _common(e)
     e.set_defaults(func=evaluate)
@@ -168,6 +172,9 @@ def _parse_sets(items: list[str]) -> dict:
             out[key] = value
         except RecursionError:
             raise UserError(f"--set: {key}: value nested too deeply") from None
+    if "random_state" in out:  # (it would be overwritten by --seed without a word)
+        raise UserError(f"--set: random_state is set by --seed; use --seed "
+                        f"{out['random_state']}")
     return out
 
 
@@ -395,6 +402,13 @@ def _train(args, main: bool, owned: ExitStack) -> int:
     if run.get("subset"):
         X_train, y_train = X_train[: run["subset"]], y_train[: run["subset"]]
         X_test, y_test = X_test[: run["subset"]], y_test[: run["subset"]]
+        # what the estimator would refuse in a traceback (a training set of one class) or
+        # score as NaN (an empty validation split)
+        tr, va = (stratified_split(y_train, *_val_split(run, run_path))
+                  if "val" in run["stages"] else (slice(None), [0]))
+        if len(set(y_train.tolist())) < 2 or len(set(y_train[tr].tolist())) < 2 or not len(va):
+            raise UserError(f"--subset: the first {run['subset']} TRAIN series leave a "
+                            "training set of one class or an empty validation split")
     _barrier()  # every rank has checked --out before rank 0 writes into it
     if main:
         created = not out.exists()

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from linattn._config import POSITIVE_INT, THREADS
-from linattn.cli import UserError, describe_os_error, probe_output_dir, start_work
+from linattn.cli import UserError, describe_os_error, path_arg, probe_output_dir, start_work
 from linattn.lm.options import (  # torch-free
     CHECKPOINT_EVERY,
     GENERATE_CHECKS,
@@ -169,7 +169,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.split("\n\n")[1])
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     t = actions.add_parser("train", help="train on the standard library's source")
-    t.add_argument("--out", default=DEFAULT_OUT, help="run folder (default: %(default)s)")
+    t.add_argument("--out", default=DEFAULT_OUT, type=path_arg,
+                   help="run folder (default: %(default)s)")
     t.add_argument("--attention", choices=tuple(MIXERS), default=next(iter(MIXERS)),
                    help="the token mixer: " + "; ".join(
                        f"{name}: {spec.summary}" for name, spec in MIXERS.items()))

@@ -6,12 +6,14 @@ import argparse
 from pathlib import Path
 
 from linattn._io import atomic_path
+from linattn.cli import path_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw explanatory figures (needs matplotlib)")
     p.add_argument("figure", choices=("feature-maps",), help="which figure")
-    p.add_argument("-o", "--output", default="feature_maps.png", help="PNG file to write")
+    p.add_argument("-o", "--output", default="feature_maps.png", type=path_arg,
+                   help="PNG file to write")
     p.set_defaults(func=run)
 
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from linattn.cli import UserError, describe_os_error, probe_output_dir, start_work
+from linattn.cli import UserError, describe_os_error, path_arg, probe_output_dir, start_work
 from linattn.recall.options import (  # torch-free
     DEFAULT_LRS,
     MIXER_PRESETS,
@@ -246,7 +246,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--mixer", type=RECALL_CHECKS["mixer"].parse, default="gated_delta",
                    help=f"one of {mixers} (default: %(default)s)")
     t.add_argument("--d-model", type=RECALL_CHECKS["d_model"].parse, default=64)
-    t.add_argument("--out", required=True, help="folder for result.json")
+    t.add_argument("--out", required=True, type=path_arg, help="folder for result.json")
     t.add_argument("--replace", action="store_true",
                    help="run again into an --out that holds a result.json, replacing it")
     _common(t)
@@ -259,7 +259,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seeds", type=_list_of("seed"),
                    help="comma-separated seeds, one cell each (default: --seed); the table "
                         "shows their mean and range")
-    g.add_argument("--out", required=True, help="folder for one JSON per cell (reused)")
+    g.add_argument("--out", required=True, type=path_arg,
+                   help="folder for one JSON per cell (reused)")
     _common(g)
     g.set_defaults(func=table)
     p.set_defaults(func=lambda args: p.print_help() or 0)

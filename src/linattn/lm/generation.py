@@ -53,7 +53,10 @@ def load_model(path: str | os.PathLike) -> tuple[LinearTransformerLM, dict]:
         if wrong is not None:  # named here: torch's message has the keys on its 2nd line
             raise ValueError(wrong)
         model.load_state_dict(ck["model"])
-    except (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as err:
+    except KeyError as err:  # (another program's dict of tensors: torch reads safetensors)
+        raise CheckpointError(f"{f}: cannot load a model (no {first_line(err)}: not a "
+                              "checkpoint of linattn's language model)") from None
+    except (RuntimeError, TypeError, ValueError, AttributeError, IndexError) as err:
         raise CheckpointError(f"{f}: cannot load a model ({first_line(err)})") from None
     bad = first_non_finite(ck["model"])
     if bad is not None:  # a diverged model samples garbage (or fails in multinomial)

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from linattn._config import renamed_keywords
+from linattn._config import POSITIVE_INT, renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.nn.mixers import CONFIG_CHECKS
 from linattn.ops._common import check_flag
 from linattn.ops.flowformer.op import SigmoidFeatures, flowformer_attention
 from linattn.ops.linear.op import linear_attention
@@ -89,11 +90,17 @@ class MultiheadAttentionBase(nn.Module):
                  feature_map: FeatureMapSpec = "elu", bias: bool = False,
                  dropout: float = 0.0) -> None:
         super().__init__()
-        if head_dim is None:
-            if d_model % num_heads:
-                raise ValueError(
-                    f"num_heads: d_model {d_model} is not divisible by {num_heads}; pass head_dim"
-                )
+        d_model = CONFIG_CHECKS["d_model"].check("d_model", d_model)
+        num_heads = CONFIG_CHECKS["num_heads"].check("num_heads", num_heads)
+        dropout = CONFIG_CHECKS["dropout"].check("dropout", dropout)
+        bias = check_flag(bias, "bias")
+        if head_dim is not None:
+            head_dim = POSITIVE_INT.check("head_dim", head_dim)
+        elif d_model % num_heads:
+            raise ValueError(
+                f"num_heads: d_model {d_model} is not divisible by {num_heads}; pass head_dim"
+            )
+        else:
             head_dim = d_model // num_heads
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
         inner = num_heads * head_dim
@@ -189,8 +196,8 @@ class MultiheadLinearAttention(MultiheadAttentionBase):
                 "sequence_parallel_group: relative positions (max_len) need the whole sequence "
                 "on one rank"
             )
-        if max_len is not None and max_len < 1:
-            raise ValueError(f"max_len: expected a positive integer, got {max_len!r}")
+        if max_len is not None:
+            max_len = POSITIVE_INT.check("max_len", max_len)
         super().__init__(d_model, num_heads, head_dim, feature_map=feature_map, bias=bias,
                          dropout=dropout)
         self.sequence_parallel_group = sequence_parallel_group

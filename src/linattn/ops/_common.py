@@ -188,6 +188,18 @@ def check_scale(scale: object, K: int, *, positive: bool = False,
     return value
 
 
+def split_scale(s: float) -> tuple[float, float]:
+    """A query scale ``s`` as ``(m, p)``, ``s = m·p``: ``(s, 1.0)`` for ``|s| < 2``, else
+    ``1 <= |m| < 2`` and ``p`` a power of two. The ops whose output is ``s·(Sᵀq)`` (the gated
+    and delta-rule recurrences) run with ``m`` and multiply the output by ``p``, which is
+    exact: ``s·q`` alone can overflow where the output does not (issue 51, second probe:
+    scale=1e38 gave NaN outputs that float32 holds)."""
+    if -2.0 < s < 2.0:
+        return s, 1.0
+    m, e = math.frexp(s)  # s = m·2^e, 1/2 <= |m| < 1
+    return 2.0 * m, 2.0 ** (e - 1)
+
+
 def check_eps(eps: object, name: str = "eps") -> float:
     """``eps`` as a float; TypeError unless a real number, ValueError unless finite and >= 0.
 

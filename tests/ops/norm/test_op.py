@@ -187,6 +187,27 @@ def test_rows_whose_squares_overflow_or_underflow(impl, dtype, magnitude, eps, g
     torch.testing.assert_close(got.double() / row, want / row, rtol=0, atol=tol)
 
 
+# issue 51, second probe: with the gate before the norm, z = x·act(g) itself can leave float32
+# (1e20·silu(1e20)) while every input is finite: the compiled kernel gave NaN (inf / inf)
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("x_mag, g_mag, eps", [(1e20, 1e20, 1e-6), (2e38, 2e38, 1e-6),
+                                               (1e-30, 1e-30, 0.0), (1e-25, 1e-20, 0.0)])
+def test_gate_before_norm_whose_product_leaves_float32(impl, x_mag, g_mag, eps):
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.rand(3, 16, generator=gen, dtype=F64) + 0.5) * x_mag
+    g = (torch.rand(3, 16, generator=gen, dtype=F64) + 0.5) * g_mag
+    x, g = x.float(), g.float()
+    x[1], g[1] = torch.randn(16, generator=gen), torch.randn(16, generator=gen)  # ordinary
+    w = torch.randn(16, generator=gen)
+    want = ref.rms_norm_gated(x, g, w, eps=eps, norm_before_gate=False)
+    with dispatch.use(impl=impl):
+        got = rms_norm_gated(x, g, w, eps=eps, norm_before_gate=False)
+    assert got.isfinite().all()
+    row = want.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(F64).tiny)
+    torch.testing.assert_close(got.double() / row, want / row, rtol=0,
+                               atol=8 * torch.finfo(torch.float32).eps)
+
+
 @pytest.mark.parametrize("impl", ["auto", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("eps", [0.0, 1e-300, 1e-45])

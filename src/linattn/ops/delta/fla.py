@@ -132,7 +132,7 @@ def _gate_in_kernel(name: str, raw: object, A_log: object, dt_bias: object,
     acc = accumulation_dtype(dtype)
     raw = raw.to(acc)
     if dt_bias is not None:
-        dt_bias = _finite_tensor("dt_bias", dt_bias)
+        dt_bias = _finite_tensor("dt_bias", dt_bias, raw)
         if tuple(dt_bias.shape) == shape[2:]:
             pass
         elif per_key and tuple(dt_bias.shape) == (HV * shape[3],):
@@ -143,7 +143,7 @@ def _gate_in_kernel(name: str, raw: object, A_log: object, dt_bias: object,
         raw = raw + dt_bias.to(acc)
     a = None
     if A_log is not None:
-        A_log = _finite_tensor("A_log", A_log)
+        A_log = _finite_tensor("A_log", A_log, raw)
         if tuple(A_log.shape) != (HV,):
             raise ValueError(f"A_log: expected shape (HV,) = {(HV,)}, got {tuple(A_log.shape)}")
         a = A_log.to(acc).exp()
@@ -156,13 +156,17 @@ def _gate_in_kernel(name: str, raw: object, A_log: object, dt_bias: object,
     return float(lower_bound) * torch.sigmoid(raw if a is None else a * raw)
 
 
-def _finite_tensor(name: str, x: object) -> Tensor:
+def _finite_tensor(name: str, x: object, like: Tensor) -> Tensor:
     """A floating-point parameter tensor (A_log, dt_bias) whose values are all finite: a nan
-    there would otherwise surface as a nan gate, blamed on ``g``."""
+    there would otherwise surface as a nan gate, blamed on ``g``. Meta (no values to check)
+    exactly when ``like`` (the raw gate) is."""
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got "
                         f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
-    if x.numel() and not bool(x.isfinite().all()):
+    if x.is_meta != like.is_meta:
+        raise ValueError(f"{name}: expected a tensor on {like.device} (the inputs' device), "
+                         f"got {x.device}: a meta tensor has no values to read")
+    if x.numel() and not x.is_meta and not bool(x.isfinite().all()):
         raise ValueError(f"{name}: expected finite values, got {nonfinite(x)}")
     return x
 

@@ -63,6 +63,7 @@ from linattn.ops._common import (
     check_values,
     needs_grad,
     nonfinite,
+    split_scale,
 )
 from linattn.ops._library import tracing
 from linattn.ops.delta import native as delta_native
@@ -187,12 +188,14 @@ def delta_rule(
                              q.device.type, grad,
                              _traits(V, gk is not None, gv is not None, grad),
                              None if traced else T, traced)
+    s, p = split_scale(s)
     if traced:  # a graph's operations are the graph's
         o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
     else:  # a small call's torch operations (casts, state copies) on one thread, as its kernels
         # (the compiled op's rule, also where the portable backend runs: native._small)
         with delta_native.one_thread(q, k, v):
             o, S = _prefill(choice, q, k, v, beta, g, s, S0, cu, qk_l2norm, C, grad, gk, gv)
+    o = o if p == 1.0 else o * p
     return (o, S) if return_state else o
 
 
@@ -275,7 +278,7 @@ def delta_rule_step(
                          f"{'None' if state is None else state.dtype}")
     if inplace:
         check_own_memory(state, "state")
-    s = resolve_scale(scale, K, q_t.dtype)
+    s, p = split_scale(resolve_scale(scale, K, q_t.dtype))
     traced = tracing(q_t, k_t, v_t, beta_t, state)
     grad = needs_grad(q_t, k_t, v_t, beta_t, state, g_t, gk_t, gv_t)
     choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,
@@ -294,6 +297,7 @@ def delta_rule_step(
                                                        qk_l2norm, choice.isa, gk_t)
     else:
         o, S_new = torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, gv_t, s, qk_l2norm)
+    o = o if p == 1.0 else o * p
     if inplace:  # (the fast path above writes in place; here a copy, e.g. on the torch path)
         state.copy_(S_new)
         return o, state
@@ -365,7 +369,7 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
         return None
     if scale is None:
         s = K ** -0.5
-    elif type(scale) is float and scale - scale == 0:  # finite (inf − inf is nan)
+    elif type(scale) is float and -2.0 < scale < 2.0:  # finite; larger: split_scale's
         s = scale
     else:
         return None

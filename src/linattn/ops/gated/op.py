@@ -49,6 +49,7 @@ from linattn.ops._common import (
     check_qkv,
     check_step_inputs,
     needs_grad,
+    split_scale,
 )
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import Backend, Choice
@@ -127,7 +128,9 @@ def _checked(q, k, v, g, gk, scale, initial_state, return_state, chunk_size, cu_
     grad = needs_grad(q, k, v, g, gk, initial_state)
     choice = dispatch.select(OP, "prefill fwd+bwd" if grad else "prefill", q.dtype,
                              q.device.type, grad, _traits(V), None if traced else T, traced)
+    s, p = split_scale(s)
     o, S = _prefill(choice, q, k, v, g, gk, s, S0, cu, grad, C)
+    o = o if p == 1.0 else o * p
     return (o, S) if return_state else o
 
 
@@ -168,7 +171,11 @@ def gated_linear_attention_step(
     *batch, K = q_t.shape
     V = v_t.shape[-1]
     S = initial_state_for(state, "state", (*batch, K, V), q_t)
-    s = resolve_scale(scale, K, q_t.dtype)
+    s, p = split_scale(resolve_scale(scale, K, q_t.dtype))
+    if p != 1.0:
+        o, S = gated_linear_attention_step(q_t, k_t, v_t, state, g_t=g_t, gk_t=gk_t, gv_t=gv_t,
+                                           scale=s)
+        return o * p, S
     traced = tracing(q_t, k_t, v_t, state, g_t, gk_t, gv_t)
     grad = needs_grad(q_t, k_t, v_t, state, g_t, gk_t, gv_t)
     choice = dispatch.select(OP, "step", q_t.dtype, q_t.device.type, grad,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._common import accumulation_dtype
+from linattn.ops._common import accumulation_dtype, split_scale
 from linattn.ops._fla import (
     _flag,
     _kwargs,
@@ -58,19 +58,26 @@ def _linear_attn(q, k, v, scale, initial_state, output_final_state, reverse, nor
                 raise ValueError(f"initial_state: expected z_state of shape (N, 1, H, K) = "
                                  f"{(N, 1, H, K)}, got {tuple(z0.shape)}")
     S0 = _state("initial_state", initial_state, N, H, K, V, False)
-    o, S = _gla(q, k, v, scale=s, initial_state=S0, output_final_state=True, reverse=reverse,
-                cu=cu)
     if not normalize:
+        o, S = _gla(q, k, v, scale=s, initial_state=S0, output_final_state=True,
+                    reverse=reverse, cu=cu)
         return o, (S if output_final_state else None)
-    o, z = _normalized(o, q, k, s, z0, reverse, cu)
+    m, p = split_scale(s)  # scale·q may overflow where the quotient does not
+    o, S = _gla(q, k, v, scale=m, initial_state=S0, output_final_state=True, reverse=reverse,
+                cu=cu)
+    o, z = _normalized(o, q, k, m, z0, reverse, cu, p)
     return o, ((S, z) if output_final_state else None)
 
 
 def _normalized(o: Tensor, q: Tensor, k: Tensor, scale: float, z0: Tensor | None, reverse: bool,
-                cu: Tensor | None) -> tuple[Tensor, Tensor]:
+                cu: Tensor | None, p: float = 1.0) -> tuple[Tensor, Tensor]:
     """fla's ``normalize=True``: o_t / (⟨scale·q_t, z0 + Σ_{s≤t} k_s⟩ + 1e-10) (s ≥ t if
-    ``reverse``), and the key sum after the last token (first if reverse): (B|N, 1, H, K)."""
+    ``reverse``), and the key sum after the last token (first if reverse): (B|N, 1, H, K).
+    ``p`` (:func:`~linattn.ops._common.split_scale`): o and ``scale`` are the true scale's
+    divided by p, so the quotient is the same with 1e-10 / p, in float64 (float32 cannot hold
+    1e-10 / p) when p is not 1."""
     acc = accumulation_dtype(q.dtype)
+    wide = acc if p == 1.0 else torch.float64
     B, T, H, K = q.shape
     spans = [(0, T)] if cu is None else list(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True))
     kk = k.to(acc)
@@ -87,8 +94,8 @@ def _normalized(o: Tensor, q: Tensor, k: Tensor, scale: float, z0: Tensor | None
             zs.append(torch.zeros(c.shape[0], 1, H, K, dtype=acc, device=q.device)
                       if z0 is None else (z0 if cu is None else z0[n:n + 1]).to(acc))
     k_cum = torch.cat(cums, dim=1)
-    den = (q.to(acc) * scale * k_cum).sum(-1, keepdim=True) + NORMALIZE_EPS
-    return (o.to(acc) / den).to(o.dtype), torch.cat(zs, dim=0).to(k.dtype)
+    den = (q.to(wide) * scale * k_cum.to(wide)).sum(-1, keepdim=True) + NORMALIZE_EPS / p
+    return (o.to(wide) / den).to(o.dtype), torch.cat(zs, dim=0).to(k.dtype)
 
 
 def chunk_linear_attn(

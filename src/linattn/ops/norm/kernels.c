@@ -27,6 +27,14 @@ static inline __attribute__((always_inline)) float nm_sact(int act, float g) {
     return act == NM_SIGMOID ? ssigmoid(g) : ssilu(g);
 }
 
+/* x[i] in double, times act(g[i]) when the gate comes first (zfirst): z without a float's
+ * range. */
+static inline double nm_wide(const void *x, long i, int xdt, const void *g, long gi, int gdt,
+                             int act, int zfirst) {
+    double v = load_dt(x, i, xdt);
+    return zfirst ? v * (double)nm_sact(act, load_dt(g, gi, gdt)) : v;
+}
+
 /* Rows [0, R) (row strides xr, gr, yr; contiguous channels); the dtypes constant in the
  * specialisations. g NULL: no gate; w NULL: no weight. */
 static inline __attribute__((always_inline)) void nm_rows(int xdt, int gdt, int wdt, int ydt,
@@ -69,16 +77,18 @@ static inline __attribute__((always_inline)) void nm_rows(int xdt, int gdt, int 
                 /* squares that overflowed (|x| ~ 1e19) or underflowed (|x| ~ 1e-30, eps 0),
                  * or an all-zero group: the group again in double, where the squares of floats
                  * are exact; a zero denominator (all zeros, eps 0) gives zeros. Ordinary rows
-                 * never get here (nan rows neither: they stay nan). */
+                 * never get here (nan rows neither: they stay nan). z = x act(g) is formed
+                 * again in double too: in float it can itself overflow (1e20 silu(1e20)) or
+                 * underflow. */
                 double sd = 0.0;
                 for (long j = 0; j < G; ++j) {
-                    double v = zfirst ? z[g0 + j] : load_dt(x, xo + g0 + j, xdt);
+                    double v = nm_wide(x, xo + g0 + j, xdt, g, go + g0 + j, gdt, act, zfirst);
                     sd += v * v;
                 }
                 const double den = sqrt(sd / (double)G + (double)eps);
                 for (long j = 0; j < G; ++j) {
                     long c = g0 + j;
-                    double v = zfirst ? z[c] : load_dt(x, xo + c, xdt);
+                    double v = nm_wide(x, xo + c, xdt, g, go + c, gdt, act, zfirst);
                     v = den == 0.0 ? 0.0 : v / den;
                     if (w) v *= load_dt(w, c, wdt);
                     if (g && before) v *= nm_sact(act, load_dt(g, go + c, gdt));
