@@ -275,6 +275,8 @@ class FolderLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def __del__(self) -> None:
+    def __del__(self, _close=os.close) -> None:
+        # os.close bound at definition: at interpreter exit the module's globals may already be
+        # None, and a lock still held then must not print "Exception ignored" on stderr
         if getattr(self, "fd", None) is not None:
-            os.close(self.fd)
+            _close(self.fd)
