@@ -75,7 +75,7 @@ static void full_size(void) {
         t[3] = now() - t0;
         t0 = now();
         la_causal_forward(0, 0, q, T * L, k, T * L, v, T * Dv, N, T, L, Dv, C, 1e-6f, S, z, o,
-                          T * Dv, work);
+                          T * Dv, NULL, 0, NULL, 0, 0, work);
         t[4] = now() - t0;
         for (int i = 0; i < 5; ++i)
             if (t[i] < best[i]) best[i] = t[i];

@@ -109,6 +109,17 @@ static int guards_ok(const float *p, long N, long T, long F, long hs) {
 }
 
 /* max |a - b| / max |b| over (N, T, F): a float with head stride as, b dense double. */
+/* max |a - b| / max |b| over n floats (both from kernels). */
+static double relerr_ff(const float *a, const float *b, long n) {
+    double num = 0.0, den = 0.0;
+    for (long i = 0; i < n; ++i) {
+        double d = fabs((double)a[i] - (double)b[i]), m = fabs((double)b[i]);
+        if (!(d <= num)) num = d;
+        if (m > den) den = m;
+    }
+    return den > 0.0 ? num / den : num;
+}
+
 static double relerr(const float *a, long as, const double *b, long N, long T, long F) {
     double num = 0.0, den = 0.0;
     for (long n = 0; n < N; ++n)
@@ -331,9 +342,13 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
     const void *qa = bf ? (const void *)qh : q, *ka = bf ? (const void *)kh : k;
     const void *va = bf ? (const void *)vh : v;
     void *oa = bf ? (void *)oh : o;
+    /* the causal forward keeps the state before every block of 2 C tokens */
+    long block = 2 * C, nb = (Tq + block - 1) / block;
+    float *Ss = causal ? alloc_f(nb * N * L * Dv) : NULL, *zss = causal ? alloc_f(nb * N * L) : NULL;
     if (causal)
         rc_check(causal_forward(kind, bf, qa, qs, ka, ks, va, vs, N, Tq, L, Dv, C, eps, S, z,
-                                   oa, os, work), "la_causal_forward", cfg);
+                                   oa, os, Ss, N * L * Dv, zss, N * L, block, work),
+                 "la_causal_forward", cfg);
     else
         rc_check(noncausal_forward(kind, bf, qa, qs, ka, ks, va, vs, N, Tq, Tk, L, Dv, C, eps,
                                       S, z, oa, os, work), "la_noncausal_forward", cfg);
@@ -357,6 +372,23 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
     record_tol(causal, bf ? E_SBF : E_S, relerr(S, L * Dv, r.S1, N, L, Dv), bf ? TOL_BF16 : TOL,
                cfg);
     record(causal, E_Z, relerr(z, L, r.z1, N, L, 1), cfg);
+    if (causal) { /* kept state i: the state a run over the first i blocks ends with */
+        float *Si = alloc_f(N * L * Dv), *zi = alloc_f(N * L), *oi = alloc_f(N * os);
+        for (long i = 0; i < nb; ++i) {
+            memcpy(Si, S0, (size_t)(N * L * Dv) * sizeof(float));
+            memcpy(zi, z0, (size_t)(N * L) * sizeof(float));
+            if (i && causal_forward(kind, 0, q, qs, k, ks, v, vs, N, i * block, L, Dv, C, eps, Si,
+                                    zi, oi, os, NULL, 0, NULL, 0, 0, work))
+                rc_check(1, "la_causal_forward (kept states)", cfg);
+            /* bfloat16 inputs: the kept states come from the bfloat16 form's sums */
+            record_tol(causal, bf ? E_SBF : E_S, relerr_ff(Ss + i * N * L * Dv, Si, N * L * Dv),
+                       bf ? TOL_BF16 : TOL, cfg);
+            record(causal, E_Z, relerr_ff(zss + i * N * L, zi, N * L), cfg);
+        }
+        guard_check(guards_ok(Ss, 1, nb * N * L * Dv, 1, nb * N * L * Dv)
+                        && guards_ok(zss, 1, nb * N * L, 1, nb * N * L), "kept states", cfg);
+        free(Si), free(zi), free(oi), free(Ss), free(zss);
+    }
 
     /* The backward (float32 only) gets the forward's own output, as the Python side passes it. */
     for (int split = 0; !bf && split < 1 + !causal; ++split) {

@@ -128,19 +128,19 @@ class _CountingKernels(dict):
 
 
 def test_one_pass_causal_forward_is_taken_and_partial_chunks(monkeypatch, native_on):
-    """The compiled one-pass causal kernel (``la_causal_forward``) really runs, on blocks whose
-    last chunk holds 1 token (T = 129) and 15 tokens (T = 143), and gives the reference's
-    values; the blocked kernels (one pass refused) agree with it to float32 rounding."""
+    """The compiled one-pass causal kernel (``la_causal_forward``) really runs, once for all T
+    (keeping the state before each block of 16 tokens itself), on sequences whose last chunk
+    holds 1 token (T = 129) and 15 tokens (T = 143), and gives the reference's values; the
+    blocked kernels (one pass refused) agree with it to float32 rounding."""
     lib = _CountingKernels(lnative.kernels(), "causal_forward")
     monkeypatch.setattr(passes, "kernels", lambda isa="native": lib)
     one_pass = passes._single_pass
-    for T, tail in ((129, 1), (143, 15)):
+    for T in (129, 143):  # last chunks of 1 and 15 tokens
         q, k, v = _qkv(1, 2, T=T, D=16, Dv=32)
         lib.calls.clear()
         with torch.no_grad():
             got = linattn.linear_attention(q, k, v, is_causal=True, chunk_size=16)
-        lengths = sorted({args.T for args in lib.calls})
-        assert lengths == sorted({16, tail}), lengths  # blocks of one chunk, then the tail
+        assert [(args.T, args.block) for args in lib.calls] == [(T, 16)]  # the tail inside
         want = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
                                                   is_causal=True)
         torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)

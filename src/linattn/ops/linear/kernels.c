@@ -249,6 +249,16 @@ static void la_prefix(float *P, long N, long n, long F, const float *S0, float *
  * The products run through one register-blocked kernel, MR rows x NV vectors of W columns
  * (sized per ISA at the top of this file). */
 
+/* The causal forwards keep the state before every block of `block` tokens (a multiple of the
+ * chunk) for the backward: at t0 = i block, head n's S and z go to Ss[i sb + n L Dv] and
+ * zss[i zb + n L] (Ss NULL: none kept). One call walks all T tokens of its heads. */
+static inline void keep_state(const float *S, const float *z, long n, long t0, long block,
+                              float *Ss, long sb, float *zss, long zb, long L, long Dv) {
+    if (!Ss || t0 % block) return;
+    memcpy(Ss + t0 / block * sb + n * L * Dv, S, (size_t)(L * Dv) * sizeof(float));
+    memcpy(zss + t0 / block * zb + n * L, z, (size_t)L * sizeof(float));
+}
+
 #if defined(LA_DP_BF16)
 /* The causal forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32):
  * per chunk, phi(q) S (S paired along its rows), the scores phi(q) phi(k)^T (phi(k) rounded and
@@ -260,7 +270,8 @@ static void la_prefix(float *P, long N, long n, long F, const float *S0, float *
  * L Dv) / 2 floats (C even). */
 static void causal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
                               const void *v, long vs, long N, long T, long L, long Dv, long C,
-                              float eps, float *S, float *z, void *out, long os, float *work) {
+                              float eps, float *S, float *z, void *out, long os, float *Ss,
+                              long sb, float *zss, long zb, long block, float *work) {
     float *fq = work, *fk = fq + C * L, *A = fk + C * L, *num = A + C * C;
     u32 *fqp = (u32 *)(num + C * Dv), *fkb = fqp + C * L / 2, *fkTp = fkb + C * L / 2;
     u32 *Ab = fkTp + C * L / 2, *kp = fkb, *vp = Ab + C * C / 2, *Sp = vp + C / 2 * Dv;
@@ -268,6 +279,7 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
             long Cn = T - t0 < C ? T - t0 : C, P = (Cn + 1) / 2;
+            keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
             phi_rows(kind, q, n * qs + t0 * L, 1, Cn * L, fq);
             phi_rows(kind, k, n * ks + t0 * L, 1, Cn * L, fk);
             if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
@@ -310,15 +322,18 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
 /* The causal forward over T tokens of N heads, chunks of C (a multiple of W; L and Dv
  * multiples of W too). q, k: rows of L with head strides qs, ks; v: rows of Dv, stride vs;
  * out: rows of Dv, stride os; all float32, or all bfloat16 with bf. S (N, L, Dv) and z (N, L),
- * float32: the state before, updated in place to the state after. work: 2 C L + L C + C C +
- * 2 C Dv floats. Returns 0, or -1 on bad sizes. */
+ * float32: the state before, updated in place to the state after; Ss, zss: the states kept
+ * before every block (keep_state; NULL: none). work: 2 C L + L C + C C + 2 C Dv floats (and
+ * more for the bfloat16 dot-product form: causal_forward_dp). Returns 0, or -1 on bad sizes. */
 static int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
                       const void *v, long vs, long N, long T, long L, long Dv, long C, float eps,
-                      float *S, float *z, void *out, long os, float *work) {
-    if (C % W || L % W || Dv % W) return -1;
+                      float *S, float *z, void *out, long os, float *Ss, long sb, float *zss,
+                      long zb, long block, float *work) {
+    if (C % W || L % W || Dv % W || (Ss && (block < C || block % C))) return -1;
 #if defined(LA_DP_BF16)
     if (bf && L % 32 == 0) {
-        causal_forward_dp(kind, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, work);
+        causal_forward_dp(kind, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, Ss, sb,
+                          zss, zb, block, work);
         stream_fence();
         return 0;
     }
@@ -329,6 +344,7 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
             long Cn = T - t0 < C ? T - t0 : C;
+            keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
             const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
             phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
             phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
@@ -669,11 +685,14 @@ int la_prefix_call(const la_prefix_args *a) {
     X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') X(la_s, const void *, v, 'p') \
     X(la_s, long, vs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, L, 'l') \
     X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') X(la_s, float, eps, 'f') X(la_s, float *, S, 'p') \
-    X(la_s, float *, z, 'p') X(la_s, void *, out, 'p') X(la_s, long, os, 'l') X(la_s, float *, work, 'p')
+    X(la_s, float *, z, 'p') X(la_s, void *, out, 'p') X(la_s, long, os, 'l') \
+    X(la_s, float *, Ss, 'p') X(la_s, long, sb, 'l') X(la_s, float *, zss, 'p') X(la_s, long, zb, 'l') \
+    X(la_s, long, block, 'l') X(la_s, float *, work, 'p')
 LA_ARGS(la_causal_forward_args, LA_CAUSAL_FORWARD_ARGS)
 int la_causal_forward_call(const la_causal_forward_args *a) {
     return (int)la_causal_forward(a->kind, a->bf, a->q, a->qs, a->k, a->ks, a->v, a->vs, a->N, a->T,
-            a->L, a->Dv, a->C, a->eps, a->S, a->z, a->out, a->os, a->work);
+            a->L, a->Dv, a->C, a->eps, a->S, a->z, a->out, a->os, a->Ss, a->sb, a->zss, a->zb,
+            a->block, a->work);
 }
 
 #define LA_CAUSAL_BACKWARD_ARGS(X, la_s) \

@@ -334,16 +334,17 @@ def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states)
                 + (chunk * L + chunk * chunk + L * Dv) // 2)
 
         def heads(h0, h1, work):
-            for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
-                S_states[i, h0:h1], z_states[i, h0:h1] = S[h0:h1], z[h0:h1]
-                q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
-                rc = b.fns["causal_forward"](
-                    kind=b.kind, bf=_bf(q), q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
-                    ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), N=h1 - h0,
-                    T=t1 - t0, L=L, Dv=Dv, C=chunk, eps=eps, S=S[h0].data_ptr(),
-                    z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o),
-                    work=work.data_ptr())
-                check_rc(rc, "la_causal_forward")
+            # one call for all T: the kernel keeps the state before each block in S_states
+            q, k, v, o = (x[h0:h1] for x in (b.q, b.k, b.v, out))
+            rc = b.fns["causal_forward"](
+                kind=b.kind, bf=_bf(q), q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
+                ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), N=h1 - h0,
+                T=q.shape[1], L=L, Dv=Dv, C=chunk, eps=eps, S=S[h0].data_ptr(),
+                z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o),
+                Ss=S_states[0, h0].data_ptr(), sb=S_states.stride(0),
+                zss=z_states[0, h0].data_ptr(), zb=z_states.stride(0), block=block,
+                work=work.data_ptr())
+            check_rc(rc, "la_causal_forward")
 
         return _over_heads(b, size, heads)
     for i, (t0, t1) in enumerate(block_ranges(b.q.shape[1], block)):
