@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import mmap
 import os
 import sys
 import threading
@@ -29,7 +28,7 @@ _MADV_HUGEPAGE = 14
 
 
 class _Recycler:
-    """Large outputs of the compiled passes, recycled instead of mapped afresh on every call.
+    """Large outputs of the compiled passes, recycled instead of allocated afresh on every call.
 
     A fresh (8, 65536, 64) float32 output is 128 MiB of untouched memory: its first touch costs
     32768 page faults (~50 ms), and 2 MiB pages, which make that 64 faults, are cheap only where
@@ -37,46 +36,40 @@ class _Recycler:
     host (free page reporting), every huge page is faulted in again from the host: measured
     on this project's EPYC VM, a B1 H8 T65536 forward + backward took 0.4-4.5 s from call to
     call. A training loop frees the last step's outputs before the next step asks for the same
-    sizes, so outputs here live in buffers that stay mapped (and advised onto 2 MiB pages) after
-    the tensors made from them are freed; a buffer is handed out again once nothing refers to
-    it (its reference count is back to the pool's own). Free buffers are kept up to
-    :attr:`keep_bytes` in all, the oldest dropped first; :func:`empty_cache` drops them all.
+    sizes, so outputs here are views of buffers (uint8 tensors, advised onto 2 MiB pages) that
+    the pool keeps after the outputs are freed. A buffer is handed out again only when no other
+    tensor uses its storage (the storage's own count of owners, not Python's reference counts,
+    which frames held by a traceback or a tracer would change). The pool holds at most
+    :attr:`keep_bytes` of buffers, in use or not, the oldest let go first: one still in use then
+    lives on in its tensors and is freed with them. :func:`empty_cache` lets the free ones go.
     """
 
     MIN_BYTES = 16 << 20  # smaller outputs fault in quickly and are not worth holding
 
     def __init__(self) -> None:
-        self._bufs: list[mmap.mmap] = []
+        self._bufs: list[Tensor] = []  # oldest first
         self._lock = threading.Lock()
         self.keep_bytes = min(2 << 30, _mem_total() // 16)
 
-    def take(self, nbytes: int) -> mmap.mmap:
+    def take(self, nbytes: int) -> Tensor:
         with self._lock:
-            free = [b for b in self._bufs if _refs(b) <= _FREE_REFS]
-            for buf in free:
-                if len(buf) == nbytes:
-                    self._bufs.remove(buf)
+            for i, buf in enumerate(self._bufs):
+                if buf.numel() == nbytes and _owners(buf) <= _FREE_OWNERS:
+                    del self._bufs[i]  # by position: == on tensors compares their elements
                     self._bufs.append(buf)  # most recently used last
                     return buf
-            spare = sum(len(b) for b in free)
-            for buf in free:  # oldest first: make room under the cap for a new one
-                if spare + nbytes <= self.keep_bytes:
-                    break
-                self._bufs.remove(buf)
-                spare -= len(buf)
-            try:
-                buf = mmap.mmap(-1, nbytes)
-            except OSError as err:  # as torch's allocator would: an allocation that failed
-                raise MemoryError(f"cannot allocate {nbytes} bytes for an output: {err}") from None
-            if _LIBC is not None:
-                address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-                _LIBC.madvise(address, nbytes, _MADV_HUGEPAGE)
-            self._bufs.append(buf)
+            held = sum(b.numel() for b in self._bufs)
+            while self._bufs and held + nbytes > self.keep_bytes:
+                held -= self._bufs.pop(0).numel()
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            _advise_huge_pages(buf)
+            if nbytes <= self.keep_bytes:
+                self._bufs.append(buf)
             return buf
 
     def empty_cache(self) -> None:
         with self._lock:
-            self._bufs = [b for b in self._bufs if _refs(b) > _FREE_REFS]
+            self._bufs = [b for b in self._bufs if _owners(b) > _FREE_OWNERS]
 
 
 def _mem_total() -> int:
@@ -86,25 +79,39 @@ def _mem_total() -> int:
         return 8 << 30
 
 
-def _refs(buf: mmap.mmap) -> int:
-    return sys.getrefcount(buf)
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
-# What _refs reports for a buffer held by a list only, asked from a comprehension over that list
-# (as the recycler asks): anything above it is a tensor still using the buffer.
-_FREE_REFS = [_refs(b) for b in [mmap.mmap(-1, 4096)]][0]
+def _owners(buf: Tensor) -> int:
+    """How many owners buf's storage has (every tensor using it, and the storage object asked)."""
+    return _USE_COUNT(buf.untyped_storage()._cdata)
+
+
+# What _owners reports for a buffer the pool alone holds: more is a tensor still using it.
+_FREE_OWNERS = _owners(torch.empty(1, dtype=torch.uint8)) if _USE_COUNT is not None else 0
 _RECYCLER = _Recycler()
+_HUGE = 1 << 21
+
+
+def _advise_huge_pages(buf: Tensor) -> None:
+    """Ask for 2 MiB pages on the whole 2 MiB-aligned part of buf (advice only)."""
+    if _LIBC is None:
+        return
+    start = (buf.data_ptr() + _HUGE - 1) & ~(_HUGE - 1)
+    end = (buf.data_ptr() + buf.numel()) & ~(_HUGE - 1)
+    if end > start:
+        _LIBC.madvise(start, end - start, _MADV_HUGEPAGE)
 
 
 def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
-    """An uninitialised tensor of ``like``'s dtype for a compiled pass's output: from the
-    recycled buffers of :class:`_Recycler` when it is large (a recycled one has its pages
+    """An uninitialised tensor of ``like``'s dtype for a compiled pass's output: a view of a
+    recycled buffer of :class:`_Recycler` when it is large (a recycled one has its pages
     already), else an ordinary allocation."""
     nbytes = math.prod(shape) * like.element_size()
-    if nbytes < _Recycler.MIN_BYTES or like.device.type != "cpu":
+    if (nbytes < _Recycler.MIN_BYTES or like.device.type != "cpu" or _USE_COUNT is None
+            or like.dtype.is_complex or like.dtype == torch.bool):
         return like.new_empty(*shape)
-    buf = _RECYCLER.take(nbytes)
-    return torch.frombuffer(buf, dtype=like.dtype).view(*shape)
+    return _RECYCLER.take(nbytes).view(like.dtype).view(*shape)
 
 
 _FLOAT32 = torch.empty(0)
