@@ -94,3 +94,43 @@ def test_float32_rows_views_float32_and_widens_the_rest_exactly():
     assert got.stride(-1) == 1 and torch.equal(got, cols.reshape(6, 4, 5))
     big = torch.randn(4, _Recycler.MIN_BYTES // 16, 2, dtype=torch.bfloat16)  # recycled buffer
     assert torch.equal(memory.float32_rows(big, 4), big.float())
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_gets_a_free_pool_lock(monkeypatch):
+    """A child forked while another thread holds the pool's lock still gets outputs."""
+    import os
+    import threading
+
+    pool = _Recycler()
+    monkeypatch.setattr(memory, "_RECYCLER", pool)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with pool._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: must not wait for a lock no thread of its own holds
+        try:
+            out = empty_hugepage(LIKE, *SHAPE)
+            os._exit(0 if out.shape == SHAPE else 1)
+        finally:
+            os._exit(2)
+    release.set()
+    holder.join()
+    import signal
+    import time
+
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:  # still waiting for the lock: a deadlock
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child waited for the pool's lock")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

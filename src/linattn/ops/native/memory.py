@@ -90,6 +90,16 @@ def _owners(buf: Tensor) -> int:
 # What _owners reports for a buffer the pool alone holds: more is a tensor still using it.
 _FREE_OWNERS = _owners(torch.empty(1, dtype=torch.uint8)) if _USE_COUNT is not None else 0
 _RECYCLER = _Recycler()
+
+
+def _forget_lock_after_fork() -> None:
+    """A forked child (a DataLoader worker) may inherit the pool's lock held by another thread
+    of its parent: give it a free one (the buffers it inherited are its own copies)."""
+    _RECYCLER._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_lock_after_fork)
 _HUGE = 1 << 21
 
 
