@@ -86,6 +86,20 @@ def raced(path, option):
 recall.probe_output_dir = raced
 sys.exit(main(sys.argv[1:]))
 """
+#: `linattn lm train` started beside another run into the same new --out: that run's probe of
+#: the folder (made, written, removed) removes it between this one's look and its test write
+#: (issue 51 third probe: '--out: ...: No such file or directory' for one of two runs).
+PROBE_RACED = """
+import os, sys, tempfile
+from linattn.cli import main
+made = tempfile.TemporaryFile
+def raced(*args, dir=None, **kw):
+    tempfile.TemporaryFile = made
+    os.rmdir(dir)
+    return made(*args, dir=dir, **kw)
+tempfile.TemporaryFile = raced
+sys.exit(main(sys.argv[1:]))
+"""
 #: The same on a full disk: files of at most 2,000 bytes.
 BENCH_PLOT_ONLY = BENCH_STUBBED.replace(
     "from linattn.cli", "resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))\nfrom linattn.cli")
@@ -491,6 +505,8 @@ CASES: list[Case] = [
     Case("lm-cosformer-context", _lm("--attention", "cosformer", "--context", "2000"),
          "--context: cosformer's weights hold for 1024 positions, 2000 asked for",
          before_torch=True, absent=("run",)),
+    Case("lm-out-removed-by-another-probe", _lm(), "", status=0, code=PROBE_RACED,
+         check=lambda d: _match(d / "run", ["checkpoint.pt", "metrics.jsonl", "result.json"])),
     # stderr on a full device (`2>/dev/full`): a run still runs (its progress bar ended it with
     # status 1 and nothing but the lock written), an error is still status 2 (was 1: printing
     # the error line failed)

@@ -225,11 +225,25 @@ def path_arg(text: str) -> str:
 def probe_output_dir(path: str | os.PathLike, option: str) -> None:
     """Fail now, as a :class:`UserError` naming ``option``, if folder ``path`` cannot be created
     or written, instead of after minutes of work: the missing folders are created, a file is
-    written and everything made here is removed again."""
-    import tempfile
+    written and everything made here is removed again. A folder that vanished or appeared
+    meanwhile (another run's probe of the same new path, two runs started at once) is probed
+    again."""
     from pathlib import Path
 
-    path = Path(path)
+    for attempt in range(3):
+        try:
+            return _probe_dir(Path(path), option)
+        except (FileNotFoundError, FileExistsError) as err:
+            if attempt == 2:
+                raise UserError(f"{option}: {describe_os_error(err)}") from None
+        except OSError as err:
+            raise UserError(f"{option}: {describe_os_error(err)}") from None
+
+
+def _probe_dir(path, option: str) -> None:
+    """:func:`probe_output_dir` once (OSError as it is)."""
+    import tempfile
+
     made = []
     try:
         missing = [p for p in (path, *path.parents) if not p.exists()]
@@ -241,8 +255,6 @@ def probe_output_dir(path: str | os.PathLike, option: str) -> None:
         with tempfile.TemporaryFile(dir=path) as f:
             f.write(b"\0")
             f.flush()
-    except OSError as err:
-        raise UserError(f"{option}: {describe_os_error(err)}") from None
     finally:
         for p in reversed(made):
             try:
