@@ -107,6 +107,36 @@ class _GuardedOutput:
         return getattr(self._stream, name)
 
 
+class _LossyError:
+    """Standard error whose failed writes (a full disk, ``/dev/full``) are dropped, as a closed
+    one's are: the progress bar and the error line have nowhere to go, and the exit status
+    still says what happened (a progress bar's failed write ended a run with status 1, an
+    error line's turned status 2 into 1)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _lossy(self, method, *args):
+        try:
+            return method(*args)
+        except OSError:  # what is buffered goes to /dev/null, also at the interpreter's exit
+            _drop_stream(self._stream, sys.__stderr__)
+            try:
+                return method(*args)
+            except OSError:
+                return None
+
+    def write(self, text):
+        written = self._lossy(self._stream.write, text)
+        return len(text) if written is None else written
+
+    def flush(self):
+        self._lossy(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class _ClosedStream:
     """Stands for a standard stream the process was started without (``>&-``): Python makes
     it None, and the first ``print`` was an AttributeError. A write is an OSError, which
@@ -151,14 +181,19 @@ def _standard_streams() -> tuple:
     stderr = sys.stderr
     if stderr is None:
         stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's own
-    return stdout, stderr
+    return stdout, _LossyError(stderr)
 
 
 def _drop_stdout(stream) -> None:
     """Point the process's standard output at /dev/null once a write to it failed, so that
     the interpreter's flush of what is still buffered, at exit, does not fail a second time
     with a traceback (a stream other than the process's own is left alone)."""
-    if stream is None or stream is not sys.__stdout__:
+    _drop_stream(stream, sys.__stdout__)
+
+
+def _drop_stream(stream, own) -> None:
+    """Point ``stream``'s descriptor at /dev/null when it is the process's own ``own``."""
+    if stream is None or stream is not own:
         return
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -190,11 +225,25 @@ def path_arg(text: str) -> str:
 def probe_output_dir(path: str | os.PathLike, option: str) -> None:
     """Fail now, as a :class:`UserError` naming ``option``, if folder ``path`` cannot be created
     or written, instead of after minutes of work: the missing folders are created, a file is
-    written and everything made here is removed again."""
-    import tempfile
+    written and everything made here is removed again. A folder that vanished or appeared
+    meanwhile (another run's probe of the same new path, two runs started at once) is probed
+    again."""
     from pathlib import Path
 
-    path = Path(path)
+    for attempt in range(3):
+        try:
+            return _probe_dir(Path(path), option)
+        except (FileNotFoundError, FileExistsError) as err:
+            if attempt == 2:
+                raise UserError(f"{option}: {describe_os_error(err)}") from None
+        except OSError as err:
+            raise UserError(f"{option}: {describe_os_error(err)}") from None
+
+
+def _probe_dir(path, option: str) -> None:
+    """:func:`probe_output_dir` once (OSError as it is)."""
+    import tempfile
+
     made = []
     try:
         missing = [p for p in (path, *path.parents) if not p.exists()]
@@ -206,8 +255,6 @@ def probe_output_dir(path: str | os.PathLike, option: str) -> None:
         with tempfile.TemporaryFile(dir=path) as f:
             f.write(b"\0")
             f.flush()
-    except OSError as err:
-        raise UserError(f"{option}: {describe_os_error(err)}") from None
     finally:
         for p in reversed(made):
             try:

@@ -476,7 +476,8 @@ def causal_chunked(
     Dv1 = v1.shape[-1]
     fq, fk, v1 = (to_chunks(x, chunk) for x in (fq, fk, v1))
     n = fq.shape[-3]
-    fq3, fk3, v13 = fq.reshape(-1, chunk, L), fk.reshape(-1, chunk, L), v1.reshape(-1, chunk, Dv1)
+    nb = math.prod(batch) * n  # explicit: a -1 of an empty v1 (Dv1 = 0) cannot be inferred
+    fq3, fk3, v13 = fq.reshape(nb, chunk, L), fk.reshape(nb, chunk, L), v1.reshape(nb, chunk, Dv1)
 
     states = torch.bmm(fk3.transpose(1, 2), v13).view(*batch, n, L, Dv1)  # each chunk's own
     total = states.sum(-3)
@@ -485,7 +486,7 @@ def causal_chunked(
         before = before + S0.unsqueeze(-3)
         total = total + S0
     scores = torch.bmm(fq3, fk3.transpose(1, 2)).mul_(causal_mask(chunk, fq.device))
-    out = torch.baddbmm(torch.bmm(fq3, before.reshape(-1, L, Dv1)), scores, v13)
+    out = torch.baddbmm(torch.bmm(fq3, before.reshape(nb, L, Dv1)), scores, v13)
     out = out.view(*batch, n * chunk, Dv1)[..., :T, :]
     return out, total
 

@@ -241,6 +241,18 @@ def test_empty_sequence(fn, is_causal):
     assert q.grad.shape == q.shape
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("fn", [linattn.flowformer_attention, reference.flowformer_attention])
+def test_zero_width_values(fn, is_causal):
+    """v of width Dv = 0 gives an empty output (the causal chunked sums raised a reshape
+    RuntimeError: a -1 of an empty tensor cannot be inferred)."""
+    q, k, v = (x.requires_grad_(True) for x in _qkv(2, 3, 9, 4, Dv=0))
+    out = fn(q, k, v, is_causal=is_causal)
+    assert out.shape == (2, 3, 9, 0) and out.dtype == F64
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
 @pytest.mark.parametrize("fn", [linattn.flowformer_attention, reference.flowformer_attention])
 def test_bad_arguments(fn):
     q, k, v = _qkv(2, 3, 6, 4)

@@ -285,6 +285,25 @@ def test_all_padded_gives_zero(linear_path, qkv, is_causal):
     assert (out == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True])
+def test_zero_width_values(linear_path, dtype, grad):
+    """v of width Dv = 0 gives an empty output and the normaliser's state on every path (the
+    compiled causal pass raised a reshape RuntimeError, the non-causal one 'rows must be
+    contiguous')."""
+    q, k = (torch.randn(1, 2, 5, 8, dtype=dtype, requires_grad=grad) for _ in range(2))
+    v = torch.randn(1, 2, 5, 0, dtype=dtype, requires_grad=grad)
+    out = linattn.linear_attention(q, k, v)
+    assert out.shape == (1, 2, 5, 0) and out.dtype == dtype
+    out, state = linattn.linear_attention(q, k, v, is_causal=True, return_state=True)
+    assert out.shape == (1, 2, 5, 0) and state.S.shape == (1, 2, 8, 0)
+    z = (torch.nn.functional.elu(k.double()) + 1).sum(-2)
+    torch.testing.assert_close(state.z.double(), z, rtol=2e-2, atol=1e-4)
+    if grad:
+        (out.float().sum() + state.z.float().sum()).backward()
+        assert q.grad is not None and k.grad.shape == k.shape
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_mask_with_3d_and_2d_inputs(linear_path, make_map, qkv, is_causal):
     q, k, v = qkv(3, T=8, D=4, Dv=3)

@@ -78,8 +78,9 @@ def _form(is_causal: bool, grad: bool) -> str:
 
 
 def _run(choice: Choice, q, k, v, fmap, is_causal, keep, eps, chunk, block, S0):
-    """One call of the chosen backend: (output, final state Σ φ(k)ᵀ[v, 1])."""
-    if choice.backend == "native":
+    """One call of the chosen backend: (output, final state Σ φ(k)ᵀ[v, 1]). Values of width
+    Dv = 0 take the torch form: the compiled passes' rows hold at least one value."""
+    if choice.backend == "native" and v.shape[-1] > 0:
         return native_linear_attention(q, k, v, fmap, is_causal=is_causal, keep=keep, eps=eps,
                                        chunk=chunk, block=block, S0=S0, isa=choice.isa)
     if choice.backend == "fused":
