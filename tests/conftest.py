@@ -83,6 +83,23 @@ def map_names():
     return list(MAP_PARAMS)
 
 
+@pytest.fixture(scope="session")
+def held_at_scale():
+    """``held_at_scale(got, want, scale)``: a float32 output ``got`` of a huge ``scale`` against
+    the float64 ``want``: equal, relative to the outputs' size, where want fits in float32; ±inf
+    where it does not."""
+
+    def check(got, want, scale):
+        top = torch.finfo(torch.float32).max
+        fits = want.abs() < 0.99 * top
+        assert got[~fits & (want.abs() > 1.01 * top)].isinf().all()
+        unscaled = want / scale
+        tol = 64 * torch.finfo(torch.float32).eps * max(1.0, unscaled.abs().max().item())
+        torch.testing.assert_close(got.double()[fits] / scale, unscaled[fits], rtol=0, atol=tol)
+
+    return check
+
+
 @pytest.fixture
 def qkv():
     """``qkv(*batch, T=..., D=..., Dv=..., Tk=None, dtype=float64, scale=0.5, seed=0)``.

@@ -331,12 +331,8 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
     float *G = copy_f(Gin, N * L * Dv), *Gz = copy_f(Gzin, N * L);
     float *dq = alloc_f(N * dqs), *dk = alloc_f(N * dks), *dv = alloc_f(N * dvs);
     long nc = (Tq + C - 1) / C;
-    /* the work sizes the kernels document */
-    long wf = causal ? 2 * C * L + L * C + C * C + 2 * C * Dv + (C * L + C * C + L * Dv) / 2
-                     : C * L + 2 * C * Dv + (C + 1) / 2 * (L + Dv) + L * Dv / 2;
-    long wb = causal ? nc * (2 * C * L + L * Dv + L) + 2 * C * C + Dv * C + 2 * Dv * L
-                           + 2 * C * L + C * Dv + C
-                     : 2 * C * L + 2 * L * Dv + C * Dv;
+    /* the work sizes the kernels state (la_linear_work, what the Python side allocates) */
+    long wf = la_linear_work(causal, C, L, Dv, 0), wb = la_linear_work(2 + causal, C, L, Dv, nc);
     float *work = alloc_f(wf > wb ? wf : wb);
 
     const void *qa = bf ? (const void *)qh : q, *ka = bf ? (const void *)kh : k;

@@ -213,23 +213,12 @@ def test_step_inplace_refuses_a_state_whose_rows_share_memory(dtype, V):
     assert S.shape == (2, 3, 8, V)
 
 
-def _held_at_scale(got, want, scale):
-    """got (float32) against the float64 ``want`` of a huge ``scale``: equal, relative to the
-    outputs' size, where want fits in float32; ±inf where it does not."""
-    top = torch.finfo(torch.float32).max
-    fits = want.abs() < 0.99 * top
-    assert got[~fits & (want.abs() > 1.01 * top)].isinf().all()
-    unscaled = want / scale
-    tol = 64 * torch.finfo(torch.float32).eps * max(1.0, unscaled.abs().max().item())
-    torch.testing.assert_close(got.double()[fits] / scale, unscaled[fits], rtol=0, atol=tol)
-
-
 # issue 51, second probe: a scale float32 holds (1e38) but s·q does not gave NaN outputs
 # whose true values fit in float32 (see tests/ops/gated/test_op.py)
 @pytest.mark.parametrize("impl", ["auto", "portable"])
 @pytest.mark.parametrize("scale", [1e38, -3e38, 2.5e37])
 @pytest.mark.parametrize("inplace", [False, True])
-def test_a_huge_scale_gives_the_outputs_float32_holds(impl, scale, inplace):
+def test_a_huge_scale_gives_the_outputs_float32_holds(impl, scale, inplace, held_at_scale):
     from linattn.ops import dispatch
 
     q, k, v, beta, g = (t.float() for t in _inputs(T=37, K=8, V=16))
@@ -240,5 +229,5 @@ def test_a_huge_scale_gives_the_outputs_float32_holds(impl, scale, inplace):
         o = delta_rule(q, k, v, beta, g, scale=scale)
         o_t, _ = delta_rule_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], beta[..., 0], state,
                                  g_t=g[..., 0], scale=scale, inplace=inplace)
-    _held_at_scale(o, want, scale)
-    _held_at_scale(o_t, want[..., 0, :], scale)
+    held_at_scale(o, want, scale)
+    held_at_scale(o_t, want[..., 0, :], scale)

@@ -260,6 +260,23 @@ static inline void keep_state(const float *S, const float *z, long n, long t0, l
 }
 
 #if defined(LA_DP_BF16)
+/* The state S (L x Dv) paired along its rows, for phi(q) S on pairs: Sp[p] = (S[2p], S[2p+1]). */
+static inline void pair_state(const float *S, long L, long Dv, u32 *Sp) {
+    for (long p = 0; p < L / 2; ++p) pair_rows(S, 0, 2 * p * Dv, (2 * p + 1) * Dv, Dv, Sp + p * Dv);
+}
+
+/* A chunk's Cn keys in pairs of tokens (2p, 2p + 1), for phi(k)^T v and A v on pairs: vp[p] from
+ * v's bfloat16 rows (from element v0, rows of Dv), kp[p] from phi(k)'s float32 rows f; an odd
+ * last token is paired with zeros. */
+static inline void pair_keys(const void *v, long v0, long Dv, const float *f, long L, long Cn,
+                             u32 *vp, u32 *kp) {
+    for (long p = 0; p < (Cn + 1) / 2; ++p) {
+        long a = v0 + 2 * p * Dv, odd = 2 * p + 1 < Cn;
+        pair_rows(v, 1, a, odd ? a + Dv : -1, Dv, vp + p * Dv);
+        pair_rows(f, 0, 2 * p * L, odd ? (2 * p + 1) * L : -1, L, kp + p * L);
+    }
+}
+
 /* The causal forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32):
  * per chunk, phi(q) S (S paired along its rows), the scores phi(q) phi(k)^T (phi(k) rounded and
  * paired along the features, i.e. its bfloat16 rows transposed as 32-bit pairs), A v (A rounded
@@ -287,26 +304,11 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
             bf16_rows(fq, Cn, L, (u16 *)fqp);
             bf16_rows(fk, C, L, (u16 *)fkb);
             transpose(C, L / 2, (const float *)fkb, (float *)fkTp); /* 32-bit pairs moved */
-            for (long p = 0; p < L / 2; ++p)
-                pair_rows(Sn, 0, 2 * p * Dv, (2 * p + 1) * Dv, Dv, Sp + p * Dv);
+            pair_state(Sn, L, Dv, Sp);
             gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0); /* phi(q) S */
-            for (long i0 = 0, mr; i0 < Cn; i0 += mr) { /* tril(phi(q) phi(k)^T), reachable part */
-                mr = row_tile(Cn - i0);
-                long reach = i0 + mr;
-                for (long j0 = 0; j0 < reach; j0 += NV * 16) {
-                    long left = (reach - j0 + 15) / 16;
-                    tile_dp_any((int)mr, left < NV ? (int)left : NV, L / 2, fqp + i0 * (L / 2),
-                                L / 2, 1, fkTp + j0, C, A + i0 * C + j0, C, 0);
-                }
-                for (long i = 0; i < mr; ++i)
-                    for (long j = i0 + i + 1; j < C; ++j) A[(i0 + i) * C + j] = 0.0f;
-            }
+            scores_dp(Cn, C, L, fqp, fkTp, A); /* tril(phi(q) phi(k)^T) */
             bf16_rows(A, Cn, C, (u16 *)Ab);
-            for (long p = 0; p < P; ++p) { /* v's and phi(k)'s rows in key pairs */
-                long a = n * vs + (t0 + 2 * p) * Dv, odd = 2 * p + 1 < Cn;
-                pair_rows(v, 1, a, odd ? a + Dv : -1, Dv, vp + p * Dv);
-                pair_rows(fk, 0, 2 * p * L, odd ? (2 * p + 1) * L : -1, L, kp + p * L);
-            }
+            pair_keys(v, n * vs + t0 * Dv, Dv, fk, L, Cn, vp, kp);
             gemm_dp(Cn, Dv, P, Ab, C / 2, 1, vp, Dv, num, Dv, 1, 1); /* + A v */
             for (long i = 0; i < Cn; ++i)
                 scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
@@ -476,25 +478,16 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
         for (long t0 = 0; t0 < Tk; t0 += C) {
             long Cn = Tk - t0 < C ? Tk - t0 : C, P = (Cn + 1) / 2;
             phi_rows(kind, k, n * ks + t0 * L, 1, Cn * L, f);
-            for (long p = 0; p < P; ++p) {
-                long a = n * vs + (t0 + 2 * p) * Dv, b = 2 * p + 1 < Cn ? a + Dv : -1;
-                pair_rows(f, 0, 2 * p * L, b < 0 ? -1 : (2 * p + 1) * L, L, kp + p * L);
-                pair_rows(v, 1, a, b, Dv, vp + p * Dv);
-            }
+            pair_keys(v, n * vs + t0 * Dv, Dv, f, L, Cn, vp, kp);
             gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0);
             add_colsums(zn, zn, f, NULL, Cn, L);
         }
         if (!Tq) continue;
-        for (long p = 0; p < L / 2; ++p) pair_rows(Sn, 0, 2 * p * Dv, (2 * p + 1) * Dv, Dv, Sp + p * Dv);
+        pair_state(Sn, L, Dv, Sp);
         for (long t0 = 0; t0 < Tq; t0 += C) {
             long Cn = Tq - t0 < C ? Tq - t0 : C;
             phi_rows(kind, q, n * qs + t0 * L, 1, Cn * L, f);
-            for (long i = 0; i < Cn; ++i) /* phi(q) rows in bfloat16: pairs along the features */
-                for (long l = 0; l < L; l += 2 * W) {
-                    __m512i both = (__m512i)_mm512_cvtne2ps_pbh(
-                        (__m512)vload(f + i * L + l + W), (__m512)vload(f + i * L + l));
-                    _mm512_storeu_si512((void *)(fqp + i * (L / 2) + l / 2), both);
-                }
+            bf16_rows(f, Cn, L, (u16 *)fqp); /* phi(q) rows: pairs along the features */
             gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0);
             for (long i = 0; i < Cn; ++i)
                 scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
@@ -597,6 +590,38 @@ static int la_noncausal_backward(int kind, int parts, const float *q, long qs, c
     }
     stream_fence();
     return 0;
+}
+
+/* The scratch, in floats, of each one-pass kernel's `work` (one place for the Python side and the
+ * C harness): pass 0 la_noncausal_forward, 1 la_causal_forward, 2 la_noncausal_backward, 3
+ * la_causal_backward over blocks of nc chunks; a forward's the larger of its float32 form's and,
+ * where this build has it, its bfloat16 dot-product form's (C even). -1 for an unknown pass. */
+long la_linear_work(int pass, long C, long L, long Dv, long nc) {
+    long f32, dp = 0;
+    switch (pass) {
+    case 0:
+        f32 = C * L + 2 * C * Dv;
+#if defined(LA_DP_BF16)
+        dp = C * L + C * Dv + (C + 1) / 2 * (L + Dv) + L * Dv / 2;
+#endif
+        break;
+    case 1:
+        f32 = 2 * C * L + L * C + C * C + 2 * C * Dv;
+#if defined(LA_DP_BF16)
+        dp = 2 * C * L + C * C + C * Dv + (3 * C * L + C * C + C * Dv + L * Dv) / 2;
+#endif
+        break;
+    case 2:
+        f32 = 2 * C * L + 2 * L * Dv + C * Dv;
+        break;
+    case 3:
+        f32 = nc * (2 * C * L + L * Dv + L) + 2 * C * C + Dv * C + 2 * Dv * L + 2 * C * L + C * Dv
+              + C;
+        break;
+    default:
+        return -1;
+    }
+    return f32 > dp ? f32 : dp;
 }
 
 /* ------------------------------------------------------------------ the Python entry points

@@ -50,6 +50,8 @@ when it loads (ops/native/abi.py).
 
 from __future__ import annotations
 
+from ctypes import c_int, c_long
+
 import torch
 from torch import Tensor
 
@@ -81,7 +83,17 @@ PARALLEL_MIN = 1 << 22
 
 
 # --------------------------------------------------------------------------- the C boundary
-_KERNELS = KernelSet("la_linear_abi")
+#: the passes of la_linear_work (kernels.c): the scratch each one-pass kernel needs
+NONCAUSAL_FORWARD, CAUSAL_FORWARD, NONCAUSAL_BACKWARD, CAUSAL_BACKWARD = range(4)
+
+
+def _work_size(lib) -> dict:
+    lib.la_linear_work.restype = c_long
+    lib.la_linear_work.argtypes = [c_int, c_long, c_long, c_long, c_long]
+    return {"work": lib.la_linear_work}
+
+
+_KERNELS = KernelSet("la_linear_abi", extra=_work_size)
 
 
 def kernels(isa: str = "native") -> dict | None:
@@ -241,9 +253,7 @@ def _noncausal_forward(b: _Block, S, z, eps, block, out):
                 z=z[h0].data_ptr(), out=o.data_ptr(), os=_head_stride(o), work=work.data_ptr())
             check_rc(rc, "la_noncausal_forward")
 
-        # the float32 pass's scratch, or the bfloat16 dot-product pass's (kernels.c) if larger
-        size = C * L + 2 * C * Dv + (C + 1) // 2 * (L + Dv) + L * Dv // 2
-        return _over_heads(b, size, heads)
+        return _over_heads(b, b.fns["work"](NONCAUSAL_FORWARD, C, L, Dv, 0), heads)
     bf16 = b.q.dtype == torch.bfloat16  # block products in bfloat16, S summed in float32
     for t0, t1 in block_ranges(b.k.shape[1], block):
         fk = b.features("k", t0, t1, t1 - t0, z=z)
@@ -329,9 +339,7 @@ def _single_pass(b: _Block, chunk: int, backward: bool = False) -> bool:
 def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
     if _single_pass(b, chunk):
         L, Dv = b.L, b.Dv
-        # the float32 pass's scratch, and what the bfloat16 dot-product pass needs more
-        size = (2 * chunk * L + L * chunk + chunk * chunk + 2 * chunk * Dv
-                + (chunk * L + chunk * chunk + L * Dv) // 2)
+        size = b.fns["work"](CAUSAL_FORWARD, chunk, L, Dv, 0)
 
         def heads(h0, h1, work):
             # one call for all T: the kernel keeps the state before each block in S_states
@@ -384,7 +392,7 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
                 run(1, h0, h1, t0, t1, _rows_of(g_out[h0:h1, t0:t1], g_buf), work)
             run(2, h0, h1, 0, 0, g_buf[:, :0], work)
 
-        return _over_heads(b, 2 * C * L + 2 * L * Dv + C * Dv, heads)
+        return _over_heads(b, b.fns["work"](NONCAUSAL_BACKWARD, C, L, Dv, 0), heads)
     g_buf = _g_scratch(g_out, b.N, block)
     for t0, t1 in block_ranges(b.q.shape[1], block):  # queries: dq, and the state's gradient
         T = t1 - t0
@@ -410,9 +418,7 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
                      dq, dk, dv):
     kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
     if _single_pass(b, chunk, backward=True):
-        nc = -(-block // chunk)
-        size = (nc * (2 * chunk * L + L * Dv + L) + 2 * chunk * chunk + Dv * chunk + 2 * Dv * L
-                + 2 * chunk * L + chunk * Dv + chunk)
+        size = b.fns["work"](CAUSAL_BACKWARD, chunk, L, Dv, -(-block // chunk))
         def heads(h0, h1, work):
             g_buf = _g_scratch(g_out, h1 - h0, block)
             for i, (t0, t1) in reversed(list(enumerate(block_ranges(b.q.shape[1], block)))):

@@ -350,20 +350,11 @@ static inline void vstore_stream(float *p, vf x) {
  * kernel with stream_fence(). */
 static inline void scale_row_stream(void *dst, long j0, int bf, const float *src, float s,
                                     long n) {
-#if defined(__AVX512F__) && LA_W == 16
-    float *d = (float *)dst + j0;
-    if (!bf && n % 16 == 0 && ((size_t)d & 63) == 0) {
-        for (long j = 0; j < n; j += 16) _mm512_stream_ps(d + j, (__m512)(vload(src + j) * s));
+    if (bf || n % W) {
+        scale_row(dst, j0, bf, src, s, n);
         return;
     }
-#elif defined(__AVX__) && LA_W == 8
-    float *d = (float *)dst + j0;
-    if (!bf && n % 8 == 0 && ((size_t)d & 31) == 0) {
-        for (long j = 0; j < n; j += 8) _mm256_stream_ps(d + j, (__m256)(vload(src + j) * s));
-        return;
-    }
-#endif
-    scale_row(dst, j0, bf, src, s, n);
+    for (long j = 0; j < n; j += W) vstore_stream((float *)dst + j0 + j, vload(src + j) * s);
 }
 
 static inline void stream_fence(void) {

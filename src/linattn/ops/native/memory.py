@@ -24,7 +24,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 _LIBC = _libc() if sys.platform == "linux" else None
-_MADV_HUGEPAGE = 14
+_MADV_HUGEPAGE, _HUGE = 14, 1 << 21
 
 
 class _Recycler:
@@ -100,7 +100,6 @@ def _forget_lock_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_lock_after_fork)
-_HUGE = 1 << 21
 
 
 def _advise_huge_pages(buf: Tensor) -> None:
@@ -118,8 +117,7 @@ def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
     recycled buffer of :class:`_Recycler` when it is large (a recycled one has its pages
     already), else an ordinary allocation."""
     nbytes = math.prod(shape) * like.element_size()
-    if (nbytes < _Recycler.MIN_BYTES or like.device.type != "cpu" or _USE_COUNT is None
-            or like.dtype.is_complex or like.dtype == torch.bool):
+    if nbytes < _Recycler.MIN_BYTES or like.device.type != "cpu" or _USE_COUNT is None:
         return like.new_empty(*shape)
     return _RECYCLER.take(nbytes).view(like.dtype).view(*shape)
 

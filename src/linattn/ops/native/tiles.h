@@ -32,23 +32,27 @@ static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, c
         for (int j = 0; j < nv; ++j) vstore(C + i * ldc + j * W, acc[i][j]);
 }
 
-/* Dispatch to a tile specialised for (mr, nv): constant sizes keep the accumulators in
- * registers. */
+/* A switch over the tile shape (mr, nv), mr <= 6, nv <= 4, that calls TILE(mr, nv, ...) with
+ * both sizes constant, so that the accumulators stay in registers; the shapes beyond this
+ * ISA's MR x NV are constant-false (and never asked for). Both tile kinds dispatch through it. */
+#define LA_TILE_CASE(TILE, r, c, ...)                                                        \
+    case r * 8 + c:                                                                           \
+        if (r <= MR && c <= NV) TILE(r <= MR ? r : MR, c <= NV ? c : NV, __VA_ARGS__);       \
+        break;
+#define LA_TILE_ROW(TILE, r, ...)                                                            \
+    LA_TILE_CASE(TILE, r, 1, __VA_ARGS__) LA_TILE_CASE(TILE, r, 2, __VA_ARGS__)              \
+    LA_TILE_CASE(TILE, r, 3, __VA_ARGS__) LA_TILE_CASE(TILE, r, 4, __VA_ARGS__)
+#define LA_TILE_SWITCH(TILE, mr, nv, ...)                                                    \
+    switch ((mr) * 8 + (nv)) {                                                                \
+        LA_TILE_ROW(TILE, 1, __VA_ARGS__) LA_TILE_ROW(TILE, 2, __VA_ARGS__)                   \
+        LA_TILE_ROW(TILE, 3, __VA_ARGS__) LA_TILE_ROW(TILE, 4, __VA_ARGS__)                   \
+        LA_TILE_ROW(TILE, 5, __VA_ARGS__) LA_TILE_ROW(TILE, 6, __VA_ARGS__)                   \
+        default: break;                                                                       \
+    }
+
 static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, const float *B,
                      long ldb, float *C, long ldc, int add) {
-/* Cases beyond this ISA's MR x NV are constant-false (and never asked for). */
-#define T_(r, c)                                                                              \
-    case r * 8 + c:                                                                           \
-        if (r <= MR && c <= NV)                                                               \
-            tile(r <= MR ? r : MR, c <= NV ? c : NV, K, A, lda, ak, B, ldb, C, ldc, add);     \
-        break;
-#define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
-    switch (mr * 8 + nv) {
-        ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
-        default: break;
-    }
-#undef ROW_
-#undef T_
+    LA_TILE_SWITCH(tile, mr, nv, K, A, lda, ak, B, ldb, C, ldc, add)
 }
 
 /* The rows of the next register tile when `left` rows remain: MR, except that a remainder
@@ -141,6 +145,13 @@ static void transpose(long rows, long cols, const float *src, float *dst) {
         for (long c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
+/* The causal mask inside a row tile of scores (rows i0 .. i0 + mr - 1, rows of C): zero above
+ * the diagonal. */
+static inline void mask_above(float *Acc, long C, long i0, long mr) {
+    for (long i = 0; i < mr; ++i)
+        for (long j = i0 + i + 1; j < C; ++j) Acc[(i0 + i) * C + j] = 0.0f;
+}
+
 /* Scores of a chunk of Cn <= C rows: Acc[i, j] = fq_i . fk_j for j <= i, 0 above (fkT: L x C,
  * the keys' features transposed, zero beyond Cn; Acc rows of C); only the column vectors a row
  * tile can reach are computed. */
@@ -153,8 +164,7 @@ static void scores(long Cn, long C, long L, const float *fq, const float *fkT, f
             int nv = left < NV ? (int)left : NV;
             tile_any((int)mr, nv, L, fq + i0 * L, L, 1, fkT + j0, C, Acc + i0 * C + j0, C, 0);
         }
-        for (long i = 0; i < mr; ++i) /* the causal mask inside the diagonal tile */
-            for (long j = i0 + i + 1; j < C; ++j) Acc[(i0 + i) * C + j] = 0.0f;
+        mask_above(Acc, C, i0, mr);
     }
 }
 
@@ -213,17 +223,7 @@ static inline __attribute__((always_inline)) void tile_dp(int mr, int nv, long P
 
 static void tile_dp_any(int mr, int nv, long P, const u32 *A, long lda, long ap, const u32 *B,
                         long ldb, float *C, long ldc, int add) {
-#define T_(r, c)                                                                              \
-    case r * 8 + c:                                                                           \
-        tile_dp(r, c, P, A, lda, ap, B, ldb, C, ldc, add);                                    \
-        break;
-#define ROW_(r) T_(r, 1) T_(r, 2) T_(r, 3) T_(r, 4)
-    switch (mr * 8 + nv) {
-        ROW_(1) ROW_(2) ROW_(3) ROW_(4) ROW_(5) ROW_(6)
-        default: break;
-    }
-#undef ROW_
-#undef T_
+    LA_TILE_SWITCH(tile_dp, mr, nv, P, A, lda, ap, B, ldb, C, ldc, add)
 }
 
 /* C (M x Nc) (+)= A B over P pairs, Nc a multiple of 16 (gemm's tiling); lower: A is lower
@@ -238,6 +238,22 @@ static void gemm_dp(long M, long Nc, long P, const u32 *A, long lda, long ap, co
             tile_dp_any((int)mr, nv, Pt, A + i0 * lda, lda, ap, B + j0, ldb, C + i0 * ldc + j0,
                         ldc, add);
         }
+    }
+}
+
+/* scores() on pairs: Acc[i, j] = phi(q_i) . phi(k_j) for j <= i, 0 above, from phi(q) rounded
+ * and paired along the features (fqp: rows of L / 2 pairs) and phi(k) likewise, transposed as
+ * pairs (fkTp: L / 2 rows of C, zero beyond Cn). */
+static void scores_dp(long Cn, long C, long L, const u32 *fqp, const u32 *fkTp, float *Acc) {
+    for (long i0 = 0, mr; i0 < Cn; i0 += mr) {
+        mr = row_tile(Cn - i0);
+        long reach = i0 + mr;
+        for (long j0 = 0; j0 < reach; j0 += NV * 16) {
+            long left = (reach - j0 + 15) / 16;
+            tile_dp_any((int)mr, left < NV ? (int)left : NV, L / 2, fqp + i0 * (L / 2), L / 2,
+                        1, fkTp + j0, C, Acc + i0 * C + j0, C, 0);
+        }
+        mask_above(Acc, C, i0, mr);
     }
 }
 
