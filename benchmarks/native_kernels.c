@@ -53,7 +53,8 @@ static void full_size(void) {
     float *q = filled(N * T * L, 1.0f), *k = filled(N * T * L, 1.0f);
     float *v = filled(N * T * Dv, 1.0f), *o = filled(N * T * Dv, 0.0f);
     float *S = calloc(N * L * Dv, sizeof(float)), *z = calloc(N * L, sizeof(float));
-    float *work = aligned_alloc(64, (size_t)(3 * C * L + C * C + 2 * C * Dv) * sizeof(float));
+    long wn = la_linear_work(0, C, L, Dv, 0), wc = la_linear_work(1, C, L, Dv, 0);
+    float *work = aligned_alloc(64, (size_t)(wn > wc ? wn : wc) * sizeof(float));
     double best[5] = {1e9, 1e9, 1e9, 1e9, 1e9};
     for (int r = 0; r < 3; ++r) {
         double t[5], t0 = now();

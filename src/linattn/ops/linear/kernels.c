@@ -503,7 +503,11 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
  *     keys:     S += phi(k)^T v,  z += sum phi(k)
  *     queries:  o = phi(q) S / guarded(phi(q) . z + eps)
  * Tq queries, Tk keys; q, k, v, out float32, or bfloat16 with bf; S (N, L, Dv), z (N, L)
- * float32 in/out (the sums include what they held). work: C L + 2 C Dv floats. */
+ * float32 in/out (the sums include what they held). The keys go KEY_CHUNKS chunks at a time:
+ * each register tile of S is loaded and stored once per key chunk, and at 64 tokens that was
+ * 9 % of the key pass (AMD Zen 4, T = 65536; 256 tokens and more all ran alike).
+ * work: KEY_CHUNKS C (L + Dv) + C Dv floats. */
+enum { KEY_CHUNKS = 4 };
 static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
                          const void *v, long vs, long N, long Tq, long Tk, long L, long Dv,
                          long C, float eps, float *S, float *z, void *out, long os,
@@ -517,11 +521,12 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
         return 0;
     }
 #endif
-    float *f = work, *num = f + C * L, *vbuf = num + C * Dv;
+    long Ck = KEY_CHUNKS * C;
+    float *f = work, *num = f + Ck * L, *vbuf = num + C * Dv;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
-        for (long t0 = 0; t0 < Tk; t0 += C) {
-            long Cn = Tk - t0 < C ? Tk - t0 : C;
+        for (long t0 = 0; t0 < Tk; t0 += Ck) {
+            long Cn = Tk - t0 < Ck ? Tk - t0 : Ck;
             phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, f);
             gemm(L, Dv, Cn, f, 1, L, f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf), Dv, Sn,
                  Dv, 1, FULL);
@@ -600,7 +605,7 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
     long f32, dp = 0;
     switch (pass) {
     case 0:
-        f32 = C * L + 2 * C * Dv;
+        f32 = KEY_CHUNKS * C * (L + Dv) + C * Dv;
 #if defined(LA_DP_BF16)
         dp = C * L + C * Dv + (C + 1) / 2 * (L + Dv) + L * Dv / 2;
 #endif
