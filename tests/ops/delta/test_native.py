@@ -261,6 +261,19 @@ def test_checks_still_guard_the_compiled_path(native_calls):
         delta_rule(q, k, v, beta, g, cu_seqlens=torch.tensor([0, 3]))
 
 
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")])
+def test_a_step_on_threads_refuses_non_finite_beta(bad):
+    """A batch of steps large enough to run on threads (where torch has several) skips the
+    kernel's own β check (la_gdr_forward checks no values): its Python check refuses nan and
+    ±inf alike (test_fla_decode.py covers the step's kernel)."""
+    big = 4096  # heads: past the threads' threshold on any core count
+    q, k, v = (torch.randn(big, 16) for _ in range(3))
+    beta = torch.rand(big)
+    beta[7] = bad
+    with pytest.raises(ValueError, match=r"^beta_t: expected finite values, got [^\n]+$"):
+        delta_rule_step(q, k, v, beta, torch.zeros(big, 16, 16))
+
+
 def test_routing(monkeypatch):
     """Where the compiled path does not apply (float64, V not a multiple of 16, gradients of a
     bfloat16 prefill or of a decoding step, per-value gates, gradients with per-key gates)

@@ -256,14 +256,15 @@ static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
 /* One decoding step of N value heads with contiguous rows (q, k (N / G, K): one q/k head per G
  * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL): la_gdr_forward with T = 1, in
  * fewer arguments. It also checks the step's values, which the Python side then need not (a
- * tensor reduction there costs more than this whole loop): returns -2 if a beta is NaN, -3 if a
- * log-gate (scalar or per-key) is NaN or positive, before anything is written. */
+ * tensor reduction there costs more than this whole loop): returns -2 if a beta is NaN or
+ * infinite, -3 if a log-gate (scalar or per-key) is NaN or positive, before anything is
+ * written. */
 static int la_gdr_step(const float *q, const float *k, const float *v, const float *beta,
                        const float *g, const float *gk, long N, long G, long K, long V,
                        float scale, int l2norm, const float *S_in, float *S_out, float *o,
                        float *work) {
     for (long n = 0; n < N; ++n) {
-        if (beta[n] != beta[n]) return -2;
+        if (!(beta[n] - beta[n] == 0.0f)) return -2; /* nan or +-inf */
         if (g && !(g[n] <= 0.0f)) return -3;
     }
     if (gk)

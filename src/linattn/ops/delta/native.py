@@ -49,7 +49,7 @@ from ctypes import c_long
 import torch
 from torch import Tensor
 
-from linattn.ops._common import graph_grads
+from linattn.ops._common import graph_grads, nonfinite
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.gated.chunk import check_gate
@@ -469,7 +469,8 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
     (..., HV, V) with HV = G·H value heads (value head n reads q/k row n // G), beta, g (..., HV)
     (g may be None), gk (..., HV, K) or None, S_in (..., HV, K, V) read, S_out (same shape; may
     be S_in: the update in place) and o (..., HV, V) written. Returns the kernel's code: 0, or
-    -2 (a nan β) or -3 (a nan or positive gate, scalar or per-key) with nothing written. A large
+    -2 (a nan or infinite β) or -3 (a nan or positive gate, scalar or per-key) with nothing
+    written. A large
     batch runs in parts on threads (:func:`linattn.ops.native.threads_for`); a decoding step of
     a model runs here, on the calling thread."""
     K, V = S_in.shape[-2], S_in.shape[-1]
@@ -478,7 +479,7 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
     G = N // NQ if NQ else 1
     if threads_for(N * K * V, N, PARALLEL_MIN) > 1:
         # la_gdr_forward checks no values: a reduction is cheap at this size
-        if bool(beta.isnan().any()):
+        if not bool(beta.isfinite().all()):
             return -2
         if g is not None and not bool((g <= 0).all()):
             return -3
@@ -497,7 +498,7 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
 
 def _check_step_values(beta_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None = None) -> None:
     """In Python, what la_gdr_step checks itself (for the calls that do not run it)."""
-    if bool(beta_t.isnan().any()):
+    if not bool(beta_t.isfinite().all()):
         _refused_step(-2, beta_t, g_t, gk_t)
     if g_t is not None:
         check_gate(g_t, "g_t", tuple(g_t.shape), g_t)
@@ -509,7 +510,7 @@ def _refused_step(rc: int, beta_t: Tensor, g_t: Tensor | None,
                   gk_t: Tensor | None = None) -> None:
     """The kernel's own value checks (la_gdr_step): the errors the torch path raises."""
     if rc == -2:
-        raise ValueError("beta_t: contains nan")
+        raise ValueError(f"beta_t: expected finite values, got {nonfinite(beta_t)}")
     if rc == -3:  # raises, naming the values
         for gate, name in ((g_t, "g_t"), (gk_t, "gk_t")):
             if gate is not None:

@@ -309,10 +309,6 @@ def delta_rule_step(
 #: about (as :func:`_traits` spells them).
 _PLAIN_TRAITS = ("V:16",)
 _PLAIN_TRAITS_GK = ("V:16", "gates:k")
-#: Up to this many β values are checked for ±inf in Python (a list and a sum, ~1 µs: no tensor
-#: reduction, which costs several µs, a fifth of a step); above, by a reduction.
-_PY_CHECK_MAX = 256
-
 
 def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: object,
                 g_t: object, scale: object, qk_l2norm: object, inplace: object,
@@ -330,8 +326,8 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
     dispatcher choosing the compiled backend. Returns o_t shaped as v_t and the new state
     shaped as ``state``. Each check here is a comparison of attributes (a few
     hundred ns each, ~5 µs in all) rather than the general checks' conversions and reductions,
-    because at H = 16, K = V = 64 the kernel itself takes ~7 µs. Values: finite β here (a sum
-    of the few values in Python), nan β and the gates (scalar and per-key) in the kernel."""
+    because at H = 16, K = V = 64 the kernel itself takes ~7 µs. Values: β (nan, ±inf) and the
+    gates (scalar and per-key) in the kernel, before it writes anything."""
     T = Tensor
     if not (type(q_t) is T and type(k_t) is T and type(v_t) is T and type(beta_t) is T
             and type(state) is T and (g_t is None or type(g_t) is T)
@@ -384,7 +380,7 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
     if choice.backend != "native":
         return None
     fns = delta_native.kernels_here(choice.isa)
-    if fns is None or not _finite(beta_t):
+    if fns is None:
         return None
     o = torch.empty_like(v_t)
     S_out = state if inplace else torch.empty_like(state)
@@ -392,16 +388,6 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
                               gk_t):
         return None  # refused a value (nothing written): the full checks say which
     return o, S_out
-
-
-def _finite(x: Tensor) -> bool:
-    """Whether every value of x is finite: for a few values the sum of a Python list (nan or
-    ±inf make it non-finite; a sum that overflows is looked at again, exactly)."""
-    if x.numel() <= _PY_CHECK_MAX:  # any number of dimensions (fla's β is (B, 1, H))
-        total = sum(x.reshape(-1).tolist())
-        if total - total == 0:
-            return True
-    return bool(x.isfinite().all())
 
 
 # ------------------------------------------------------------------------------- backends
