@@ -74,8 +74,9 @@ def _assert_matches_reference(q, k, v, chunk_size=None, **kw):
     "T, D, Dv, chunk_size",
     [(23, 5, 4, 3), (40, 16, 16, 4), (64, 64, 64, None), (47, 20, 33, 5), (1, 3, 2, None),
      # widths and chunks that are multiples of 16: the one-pass compiled causal forward, with
-     # several chunks per block, several blocks and a partial last chunk
-     (150, 16, 32, 16), (100, 32, 16, 32), (200, 64, 64, None)],
+     # several chunks per block, several blocks and a partial last chunk (recurrent form), and
+     # a state beyond REC_MAX_STATE in kernels.c (its chunked form)
+     (150, 16, 32, 16), (100, 32, 16, 32), (200, 64, 64, None), (70, 144, 128, 16)],
 )
 def test_matches_reference(native_on, feature_map, is_causal, T, D, Dv, chunk_size):
     q, k, v = _qkv(2, 3, T=T, D=D, Dv=Dv)
@@ -333,14 +334,16 @@ def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("T", [1, 64, 301])
-def test_bfloat16_one_pass_within_its_bound(native_on, feature_map, is_causal, T):
+@pytest.mark.parametrize("D, Dv", [(64, 48), (160, 112)])
+def test_bfloat16_one_pass_within_its_bound(native_on, feature_map, is_causal, T, D, Dv):
     """The one-pass forwards on bfloat16 (ℓ a multiple of 32, no mask), which run their
     products on bfloat16 dot products where the build has them (kernels.c: φ(k), φ(q), the
     state and the causal scores rounded to bfloat16, sums in float32): |o − exact| ≤
     3u·max_t |v_tj| + u·|o_j| with u = 2⁻⁸ (bfloat16's unit roundoff; a u for each rounded
     operand of a product and for the state or score it came from, one for the output), plus
-    float32 sums. Elsewhere the float32-arithmetic passes meet the same bound."""
-    q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=T, D=64, Dv=48, seed=T))
+    float32 sums. Elsewhere the float32-arithmetic passes meet the same bound: the causal
+    recurrent form takes states up to 128 x 128 (D = 64), the dot products the larger one."""
+    q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=T, D=D, Dv=Dv, seed=T))
     with torch.no_grad():
         # chunks of 32: the one-pass kernels (the fixture's chunks of 4 take the block passes)
         got = linattn.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal,

@@ -321,17 +321,146 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
 }
 #endif
 
+#ifndef REC_FORWARD
+#define REC_FORWARD 1
+#endif
+/* Tokens whose features are made at once, just before their pass over the state: a pair. In
+ * bursts of 64 tokens the loads of q and k stalled (127 against 115 ms, AMD Zen 4); a pair's
+ * loads overlap the previous pair's multiply-adds. */
+#ifndef REC_C
+#define REC_C 2
+#endif
+/* The largest state (L Dv floats per head) the recurrent form takes; above, the chunked form
+ * (AMD Zen 4, float32, same work: recurrent/chunked 19.7/36.9 ms at L = Dv = 16, 121/184 at 64,
+ * 116/130 at 128, 129/145 at L = 256, Dv = 64; but 110/104 at L = Dv = 256). bfloat16 rows take it
+ * before the dot-product form too (117 against 127-144 ms at d = 64). */
+#define REC_MAX_STATE (128 * 128)
+/* ------------------------------------------------- causal forward, float32: the recurrent form
+ * Token by token, with the state of one block of columns in L1:
+ *     S += phi(k_t)^T v_t,   z += phi(k_t),   o_t = phi(q_t) S / guarded(phi(q_t) . z + eps).
+ * That is the 4 L Dv flops a token that linear attention needs and no more: the chunked form
+ * adds the scores inside each chunk (half as many flops again at 64 tokens) and runs its
+ * products in short register tiles; token by token the state's rows stream through the FMA
+ * units instead. Two tokens share each pass over the rows (one load and one store of S for
+ * both), so the loop is bound by the multiply-adds. AMD Zen 4, B1 H8 T65536 d64, one thread:
+ * 183 ms chunked, 108-113 ms here (0.40 and 0.65-0.68 of the FMA peak). */
+
+/* Tokens t, t + 1 (two) or t alone over the rows of a block of nb column vectors: S (rows of
+ * Dv, offset to the block) updated in place, each token's numerator scaled by inv[t] into out
+ * (rows of Dv from element o0, offset to the block; float32 or bfloat16 with bf). fq, fk: the
+ * chunk's features (rows of L); vc: its values (rows of Dv, offset to the block). */
+static inline __attribute__((always_inline)) void rec_tokens(int nb, int two, long t, long L,
+                                                             long Dv, const float *fq,
+                                                             const float *fk, const float *vc,
+                                                             const float *inv, float *S,
+                                                             void *out, long o0, int bf) {
+    vf v1[NV], v2[NV], a1[NV], a2[NV];
+    for (int j = 0; j < nb; ++j) {
+        v1[j] = vload(vc + t * Dv + j * W), a1[j] = a2[j] = vsplat(0.0f);
+        v2[j] = two ? vload(vc + (t + 1) * Dv + j * W) : vsplat(0.0f);
+    }
+    const float *q1 = fq + t * L, *k1 = fk + t * L, *q2 = q1 + L, *k2 = k1 + L;
+    for (long i = 0; i < L; ++i) {
+        vf kk1 = vsplat(k1[i]), qq1 = vsplat(q1[i]);
+        vf kk2 = vsplat(two ? k2[i] : 0.0f), qq2 = vsplat(two ? q2[i] : 0.0f);
+        float *Si = S + i * Dv;
+        for (int j = 0; j < nb; ++j) {
+            vf x = vload(Si + j * W) + kk1 * v1[j];
+            a1[j] += qq1 * x;
+            if (two) {
+                x += kk2 * v2[j];
+                a2[j] += qq2 * x;
+            }
+            vstore(Si + j * W, x);
+        }
+    }
+    for (int j = 0; j < nb; ++j) {
+        long at = o0 + t * Dv + j * W;
+        if (bf) {
+            vstore_any(out, at, a1[j] * inv[t], 1);
+            if (two) vstore_any(out, at + Dv, a2[j] * inv[t + 1], 1);
+        } else {
+            vstore_stream((float *)out + at, a1[j] * inv[t]);
+            if (two) vstore_stream((float *)out + at + Dv, a2[j] * inv[t + 1]);
+        }
+    }
+}
+
+/* The Cn tokens of a chunk over one block of nb column vectors (rec_tokens' arguments). */
+static inline __attribute__((always_inline)) void rec_cols(int nb, long Cn, long L, long Dv,
+                                                           const float *fq, const float *fk,
+                                                           const float *vc, const float *inv,
+                                                           float *S, void *out, long o0,
+                                                           int bf) {
+    long t = 0;
+    for (; t + 2 <= Cn; t += 2) rec_tokens(nb, 1, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+    if (t < Cn) rec_tokens(nb, 0, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+}
+
+static void rec_cols_any(int nb, long Cn, long L, long Dv, const float *fq, const float *fk,
+                         const float *vc, const float *inv, float *S, void *out, long o0,
+                         int bf) {
+    switch (nb * 2 + bf) { /* blocks beyond this ISA's NV are constant-false, never asked for */
+#define R_(c, b)                                                                              \
+    case c * 2 + b:                                                                           \
+        if (c <= NV) rec_cols(c <= NV ? c : NV, Cn, L, Dv, fq, fk, vc, inv, S, out, o0, b);   \
+        break;
+        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
+#undef R_
+    default: break;
+    }
+}
+
+/* The recurrent causal forward (la_causal_forward's arguments and state rules, float32
+ * arithmetic on float32 or bfloat16 rows): per REC_C tokens, their features, z and each
+ * token's 1 / guarded(den + eps) first, then the tokens over each block of columns. work:
+ * 2 C L + C Dv + C floats. */
+static void causal_forward_rec(int kind, int bf, const void *q, long qs, const void *k, long ks,
+                               const void *v, long vs, long N, long T, long L, long Dv, long C,
+                               float eps, float *S, float *z, void *out, long os, float *Ss,
+                               long sb, float *zss, long zb, long block, float *work) {
+    float *fq = work, *fk = fq + C * L, *vbuf = fk + C * L, *inv = vbuf + C * Dv;
+    long R = C < REC_C ? C : REC_C;
+    for (long n = 0; n < N; ++n) {
+        float *Sn = S + n * L * Dv, *zn = z + n * L;
+        for (long t0 = 0; t0 < T; t0 += R) {
+            long Cn = T - t0 < R ? T - t0 : R;
+            if (t0 % C == 0) keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
+            const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
+            phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
+            phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
+            for (long t = 0; t < Cn; ++t) { /* z after token t, and its normaliser */
+                add_colsums(zn, zn, fk + t * L, NULL, 1, L);
+                inv[t] = 1.0f / guarded(dot(fq + t * L, zn, L), eps);
+            }
+            for (long j0 = 0; j0 < Dv; j0 += NV * W) {
+                int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
+                rec_cols_any(nb, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
+                             n * os + t0 * Dv + j0, bf);
+            }
+        }
+    }
+}
+
 /* The causal forward over T tokens of N heads, chunks of C (a multiple of W; L and Dv
  * multiples of W too). q, k: rows of L with head strides qs, ks; v: rows of Dv, stride vs;
  * out: rows of Dv, stride os; all float32, or all bfloat16 with bf. S (N, L, Dv) and z (N, L),
  * float32: the state before, updated in place to the state after; Ss, zss: the states kept
- * before every block (keep_state; NULL: none). work: 2 C L + L C + C C + 2 C Dv floats (and
- * more for the bfloat16 dot-product form: causal_forward_dp). Returns 0, or -1 on bad sizes. */
+ * before every block (keep_state; NULL: none). States up to REC_MAX_STATE take the recurrent
+ * form (causal_forward_rec), larger ones the bfloat16 dot-product form (bfloat16 rows where
+ * the build has it: causal_forward_dp) or the chunked float32 form below. work: 2 C L + L C +
+ * C C + 2 C Dv floats (and more for the dot-product form). Returns 0, or -1 on bad sizes. */
 static int la_causal_forward(int kind, int bf, const void *q, long qs, const void *k, long ks,
                       const void *v, long vs, long N, long T, long L, long Dv, long C, float eps,
                       float *S, float *z, void *out, long os, float *Ss, long sb, float *zss,
                       long zb, long block, float *work) {
     if (C % W || L % W || Dv % W || (Ss && (block < C || block % C))) return -1;
+    if (REC_FORWARD && L * Dv <= REC_MAX_STATE) {
+        causal_forward_rec(kind, bf, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, Ss,
+                           sb, zss, zb, block, work);
+        stream_fence();
+        return 0;
+    }
 #if defined(LA_DP_BF16)
     if (bf && L % 32 == 0) {
         causal_forward_dp(kind, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, Ss, sb,
