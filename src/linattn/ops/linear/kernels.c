@@ -498,6 +498,170 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
     return 0;
 }
 
+/* ------------------------------------------------ causal backward, float32: the recurrent form
+ * With dn_t = g_t / s_t, ds_t = -(g_t . o_t) / s_t (s_t = guarded(phi(q_t) . z_t + eps)):
+ *     forward, t = 0 ..:   S_t = S_{t-1} + phi(k_t) v_t^T,  dphi(q_t) = S_t dn_t + ds_t z_t,
+ *     backward, t = .. 0:  G += phi(q_t) dn_t^T,  Gz += ds_t phi(q_t),
+ *                          dphi(k_t) = G v_t + Gz,  dv_t = G^T phi(k_t),
+ * 5 multiply-adds per state element and token (and the sums over a row that G v_t needs, done
+ * W rows at a time through a block transpose) against the chunked form's 7.5 in shorter
+ * products. The forward walk keeps S transposed (rows of L: S^T_j += v_tj phi(k_t) and
+ * dphi(q_t) += dn_tj S^T_j, two tokens a pass as in the forward); the backward walk keeps G as
+ * given (rows of Dv). */
+
+/* Tokens t, t + 1 (two) or t alone over the Dv rows of S^T (ST, rows of L, nb vectors of one
+ * block of L columns): ST updated in place; acc1/acc2 (nb vectors each) += dn_t[j] ST_j. */
+static inline __attribute__((always_inline)) void rec_dq_tokens(int nb, int two, long L,
+                                                                long Dv, const float *fk1,
+                                                                const float *fk2,
+                                                                const float *v1,
+                                                                const float *v2,
+                                                                const float *dn1,
+                                                                const float *dn2, float *ST,
+                                                                float *d1, float *d2) {
+    vf k1[NV], k2[NV], a1[NV], a2[NV];
+    for (int c = 0; c < nb; ++c) {
+        k1[c] = vload(fk1 + c * W), a1[c] = a2[c] = vsplat(0.0f);
+        k2[c] = two ? vload(fk2 + c * W) : vsplat(0.0f);
+    }
+    for (long j = 0; j < Dv; ++j) {
+        vf vv1 = vsplat(v1[j]), nn1 = vsplat(dn1[j]);
+        vf vv2 = vsplat(two ? v2[j] : 0.0f), nn2 = vsplat(two ? dn2[j] : 0.0f);
+        float *Sj = ST + j * L;
+        for (int c = 0; c < nb; ++c) {
+            vf x = vload(Sj + c * W) + vv1 * k1[c];
+            a1[c] += nn1 * x;
+            if (two) {
+                x += vv2 * k2[c];
+                a2[c] += nn2 * x;
+            }
+            vstore(Sj + c * W, x);
+        }
+    }
+    for (int c = 0; c < nb; ++c) {
+        vstore(d1 + c * W, a1[c]);
+        if (two) vstore(d2 + c * W, a2[c]);
+    }
+}
+
+static void rec_dq_any(int nb, int two, long L, long Dv, const float *fk1, const float *fk2,
+                       const float *v1, const float *v2, const float *dn1, const float *dn2,
+                       float *ST, float *d1, float *d2) {
+    switch (nb * 2 + two) { /* blocks beyond this ISA's NV are constant-false, never asked for */
+#define R_(c, b)                                                                              \
+    case c * 2 + b:                                                                           \
+        if (c <= NV)                                                                          \
+            rec_dq_tokens(c <= NV ? c : NV, b, L, Dv, fk1, fk2, v1, v2, dn1, dn2, ST, d1, d2); \
+        break;
+        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
+#undef R_
+    default: break;
+    }
+}
+
+/* Token t of the backward walk over the rows of G (rows of Dv, nb vectors of one block of Dv
+ * columns, offset to it): G_i += fq_i dn; dv (nb vectors, offset) = sum_i fk_i G_i; and into
+ * dk (L floats) the row sums of G_i * v over this block's columns, added (add) or set. P: W x
+ * W floats of scratch, PT another W x W. */
+static inline __attribute__((always_inline)) void rec_dk_token(int nb, long L, long Dv,
+                                                               const float *fq,
+                                                               const float *fk,
+                                                               const float *dn,
+                                                               const float *v, float *G,
+                                                               float *dv, float *dk, int add,
+                                                               float *P, float *PT) {
+    vf nn[NV], vv[NV], acc[NV];
+    for (int c = 0; c < nb; ++c)
+        nn[c] = vload(dn + c * W), vv[c] = vload(v + c * W), acc[c] = vsplat(0.0f);
+    for (long i0 = 0; i0 < L; i0 += W) {
+        for (long i = i0; i < i0 + W; ++i) {
+            vf qi = vsplat(fq[i]), ki = vsplat(fk[i]), p = vsplat(0.0f);
+            float *Gi = G + i * Dv;
+            for (int c = 0; c < nb; ++c) {
+                vf x = vload(Gi + c * W) + qi * nn[c];
+                vstore(Gi + c * W, x);
+                acc[c] += ki * x;
+                p += x * vv[c];
+            }
+            vstore(P + (i - i0) * W, p);
+        }
+        transpose_block(P, W, PT, W); /* PT[l, r]: lane l of row i0 + r's products */
+        vf sum = vload(PT);
+        for (long l = 1; l < W; ++l) sum += vload(PT + l * W);
+        vstore(dk + i0, add ? vload(dk + i0) + sum : sum);
+    }
+    for (int c = 0; c < nb; ++c) vstore(dv + c * W, acc[c]);
+}
+
+static void rec_dk_any(int nb, long L, long Dv, const float *fq, const float *fk,
+                       const float *dn, const float *v, float *G, float *dv, float *dk, int add,
+                       float *P, float *PT) {
+    switch (nb) {
+#define R_(c)                                                                                 \
+    case c:                                                                                   \
+        if (c <= NV) rec_dk_token(c <= NV ? c : NV, L, Dv, fq, fk, dn, v, G, dv, dk, add, P, PT); \
+        break;
+        R_(1) R_(2) R_(3) R_(4)
+#undef R_
+    default: break;
+    }
+}
+
+/* la_causal_backward's recurrent form (its arguments and state rules). work: T (2 L + Dv + 1)
+ * + Dv L + 4 L + 2 W W floats. */
+static void causal_backward_rec(int kind, const float *q, long qs, const float *k, long ks,
+                                const float *v, long vs, const float *o, long os,
+                                const float *g, long gs, long N, long T, long L, long Dv,
+                                float eps, const float *S_in, const float *z_in, float *G,
+                                float *Gz, float *dq, long dqs, float *dk, long dks, float *dv,
+                                long dvs, float *work) {
+    float *FQ = work, *FK = FQ + T * L, *DN = FK + T * L, *DS = DN + T * Dv;
+    float *ST = DS + T, *zc = ST + Dv * L, *z2 = zc + L, *d1 = z2 + L, *d2 = d1 + L;
+    float *P = d2 + L, *PT = P + W * W;
+    for (long n = 0; n < N; ++n) {
+        const float *qn = q + n * qs, *kn = k + n * ks, *vn = v + n * vs;
+        float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
+        transpose(L, Dv, S_in + n * L * Dv, ST);
+        memcpy(zc, z_in + n * L, (size_t)L * sizeof(float));
+        /* forward walk: features, dn, ds, then dq, two tokens a pass */
+        for (long t = 0; t < T; t += 2) {
+            int two = t + 1 < T;
+            for (long u = t; u < t + 1 + two; ++u) {
+                float *fq = FQ + u * L, *fk = FK + u * L, *zu = u == t ? zc : z2;
+                phi_rows(kind, qn, u * L, 0, L, fq);
+                phi_rows(kind, kn, u * L, 0, L, fk);
+                if (u > t) memcpy(z2, zc, (size_t)L * sizeof(float));
+                add_colsums(zu, zu, fk, NULL, 1, L);
+                DS[u] = grad_out_row(g + n * gs + u * Dv, o + n * os + u * Dv,
+                                     dot(fq, zu, L) + eps, Dv, DN + u * Dv);
+            }
+            for (long c0 = 0; c0 < L; c0 += NV * W) {
+                int nb = (L - c0) / W < NV ? (int)((L - c0) / W) : NV;
+                rec_dq_any(nb, two, L, Dv, FK + t * L + c0, FK + (t + 1) * L + c0,
+                           vn + t * Dv, vn + (t + 1) * Dv, DN + t * Dv, DN + (t + 1) * Dv,
+                           ST + c0, d1 + c0, d2 + c0);
+            }
+            grad_phi_row(kind, dq + n * dqs + t * L, d1, DS[t], zc, qn + t * L, FQ + t * L, L);
+            if (two) {
+                grad_phi_row(kind, dq + n * dqs + (t + 1) * L, d2, DS[t + 1], z2,
+                             qn + (t + 1) * L, FQ + (t + 1) * L, L);
+                memcpy(zc, z2, (size_t)L * sizeof(float));
+            }
+        }
+        /* backward walk: G, Gz, dk, dv */
+        for (long t = T - 1; t >= 0; --t) {
+            const float *fq = FQ + t * L, *fk = FK + t * L;
+            add_colsums(Gzn, Gzn, fq, DS + t, 1, L);
+            for (long j0 = 0; j0 < Dv; j0 += NV * W) {
+                int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
+                rec_dk_any(nb, L, Dv, fq, fk, DN + t * Dv + j0, vn + t * Dv + j0, Gn + j0,
+                           dv + n * dvs + t * Dv + j0, d1, j0 > 0, P, PT);
+            }
+            grad_phi_row(kind, dk + n * dks + t * L, d1, 1.0f, Gzn, kn + t * L, fk, L);
+        }
+    }
+}
+
 /* The causal backward over one block of T tokens (chunks of C; the same size rules as the
  * forward), all in one pass per head: the block's chunk states are recomputed from the state
  * before the block (S_in, z_in), then the chunks are walked in reverse with G, Gz = dL/d(state
@@ -514,6 +678,12 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
                        const float *z_in, float *G, float *Gz, float *dq, long dqs, float *dk,
                        long dks, float *dv, long dvs, float *work) {
     if (C % W || L % W || Dv % W) return -1;
+    if (REC_FORWARD && L * Dv <= REC_MAX_STATE) {
+        causal_backward_rec(kind, q, qs, k, ks, v, vs, o, os, g, gs, N, T, L, Dv, eps, S_in,
+                            z_in, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
+        stream_fence();
+        return 0;
+    }
     long nc = (T + C - 1) / C;
     float *FQ = work, *FK = FQ + nc * C * L, *SB = FK + nc * C * L, *ZB = SB + nc * L * Dv;
     float *A = ZB + nc * L, *dA = A + C * C, *vT = dA + C * C, *ST = vT + Dv * C;
@@ -751,6 +921,7 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
     case 3:
         f32 = nc * (2 * C * L + L * Dv + L) + 2 * C * C + Dv * C + 2 * Dv * L + 2 * C * L + C * Dv
               + C;
+        dp = nc * C * (2 * L + Dv + 1) + Dv * L + 4 * L + 2 * W * W; /* the recurrent form's */
         break;
     default:
         return -1;
