@@ -562,14 +562,14 @@ static void rec_dq_any(int nb, int two, long L, long Dv, const float *fk1, const
 /* Token t of the backward walk over the rows of G (rows of Dv, nb vectors of one block of Dv
  * columns, offset to it): G_i += fq_i dn; dv (nb vectors, offset) = sum_i fk_i G_i; and into
  * dk (L floats) the row sums of G_i * v over this block's columns, added (add) or set. P: W x
- * W floats of scratch, PT another W x W. */
+ * W floats of scratch. */
 static inline __attribute__((always_inline)) void rec_dk_token(int nb, long L, long Dv,
                                                                const float *fq,
                                                                const float *fk,
                                                                const float *dn,
                                                                const float *v, float *G,
                                                                float *dv, float *dk, int add,
-                                                               float *P, float *PT) {
+                                                               float *P) {
     vf nn[NV], vv[NV], acc[NV];
     for (int c = 0; c < nb; ++c)
         nn[c] = vload(dn + c * W), vv[c] = vload(v + c * W), acc[c] = vsplat(0.0f);
@@ -585,9 +585,7 @@ static inline __attribute__((always_inline)) void rec_dk_token(int nb, long L, l
             }
             vstore(P + (i - i0) * W, p);
         }
-        transpose_block(P, W, PT, W); /* PT[l, r]: lane l of row i0 + r's products */
-        vf sum = vload(PT);
-        for (long l = 1; l < W; ++l) sum += vload(PT + l * W);
+        vf sum = row_sums(P);
         vstore(dk + i0, add ? vload(dk + i0) + sum : sum);
     }
     for (int c = 0; c < nb; ++c) vstore(dv + c * W, acc[c]);
@@ -595,11 +593,11 @@ static inline __attribute__((always_inline)) void rec_dk_token(int nb, long L, l
 
 static void rec_dk_any(int nb, long L, long Dv, const float *fq, const float *fk,
                        const float *dn, const float *v, float *G, float *dv, float *dk, int add,
-                       float *P, float *PT) {
+                       float *P) {
     switch (nb) {
 #define R_(c)                                                                                 \
     case c:                                                                                   \
-        if (c <= NV) rec_dk_token(c <= NV ? c : NV, L, Dv, fq, fk, dn, v, G, dv, dk, add, P, PT); \
+        if (c <= NV) rec_dk_token(c <= NV ? c : NV, L, Dv, fq, fk, dn, v, G, dv, dk, add, P);     \
         break;
         R_(1) R_(2) R_(3) R_(4)
 #undef R_
@@ -608,7 +606,7 @@ static void rec_dk_any(int nb, long L, long Dv, const float *fq, const float *fk
 }
 
 /* la_causal_backward's recurrent form (its arguments and state rules). work: T (2 L + Dv + 1)
- * + Dv L + 4 L + 2 W W floats. */
+ * + Dv L + 4 L + W W floats. */
 static void causal_backward_rec(int kind, const float *q, long qs, const float *k, long ks,
                                 const float *v, long vs, const float *o, long os,
                                 const float *g, long gs, long N, long T, long L, long Dv,
@@ -617,7 +615,7 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
                                 long dvs, float *work) {
     float *FQ = work, *FK = FQ + T * L, *DN = FK + T * L, *DS = DN + T * Dv;
     float *ST = DS + T, *zc = ST + Dv * L, *z2 = zc + L, *d1 = z2 + L, *d2 = d1 + L;
-    float *P = d2 + L, *PT = P + W * W;
+    float *P = d2 + L;
     for (long n = 0; n < N; ++n) {
         const float *qn = q + n * qs, *kn = k + n * ks, *vn = v + n * vs;
         float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
@@ -655,7 +653,7 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
             for (long j0 = 0; j0 < Dv; j0 += NV * W) {
                 int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
                 rec_dk_any(nb, L, Dv, fq, fk, DN + t * Dv + j0, vn + t * Dv + j0, Gn + j0,
-                           dv + n * dvs + t * Dv + j0, d1, j0 > 0, P, PT);
+                           dv + n * dvs + t * Dv + j0, d1, j0 > 0, P);
             }
             grad_phi_row(kind, dk + n * dks + t * L, d1, 1.0f, Gzn, kn + t * L, fk, L);
         }
@@ -921,7 +919,7 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
     case 3:
         f32 = nc * (2 * C * L + L * Dv + L) + 2 * C * C + Dv * C + 2 * Dv * L + 2 * C * L + C * Dv
               + C;
-        dp = nc * C * (2 * L + Dv + 1) + Dv * L + 4 * L + 2 * W * W; /* the recurrent form's */
+        dp = nc * C * (2 * L + Dv + 1) + Dv * L + 4 * L + W * W; /* the recurrent form's */
         break;
     default:
         return -1;
