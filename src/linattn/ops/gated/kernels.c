@@ -17,7 +17,7 @@
  * one column block from its checkpoint into a buffer (C K GLA_NB W floats, L2-sized), then
  * walks them backwards, reading only the state before each token (dq_t = diag(a_t) S_{t-1} d~_t
  * + k_t (v_t . d~_t)). Row sums over the columns (dq, dk, dgk) are per-row vectors of W
- * partial sums, W rows of which are reduced together by a transpose-and-add (gla_rsum). Every
+ * partial sums, W rows of which are reduced together by a transpose-and-add (row_sums). Every
  * exponent is <= 0 and no state is ever divided by a decay: a gate of -inf (a reset) is exact.
  * All arithmetic in float32; the sums follow the recurrence, so there is no chunking error. */
 #ifndef LA_COMMON_H
@@ -167,58 +167,7 @@ static int la_gla_step(const float *q, const float *k, const float *v, const flo
 }
 
 /* ----------------------------------------------------------------------------- the backward
- * The sums of the lanes of W vectors x[0..W) (W floats apart), as one vector: lane r is the
- * sum of x[r]. A transpose-and-add in log2(W) halving steps (2 shuffles and an add per output
- * vector of each step: 45 operations for 16 sums at W = 16, against 16 horizontal sums). */
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
-#define GLA_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#endif
-static inline vf gla_rsum(const float *x) {
-#if LA_W == 1
-    return vload(x);
-#elif defined(GLA_SHUF) && LA_W == 16
-    vf y[8], z[4], w[2];
-    for (int p = 0; p < 8; ++p) {
-        vf a = vload(x + 2 * p * W), b = vload(x + (2 * p + 1) * W);
-        y[p] = GLA_SHUF(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-               + GLA_SHUF(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    }
-    for (int p = 0; p < 4; ++p)
-        z[p] = GLA_SHUF(y[2 * p], y[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
-                        26, 27)
-               + GLA_SHUF(y[2 * p], y[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
-                          29, 30, 31);
-    for (int p = 0; p < 2; ++p)
-        w[p] = GLA_SHUF(z[2 * p], z[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25,
-                        28, 29)
-               + GLA_SHUF(z[2 * p], z[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26,
-                          27, 30, 31);
-    return GLA_SHUF(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-           + GLA_SHUF(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-#elif defined(GLA_SHUF) && LA_W == 8
-    vf y[4], z[2];
-    for (int p = 0; p < 4; ++p) {
-        vf a = vload(x + 2 * p * W), b = vload(x + (2 * p + 1) * W);
-        y[p] = GLA_SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + GLA_SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
-    }
-    for (int p = 0; p < 2; ++p)
-        z[p] = GLA_SHUF(y[2 * p], y[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13)
-               + GLA_SHUF(y[2 * p], y[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-    return GLA_SHUF(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14)
-           + GLA_SHUF(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15);
-#elif defined(GLA_SHUF) && LA_W == 4
-    vf y[2];
-    for (int p = 0; p < 2; ++p) {
-        vf a = vload(x + 2 * p * W), b = vload(x + (2 * p + 1) * W);
-        y[p] = GLA_SHUF(a, b, 0, 1, 4, 5) + GLA_SHUF(a, b, 2, 3, 6, 7);
-    }
-    return GLA_SHUF(y[0], y[1], 0, 2, 4, 6) + GLA_SHUF(y[0], y[1], 1, 3, 5, 7);
-#else
-    vf r;
-    for (int l = 0; l < W; ++l) r[l] = hsum(vload(x + l * W));
-    return r;
-#endif
-}
+ * (row_sums, ops/native/common.h: the sums of W vectors' lanes as one vector.) */
 
 /* dst[0..n) = (add ? dst + x : x) for the first n <= W lanes of x. */
 static inline void gla_put(float *dst, vf x, long n, int add) {
@@ -297,8 +246,8 @@ static inline __attribute__((always_inline)) void gla_bwd_cols(
         vf vdv = vsplat(vds);
         for (long i0 = 0; i0 < K; i0 += W) {
             long n = K - i0 < W ? K - i0 : W;
-            vf rq = gla_rsum(P + i0 * W), rk = gla_rsum(P + (KP + i0) * W), rg = vsplat(0.0f);
-            if (mode == 2) rg = gla_rsum(P + (2 * KP + i0) * W);
+            vf rq = row_sums(P + i0 * W), rk = row_sums(P + (KP + i0) * W), rg = vsplat(0.0f);
+            if (mode == 2) rg = row_sums(P + (2 * KP + i0) * W);
             if (n == W) {
                 vf av = mode ? vload(ar + i0) : vsplat(1.0f);
                 rq = av * rq + vload(kr + i0) * vdv;

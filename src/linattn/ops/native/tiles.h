@@ -136,51 +136,6 @@ static inline void transpose_block(const float *src, long ss, float *dst, long d
 #endif
 }
 
-/* The sums of the W rows of a W x W block (rows of W floats), as one vector (lane r: row r's
- * sum): a tree of in-lane unpacks and adds, then whole lanes, where the ISA has them (about 3
- * instructions a row on AVX-512; the transpose and W - 1 adds cost 7); elsewhere through
- * transpose_block. */
-static inline vf row_sums(const float *P) {
-#if defined(__AVX512F__) && LA_W == 16
-    __m512 s[8], t[4];
-    for (int r = 0; r < 8; ++r) { /* rows 2r, 2r + 1: in each 128-bit lane, 2 partials each */
-        __m512 a = _mm512_loadu_ps(P + 2 * r * 16), b = _mm512_loadu_ps(P + (2 * r + 1) * 16);
-        s[r] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    }
-    for (int m = 0; m < 4; ++m) { /* rows 4m .. 4m + 3: one partial each per 128-bit lane */
-        __m512d a = _mm512_castps_pd(s[2 * m]), b = _mm512_castps_pd(s[2 * m + 1]);
-        t[m] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88),
-                               _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
-    __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88),
-                               _mm512_shuffle_f32x4(t[2], t[3], 0xDD));
-    return (vf)_mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88),
-                             _mm512_shuffle_f32x4(v01, v23, 0xDD));
-#elif defined(__AVX__) && LA_W == 8
-    __m256 s[4];
-    for (int r = 0; r < 4; ++r) {
-        __m256 a = _mm256_loadu_ps(P + 2 * r * 8), b = _mm256_loadu_ps(P + (2 * r + 1) * 8);
-        s[r] = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
-    }
-    __m256 t[2];
-    for (int m = 0; m < 2; ++m) {
-        __m256d a = _mm256_castps_pd(s[2 * m]), b = _mm256_castps_pd(s[2 * m + 1]);
-        t[m] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
-                             _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
-    }
-    return (vf)_mm256_add_ps(_mm256_permute2f128_ps(t[0], t[1], 0x20),
-                             _mm256_permute2f128_ps(t[0], t[1], 0x31));
-#else
-    float T[W * W];
-    transpose_block(P, W, T, W);
-    vf sum = vload(T);
-    for (long l = 1; l < W; ++l) sum += vload(T + l * W);
-    return sum;
-#endif
-}
-
 /* dst (cols x rows) = src (rows x cols)^T, both dense: W x W blocks, then the edges. */
 static void transpose(long rows, long cols, const float *src, float *dst) {
     long r0 = rows - rows % W, c0 = cols - cols % W;
