@@ -21,7 +21,8 @@
 #   bash .ci/cross_isa.sh        (CROSS_ISA_NO_INSTALL=1: never run apt-get; CROSS_ISA_FULL=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# the library's sources (as linattn.ops.native joins them) and every harness tests/c/*_harness.c:
+# the library's sources (as linattn.ops.native joins them; a kernels.c includes its kernels_*.c
+# parts) and every harness tests/c/*_harness.c:
 # an op that adds kernels and a harness needs no line here
 SRC=(src/linattn/ops/native/native.c src/linattn/ops/*/kernels.c)
 HARNESSES=(tests/c/*_harness.c)
