@@ -43,7 +43,9 @@ import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 need = ["linattn/cli/_solve_parse.c", "linattn/ops/native/common.h", "linattn/ops/native/tiles.h",
         "linattn/ops/native/native.c",
-        "linattn/ops/linear/kernels.c", "linattn/ops/delta/kernels.c",
+        "linattn/ops/linear/kernels.c", "linattn/ops/linear/kernels_forms.c",
+        "linattn/ops/linear/kernels_entry.c", "linattn/ops/delta/kernels.c",
+        "linattn/ops/delta/kernels_backward.c",
         "linattn/ops/native/__init__.py"]
 for n in need:
     print(("PASS" if n in names else "FAIL") + f": wheel contains {n}")

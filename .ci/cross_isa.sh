@@ -6,7 +6,7 @@
 #      the SSE2 baseline, the scalar form (-DLA_W=1) and -march=native; -Wall, warnings shown,
 #      only errors fail.
 #   2. x86-64: build the harnesses tests/c/native_harness.c (the linear-attention kernels) and
-#      tests/c/gdr_harness.c (the gated delta rule), each against a naive double reference, in
+#      tests/c/delta_harness.c (the gated delta rule), each against a naive double reference, in
 #      each of those forms this CPU can run (avx512f/avx512_bf16/avx2 in /proc/cpuinfo) and
 #      -march=native under AddressSanitizer + UBSan, and run them. CROSS_ISA_FULL=1 adds widths
 #      forced wider than the ISA (-DLA_W=16 on AVX2, -DLA_W=8 on SSE2: legal, slow to build).
@@ -21,7 +21,8 @@
 #   bash .ci/cross_isa.sh        (CROSS_ISA_NO_INSTALL=1: never run apt-get; CROSS_ISA_FULL=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# the library's sources (as linattn.ops.native joins them) and every harness tests/c/*_harness.c:
+# the library's sources (as linattn.ops.native joins them; a kernels.c includes its kernels_*.c
+# parts) and every harness tests/c/*_harness.c:
 # an op that adds kernels and a harness needs no line here
 SRC=(src/linattn/ops/native/native.c src/linattn/ops/*/kernels.c)
 HARNESSES=(tests/c/*_harness.c)

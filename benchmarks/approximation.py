@@ -14,12 +14,20 @@ Then the time of one ``linear_attention`` call per map (B=1, H=8, T=4096, d=16, 
 
 Prints Markdown tables; ``--plot PATH`` writes the error-vs-features figure.
 
+With ``--favor-variance``, instead: how far FAVOR+'s estimate of exp(q·k/√d) strays, with
+orthogonal and independent features. For fixed pairs (q, k) at a few norms (d = 16), draws the
+random projection ``--draws`` times and prints the relative RMS error of φ(q)·φ(k)·e^{c_q + c_k}
+against exp(q·k/√d), and the mean relative error (bias check: near 0 for an unbiased
+estimator). docs/theory.md §9 quotes this output.
+
     python benchmarks/approximation.py [--model models/forda] [--plot docs/img/approximation.png]
+    python benchmarks/approximation.py --favor-variance --draws 400
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -160,13 +168,50 @@ def plot(results: dict[str, dict], path: Path) -> None:
     print(f"\nplot: {path}")
 
 
+def estimates(q: torch.Tensor, k: torch.Tensor, m: int, orthogonal: bool, draws: int):
+    """(draws,) unstabilised FAVOR+ estimates of exp(q·k/√d) for one pair, float64."""
+    d = q.numel()
+    out = []
+    for seed in range(draws):
+        W = FavorPlus(d, m, orthogonal=orthogonal, seed=seed).W.double()
+        qs, ks = q / d**0.25, k / d**0.25
+        fq = torch.exp(W @ qs - qs.square().sum() / 2) / math.sqrt(m)
+        fk = torch.exp(W @ ks - ks.square().sum() / 2) / math.sqrt(m)
+        out.append(fq @ fk)
+    return torch.stack(out)
+
+
+def favor_variance(draws: int, dim: int = 16) -> None:
+    """The --favor-variance table."""
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(dim, generator=g, dtype=torch.float64)
+    w = torch.randn(dim, generator=g, dtype=torch.float64)
+    print(f"d = {dim}, {draws} draws per cell; relative RMS error (mean relative error)")
+    print("| ‖q‖ = ‖k‖ | m | independent rows | orthogonal rows |")
+    print("|---|---|---|---|")
+    for norm in (1.0, 2.0, 4.0):
+        q, k = u / u.norm() * norm, w / w.norm() * norm
+        exact = torch.exp(q @ k / math.sqrt(dim))
+        for m in (16, 64, 256):
+            cells = []
+            for orthogonal in (False, True):
+                rel = estimates(q, k, m, orthogonal, draws) / exact - 1
+                cells.append(f"{rel.square().mean().sqrt():.3f} ({rel.mean():+.3f})")
+            print(f"| {norm:g} | {m} | {cells[0]} | {cells[1]} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=Path("models/forda"))
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--favor-variance", action="store_true",
+                    help="print FAVOR+'s estimator error table instead")
     args = ap.parse_args()
+    if args.favor_variance:
+        favor_variance(args.draws)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)

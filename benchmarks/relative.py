@@ -11,7 +11,13 @@ Each configuration runs in a fresh child process, so the peak-memory figure (gro
 peak resident set during its first call, ``linattn.profiling.PeakMemory``) belongs to that
 call alone. Times are medians.
 
+With ``--init``, instead: the score variances at initialisation of MultiheadLinearAttention
+with relative vectors, per (E, H): σ² (the key-coordinate variance the relative vectors are
+drawn with), Var(q·k) beside its prediction d·σ_q²·σ_k², Var(q·r), and the variance of the sum
+q·k + q·r (twice either term). docs/theory.md §8 quotes this output.
+
     python benchmarks/relative.py [--threads N] [--repeats 3] [--max-T 65536]
+    python benchmarks/relative.py --init
 """
 
 from __future__ import annotations
@@ -78,13 +84,39 @@ def fmt_mem(x: float | None) -> str:
     return "—" if x is None else f"{x / 2**20:.0f} MiB"
 
 
+def init_variances() -> None:
+    """The --init table (seed 0, 4096 unit-normal inputs)."""
+    import torch
+
+    from linattn.nn import MultiheadLinearAttention
+
+    print("| E | H | d | σ² | Var(q·k) | d·σ_q²·σ_k² | Var(q·r) | Var(q·k + q·r) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for E, H in ((64, 4), (512, 8)):
+        torch.manual_seed(0)
+        m = MultiheadLinearAttention(E, H, max_len=50)
+        d = E // H
+        with torch.no_grad():
+            x = torch.randn(4096, E)  # unit-variance inputs, as after a LayerNorm
+            q, k = m.q_proj(x).view(-1, H, d), m.k_proj(x).view(-1, H, d)
+            qk = (q * k.roll(1, 0)).sum(-1)  # pairs of different tokens: independent q and k
+            qr = (q * m.rel[:, 0]).sum(-1)
+        print(f"| {E} | {H} | {d} | {m.key_std() ** 2:.3f} | {qk.var():.2f} | "
+              f"{d * q.var() * k.var():.2f} | {qr.var():.2f} | {(qk + qr).var():.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-T", type=int, default=65536)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--init", action="store_true",
+                    help="print the score variances at initialisation instead")
     args = ap.parse_args()
+    if args.init:
+        init_variances()
+        return
     base = {"threads": args.threads, "repeats": args.repeats, "backward": False}
 
     # Quadratic forms stop where their (T, T) terms would not fit comfortably: the reference

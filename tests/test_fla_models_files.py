@@ -1,13 +1,13 @@
 """linattn.fla_models on checkpoints written by fla itself (flash-linear-attention 0.6.0).
 
-Optional: runs where ``fla.models`` imports (fla, fla-core, einops and Triton installed: on a
-CPU fla's package imports and builds its models, only their forward needs a GPU), else skips;
-``.ci/fla_models.sh`` installs them into a temporary folder. For each family (and fla's hybrid
-configs): fla's own classes build a tiny model with random weights and ``save_pretrained`` it;
-linattn loads the folder with no missing, unexpected or resized weights and the same config;
-its forward is compared with the float64 references (``reference_ops``), with the same layers
-on fla's own ``naive.py`` recurrences and with fla's own model code run on the CPU (its Triton
-pieces swapped for torch ones), and its cached decode with its full forward.
+Optional: runs where ``fla.models`` imports (fla, fla-core, einops and Triton installed: on a CPU
+fla's package imports and builds its models, only their forward needs a GPU), else skips;
+``.ci/extras.sh fla_models`` installs them into a temporary folder. For each family (and fla's
+hybrid configs): fla's own classes build a tiny model with random weights and ``save_pretrained``
+it; linattn loads the folder with no missing, unexpected or resized weights and the same config;
+its forward is compared with the float64 references (``reference_ops``), with the same layers on
+fla's own ``naive.py`` recurrences and with fla's own model code run on the CPU (its Triton pieces
+swapped for torch ones), and its cached decode with its full forward.
 
 Registration: with fla imported, transformers' Auto classes give fla's classes (fla stays in
 charge); ``linattn.fla_models.register(override=True)`` gives linattn's.
@@ -25,7 +25,7 @@ import torch
 transformers = pytest.importorskip("transformers", minversion="5.23")
 if importlib.util.find_spec("fla") is None:
     pytest.skip("fla is not installed (flash-linear-attention==0.6.0 fla-core==0.6.0 einops "
-                "triton: see .ci/fla_models.sh)", allow_module_level=True)
+                "triton: see .ci/extras.sh)", allow_module_level=True)
 
 import linattn.fla_models as fm  # noqa: E402
 from linattn.fla_models import MODELS, reference_ops  # noqa: E402

@@ -1,6 +1,6 @@
 """linattn.hf: transformers' linear-attention families on CPU through linattn, per family.
 
-Optional: runs where transformers (>= 5.23) is installed, else skips (``.ci/hf_models.sh``
+Optional: runs where transformers (>= 5.23) is installed, else skips (``.ci/extras.sh hf_models``
 installs it beside the venv for CI). Every model is a tiny random one built from transformers'
 own config class (no download). Each is compared with transformers' own torch path in the same
 process: logits, cached greedy generation, a padded batch, bfloat16 weights.

@@ -2,7 +2,7 @@
 onnxruntime against PyTorch.
 
 Optional: runs where onnx, onnxruntime and onnxscript are installed (the ``onnx`` extra;
-``.ci/onnx.sh`` installs it for CI), else skips. Per op (each update rule, the convolution)
+``.ci/extras.sh onnx`` installs it for CI), else skips. Per op (each update rule, the convolution)
 and per LM kind: one export each, then ORT against PyTorch for a prefill, 64 decoding steps
 carrying the state, several sequence lengths (dynamic T, 1 to 4,096) and a batch; the FordA
 model's test-set predictions (held-out synthetic series where the data set is absent).

@@ -123,7 +123,7 @@ def core_peak(dtype: str = "float32", isa: str = "native", refresh: bool = False
     """One core's multiply-add peak in GFLOP/s, the limit a kernel of ``dtype`` compiled for
     the ``isa`` build is measured against (:func:`peak_kind`): float32 (and float64, which the
     kernels do not vectorise beyond it) -> FMAs at the build's vector width
-    (``benchmarks/fma_peak.c``'s loop, ``la_peak_f32``); bfloat16 -> the AVX512-BF16 dot product
+    (``la_peak_f32`` in ops/native/native.c); bfloat16 -> the AVX512-BF16 dot product
     ``vdpbf16ps`` (2 products and 2 adds per float32 lane, ``la_peak_bf16``) where the build has
     it, else the float32 FMA peak. AMX tiles are not measured (no kernel here uses them yet).
 

@@ -1,7 +1,7 @@
 /* Stand-alone check of the GLA kernels (la_gla_forward, la_gla_backward, la_gla_step in
  * src/linattn/ops/gated/kernels.c) against a naive double-precision recurrence, without Python
  * or torch, for building them in every vector form (-DLA_W=1/4/8/16 or whatever the -m flags
- * pick) and on other ISAs (aarch64 under qemu), as tests/c/gdr_harness.c does for the delta rule:
+ * pick) and on other ISAs (aarch64 under qemu), as tests/c/delta_harness.c does for the delta rule:
  *
  *   cc -O3 -march=native -o /tmp/gla_harness tests/c/gla_harness.c -lm && /tmp/gla_harness
  *

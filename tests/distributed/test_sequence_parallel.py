@@ -1,5 +1,7 @@
 """sequence_parallel_linear_attention on gloo (127.0.0.1): outputs and gradients of q, k, v
-equal the single-process result; a failing rank makes the others exit instead of hanging."""
+equal the single-process result; a failing rank makes the others exit instead of hanging.
+
+Each rank is this file run as a script (:func:`_rank`), one process per rank."""
 
 from __future__ import annotations
 
@@ -8,14 +10,17 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import linattn
+from linattn.distributed import sequence_parallel_linear_attention
 
-WORKER = Path(__file__).with_name("_worker.py")
+WORKER = Path(__file__)
 
 
 def _free_port() -> int:
@@ -36,11 +41,64 @@ def _launch(world: int, tmp_path: Path, **cfg) -> list[subprocess.Popen]:
     return procs
 
 
-def _single_process(T, causal, seed, mask):
+def _inputs(T: int, seed: int) -> tuple[torch.Generator, torch.Tensor, ...]:
+    """The global q, k, v and output weights w (B, H = 2, 2; D, Dv = 3, 4; float64), the same on
+    every rank and in the single process, and the generator to draw the rest from."""
     g = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(2, 2, T, 3, generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
     w = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
+    return g, q, k, v, w
+
+
+def _rank(cfg: dict) -> None:
+    """One rank of a check: cfg holds rank, world, port, T, causal, seed, out (a .pt path),
+    fail_rank, mask, module. Keeps its slice of the global inputs, runs
+    sequence_parallel_linear_attention (or, with module, an encoder whose attention spans the
+    ranks), backpropagates a fixed weighted sum and saves its output slice and the gradients of
+    its slices."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
+        world_size=cfg["world"], timeout=timedelta(seconds=cfg.get("timeout", 30)),
+    )
+    if cfg["rank"] == cfg.get("fail_rank"):
+        raise SystemExit("rank failed on purpose before the collective")
+    T = cfg["T"]
+    g, q, k, v, w = _inputs(T, cfg["seed"])
+    mask = torch.rand(2, T, generator=g) < 0.2 if cfg.get("mask") else None
+    bounds = [T * r // cfg["world"] for r in range(cfg["world"] + 1)]
+    lo, hi = bounds[cfg["rank"]], bounds[cfg["rank"] + 1]
+    if cfg.get("module"):
+        torch.manual_seed(0)  # the same weights on every rank
+        enc = linattn.nn.LinearTransformerEncoder(
+            2, 8, 2, mlp_dim=16, is_causal=cfg["causal"],
+            sequence_parallel_group=dist.group.WORLD).double()
+        x = torch.randn(2, T, 8, generator=g, dtype=torch.float64)
+        xl = x[:, lo:hi].clone().requires_grad_(True)
+        y = enc(xl)
+        (y * w[:, 0, lo:hi, :1]).sum().backward()
+        saved = {"out": y.detach(), "dx": xl.grad}
+    else:
+        ql, kl, vl = (t[..., lo:hi, :].clone().requires_grad_(True) for t in (q, k, v))
+        out = sequence_parallel_linear_attention(
+            ql, kl, vl, is_causal=cfg["causal"],
+            key_padding_mask=None if mask is None else mask[:, lo:hi],
+        )
+        (out * w[..., lo:hi, :]).sum().backward()
+        saved = {"out": out.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
+    torch.save({**saved, "lo": lo, "hi": hi}, cfg["out"])
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it
+    dist.destroy_process_group()
+    # Leave without the interpreter's teardown: the results are saved and gloo is destroyed,
+    # and a gloo thread still unwinding at shutdown has aborted a finished worker with
+    # "terminate called without an active exception" (once in CI, exit status -6).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _single_process(T, causal, seed, mask):
+    g, q, k, v, w = _inputs(T, seed)
     m = torch.rand(2, T, generator=g) < 0.2 if mask else None
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     out = linattn.linear_attention(q, k, v, is_causal=causal, key_padding_mask=m)
@@ -76,10 +134,7 @@ def test_encoder_with_sequence_parallel_group_matches_single_process(tmp_path, c
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
-    g = torch.Generator().manual_seed(seed)  # draw q, k, v, w in the worker's order
-    _q, _k = (torch.randn(2, 2, T, 3, generator=g, dtype=torch.float64) for _ in range(2))
-    _v = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
-    w = torch.randn(2, 2, T, 4, generator=g, dtype=torch.float64)
+    g, _q, _k, _v, w = _inputs(T, seed)  # x is drawn after them, as on the ranks
     torch.manual_seed(0)
     enc = linattn.nn.LinearTransformerEncoder(2, 8, 2, mlp_dim=16, is_causal=causal).double()
     x = torch.randn(2, T, 8, generator=g, dtype=torch.float64, requires_grad=True)
@@ -109,6 +164,8 @@ def test_failing_rank_makes_the_others_exit(tmp_path):
 def test_needs_an_initialised_group():
     q = torch.randn(1, 4, 2)
     with pytest.raises(RuntimeError, match="not initialised"):
-        from linattn.distributed import sequence_parallel_linear_attention
-
         sequence_parallel_linear_attention(q, q, q)
+
+
+if __name__ == "__main__":
+    _rank(json.loads(sys.argv[1]))

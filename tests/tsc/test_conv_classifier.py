@@ -1,8 +1,10 @@
 """ConvAttentionClassifier: fits and predicts labels of any type, probabilities, the ablation
-without the mixer, the ridge head alone agreeing with RidgeClassifierCV, scikit-learn's clone
-and pipelines, and one-line errors."""
+without the mixer, the ridge head alone agreeing with RidgeClassifierCV, scikit-learn's clone,
+pipelines and estimator checks, and one-line errors."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ pytest.importorskip("sklearn")
 
 from sklearn.base import clone  # noqa: E402
 from sklearn.linear_model import RidgeClassifierCV  # noqa: E402
+from sklearn.utils.estimator_checks import check_estimator  # noqa: E402
 
 from linattn.tsc import ConvAttentionClassifier  # noqa: E402
 from linattn.tsc.conv_classifier import (  # noqa: E402
@@ -25,6 +28,22 @@ FOURTH = {"difference_features": 0, "net_weight": 0.5}
 #: The first configuration: the ridge on the pooled tokens, no global token, temperature 3.
 POOLED = {**FAST, **FOURTH, "global_features": 0, "global_token": False,
           "ridge_temperature": 3.0, "competing_groups": 0}
+
+
+def test_check_estimator():
+    """scikit-learn's own checks (parameters, cloning, fitted attributes, input validation and
+    its messages, pickling, and the rest of its list), all passed; a small, fast configuration:
+    the checks are about the API, not the accuracy."""
+    est = ConvAttentionClassifier(steps=5, segments=2, features=84, quantiles=0,
+                                  global_features=200, difference_features=100,
+                                  competing_groups=2, d_model=8, num_heads=2, num_layers=1,
+                                  n_threads=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = check_estimator(est, on_fail=None)
+    assert len(results) > 40  # the whole list ran
+    assert [f"{r['check_name']}: {r['exception']!r}" for r in results
+            if r["status"] == "failed"] == []
 
 
 def _two_shapes(n: int, length: int = 60, seed: int = 0):

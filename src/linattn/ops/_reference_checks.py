@@ -98,6 +98,14 @@ def check_eps(eps: object, name: str = "eps") -> float:
     return value
 
 
+def map_eps(eps: object, fmap: object) -> float:
+    """``eps`` checked as :func:`check_eps` does, or where None the default of the feature map
+    ``fmap`` (its ``eps``; the errors name the map)."""
+    if eps is None:
+        return check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
+    return check_eps(eps)
+
+
 def check_scale(scale: object, default: float, *, positive: bool = False) -> float:
     """``scale`` as a float (None: ``default``): TypeError unless a real number (bools
     refused), ValueError unless finite (and > 0 if ``positive``)."""

@@ -194,6 +194,18 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
+def register_compiled(op: str, available: Callable[[str], str | None], *,
+                      grad_dtypes: tuple[torch.dtype, ...] = (),
+                      accepts: Callable[[tuple[str, ...]], str | None] | None = None) -> None:
+    """The two backends of an op with C kernels for every input dtype and the torch form only
+    beside them: "native" (CPU; float32, bfloat16 and float16 inputs; differentiable in
+    ``grad_dtypes``) and "portable"."""
+    register(Backend(op, "native", compiled=True, devices=("cpu",),
+                     dtypes=(torch.float32, torch.bfloat16, torch.float16),
+                     grad_dtypes=grad_dtypes, available=available, accepts=accepts))
+    register(Backend(op, "portable"))
+
+
 def backends(op: str) -> list[Backend]:
     """The registered backends of ``op``, in preference order."""
     return list(_REGISTRY.get(op, ()))

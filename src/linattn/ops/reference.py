@@ -4,7 +4,9 @@ Each op's reference lives beside it (``linattn/ops/<op>/reference.py``) and is r
 The attention references build the explicit T×T similarity matrix; the gated and delta-rule
 recurrences, whose weights are not a fixed matrix of the scores, are walked token by token in
 float64. They cost O(T²) time and memory or a Python loop over T by design: never call them on
-a fast path.
+a fast path. Each is standalone: it shares no code with the op it checks, only the feature map
+(an input of both) and the argument checks of :mod:`linattn.ops._reference_checks`, which no op
+uses.
 """
 
 from __future__ import annotations

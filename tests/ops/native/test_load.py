@@ -207,3 +207,21 @@ def test_foreign_library_with_a_matching_record(
     assert linear_native.kernels() is None and delta_native.kernels() is None
     assert "la_linear_abi" in (linear_native.unavailable() or "")
     assert native.describe().startswith("native: not available (the cached")
+
+
+def test_the_unit_writes_each_part_in_where_its_kernels_c_includes_it():
+    """A kernels.c split by concern includes its parts (``#include "kernels_<part>.c"``): the one
+    translation unit holds each part once, in place of that line, between #line markers that
+    name the part and then the including file again at the next line; no such include is left."""
+    src = native.source().decode()
+    parts = sorted(Path(native.build.__file__).parent.parent.glob("*/kernels_*.c"))
+    assert parts  # linear/kernels_forms.c, linear/kernels_entry.c, delta/kernels_backward.c
+    for part in parts:
+        name = f"{part.parent.name}/{part.name}"
+        assert src.count(f'#line 1 "{name}"\n') == 1, name
+        assert part.read_text() in src
+        including = (part.parent / "kernels.c").read_text().splitlines()
+        at = next(i for i, line in enumerate(including, 1) if f'#include "{part.name}"' in line)
+        after = src.split(f'#line 1 "{name}"\n', 1)[1].split(part.read_text(), 1)[1]
+        assert after.lstrip("\n").startswith(f'#line {at + 1} "{part.parent.name}/kernels.c"\n')
+    assert not re.search(r'^#include "\w+\.c"', src, re.M)

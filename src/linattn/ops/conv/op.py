@@ -32,7 +32,7 @@ from linattn.ops._common import check_flag, check_own_memory, needs_grad, shares
 from linattn.ops._library import tracing
 from linattn.ops.conv import native as conv_native
 from linattn.ops.conv.portable import torch_prefill, torch_step
-from linattn.ops.dispatch import Backend, Choice
+from linattn.ops.dispatch import Choice
 from linattn.ops.native import DTYPE_CODES, threads_for
 from linattn.ops.varlen import check_cu_seqlens
 
@@ -285,11 +285,7 @@ def lean_step(x_t: object, state: object, weight: object, bias: object, activati
 
 
 # ------------------------------------------------------------------------------- backends
-dispatch.register(Backend(
-    OP, "native", compiled=True, devices=("cpu",),
-    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(),
-    available=conv_native.unavailable))
-dispatch.register(Backend(OP, "portable"))
+dispatch.register_compiled(OP, conv_native.unavailable)
 
 #: The calibration problems, float32, W = 4, SiLU, a bias: a prefill of (1, 512, 2048) and
 #: 10 decoding steps of (1, 2048) with a state of 4 (transformers' caches), a few ms in all.

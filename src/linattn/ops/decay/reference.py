@@ -1,8 +1,6 @@
 r"""The quadratic reference of :func:`linattn.decay_linear_attention`.
 
-The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
-Standalone: it shares no code with the op it checks (only the feature map, an input of both,
-and the argument checks of :mod:`linattn.ops._reference_checks`, which no op uses).
+A reference as :mod:`linattn.ops.reference` describes them (standalone, O(T²) by design).
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_eps, check_gamma, check_qkv
+from linattn.ops._reference_checks import check_gamma, check_qkv, map_eps
 
 __all__ = ['decay_linear_attention']
 
@@ -34,10 +32,7 @@ def decay_linear_attention(
     Sums in float32 at least (float64 stays float64). Returns (..., T, Dv) in q's dtype."""
     check_qkv(q, k, v, same_length=True)
     fmap = get_feature_map(feature_map)
-    if eps is None:
-        eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
-    else:
-        eps = check_eps(eps)
+    eps = map_eps(eps, fmap)
     out_dtype = q.dtype
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = q.to(acc), k.to(acc), v.to(acc)

@@ -68,7 +68,7 @@ from linattn.ops._common import (
 from linattn.ops._library import tracing
 from linattn.ops.delta import native as delta_native
 from linattn.ops.delta.chunk import L2_EPS, grouped, l2_normalised, torch_prefill, torch_step
-from linattn.ops.dispatch import Backend, Choice
+from linattn.ops.dispatch import Choice
 from linattn.ops.gated.chunk import (
     check_gate,
     checked_tensor,
@@ -404,11 +404,8 @@ def _refuses(traits: tuple[str, ...]) -> str | None:
     return None
 
 
-dispatch.register(Backend(
-    OP, "native", compiled=True, devices=("cpu",),
-    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(torch.float32,),
-    available=delta_native.unavailable, accepts=_refuses))
-dispatch.register(Backend(OP, "portable"))
+dispatch.register_compiled(OP, delta_native.unavailable, grad_dtypes=(torch.float32,),
+                           accepts=_refuses)
 
 #: The calibration problems, float32, K = V = 64, qk_l2norm, gated: a prefill of 4 heads × 512
 #: tokens, forward only and forward and backward (the gradients of every input), and 10

@@ -52,7 +52,7 @@ from linattn.ops._common import (
     split_scale,
 )
 from linattn.ops._library import tracing
-from linattn.ops.dispatch import Backend, Choice
+from linattn.ops.dispatch import Choice
 from linattn.ops.gated import native as gated_native
 from linattn.ops.gated.chunk import (
     check_gate,
@@ -198,14 +198,11 @@ def gated_linear_attention_step(
 
 
 # ------------------------------------------------------------------------------- backends
-dispatch.register(Backend(
-    OP, "native", compiled=True, devices=("cpu",),
-    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(torch.float32,),
-    available=gated_native.unavailable,
+dispatch.register_compiled(
+    OP, gated_native.unavailable, grad_dtypes=(torch.float32,),
     accepts=lambda traits: "needs V a multiple of 16" if "V:16" not in traits
     else "has no per-value gates" if "gates:v" in traits
-    else "has no gradient for the decoding step" if "step:grad" in traits else None))
-dispatch.register(Backend(OP, "portable"))
+    else "has no gradient for the decoding step" if "step:grad" in traits else None)
 
 #: The calibration problems, float32, K = V = 64, scalar gates (the case where the chunked
 #: torch form is fastest): a prefill of 4 heads × 512 tokens, forward and forward + backward,

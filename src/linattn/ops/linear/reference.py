@@ -1,8 +1,6 @@
 r"""The quadratic reference of :func:`linattn.linear_attention`: the explicit T×T similarity matrix.
 
-The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
-Standalone: it shares no code with the op it checks (only the feature map, an input of both,
-and the argument checks of :mod:`linattn.ops._reference_checks`, which no op uses).
+A reference as :mod:`linattn.ops.reference` describes them (standalone, O(T²) by design).
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv, kept_keys
+from linattn.ops._reference_checks import check_padding_mask, check_qkv, kept_keys, map_eps
 
 __all__ = ['linear_attention']
 
@@ -34,10 +32,7 @@ def linear_attention(
     left, ε = 0) is 0. Sums in float32 at least (float64 stays float64); output in q's dtype."""
     check_qkv(q, k, v, same_length=is_causal)
     fmap = get_feature_map(feature_map)
-    if eps is None:
-        eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
-    else:
-        eps = check_eps(eps)
+    eps = map_eps(eps, fmap)
     if key_padding_mask is not None:
         check_padding_mask(key_padding_mask, k, "key_padding_mask", "k")
     out_dtype = q.dtype

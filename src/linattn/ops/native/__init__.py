@@ -1,13 +1,14 @@
 """The compiled CPU library of linattn: every op's C kernels, built per ISA and loaded with ctypes.
 
 The package ships C sources, not binaries. Each op with compiled kernels keeps them beside it
-(``ops/<op>/kernels.c``); they share the vector helpers and the argument-struct macros of
-``ops/native/common.h``. :func:`load` joins ``native.c`` and every ``ops/*/kernels.c`` into one
-translation unit and builds it on first use (:mod:`linattn._cbuild`: cached per source, flags
-and CPU, test-loaded in a child interpreter before its first use, one build at a time) for the
-CPU at hand (``-march=native``) or for another ISA variant (``avx512``, ``avx2``, ``generic``,
-``scalar``). Ops bind their kernels with :class:`KernelSet` (:func:`linattn.ops.native.abi.bind`
-builds each argument struct's ctypes mirror from the library's own layout table).
+(``ops/<op>/kernels.c``, which may include parts beside it: ``kernels_<part>.c``); they share the
+vector helpers and the argument-struct macros of ``ops/native/common.h``. :func:`load` joins
+``native.c`` and every ``ops/*/kernels.c`` (its parts written in) into one translation unit and
+builds it on first use (:mod:`linattn._cbuild`: cached per source, flags and CPU, test-loaded in a
+child interpreter before its first use, one build at a time) for the CPU at hand
+(``-march=native``) or for another ISA variant (``avx512``, ``avx2``, ``generic``, ``scalar``). Ops
+bind their kernels with :class:`KernelSet` (:func:`linattn.ops.native.abi.bind` builds each
+argument struct's ctypes mirror from the library's own layout table).
 
 A library is used only if it has the library-wide entry points (:func:`required_symbols`:
 ``la_width``, ``la_tile`` and every op's layout table ``la_<op>_abi``); anything else (a

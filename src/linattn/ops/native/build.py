@@ -66,11 +66,28 @@ def source() -> bytes:
     """The one translation unit that is compiled: common.h and tiles.h, then native.c and each
     op's kernels.c, with ``#line`` markers so that compiler messages name the real files. (Each
     .c includes the headers under ``#ifndef LA_COMMON_H`` / ``LA_TILES_H``, so the files also
-    compile on their own.)"""
-    parts = []
-    for path in (HEADER, TILES, *SOURCES):
-        parts.append(f'#line 1 "{path.parent.name}/{path.name}"\n{path.read_text()}\n')
-    return "".join(parts).encode()
+    compile on their own.) A kernels.c split by concern includes its parts, the files beside it
+    (``#include "kernels_<part>.c"``): they are written in at that line (:func:`_text`)."""
+    return "".join(_text(path) for path in (HEADER, TILES, *SOURCES)).encode()
+
+
+#: ``#include "<name>.c"`` on a line of its own (a trailing comment allowed): a part of the
+#: file that includes it, beside it
+_PART = re.compile(r'#include "(\w+\.c)"(?:\s*/\*.*\*/)?\s*')
+
+
+def _text(path: Path) -> str:
+    """One source file as the unit holds it: its parts written in where it includes them, each
+    between ``#line`` markers (the part's lines, then the including file's again)."""
+    name = f"{path.parent.name}/{path.name}"
+    out = [f'#line 1 "{name}"\n']
+    for i, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+        part = _PART.fullmatch(line)
+        if part:
+            out.append(f'{_text(path.parent / part[1])}#line {i + 1} "{name}"\n')
+        else:
+            out.append(line)
+    return "".join(out) + "\n"
 
 
 def required_symbols(src: bytes) -> tuple[str, ...]:

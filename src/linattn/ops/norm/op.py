@@ -28,7 +28,7 @@ from linattn._config import F32_MAX
 from linattn.ops import dispatch
 from linattn.ops._common import check_eps, check_flag, is_bool, needs_grad, shown
 from linattn.ops._library import tracing
-from linattn.ops.dispatch import Backend, Choice
+from linattn.ops.dispatch import Choice
 from linattn.ops.native import DTYPE_CODES, scratch
 from linattn.ops.norm import native as norm_native
 from linattn.ops.norm.portable import torch_norm
@@ -196,11 +196,7 @@ def _lean(x: object, gate: object, weight: object, eps: object, activation: obje
 
 
 # ------------------------------------------------------------------------------- backends
-dispatch.register(Backend(
-    OP, "native", compiled=True, devices=("cpu",),
-    dtypes=(torch.float32, torch.bfloat16, torch.float16), grad_dtypes=(),
-    available=norm_native.unavailable))
-dispatch.register(Backend(OP, "portable"))
+dispatch.register_compiled(OP, norm_native.unavailable)
 
 #: The calibration problems, float32, rows of 128 (a head), SiLU, norm before gate, a weight:
 #: a prefill of 4096 rows and 10 decoding steps of 16 rows.

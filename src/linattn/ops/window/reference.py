@@ -1,9 +1,7 @@
 r"""The quadratic reference of :func:`linattn.window_linear_attention`.
 
-The ground truth of the tests: O(T²) time and memory by design; never call it on a fast path.
-Standalone: it shares no code with the op it checks (only the feature map, an input of both,
-and the argument checks of :mod:`linattn.ops._reference_checks`, which no op uses; the window
-check, this op's alone, is stated here).
+A reference as :mod:`linattn.ops.reference` describes them (standalone, O(T²) by design); the
+window check, this op's alone, is stated here.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv, kept_keys
+from linattn.ops._reference_checks import check_padding_mask, check_qkv, kept_keys, map_eps
 
 __all__ = ['window_linear_attention']
 
@@ -47,10 +45,7 @@ def window_linear_attention(
         raise ValueError(f"window: expected a positive integer, got {window!r}")
     w = min(int(window), max(q.shape[-2], 1))  # lags stay below T: a longer window is the same
     fmap = get_feature_map(feature_map)
-    if eps is None:
-        eps = check_eps(fmap.eps, f"eps (the default of {type(fmap).__name__})")
-    else:
-        eps = check_eps(eps)
+    eps = map_eps(eps, fmap)
     if key_padding_mask is not None:
         check_padding_mask(key_padding_mask, k, "key_padding_mask", "k")
     out_dtype = q.dtype

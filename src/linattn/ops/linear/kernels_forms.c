@@ -1,0 +1,382 @@
+/* The other forms of the one-pass kernels, a part of ops/linear/kernels.c: included there,
+ * after the row helpers they use, and not compiled on its own. First the bfloat16
+ * dot-product forwards (LA_DP_BF16 builds: vdpbf16ps), then the recurrent forms of the causal
+ * forward and backward (states up to REC_MAX_STATE). */
+#if defined(LA_DP_BF16)
+/* The state S (L x Dv) paired along its rows, for phi(q) S on pairs: Sp[p] = (S[2p], S[2p+1]). */
+static inline void pair_state(const float *S, long L, long Dv, u32 *Sp) {
+    for (long p = 0; p < L / 2; ++p) pair_rows(S, 0, 2 * p * Dv, (2 * p + 1) * Dv, Dv, Sp + p * Dv);
+}
+
+/* A chunk's Cn keys in pairs of tokens (2p, 2p + 1), for phi(k)^T v and A v on pairs: vp[p] from
+ * v's bfloat16 rows (from element v0, rows of Dv), kp[p] from phi(k)'s float32 rows f; an odd
+ * last token is paired with zeros. */
+static inline void pair_keys(const void *v, long v0, long Dv, const float *f, long L, long Cn,
+                             u32 *vp, u32 *kp) {
+    for (long p = 0; p < (Cn + 1) / 2; ++p) {
+        long a = v0 + 2 * p * Dv, odd = 2 * p + 1 < Cn;
+        pair_rows(v, 1, a, odd ? a + Dv : -1, Dv, vp + p * Dv);
+        pair_rows(f, 0, 2 * p * L, odd ? (2 * p + 1) * L : -1, L, kp + p * L);
+    }
+}
+
+/* The causal forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32):
+ * per chunk, phi(q) S (S paired along its rows), the scores phi(q) phi(k)^T (phi(k) rounded and
+ * paired along the features, i.e. its bfloat16 rows transposed as 32-bit pairs), A v (A rounded
+ * and paired along the keys; v paired by key rows) and S += phi(k)^T v as in the non-causal
+ * pass; the normaliser's row sums from the float32 scores. Error as there: |o_j - exact| <= 3u
+ * max_t |v_tj| + u |o_j| (+ float32 sums), each product having two rounded operands and each
+ * term's state or score one rounding more. work: 2 C L + C C + C Dv + (3 C L + C C + C Dv +
+ * L Dv) / 2 floats (C even). */
+static void causal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
+                              const void *v, long vs, long N, long T, long L, long Dv, long C,
+                              float eps, float *S, float *z, void *out, long os, float *Ss,
+                              long sb, float *zss, long zb, long block, float *work) {
+    float *fq = work, *fk = fq + C * L, *A = fk + C * L, *num = A + C * C;
+    u32 *fqp = (u32 *)(num + C * Dv), *fkb = fqp + C * L / 2, *fkTp = fkb + C * L / 2;
+    u32 *Ab = fkTp + C * L / 2, *kp = fkb, *vp = Ab + C * C / 2, *Sp = vp + C / 2 * Dv;
+    for (long n = 0; n < N; ++n) {
+        float *Sn = S + n * L * Dv, *zn = z + n * L;
+        for (long t0 = 0; t0 < T; t0 += C) {
+            long Cn = T - t0 < C ? T - t0 : C, P = (Cn + 1) / 2;
+            keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
+            phi_rows(kind, q, n * qs + t0 * L, 1, Cn * L, fq);
+            phi_rows(kind, k, n * ks + t0 * L, 1, Cn * L, fk);
+            if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
+                memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+            bf16_rows(fq, Cn, L, (u16 *)fqp);
+            bf16_rows(fk, C, L, (u16 *)fkb);
+            transpose(C, L / 2, (const float *)fkb, (float *)fkTp); /* 32-bit pairs moved */
+            pair_state(Sn, L, Dv, Sp);
+            gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0); /* phi(q) S */
+            scores_dp(Cn, C, L, fqp, fkTp, A); /* tril(phi(q) phi(k)^T) */
+            bf16_rows(A, Cn, C, (u16 *)Ab);
+            pair_keys(v, n * vs + t0 * Dv, Dv, fk, L, Cn, vp, kp);
+            gemm_dp(Cn, Dv, P, Ab, C / 2, 1, vp, Dv, num, Dv, 1, 1); /* + A v */
+            for (long i = 0; i < Cn; ++i)
+                scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
+                                 1.0f / guarded(causal_den(fq + i * L, zn, A + i * C, i, L), eps),
+                                 Dv);
+            gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0); /* S += phi(k)^T v */
+            add_colsums(zn, zn, fk, NULL, Cn, L);
+        }
+    }
+}
+#endif
+
+#if defined(LA_DP_BF16)
+/* la_noncausal_forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32).
+ * work: C L + C Dv + ceil(C / 2) (L + Dv) + L Dv / 2 floats. */
+static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
+                                 const void *v, long vs, long N, long Tq, long Tk, long L,
+                                 long Dv, long C, float eps, float *S, float *z, void *out,
+                                 long os, float *work) {
+    float *f = work, *num = f + C * L;
+    u32 *kp = (u32 *)(num + C * Dv), *vp = kp + (C + 1) / 2 * L, *fqp = kp;
+    u32 *Sp = vp + (C + 1) / 2 * Dv;
+    for (long n = 0; n < N; ++n) {
+        float *Sn = S + n * L * Dv, *zn = z + n * L;
+        for (long t0 = 0; t0 < Tk; t0 += C) {
+            long Cn = Tk - t0 < C ? Tk - t0 : C, P = (Cn + 1) / 2;
+            phi_rows(kind, k, n * ks + t0 * L, 1, Cn * L, f);
+            pair_keys(v, n * vs + t0 * Dv, Dv, f, L, Cn, vp, kp);
+            gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0);
+            add_colsums(zn, zn, f, NULL, Cn, L);
+        }
+        if (!Tq) continue;
+        pair_state(Sn, L, Dv, Sp);
+        for (long t0 = 0; t0 < Tq; t0 += C) {
+            long Cn = Tq - t0 < C ? Tq - t0 : C;
+            phi_rows(kind, q, n * qs + t0 * L, 1, Cn * L, f);
+            bf16_rows(f, Cn, L, (u16 *)fqp); /* phi(q) rows: pairs along the features */
+            gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0);
+            for (long i = 0; i < Cn; ++i)
+                scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
+                                 1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
+        }
+    }
+}
+#endif
+
+#ifndef REC_FORWARD
+#define REC_FORWARD 1
+#endif
+/* Tokens whose features are made at once, just before their pass over the state: a pair. In
+ * bursts of 64 tokens the loads of q and k stalled (127 against 115 ms, AMD Zen 4); a pair's
+ * loads overlap the previous pair's multiply-adds. */
+#ifndef REC_C
+#define REC_C 2
+#endif
+/* The largest state (L Dv floats per head) the recurrent form takes; above, the chunked form
+ * (AMD Zen 4, float32, same work: recurrent/chunked 19.7/36.9 ms at L = Dv = 16, 121/184 at 64,
+ * 116/130 at 128, 129/145 at L = 256, Dv = 64; but 110/104 at L = Dv = 256). bfloat16 rows take it
+ * before the dot-product form too (117 against 127-144 ms at d = 64). */
+#define REC_MAX_STATE (128 * 128)
+/* ------------------------------------------------- causal forward, float32: the recurrent form
+ * Token by token, with the state of one block of columns in L1:
+ *     S += phi(k_t)^T v_t,   z += phi(k_t),   o_t = phi(q_t) S / guarded(phi(q_t) . z + eps).
+ * That is the 4 L Dv flops a token that linear attention needs and no more: the chunked form
+ * adds the scores inside each chunk (half as many flops again at 64 tokens) and runs its
+ * products in short register tiles; token by token the state's rows stream through the FMA
+ * units instead. Two tokens share each pass over the rows (one load and one store of S for
+ * both), so the loop is bound by the multiply-adds. AMD Zen 4, B1 H8 T65536 d64, one thread:
+ * 183 ms chunked, 108-113 ms here (0.40 and 0.65-0.68 of the FMA peak). */
+
+/* Tokens t, t + 1 (two) or t alone over the rows of a block of nb column vectors: S (rows of
+ * Dv, offset to the block) updated in place, each token's numerator scaled by inv[t] into out
+ * (rows of Dv from element o0, offset to the block; float32 or bfloat16 with bf). fq, fk: the
+ * chunk's features (rows of L); vc: its values (rows of Dv, offset to the block). */
+static inline __attribute__((always_inline)) void rec_tokens(int nb, int two, long t, long L,
+                                                             long Dv, const float *fq,
+                                                             const float *fk, const float *vc,
+                                                             const float *inv, float *S,
+                                                             void *out, long o0, int bf) {
+    vf v1[NV], v2[NV], a1[NV], a2[NV];
+    for (int j = 0; j < nb; ++j) {
+        v1[j] = vload(vc + t * Dv + j * W), a1[j] = a2[j] = vsplat(0.0f);
+        v2[j] = two ? vload(vc + (t + 1) * Dv + j * W) : vsplat(0.0f);
+    }
+    const float *q1 = fq + t * L, *k1 = fk + t * L, *q2 = q1 + L, *k2 = k1 + L;
+    for (long i = 0; i < L; ++i) {
+        vf kk1 = vsplat(k1[i]), qq1 = vsplat(q1[i]);
+        vf kk2 = vsplat(two ? k2[i] : 0.0f), qq2 = vsplat(two ? q2[i] : 0.0f);
+        float *Si = S + i * Dv;
+        for (int j = 0; j < nb; ++j) {
+            vf x = vload(Si + j * W) + kk1 * v1[j];
+            a1[j] += qq1 * x;
+            if (two) {
+                x += kk2 * v2[j];
+                a2[j] += qq2 * x;
+            }
+            vstore(Si + j * W, x);
+        }
+    }
+    for (int j = 0; j < nb; ++j) {
+        long at = o0 + t * Dv + j * W;
+        if (bf) {
+            vstore_any(out, at, a1[j] * inv[t], 1);
+            if (two) vstore_any(out, at + Dv, a2[j] * inv[t + 1], 1);
+        } else {
+            vstore_stream((float *)out + at, a1[j] * inv[t]);
+            if (two) vstore_stream((float *)out + at + Dv, a2[j] * inv[t + 1]);
+        }
+    }
+}
+
+/* The Cn tokens of a chunk over one block of nb column vectors (rec_tokens' arguments). */
+static inline __attribute__((always_inline)) void rec_cols(int nb, long Cn, long L, long Dv,
+                                                           const float *fq, const float *fk,
+                                                           const float *vc, const float *inv,
+                                                           float *S, void *out, long o0,
+                                                           int bf) {
+    long t = 0;
+    for (; t + 2 <= Cn; t += 2) rec_tokens(nb, 1, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+    if (t < Cn) rec_tokens(nb, 0, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+}
+
+static void rec_cols_any(int nb, long Cn, long L, long Dv, const float *fq, const float *fk,
+                         const float *vc, const float *inv, float *S, void *out, long o0,
+                         int bf) {
+    switch (nb * 2 + bf) { /* blocks beyond this ISA's NV are constant-false, never asked for */
+#define R_(c, b)                                                                              \
+    case c * 2 + b:                                                                           \
+        if (c <= NV) rec_cols(c <= NV ? c : NV, Cn, L, Dv, fq, fk, vc, inv, S, out, o0, b);   \
+        break;
+        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
+#undef R_
+    default: break;
+    }
+}
+
+/* The recurrent causal forward (la_causal_forward's arguments and state rules, float32
+ * arithmetic on float32 or bfloat16 rows): per REC_C tokens, their features, z and each
+ * token's 1 / guarded(den + eps) first, then the tokens over each block of columns. work:
+ * 2 C L + C Dv + C floats. */
+static void causal_forward_rec(int kind, int bf, const void *q, long qs, const void *k, long ks,
+                               const void *v, long vs, long N, long T, long L, long Dv, long C,
+                               float eps, float *S, float *z, void *out, long os, float *Ss,
+                               long sb, float *zss, long zb, long block, float *work) {
+    float *fq = work, *fk = fq + C * L, *vbuf = fk + C * L, *inv = vbuf + C * Dv;
+    long R = C < REC_C ? C : REC_C;
+    for (long n = 0; n < N; ++n) {
+        float *Sn = S + n * L * Dv, *zn = z + n * L;
+        for (long t0 = 0; t0 < T; t0 += R) {
+            long Cn = T - t0 < R ? T - t0 : R;
+            if (t0 % C == 0) keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
+            const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
+            phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
+            phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
+            for (long t = 0; t < Cn; ++t) { /* z after token t, and its normaliser */
+                add_colsums(zn, zn, fk + t * L, NULL, 1, L);
+                inv[t] = 1.0f / guarded(dot(fq + t * L, zn, L), eps);
+            }
+            for (long j0 = 0; j0 < Dv; j0 += NV * W) {
+                int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
+                rec_cols_any(nb, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
+                             n * os + t0 * Dv + j0, bf);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------ causal backward, float32: the recurrent form
+ * With dn_t = g_t / s_t, ds_t = -(g_t . o_t) / s_t (s_t = guarded(phi(q_t) . z_t + eps)):
+ *     forward, t = 0 ..:   S_t = S_{t-1} + phi(k_t) v_t^T,  dphi(q_t) = S_t dn_t + ds_t z_t,
+ *     backward, t = .. 0:  G += phi(q_t) dn_t^T,  Gz += ds_t phi(q_t),
+ *                          dphi(k_t) = G v_t + Gz,  dv_t = G^T phi(k_t),
+ * 5 multiply-adds per state element and token (and the sums over a row that G v_t needs, done
+ * W rows at a time through a block transpose) against the chunked form's 7.5 in shorter
+ * products. The forward walk keeps S transposed (rows of L: S^T_j += v_tj phi(k_t) and
+ * dphi(q_t) += dn_tj S^T_j, two tokens a pass as in the forward); the backward walk keeps G as
+ * given (rows of Dv). */
+
+/* Tokens t, t + 1 (two) or t alone over the Dv rows of S^T (ST, rows of L, nb vectors of one
+ * block of L columns): ST updated in place; acc1/acc2 (nb vectors each) += dn_t[j] ST_j. */
+static inline __attribute__((always_inline)) void rec_dq_tokens(int nb, int two, long L,
+                                                                long Dv, const float *fk1,
+                                                                const float *fk2,
+                                                                const float *v1,
+                                                                const float *v2,
+                                                                const float *dn1,
+                                                                const float *dn2, float *ST,
+                                                                float *d1, float *d2) {
+    vf k1[NV], k2[NV], a1[NV], a2[NV];
+    for (int c = 0; c < nb; ++c) {
+        k1[c] = vload(fk1 + c * W), a1[c] = a2[c] = vsplat(0.0f);
+        k2[c] = two ? vload(fk2 + c * W) : vsplat(0.0f);
+    }
+    for (long j = 0; j < Dv; ++j) {
+        vf vv1 = vsplat(v1[j]), nn1 = vsplat(dn1[j]);
+        vf vv2 = vsplat(two ? v2[j] : 0.0f), nn2 = vsplat(two ? dn2[j] : 0.0f);
+        float *Sj = ST + j * L;
+        for (int c = 0; c < nb; ++c) {
+            vf x = vload(Sj + c * W) + vv1 * k1[c];
+            a1[c] += nn1 * x;
+            if (two) {
+                x += vv2 * k2[c];
+                a2[c] += nn2 * x;
+            }
+            vstore(Sj + c * W, x);
+        }
+    }
+    for (int c = 0; c < nb; ++c) {
+        vstore(d1 + c * W, a1[c]);
+        if (two) vstore(d2 + c * W, a2[c]);
+    }
+}
+
+static void rec_dq_any(int nb, int two, long L, long Dv, const float *fk1, const float *fk2,
+                       const float *v1, const float *v2, const float *dn1, const float *dn2,
+                       float *ST, float *d1, float *d2) {
+    switch (nb * 2 + two) { /* blocks beyond this ISA's NV are constant-false, never asked for */
+#define R_(c, b)                                                                              \
+    case c * 2 + b:                                                                           \
+        if (c <= NV)                                                                          \
+            rec_dq_tokens(c <= NV ? c : NV, b, L, Dv, fk1, fk2, v1, v2, dn1, dn2, ST, d1, d2); \
+        break;
+        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
+#undef R_
+    default: break;
+    }
+}
+
+/* Token t of the backward walk over the rows of G (rows of Dv, nb vectors of one block of Dv
+ * columns, offset to it): G_i += fq_i dn; dv (nb vectors, offset) = sum_i fk_i G_i; and into
+ * dk (L floats) the row sums of G_i * v over this block's columns, added (add) or set. P: W x
+ * W floats of scratch. */
+static inline __attribute__((always_inline)) void rec_dk_token(int nb, long L, long Dv,
+                                                               const float *fq,
+                                                               const float *fk,
+                                                               const float *dn,
+                                                               const float *v, float *G,
+                                                               float *dv, float *dk, int add,
+                                                               float *P) {
+    vf nn[NV], vv[NV], acc[NV];
+    for (int c = 0; c < nb; ++c)
+        nn[c] = vload(dn + c * W), vv[c] = vload(v + c * W), acc[c] = vsplat(0.0f);
+    for (long i0 = 0; i0 < L; i0 += W) {
+        for (long i = i0; i < i0 + W; ++i) {
+            vf qi = vsplat(fq[i]), ki = vsplat(fk[i]), p = vsplat(0.0f);
+            float *Gi = G + i * Dv;
+            for (int c = 0; c < nb; ++c) {
+                vf x = vload(Gi + c * W) + qi * nn[c];
+                vstore(Gi + c * W, x);
+                acc[c] += ki * x;
+                p += x * vv[c];
+            }
+            vstore(P + (i - i0) * W, p);
+        }
+        vf sum = row_sums(P);
+        vstore(dk + i0, add ? vload(dk + i0) + sum : sum);
+    }
+    for (int c = 0; c < nb; ++c) vstore(dv + c * W, acc[c]);
+}
+
+static void rec_dk_any(int nb, long L, long Dv, const float *fq, const float *fk,
+                       const float *dn, const float *v, float *G, float *dv, float *dk, int add,
+                       float *P) {
+    switch (nb) {
+#define R_(c)                                                                                 \
+    case c:                                                                                   \
+        if (c <= NV) rec_dk_token(c <= NV ? c : NV, L, Dv, fq, fk, dn, v, G, dv, dk, add, P);     \
+        break;
+        R_(1) R_(2) R_(3) R_(4)
+#undef R_
+    default: break;
+    }
+}
+
+/* la_causal_backward's recurrent form (its arguments and state rules). work: T (2 L + Dv + 1)
+ * + Dv L + 4 L + W W floats. */
+static void causal_backward_rec(int kind, const float *q, long qs, const float *k, long ks,
+                                const float *v, long vs, const float *o, long os,
+                                const float *g, long gs, long N, long T, long L, long Dv,
+                                float eps, const float *S_in, const float *z_in, float *G,
+                                float *Gz, float *dq, long dqs, float *dk, long dks, float *dv,
+                                long dvs, float *work) {
+    float *FQ = work, *FK = FQ + T * L, *DN = FK + T * L, *DS = DN + T * Dv;
+    float *ST = DS + T, *zc = ST + Dv * L, *z2 = zc + L, *d1 = z2 + L, *d2 = d1 + L;
+    float *P = d2 + L;
+    for (long n = 0; n < N; ++n) {
+        const float *qn = q + n * qs, *kn = k + n * ks, *vn = v + n * vs;
+        float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
+        transpose(L, Dv, S_in + n * L * Dv, ST);
+        memcpy(zc, z_in + n * L, (size_t)L * sizeof(float));
+        /* forward walk: features, dn, ds, then dq, two tokens a pass */
+        for (long t = 0; t < T; t += 2) {
+            int two = t + 1 < T;
+            for (long u = t; u < t + 1 + two; ++u) {
+                float *fq = FQ + u * L, *fk = FK + u * L, *zu = u == t ? zc : z2;
+                phi_rows(kind, qn, u * L, 0, L, fq);
+                phi_rows(kind, kn, u * L, 0, L, fk);
+                if (u > t) memcpy(z2, zc, (size_t)L * sizeof(float));
+                add_colsums(zu, zu, fk, NULL, 1, L);
+                DS[u] = grad_out_row(g + n * gs + u * Dv, o + n * os + u * Dv,
+                                     dot(fq, zu, L) + eps, Dv, DN + u * Dv);
+            }
+            for (long c0 = 0; c0 < L; c0 += NV * W) {
+                int nb = (L - c0) / W < NV ? (int)((L - c0) / W) : NV;
+                rec_dq_any(nb, two, L, Dv, FK + t * L + c0, FK + (t + 1) * L + c0,
+                           vn + t * Dv, vn + (t + 1) * Dv, DN + t * Dv, DN + (t + 1) * Dv,
+                           ST + c0, d1 + c0, d2 + c0);
+            }
+            grad_phi_row(kind, dq + n * dqs + t * L, d1, DS[t], zc, qn + t * L, FQ + t * L, L);
+            if (two) {
+                grad_phi_row(kind, dq + n * dqs + (t + 1) * L, d2, DS[t + 1], z2,
+                             qn + (t + 1) * L, FQ + (t + 1) * L, L);
+                memcpy(zc, z2, (size_t)L * sizeof(float));
+            }
+        }
+        /* backward walk: G, Gz, dk, dv */
+        for (long t = T - 1; t >= 0; --t) {
+            const float *fq = FQ + t * L, *fk = FK + t * L;
+            add_colsums(Gzn, Gzn, fq, DS + t, 1, L);
+            for (long j0 = 0; j0 < Dv; j0 += NV * W) {
+                int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
+                rec_dk_any(nb, L, Dv, fq, fk, DN + t * Dv + j0, vn + t * Dv + j0, Gn + j0,
+                           dv + n * dvs + t * Dv + j0, d1, j0 > 0, P);
+            }
+            grad_phi_row(kind, dk + n * dks + t * L, d1, 1.0f, Gzn, kn + t * L, fk, L);
+        }
+    }
+}
