@@ -279,6 +279,12 @@ def _far(fq: Tensor, fk: Tensor, v1: Tensor, w: int, is_causal: bool, chunk: int
     return out, total
 
 
+def _empty_output(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The (..., 0, Dv) output of T = 0 in q's dtype, on the autograd graph of q, k and v as the
+    other ops' empty outputs are (a detached one fails ``out.sum().backward()``)."""
+    return (q[..., :0, :1] * k[..., :0, :1] * v[..., :0, :]).to(q.dtype)
+
+
 def window_linear_attention(
     q: Tensor,
     k: Tensor,
@@ -347,7 +353,7 @@ def window_linear_attention(
         S0 = torch.cat([st.S, st.z.unsqueeze(-1)], -1).to(acc)
 
     if T == 0:  # nothing to attend: an empty output, the state as it was (in new tensors)
-        o = q.new_zeros(*q.shape[:-2], 0, v.shape[-1])
+        o = _empty_output(q, k, v)
         if not return_state:
             return o
         if initial_state is not None:
