@@ -68,6 +68,7 @@ from linattn.ops._common import (
     accumulation_dtype,
     causal_chunked,
     check_chunk_size,
+    check_dense,
     check_flag,
     check_positive_int,
     check_qkv,
@@ -320,9 +321,12 @@ def window_linear_attention(
         (..., T, Dv) in q's dtype (and the final :class:`WindowLinearAttentionState`).
         Sums run in float32 at least (float64 for float64 inputs).
     """
-    if isinstance(q, Tensor) and isinstance(k, Tensor) and q.shape[-2:-1] != k.shape[-2:-1]:
-        raise ValueError(f"k: window attention needs as many keys as queries, got "
-                         f"{k.shape[-2]} keys for {q.shape[-2]} queries")
+    if isinstance(q, Tensor) and isinstance(k, Tensor):
+        check_dense(q, "q")
+        check_dense(k, "k")
+        if q.shape[-2:-1] != k.shape[-2:-1]:
+            raise ValueError(f"k: window attention needs as many keys as queries, got "
+                             f"{k.shape[-2]} keys for {q.shape[-2]} queries")
     check_qkv(q, k, v, same_length=True)
     is_causal = check_flag(is_causal, "is_causal")
     return_state = check_flag(return_state, "return_state")
