@@ -310,7 +310,13 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         device = check_device(self.device, type(self).__name__)
         with ThreadLimit(self.n_threads):
             self.model_.to(device)  # a set_params(device=…) after fit takes effect here
-            return predict_logits(self.model_, X, device=device)
+            logits = predict_logits(self.model_, X, device=device)
+        bad = ~torch.isfinite(logits).all(-1)
+        if bad.any():  # finite series far beyond the scale it was fitted on overflow inside
+            raise ValueError(f"X: the model's outputs are not finite for {int(bad.sum())} "
+                             f"series (|X| up to {float(np.nanmax(np.abs(X))):.3g}); scale "
+                             "the series as those it was fitted on")
+        return logits
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, n_classes) class probabilities, columns in the order of ``classes_``."""
