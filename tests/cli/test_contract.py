@@ -660,6 +660,8 @@ CASES: list[Case] = [
          "--mixers: expected one of", before_torch=True),
     Case("recall-out-at-a-file", lambda f, d: ["recall", "train", "--out", str(f.a_file)],
          "--out: ", before_torch=True),
+    # issue 51 probe: a batch past every set's size failed in torch's split (a traceback)
+    Case("recall-batch-size-huge", _recall("--batch-size", str(10**30)), "", status=0),
     Case("recall-threads-capped", _recall("--threads", "100000"), "--threads: 100000 threads "
          "asked for", status=0),
     Case("recall-table-threads-capped", _recall_table("--threads", "100000"), "--threads: "
