@@ -270,8 +270,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         model_params, tcfg = self.check_params()
         self.check_memory()
         X = real_series(X, type(self).__name__)  # sklearn's own refusal runs to 15 lines
-        X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
-                             ensure_all_finite="allow-nan")
+        with np.errstate(over="ignore", invalid="ignore"):  # its check sums X: ±3e38 overflow
+            X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
+                                 ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
         check_classification_targets(y)
         classes, codes = encode_labels(y)
@@ -305,7 +306,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     def _logits(self, X) -> torch.Tensor:
         check_is_fitted(self, "model_")
         X = real_series(X, type(self).__name__)
-        X = validate_data(self, X, dtype=np.float32, reset=False, ensure_all_finite="allow-nan")
+        with np.errstate(over="ignore", invalid="ignore"):  # its check sums X: ±3e38 overflow
+            X = validate_data(self, X, dtype=np.float32, reset=False,
+                              ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
         device = check_device(self.device, type(self).__name__)
         with ThreadLimit(self.n_threads):
