@@ -105,6 +105,18 @@ def test_elu_and_relu_values():
     torch.testing.assert_close(ReluPlusOne()(x), x.clamp(min=0) + 1)
 
 
+def test_elu_features_of_very_negative_float32_inputs_are_exp_not_zero():
+    """1 + elu(x) = exp(x) for x <= 0: in float32, elu(x) + 1 cancelled to 0 below x ≈ -17, so
+    the portable path's normaliser vanished where the compiled kernels' (exp(x)) did not: a
+    (1, 1, T, 1) linear attention with keys of scale 30 was off by ~1 (issue 51)."""
+    x = torch.tensor([-80.0, -30.0, -17.0, -1e-8, 0.0, 1e-8, 5.0])
+    want = torch.where(x.double() > 0, x.double() + 1, torch.exp(x.double()))
+    torch.testing.assert_close(EluPlusOne()(x).double(), want, rtol=1e-6, atol=0)
+    x = torch.tensor([-30.0, -1.0, 0.0, 2.0], requires_grad=True)
+    EluPlusOne()(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.tensor([math.exp(-30.0), math.exp(-1.0), 1.0, 1.0]))
+
+
 @pytest.mark.parametrize("name", ["elu", "relu", "taylor"])
 def test_positive_kernels(name):
     fmap = get_feature_map(name)

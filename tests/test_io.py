@@ -117,6 +117,25 @@ def test_a_run_folder_has_one_owner(tmp_path):
         assert lock.fd is not None
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
+def test_a_lock_path_that_is_no_regular_file_is_refused_and_kept(tmp_path, kind):
+    """OUT/run.lock made a symbolic link to another file: the owner's pid was written through
+    it (the file's content lost) and the link deleted; a FIFO there was locked and deleted
+    (issue 51). Now an OSError naming the path, and the path left as it was."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock, victim = run / _io.LOCK_FILE, tmp_path / "victim"
+    victim.write_text("keep me\n")
+    {"symlink": lambda: lock.symlink_to(victim), "fifo": lambda: os.mkfifo(lock),
+     "folder": lambda: lock.mkdir()}[kind]()
+    with pytest.raises(OSError, match=r"not a regular file") as err:
+        _io.FolderLock(run)
+    assert err.value.filename == str(lock)
+    assert victim.read_text() == "keep me\n"
+    mode = os.lstat(lock).st_mode
+    assert {"symlink": stat.S_ISLNK, "fifo": stat.S_ISFIFO, "folder": stat.S_ISDIR}[kind](mode)
+
+
 def test_a_lock_held_at_interpreter_exit_prints_nothing(tmp_path):
     """A lock still held when the interpreter exits (a module global) is dropped quietly: no
     "Exception ignored in __del__" on stderr, whatever was torn down first."""

@@ -197,6 +197,11 @@ def append_text(path: str | os.PathLike, text: str) -> None:
 LOCK_FILE = "run.lock"
 
 
+def _not_a_lock(path: Path) -> OSError:
+    return OSError(errno.EINVAL, "not a regular file (where a run keeps its lock): remove it",
+                   str(path))
+
+
 class FolderInUseError(BlockingIOError):
     """Another process holds the run folder (:class:`FolderLock`); ``filename`` is the folder."""
 
@@ -225,8 +230,19 @@ class FolderLock:
             import fcntl
         except ImportError:  # no flock here (Windows): unowned, as before
             return
+        # not through a symbolic link (the pid written would replace the file it points to),
+        # nor a FIFO or device (opened without waiting for a writer, then refused)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         while self.fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fd = os.open(self.path, flags, 0o666)
+            except OSError as err:
+                if err.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise _not_a_lock(self.path) from None
+                raise _named(err, self.path) from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise _not_a_lock(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:

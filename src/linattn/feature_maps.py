@@ -92,7 +92,9 @@ class EluPlusOne(FeatureMap):
         return head_dim
 
     def forward_features(self, x: Tensor) -> Tensor:
-        return F.elu(x) + 1.0
+        # exp(x) for x <= 0, as the compiled kernels: elu(x) + 1 cancels to 0 in float32 below
+        # x ≈ -17 (a vanishing normaliser); exp of x clamped to 0 keeps x > 0's gradient finite
+        return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
 
 
 class ReluPlusOne(FeatureMap):

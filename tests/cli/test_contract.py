@@ -255,6 +255,24 @@ def _still_the_old_run(d: Path) -> None:
         "the finished run's result.json was overwritten"
 
 
+def _odd_lock(kind: str) -> Callable[[SimpleNamespace, Path], None]:
+    """A setup that makes ``d/run/run.lock`` a symbolic link to ``d/victim`` or a FIFO."""
+    def setup(f: SimpleNamespace, d: Path) -> None:
+        (d / "run").mkdir()
+        (d / "victim").write_text("keep me\n")
+        lock = d / "run" / _io_lock_file()
+        lock.symlink_to(d / "victim") if kind == "symlink" else os.mkfifo(lock)
+    return setup
+
+
+def _odd_lock_kept(kind: str) -> Callable[[Path], None]:
+    def check(d: Path) -> None:
+        assert (d / "victim").read_text() == "keep me\n", "written through the link"
+        mode = os.lstat(d / "run" / _io_lock_file()).st_mode
+        assert (stat.S_ISLNK if kind == "symlink" else stat.S_ISFIFO)(mode), "replaced"
+    return check
+
+
 def _io_lock_file() -> str:
     from linattn._io import LOCK_FILE
 
@@ -377,6 +395,12 @@ CASES: list[Case] = [
          "deeply)", before_torch=True),
     Case("forda-d-model-absurd", _forda_train("--set", "d_model=1000000000"), "--set: "
          "d_model: training this model needs about", memory=ABSURD_AS, absent=("run",)),
+    # issue 51 probe: OUT/run.lock a symbolic link had the owner's pid written through it
+    # (the file it points to lost) and the link deleted; a FIFO there was deleted
+    *(Case(f"{cmd}-lock-file-{kind}", argv, "run.lock: not a regular file", setup=_odd_lock(kind),
+           check=_odd_lock_kept(kind))
+      for cmd, argv in (("lm", _lm()), ("forda", _forda_train()), ("recall", _recall()))
+      for kind in ("symlink", "fifo")),
     Case("forda-out-in-use", _forda_train(), "in use by another linattn run",
          setup=_held("run"), check=lambda d: _match(d / "run", [_io_lock_file()])),
     # seeds past what the generators take (issue 51): named, before torch, no run left
@@ -636,6 +660,8 @@ CASES: list[Case] = [
          "--mixers: expected one of", before_torch=True),
     Case("recall-out-at-a-file", lambda f, d: ["recall", "train", "--out", str(f.a_file)],
          "--out: ", before_torch=True),
+    # issue 51 probe: a batch past every set's size failed in torch's split (a traceback)
+    Case("recall-batch-size-huge", _recall("--batch-size", str(10**30)), "", status=0),
     Case("recall-threads-capped", _recall("--threads", "100000"), "--threads: 100000 threads "
          "asked for", status=0),
     Case("recall-table-threads-capped", _recall_table("--threads", "100000"), "--threads: "

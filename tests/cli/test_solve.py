@@ -305,6 +305,18 @@ def test_closed_standard_stream_is_one_line(closed: str) -> None:
     assert stderr.count(b"\n") == 1
 
 
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_an_endless_stream_without_a_header_is_one_line_at_once(device: str) -> None:
+    """`linattn solve < /dev/zero` read for ever (all of stdin before looking at the header,
+    issue 51): the header is checked as soon as it has been read."""
+    with open(device, "rb") as stdin:
+        done = subprocess.run([sys.executable, "-m", "linattn", "solve"], stdin=stdin,
+                              capture_output=True, timeout=120)
+    stderr = without_compile_notice(done.stderr)
+    assert done.returncode == 2 and stderr.count(b"\n") == 1, stderr
+    assert stderr.startswith(b"linattn solve: error: line 1: ") and len(stderr) < 300, stderr
+
+
 def test_parse_header_offset() -> None:
     assert parse_header(b"3 2\n1") == (3, 2, 3)
     assert parse_header(b"\xef\xbb\xbf 10\t64 ") == (10, 64, 9)

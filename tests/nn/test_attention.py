@@ -257,3 +257,21 @@ def test_bad_sizes_are_named_at_construction(kwargs, match):
     args = {"d_model": 8, "num_heads": 2, **kwargs}
     with pytest.raises((ValueError, TypeError), match=f"^{match}: "):
         MultiheadLinearAttention(**args)
+
+
+@pytest.mark.parametrize("x, match", [
+    (torch.randn(2, 7, 16, dtype=torch.float64), r"^x: expected torch\.float32 \(the module's "
+                                                 r"parameters' dtype\), got torch\.float64$"),
+    (torch.ones(2, 7, 16, dtype=torch.long), r"^x: expected torch\.float32 .*got torch\.int64$"),
+    (torch.randn(2, 7, 16).to_sparse(), r"^x: expected a dense \(strided\) tensor"),
+])
+def test_input_of_another_dtype_or_layout_is_named(x, match):
+    """Issue 51: F.linear's "expected m1 and m2 to have the same dtype" / a sparse reshape."""
+    with pytest.raises(TypeError, match=match):
+        MultiheadLinearAttention(16, 2)(x)
+
+
+def test_autocast_inputs_of_another_dtype_still_run():
+    m = MultiheadLinearAttention(16, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m(torch.randn(2, 7, 16, dtype=torch.bfloat16)).shape == (2, 7, 16)

@@ -127,6 +127,51 @@ def test_bad_arguments_raise():
         LinearTransformerLM(V, 32, 1, 4, decay=[0.5, 1.5, 0.9, 0.9])
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_meta_and_nested_ids_are_named():
+    """Issue 51: meta ids reached ``.item()`` in the range check, nested ones torch's internal
+    error."""
+    m = _model()
+    with pytest.raises(ValueError, match=r"^ids: expected a tensor on cpu \(the model's "
+                                         r"device\), got meta$"):
+        m(_ids().to("meta"))
+    with pytest.raises(TypeError, match=r"^ids: expected a dense \(strided\) tensor"):
+        m(torch.nested.nested_tensor([_ids()[0], _ids()[1, :5]]))
+
+
+@pytest.mark.parametrize("attention", sorted(MIXERS))
+def test_a_state_of_another_batch_size_is_named(attention):
+    """A state from a batch of 1 continued with a batch of 2: cosFormer and Flowformer
+    broadcast it silently, softmax raised a cat error (issue 51); now a ValueError."""
+    m = _model(attention, **({"window": 4} if attention == "hybrid" else {}))
+    with torch.no_grad():
+        _, state = m(_ids(B=1, T=5), return_state=True)
+        with pytest.raises(ValueError, match=r"^state: holds a batch of 1, ids a batch of 2$"):
+            m(_ids(B=2, T=3), state)
+        m(_ids(B=1, T=3), state)  # its own batch size continues
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"max_new_tokens": True}, r"^max_new_tokens: expected an integer >= 0, got True$"),
+    ({"max_new_tokens": 2.0}, r"^max_new_tokens: expected an integer >= 0, got 2\.0$"),
+    ({"max_new_tokens": 1, "top_k": 2.5}, r"^top_k: expected a positive integer, got 2\.5$"),
+    ({"max_new_tokens": 1, "temperature": "1"}, r"^temperature: expected a number >= 0, got '1'$"),
+])
+def test_generate_arguments_are_named(kw, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        _model().generate(_ids(T=3), **kw)
+
+
+@pytest.mark.parametrize("kw, option", [({"vocab_size": 10**12}, "vocab_size"),
+                                        ({"short_conv": 10**9}, "short_conv")])
+def test_a_model_too_large_for_memory_is_named_before_allocating(kw, option):
+    """Issue 51: the allocator's RuntimeError ("can't allocate memory") from the constructor."""
+    args = {"vocab_size": V, "d_model": 16, "num_layers": 1, "num_heads": 2, **kw}
+    with pytest.raises(ValueError, match=rf"^{option}: this model needs about .* of memory, more "
+                                         r"than the .* available$"):
+        LinearTransformerLM(**args)
+
+
 def test_default_decays_spread():
     g = default_decays(4)
     assert g[0] == 0.75 and abs(g[-1] - (1 - 2**-9)) < 1e-7 and (g.diff() > 0).all()

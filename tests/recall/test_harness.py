@@ -471,3 +471,13 @@ def test_bad_flag_and_seed_types():
         mqar(2, T, P, vocab_size=V, random_non_queries=1)
     with pytest.raises(TypeError, match="^seed: "):
         mqar(2, T, P, vocab_size=V, seed=1.5)
+
+
+def test_a_batch_size_past_a_tensor_size_is_one_batch_of_everything():
+    """--batch-size 10**30 passed the memory estimate (a batch is at most the training set)
+    and then failed in torch's split: "Overflow when unpacking long long" (issue 51)."""
+    x = torch.arange(10).view(5, 2)
+    batches = list(_batches([(x, x[:, 0])], 10**30, torch.Generator().manual_seed(0)))
+    assert len(batches) == 1 and sorted(batches[0][1].tolist()) == x[:, 0].tolist()
+    cfg = RecallConfig(mixer="softmax", **{**TINY, "batch_size": 10**30})
+    assert 0 <= run_cell(cfg)["test_acc"] <= 1

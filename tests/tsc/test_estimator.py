@@ -624,3 +624,41 @@ def test_complex_series_are_one_line():
     est = LinearAttentionClassifier(**TINY).fit(X, y)
     with pytest.raises(ValueError, match=r"^LinearAttentionClassifier: Complex data not"):
         est.predict(X + 1j)
+
+
+@pytest.mark.parametrize("bad", [np.zeros(16, np.float32), np.float32(3.0), None],
+                         ids=["1-D", "scalar", "None"])
+def test_x_that_is_not_two_dimensional_is_one_line(bad):
+    """scikit-learn's refusal of a 1-D X spans three lines and prints the array (issue 51)."""
+    X, y = toy(n=20, length=16, n_classes=2)
+    want = r"^LinearAttentionClassifier: X must have shape \(n_series, length\), got \(.*\)"
+    with pytest.raises(ValueError, match=want) as err:
+        LinearAttentionClassifier(**ONE_EPOCH).fit(bad, y)
+    assert "\n" not in str(err.value)
+    clf = LinearAttentionClassifier(**ONE_EPOCH).fit(X, y)
+    for call in (clf.predict, clf.predict_proba, lambda x: clf.score(x, y)):
+        with pytest.raises(ValueError, match=want) as err:
+            call(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_finite_values_near_float32s_largest_give_no_numpy_warning():
+    """scikit-learn's finiteness check sums X first: ±3e38 (finite float32) overflowed to
+    inf - inf and numpy printed "invalid value encountered in reduce", a second line before
+    `forda train`'s error (issue 51)."""
+    X, y = toy(n=20, length=16, n_classes=2)
+    X = np.where(np.arange(16) % 2, 3e38, -3e38).astype(np.float32) * np.ones_like(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match="training diverged at step 1"):
+            LinearAttentionClassifier(**ONE_EPOCH).fit(X, y)
+
+
+def test_finite_input_too_large_for_the_model_is_named_not_nan():
+    """Series of scale 1e20 (finite float32) overflow inside the fitted model: predict_proba
+    returned NaN probabilities silently (issue 51); now a ValueError naming X."""
+    X, y = toy(n=20, length=16, n_classes=2)
+    clf = LinearAttentionClassifier(**ONE_EPOCH).fit(X, y)
+    with pytest.raises(ValueError, match=r"^X: the model's outputs are not finite for 20 "
+                                         r"series \(\|X\| up to 1\.\d+e\+20\)"):
+        clf.predict_proba(X * np.float32(1e20))

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("standard output is closed; nothing to write the result to")
     importer = _start_import() if args.engine == "torch" else None
     try:
-        data = sys.stdin.buffer.read()
+        data = read_input(sys.stdin.buffer)
     except OSError as err:
         raise UserError(f"cannot read standard input ({err.strerror or err})") from None
     text = solve(data, importer=importer, engine=args.engine)
@@ -81,6 +81,28 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(text)
     sys.stdout.flush()
     return 0
+
+
+#: Two tokens and the whitespace after them: all the header there is to check.
+_HEADER_READ = re.compile(rb"(?:\xef\xbb\xbf)?[\t-\r\x1c-\x1f ]*[^\t-\r\x1c-\x1f ]+"
+                          rb"[\t-\r\x1c-\x1f ]+[^\t-\r\x1c-\x1f ]+[\t-\r\x1c-\x1f ]")
+_HEADER_BYTES = 1 << 20  # more than any header of a size that fits in memory
+
+
+def read_input(stream) -> bytes:
+    """All of ``stream``, its header checked (:func:`parse_header`) as soon as it has been read:
+    a stream that never ends and has no header (``< /dev/zero``, ``< /dev/urandom``) is an
+    error at once, not a read for ever."""
+    chunks: list[bytes] = []
+    head: bytes | None = b""
+    while chunk := stream.read1(1 << 20):
+        chunks.append(chunk)
+        if head is not None:
+            head += chunk
+            if _HEADER_READ.match(head) or len(head.lstrip()) > _HEADER_BYTES:
+                parse_header(head)
+                head = None
+    return b"".join(chunks)
 
 
 def solve(
@@ -229,7 +251,7 @@ def parse_header(data: bytes) -> tuple[int, int, int]:
     if len(found) == 1:
         raise UserError(
             f"line {_line(data, found[0][0])}: incomplete header: expected 'N d', "
-            f"got only {found[0][1]!r}"
+            f"got only {_show(found[0][1].encode())}"
         )
     dims = []
     for (offset, text), name in zip(found, "Nd", strict=True):

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from linattn._config import POSITIVE_INT, renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
 from linattn.nn.mixers import CONFIG_CHECKS
-from linattn.ops._common import check_flag
+from linattn.ops._common import check_dense, check_flag
 from linattn.ops.flowformer.op import SigmoidFeatures, flowformer_attention
 from linattn.ops.linear.op import linear_attention
 from linattn.ops.relative.op import relative_linear_attention
@@ -118,6 +118,13 @@ class MultiheadAttentionBase(nn.Module):
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x: (B, T, E) -> q, k, v, each (B, H, T, d)."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        check_dense(x, "x")
+        w = self.q_proj.weight
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"x: expected {w.dtype} (the module's parameters' dtype), got "
+                            f"{x.dtype}")
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, T, {self.d_model}), got {tuple(x.shape)}")
         return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))

@@ -61,6 +61,7 @@ dtype and shape checks run while tracing too.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -70,6 +71,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn._config import rename_deprecated, renamed_keywords
+from linattn._memory import check_fits, transformer_parameters
 from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAttentionBase
 from linattn.nn.encoder import PreNormBlock
 from linattn.nn.mixers import (
@@ -85,7 +87,14 @@ from linattn.nn.mixers import (
     state_to_dict,
     state_types,
 )
-from linattn.ops._common import check_values
+from linattn.ops._common import (
+    check_dense,
+    check_positive_int,
+    check_size,
+    check_values,
+    is_bool,
+    shown,
+)
 from linattn.ops._library import tracing
 from linattn.ops.decay.op import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.decay_softmax.op import decay_softmax_attention
@@ -113,6 +122,30 @@ class KVCache(StateDict):
 
     k: Tensor
     v: Tensor
+
+
+#: The default sizes of ``linattn lm train``: what :func:`check_fits` names the option by.
+_SIZE_DEFAULTS = {"vocab_size": 256, "d_model": 128, "num_layers": 4, "mlp_dim": None,
+                  "short_conv": 0}
+
+
+def _parameter_bytes(c: Mapping[str, Any]) -> int:
+    """A lower bound of a model's float32 parameter bytes (embeddings, layers, token shift)."""
+    E = c["d_model"]
+    mlp = 4 * E if c["mlp_dim"] is None else c["mlp_dim"]
+    return 4 * (transformer_parameters(E, c["num_layers"], mlp, c["vocab_size"])
+                + c["short_conv"] * E)
+
+
+def _batch_of(state: LMState) -> int | None:
+    """The batch size of a state's tensors (their first dimension), None when it has none."""
+    for st in (*state.layers, state.conv):
+        parts = [getattr(st, f.name) for f in fields(st)] if hasattr(st, "__dataclass_fields__") \
+            else st if isinstance(st, (tuple, list)) else [st]
+        for t in parts:
+            if isinstance(t, Tensor) and t.dim() >= 1:
+                return t.shape[0]
+    return None
 
 
 @dataclass
@@ -479,6 +512,8 @@ class LinearTransformerLM(nn.Module):
             feature_map=feature_map, dropout=dropout, mlp_dim=mlp_dim, attention=attention,
             decay=decay, chunk_size=chunk_size, window=window, short_conv=short_conv)
         _register_pytree(get_mixer(c.attention).state_class())  # a kind added at run time
+        check_fits(_parameter_bytes, {f.name: getattr(c, f.name) for f in fields(c)},
+                   _SIZE_DEFAULTS, "this model")  # before the allocator fails in a traceback
         self.vocab_size = c.vocab_size
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         nn.init.normal_(self.embed.weight, std=0.02)  # tied with the output: small logits at init
@@ -513,11 +548,15 @@ class LinearTransformerLM(nn.Module):
         own bounds check aborted the process from inside a parallel loop)."""
         if not isinstance(ids, Tensor):
             raise ValueError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
+        check_dense(ids, "ids")
+        if ids.device != self.embed.weight.device:
+            raise ValueError(f"ids: expected a tensor on {self.embed.weight.device} (the model's "
+                             f"device), got {ids.device}")
         if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
             raise ValueError(f"ids: expected an integer tensor, got dtype {ids.dtype}")
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {tuple(ids.shape)}")
-        if tracing(ids):  # values unknown (compile, export, fake, vmap): an assertion node
+        if tracing(ids) or ids.is_meta:  # values unknown (compile, export, fake, vmap, meta)
             check_values((ids >= 0) & (ids < self.vocab_size),
                          f"ids: values must lie in [0, {self.vocab_size})")
             return
@@ -533,6 +572,9 @@ class LinearTransformerLM(nn.Module):
         if state is not None:
             if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
                 raise ValueError(f"state: expected an LMState with {len(self.blocks)} layers")
+            B = _batch_of(state)
+            if B is not None and B != ids.shape[0]:  # some mixers' ops would broadcast it
+                raise ValueError(f"state: holds a batch of {B}, ids a batch of {ids.shape[0]}")
         h, conv = self.embed_tokens(ids, None if state is None else state.conv)
         pos = 0 if state is None else state.position
         new = []
@@ -567,12 +609,12 @@ class LinearTransformerLM(nn.Module):
 
         ``temperature`` 0 is greedy; ``top_k`` keeps the k most likely tokens; ``generator``
         makes sampling reproducible."""
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
-        if not temperature >= 0:  # NaN too
-            raise ValueError(f"temperature: expected >= 0, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k: expected a positive integer, got {top_k}")
+        max_new_tokens = check_size(max_new_tokens, "max_new_tokens")
+        if (is_bool(temperature) or not isinstance(temperature, numbers.Real)
+                or not temperature >= 0):  # NaN too
+            raise ValueError(f"temperature: expected a number >= 0, got {shown(temperature)}")
+        if top_k is not None:
+            top_k = check_positive_int(top_k, "top_k")
         was = self.training
         self.eval()
         try:

@@ -19,12 +19,22 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def check_dense(t: Tensor, name: str) -> None:
+    """TypeError naming ``t`` unless it is an ordinary (strided) tensor: sparse and nested ones
+    have few of the operations the ops use (reshape, expand), and fail inside them."""
+    if t.is_nested or t.layout != torch.strided:
+        got = "a nested tensor" if t.is_nested else t.layout
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got {got}")
+
+
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
     """Raise TypeError/ValueError naming the argument when q, k, v do not fit together.
 
     q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv); ``same_length`` also asks Tq == Tk.
     Valid inputs pass a few cheap comparisons first (short calls are dominated by checks)."""
     if (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+            and q.layout == k.layout == v.layout == torch.strided
+            and not (q.is_nested or k.is_nested or v.is_nested)
             and q.dtype == k.dtype == v.dtype and q.is_floating_point() and q.dim() >= 2
             and q.shape[-1] > 0 and q.shape[-1] == k.shape[-1] and q.shape[:-2] == k.shape[:-2]
             and k.shape[:-1] == v.shape[:-1] and (not same_length or q.shape[-2] == k.shape[-2])
@@ -33,6 +43,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        check_dense(t, name)
         if not t.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
         if t.dim() < 2:
@@ -95,6 +106,8 @@ def check_step_inputs(q_t: Tensor, k_t: Tensor, v_t: Tensor) -> None:
     Valid inputs pass a few cheap comparisons (this is on every decoding step); anything else
     goes through :func:`check_qkv`, which says what is wrong."""
     if (isinstance(q_t, Tensor) and isinstance(k_t, Tensor) and isinstance(v_t, Tensor)
+            and q_t.layout == k_t.layout == v_t.layout == torch.strided
+            and not (q_t.is_nested or k_t.is_nested or v_t.is_nested)
             and q_t.dtype == k_t.dtype == v_t.dtype and q_t.is_floating_point()
             and q_t.dim() >= 1 and q_t.shape == k_t.shape and q_t.shape[-1] > 0
             and v_t.dim() == q_t.dim() and q_t.shape[:-1] == v_t.shape[:-1]
@@ -103,6 +116,7 @@ def check_step_inputs(q_t: Tensor, k_t: Tensor, v_t: Tensor) -> None:
     for name, t in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        check_dense(t, name)
         if t.dim() == 0:  # asked before the unsqueeze below, which a 0-D tensor fails
             raise ValueError(f"{name}: expected shape (..., D), got ()")
     check_qkv(q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2), same_length=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from linattn.ops._common import accumulation_dtype, check_scale, is_bool, nonfinite
+from linattn.ops._common import accumulation_dtype, check_dense, check_scale, is_bool, nonfinite
 from linattn.ops.varlen import check_cu_seqlens
 
 # ----------------------------------------------------------------------------- validation
@@ -20,6 +20,7 @@ from linattn.ops.varlen import check_cu_seqlens
 def _tensor(name: str, x: object, ndim: int) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    check_dense(x, name)
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
     if x.dim() != ndim:

@@ -63,6 +63,9 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested or t.layout != torch.strided:
+            got = "a nested tensor" if t.is_nested else t.layout
+            raise TypeError(f"{name}: expected a dense (strided) tensor, got {got}")
         if not t.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
         if t.dim() < 2:

@@ -70,7 +70,8 @@ def _batches(sets: list[tuple[Tensor, Tensor]], batch_size: int,
     ``batch_size`` (one shape per batch), then all the batches in one random order. The plan
     is indices; each batch is gathered when it is reached (not a second copy of the data)."""
     plan = [(i, idx) for i, (x, _) in enumerate(sets)
-            for idx in torch.randperm(len(x), generator=gen).split(batch_size)]
+            # a batch is at most the set (torch's split takes no size past 2**63)
+            for idx in torch.randperm(len(x), generator=gen).split(min(batch_size, len(x) or 1))]
     if len(sets) > 1:  # one set keeps its shuffled order (the draw of runs before train_mix)
         plan = [plan[j] for j in torch.randperm(len(plan), generator=gen).tolist()]
     for i, idx in plan:

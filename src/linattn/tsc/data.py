@@ -57,6 +57,9 @@ def real_series(X, where: str):
     estimator did so silently, and scikit-learn's check refused them in 15 lines)."""
     if not hasattr(X, "dtype"):  # a list; arrays and sparse matrices (refused later, by
         X = np.asarray(X)        # scikit-learn's check, in its words) keep their type
+    if X.ndim != 2:  # scikit-learn's refusal spans lines and prints the array
+        raise ValueError(f"{where}: X must have shape (n_series, length), got {X.shape} "
+                         "(Reshape your data: X.reshape(1, -1) for one series)")
     if np.issubdtype(np.dtype(X.dtype), np.complexfloating):
         # scikit-learn's wording opens the line (its estimator checks look for it)
         raise ValueError(f"{where}: Complex data not supported: X holds {X.dtype} values; the "

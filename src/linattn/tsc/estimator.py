@@ -270,8 +270,9 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         model_params, tcfg = self.check_params()
         self.check_memory()
         X = real_series(X, type(self).__name__)  # sklearn's own refusal runs to 15 lines
-        X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
-                             ensure_all_finite="allow-nan")
+        with np.errstate(over="ignore", invalid="ignore"):  # its check sums X: ±3e38 overflow
+            X, y = validate_data(self, X, y, dtype=np.float32, ensure_min_samples=2,
+                                 ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
         check_classification_targets(y)
         classes, codes = encode_labels(y)
@@ -305,12 +306,20 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
     def _logits(self, X) -> torch.Tensor:
         check_is_fitted(self, "model_")
         X = real_series(X, type(self).__name__)
-        X = validate_data(self, X, dtype=np.float32, reset=False, ensure_all_finite="allow-nan")
+        with np.errstate(over="ignore", invalid="ignore"):  # its check sums X: ±3e38 overflow
+            X = validate_data(self, X, dtype=np.float32, reset=False,
+                              ensure_all_finite="allow-nan")
         X = fill_nan_padding(X, "X", self.missing)
         device = check_device(self.device, type(self).__name__)
         with ThreadLimit(self.n_threads):
             self.model_.to(device)  # a set_params(device=…) after fit takes effect here
-            return predict_logits(self.model_, X, device=device)
+            logits = predict_logits(self.model_, X, device=device)
+        bad = ~torch.isfinite(logits).all(-1)
+        if bad.any():  # finite series far beyond the scale it was fitted on overflow inside
+            raise ValueError(f"X: the model's outputs are not finite for {int(bad.sum())} "
+                             f"series (|X| up to {float(np.nanmax(np.abs(X))):.3g}); scale "
+                             "the series as those it was fitted on")
+        return logits
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, n_classes) class probabilities, columns in the order of ``classes_``."""

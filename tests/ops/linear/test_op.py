@@ -142,6 +142,40 @@ def test_float32_close_to_float64(linear_path, make_map, qkv, assert_close, is_c
     assert_close(out, ref, ulps=64)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_float32_keys_far_below_zero(linear_path, is_causal):
+    """1 + elu of keys near -20 is exp(k) ≈ 1e-9, not 0: the portable path's elu(k) + 1 cancelled
+    to 0 in float32, its normaliser vanished, and a D = 1 head was off by ~1 where the compiled
+    path (exp) was right (issue 51)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 9, 1, generator=g)
+    k = -20.0 - torch.rand(1, 1, 9, 1, generator=g)
+    v = torch.randn(1, 1, 9, 3, generator=g)
+    out = linattn.linear_attention(q, k, v, is_causal=is_causal)
+    ref = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
+                                             is_causal=is_causal)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_size_one_dimensions_with_any_stride(T):
+    """D = 1 (and T = 1) views of every other element: a size-1 dimension's stride is any
+    number, and ``.contiguous()`` keeps it; the compiled pass refused them with "native pass:
+    rows must be contiguous" (issue 51)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, T, 2 * d, generator=g)[..., ::2].requires_grad_()
+               for d in (1, 1, 5))
+    out = linattn.linear_attention(q, k, v, is_causal=True)
+    w = torch.randn(out.shape, generator=g)
+    (out * w).sum().backward()
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref = linattn.reference.linear_attention(*leaves, is_causal=True)
+    (ref * w.double()).sum().backward()
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-6)
+    for x, r in zip((q, k, v), leaves, strict=True):
+        torch.testing.assert_close(x.grad.double(), r.grad, rtol=1e-5, atol=1e-6)
+
+
 HALF_MAPS = ["elu", "relu", "taylor", "polynomial"]
 
 

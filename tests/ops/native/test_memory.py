@@ -81,6 +81,41 @@ def test_python_references_elsewhere_do_not_pin_free_buffers(monkeypatch):
     del held
 
 
+def test_outputs_can_be_resized_and_their_storage_freed(monkeypatch):
+    """An output is a tensor like any other (issue 51): ``resize_`` grows it, and one whose
+    storage the user resized (grown, or freed with ``untyped_storage().resize_(0)`` as FSDP
+    frees memory) is not handed out again: the next output of that size used to be a view of
+    a 0-byte storage (a RuntimeError in every later call of that size)."""
+    pool = _Recycler()
+    monkeypatch.setattr(memory, "_RECYCLER", pool)
+    a = empty_hugepage(LIKE, *SHAPE)
+    a.fill_(1.0)
+    a.resize_(SHAPE[0] + 1, *SHAPE[1:])
+    assert a.shape == (SHAPE[0] + 1, *SHAPE[1:]) and torch.all(a[: SHAPE[0]] == 1.0)
+    del a
+    b = empty_hugepage(LIKE, *SHAPE)
+    b.untyped_storage().resize_(0)
+    del b
+    c = empty_hugepage(LIKE, *SHAPE)
+    assert c.untyped_storage().nbytes() == c.numel() * c.element_size()
+    c.fill_(2.0)
+    assert torch.all(c == 2.0)
+
+
+def test_an_output_moved_to_shared_memory_is_not_recycled(monkeypatch):
+    """``share_memory_`` moves the buffer's storage to shared memory, which another process may
+    still read after this one frees the output: its memory is never handed out again (a later
+    output would overwrite what the other process reads, and be in shared memory itself)."""
+    pool = _Recycler()
+    monkeypatch.setattr(memory, "_RECYCLER", pool)
+    a = empty_hugepage(LIKE, *SHAPE)
+    a.share_memory_()
+    ptr = a.data_ptr()
+    del a
+    b = empty_hugepage(LIKE, *SHAPE)
+    assert not b.is_shared() and b.data_ptr() != ptr
+
+
 def test_float32_rows_views_float32_and_widens_the_rest_exactly():
     x = torch.randn(2, 3, 5, 4)
     assert memory.float32_rows(x, 6).data_ptr() == x.data_ptr()  # a view

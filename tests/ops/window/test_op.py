@@ -295,6 +295,22 @@ def test_empty_sequence():
         assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("call", [
+    lambda q, k, v: window_linear_attention(q, k, v, window=3),
+    lambda q, k, v: window_linear_attention(q, k, v, window=3, is_causal=False),
+    lambda q, k, v: window_linear_attention(q, k, v, window=3, return_state=True)[0],
+    lambda q, k, v: reference(q, k, v, window=3),
+], ids=["causal", "non-causal", "return_state", "reference"])
+def test_empty_sequence_output_is_on_the_graph(call):
+    """T = 0 with inputs that require grad: the empty output does too, as the other ops' do
+    (issue 51: it was a detached tensor, so ``out.sum().backward()`` raised)."""
+    q, k, v = (x.requires_grad_(True) for x in _qkv(T=0))
+    out = call(q, k, v)
+    assert out.shape == (2, 3, 0, 3) and out.requires_grad
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
 @pytest.mark.parametrize("window", [0, -1, 1.5, True, "4", None])
 def test_bad_window_raises(window):
     q, k, v = _qkv()

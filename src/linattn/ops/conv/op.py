@@ -28,7 +28,13 @@ import torch
 from torch import Tensor
 
 from linattn.ops import dispatch
-from linattn.ops._common import check_flag, check_own_memory, needs_grad, shares_memory
+from linattn.ops._common import (
+    check_dense,
+    check_flag,
+    check_own_memory,
+    needs_grad,
+    shares_memory,
+)
 from linattn.ops._library import tracing
 from linattn.ops.conv import native as conv_native
 from linattn.ops.conv.portable import torch_prefill, torch_step
@@ -62,6 +68,7 @@ def _tensor(t: object, name: str, ndim: int, what: str, like: Tensor | None = No
     device."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    check_dense(t, name)
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     if t.dim() != ndim:

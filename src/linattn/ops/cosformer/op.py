@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap
+from linattn.ops._common import check_dense
 from linattn.ops.linear.op import linear_attention
 
 __all__ = ["cosformer_attention", "CosFormerFeatures"]
@@ -65,11 +66,14 @@ def cosformer_attention(
 
     ``key_padding_mask`` (B, T), True = padding; positions still count 0 … T−1 over the whole
     (padded) sequence. Other arguments as in :func:`linattn.linear_attention`."""
-    if isinstance(q, Tensor) and isinstance(k, Tensor) and q.shape[-2:-1] != k.shape[-2:-1]:
-        raise ValueError(
-            f"k: cosFormer needs as many keys as queries, got {k.shape[-2]} keys for "
-            f"{q.shape[-2]} queries"
-        )
+    if isinstance(q, Tensor) and isinstance(k, Tensor):
+        check_dense(q, "q")
+        check_dense(k, "k")
+        if q.shape[-2:-1] != k.shape[-2:-1]:
+            raise ValueError(
+                f"k: cosFormer needs as many keys as queries, got {k.shape[-2]} keys for "
+                f"{q.shape[-2]} queries"
+            )
     return linear_attention(
         q,
         k,

@@ -56,6 +56,7 @@ from linattn.ops import dispatch
 from linattn.ops._common import (
     accumulation_dtype,
     check_chunk_size,
+    check_dense,
     check_flag,
     check_own_memory,
     check_qkv,
@@ -98,6 +99,9 @@ def check_heads(q: object, k: object, v: object, dim: int, names: tuple[str, str
     a step), after the usual checks of q, k, v (:func:`linattn.ops._common.check_qkv` on v's
     first H heads); ValueError naming v unless HV is a multiple of H and v's other dimensions
     match q's. 1 where the heads agree (or there is no heads dimension)."""
+    for name, t in zip(names, (q, k, v), strict=True):
+        if isinstance(t, Tensor):
+            check_dense(t, name)
     if not (isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() >= -dim
             and v.dim() == q.dim() and q.shape[dim] != v.shape[dim]):
         return 1

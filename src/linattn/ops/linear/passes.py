@@ -117,8 +117,10 @@ def _ptr(x: Tensor | None) -> int | None:
 
 def rows_contiguous(x: Tensor) -> bool:
     """Whether each head's rows of a (N, T, F) tensor lie one after another in memory (any
-    head stride): what the compiled passes read and write."""
-    return x.stride(-1) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])
+    head stride): what the compiled passes read and write. The stride of a size-1 dimension is
+    any number (``.contiguous()`` keeps it): not asked."""
+    return ((x.shape[2] <= 1 or x.stride(2) == 1)
+            and (x.shape[1] <= 1 or x.stride(1) == x.shape[2]))
 
 
 def _head_stride(x: Tensor) -> int:

@@ -42,6 +42,12 @@ class _Recycler:
     which frames held by a traceback or a tracer would change). The pool holds at most
     :attr:`keep_bytes` of buffers, in use or not, the oldest let go first: one still in use then
     lives on in its tensors and is freed with them. :func:`empty_cache` lets the free ones go.
+
+    An output is otherwise a tensor like any other: ``resize_`` grows it (its storage moves to
+    new memory), ``untyped_storage().resize_(0)`` frees it, ``share_memory_`` moves it to shared
+    memory that another process may go on reading. The pool lets go of a buffer whose storage
+    was so changed (:func:`_intact`) instead of handing it out again. (A tensor in shared
+    memory cannot be resized: torch 2.13 itself crashes there, outputs or not.)
     """
 
     MIN_BYTES = 16 << 20  # smaller outputs fault in quickly and are not worth holding
@@ -53,6 +59,7 @@ class _Recycler:
 
     def take(self, nbytes: int) -> Tensor:
         with self._lock:
+            self._bufs = [b for b in self._bufs if _intact(b)]
             for i, buf in enumerate(self._bufs):
                 if buf.numel() == nbytes and _owners(buf) <= _FREE_OWNERS:
                     del self._bufs[i]  # by position: == on tensors compares their elements
@@ -69,7 +76,7 @@ class _Recycler:
 
     def empty_cache(self) -> None:
         with self._lock:
-            self._bufs = [b for b in self._bufs if _owners(b) > _FREE_OWNERS]
+            self._bufs = [b for b in self._bufs if _intact(b) and _owners(b) > _FREE_OWNERS]
 
 
 def _mem_total() -> int:
@@ -85,6 +92,12 @@ _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 def _owners(buf: Tensor) -> int:
     """How many owners buf's storage has (every tensor using it, and the storage object asked)."""
     return _USE_COUNT(buf.untyped_storage()._cdata)
+
+
+def _intact(buf: Tensor) -> bool:
+    """Whether buf's storage is still the pool's own: the size it was made with (the user did
+    not resize an output's storage) and not moved to shared memory (``share_memory_``)."""
+    return buf.untyped_storage().nbytes() == buf.numel() and not buf.is_shared()
 
 
 # What _owners reports for a buffer the pool alone holds: more is a tensor still using it.

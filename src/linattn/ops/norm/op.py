@@ -26,7 +26,7 @@ from torch import Tensor
 
 from linattn._config import F32_MAX
 from linattn.ops import dispatch
-from linattn.ops._common import check_eps, check_flag, is_bool, needs_grad, shown
+from linattn.ops._common import check_dense, check_eps, check_flag, is_bool, needs_grad, shown
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import Choice
 from linattn.ops.native import DTYPE_CODES, scratch
@@ -56,6 +56,7 @@ def check_norm_activation(activation: object) -> bool:
 def _tensor(t: object, name: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    check_dense(t, name)
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     return t

@@ -44,6 +44,7 @@ from linattn.ops import dispatch
 from linattn.ops._common import (
     causal_chunked,
     check_chunk_size,
+    check_dense,
     check_flag,
     check_qkv,
     features,
@@ -68,6 +69,7 @@ def check_r(r: Tensor, q: Tensor) -> None:
     """r: (..., 2T−1, D) broadcastable against q's batch dimensions; ValueError naming r."""
     if not isinstance(r, Tensor):
         raise TypeError(f"r: expected a torch.Tensor, got {type(r).__name__}")
+    check_dense(r, "r")
     if not r.is_floating_point():
         raise TypeError(f"r: expected a floating-point tensor, got {r.dtype}")
     T, D = q.shape[-2:]

@@ -68,6 +68,7 @@ from linattn.ops._common import (
     accumulation_dtype,
     causal_chunked,
     check_chunk_size,
+    check_dense,
     check_flag,
     check_positive_int,
     check_qkv,
@@ -279,6 +280,12 @@ def _far(fq: Tensor, fk: Tensor, v1: Tensor, w: int, is_causal: bool, chunk: int
     return out, total
 
 
+def _empty_output(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The (..., 0, Dv) output of T = 0 in q's dtype, on the autograd graph of q, k and v as the
+    other ops' empty outputs are (a detached one fails ``out.sum().backward()``)."""
+    return (q[..., :0, :1] * k[..., :0, :1] * v[..., :0, :]).to(q.dtype)
+
+
 def window_linear_attention(
     q: Tensor,
     k: Tensor,
@@ -314,9 +321,12 @@ def window_linear_attention(
         (..., T, Dv) in q's dtype (and the final :class:`WindowLinearAttentionState`).
         Sums run in float32 at least (float64 for float64 inputs).
     """
-    if isinstance(q, Tensor) and isinstance(k, Tensor) and q.shape[-2:-1] != k.shape[-2:-1]:
-        raise ValueError(f"k: window attention needs as many keys as queries, got "
-                         f"{k.shape[-2]} keys for {q.shape[-2]} queries")
+    if isinstance(q, Tensor) and isinstance(k, Tensor):
+        check_dense(q, "q")
+        check_dense(k, "k")
+        if q.shape[-2:-1] != k.shape[-2:-1]:
+            raise ValueError(f"k: window attention needs as many keys as queries, got "
+                             f"{k.shape[-2]} keys for {q.shape[-2]} queries")
     check_qkv(q, k, v, same_length=True)
     is_causal = check_flag(is_causal, "is_causal")
     return_state = check_flag(return_state, "return_state")
@@ -347,7 +357,7 @@ def window_linear_attention(
         S0 = torch.cat([st.S, st.z.unsqueeze(-1)], -1).to(acc)
 
     if T == 0:  # nothing to attend: an empty output, the state as it was (in new tensors)
-        o = q.new_zeros(*q.shape[:-2], 0, v.shape[-1])
+        o = _empty_output(q, k, v)
         if not return_state:
             return o
         if initial_state is not None:

@@ -50,8 +50,8 @@ def window_linear_attention(
         check_padding_mask(key_padding_mask, k, "key_padding_mask", "k")
     out_dtype = q.dtype
     T = q.shape[-2]
-    if T == 0:
-        return q.new_zeros(*q.shape[:-2], 0, v.shape[-1])
+    if T == 0:  # on the graph of q, k and v, as the op's empty output
+        return (q[..., :0, :1] * k[..., :0, :1] * v[..., :0, :]).to(out_dtype)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     zero = q.new_zeros(())
