@@ -25,7 +25,8 @@ except ImportError:  # Windows: no address-space limit to read
     resource = None  # type: ignore[assignment]
 
 __all__ = ["available_bytes", "check_fits", "format_bytes", "is_out_of_memory",
-           "transformer_parameters", "num_features", "TRAINING_BYTES_PER_PARAMETER"]
+           "transformer_parameters", "lm_parameters", "num_features",
+           "TRAINING_BYTES_PER_PARAMETER"]
 
 
 def _meminfo_available() -> int | None:
@@ -128,6 +129,16 @@ def transformer_parameters(width: int, layers: int, mlp: int, vocab: int = 0,
     ``width`` unless the heads are narrower or wider) and the MLP's two matrices."""
     inner = width if heads_width is None else heads_width
     return vocab * width + layers * (4 * width * inner + 2 * width * mlp)
+
+
+def lm_parameters(values: Mapping[str, Any]) -> int:
+    """A lower bound of a language model's parameters (linattn.nn.LinearTransformerLM's sizes:
+    ``vocab_size``, ``d_model``, ``num_layers``, ``mlp_dim`` (None: 4·d_model), ``short_conv``):
+    the transformer's and the token shift's ``short_conv × d_model``."""
+    E = values["d_model"]
+    mlp = 4 * E if values.get("mlp_dim") is None else values["mlp_dim"]
+    k = values.get("short_conv") or 0
+    return transformer_parameters(E, values["num_layers"], mlp, values["vocab_size"]) + k * E
 
 
 #: Bytes a float32 parameter costs in training with Adam: itself, its gradient, two moments.

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from linattn._config import POSITIVE_INT, SEED, Check, Range
-from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
+from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, lm_parameters
 
 __all__ = ["TRAIN_CHECKS", "GENERATE_CHECKS", "CHECKPOINT_EVERY", "check_train_config",
            "check_generate", "SIZE_DEFAULTS", "training_bytes", "check_training_memory"]
@@ -81,7 +81,7 @@ def training_bytes(values: Mapping[str, Any]) -> int:
     mlp = 4 * E if values.get("mlp_dim") is None else values["mlp_dim"]
     k = values.get("short_conv") or 0
     B, T = values["batch_size"], values["context"]
-    params = transformer_parameters(E, L, mlp, V) + k * E
+    params = lm_parameters(values)
     activations = 4 * B * T * (L * (4 * E + mlp) + 2 * V)
     shift = 8 * B * (T + k) * E if k else 0
     return TRAINING_BYTES_PER_PARAMETER * params + activations + shift + 8 * B * (T + 1)

@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn._config import rename_deprecated, renamed_keywords
-from linattn._memory import check_fits, transformer_parameters
+from linattn._memory import check_fits, lm_parameters
 from linattn.nn.attention import EMBED_DIM_ALIAS, FeatureMapSpec, MultiheadAttentionBase
 from linattn.nn.encoder import PreNormBlock
 from linattn.nn.mixers import (
@@ -79,6 +79,7 @@ from linattn.nn.mixers import (
     MIXERS,
     OPTION_DEFAULTS,
     StateDict,
+    batch_size_of,
     build_mixer,
     check_config,
     get_mixer,
@@ -127,25 +128,6 @@ class KVCache(StateDict):
 #: The default sizes of ``linattn lm train``: what :func:`check_fits` names the option by.
 _SIZE_DEFAULTS = {"vocab_size": 256, "d_model": 128, "num_layers": 4, "mlp_dim": None,
                   "short_conv": 0}
-
-
-def _parameter_bytes(c: Mapping[str, Any]) -> int:
-    """A lower bound of a model's float32 parameter bytes (embeddings, layers, token shift)."""
-    E = c["d_model"]
-    mlp = 4 * E if c["mlp_dim"] is None else c["mlp_dim"]
-    return 4 * (transformer_parameters(E, c["num_layers"], mlp, c["vocab_size"])
-                + c["short_conv"] * E)
-
-
-def _batch_of(state: LMState) -> int | None:
-    """The batch size of a state's tensors (their first dimension), None when it has none."""
-    for st in (*state.layers, state.conv):
-        parts = [getattr(st, f.name) for f in fields(st)] if hasattr(st, "__dataclass_fields__") \
-            else st if isinstance(st, (tuple, list)) else [st]
-        for t in parts:
-            if isinstance(t, Tensor) and t.dim() >= 1:
-                return t.shape[0]
-    return None
 
 
 @dataclass
@@ -512,8 +494,9 @@ class LinearTransformerLM(nn.Module):
             feature_map=feature_map, dropout=dropout, mlp_dim=mlp_dim, attention=attention,
             decay=decay, chunk_size=chunk_size, window=window, short_conv=short_conv)
         _register_pytree(get_mixer(c.attention).state_class())  # a kind added at run time
-        check_fits(_parameter_bytes, {f.name: getattr(c, f.name) for f in fields(c)},
-                   _SIZE_DEFAULTS, "this model")  # before the allocator fails in a traceback
+        check_fits(lambda sizes: 4 * lm_parameters(sizes),  # float32 parameter bytes, checked
+                   {f.name: getattr(c, f.name) for f in fields(c)}, _SIZE_DEFAULTS,
+                   "this model")  # before the allocator fails in a traceback
         self.vocab_size = c.vocab_size
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         nn.init.normal_(self.embed.weight, std=0.02)  # tied with the output: small logits at init
@@ -572,7 +555,7 @@ class LinearTransformerLM(nn.Module):
         if state is not None:
             if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
                 raise ValueError(f"state: expected an LMState with {len(self.blocks)} layers")
-            B = _batch_of(state)
+            B = batch_size_of([*state.layers, state.conv])
             if B is not None and B != ids.shape[0]:  # some mixers' ops would broadcast it
                 raise ValueError(f"state: holds a batch of {B}, ids a batch of {ids.shape[0]}")
         h, conv = self.embed_tokens(ids, None if state is None else state.conv)

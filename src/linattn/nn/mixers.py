@@ -47,7 +47,7 @@ from linattn._config import FEATURE_MAP, POSITIVE_INT, Check, Range
 __all__ = ["MixerSpec", "MIXERS", "OPTION_DEFAULTS", "DEFAULT_WINDOW", "CONFIG_CHECKS",
            "COSFORMER_HORIZON", "check_positions", "check_config", "get_mixer",
            "is_unset", "mixer_options", "build_mixer", "state_types", "state_fields",
-           "state_to_dict", "state_from_dict", "StateDict"]
+           "state_to_dict", "state_from_dict", "StateDict", "batch_size_of"]
 
 #: The hybrid's window when none is given.
 DEFAULT_WINDOW = 64
@@ -231,6 +231,21 @@ def build_mixer(attention: str, d_model: int, num_heads: int, *, chunk_size: int
 def state_types() -> dict[str, type]:
     """``attention`` kind → its state class (imports the classes)."""
     return {name: spec.state_class() for name, spec in MIXERS.items()}
+
+
+def batch_size_of(states: list[Any]) -> int | None:
+    """The batch size of the first tensor (its first dimension) among mixer states (state
+    dataclasses, tuples or lists of tensors, tensors), None when none holds one."""
+    import torch  # this module is read without torch (the commands' options)
+
+    for st in states:
+        parts = ([getattr(st, f.name) for f in dataclasses.fields(st)]
+                 if dataclasses.is_dataclass(st) else st if isinstance(st, (tuple, list))
+                 else [st])
+        for t in parts:
+            if isinstance(t, torch.Tensor) and t.dim() >= 1:
+                return t.shape[0]
+    return None
 
 
 # -- states as flat dicts of tensors ---------------------------------------------------------

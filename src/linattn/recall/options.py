@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from linattn._config import FEATURE_MAP, POSITIVE_INT, SEED, Check, Range
-from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, transformer_parameters
+from linattn._memory import TRAINING_BYTES_PER_PARAMETER, check_fits, lm_parameters
 from linattn.nn.mixers import CONFIG_CHECKS, MIXERS, check_config, check_positions
 
 __all__ = ["MIXER_PRESETS", "DEFAULT_LRS", "TABLE_MIX", "RecallConfig", "RECALL_CHECKS",
@@ -283,7 +283,7 @@ def cell_bytes(values: Mapping[str, Any]) -> int:
             (*own, values["test_examples"]), *values["train_mix"]]
     data = sum(16 * n * T for T, _, n in sets)
     evals = max((16 * values["test_examples"] * T for T, _ in values["eval_at"]), default=0)
-    params = transformer_parameters(E, L, mlp, V) + k * E
+    params = lm_parameters(values)
 
     def batch(T: int, P: int, n: int) -> int:
         b = min(values["batch_size"], n)

@@ -122,69 +122,76 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
  * both), so the loop is bound by the multiply-adds. AMD Zen 4, B1 H8 T65536 d64, one thread:
  * 183 ms chunked, 108-113 ms here (0.40 and 0.65-0.68 of the FMA peak). */
 
-/* Tokens t, t + 1 (two) or t alone over the rows of a block of nb column vectors: S (rows of
- * Dv, offset to the block) updated in place, each token's numerator scaled by inv[t] into out
- * (rows of Dv from element o0, offset to the block; float32 or bfloat16 with bf). fq, fk: the
- * chunk's features (rows of L); vc: its values (rows of Dv, offset to the block). */
-static inline __attribute__((always_inline)) void rec_tokens(int nb, int two, long t, long L,
-                                                             long Dv, const float *fq,
-                                                             const float *fk, const float *vc,
-                                                             const float *inv, float *S,
-                                                             void *out, long o0, int bf) {
-    vf v1[NV], v2[NV], a1[NV], a2[NV];
+/* One pass of token u = 1 and, with two, u = 2 over the rows r < rows of a matrix M (rows of
+ * ld floats; nb vectors of one block of columns, offset to it), in order:
+ *     M_r += b_u[r] x_u,   d_u += c_u[r] M_r   (M_r as token u left it),
+ * M updated in place, d1 and d2 (nb vectors each) written. The forward's pass over S (b = phi(k),
+ * x = v, c = phi(q): d = the numerator) and the backward's over S^T (b = v, x = phi(k), c = dn:
+ * d = S dn). One load and one store of M serve both tokens. */
+static inline __attribute__((always_inline)) void rank1_pass(int nb, int two, long rows, long ld,
+                                                             const float *b1, const float *b2,
+                                                             const float *c1, const float *c2,
+                                                             const float *x1, const float *x2,
+                                                             float *M, float *d1, float *d2) {
+    vf y1[NV], y2[NV], a1[NV], a2[NV];
     for (int j = 0; j < nb; ++j) {
-        v1[j] = vload(vc + t * Dv + j * W), a1[j] = a2[j] = vsplat(0.0f);
-        v2[j] = two ? vload(vc + (t + 1) * Dv + j * W) : vsplat(0.0f);
+        y1[j] = vload(x1 + j * W), a1[j] = a2[j] = vsplat(0.0f);
+        y2[j] = two ? vload(x2 + j * W) : vsplat(0.0f);
     }
-    const float *q1 = fq + t * L, *k1 = fk + t * L, *q2 = q1 + L, *k2 = k1 + L;
-    for (long i = 0; i < L; ++i) {
-        vf kk1 = vsplat(k1[i]), qq1 = vsplat(q1[i]);
-        vf kk2 = vsplat(two ? k2[i] : 0.0f), qq2 = vsplat(two ? q2[i] : 0.0f);
-        float *Si = S + i * Dv;
+    for (long r = 0; r < rows; ++r) {
+        vf bb1 = vsplat(b1[r]), cc1 = vsplat(c1[r]);
+        vf bb2 = vsplat(two ? b2[r] : 0.0f), cc2 = vsplat(two ? c2[r] : 0.0f);
+        float *Mr = M + r * ld;
         for (int j = 0; j < nb; ++j) {
-            vf x = vload(Si + j * W) + kk1 * v1[j];
-            a1[j] += qq1 * x;
+            vf m = vload(Mr + j * W) + bb1 * y1[j];
+            a1[j] += cc1 * m;
             if (two) {
-                x += kk2 * v2[j];
-                a2[j] += qq2 * x;
+                m += bb2 * y2[j];
+                a2[j] += cc2 * m;
             }
-            vstore(Si + j * W, x);
+            vstore(Mr + j * W, m);
         }
     }
     for (int j = 0; j < nb; ++j) {
-        long at = o0 + t * Dv + j * W;
-        if (bf) {
-            vstore_any(out, at, a1[j] * inv[t], 1);
-            if (two) vstore_any(out, at + Dv, a2[j] * inv[t + 1], 1);
-        } else {
-            vstore_stream((float *)out + at, a1[j] * inv[t]);
-            if (two) vstore_stream((float *)out + at + Dv, a2[j] * inv[t + 1]);
-        }
+        vstore(d1 + j * W, a1[j]);
+        if (two) vstore(d2 + j * W, a2[j]);
     }
 }
 
-/* The Cn tokens of a chunk over one block of nb column vectors (rec_tokens' arguments). */
-static inline __attribute__((always_inline)) void rec_cols(int nb, long Cn, long L, long Dv,
-                                                           const float *fq, const float *fk,
-                                                           const float *vc, const float *inv,
-                                                           float *S, void *out, long o0,
-                                                           int bf) {
-    long t = 0;
-    for (; t + 2 <= Cn; t += 2) rec_tokens(nb, 1, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
-    if (t < Cn) rec_tokens(nb, 0, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
-}
-
-static void rec_cols_any(int nb, long Cn, long L, long Dv, const float *fq, const float *fk,
-                         const float *vc, const float *inv, float *S, void *out, long o0,
-                         int bf) {
-    switch (nb * 2 + bf) { /* blocks beyond this ISA's NV are constant-false, never asked for */
-#define R_(c, b)                                                                              \
-    case c * 2 + b:                                                                           \
-        if (c <= NV) rec_cols(c <= NV ? c : NV, Cn, L, Dv, fq, fk, vc, inv, S, out, o0, b);   \
+static void rank1_any(int nb, int two, long rows, long ld, const float *b1, const float *b2,
+                      const float *c1, const float *c2, const float *x1, const float *x2,
+                      float *M, float *d1, float *d2) {
+    switch (nb * 2 + two) { /* blocks beyond this ISA's NV are constant-false, never asked for */
+#define R_(c, t)                                                                              \
+    case c * 2 + t:                                                                           \
+        if (c <= NV)                                                                          \
+            rank1_pass(c <= NV ? c : NV, t, rows, ld, b1, b2, c1, c2, x1, x2, M, d1, d2);     \
         break;
         R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
 #undef R_
     default: break;
+    }
+}
+
+/* The Cn tokens of a chunk over one block of nb column vectors, two a pass: S (rows of Dv,
+ * offset to the block) updated in place, each token's numerator scaled by inv[t] into out
+ * (rows of Dv from element o0, offset to the block; float32 or bfloat16 with bf). fq, fk: the
+ * chunk's features (rows of L); vc: its values (rows of Dv, offset to the block); num: 2 NV W
+ * floats of scratch. */
+static void rec_cols(int nb, long Cn, long L, long Dv, const float *fq, const float *fk,
+                     const float *vc, const float *inv, float *S, void *out, long o0, int bf,
+                     float *num) {
+    for (long t = 0; t < Cn; t += 2) {
+        int two = t + 1 < Cn;
+        rank1_any(nb, two, L, Dv, fk + t * L, fk + (t + 1) * L, fq + t * L, fq + (t + 1) * L,
+                  vc + t * Dv, vc + (t + 1) * Dv, S, num, num + NV * W);
+        for (int u = 0; u < 1 + two; ++u)
+            for (int j = 0; j < nb; ++j) {
+                vf o = vload(num + u * NV * W + j * W) * inv[t + u];
+                long at = o0 + (t + u) * Dv + j * W;
+                if (bf) vstore_any(out, at, o, 1);
+                else vstore_stream((float *)out + at, o);
+            }
     }
 }
 
@@ -197,6 +204,7 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
                                float eps, float *S, float *z, void *out, long os, float *Ss,
                                long sb, float *zss, long zb, long block, float *work) {
     float *fq = work, *fk = fq + C * L, *vbuf = fk + C * L, *inv = vbuf + C * Dv;
+    float num[2 * NV * W];
     long R = C < REC_C ? C : REC_C;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
@@ -212,8 +220,8 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
             }
             for (long j0 = 0; j0 < Dv; j0 += NV * W) {
                 int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
-                rec_cols_any(nb, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
-                             n * os + t0 * Dv + j0, bf);
+                rec_cols(nb, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
+                         n * os + t0 * Dv + j0, bf, num);
             }
         }
     }
@@ -229,56 +237,6 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
  * products. The forward walk keeps S transposed (rows of L: S^T_j += v_tj phi(k_t) and
  * dphi(q_t) += dn_tj S^T_j, two tokens a pass as in the forward); the backward walk keeps G as
  * given (rows of Dv). */
-
-/* Tokens t, t + 1 (two) or t alone over the Dv rows of S^T (ST, rows of L, nb vectors of one
- * block of L columns): ST updated in place; acc1/acc2 (nb vectors each) += dn_t[j] ST_j. */
-static inline __attribute__((always_inline)) void rec_dq_tokens(int nb, int two, long L,
-                                                                long Dv, const float *fk1,
-                                                                const float *fk2,
-                                                                const float *v1,
-                                                                const float *v2,
-                                                                const float *dn1,
-                                                                const float *dn2, float *ST,
-                                                                float *d1, float *d2) {
-    vf k1[NV], k2[NV], a1[NV], a2[NV];
-    for (int c = 0; c < nb; ++c) {
-        k1[c] = vload(fk1 + c * W), a1[c] = a2[c] = vsplat(0.0f);
-        k2[c] = two ? vload(fk2 + c * W) : vsplat(0.0f);
-    }
-    for (long j = 0; j < Dv; ++j) {
-        vf vv1 = vsplat(v1[j]), nn1 = vsplat(dn1[j]);
-        vf vv2 = vsplat(two ? v2[j] : 0.0f), nn2 = vsplat(two ? dn2[j] : 0.0f);
-        float *Sj = ST + j * L;
-        for (int c = 0; c < nb; ++c) {
-            vf x = vload(Sj + c * W) + vv1 * k1[c];
-            a1[c] += nn1 * x;
-            if (two) {
-                x += vv2 * k2[c];
-                a2[c] += nn2 * x;
-            }
-            vstore(Sj + c * W, x);
-        }
-    }
-    for (int c = 0; c < nb; ++c) {
-        vstore(d1 + c * W, a1[c]);
-        if (two) vstore(d2 + c * W, a2[c]);
-    }
-}
-
-static void rec_dq_any(int nb, int two, long L, long Dv, const float *fk1, const float *fk2,
-                       const float *v1, const float *v2, const float *dn1, const float *dn2,
-                       float *ST, float *d1, float *d2) {
-    switch (nb * 2 + two) { /* blocks beyond this ISA's NV are constant-false, never asked for */
-#define R_(c, b)                                                                              \
-    case c * 2 + b:                                                                           \
-        if (c <= NV)                                                                          \
-            rec_dq_tokens(c <= NV ? c : NV, b, L, Dv, fk1, fk2, v1, v2, dn1, dn2, ST, d1, d2); \
-        break;
-        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
-#undef R_
-    default: break;
-    }
-}
 
 /* Token t of the backward walk over the rows of G (rows of Dv, nb vectors of one block of Dv
  * columns, offset to it): G_i += fq_i dn; dv (nb vectors, offset) = sum_i fk_i G_i; and into
@@ -356,9 +314,9 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
             }
             for (long c0 = 0; c0 < L; c0 += NV * W) {
                 int nb = (L - c0) / W < NV ? (int)((L - c0) / W) : NV;
-                rec_dq_any(nb, two, L, Dv, FK + t * L + c0, FK + (t + 1) * L + c0,
-                           vn + t * Dv, vn + (t + 1) * Dv, DN + t * Dv, DN + (t + 1) * Dv,
-                           ST + c0, d1 + c0, d2 + c0);
+                rank1_any(nb, two, Dv, L, vn + t * Dv, vn + (t + 1) * Dv, DN + t * Dv,
+                          DN + (t + 1) * Dv, FK + t * L + c0, FK + (t + 1) * L + c0, ST + c0,
+                          d1 + c0, d2 + c0);
             }
             grad_phi_row(kind, dq + n * dqs + t * L, d1, DS[t], zc, qn + t * L, FQ + t * L, L);
             if (two) {
