@@ -173,25 +173,50 @@ static void rank1_any(int nb, int two, long rows, long ld, const float *b1, cons
     }
 }
 
-/* The Cn tokens of a chunk over one block of nb column vectors, two a pass: S (rows of Dv,
- * offset to the block) updated in place, each token's numerator scaled by inv[t] into out
+/* Tokens t, t + 1 (two) or t alone over the rows of a block of nb column vectors: S (rows of
+ * Dv, offset to the block) updated in place, each token's numerator scaled by inv[t] into out
  * (rows of Dv from element o0, offset to the block; float32 or bfloat16 with bf). fq, fk: the
- * chunk's features (rows of L); vc: its values (rows of Dv, offset to the block); num: 2 NV W
- * floats of scratch. */
-static void rec_cols(int nb, long Cn, long L, long Dv, const float *fq, const float *fk,
-                     const float *vc, const float *inv, float *S, void *out, long o0, int bf,
-                     float *num) {
-    for (long t = 0; t < Cn; t += 2) {
-        int two = t + 1 < Cn;
-        rank1_any(nb, two, L, Dv, fk + t * L, fk + (t + 1) * L, fq + t * L, fq + (t + 1) * L,
-                  vc + t * Dv, vc + (t + 1) * Dv, S, num, num + NV * W);
-        for (int u = 0; u < 1 + two; ++u)
-            for (int j = 0; j < nb; ++j) {
-                vf o = vload(num + u * NV * W + j * W) * inv[t + u];
-                long at = o0 + (t + u) * Dv + j * W;
-                if (bf) vstore_any(out, at, o, 1);
-                else vstore_stream((float *)out + at, o);
-            }
+ * chunk's features (rows of L); vc: its values (rows of Dv, offset to the block). Inlined with
+ * constant sizes, so that the numerators stay in registers. */
+static inline __attribute__((always_inline)) void rec_tokens(int nb, int two, long t, long L,
+                                                             long Dv, const float *fq,
+                                                             const float *fk, const float *vc,
+                                                             const float *inv, float *S,
+                                                             void *out, long o0, int bf) {
+    float num[2][NV * W];
+    rank1_pass(nb, two, L, Dv, fk + t * L, fk + (t + 1) * L, fq + t * L, fq + (t + 1) * L,
+               vc + t * Dv, vc + (t + 1) * Dv, S, num[0], num[1]);
+    for (int u = 0; u < 1 + two; ++u)
+        for (int j = 0; j < nb; ++j) {
+            vf o = vload(num[u] + j * W) * inv[t + u];
+            long at = o0 + (t + u) * Dv + j * W;
+            if (bf) vstore_any(out, at, o, 1);
+            else vstore_stream((float *)out + at, o);
+        }
+}
+
+/* The Cn tokens of a chunk over one block of nb column vectors (rec_tokens' arguments). */
+static inline __attribute__((always_inline)) void rec_cols(int nb, long Cn, long L, long Dv,
+                                                           const float *fq, const float *fk,
+                                                           const float *vc, const float *inv,
+                                                           float *S, void *out, long o0,
+                                                           int bf) {
+    long t = 0;
+    for (; t + 2 <= Cn; t += 2) rec_tokens(nb, 1, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+    if (t < Cn) rec_tokens(nb, 0, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+}
+
+static void rec_cols_any(int nb, long Cn, long L, long Dv, const float *fq, const float *fk,
+                         const float *vc, const float *inv, float *S, void *out, long o0,
+                         int bf) {
+    switch (nb * 2 + bf) { /* blocks beyond this ISA's NV are constant-false, never asked for */
+#define R_(c, b)                                                                              \
+    case c * 2 + b:                                                                           \
+        if (c <= NV) rec_cols(c <= NV ? c : NV, Cn, L, Dv, fq, fk, vc, inv, S, out, o0, b);   \
+        break;
+        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
+#undef R_
+    default: break;
     }
 }
 
@@ -204,7 +229,6 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
                                float eps, float *S, float *z, void *out, long os, float *Ss,
                                long sb, float *zss, long zb, long block, float *work) {
     float *fq = work, *fk = fq + C * L, *vbuf = fk + C * L, *inv = vbuf + C * Dv;
-    float num[2 * NV * W];
     long R = C < REC_C ? C : REC_C;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
@@ -220,8 +244,8 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
             }
             for (long j0 = 0; j0 < Dv; j0 += NV * W) {
                 int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
-                rec_cols(nb, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
-                         n * os + t0 * Dv + j0, bf, num);
+                rec_cols_any(nb, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
+                             n * os + t0 * Dv + j0, bf);
             }
         }
     }
