@@ -3,12 +3,13 @@
 # the shared headers ops/native/common.h and tiles.h) in every vector form they can be built in, not only
 # the one -march=native picks on this machine:
 #   1. x86-64: compile as a shared library (as linattn._cbuild does) for AVX-512 (+bf16), AVX2,
-#      the SSE2 baseline, the scalar form (-DLA_W=1) and -march=native; -Wall, warnings shown,
-#      only errors fail.
+#      the SSE2 baseline, the scalar form (-DLA_W=1) and -march=native -fopenmp; -Wall, warnings
+#      shown, only errors fail. (OpenMP: the kernels' own splitting, la_parallel in common.h;
+#      the other forms build its one-thread fallback.)
 #   2. x86-64: build the harnesses tests/c/native_harness.c (the linear-attention kernels) and
 #      tests/c/delta_harness.c (the gated delta rule), each against a naive double reference, in
 #      each of those forms this CPU can run (avx512f/avx512_bf16/avx2 in /proc/cpuinfo) and
-#      -march=native under AddressSanitizer + UBSan, and run them. CROSS_ISA_FULL=1 adds widths
+#      -march=native -fopenmp under AddressSanitizer + UBSan, and run them. CROSS_ISA_FULL=1 adds widths
 #      forced wider than the ISA (-DLA_W=16 on AVX2, -DLA_W=8 on SSE2: legal, slow to build).
 #   3. aarch64: cross-compile the shared library (aarch64-linux-gnu-gcc -O3 -march=armv8-a, NEON
 #      and -DLA_W=1), and build the harness statically in both forms and run them under
@@ -113,7 +114,7 @@ X86_AVX512=(-O3 -mavx512f -mavx512bf16 -mavx512vl -mavx512bw -mfma)
 X86_AVX2=(-O3 -mavx2 -mfma)
 X86_SSE2=(-O3)
 X86_SCALAR=(-O3 -DLA_W=1)
-X86_NATIVE=(-O3 -march=native -fno-math-errno) # what linattn.ops.native builds first
+X86_NATIVE=(-O3 -march=native -fno-math-errno -fopenmp) # what linattn.ops.native builds first
 if [ "$(uname -m)" = x86_64 ]; then
     flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
     has() { grep -qw "$1" <<<"$flags"; }
@@ -129,7 +130,7 @@ if [ "$(uname -m)" = x86_64 ]; then
     [ $can_avx2 = 1 ] && queue exe avx2 "$CC" "${X86_AVX2[@]}"
     queue exe sse2 "$CC" "${X86_SSE2[@]}"
     queue exe scalar "$CC" "${X86_SCALAR[@]}"
-    queue exe native-asan-ubsan "$CC" -O1 -march=native -g -fno-omit-frame-pointer \
+    queue exe native-asan-ubsan "$CC" -O1 -march=native -fopenmp -g -fno-omit-frame-pointer \
         -fsanitize=address,undefined -fno-sanitize-recover=undefined
     if [ "${CROSS_ISA_FULL:-0}" = 1 ]; then
         [ $can_avx2 = 1 ] && queue exe avx2-w16 "$CC" "${X86_AVX2[@]}" -DLA_W=16 -Wno-psabi

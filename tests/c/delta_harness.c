@@ -582,7 +582,7 @@ static void forward_checks(void) {
         enum { SN = 4, SK = 20, SV = 32 };
         static float q[SN * SK], k[SN * SK], v[SN * SV], b[SN], g[SN], gk[SN * SK];
         static float S0[SN * SK * SV], S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV];
-        static float o2[SN * SV], wk[64 * (4 * SK + 3)];
+        static float o2[SN * SV], wk[3 * 64 * (4 * SK + 3)]; /* 3 threads' shares */
         for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
         gk[5] = -INFINITY;
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
@@ -590,7 +590,7 @@ static void forward_checks(void) {
         for (int i = 0; i < SN * SK * SV; ++i) S0[i] = uni(-0.3, 0.3);
         for (int G = 1; G <= 2; ++G) {
             const float *gkp = G == 2 ? gk : NULL;
-            int rc = la_gdr_step(q, k, v, b, g, gkp, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+            int rc = la_gdr_step(q, k, v, b, g, gkp, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
             rc |= gdr_forward(q, SK, SK, k, SK, SK, G, 0, v, SV, SV, b, 1, g, 1, gkp, SK, SK, SN,
                               1, SK, SV, 0, SV, 0.3f, 1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0,
                               wk);
@@ -606,26 +606,39 @@ static void forward_checks(void) {
             fwd_expect("step o", fwd_rel_err(o1, SV, oref, SN, SV), G == 1 ? "step G=1" : "step G=2 gk");
             fwd_expect("step S", fwd_rel_err(S1, SV, Sref, SN * SK, SV), G == 1 ? "step G=1" : "step G=2 gk");
             free(Sref), free(oref);
+            /* its heads in parts on 2 and 3 threads (la_parallel, OpenMP's threads where built
+             * with -fopenmp, else the calling one; with 3, parts of one head,
+             * starting inside a group at G = 2): each head runs the same code on the same
+             * inputs whichever thread takes it, so the results are the one-thread step's */
+            for (int th = 2; th <= 3; ++th) {
+                rc = la_gdr_step(q, k, v, b, g, gkp, SN, G, SK, SV, 0.3f, 1, S0, S2, o2, wk, th);
+                ++checks; /* (1: the other threads came late and took no part) */
+                if ((rc != 0 && rc != 1) || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
+                    ++failures;
+                    printf("FAIL: la_gdr_step on %d threads differs from one (G %d, rc %d)\n", th,
+                           G, rc);
+                }
+            }
         }
         /* the step's own value checks: a NaN beta is -2, a NaN or positive gate (scalar or
          * per-key) -3, and the outputs are not touched; a per-key -inf (a reset) is a gate */
         float nan = NAN, keep = S1[0];
         S1[0] = 12345.0f;
         b[1] = nan;
-        int bad_beta = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int bad_beta = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         b[1] = 0.5f;
         g[2] = 0.25f;
-        int pos_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int pos_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         g[2] = nan;
-        int nan_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int nan_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         g[2] = -0.5f;
         gk[SN * SK - 1] = 0.125f;
-        int pos_gk = la_gdr_step(q, k, v, b, g, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int pos_gk = la_gdr_step(q, k, v, b, g, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         gk[SN * SK - 1] = nan;
-        int nan_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk);
+        int nan_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         gk[SN * SK - 1] = -0.5f;
-        int no_gate = la_gdr_step(q, k, v, b, NULL, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S2, o2, wk);
-        int reset_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S2, o2, wk);
+        int no_gate = la_gdr_step(q, k, v, b, NULL, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S2, o2, wk, 1);
+        int reset_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S2, o2, wk, 1);
         ++checks;
         if (bad_beta != -2 || pos_gate != -3 || nan_gate != -3 || pos_gk != -3 || nan_gk != -3
             || no_gate != 0 || reset_gk != 0 || S1[0] != 12345.0f) {

@@ -5,6 +5,8 @@ by another process) is not waited for and makes the next small passes single-thr
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 
 import linattn
 from linattn.ops import dispatch, native
+from linattn.ops.delta import native as delta_native
 from linattn.ops.linear import native as linear_native
 from linattn.ops.linear import passes as linear_passes
 
@@ -315,3 +318,77 @@ def test_gate_and_beta_checks_reduce_on_the_calling_thread(torch_threads, monkey
     linattn.delta_rule(q, F.normalize(k, dim=-1), v, torch.rand(1, 2, 64), g)
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == 2
+
+
+# ----------------------------------------------------- the kernels' own splitting (la_parallel)
+def test_native_threads_policy(two_threads, monkeypatch):
+    m = native.NATIVE_PARALLEL_MIN
+    assert native.native_threads(m - 1, 16) == 1  # a few heads' step: not worth a thread
+    assert native.native_threads(2 * m, 16) == 2
+    assert native.native_threads(100 * m, 1) == 1  # one part
+    assert native.native_threads(10, 16, min_work=5) == 2
+    native.note_late()  # the other threads took no part: small calls back off
+    assert native.native_threads(2 * m, 16) == 1
+    assert native.native_threads(native.BACKOFF_WORK * m, 16) == 2
+    monkeypatch.setattr(native.threads, "_late_until", 0.0)
+    monkeypatch.setattr(native.threads, "_forked", True)  # a forked child: never
+    assert native.native_threads(1 << 40, 16) == 1
+
+
+def _gated_step_inputs(H: int, K: int = 64, V: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(2, H, K, generator=g), dim=-1)
+    k = F.normalize(torch.randn(2, H, K, generator=g), dim=-1)
+    v = torch.randn(2, H, V, generator=g)
+    beta = torch.rand(2, H, generator=g)
+    gate = -torch.rand(2, H, generator=g)
+    S = torch.randn(2, H, K, V, generator=g) * 0.1
+    return q, k, v, beta, gate, S
+
+
+@pytest.mark.skipif(delta_native.unavailable() is not None,
+                    reason="no compiled kernels here")
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_decoding_step_split_over_threads_is_the_one_thread_step(threads, torch_threads,
+                                                                   monkeypatch):
+    """Each head runs the same code whichever thread takes it (la_parallel's parts), so the
+    split step gives the one-thread step's values (compared within float32's rounding, not bit
+    for bit: the rule for results across thread counts)."""
+    q, k, v, beta, gate, S = _gated_step_inputs(H=24)
+    torch.set_num_threads(1)
+    o1, S1 = linattn.delta_rule_step(q, k, v, beta, S, g_t=gate)
+    torch.set_num_threads(threads)
+    monkeypatch.setattr(native.threads, "NATIVE_PARALLEL_MIN", 1)  # split even this
+    monkeypatch.setattr(native.threads, "_late_until", 0.0)
+    for _ in range(3):  # (the first call may find the other threads asleep)
+        o2, S2 = linattn.delta_rule_step(q, k, v, beta, S, g_t=gate)
+        tol = dict(rtol=4 * torch.finfo(torch.float32).eps, atol=4 * torch.finfo(torch.float32).eps)
+        torch.testing.assert_close(o2, o1, **tol)
+        torch.testing.assert_close(S2, S1, **tol)
+
+
+@pytest.mark.skipif(delta_native.unavailable() is not None,
+                    reason="no compiled kernels here")
+def test_a_decoding_step_in_a_forked_child_does_not_wait_for_the_parents_threads():
+    """GNU OpenMP's threads do not survive a fork: a parallel region in the child of a process
+    that ran one waits for them for ever. The kernels' splitting stays off in a forked child."""
+    code = (
+        "import os, torch, linattn\n"
+        "from linattn.ops import native\n"
+        "torch.set_num_threads(2)\n"
+        "native.threads.NATIVE_PARALLEL_MIN = 1\n"
+        "q = torch.nn.functional.normalize(torch.randn(1, 32, 64), dim=-1)\n"
+        "v, b, S = torch.randn(1, 32, 64), torch.rand(1, 32), torch.zeros(1, 32, 64, 64)\n"
+        "for _ in range(3):\n"
+        "    linattn.delta_rule_step(q, q, v, b, S)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    linattn.delta_rule_step(q, q, v, b, S)\n"
+        "    os._exit(7)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "7"

@@ -156,8 +156,29 @@ def test_refused_march_native_falls_back_to_the_baseline(
         warnings.simplefilter("error")
         lib = native.load()
     assert lib is not None and lib.la_width() >= 1
-    assert [("-march=native" in r) for r in runs(log)] == [True, False]
-    assert len(list(fresh.glob("native-*.failed"))) == 1
+    # with OpenMP, without it, then the baseline
+    assert [("-march=native" in r, "-fopenmp" in r) for r in runs(log)] == [
+        (True, True), (True, False), (False, False)]
+    assert len(list(fresh.glob("native-*.failed"))) == 2
+
+
+@needs_cc
+def test_a_compiler_without_openmp_builds_the_kernels_without_it(
+    fresh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """clang without libomp refuses -fopenmp: the same kernels, their splitting on one thread
+    (la_parallel's fallback), with no warning."""
+    log = fake_cc(tmp_path, monkeypatch,
+                  'case " $* " in *" -fopenmp "*)\n'
+                  "  echo \"clang: error: unsupported option '-fopenmp'\" >&2; exit 1;;\n"
+                  "esac\n"
+                  f'exec "{shutil.which(CC or "cc")}" "$@"')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lib = native.load()
+    assert lib is not None and lib.la_width() >= 1
+    assert [("-march=native" in r, "-fopenmp" in r) for r in runs(log)] == [
+        (True, True), (True, False)]
 
 
 @needs_cc

@@ -255,14 +255,38 @@ static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
 
 /* One decoding step of N value heads with contiguous rows (q, k (N / G, K): one q/k head per G
  * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL): la_gdr_forward with T = 1, in
- * fewer arguments. It also checks the step's values, which the Python side then need not (a
- * tensor reduction there costs more than this whole loop): returns -2 if a beta is NaN or
- * infinite, -3 if a log-gate (scalar or per-key) is NaN or positive, before anything is
- * written. */
+ * fewer arguments, its heads in parts on up to `threads` threads (la_parallel; work: threads x
+ * la_gdr_work(K) floats, a share per thread). It also checks the step's values, which the
+ * Python side then need not (a tensor reduction there costs more than this whole loop):
+ * returns -2 if a beta is NaN or infinite, -3 if a log-gate (scalar or per-key) is NaN or
+ * positive, before anything is written; else 0, or 1 when it was split and the other threads
+ * were late (la_parallel). */
+typedef struct {
+    const float *q, *k, *v, *beta, *g, *gk;
+    long N, G, K, V, per;
+    float scale;
+    int l2norm;
+    const float *S_in;
+    float *S_out, *o, *work;
+} gdr_step_job;
+
+static void gdr_step_part(void *ctx, long part, int slot) {
+    const gdr_step_job *j = ctx;
+    long K = j->K, V = j->V, G = j->G, n0 = part * j->per;
+    long n = j->N - n0 < j->per ? j->N - n0 : j->per;
+    /* value heads n0 .. n0 + n - 1: their first q/k head is n0 / G, n0 % G its place there */
+    gdr_forward_fn(j->q + n0 / G * K, K, K, j->k + n0 / G * K, K, K, G, n0 % G, j->v + n0 * V,
+                   V, V, j->beta + n0, 1, j->g ? j->g + n0 : NULL, 1,
+                   j->gk ? j->gk + n0 * K : NULL, K, K, n, 1, K, V, 0, V, j->scale, j->l2norm,
+                   j->S_in + n0 * K * V, j->S_out + n0 * K * V, j->o + n0 * V, V, V, NULL, 0,
+                   NULL, 0, 0, j->work + slot * la_gdr_work(K));
+}
+
 static int la_gdr_step(const float *q, const float *k, const float *v, const float *beta,
                        const float *g, const float *gk, long N, long G, long K, long V,
                        float scale, int l2norm, const float *S_in, float *S_out, float *o,
-                       float *work) {
+                       float *work, int threads) {
+    if (K < 1 || V % W || N < 0 || G < 1) return -1;
     for (long n = 0; n < N; ++n) {
         if (!(beta[n] - beta[n] == 0.0f)) return -2; /* nan or +-inf */
         if (g && !(g[n] <= 0.0f)) return -3;
@@ -270,8 +294,11 @@ static int la_gdr_step(const float *q, const float *k, const float *v, const flo
     if (gk)
         for (long i = 0; i < N * K; ++i)
             if (!(gk[i] <= 0.0f)) return -3;
-    return gdr_forward_fn(q, K, K, k, K, K, G, 0, v, V, V, beta, 1, g, 1, gk, K, K, N, 1, K, V,
-                          0, V, scale, l2norm, S_in, S_out, o, V, V, NULL, 0, NULL, 0, 0, work);
+    /* two parts a thread, taken one at a time: a thread that starts late takes fewer */
+    long parts = threads > 1 ? (N < 2L * threads ? N : 2L * threads) : 1;
+    gdr_step_job job = {q, k, v, beta, g, gk, N, G, K, V, parts ? (N + parts - 1) / parts : 0,
+                        scale, l2norm, S_in, S_out, o, work};
+    return N > 0 ? la_parallel(gdr_step_part, &job, (N + job.per - 1) / job.per, threads) : 0;
 }
 
 #include "kernels_backward.c" /* la_gdr_backward and its helpers */
@@ -306,11 +333,11 @@ int la_gdr_forward_call(const la_gdr_forward_args *a) {
     X(la_s, const float *, gk, 'p') X(la_s, long, N, 'l') X(la_s, long, G, 'l') \
     X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') X(la_s, int, l2norm, 'i') \
     X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, float *, o, 'p') \
-    X(la_s, float *, work, 'p')
+    X(la_s, float *, work, 'p') X(la_s, int, threads, 'i')
 LA_ARGS(la_gdr_step_args, LA_GDR_STEP_ARGS)
 int la_gdr_step_call(const la_gdr_step_args *a) {
     return (int)la_gdr_step(a->q, a->k, a->v, a->beta, a->g, a->gk, a->N, a->G, a->K, a->V,
-            a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->work);
+            a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->work, a->threads);
 }
 
 #define LA_GDR_BACKWARD_ARGS(X, la_s) \

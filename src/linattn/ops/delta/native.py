@@ -61,6 +61,8 @@ from linattn.ops.native import (
     float32_rows,
     head_jobs,
     is_small,
+    native_threads,
+    note_late,
     run_jobs,
     scratch,
     threads_for,
@@ -470,30 +472,23 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
     (g may be None), gk (..., HV, K) or None, S_in (..., HV, K, V) read, S_out (same shape; may
     be S_in: the update in place) and o (..., HV, V) written. Returns the kernel's code: 0, or
     -2 (a nan or infinite β) or -3 (a nan or positive gate, scalar or per-key) with nothing
-    written. A large
-    batch runs in parts on threads (:func:`linattn.ops.native.threads_for`); a decoding step of
-    a model runs here, on the calling thread."""
+    written. The kernel splits its heads over its own threads from
+    :data:`linattn.ops.native.NATIVE_PARALLEL_MIN` state elements
+    (:func:`linattn.ops.native.native_threads`)."""
     K, V = S_in.shape[-2], S_in.shape[-1]
     N = beta.numel()
     NQ = q.numel() // K
-    G = N // NQ if NQ else 1
-    if threads_for(N * K * V, N, PARALLEL_MIN) > 1:
-        # la_gdr_forward checks no values: a reduction is cheap at this size
-        if not bool(beta.isfinite().all()):
-            return -2
-        if g is not None and not bool((g <= 0).all()):
-            return -3
-        if gk is not None and not bool((gk <= 0).all()):
-            return -3
-        _forward(fns, q.view(NQ, 1, K), k.view(NQ, 1, K), v.view(N, 1, V), beta.view(N, 1),
-                 None if g is None else g.view(N, 1), scale, l2norm, S_in.view(N, K, V),
-                 S_out.view(N, K, V), o.view(N, 1, V), gk=None if gk is None else gk.view(N, 1, K))
-        return 0
-    return fns["gdr_step"](
+    threads = native_threads(N * K * V, N)
+    rc = fns["gdr_step"](
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), beta=beta.data_ptr(),
         g=None if g is None else g.data_ptr(), gk=None if gk is None else gk.data_ptr(), N=N,
-        G=G, K=K, V=V, scale=scale, l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(),
-        S_out=S_out.data_ptr(), o=o.data_ptr(), work=_work(fns, K).data_ptr())
+        G=N // NQ if NQ else 1, K=K, V=V, scale=scale, l2norm=1 if l2norm else 0,
+        S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
+        work=scratch(fns["work"](K) * threads).data_ptr(), threads=threads)
+    if rc == 1:  # done, but the other threads were late
+        note_late()
+        return 0
+    return rc
 
 
 def _check_step_values(beta_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None = None) -> None:

@@ -157,7 +157,10 @@ def load(isa: str = "native") -> ctypes.CDLL | None:
 
 def flag_sets(isa: str) -> list[list[str]]:
     """The compiler flags :func:`load` tries for ``isa``, in order."""
-    tries = [["-O3", "-fno-math-errno", *ISA_FLAGS[_check_isa(isa)]]]
+    first = ["-O3", "-fno-math-errno", *ISA_FLAGS[_check_isa(isa)]]
+    # OpenMP where the compiler has it (the kernels' own splitting, la_parallel in common.h);
+    # a compiler without it (clang lacking libomp) builds the same kernels on one thread
+    tries = [[*first, "-fopenmp"], first]
     if isa == "native":
         tries.append(["-O3"])  # a compiler that refuses -march=native
     return tries

@@ -419,6 +419,60 @@ static inline void stream_fence(void) {
 #endif
 }
 
+/* ------------------------------------------------------------------ threads
+ * la_parallel(fn, ctx, parts, threads): fn(ctx, part, slot) for every part 0 .. parts-1, on at
+ * most `threads` threads, the calling one included; slot names the thread running the part (0
+ * the calling thread), for per-thread scratch. Returns 1 when the other threads took no part
+ * although there were enough for each (they were late: asleep, or their cores taken by another
+ * process), else 0; the Python side then keeps such calls on one thread for a while
+ * (linattn.ops.native.native_threads).
+ *
+ * The threads are OpenMP's, in a build with -fopenmp (linattn.ops.native tries it first):
+ * the runtime torch loaded (its wheels ship libgomp.so.1, whose name this library's need
+ * matches), so these kernels share torch's worker threads, which watch for work for a while
+ * after each parallel operation, instead of waking threads of their own: a hand-over costs
+ * ~1-2 us, where handing a part to a Python thread pool costs 20-60 us, more than a decoding
+ * step's whole kernel (~7 us at H = 16, K = V = 64). Parts are taken one at a time, the
+ * calling thread from the front and the others from the back: in a loop of calls each thread
+ * keeps the same parts (their data stays in its core's cache) when all run, and a thread
+ * that starts late finds fewer. Without OpenMP every part runs on the calling thread. */
+typedef void (*la_part_fn)(void *ctx, long part, int slot);
+
+#ifdef _OPENMP
+#include <omp.h>
+
+static int la_parallel(la_part_fn fn, void *ctx, long parts, int threads) {
+    if ((long)threads > parts) threads = (int)parts;
+    if (threads <= 1) {
+        for (long p = 0; p < parts; ++p) fn(ctx, p, 0);
+        return 0;
+    }
+    long lo = 0, hi = parts, helped = 0; /* parts not yet taken: [lo, hi) */
+#pragma omp parallel num_threads(threads) shared(lo, hi, helped)
+    {
+        int slot = omp_get_thread_num();
+        for (;;) {
+            long p;
+#pragma omp critical(la_take)
+            p = lo >= hi ? -1 : slot ? --hi : lo++;
+            if (p < 0) break;
+            fn(ctx, p, slot);
+            if (slot) {
+#pragma omp atomic
+                helped++;
+            }
+        }
+    }
+    return helped == 0;
+}
+#else
+static int la_parallel(la_part_fn fn, void *ctx, long parts, int threads) {
+    (void)threads;
+    for (long p = 0; p < parts; ++p) fn(ctx, p, 0);
+    return 0;
+}
+#endif
+
 /* ------------------------------------------------------------------ the Python boundary
  * Every kernel that Python calls takes ONE argument struct (`la_<kernel>_args`) through an entry
  * point `la_<kernel>_call(const la_<kernel>_args *)`. Each struct is declared once, as a field

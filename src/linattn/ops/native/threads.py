@@ -77,6 +77,53 @@ def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
     return max(1, min(n, parts, work // max(min_work, 1)))
 
 
+#: The work below which a kernel that splits itself (``la_parallel`` in common.h: on torch's
+#: own OpenMP threads, which watch for work for a while after each parallel operation, so a
+#: hand-over costs ~1-2 µs where the Python pool's costs 20-60 µs: why :data:`PARALLEL_MIN`
+#: is 32 times larger) stays on the calling thread: a part is worth a thread from about 2^15
+#: state-element updates (~2 µs of kernel), measured with the decoding step of
+#: benchmarks/peers/ggml_gated_delta.py (docs/bench-recurrences.md).
+NATIVE_PARALLEL_MIN = 1 << 15
+
+#: Set in a forked child: GNU OpenMP's threads do not survive a fork (a parallel region in a
+#: child of a process that ran one waits for them for ever), so the kernels' own splitting
+#: stays off there. (torch's operations in such a child hang the same way at 2 threads.)
+_forked = False
+
+
+def _note_fork() -> None:
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_note_fork)
+
+
+def native_threads(work: int, parts: int, min_work: int | None = None) -> int:
+    """How many threads (the calling one included) a kernel that splits itself
+    (``la_parallel``) should use for ``work`` units in at most ``parts`` parts: 1 below
+    ``min_work`` (default :data:`NATIVE_PARALLEL_MIN`), in a forked child, and below
+    ``BACKOFF_WORK · min_work`` for ``BACKOFF_S`` after the other threads were late (the
+    kernel says so: :func:`note_late`); else at most torch's thread count, the parts, and one
+    thread per ``min_work``."""
+    n = torch_threads()
+    least = NATIVE_PARALLEL_MIN if min_work is None else min_work
+    if n <= 1 or parts <= 1 or work < least or _forked:
+        return 1
+    if work < BACKOFF_WORK * least and time.monotonic() < _late_until:
+        return 1
+    return min(n, parts, work // least)
+
+
+def note_late() -> None:
+    """A call split over threads ran on the calling thread alone: the others were late (asleep,
+    or their cores taken by another process). Small calls stay on one thread for
+    ``BACKOFF_S``, as after a late helper of :func:`run_parts`."""
+    global _late_until
+    _late_until = time.monotonic() + BACKOFF_S
+
+
 # Torch's thread count is not one for the process. With its OpenMP backend (the wheels' on
 # Linux, macOS and Windows), torch.set_num_threads(n) sets the calling thread's OpenMP count
 # (omp_set_num_threads: a per-thread setting) and a default that every other thread copies
