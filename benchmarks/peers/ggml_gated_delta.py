@@ -14,7 +14,9 @@ What is compared (B=1, H=16, K=V=64, float32; ``--heads``, ``--dim``, ``--tokens
   thread dispatch — OpenMP in a default build, as llama.cpp's — and the op), no graph building,
   no copies in or out.
 * linattn direct: :func:`linattn.delta_rule_step` (decode) and :func:`linattn.delta_rule`
-  (prefill), head-first (B, H, T, K) tensors, state (B, H, K, V).
+  (prefill), head-first (B, H, T, K) tensors, state (B, H, K, V); for decode also with
+  ``inplace=True`` (the new state written into the one given: what a decoder keeps, and like
+  ggml's reused graph, no memory allocated for it per call).
 * linattn's fla front door: :func:`linattn.fla.fused_recurrent_gated_delta_rule` (decode) and
   :func:`linattn.fla.chunk_gated_delta_rule` (prefill) in fla's (B, T, H, K) layout, fla's
   default state layout (B, H, K, V).
@@ -323,10 +325,14 @@ def bench(gg: Ggml, B: int, T: int, H: int, K: int, threads: int, decode_rounds:
         one = [x[:, :1].contiguous() for x in (q, k, v, g, beta)]
         net1.load(q=one[0], k=one[1], v=one[2], g=one[3], beta=one[4], state=s0_vk)
         qt, kt, vt, bt, gt = (x[:, 0].contiguous() for x in (q, k, v, beta, g))
+        s_kept = s0.clone()  # the state a decoder keeps, updated in place (evolving, bounded)
         out["decode"] = interleaved({
             "ggml": net1.compute,
             "linattn": lambda: linattn.delta_rule_step(qt, kt, vt, bt, s0, g_t=gt, scale=scale,
                                                        qk_l2norm=False),
+            "in place": lambda: linattn.delta_rule_step(qt, kt, vt, bt, s_kept, g_t=gt,
+                                                        scale=scale, qk_l2norm=False,
+                                                        inplace=True),
             "front door": lambda: fla.fused_recurrent_gated_delta_rule(
                 one[0], one[1], one[2], g=one[3], beta=one[4], scale=scale,
                 initial_state=s0, output_final_state=True),
@@ -353,8 +359,9 @@ def table(results: dict[int, dict], B: int, T: int, H: int, K: int, cpu: str,
              f"{decode_rounds} (decode) and {prefill_rounds} (prefill) interleaved rounds. "
              "ggml: the op's graph compute only (graph built once, reused).", "",
              "| operation | threads | ggml op, ms | linattn direct, ms | linattn / ggml | "
-             "fla front door, ms | front door / direct |",
-             "|---|--:|--:|--:|--:|--:|--:|"]
+             "fla front door, ms | front door / direct | direct in place, ms | "
+             "in place / ggml |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     names = {"decode": ("decode step (T=1 from a state)", "delta_rule_step",
                         "fused_recurrent_gated_delta_rule"),
              "prefill": (f"prefill {T:,} tokens from a state", "delta_rule",
@@ -367,7 +374,9 @@ def table(results: dict[int, dict], B: int, T: int, H: int, K: int, cpu: str,
             lines.append(f"| {label}: ggml / `{direct}` / `{door}` | {n} | "
                          f"{m['ggml']:.{digits}f} | {m['linattn']:.{digits}f} | "
                          f"{m['linattn'] / m['ggml']:.2f} | {m['front door']:.{digits}f} | "
-                         f"{m['front door'] / m['linattn']:.2f} |")
+                         f"{m['front door'] / m['linattn']:.2f} | " + (
+                             f"{m['in place']:.3f} | {m['in place'] / m['ggml']:.2f} |"
+                             if "in place" in m else "— | — |"))
     return "\n".join(lines)
 
 

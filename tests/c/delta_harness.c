@@ -583,6 +583,8 @@ static void forward_checks(void) {
         static float q[SN * SK], k[SN * SK], v[SN * SV], b[SN], g[SN], gk[SN * SK];
         static float S0[SN * SK * SV], S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV];
         static float o2[SN * SV], wk[3 * 64 * (4 * SK + 3)]; /* 3 threads' shares */
+        /* two threads' shares and the widened rows (la_gdr_step_work) */
+        static float wk16[2 * 64 * (4 * SK + 3) + 2 * SN * SK + 2 * SN * SV + 2 * SN + SN * SK];
         for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
         gk[5] = -INFINITY;
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
@@ -590,7 +592,7 @@ static void forward_checks(void) {
         for (int i = 0; i < SN * SK * SV; ++i) S0[i] = uni(-0.3, 0.3);
         for (int G = 1; G <= 2; ++G) {
             const float *gkp = G == 2 ? gk : NULL;
-            int rc = la_gdr_step(q, k, v, b, g, gkp, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
+            int rc = la_gdr_step(q, k, v, b, g, gkp, LA_F32, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
             rc |= gdr_forward(q, SK, SK, k, SK, SK, G, 0, v, SV, SV, b, 1, g, 1, gkp, SK, SK, SN,
                               1, SK, SV, 0, SV, 0.3f, 1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0,
                               wk);
@@ -610,8 +612,41 @@ static void forward_checks(void) {
              * with -fopenmp, else the calling one; with 3, parts of one head,
              * starting inside a group at G = 2): each head runs the same code on the same
              * inputs whichever thread takes it, so the results are the one-thread step's */
+            /* bfloat16 and float16 rows: read as float32 (exact), o rounded once, so the
+             * float32 step on the rounded inputs with its o rounded the same way */
+            for (int dt = LA_BF16; dt <= LA_F16; ++dt) {
+                static unsigned short q16[SN * SK], k16[SN * SK], v16[SN * SV], b16[SN], g16[SN];
+                static unsigned short gk16[SN * SK], o16[SN * SV];
+                static float qr[SN * SK], kr[SN * SK], vr[SN * SV], br[SN], gr[SN], gkr[SN * SK];
+                const float *src[] = {q, k, v, b, g, gk};
+                unsigned short *half[] = {q16, k16, v16, b16, g16, gk16};
+                float *back[] = {qr, kr, vr, br, gr, gkr};
+                const long len[] = {SN * SK, SN * SK, SN * SV, SN, SN, SN * SK};
+                for (int a = 0; a < 6; ++a)
+                    for (long i = 0; i < len[a]; ++i) {
+                        store_dt(half[a], i, src[a][i], dt);
+                        back[a][i] = load_dt(half[a], i, dt);
+                    }
+                rc = la_gdr_step(qr, kr, vr, br, gr, G == 2 ? gkr : NULL, LA_F32, SN, G, SK, SV,
+                                 0.3f, 1, S0, S1, o1, wk, 1);
+                rc |= la_gdr_step(q16, k16, v16, b16, g16, G == 2 ? gk16 : NULL, dt, SN, G, SK,
+                                  SV, 0.3f, 1, S0, S2, o16, wk16, 2);
+                int same = rc == 0 || rc == 1;
+                for (long i = 0; i < SN * SV; ++i) {
+                    unsigned short want;
+                    store_dt(&want, 0, o1[i], dt);
+                    same &= want == o16[i];
+                }
+                ++checks;
+                if (!same || memcmp(S1, S2, sizeof S1)) {
+                    ++failures;
+                    printf("FAIL: la_gdr_step in dtype %d is not the float32 step on its values "
+                           "(G %d, rc %d)\n", dt, G, rc);
+                }
+            }
+            rc = la_gdr_step(q, k, v, b, g, gkp, LA_F32, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
             for (int th = 2; th <= 3; ++th) {
-                rc = la_gdr_step(q, k, v, b, g, gkp, SN, G, SK, SV, 0.3f, 1, S0, S2, o2, wk, th);
+                rc = la_gdr_step(q, k, v, b, g, gkp, LA_F32, SN, G, SK, SV, 0.3f, 1, S0, S2, o2, wk, th);
                 ++checks; /* (1: the other threads came late and took no part) */
                 if ((rc != 0 && rc != 1) || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
                     ++failures;
@@ -625,20 +660,20 @@ static void forward_checks(void) {
         float nan = NAN, keep = S1[0];
         S1[0] = 12345.0f;
         b[1] = nan;
-        int bad_beta = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
+        int bad_beta = la_gdr_step(q, k, v, b, g, NULL, LA_F32, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         b[1] = 0.5f;
         g[2] = 0.25f;
-        int pos_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
+        int pos_gate = la_gdr_step(q, k, v, b, g, NULL, LA_F32, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         g[2] = nan;
-        int nan_gate = la_gdr_step(q, k, v, b, g, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
+        int nan_gate = la_gdr_step(q, k, v, b, g, NULL, LA_F32, SN, 1, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         g[2] = -0.5f;
         gk[SN * SK - 1] = 0.125f;
-        int pos_gk = la_gdr_step(q, k, v, b, g, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
+        int pos_gk = la_gdr_step(q, k, v, b, g, gk, LA_F32, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         gk[SN * SK - 1] = nan;
-        int nan_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
+        int nan_gk = la_gdr_step(q, k, v, b, NULL, gk, LA_F32, SN, 2, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
         gk[SN * SK - 1] = -0.5f;
-        int no_gate = la_gdr_step(q, k, v, b, NULL, NULL, SN, 1, SK, SV, 0.3f, 1, S0, S2, o2, wk, 1);
-        int reset_gk = la_gdr_step(q, k, v, b, NULL, gk, SN, 2, SK, SV, 0.3f, 1, S0, S2, o2, wk, 1);
+        int no_gate = la_gdr_step(q, k, v, b, NULL, NULL, LA_F32, SN, 1, SK, SV, 0.3f, 1, S0, S2, o2, wk, 1);
+        int reset_gk = la_gdr_step(q, k, v, b, NULL, gk, LA_F32, SN, 2, SK, SV, 0.3f, 1, S0, S2, o2, wk, 1);
         ++checks;
         if (bad_beta != -2 || pos_gate != -3 || nan_gate != -3 || pos_gk != -3 || nan_gk != -3
             || no_gate != 0 || reset_gk != 0 || S1[0] != 12345.0f) {

@@ -263,9 +263,8 @@ def test_checks_still_guard_the_compiled_path(native_calls):
 
 @pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")])
 def test_a_step_on_threads_refuses_non_finite_beta(bad):
-    """A batch of steps large enough to run on threads (where torch has several) skips the
-    kernel's own β check (la_gdr_forward checks no values): its Python check refuses nan and
-    ±inf alike (test_fla_decode.py covers the step's kernel)."""
+    """A batch of steps large enough to run on threads (where torch has several): the kernel
+    checks β before it splits the heads, and refuses nan and ±inf alike."""
     big = 4096  # heads: past the threads' threshold on any core count
     q, k, v = (torch.randn(big, 16) for _ in range(3))
     beta = torch.rand(big)
@@ -374,3 +373,39 @@ def test_parts_run_on_every_thread_and_errors_surface():
     assert sorted(done) == list(range(12))
     assert native.head_jobs(1, 64, 4) == [(0, 1, 0, 16), (0, 1, 16, 32), (0, 1, 32, 48),
                                           (0, 1, 48, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gates", ["g", "gk", "none"])
+def test_a_16_bit_step_is_the_float32_step_on_its_values(native_calls, dtype, gates,
+                                                         monkeypatch):
+    """q, k, v, β and the gates in bfloat16 / float16 (the state float32, as fla keeps it): the
+    kernel reads them as float32 (exact) and rounds o once, so the step equals the float32 step
+    on the same values with its o rounded to the dtype, within one rounding of the dtype (never
+    bit for bit: a different build may contract the multiply-adds differently)."""
+    H, K, V = 6, 32, 48
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.nn.functional.normalize(torch.randn(2, H, K, generator=gen), dim=-1)
+            for _ in range(2))
+    v = torch.randn(2, H, V, generator=gen)
+    beta = torch.rand(2, H, generator=gen)
+    g = -torch.rand(2, H, generator=gen) if gates == "g" else None
+    gk = -torch.rand(2, H, K, generator=gen) if gates == "gk" else None
+    S = torch.randn(2, H, K, V, generator=gen) * 0.1
+    low = [None if x is None else x.to(dtype) for x in (q, k, v, beta, g, gk)]
+    with monkeypatch.context() as m:  # the lean path: no widened copies, no general checks
+        m.setattr(delta_native, "delta_rule_step_native", None)
+        o, S_new = delta_rule_step(*low[:4], S, g_t=low[4], gk_t=low[5])
+    assert native_calls["step"] == 1
+    wide = [None if x is None else x.float() for x in low]
+    o32, S32 = delta_rule_step(*wide[:4], S, g_t=wide[4], gk_t=wide[5])
+    assert o.dtype == dtype and S_new.dtype == torch.float32
+    eps32, eps = torch.finfo(torch.float32).eps, torch.finfo(dtype).eps
+    torch.testing.assert_close(S_new, S32, rtol=8 * eps32, atol=8 * eps32)
+    torch.testing.assert_close(o.float(), o32, rtol=eps, atol=eps * o32.abs().max().item())
+    # and in place, as a decoder keeps its state
+    S_kept = S.clone()
+    o_in, S_in = delta_rule_step(*low[:4], S_kept, g_t=low[4], gk_t=low[5], inplace=True)
+    assert S_in is S_kept
+    torch.testing.assert_close(S_in, S32, rtol=8 * eps32, atol=8 * eps32)
+    torch.testing.assert_close(o_in, o)

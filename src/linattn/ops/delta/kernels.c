@@ -254,20 +254,29 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
 static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
 
 /* One decoding step of N value heads with contiguous rows (q, k (N / G, K): one q/k head per G
- * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL): la_gdr_forward with T = 1, in
- * fewer arguments, its heads in parts on up to `threads` threads (la_parallel; work: threads x
- * la_gdr_work(K) floats, a share per thread). It also checks the step's values, which the
- * Python side then need not (a tensor reduction there costs more than this whole loop):
- * returns -2 if a beta is NaN or infinite, -3 if a log-gate (scalar or per-key) is NaN or
- * positive, before anything is written; else 0, or 1 when it was split and the other threads
- * were late (la_parallel). */
+ * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL), all of dtype dt (LA_F32,
+ * LA_BF16, LA_F16; the state is float32): la_gdr_forward with T = 1, in fewer arguments, its
+ * heads in parts on up to `threads` threads (la_parallel). Other dtypes are read into float32
+ * rows first (exact) and o rounded once at the end: the float32 step on the widened inputs.
+ * work: la_gdr_step_work(N, G, K, V, threads, dt) floats. It also checks the step's values,
+ * which the Python side then need not (a tensor reduction there costs more than this whole
+ * loop): returns -2 if a beta is NaN or infinite, -3 if a log-gate (scalar or per-key) is NaN
+ * or positive, before anything is written; else 0, or 1 when it was split and the other
+ * threads were late (la_parallel). */
+long la_gdr_step_work(long N, long G, long K, long V, int threads, int dt) {
+    long NQ = G > 0 ? N / G : N;
+    long widened = dt == LA_F32 ? 0 : 2 * NQ * K + 2 * N * V + 2 * N + N * K;
+    return (threads > 1 ? threads : 1) * la_gdr_work(K) + widened;
+}
+
 typedef struct {
     const float *q, *k, *v, *beta, *g, *gk;
     long N, G, K, V, per;
     float scale;
-    int l2norm;
+    int l2norm, dt;
     const float *S_in;
     float *S_out, *o, *work;
+    void *o_dt; /* o in dt, where dt is not LA_F32 (o is then float32 scratch) */
 } gdr_step_job;
 
 static void gdr_step_part(void *ctx, long part, int slot) {
@@ -280,24 +289,46 @@ static void gdr_step_part(void *ctx, long part, int slot) {
                    j->gk ? j->gk + n0 * K : NULL, K, K, n, 1, K, V, 0, V, j->scale, j->l2norm,
                    j->S_in + n0 * K * V, j->S_out + n0 * K * V, j->o + n0 * V, V, V, NULL, 0,
                    NULL, 0, 0, j->work + slot * la_gdr_work(K));
+    if (j->o_dt)
+        for (long i = n0 * V; i < (n0 + n) * V; i += W) vstore_dt(j->o_dt, i, vload(j->o + i), j->dt);
 }
 
-static int la_gdr_step(const float *q, const float *k, const float *v, const float *beta,
-                       const float *g, const float *gk, long N, long G, long K, long V,
-                       float scale, int l2norm, const float *S_in, float *S_out, float *o,
+/* n elements of dtype dt at src as float32 at dst (exact for the 16-bit types) */
+static const float *widened(float *dst, const void *src, long n, int dt) {
+    long i = 0;
+    for (; i + W <= n; i += W) vstore(dst + i, vload_dt(src, i, dt));
+    for (; i < n; ++i) dst[i] = load_dt(src, i, dt);
+    return dst;
+}
+
+static int la_gdr_step(const void *q, const void *k, const void *v, const void *beta,
+                       const void *g, const void *gk, int dt, long N, long G, long K, long V,
+                       float scale, int l2norm, const float *S_in, float *S_out, void *o,
                        float *work, int threads) {
-    if (K < 1 || V % W || N < 0 || G < 1) return -1;
-    for (long n = 0; n < N; ++n) {
-        if (!(beta[n] - beta[n] == 0.0f)) return -2; /* nan or +-inf */
-        if (g && !(g[n] <= 0.0f)) return -3;
+    if (K < 1 || V % W || N < 0 || G < 1 || dt < LA_F32 || dt > LA_F16) return -1;
+    gdr_step_job job = {q, k, v, beta, g, gk, N, G, K, V, 0, scale, l2norm, dt, S_in, S_out, o,
+                        work, NULL};
+    if (dt != LA_F32) { /* the inputs widened behind the threads' shares of work */
+        long NQ = N / G;
+        float *f = work + (threads > 1 ? threads : 1) * la_gdr_work(K);
+        job.q = widened(f, q, NQ * K, dt), f += NQ * K;
+        job.k = widened(f, k, NQ * K, dt), f += NQ * K;
+        job.v = widened(f, v, N * V, dt), f += N * V;
+        job.beta = widened(f, beta, N, dt), f += N;
+        job.g = g ? widened(f, g, N, dt) : NULL, f += N;
+        job.gk = gk ? widened(f, gk, N * K, dt) : NULL, f += N * K;
+        job.o = f, job.o_dt = o;
     }
-    if (gk)
+    for (long n = 0; n < N; ++n) {
+        if (!(job.beta[n] - job.beta[n] == 0.0f)) return -2; /* nan or +-inf */
+        if (job.g && !(job.g[n] <= 0.0f)) return -3;
+    }
+    if (job.gk)
         for (long i = 0; i < N * K; ++i)
-            if (!(gk[i] <= 0.0f)) return -3;
+            if (!(job.gk[i] <= 0.0f)) return -3;
     /* two parts a thread, taken one at a time: a thread that starts late takes fewer */
     long parts = threads > 1 ? (N < 2L * threads ? N : 2L * threads) : 1;
-    gdr_step_job job = {q, k, v, beta, g, gk, N, G, K, V, parts ? (N + parts - 1) / parts : 0,
-                        scale, l2norm, S_in, S_out, o, work};
+    job.per = parts ? (N + parts - 1) / parts : 0;
     return N > 0 ? la_parallel(gdr_step_part, &job, (N + job.per - 1) / job.per, threads) : 0;
 }
 
@@ -328,15 +359,15 @@ int la_gdr_forward_call(const la_gdr_forward_args *a) {
 }
 
 #define LA_GDR_STEP_ARGS(X, la_s) \
-    X(la_s, const float *, q, 'p') X(la_s, const float *, k, 'p') X(la_s, const float *, v, 'p') \
-    X(la_s, const float *, beta, 'p') X(la_s, const float *, g, 'p') \
-    X(la_s, const float *, gk, 'p') X(la_s, long, N, 'l') X(la_s, long, G, 'l') \
-    X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') X(la_s, int, l2norm, 'i') \
-    X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, float *, o, 'p') \
-    X(la_s, float *, work, 'p') X(la_s, int, threads, 'i')
+    X(la_s, const void *, q, 'p') X(la_s, const void *, k, 'p') X(la_s, const void *, v, 'p') \
+    X(la_s, const void *, beta, 'p') X(la_s, const void *, g, 'p') \
+    X(la_s, const void *, gk, 'p') X(la_s, int, dt, 'i') X(la_s, long, N, 'l') \
+    X(la_s, long, G, 'l') X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') \
+    X(la_s, int, l2norm, 'i') X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') \
+    X(la_s, void *, o, 'p') X(la_s, float *, work, 'p') X(la_s, int, threads, 'i')
 LA_ARGS(la_gdr_step_args, LA_GDR_STEP_ARGS)
 int la_gdr_step_call(const la_gdr_step_args *a) {
-    return (int)la_gdr_step(a->q, a->k, a->v, a->beta, a->g, a->gk, a->N, a->G, a->K, a->V,
+    return (int)la_gdr_step(a->q, a->k, a->v, a->beta, a->g, a->gk, a->dt, a->N, a->G, a->K, a->V,
             a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->work, a->threads);
 }
 

@@ -44,7 +44,7 @@ kernel directly (the op dispatcher's ~8 µs would be a quarter of a decoding ste
 from __future__ import annotations
 
 import math
-from ctypes import c_long
+from ctypes import c_int, c_long
 
 import torch
 from torch import Tensor
@@ -54,6 +54,7 @@ from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.gated.chunk import check_gate
 from linattn.ops.native import (
+    DTYPE_CODES,
     KernelSet,
     build_or_native,
     check_rc,
@@ -94,10 +95,13 @@ def _work_size(lib) -> dict:
     lib.la_gdr_backward_work.restype = c_long
     lib.la_gdr_backward_work.argtypes = [c_long, c_long]
     lib.la_gdr_chunk.restype, lib.la_gdr_chunk.argtypes = c_long, []
+    lib.la_gdr_step_work.restype = c_long
+    lib.la_gdr_step_work.argtypes = [c_long, c_long, c_long, c_long, c_int, c_int]
     if lib.la_gdr_chunk() != CHECKPOINT:
         raise LayoutError(f"la_gdr_chunk() is {lib.la_gdr_chunk()}, not CHECKPOINT = "
                           f"{CHECKPOINT}")
-    return {"work": lib.la_gdr_work, "backward_work": lib.la_gdr_backward_work}
+    return {"work": lib.la_gdr_work, "backward_work": lib.la_gdr_backward_work,
+            "step_work": lib.la_gdr_step_work}
 
 
 _KERNELS = KernelSet("la_delta_abi", extra=_work_size)
@@ -464,27 +468,46 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
     return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
 
 
+_STEP_WORK: dict[tuple, tuple[dict, int]] = {}
+
+
+def _step_work(fns: dict, N: int, G: int, K: int, V: int, threads: int, dt: int) -> int:
+    """la_gdr_step_work of this build, asked once per shape (a ctypes call is ~0.3 µs of a
+    ~20 µs step). Keyed by the build's kernels (held here, so that their id is never another
+    build's: the widths differ)."""
+    key = (id(fns), N, G, K, V, threads, dt)
+    held = _STEP_WORK.get(key)
+    if held is None:
+        if len(_STEP_WORK) > 256:
+            _STEP_WORK.clear()
+        held = _STEP_WORK[key] = (fns, fns["step_work"](N, G, K, V, threads, dt))
+    return held[1]
+
+
 def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
               S_in: Tensor, S_out: Tensor, o: Tensor, scale: float, l2norm: bool,
               gk: Tensor | None = None) -> int:
-    """One compiled decoding step on contiguous float32 tensors: q, k (..., H, K), v
-    (..., HV, V) with HV = G·H value heads (value head n reads q/k row n // G), beta, g (..., HV)
-    (g may be None), gk (..., HV, K) or None, S_in (..., HV, K, V) read, S_out (same shape; may
-    be S_in: the update in place) and o (..., HV, V) written. Returns the kernel's code: 0, or
-    -2 (a nan or infinite β) or -3 (a nan or positive gate, scalar or per-key) with nothing
-    written. The kernel splits its heads over its own threads from
-    :data:`linattn.ops.native.NATIVE_PARALLEL_MIN` state elements
+    """One compiled decoding step on contiguous tensors: q, k (..., H, K), v (..., HV, V) with
+    HV = G·H value heads (value head n reads q/k row n // G), beta, g (..., HV) (g may be
+    None), gk (..., HV, K) or None, and o (..., HV, V) written, all of one dtype (float32,
+    bfloat16 or float16: the others are read as float32 and o rounded once); S_in
+    (..., HV, K, V) float32 read, S_out (same; may be S_in: the update in place) written.
+    Returns the kernel's code: 0, or -2 (a nan or infinite β) or -3 (a nan or positive gate,
+    scalar or per-key) with nothing written. The kernel splits its heads over its own threads
+    from :data:`linattn.ops.native.NATIVE_PARALLEL_MIN` state elements
     (:func:`linattn.ops.native.native_threads`)."""
     K, V = S_in.shape[-2], S_in.shape[-1]
     N = beta.numel()
     NQ = q.numel() // K
+    G = N // NQ if NQ else 1
+    dt = DTYPE_CODES[q.dtype]
     threads = native_threads(N * K * V, N)
     rc = fns["gdr_step"](
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), beta=beta.data_ptr(),
-        g=None if g is None else g.data_ptr(), gk=None if gk is None else gk.data_ptr(), N=N,
-        G=N // NQ if NQ else 1, K=K, V=V, scale=scale, l2norm=1 if l2norm else 0,
-        S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
-        work=scratch(fns["work"](K) * threads).data_ptr(), threads=threads)
+        g=None if g is None else g.data_ptr(), gk=None if gk is None else gk.data_ptr(), dt=dt,
+        N=N, G=G, K=K, V=V, scale=scale, l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(),
+        S_out=S_out.data_ptr(), o=o.data_ptr(),
+        work=scratch(_step_work(fns, N, G, K, V, threads, dt)).data_ptr(), threads=threads)
     if rc == 1:  # done, but the other threads were late
         note_late()
         return 0

@@ -323,17 +323,18 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
     """The common decoding step, straight to the compiled kernel, or None when the call is
     anything else (then the full checks run, and they raise the errors).
 
-    The common step: plain float32 CPU tensors, contiguous, of consistent shapes (q_t, k_t
-    (..., H, K), v_t (..., HV, V) with V a multiple of 16 and HV = G·H (G = 1: v_t's leading
+    The common step: plain CPU tensors, contiguous, of one dtype (float32, bfloat16 or float16:
+    the kernel reads the 16-bit ones as float32; the state float32), of consistent shapes (q_t,
+    k_t (..., H, K), v_t (..., HV, V) with V a multiple of 16 and HV = G·H (G = 1: v_t's leading
     dimensions are q_t's), beta_t and g_t (..., HV), gk_t (..., HV, K), state (..., HV, K, V)
-    given, or of ``state_shape``, a shape with the same elements in the same order: fla's
-    front door passes its (B, 1, H, ·) tensors and (B, H, K, V) state as they are, so that no
-    view is made), no gradient wanted, not traced, bool flags, a float scale, and the
-    dispatcher choosing the compiled backend. Returns o_t shaped as v_t and the new state
-    shaped as ``state``. Each check here is a comparison of attributes (a few
-    hundred ns each, ~5 µs in all) rather than the general checks' conversions and reductions,
-    because at H = 16, K = V = 64 the kernel itself takes ~7 µs. Values: β (nan, ±inf) and the
-    gates (scalar and per-key) in the kernel, before it writes anything."""
+    given, or of ``state_shape``, a shape with the same elements in the same order: fla's front
+    door passes its (B, 1, H, ·) tensors and (B, H, K, V) state as they are, so that no view is
+    made), no gradient wanted, not traced, bool flags, a float scale, and the dispatcher
+    choosing the compiled backend. Returns o_t shaped as v_t and the new state shaped as
+    ``state``. Each check here is a comparison of attributes (a few hundred ns each, ~5 µs in
+    all) rather than the general checks' conversions and reductions, because at H = 16, K = V =
+    64 the kernel itself takes ~7 µs. Values: β (nan, ±inf) and the gates (scalar and per-key)
+    in the kernel, before it writes anything."""
     T = Tensor
     if not (type(q_t) is T and type(k_t) is T and type(v_t) is T and type(beta_t) is T
             and type(state) is T and (g_t is None or type(g_t) is T)
@@ -341,10 +342,11 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
             and (qk_l2norm is True or qk_l2norm is False)
             and (inplace is True or inplace is False)):
         return None
-    f32 = torch.float32
-    if not (q_t.dtype is f32 and k_t.dtype is f32 and v_t.dtype is f32 and beta_t.dtype is f32
-            and state.dtype is f32 and (g_t is None or g_t.dtype is f32)
-            and (gk_t is None or gk_t.dtype is f32)):
+    dt = q_t.dtype
+    if not ((dt is torch.float32 or dt is torch.bfloat16 or dt is torch.float16)
+            and k_t.dtype is dt and v_t.dtype is dt and beta_t.dtype is dt
+            and state.dtype is torch.float32 and (g_t is None or g_t.dtype is dt)
+            and (gk_t is None or gk_t.dtype is dt)):
         return None
     shape = q_t.shape
     if not shape or k_t.shape != shape:
@@ -381,7 +383,7 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
             or (g_t is not None and g_t.requires_grad)
             or (gk_t is not None and gk_t.requires_grad))):
         return None
-    choice = dispatch.select(OP, "step", f32, "cpu", False,
+    choice = dispatch.select(OP, "step", dt, "cpu", False,
                              _PLAIN_TRAITS if gk_t is None else _PLAIN_TRAITS_GK, None, False)
     if choice.backend != "native":
         return None
