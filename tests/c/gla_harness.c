@@ -388,12 +388,13 @@ int main(void) {
         enum { SN = 3, SK = 20, SV = 32 };
         static float q[SN * SK], k[SN * SK], v[SN * SV], g[SN], gk[SN * SK], S0[SN * SK * SV];
         static float S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV], o2[SN * SV];
-        float *wk = malloc((size_t)la_gla_work(SK, 1) * sizeof(float));
+        /* enough for 3 threads' shares and the widened rows of a 16-bit step */
+        float *wk = malloc((size_t)la_gla_step_work(SN, SK, SV, 3, LA_BF16) * sizeof(float));
         for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
         for (int i = 0; i < SN; ++i) g[i] = uni(-1, 0);
         for (int i = 0; i < SN * SK * SV; ++i) S0[i] = uni(-0.3, 0.3);
-        int rc = la_gla_step(q, k, v, g, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        int rc = la_gla_step(q, k, v, g, gk, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
         rc |= gla_forward(q, SK, SK, k, SK, SK, v, SV, SV, g, 1, gk, SK, SK, SN, 1, SK, SV, 0, SV, 1,
                           0.3f, S0, S2, o2, SV, SV, NULL, 0, wk);
         ++checks;
@@ -401,20 +402,60 @@ int main(void) {
             ++failures;
             printf("FAIL: la_gla_step differs from la_gla_forward (rc %d)\n", rc);
         }
+        /* its heads in parts on 2 and 3 threads (la_parallel): each head runs the same code
+         * whichever thread takes it, so the results are the one-thread step's */
+        for (int th = 2; th <= 3; ++th) {
+            rc = la_gla_step(q, k, v, g, gk, LA_F32, SN, SK, SV, 0.3f, S0, S2, o2, wk, th);
+            ++checks; /* (1: the other threads came late and took no part) */
+            if ((rc != 0 && rc != 1) || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
+                ++failures;
+                printf("FAIL: la_gla_step on %d threads differs from one (rc %d)\n", th, rc);
+            }
+        }
+        /* bfloat16 and float16 rows: read as float32 (exact), o rounded once, so the float32
+         * step on the rounded inputs with its o rounded the same way */
+        for (int dt = LA_BF16; dt <= LA_F16; ++dt) {
+            static unsigned short q16[SN * SK], k16[SN * SK], v16[SN * SV], g16[SN];
+            static unsigned short gk16[SN * SK], o16[SN * SV];
+            static float qr[SN * SK], kr[SN * SK], vr[SN * SV], gr[SN], gkr[SN * SK];
+            const float *src[] = {q, k, v, g, gk};
+            unsigned short *half[] = {q16, k16, v16, g16, gk16};
+            float *back[] = {qr, kr, vr, gr, gkr};
+            const long len[] = {SN * SK, SN * SK, SN * SV, SN, SN * SK};
+            for (int a = 0; a < 5; ++a)
+                for (long i = 0; i < len[a]; ++i) {
+                    store_dt(half[a], i, src[a][i], dt);
+                    back[a][i] = load_dt(half[a], i, dt);
+                }
+            rc = la_gla_step(qr, kr, vr, gr, gkr, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
+            rc |= la_gla_step(q16, k16, v16, g16, gk16, dt, SN, SK, SV, 0.3f, S0, S2, o16, wk, 2);
+            int same = rc == 0 || rc == 1;
+            for (long i = 0; i < SN * SV; ++i) {
+                unsigned short want;
+                store_dt(&want, 0, o1[i], dt);
+                same &= want == o16[i];
+            }
+            ++checks;
+            if (!same || memcmp(S1, S2, sizeof S1)) {
+                ++failures;
+                printf("FAIL: la_gla_step in dtype %d is not the float32 step on its values "
+                       "(rc %d)\n", dt, rc);
+            }
+        }
         /* the step's own gate checks: a NaN or positive gate is -3, and the outputs are not
          * touched */
         float keep = S1[0];
         S1[0] = 12345.0f;
         g[2] = 0.25f;
-        int pos_g = la_gla_step(q, k, v, g, NULL, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        int pos_g = la_gla_step(q, k, v, g, NULL, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
         g[2] = NAN;
-        int nan_g = la_gla_step(q, k, v, g, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        int nan_g = la_gla_step(q, k, v, g, gk, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
         g[2] = -0.5f;
         gk[SK + 3] = 1e-3f;
-        int pos_gk = la_gla_step(q, k, v, NULL, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
+        int pos_gk = la_gla_step(q, k, v, NULL, gk, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
         gk[SK + 3] = NAN;
-        int nan_gk = la_gla_step(q, k, v, g, gk, SN, SK, SV, 0.3f, S0, S1, o1, wk);
-        int none = la_gla_step(q, k, v, NULL, NULL, SN, SK, SV, 0.3f, S0, S2, o2, wk);
+        int nan_gk = la_gla_step(q, k, v, g, gk, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
+        int none = la_gla_step(q, k, v, NULL, NULL, LA_F32, SN, SK, SV, 0.3f, S0, S2, o2, wk, 1);
         ++checks;
         if (pos_g != -3 || nan_g != -3 || pos_gk != -3 || nan_gk != -3 || none != 0
             || S1[0] != 12345.0f) {

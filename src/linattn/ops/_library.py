@@ -25,7 +25,7 @@ from torch import Tensor
 
 from linattn.ops.native.threads import torch_on_one_thread
 
-__all__ = ["NAMESPACE", "KernelOp", "tracing"]
+__all__ = ["NAMESPACE", "KernelOp", "tracing", "lean_step_dtype", "lean_step_scale"]
 
 NAMESPACE = "linattn"
 _PLAIN = (Tensor, torch.nn.Parameter)
@@ -41,6 +41,47 @@ def tracing(*tensors: object) -> bool:
     if torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active():
         return True
     return any(isinstance(t, Tensor) and type(t) not in _PLAIN for t in tensors)
+
+
+#: What a decoding step's compiled kernel reads itself (la_gdr_step, la_gla_step: 16-bit rows
+#: widened inside, exactly).
+_STEP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def lean_step_dtype(inputs: tuple[object, ...], state: object) -> torch.dtype | None:
+    """The dtype of a decoding step that may go straight to its compiled kernel, or None.
+
+    Straight means: every input (None skipped) a plain, contiguous CPU tensor of one dtype
+    among float32, bfloat16 and float16, the state a plain contiguous float32 CPU tensor, no
+    gradient wanted, nothing traced. Attribute comparisons only (~2 µs for six tensors), no
+    conversion or reduction: at H = 16, K = V = 64 the kernel itself takes ~7 µs. Anything else
+    gives None, and the op's general checks run (and raise the errors)."""
+    T = Tensor
+    grad = torch.is_grad_enabled()
+    if not (type(state) is T and state.dtype is torch.float32 and state.is_cpu
+            and state.is_contiguous() and not (grad and state.requires_grad)):
+        return None
+    dt = None
+    for x in inputs:
+        if x is None:
+            continue
+        if type(x) is not T or not (x.is_cpu and x.is_contiguous()) or (grad and x.requires_grad):
+            return None
+        if dt is None:
+            dt = x.dtype
+            if dt not in _STEP_DTYPES:
+                return None
+        elif x.dtype is not dt:
+            return None
+    return None if dt is None or tracing() else dt
+
+
+def lean_step_scale(scale: object, K: int) -> float | None:
+    """A decoding step's scale as the kernel takes it (default K^-1/2), or None for anything
+    but a float of magnitude below 2 (the general path splits larger ones: split_scale)."""
+    if scale is None:
+        return K ** -0.5
+    return scale if type(scale) is float and -2.0 < scale < 2.0 else None
 
 
 def _wants_grad(tensors: list[Tensor]) -> bool:

@@ -43,9 +43,10 @@ BACKEND = "inductor" if _CXX else "aot_eager"
 
 @pytest.fixture
 def native_calls(monkeypatch):
-    """Force the compiled path; count the prefill and step calls that really took it."""
+    """Force the compiled path; count the prefill and step calls that really took it (the
+    step: its kernel call, step_into, which the lean path and the custom op both make)."""
     calls = {"prefill": 0, "step": 0}
-    real_prefill, real_step = gated_native.gla_prefill, gated_native.gla_step
+    real_prefill, real_step = gated_native.gla_prefill, gated_native.step_into
 
     def prefill(*a, **kw):
         calls["prefill"] += 1
@@ -56,7 +57,7 @@ def native_calls(monkeypatch):
         return real_step(*a, **kw)
 
     monkeypatch.setattr(gated_native, "gla_prefill", prefill)
-    monkeypatch.setattr(gated_native, "gla_step", step)
+    monkeypatch.setattr(gated_native, "step_into", step)
     with dispatch.use(impl="native"):
         yield calls
 
@@ -545,3 +546,27 @@ def test_opcheck_strided_inputs():
     torch.library.opcheck(torch.ops.linattn.gla_step.default,
                           (q[:, :, 0].detach(), k[:, :, 0].detach(), v[:, :, 0].detach(), None,
                            gk[:, :, 0].detach(), S0.detach(), 0.25, "native"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("which", GATES)
+def test_a_16_bit_step_is_the_float32_step_on_its_values(native_calls, dtype, which,
+                                                         monkeypatch):
+    """q, k, v and the gates in bfloat16 / float16 (the state float32): the kernel reads them
+    as float32 (exact) and rounds o once, so the step equals the float32 step on the same
+    values with its o rounded to the dtype (within one rounding of it; never bit for bit), and
+    it goes straight to the kernel (no widened copies, no general checks)."""
+    q, k, v, g, gk = (None if x is None else x[..., 0, :] if x.dim() > 3 else x[..., 0]
+                      for x in _inputs(2, 5, T=1, K=32, V=48, which=which, seed=4))
+    S = torch.randn(2, 5, 32, 48, generator=torch.Generator().manual_seed(5)) * 0.1
+    low = [None if x is None else x.to(dtype) for x in (q, k, v, g, gk)]
+    with monkeypatch.context() as m:
+        m.setattr(gated_native, "gla_step", None)
+        o, S_new = gated_linear_attention_step(*low[:3], S, g_t=low[3], gk_t=low[4])
+    assert native_calls["step"] == 1
+    wide = [None if x is None else x.float() for x in low]
+    o32, S32 = gated_linear_attention_step(*wide[:3], S, g_t=wide[3], gk_t=wide[4])
+    assert o.dtype == dtype and S_new.dtype == torch.float32
+    eps32, eps = torch.finfo(torch.float32).eps, torch.finfo(dtype).eps
+    torch.testing.assert_close(S_new, S32, rtol=8 * eps32, atol=8 * eps32)
+    torch.testing.assert_close(o.float(), o32, rtol=eps, atol=eps * o32.abs().max().item())

@@ -293,14 +293,6 @@ static void gdr_step_part(void *ctx, long part, int slot) {
         for (long i = n0 * V; i < (n0 + n) * V; i += W) vstore_dt(j->o_dt, i, vload(j->o + i), j->dt);
 }
 
-/* n elements of dtype dt at src as float32 at dst (exact for the 16-bit types) */
-static const float *widened(float *dst, const void *src, long n, int dt) {
-    long i = 0;
-    for (; i + W <= n; i += W) vstore(dst + i, vload_dt(src, i, dt));
-    for (; i < n; ++i) dst[i] = load_dt(src, i, dt);
-    return dst;
-}
-
 static int la_gdr_step(const void *q, const void *k, const void *v, const void *beta,
                        const void *g, const void *gk, int dt, long N, long G, long K, long V,
                        float scale, int l2norm, const float *S_in, float *S_out, void *o,
@@ -311,12 +303,12 @@ static int la_gdr_step(const void *q, const void *k, const void *v, const void *
     if (dt != LA_F32) { /* the inputs widened behind the threads' shares of work */
         long NQ = N / G;
         float *f = work + (threads > 1 ? threads : 1) * la_gdr_work(K);
-        job.q = widened(f, q, NQ * K, dt), f += NQ * K;
-        job.k = widened(f, k, NQ * K, dt), f += NQ * K;
-        job.v = widened(f, v, N * V, dt), f += N * V;
-        job.beta = widened(f, beta, N, dt), f += N;
-        job.g = g ? widened(f, g, N, dt) : NULL, f += N;
-        job.gk = gk ? widened(f, gk, N * K, dt) : NULL, f += N * K;
+        job.q = la_widened(f, q, NQ * K, dt), f += NQ * K;
+        job.k = la_widened(f, k, NQ * K, dt), f += NQ * K;
+        job.v = la_widened(f, v, N * V, dt), f += N * V;
+        job.beta = la_widened(f, beta, N, dt), f += N;
+        job.g = g ? la_widened(f, g, N, dt) : NULL, f += N;
+        job.gk = gk ? la_widened(f, gk, N * K, dt) : NULL, f += N * K;
         job.o = f, job.o_dt = o;
     }
     for (long n = 0; n < N; ++n) {

@@ -67,6 +67,7 @@ from linattn.ops.native import (
     run_jobs,
     scratch,
     threads_for,
+    work_size,
 )
 from linattn.ops.native.abi import LayoutError
 
@@ -90,7 +91,7 @@ PARALLEL_MIN = 1 << 20
 CHECKPOINT = 64
 
 
-def _work_size(lib) -> dict:
+def _size_functions(lib) -> dict:
     lib.la_gdr_work.restype, lib.la_gdr_work.argtypes = c_long, [c_long]
     lib.la_gdr_backward_work.restype = c_long
     lib.la_gdr_backward_work.argtypes = [c_long, c_long]
@@ -104,7 +105,7 @@ def _work_size(lib) -> dict:
             "step_work": lib.la_gdr_step_work}
 
 
-_KERNELS = KernelSet("la_delta_abi", extra=_work_size)
+_KERNELS = KernelSet("la_delta_abi", extra=_size_functions)
 
 
 def kernels(isa: str = "native") -> dict | None:
@@ -468,22 +469,6 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
     return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
 
 
-_STEP_WORK: dict[tuple, tuple[dict, int]] = {}
-
-
-def _step_work(fns: dict, N: int, G: int, K: int, V: int, threads: int, dt: int) -> int:
-    """la_gdr_step_work of this build, asked once per shape (a ctypes call is ~0.3 µs of a
-    ~20 µs step). Keyed by the build's kernels (held here, so that their id is never another
-    build's: the widths differ)."""
-    key = (id(fns), N, G, K, V, threads, dt)
-    held = _STEP_WORK.get(key)
-    if held is None:
-        if len(_STEP_WORK) > 256:
-            _STEP_WORK.clear()
-        held = _STEP_WORK[key] = (fns, fns["step_work"](N, G, K, V, threads, dt))
-    return held[1]
-
-
 def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
               S_in: Tensor, S_out: Tensor, o: Tensor, scale: float, l2norm: bool,
               gk: Tensor | None = None) -> int:
@@ -507,7 +492,8 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
         g=None if g is None else g.data_ptr(), gk=None if gk is None else gk.data_ptr(), dt=dt,
         N=N, G=G, K=K, V=V, scale=scale, l2norm=1 if l2norm else 0, S_in=S_in.data_ptr(),
         S_out=S_out.data_ptr(), o=o.data_ptr(),
-        work=scratch(_step_work(fns, N, G, K, V, threads, dt)).data_ptr(), threads=threads)
+        work=scratch(work_size(fns, "step_work", N, G, K, V, threads, dt)).data_ptr(),
+        threads=threads)
     if rc == 1:  # done, but the other threads were late
         note_late()
         return 0

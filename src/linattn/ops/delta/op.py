@@ -67,7 +67,7 @@ from linattn.ops._common import (
     nonfinite,
     split_scale,
 )
-from linattn.ops._library import tracing
+from linattn.ops._library import lean_step_dtype, lean_step_scale, tracing
 from linattn.ops.delta import native as delta_native
 from linattn.ops.delta.chunk import L2_EPS, grouped, l2_normalised, torch_prefill, torch_step
 from linattn.ops.dispatch import Choice
@@ -335,18 +335,12 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
     all) rather than the general checks' conversions and reductions, because at H = 16, K = V =
     64 the kernel itself takes ~7 µs. Values: β (nan, ±inf) and the gates (scalar and per-key)
     in the kernel, before it writes anything."""
-    T = Tensor
-    if not (type(q_t) is T and type(k_t) is T and type(v_t) is T and type(beta_t) is T
-            and type(state) is T and (g_t is None or type(g_t) is T)
-            and (gk_t is None or type(gk_t) is T)
-            and (qk_l2norm is True or qk_l2norm is False)
-            and (inplace is True or inplace is False)):
+    if (q_t is None or k_t is None or v_t is None or beta_t is None
+            or not (qk_l2norm is True or qk_l2norm is False)
+            or not (inplace is True or inplace is False)):
         return None
-    dt = q_t.dtype
-    if not ((dt is torch.float32 or dt is torch.bfloat16 or dt is torch.float16)
-            and k_t.dtype is dt and v_t.dtype is dt and beta_t.dtype is dt
-            and state.dtype is torch.float32 and (g_t is None or g_t.dtype is dt)
-            and (gk_t is None or gk_t.dtype is dt)):
+    dt = lean_step_dtype((q_t, k_t, v_t, beta_t, g_t, gk_t), state)
+    if dt is None:
         return None
     shape = q_t.shape
     if not shape or k_t.shape != shape:
@@ -363,25 +357,8 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
             and (gk_t is None or gk_t.shape == (*vbatch, K))
             and state.shape == ((*vbatch, K, V) if state_shape is None else state_shape)):
         return None
-    if not (q_t.is_cpu and k_t.is_cpu and v_t.is_cpu and beta_t.is_cpu and state.is_cpu
-            and (g_t is None or g_t.is_cpu) and (gk_t is None or gk_t.is_cpu)):
-        return None
-    if not (q_t.is_contiguous() and k_t.is_contiguous() and v_t.is_contiguous()
-            and beta_t.is_contiguous() and state.is_contiguous()
-            and (g_t is None or g_t.is_contiguous())
-            and (gk_t is None or gk_t.is_contiguous())):
-        return None
-    if scale is None:
-        s = K ** -0.5
-    elif type(scale) is float and -2.0 < scale < 2.0:  # finite; larger: split_scale's
-        s = scale
-    else:
-        return None
-    if tracing() or (torch.is_grad_enabled() and (
-            q_t.requires_grad or k_t.requires_grad or v_t.requires_grad
-            or beta_t.requires_grad or state.requires_grad
-            or (g_t is not None and g_t.requires_grad)
-            or (gk_t is not None and gk_t.requires_grad))):
+    s = lean_step_scale(scale, K)
+    if s is None:
         return None
     choice = dispatch.select(OP, "step", dt, "cpu", False,
                              _PLAIN_TRAITS if gk_t is None else _PLAIN_TRAITS_GK, None, False)

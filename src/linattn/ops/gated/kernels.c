@@ -58,25 +58,30 @@ static void gla_decays(long Tc, long K, const float *g, const float *gk, long gk
 }
 
 /* ------------------------------------------------------------------------------ the forward
- * Tokens [0, Tc) over one block of nb vectors of columns, S (rows of V, offset to the block)
- * updated in place; q, k: token strides qt, kt; a: rows of K (gated only); v, o: token strides
- * vt, ot, offset to the block. */
+ * Tokens [0, Tc) over one block of nb vectors of columns: the state read from Sr for the first
+ * token and from S after it, written to S (rows of V, offset to the block; Sr may be S): so a
+ * step from one state into another reads and writes each row once, with no copy first (a
+ * decoding step out of place took twice the time of one in place); q, k: token strides qt, kt;
+ * a: rows of K (gated only); v, o: token strides vt, ot, offset to the block. */
 static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated, long Tc,
                                                                long K, long V, const float *q,
                                                                long qt, const float *k, long kt,
                                                                const float *a, const float *v,
-                                                               long vt, float *S, float scale,
-                                                               float *o, long ot) {
+                                                               long vt, const float *Sr,
+                                                               float *S, float scale, float *o,
+                                                               long ot) {
     vf sv = vsplat(scale);
     for (long t = 0; t < Tc; ++t) {
         vf vv[GLA_NB], acc[GLA_NB];
         for (int j = 0; j < nb; ++j) vv[j] = vload(v + t * vt + j * W), acc[j] = vsplat(0.0f);
         const float *qr = q + t * qt, *kr = k + t * kt, *ar = gated ? a + t * K : NULL;
+        const float *from = t == 0 ? Sr : S;
         for (long i = 0; i < K; ++i) {
             vf ki = vsplat(kr[i]), qi = vsplat(qr[i]), ai = vsplat(gated ? ar[i] : 1.0f);
             float *Si = S + i * V;
+            const float *Fi = from + i * V;
             for (int j = 0; j < nb; ++j) {
-                vf s = vload(Si + j * W);
+                vf s = vload(Fi + j * W);
                 s = gated ? ai * s + ki * vv[j] : s + ki * vv[j];
                 vstore(Si + j * W, s);
                 acc[j] += qi * s;
@@ -89,13 +94,13 @@ static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated
 /* gla_fwd_cols specialised for constant (nb, gated). */
 static void gla_fwd_any(int nb, int gated, long Tc, long K, long V, const float *q, long qt,
                         const float *k, long kt, const float *a, const float *v, long vt,
-                        float *S, float scale, float *o, long ot) {
+                        const float *Sr, float *S, float scale, float *o, long ot) {
 /* Cases beyond this ISA's GLA_NB are constant-false (and never asked for). */
 #define F_(c, gt)                                                                             \
     case c * 2 + gt:                                                                          \
         if (c <= GLA_NB)                                                                      \
-            gla_fwd_cols(c <= GLA_NB ? c : GLA_NB, gt, Tc, K, V, q, qt, k, kt, a, v, vt, S,   \
-                         scale, o, ot);                                                       \
+            gla_fwd_cols(c <= GLA_NB ? c : GLA_NB, gt, Tc, K, V, q, qt, k, kt, a, v, vt, Sr,  \
+                         S, scale, o, ot);                                                    \
         break;
     switch (nb * 2 + gated) {
         F_(1, 0) F_(1, 1) F_(2, 0) F_(2, 1) F_(3, 0) F_(3, 1) F_(4, 0) F_(4, 1)
@@ -127,21 +132,22 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *S = S_out + n * K * V;
-        if (Sin != S)
+        if (Sin != S && T == 0)
             for (long i = 0; i < K; ++i) memcpy(S + i * V + v0, Sin + i * V + v0, row);
         for (long t0 = 0, c = 0; t0 < T; t0 += C, ++c) {
+            const float *from = t0 == 0 ? Sin : S; /* the state this chunk starts from */
             long Tc = T - t0 < C ? T - t0 : C;
             if (gated)
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
             if (ckpt) {
                 float *dst = ckpt + n * cks + c * K * V;
-                for (long i = 0; i < K; ++i) memcpy(dst + i * V + v0, S + i * V + v0, row);
+                for (long i = 0; i < K; ++i) memcpy(dst + i * V + v0, from + i * V + v0, row);
             }
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
                 gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
-                            kt, a, v + n * vs + t0 * vt + j0, vt, S + j0, scale,
+                            kt, a, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
                             o + n * os + t0 * ot + j0, ot);
             }
         }
@@ -149,21 +155,65 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
     return 0;
 }
 
-/* One decoding step of N heads with contiguous rows (q, k, gk (N, K); v, o (N, V); g (N)):
- * la_gla_forward with T = 1, in fewer arguments. It checks the gates itself (a tensor
+/* One decoding step of N heads with contiguous rows (q, k, gk (N, K); v, o (N, V); g (N)), all
+ * of dtype dt (LA_F32, LA_BF16, LA_F16; the state is float32): la_gla_forward with T = 1, in
+ * fewer arguments, its heads in parts on up to `threads` threads (la_parallel). Other dtypes
+ * are read into float32 rows first (exact) and o rounded once at the end. work:
+ * la_gla_step_work(N, K, V, threads, dt) floats. It checks the gates itself (a tensor
  * reduction in Python costs more than this whole loop): returns -3 if a log-gate is NaN or
- * positive, before anything is written. */
-static int la_gla_step(const float *q, const float *k, const float *v, const float *g,
-                       const float *gk, long N, long K, long V, float scale, const float *S_in,
-                       float *S_out, float *o, float *work) {
-    for (long n = 0; n < N; ++n) {
-        if (g && !(g[n] <= 0.0f)) return -3;
-        if (gk)
-            for (long i = 0; i < K; ++i)
-                if (!(gk[n * K + i] <= 0.0f)) return -3;
+ * positive, before anything is written; else 0, or 1 when it was split and the other threads
+ * were late. */
+long la_gla_step_work(long N, long K, long V, int threads, int dt) {
+    long widened = dt == LA_F32 ? 0 : 3 * N * K + 2 * N * V + N;
+    return (threads > 1 ? threads : 1) * la_gla_work(K, 1) + widened;
+}
+
+typedef struct {
+    const float *q, *k, *v, *g, *gk;
+    long N, K, V, per;
+    float scale;
+    int dt;
+    const float *S_in;
+    float *S_out, *o, *work;
+    void *o_dt; /* o in dt, where dt is not LA_F32 (o is then float32 scratch) */
+} gla_step_job;
+
+static void gla_step_part(void *ctx, long part, int slot) {
+    const gla_step_job *j = ctx;
+    long K = j->K, V = j->V, n0 = part * j->per;
+    long n = j->N - n0 < j->per ? j->N - n0 : j->per;
+    la_gla_forward(j->q + n0 * K, K, K, j->k + n0 * K, K, K, j->v + n0 * V, V, V,
+                   j->g ? j->g + n0 : NULL, 1, j->gk ? j->gk + n0 * K : NULL, K, K, n, 1, K, V,
+                   0, V, 1, j->scale, j->S_in + n0 * K * V, j->S_out + n0 * K * V,
+                   j->o + n0 * V, V, V, NULL, 0, j->work + slot * la_gla_work(K, 1));
+    if (j->o_dt)
+        for (long i = n0 * V; i < (n0 + n) * V; i += W) vstore_dt(j->o_dt, i, vload(j->o + i), j->dt);
+}
+
+static int la_gla_step(const void *q, const void *k, const void *v, const void *g,
+                       const void *gk, int dt, long N, long K, long V, float scale,
+                       const float *S_in, float *S_out, void *o, float *work, int threads) {
+    if (K < 1 || V % W || N < 0 || dt < LA_F32 || dt > LA_F16) return -1;
+    gla_step_job job = {q, k, v, g, gk, N, K, V, 0, scale, dt, S_in, S_out, o, work, NULL};
+    if (dt != LA_F32) { /* the inputs widened behind the threads' shares of work */
+        float *f = work + (threads > 1 ? threads : 1) * la_gla_work(K, 1);
+        job.q = la_widened(f, q, N * K, dt), f += N * K;
+        job.k = la_widened(f, k, N * K, dt), f += N * K;
+        job.v = la_widened(f, v, N * V, dt), f += N * V;
+        job.g = g ? la_widened(f, g, N, dt) : NULL, f += N;
+        job.gk = gk ? la_widened(f, gk, N * K, dt) : NULL, f += N * K;
+        job.o = f, job.o_dt = o;
     }
-    return la_gla_forward(q, K, K, k, K, K, v, V, V, g, 1, gk, K, K, N, 1, K, V, 0, V, 1, scale,
-                          S_in, S_out, o, V, V, NULL, 0, work);
+    for (long n = 0; n < N; ++n) {
+        if (job.g && !(job.g[n] <= 0.0f)) return -3;
+        if (job.gk)
+            for (long i = 0; i < K; ++i)
+                if (!(job.gk[n * K + i] <= 0.0f)) return -3;
+    }
+    /* two parts a thread, taken one at a time: a thread that starts late takes fewer */
+    long parts = threads > 1 ? (N < 2L * threads ? N : 2L * threads) : 1;
+    job.per = parts ? (N + parts - 1) / parts : 0;
+    return N > 0 ? la_parallel(gla_step_part, &job, (N + job.per - 1) / job.per, threads) : 0;
 }
 
 /* ----------------------------------------------------------------------------- the backward
@@ -393,15 +443,15 @@ int la_gla_backward_call(const la_gla_backward_args *a) {
 }
 
 #define LA_GLA_STEP_ARGS(X, la_s) \
-    X(la_s, const float *, q, 'p') X(la_s, const float *, k, 'p') X(la_s, const float *, v, 'p') \
-    X(la_s, const float *, g, 'p') X(la_s, const float *, gk, 'p') X(la_s, long, N, 'l') \
-    X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') \
-    X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, float *, o, 'p') \
-    X(la_s, float *, work, 'p')
+    X(la_s, const void *, q, 'p') X(la_s, const void *, k, 'p') X(la_s, const void *, v, 'p') \
+    X(la_s, const void *, g, 'p') X(la_s, const void *, gk, 'p') X(la_s, int, dt, 'i') \
+    X(la_s, long, N, 'l') X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') \
+    X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, void *, o, 'p') \
+    X(la_s, float *, work, 'p') X(la_s, int, threads, 'i')
 LA_ARGS(la_gla_step_args, LA_GLA_STEP_ARGS)
 int la_gla_step_call(const la_gla_step_args *a) {
-    return la_gla_step(a->q, a->k, a->v, a->g, a->gk, a->N, a->K, a->V, a->scale, a->S_in,
-                       a->S_out, a->o, a->work);
+    return la_gla_step(a->q, a->k, a->v, a->g, a->gk, a->dt, a->N, a->K, a->V, a->scale,
+                       a->S_in, a->S_out, a->o, a->work, a->threads);
 }
 
 static const la_struct la_gated_structs[] = {

@@ -37,7 +37,7 @@ eager calls that want no gradient run the kernels directly.
 from __future__ import annotations
 
 import math
-from ctypes import c_long
+from ctypes import c_int, c_long
 
 import torch
 from torch import Tensor
@@ -46,6 +46,7 @@ from linattn.ops._common import graph_grads
 from linattn.ops._library import KernelOp
 from linattn.ops.gated.chunk import check_gate, decayed, portable_prefill
 from linattn.ops.native import (
+    DTYPE_CODES,
     KernelSet,
     build_or_native,
     check_rc,
@@ -53,13 +54,16 @@ from linattn.ops.native import (
     float32_rows,
     head_jobs,
     is_small,
+    native_threads,
+    note_late,
     run_jobs,
     scratch,
     threads_for,
+    work_size,
 )
 
-__all__ = ["gla_prefill", "one_thread", "gla_step", "kernels", "unavailable",
-           "checkpoint_interval", "V_MULTIPLE"]
+__all__ = ["gla_prefill", "one_thread", "gla_step", "kernels", "kernels_here", "unavailable",
+           "step_into", "checkpoint_interval", "V_MULTIPLE"]
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
@@ -81,12 +85,14 @@ def checkpoint_interval(K: int) -> int:
 # --------------------------------------------------------------------------- the C boundary
 
 
-def _work_size(lib) -> dict:
+def _size_functions(lib) -> dict:
     lib.la_gla_work.restype, lib.la_gla_work.argtypes = c_long, [c_long, c_long]
-    return {"work": lib.la_gla_work}
+    lib.la_gla_step_work.restype = c_long
+    lib.la_gla_step_work.argtypes = [c_long, c_long, c_long, c_int, c_int]
+    return {"work": lib.la_gla_work, "step_work": lib.la_gla_step_work}
 
 
-_KERNELS = KernelSet("la_gated_abi", extra=_work_size)
+_KERNELS = KernelSet("la_gated_abi", extra=_size_functions)
 
 
 def kernels(isa: str = "native") -> dict | None:
@@ -101,7 +107,8 @@ def unavailable(isa: str = "native") -> str | None:
     return _KERNELS.unavailable(isa)
 
 
-def _kernels_here(isa: str) -> dict | None:
+def kernels_here(isa: str) -> dict | None:
+    """The kernels of ``isa``'s build, or of the native build where that one cannot be had."""
     return build_or_native(kernels, isa)
 
 
@@ -225,7 +232,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | Non
     K, V, T = q.shape[-1], v.shape[-1], q.shape[-2]
     batch, H = _layout(q, cu_seqlens)
     n = _n_checkpoints(T, chunk, cu_seqlens) if checkpoints else 0
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:  # a traced program run where the kernels cannot be had: the same function
         o, S = _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens)
         return o.to(q.dtype), S, S0.new_zeros((H, n, K, V) if checkpoints else (0,))
@@ -262,7 +269,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | No
     absent gates) from those of the output and the final state (None: zero), with the
     forward's checkpoints (recomputed when empty). Float32 only; not differentiable itself
     (``create_graph`` differentiates the torch form, :func:`_differentiable_backward`)."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:  # as in _forward: the torch form, differentiated by autograd
         with torch.enable_grad():
             leaves = [None if x is None else x.detach().requires_grad_(True)
@@ -392,7 +399,7 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tenso
     """``linattn::gla_step``: one decoding step. q_t, k_t (..., K), v_t (..., V), g_t (...) and
     gk_t (..., K) float32 or None, S the state (..., K, V) float32, not modified. Returns (o_t
     in q_t's dtype, the new state float32 (..., K, V)). The kernel checks the gates' values."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:
 
         S = decayed(S, g_t, gk_t, None, q_t)
@@ -407,22 +414,35 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tenso
     S_in = S if S.is_contiguous() else S.contiguous()
     S_out = torch.empty_like(S_in)
     o = torch.empty(v_t.shape, dtype=torch.float32)
-    if _threads(N, 1, K, V, columns=True) > 1:  # a large batch: threads
-        _check_step_gates(g_t, gk_t)
-        _forward_span(fns, q.view(N, 1, K), k.view(N, 1, K), v.view(N, 1, V),
-                      None if g is None else g.view(N, 1), None if gk is None else gk.view(N, 1, K),
-                      scale, 1, S_out.view(N, K, V).copy_(S_in.view(N, K, V)), o.view(N, 1, V),
-                      None, 0)
-    else:
-        rc = fns["gla_step"](
-            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=None if g is None else g.data_ptr(),
-            gk=None if gk is None else gk.data_ptr(), N=N, K=K, V=V, scale=scale,
-            S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
-            work=_work(fns, K, 1).data_ptr())
-        if rc == -3:
-            _check_step_gates(g_t, gk_t)  # raises, naming the gate and its values
-        check_rc(rc, "la_gla_step")
+    rc = step_into(fns, q, k, v, g, gk, S_in, S_out, o, scale)
+    if rc == -3:
+        _check_step_gates(g_t, gk_t)  # raises, naming the gate and its values
+    check_rc(rc, "la_gla_step")
     return (o if o.dtype == q_t.dtype else o.to(q_t.dtype)), S_out
+
+
+def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | None,
+              S_in: Tensor, S_out: Tensor, o: Tensor, scale: float) -> int:
+    """One compiled decoding step on contiguous tensors: q, k, gk (..., K), v and o (..., V),
+    g (...) (g, gk may be None), all of one dtype (float32, bfloat16 or float16: the others
+    are read as float32 and o rounded once); S_in (..., K, V) float32 read, S_out (same; may be
+    S_in) written. Returns the kernel's code: 0, or -3 (a nan or positive gate) with nothing
+    written. The kernel splits its heads over its own threads
+    (:func:`linattn.ops.native.native_threads`)."""
+    K, V = S_in.shape[-2], S_in.shape[-1]
+    N = q.numel() // K
+    dt = DTYPE_CODES[q.dtype]
+    threads = native_threads(N * K * V, N)
+    rc = fns["gla_step"](
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=None if g is None else g.data_ptr(),
+        gk=None if gk is None else gk.data_ptr(), dt=dt, N=N, K=K, V=V, scale=scale,
+        S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
+        work=scratch(work_size(fns, "step_work", N, K, V, threads, dt)).data_ptr(),
+        threads=threads)
+    if rc == 1:  # done, but the other threads were late
+        note_late()
+        return 0
+    return rc
 
 
 def _check_step_gates(g_t: Tensor | None, gk_t: Tensor | None) -> None:

@@ -51,7 +51,7 @@ from linattn.ops._common import (
     needs_grad,
     split_scale,
 )
-from linattn.ops._library import tracing
+from linattn.ops._library import lean_step_dtype, lean_step_scale, tracing
 from linattn.ops.dispatch import Choice
 from linattn.ops.gated import native as gated_native
 from linattn.ops.gated.chunk import (
@@ -167,6 +167,10 @@ def gated_linear_attention_step(
     q_t, k_t: (..., K); v_t: (..., V); state (..., K, V) or None (zeros); g_t (...),
     gk_t (..., K), gv_t (..., V) log-gates ≤ 0 or None. Returns o_t (..., V) in q_t's dtype and
     the new state (float32, or float64 for float64 inputs); the old state is untouched."""
+    if gv_t is None:
+        fast = _plain_step(q_t, k_t, v_t, state, g_t, gk_t, scale)
+        if fast is not None:
+            return fast
     check_step_inputs(q_t, k_t, v_t)
     *batch, K = q_t.shape
     V = v_t.shape[-1]
@@ -195,6 +199,47 @@ def gated_linear_attention_step(
     S = S + k_t.to(acc).unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)
     o = ((q_t.to(acc) * s).unsqueeze(-2) @ S).squeeze(-2)
     return o.to(q_t.dtype), S
+
+
+def _plain_step(q_t: object, k_t: object, v_t: object, state: object, g_t: object,
+                gk_t: object, scale: object) -> tuple[Tensor, Tensor] | None:
+    """The common decoding step, straight to the compiled kernel, or None when the call is
+    anything else (then the general checks run, and they raise the errors): the inputs as
+    :func:`linattn.ops._library.lean_step_dtype` takes them, q_t, k_t and gk_t (..., K), v_t
+    (..., V) with V a multiple of 16, g_t (...), the state (..., K, V) given, a float scale,
+    and the dispatcher choosing the compiled backend. The gates' values are checked by the
+    kernel, before it writes anything."""
+    if q_t is None or k_t is None or v_t is None:
+        return None
+    dt = lean_step_dtype((q_t, k_t, v_t, g_t, gk_t), state)
+    if dt is None:
+        return None
+    shape = q_t.shape
+    if not shape or k_t.shape != shape:
+        return None
+    batch, K = shape[:-1], shape[-1]
+    V = v_t.shape[-1]
+    if not (K and V and V % gated_native.V_MULTIPLE == 0 and v_t.shape[:-1] == batch
+            and (g_t is None or g_t.shape == batch) and (gk_t is None or gk_t.shape == shape)
+            and state.shape == (*batch, K, V)):
+        return None
+    s = lean_step_scale(scale, K)
+    if s is None:
+        return None
+    choice = dispatch.select(OP, "step", dt, "cpu", False, _PLAIN_TRAITS, None, False)
+    if choice.backend != "native":
+        return None
+    fns = gated_native.kernels_here(choice.isa)
+    if fns is None:
+        return None
+    o, S_out = torch.empty_like(v_t), torch.empty_like(state)
+    if gated_native.step_into(fns, q_t, k_t, v_t, g_t, gk_t, state, S_out, o, s):
+        return None  # refused a gate's value (nothing written): the general checks say which
+    return o, S_out
+
+
+#: The traits of a step the compiled backend takes (as :func:`_traits` spells them).
+_PLAIN_TRAITS = ("V:16",)
 
 
 # ------------------------------------------------------------------------------- backends

@@ -50,7 +50,13 @@ from linattn.ops.native.build import (
     source,
     unavailable_reason,
 )
-from linattn.ops.native.memory import empty_cache, empty_hugepage, float32_rows, scratch
+from linattn.ops.native.memory import (
+    empty_cache,
+    empty_hugepage,
+    float32_rows,
+    scratch,
+    work_size,
+)
 from linattn.ops.native.threads import (
     BACKOFF_S,
     BACKOFF_WORK,
@@ -72,7 +78,7 @@ from linattn.ops.native.threads import (
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_cache", "empty_hugepage",
-           "float32_rows", "pool", "check_rc", "NATIVE_PARALLEL_MIN", "native_threads",
+           "float32_rows", "pool", "check_rc", "work_size", "NATIVE_PARALLEL_MIN", "native_threads",
            "note_late",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
            "torch_threads", "torch_threads_in_this_thread", "scratch", "is_small", "head_jobs",

@@ -211,6 +211,15 @@ static inline void store_dt(void *p, long i, float x, int dt) {
     else ((u16 *)p)[i] = dt == LA_BF16 ? f2bf(x) : f2h(x);
 }
 
+/* n elements of dtype dt at src as float32 at dst (exact for the 16-bit types); returns dst.
+ * What a decoding step does with 16-bit rows before its float32 kernel. */
+static inline const float *la_widened(float *dst, const void *src, long n, int dt) {
+    long i = 0;
+    for (; i + W <= n; i += W) vstore(dst + i, vload_dt(src, i, dt));
+    for (; i < n; ++i) dst[i] = load_dt(src, i, dt);
+    return dst;
+}
+
 /* exp(x) for x in [-87, 88] (callers clamp): 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2
  * in two parts, p the degree-7 minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp); 2^n is
  * taken from t's bits (t = x log2(e) + 1.5 2^23 holds n in its low bits). */
