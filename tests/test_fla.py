@@ -21,6 +21,7 @@ from linattn.ops.delta import native as delta_native
 from linattn.ops.delta import op as delta_op
 from linattn.ops.delta.op import delta_rule
 from linattn.ops.gated import fla as gated_fla
+from linattn.ops.gated import native as gated_native
 from linattn.ops.gated.op import gated_linear_attention
 from linattn.ops.reference import delta_rule as reference
 from linattn.ops.reference import gated_linear_attention as gla_reference
@@ -1331,6 +1332,40 @@ def test_simple_gla_one_token(no_gla_chunked_form, name):
                                initial_state=x["h0"])
     torch.testing.assert_close(o, want_o.transpose(1, 2))
     torch.testing.assert_close(S, want_S)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name,gate", [("fused_recurrent_gla", "gk"),
+                                       ("fused_recurrent_simple_gla", "g")])
+def test_a_gla_token_goes_straight_to_the_compiled_step(monkeypatch, no_gla_chunked_form,
+                                                        dtype, name, gate):
+    """fla's one-token GLA calls with a float32 state take the compiled step as they are (the
+    kernel's step_into, no general checks, no step function), in float32 and bfloat16, and
+    give the float64 reference's values within the dtype's rounding; a positive gate still
+    raises naming fla's argument."""
+    skip_unless_takes("native")
+    seen = []
+    real = gated_native.step_into
+    monkeypatch.setattr(gated_native, "step_into", lambda *a: seen.append(1) or real(*a))
+    monkeypatch.setattr(gated_fla, "gated_linear_attention_step", None)
+    x = make_gla(torch.float64)
+    low = {n: x[n].to(dtype) for n in ("q", "k", "v", gate)}
+    S0 = x["h0"].float()
+    with dispatch.use(impl="native"):
+        o, S = getattr(fla, name)(low["q"], low["k"], low["v"], **{gate: low[gate]},
+                                  initial_state=S0, output_final_state=True)
+    assert seen == [1] and o.dtype == dtype and S.dtype == torch.float32
+    want_o, want_S = gla_reference(hf64(low["q"]), hf64(low["k"]), hf64(low["v"]),
+                                   **{gate: hf64(low[gate])}, initial_state=S0.double())
+    eps32 = torch.finfo(torch.float32).eps
+    tol = 2 * torch.finfo(dtype).eps + 64 * eps32  # o's rounding, then float32 sums of K terms
+    torch.testing.assert_close(o.double(), want_o.transpose(1, 2), rtol=tol,
+                               atol=tol * want_o.abs().max().item())
+    torch.testing.assert_close(S.double(), want_S, rtol=64 * eps32, atol=64 * eps32)
+    bad = low[gate].clone()
+    bad.view(-1)[1] = 0.5
+    with pytest.raises(ValueError, match=rf"^{gate}: expected log decays <= 0"):
+        getattr(fla, name)(low["q"], low["k"], low["v"], **{gate: bad}, initial_state=S0)
 
 
 def test_reverse_of_one_token_is_the_token(no_gla_chunked_form):

@@ -24,6 +24,7 @@ from linattn.ops._fla import (
     _state_v_first,
     _varlen,
 )
+from linattn.ops.gated import op as gated_op
 from linattn.ops.gated.chunk import segsum
 from linattn.ops.gated.op import gated_linear_attention, gated_linear_attention_step
 
@@ -83,6 +84,27 @@ def _gla(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,
         if cu is not None:
             S = S.flip(0)
     return _finish(o, S, output_final_state, state_v_first)
+
+
+def _decode(q: object, k: object, v: object, g: object, gk: object, scale: object,
+            initial_state: object, output_final_state: object, reverse: object
+            ) -> tuple[Tensor, Tensor | None] | None:
+    """The front door's decoding step: fla-layout q, k (B, 1, H, K), v (B, 1, H, V), g (B, 1, H)
+    or None, gk (B, 1, H, K) or None, initial_state (B, H, K, V) straight to the compiled step
+    (:func:`linattn.ops.gated.op._plain_step`, no view made: (B, 1, H, ·) and (B, H, ·) are the
+    same memory), or None for anything else, which then takes the general path (with its
+    checks and their errors). One token reversed is the token."""
+    if not (type(q) is Tensor and q.ndim == 4 and type(v) is Tensor and v.ndim == 4
+            and type(initial_state) is Tensor and q.shape[1] == 1
+            and (output_final_state is True or output_final_state is False)
+            and (reverse is True or reverse is False)):
+        return None
+    B, _, H, K = q.shape
+    out = gated_op._plain_step(q, k, v, initial_state, g, gk, scale, (B, H, K, v.shape[-1]))
+    if out is None:
+        return None
+    o, S = out
+    return o, (S if output_final_state else None)
 
 
 def _simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state,
@@ -164,6 +186,10 @@ def fused_recurrent_simple_gla(
     recurrence on time-flipped inputs; the final state is the one after token 0).
     ``**kwargs``: ``transpose_state_layout`` (fla's old name of ``state_v_first``).
     Runs :func:`linattn.ops.gated.gated_linear_attention`."""
+    if g_gamma is None and cu_seqlens is None and state_v_first is False and not kwargs:
+        fast = _decode(q, k, v, g, None, scale, initial_state, output_final_state, reverse)
+        if fast is not None:
+            return fast
     kw = _kwargs("fused_recurrent_simple_gla", kwargs, ("transpose_state_layout",))
     svf = _state_v_first(state_v_first, kw)
     return _simple_gla(q, k, v, g, g_gamma, scale, initial_state,
@@ -292,6 +318,10 @@ def fused_recurrent_gla(
     Without ``gv`` runs :func:`linattn.ops.gated.gated_linear_attention` (chunked); with ``gv``
     :func:`linattn.ops.gated.gated_linear_attention_step` token by token (slower).
     ``**kwargs``: ``transpose_state_layout`` (fla's old name of ``state_v_first``)."""
+    if gv is None and cu_seqlens is None and state_v_first is False and not kwargs:
+        fast = _decode(q, k, v, None, gk, scale, initial_state, output_final_state, reverse)
+        if fast is not None:
+            return fast
     kw = _kwargs("fused_recurrent_gla", kwargs, ("transpose_state_layout",))
     svf = _state_v_first(state_v_first, kw)
     B, T, H, _, K = _qkv(q, k, v)

@@ -202,13 +202,16 @@ def gated_linear_attention_step(
 
 
 def _plain_step(q_t: object, k_t: object, v_t: object, state: object, g_t: object,
-                gk_t: object, scale: object) -> tuple[Tensor, Tensor] | None:
+                gk_t: object, scale: object, state_shape: tuple[int, ...] | None = None
+                ) -> tuple[Tensor, Tensor] | None:
     """The common decoding step, straight to the compiled kernel, or None when the call is
     anything else (then the general checks run, and they raise the errors): the inputs as
     :func:`linattn.ops._library.lean_step_dtype` takes them, q_t, k_t and gk_t (..., K), v_t
-    (..., V) with V a multiple of 16, g_t (...), the state (..., K, V) given, a float scale,
-    and the dispatcher choosing the compiled backend. The gates' values are checked by the
-    kernel, before it writes anything."""
+    (..., V) with V a multiple of 16, g_t (...), the state (..., K, V) given, or of
+    ``state_shape``, a shape with the same elements in the same order (fla's front door passes
+    its (B, 1, H, ·) tensors and (B, H, K, V) state as they are), a float scale, and the
+    dispatcher choosing the compiled backend. The gates' values are checked by the kernel,
+    before it writes anything."""
     if q_t is None or k_t is None or v_t is None:
         return None
     dt = lean_step_dtype((q_t, k_t, v_t, g_t, gk_t), state)
@@ -221,7 +224,7 @@ def _plain_step(q_t: object, k_t: object, v_t: object, state: object, g_t: objec
     V = v_t.shape[-1]
     if not (K and V and V % gated_native.V_MULTIPLE == 0 and v_t.shape[:-1] == batch
             and (g_t is None or g_t.shape == batch) and (gk_t is None or gk_t.shape == shape)
-            and state.shape == (*batch, K, V)):
+            and state.shape == ((*batch, K, V) if state_shape is None else state_shape)):
         return None
     s = lean_step_scale(scale, K)
     if s is None:
