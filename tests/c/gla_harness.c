@@ -383,6 +383,59 @@ int main(void) {
                     run(s == 0 ? 3 : 2, Ts[t], shapes[s][0], shapes[s][1], C, gates[gi][0],
                         gates[gi][1], gates[gi][2], mode);
                 }
+    /* la_gla_forward_call on 16-bit rows (gla_forward_widened): the float32 forward on the
+     * rounded values with o rounded once, whole or in two column blocks; the same chunks of
+     * the same function, so equal to the last bit */
+    for (int dt = LA_BF16; dt <= LA_F16; ++dt)
+        for (int split = 0; split < 2; ++split) {
+            enum { FN = 2, FT = 150, FK = 20, FV = 32, FC = 16 };
+            static unsigned short q16[FN * FT * FK], k16[FN * FT * FK], v16[FN * FT * FV];
+            static unsigned short o16[FN * FT * FV];
+            static float qr[FN * FT * FK], kr[FN * FT * FK], vr[FN * FT * FV], gk[FN * FT * FK];
+            static float g[FN * FT], S0[FN * FK * FV], S1[FN * FK * FV], S2[FN * FK * FV];
+            static float o1[FN * FT * FV];
+            float *wk = malloc((size_t)la_gla_forward_work(FK, FV, FC, dt) * sizeof(float));
+            unsigned short *half[] = {q16, k16, v16};
+            float *back[] = {qr, kr, vr};
+            const long len[] = {FN * FT * FK, FN * FT * FK, FN * FT * FV};
+            for (int a = 0; a < 3; ++a)
+                for (long i = 0; i < len[a]; ++i) {
+                    store_dt(half[a], i, uni(-1, 1) * (a < 2 ? 0.3 : 1), dt);
+                    back[a][i] = load_dt(half[a], i, dt);
+                }
+            for (long i = 0; i < FN * FT; ++i) g[i] = uni(-0.5, 0);
+            for (long i = 0; i < FN * FT * FK; ++i) gk[i] = uni(-1, 0); /* (gates: float32) */
+            for (long i = 0; i < FN * FK * FV; ++i) S0[i] = uni(-0.3, 0.3);
+            long cuts[] = {0, split ? 16 : FV, FV};
+            int rc = 0;
+            memcpy(S1, S0, sizeof S0);
+            memcpy(S2, S0, sizeof S0);
+            for (int c = 0; c < 2; ++c) {
+                if (cuts[c] == cuts[c + 1]) continue;
+                la_gla_forward_args a = {qr, FT * FK, FK, kr, FT * FK, FK, vr, FT * FV, FV, g, FT,
+                                         gk, FT * FK, FK, LA_F32, FN, FT, FK, FV, cuts[c],
+                                         cuts[c + 1], FC, 0.3f, S1, S1, o1, FT * FV, FV, NULL, 0,
+                                         wk};
+                rc |= la_gla_forward_call(&a);
+                la_gla_forward_args b = a;
+                b.q = q16, b.k = k16, b.v = v16, b.dt = dt, b.S_in = S2;
+                b.S_out = S2, b.o = o16;
+                rc |= la_gla_forward_call(&b);
+            }
+            int same = rc == 0 && !memcmp(S1, S2, sizeof S1);
+            for (long i = 0; i < FN * FT * FV; ++i) {
+                unsigned short want;
+                store_dt(&want, 0, o1[i], dt);
+                same &= want == o16[i];
+            }
+            ++checks;
+            if (!same) {
+                ++failures;
+                printf("FAIL: la_gla_forward in dtype %d (split %d, rc %d) is not the float32 "
+                       "forward on its values\n", dt, split, rc);
+            }
+            free(wk);
+        }
     /* la_gla_step: la_gla_forward with T = 1 on contiguous rows, bit for bit */
     {
         enum { SN = 3, SK = 20, SV = 32 };

@@ -570,3 +570,27 @@ def test_a_16_bit_step_is_the_float32_step_on_its_values(native_calls, dtype, wh
     eps32, eps = torch.finfo(torch.float32).eps, torch.finfo(dtype).eps
     torch.testing.assert_close(S_new, S32, rtol=8 * eps32, atol=8 * eps32)
     torch.testing.assert_close(o.float(), o32, rtol=eps, atol=eps * o32.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("which", GATES)
+def test_a_16_bit_prefill_reads_its_rows_itself(native_calls, dtype, which, monkeypatch):
+    """Without gradients, 16-bit q, k, v go to the forward kernel as they are (read a chunk at
+    a time as float32: no widened copy of the whole input), and give the float32 forward on the
+    same values with o rounded once (within one rounding of the dtype)."""
+    q, k, v, g, gk = _inputs(2, 3, T=150, K=32, V=48, which=which, seed=6, dtype=dtype)
+    S0 = _state(2, 3, 32, 48)
+    widened = []
+    real_rows = gated_native.float32_rows
+    monkeypatch.setattr(gated_native, "float32_rows",
+                        lambda x, n: widened.append(x.dtype) or real_rows(x, n))
+    with torch.no_grad():
+        o, S = gated_linear_attention(q, k, v, g=g, gk=gk, initial_state=S0, return_state=True)
+    assert native_calls["prefill"] == 1 and dtype not in widened
+    o32, S32 = gated_linear_attention(q.float(), k.float(), v.float(), g=g, gk=gk,
+                                      initial_state=S0, return_state=True)
+    assert o.dtype == dtype
+    eps32, eps = torch.finfo(torch.float32).eps, torch.finfo(dtype).eps
+    torch.testing.assert_close(S, S32, rtol=16 * eps32, atol=16 * eps32 * S32.abs().max().item())
+    torch.testing.assert_close(o.float(), o32, rtol=eps + 16 * eps32,
+                               atol=(eps + 16 * eps32) * o32.abs().max().item())

@@ -155,6 +155,52 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
     return 0;
 }
 
+/* la_gla_forward on rows of dtype dt (LA_BF16, LA_F16: q, k, v and o; the gates and the
+ * states float32, as the op's checks hand them), without checkpoints: each chunk of each head
+ * read into float32 rows first (exact; q, k rows of K, v rows of V, in the scratch after
+ * la_gla_work(K, C)), o rounded once as it is written. Widening a chunk in cache instead of the whole input beforehand saves a pass
+ * over memory per input and one for o. work: la_gla_forward_work(K, V, C, dt) floats. */
+long la_gla_forward_work(long K, long V, long C, int dt) {
+    return la_gla_work(K, C) + (dt == LA_F32 ? 0 : C * (2 * K + 2 * V));
+}
+
+static int gla_forward_widened(const void *q, long qs, long qt, const void *k, long ks, long kt,
+                               const void *v, long vs, long vt, const float *g, long gs,
+                               const float *gk, long gks, long gkt, int dt, long N, long T,
+                               long K, long V, long v0, long v1, long C, float scale,
+                               const float *S_in, float *S_out, void *o, long os, long ot,
+                               float *work) {
+    if (C < 1 || C > GLA_CMAX || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1)
+        return -1;
+    float *qw = work + la_gla_work(K, C), *kw = qw + C * K, *vw = kw + C * K, *ow = vw + C * V;
+    for (long n = 0; n < N; ++n) {
+        const float *Sin = S_in + n * K * V;
+        float *S = S_out + n * K * V;
+        if (T == 0 && Sin != S)
+            for (long i = 0; i < K; ++i)
+                memcpy(S + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+        for (long t0 = 0; t0 < T; t0 += C) {
+            long Tc = T - t0 < C ? T - t0 : C;
+            for (long t = 0; t < Tc; ++t) {
+                long r = t0 + t;
+                la_widened(qw + t * K, (const char *)q + 2 * (n * qs + r * qt), K, dt);
+                la_widened(kw + t * K, (const char *)k + 2 * (n * ks + r * kt), K, dt);
+                la_widened(vw + t * V, (const char *)v + 2 * (n * vs + r * vt), V, dt);
+            }
+            int rc = la_gla_forward(qw, 0, K, kw, 0, K, vw, 0, V, g ? g + n * gs + t0 : NULL, 0,
+                                    gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
+                                    v0, v1, C, scale,
+                                    t0 == 0 ? Sin : S, S, ow, 0, V, NULL, 0, work);
+            if (rc) return rc;
+            for (long t = 0; t < Tc; ++t) {
+                char *dst = (char *)o + 2 * (n * os + (t0 + t) * ot);
+                for (long j = v0; j < v1; j += W) vstore_dt(dst, j, vload(ow + t * V + j), dt);
+            }
+        }
+    }
+    return 0;
+}
+
 /* One decoding step of N heads with contiguous rows (q, k, gk (N, K); v, o (N, V); g (N)), all
  * of dtype dt (LA_F32, LA_BF16, LA_F16; the state is float32): la_gla_forward with T = 1, in
  * fewer arguments, its heads in parts on up to `threads` threads (la_parallel). Other dtypes
@@ -400,18 +446,24 @@ static int la_gla_backward(const float *q, long qs, long qt, const float *k, lon
  * One argument struct per kernel (ops/native/common.h); linattn/ops/gated/native.py mirrors
  * each in ctypes and the layouts are checked against la_gated_abi when the library loads. */
 #define LA_GLA_FORWARD_ARGS(X, la_s) \
-    X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
-    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
-    X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
+    X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
+    X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, const void *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
     X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, const float *, gk, 'p') \
-    X(la_s, long, gks, 'l') X(la_s, long, gkt, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
-    X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, long, v0, 'l') X(la_s, long, v1, 'l') \
-    X(la_s, long, C, 'l') X(la_s, float, scale, 'f') X(la_s, const float *, S_in, 'p') \
-    X(la_s, float *, S_out, 'p') X(la_s, float *, o, 'p') X(la_s, long, os, 'l') \
-    X(la_s, long, ot, 'l') X(la_s, float *, ckpt, 'p') X(la_s, long, cks, 'l') \
-    X(la_s, float *, work, 'p')
+    X(la_s, long, gks, 'l') X(la_s, long, gkt, 'l') X(la_s, int, dt, 'i') X(la_s, long, N, 'l') \
+    X(la_s, long, T, 'l') X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, long, v0, 'l') \
+    X(la_s, long, v1, 'l') X(la_s, long, C, 'l') X(la_s, float, scale, 'f') \
+    X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, void *, o, 'p') \
+    X(la_s, long, os, 'l') X(la_s, long, ot, 'l') X(la_s, float *, ckpt, 'p') \
+    X(la_s, long, cks, 'l') X(la_s, float *, work, 'p')
 LA_ARGS(la_gla_forward_args, LA_GLA_FORWARD_ARGS)
 int la_gla_forward_call(const la_gla_forward_args *a) {
+    if (a->dt != LA_F32) /* 16-bit rows: no checkpoints (the gradients widen in Python) */
+        return a->ckpt || a->dt < LA_F32 || a->dt > LA_F16 ? -1
+               : gla_forward_widened(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs,
+                                     a->vt, a->g, a->gs, a->gk, a->gks, a->gkt, a->dt, a->N,
+                                     a->T, a->K, a->V, a->v0, a->v1, a->C, a->scale, a->S_in,
+                                     a->S_out, a->o, a->os, a->ot, a->work);
     return la_gla_forward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->g, a->gs,
                           a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V, a->v0, a->v1, a->C,
                           a->scale, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt, a->cks,

@@ -89,7 +89,10 @@ def _size_functions(lib) -> dict:
     lib.la_gla_work.restype, lib.la_gla_work.argtypes = c_long, [c_long, c_long]
     lib.la_gla_step_work.restype = c_long
     lib.la_gla_step_work.argtypes = [c_long, c_long, c_long, c_int, c_int]
-    return {"work": lib.la_gla_work, "step_work": lib.la_gla_step_work}
+    lib.la_gla_forward_work.restype = c_long
+    lib.la_gla_forward_work.argtypes = [c_long, c_long, c_long, c_int]
+    return {"work": lib.la_gla_work, "step_work": lib.la_gla_step_work,
+            "forward_work": lib.la_gla_forward_work}
 
 
 _KERNELS = KernelSet("la_gated_abi", extra=_size_functions)
@@ -128,31 +131,33 @@ def _threads(N: int, T: int, K: int, V: int, columns: bool) -> int:
 
 def _ptr(x: Tensor | None, h0: int = 0) -> int | None:
     """The address of head h0 of a (N, ...) tensor, or None."""
-    return None if x is None else x.data_ptr() + _F4 * h0 * x.stride(0)
+    return None if x is None else x.data_ptr() + x.element_size() * h0 * x.stride(0)
 
 
 def _forward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
                   gk: Tensor | None, s: float, C: int, S: Tensor, o: Tensor,
                   ckpt: Tensor | None, first: int) -> None:
     """la_gla_forward over (N, T, ·) views (contiguous last dimension, any head and token
-    strides), g (N, T), gk (N, T, K), the state S (N, K, V) contiguous, updated in place; o
-    (N, T, V); ckpt (N, n, K, V) or None, this span's chunks from index ``first`` on."""
+    strides), g (N, T) and gk (N, T, K) float32, the state S (N, K, V) contiguous, updated in
+    place; o (N, T, V); q, k, v and o all float32, or all bfloat16 / float16 (read a chunk at a
+    time as float32 by the kernel; then no checkpoints); ckpt (N, n, K, V) or None, this
+    span's chunks from index ``first`` on."""
     N, T, K = q.shape
     V = v.shape[2]
     threads = _threads(N, T, K, V, columns=True)
-    fn, work = fns["gla_forward"], None
+    fn, dt = fns["gla_forward"], DTYPE_CODES[q.dtype]
+    size = work_size(fns, "forward_work", K, V, C, dt)
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
-        nonlocal work
         rc = fn(
             q=_ptr(q, h0), qs=q.stride(0), qt=q.stride(1), k=_ptr(k, h0), ks=k.stride(0),
             kt=k.stride(1), v=_ptr(v, h0), vs=v.stride(0), vt=v.stride(1), g=_ptr(g, h0),
             gs=0 if g is None else g.stride(0), gk=_ptr(gk, h0),
-            gks=0 if gk is None else gk.stride(0), gkt=0 if gk is None else gk.stride(1),
+            gks=0 if gk is None else gk.stride(0), gkt=0 if gk is None else gk.stride(1), dt=dt,
             N=h1 - h0, T=T, K=K, V=V, v0=v0, v1=v1, C=C, scale=s, S_in=_ptr(S, h0),
             S_out=_ptr(S, h0), o=_ptr(o, h0), os=o.stride(0), ot=o.stride(1),
             ckpt=None if ckpt is None else _ptr(ckpt, h0) + _F4 * first * K * V,
-            cks=0 if ckpt is None else ckpt.stride(0), work=_work(fns, K, C).data_ptr())
+            cks=0 if ckpt is None else ckpt.stride(0), work=scratch(size).data_ptr())
         check_rc(rc, "la_gla_forward")
 
     run_jobs(part, head_jobs(N, V, threads, columns=True, block=V_MULTIPLE), threads)
@@ -210,14 +215,27 @@ def _layout(q: Tensor, cu_seqlens: Tensor | None) -> tuple[list[int], int]:
     return batch, math.prod(heads)
 
 
-def _flat(q, k, v, g, gk, cu_seqlens):
-    """The inputs as float32 (H, T, ·) rows (the packed batch dimension dropped)."""
+def _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit: bool = False):
+    """The inputs as float32 (H, T, ·) rows (the packed batch dimension dropped); with
+    ``keep_16_bit``, q, k and v of one 16-bit dtype stay in it (the forward kernel reads them a
+    chunk at a time: no widened copy of the whole input), as views where their last dimension
+    is contiguous. The gates are float32 either way."""
     _, H = _layout(q, cu_seqlens)
     T = q.shape[-2]
-    qf, kf, vf = (float32_rows(x, H) for x in (q, k, v))
     gf = None if g is None else g.reshape(H, T).float().contiguous()
+    dt = q.dtype
     gkf = None if gk is None else float32_rows(gk, H)
+    if (keep_16_bit and dt in (torch.bfloat16, torch.float16) and k.dtype == dt
+            and v.dtype == dt):
+        return (H, *(_rows(x, H) for x in (q, k, v)), gf, gkf)
+    qf, kf, vf = (float32_rows(x, H) for x in (q, k, v))
     return H, qf, kf, vf, gf, gkf
+
+
+def _rows(x: Tensor, H: int) -> Tensor:
+    """x (..., T, F) as (H, T, F) in its own dtype, with a contiguous last dimension."""
+    x = x.reshape(H, *x.shape[-2:])
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 # ------------------------------------------------------------------------ the custom ops
@@ -236,7 +254,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | Non
     if fns is None:  # a traced program run where the kernels cannot be had: the same function
         o, S = _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens)
         return o.to(q.dtype), S, S0.new_zeros((H, n, K, V) if checkpoints else (0,))
-    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens)
+    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit=not checkpoints)
     S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
     o = empty_hugepage(qf, H, T, V)
     ckpt = empty_hugepage(S0, H, n, K, V) if checkpoints else S0.new_empty(0)
