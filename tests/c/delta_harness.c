@@ -576,6 +576,57 @@ static void forward_checks(void) {
                     for (int mode = 0; mode < 4; ++mode)
                         fwd_run(s == 0 ? 3 : 2, 1 + (t + gates + l2 + mode) % 3, Ts[t], shapes[s][0],
                             shapes[s][1], gates, l2, mode);
+    /* la_gdr_forward_call on 16-bit rows (gdr_forward_widened), G = 2 value heads per q/k
+     * head, gates scalar and per key: the float32 forward on the rounded values with o
+     * rounded once, whole or in two column blocks, out of place; the same chunks of the same
+     * function, so equal to the last bit */
+    for (int dt = LA_BF16; dt <= LA_F16; ++dt)
+        for (int split = 0; split < 2; ++split) {
+            enum { FN = 4, FQ = 2, FT = 150, FK = 20, FV = 32 };
+            static unsigned short q16[FQ * FT * FK], k16[FQ * FT * FK], v16[FN * FT * FV];
+            static unsigned short o16[FN * FT * FV];
+            static float qr[FQ * FT * FK], kr[FQ * FT * FK], vr[FN * FT * FV], gk[FN * FT * FK];
+            static float b[FN * FT], g[FN * FT], S0[FN * FK * FV], S1[FN * FK * FV];
+            static float S2[FN * FK * FV], o1[FN * FT * FV];
+            float *wk = malloc((size_t)la_gdr_forward_work(FK, FV, dt) * sizeof(float));
+            unsigned short *half[] = {q16, k16, v16};
+            float *back[] = {qr, kr, vr};
+            const long len[] = {FQ * FT * FK, FQ * FT * FK, FN * FT * FV};
+            for (int a = 0; a < 3; ++a)
+                for (long i = 0; i < len[a]; ++i) {
+                    store_dt(half[a], i, uni(-1, 1), dt);
+                    back[a][i] = load_dt(half[a], i, dt);
+                }
+            for (long i = 0; i < FN * FT; ++i) b[i] = uni(0, 1), g[i] = uni(-0.5, 0);
+            for (long i = 0; i < FN * FT * FK; ++i) gk[i] = uni(-0.3, 0);
+            for (long i = 0; i < FN * FK * FV; ++i) S0[i] = uni(-0.3, 0.3);
+            long cuts[] = {0, split ? 16 : FV, FV};
+            int rc = 0;
+            for (int c = 0; c < 2; ++c) {
+                if (cuts[c] == cuts[c + 1]) continue;
+                la_gdr_forward_args a = {qr, FT * FK, FK, kr, FT * FK, FK, 2, 0, vr, FT * FV, FV,
+                                         b, FT, g, FT, gk, FT * FK, FK, LA_F32, FN, FT, FK, FV,
+                                         cuts[c], cuts[c + 1], 0.3f, 1, S0, S1, o1, FT * FV, FV,
+                                         NULL, 0, NULL, 0, 0, wk};
+                rc |= la_gdr_forward_call(&a);
+                la_gdr_forward_args h = a;
+                h.q = q16, h.k = k16, h.v = v16, h.dt = dt, h.S_out = S2, h.o = o16;
+                rc |= la_gdr_forward_call(&h);
+            }
+            int same = rc == 0 && !memcmp(S1, S2, sizeof S1);
+            for (long i = 0; i < FN * FT * FV; ++i) {
+                unsigned short want;
+                store_dt(&want, 0, o1[i], dt);
+                same &= want == o16[i];
+            }
+            ++checks;
+            if (!same) {
+                ++failures;
+                printf("FAIL: la_gdr_forward in dtype %d (split %d, rc %d) is not the float32 "
+                       "forward on its values\n", dt, split, rc);
+            }
+            free(wk);
+        }
     /* la_gdr_step: la_gdr_forward with T = 1 on contiguous rows, bit for bit (a scalar gate;
      * then G = 2 value heads per q/k head with per-key gates too) */
     {

@@ -409,3 +409,35 @@ def test_a_16_bit_step_is_the_float32_step_on_its_values(native_calls, dtype, ga
     assert S_in is S_kept
     torch.testing.assert_close(S_in, S32, rtol=8 * eps32, atol=8 * eps32)
     torch.testing.assert_close(o_in, o)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gates", ["g", "gk", "none"])
+def test_a_16_bit_prefill_reads_its_rows_itself(native_calls, dtype, gates, monkeypatch):
+    """Without gradients, 16-bit q, k, v (here 2 value heads per q/k head) go to the forward
+    kernel as they are (read a chunk at a time as float32: no widened copy of each whole
+    input), and give the float32 forward on the same values with o rounded once (within one
+    rounding of the dtype)."""
+    gen = torch.Generator().manual_seed(8)
+    q, k = (torch.randn(2, 3, 150, 32, generator=gen) for _ in range(2))
+    v = torch.randn(2, 6, 150, 48, generator=gen)
+    beta = torch.rand(2, 6, 150, generator=gen)
+    g = -torch.rand(2, 6, 150, generator=gen) * 0.5 if gates == "g" else None
+    gk = -torch.rand(2, 6, 150, 32, generator=gen) * 0.3 if gates == "gk" else None
+    S0 = torch.randn(2, 6, 32, 48, generator=gen) * 0.1
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    widened = []
+    real_rows = delta_native.float32_rows
+    monkeypatch.setattr(delta_native, "float32_rows",
+                        lambda x, n: widened.append(x.dtype) or real_rows(x, n))
+    with torch.no_grad():
+        o, S = delta_rule(q, k, v, beta, g, gk=gk, initial_state=S0, return_state=True,
+                          qk_l2norm=True)
+    assert native_calls["prefill"] == 1 and dtype not in widened
+    o32, S32 = delta_rule(q.float(), k.float(), v.float(), beta, g, gk=gk, initial_state=S0,
+                          return_state=True, qk_l2norm=True)
+    assert o.dtype == dtype
+    eps32, eps = torch.finfo(torch.float32).eps, torch.finfo(dtype).eps
+    torch.testing.assert_close(S, S32, rtol=16 * eps32, atol=16 * eps32 * S32.abs().max().item())
+    torch.testing.assert_close(o.float(), o32, rtol=eps + 16 * eps32,
+                               atol=(eps + 16 * eps32) * o32.abs().max().item())

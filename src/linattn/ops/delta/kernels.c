@@ -253,6 +253,58 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
  * step split over threads (la_gdr_forward's parts) equals one on the calling thread. */
 static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
 
+/* la_gdr_forward on rows of dtype dt (LA_BF16, LA_F16: q, k, v and o; beta, the gates and the
+ * states float32, as the op's checks hand them), without what the backward reads (ckpt, w):
+ * each chunk of GDR_TC tokens of each head read into float32 rows first (exact; q, k rows of
+ * K, v rows of V, in the scratch after la_gdr_work(K)) and o rounded once as it is written:
+ * the same chunks of the same function as on float32 rows, without a widened copy of each
+ * whole input and of o. work: la_gdr_forward_work(K, V, dt) floats. */
+long la_gdr_forward_work(long K, long V, int dt) {
+    return la_gdr_work(K) + (dt == LA_F32 ? 0 : GDR_TC * (2 * K + 2 * V));
+}
+
+static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, long ks, long kt,
+                               long G, long g0, const void *v, long vs, long vt,
+                               const float *beta, long bs, const float *g, long gs,
+                               const float *gk, long gks, long gkt, int dt, long N, long T,
+                               long K, long V, long v0, long v1, float scale, int l2norm,
+                               const float *S_in, float *S_out, void *o, long os, long ot,
+                               float *work) {
+    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
+        || G < 1 || g0 < 0 || g0 >= G)
+        return -1;
+    float *qw = work + la_gdr_work(K), *kw = qw + GDR_TC * K, *vw = kw + GDR_TC * K;
+    float *ow = vw + GDR_TC * V;
+    for (long n = 0; n < N; ++n) {
+        const float *Sin = S_in + n * K * V;
+        float *Sout = S_out + n * K * V;
+        long m = (g0 + n) / G; /* this value head's q/k head */
+        if (T == 0 && Sin != Sout)
+            for (long i = 0; i < K; ++i)
+                memcpy(Sout + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+        for (long t0 = 0; t0 < T; t0 += GDR_TC) {
+            long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
+            for (long t = 0; t < Tc; ++t) {
+                long r = t0 + t;
+                la_widened(qw + t * K, (const char *)q + 2 * (m * qs + r * qt), K, dt);
+                la_widened(kw + t * K, (const char *)k + 2 * (m * ks + r * kt), K, dt);
+                la_widened(vw + t * V, (const char *)v + 2 * (n * vs + r * vt), V, dt);
+            }
+            int rc = gdr_forward_fn(qw, 0, K, kw, 0, K, 1, 0, vw, 0, V, beta + n * bs + t0, 0,
+                                    g ? g + n * gs + t0 : NULL, 0,
+                                    gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
+                                    v0, v1, scale, l2norm, t0 == 0 ? Sin : Sout, Sout, ow, 0, V,
+                                    NULL, 0, NULL, 0, 0, work);
+            if (rc) return rc;
+            for (long t = 0; t < Tc; ++t) {
+                char *dst = (char *)o + 2 * (n * os + (t0 + t) * ot);
+                for (long j = v0; j < v1; j += W) vstore_dt(dst, j, vload(ow + t * V + j), dt);
+            }
+        }
+    }
+    return 0;
+}
+
 /* One decoding step of N value heads with contiguous rows (q, k (N / G, K): one q/k head per G
  * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL), all of dtype dt (LA_F32,
  * LA_BF16, LA_F16; the state is float32): la_gdr_forward with T = 1, in fewer arguments, its
@@ -330,20 +382,28 @@ static int la_gdr_step(const void *q, const void *k, const void *v, const void *
  * One argument struct per kernel (ops/native/common.h); linattn/ops/delta/native.py mirrors
  * each in ctypes and the layouts are checked against la_delta_abi when the library loads. */
 #define LA_GDR_FORWARD_ARGS(X, la_s) \
-    X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
-    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
+    X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
     X(la_s, long, G, 'l') X(la_s, long, g0, 'l') \
-    X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
+    X(la_s, const void *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
     X(la_s, const float *, beta, 'p') X(la_s, long, bs, 'l') X(la_s, const float *, g, 'p') \
     X(la_s, long, gs, 'l') X(la_s, const float *, gk, 'p') X(la_s, long, gks, 'l') \
-    X(la_s, long, gkt, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, K, 'l') \
-    X(la_s, long, V, 'l') X(la_s, long, v0, 'l') X(la_s, long, v1, 'l') X(la_s, float, scale, 'f') \
-    X(la_s, int, l2norm, 'i') X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') \
-    X(la_s, float *, o, 'p') X(la_s, long, os, 'l') X(la_s, long, ot, 'l') \
-    X(la_s, float *, ckpt, 'p') X(la_s, long, cs, 'l') X(la_s, float *, w, 'p') \
-    X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') X(la_s, float *, work, 'p')
+    X(la_s, long, gkt, 'l') X(la_s, int, dt, 'i') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
+    X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, long, v0, 'l') X(la_s, long, v1, 'l') \
+    X(la_s, float, scale, 'f') X(la_s, int, l2norm, 'i') X(la_s, const float *, S_in, 'p') \
+    X(la_s, float *, S_out, 'p') X(la_s, void *, o, 'p') X(la_s, long, os, 'l') \
+    X(la_s, long, ot, 'l') X(la_s, float *, ckpt, 'p') X(la_s, long, cs, 'l') \
+    X(la_s, float *, w, 'p') X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') \
+    X(la_s, float *, work, 'p')
 LA_ARGS(la_gdr_forward_args, LA_GDR_FORWARD_ARGS)
 int la_gdr_forward_call(const la_gdr_forward_args *a) {
+    if (a->dt != LA_F32) /* 16-bit rows: nothing for a backward (the gradients widen in Python) */
+        return a->ckpt || a->w || a->dt < LA_F32 || a->dt > LA_F16 ? -1
+               : gdr_forward_widened(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v,
+                                     a->vs, a->vt, a->beta, a->bs, a->g, a->gs, a->gk, a->gks,
+                                     a->gkt, a->dt, a->N, a->T, a->K, a->V, a->v0, a->v1,
+                                     a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->os,
+                                     a->ot, a->work);
     return (int)gdr_forward_fn(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v, a->vs,
             a->vt, a->beta, a->bs, a->g, a->gs, a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V,
             a->v0, a->v1, a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt,

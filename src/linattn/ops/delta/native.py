@@ -98,11 +98,13 @@ def _size_functions(lib) -> dict:
     lib.la_gdr_chunk.restype, lib.la_gdr_chunk.argtypes = c_long, []
     lib.la_gdr_step_work.restype = c_long
     lib.la_gdr_step_work.argtypes = [c_long, c_long, c_long, c_long, c_int, c_int]
+    lib.la_gdr_forward_work.restype = c_long
+    lib.la_gdr_forward_work.argtypes = [c_long, c_long, c_int]
     if lib.la_gdr_chunk() != CHECKPOINT:
         raise LayoutError(f"la_gdr_chunk() is {lib.la_gdr_chunk()}, not CHECKPOINT = "
                           f"{CHECKPOINT}")
     return {"work": lib.la_gdr_work, "backward_work": lib.la_gdr_backward_work,
-            "step_work": lib.la_gdr_step_work}
+            "step_work": lib.la_gdr_step_work, "forward_work": lib.la_gdr_forward_work}
 
 
 _KERNELS = KernelSet("la_delta_abi", extra=_size_functions)
@@ -151,7 +153,9 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     # parts: head groups, or a head's column blocks (see linattn.ops.native.head_jobs)
     threads = threads_for(N * T * K * V, max(N, V // V_MULTIPLE), PARALLEL_MIN)
     gs = 0 if g is None else g.stride(0)
-    f4 = 4  # bytes per float32 element
+    f4 = 4  # bytes per float32 element (beta, the gates, the states)
+    e = q.element_size()  # of q, k, v and o: 2 for 16-bit rows (the kernel widens them)
+    dt = DTYPE_CODES[q.dtype]
     qp, kp, vp, bp, Sp, Op, op = (x.data_ptr() for x in (q, k, v, beta, S_in, S_out, o))
     gp = None if g is None else g.data_ptr()
     gkp, gks, gkt = (None, 0, 0) if gk is None else (gk.data_ptr(), gk.stride(0), gk.stride(1))
@@ -162,20 +166,26 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
         m0 = h0 // G  # the q/k head of value head h0; h0 % G: its place in the group
         rc = fn(
-            q=qp + f4 * m0 * q.stride(0), qs=q.stride(0), qt=q.stride(1),
-            k=kp + f4 * m0 * k.stride(0), ks=k.stride(0), kt=k.stride(1), G=G, g0=h0 - m0 * G,
-            v=vp + f4 * h0 * v.stride(0), vs=v.stride(0), vt=v.stride(1),
+            q=qp + e * m0 * q.stride(0), qs=q.stride(0), qt=q.stride(1),
+            k=kp + e * m0 * k.stride(0), ks=k.stride(0), kt=k.stride(1), G=G, g0=h0 - m0 * G,
+            v=vp + e * h0 * v.stride(0), vs=v.stride(0), vt=v.stride(1),
             beta=bp + f4 * h0 * beta.stride(0), bs=beta.stride(0),
             g=None if gp is None else gp + f4 * h0 * gs, gs=gs,
-            gk=None if gkp is None else gkp + f4 * h0 * gks, gks=gks, gkt=gkt, N=h1 - h0, T=T,
-            K=K, V=V, v0=v0, v1=v1, scale=s, l2norm=int(bool(l2norm)), S_in=Sp + f4 * h0 * K * V,
-            S_out=Op + f4 * h0 * K * V, o=op + f4 * h0 * o.stride(0), os=o.stride(0),
-            ot=o.stride(1), ckpt=None if cp is None else cp + f4 * h0 * cs, cs=cs,
-            w=None if wp is None else wp + f4 * h0 * ws, ws=ws, wt=wt,
-            work=_work(fns, K).data_ptr())
+            gk=None if gkp is None else gkp + f4 * h0 * gks, gks=gks, gkt=gkt, dt=dt, N=h1 - h0,
+            T=T, K=K, V=V, v0=v0, v1=v1, scale=s, l2norm=int(bool(l2norm)),
+            S_in=Sp + f4 * h0 * K * V, S_out=Op + f4 * h0 * K * V, o=op + e * h0 * o.stride(0),
+            os=o.stride(0), ot=o.stride(1), ckpt=None if cp is None else cp + f4 * h0 * cs,
+            cs=cs, w=None if wp is None else wp + f4 * h0 * ws, ws=ws, wt=wt,
+            work=scratch(work_size(fns, "forward_work", K, V, dt)).data_ptr())
         check_rc(rc, "la_gdr_forward")
 
     run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
+
+
+def _rows(x: Tensor, N: int) -> Tensor:
+    """x (..., T, F) as (N, T, F) in its own dtype, with a contiguous last dimension."""
+    x = x.reshape(N, *x.shape[-2:])
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | None, s: float,
@@ -250,8 +260,12 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     T, K = q.shape[-2:]
     V = v.shape[-1]
     H, HV, spans, src = _spans(q, v, cu_seqlens, q, k, v, beta, g, gk)
-    qf, kf = float32_rows(src[0], H), float32_rows(src[1], H)
-    vf = float32_rows(src[2], HV)
+    if (not save and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
+            and v.dtype == q.dtype):  # the kernel reads 16-bit rows a chunk at a time
+        qf, kf, vf = _rows(src[0], H), _rows(src[1], H), _rows(src[2], HV)
+    else:
+        qf, kf = float32_rows(src[0], H), float32_rows(src[1], H)
+        vf = float32_rows(src[2], HV)
     bf = src[3].reshape(HV, T).contiguous()
     gf = None if g is None else src[4].reshape(HV, T).contiguous()
     gkf = None if gk is None else float32_rows(src[5], HV)
