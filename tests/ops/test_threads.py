@@ -296,27 +296,31 @@ def test_the_runtime_probe_ignores_a_replaced_torch_get_num_threads(monkeypatch)
     assert native._find_omp_setter() is not None
 
 
-def test_gate_and_beta_checks_reduce_on_the_calling_thread(torch_threads, monkeypatch):
-    """The value checks of a log-gate and of β run their tests and reductions on one thread
-    (on two, torch handed each to its second OpenMP thread, whose wake-up cost more than the
-    check: 2.3 ms of a 13.6 ms GLA forward), and torch's count comes back."""
+def test_value_checks_reduce_on_the_calling_thread(torch_threads, monkeypatch):
+    """Every value check (log-gates, β, γ) runs its element-wise test and reduction on one
+    thread (on two, torch handed each to its second OpenMP thread, whose wake-up cost more than
+    the check: 2.3 ms of a 13.6 ms GLA forward), and torch's count comes back."""
     from linattn.ops import _common
 
     torch.set_num_threads(2)
     seen = []
     real = _common.check_values
 
-    def spy(ok, *a, **kw):
-        seen.append(torch.get_num_threads())
-        return real(ok, *a, **kw)
+    def spy(x, test, *a, **kw):
+        def counted(t):
+            seen.append(torch.get_num_threads())
+            return test(t)
 
-    for module in ("linattn.ops.gated.chunk", "linattn.ops.delta.op"):
+        return real(x, counted, *a, **kw)
+
+    for module in ("linattn.ops.gated.chunk", "linattn.ops.delta.op", "linattn.ops._common"):
         monkeypatch.setattr(f"{module}.check_values", spy)
     q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
     g = F.logsigmoid(torch.randn(1, 2, 64))
     linattn.gated_linear_attention(q, k, v, g=g)
     linattn.delta_rule(q, F.normalize(k, dim=-1), v, torch.rand(1, 2, 64), g)
-    assert seen and set(seen) == {1}
+    linattn.decay_linear_attention(q, k, v, torch.full((1, 2), 0.9))
+    assert seen == [1] * 4, seen  # g; β and g; γ
     assert torch.get_num_threads() == 2
 
 

@@ -540,7 +540,7 @@ class LinearTransformerLM(nn.Module):
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise ValueError(f"ids: expected shape (B, T) with T >= 1, got {tuple(ids.shape)}")
         if tracing(ids) or ids.is_meta:  # values unknown (compile, export, fake, vmap, meta)
-            check_values((ids >= 0) & (ids < self.vocab_size),
+            check_values(ids, lambda i: (i >= 0) & (i < self.vocab_size),
                          f"ids: values must lie in [0, {self.vocab_size})")
             return
         if ids.numel() == 0:

@@ -282,28 +282,26 @@ def check_chunk_size(chunk_size: object, default: int) -> int:
     return check_positive_int(chunk_size, "chunk_size")
 
 
-def check_values(ok: Tensor, message: str, detail: Callable[[], str] | None = None) -> None:
-    """Raise ValueError(``message`` + ``detail()``) unless every element of the bool tensor
-    ``ok`` is True. Inside a traced graph (``torch.compile``, ``torch.export``) the check cannot
-    branch on values: it becomes an assertion node of the graph, which raises RuntimeError with
-    ``message`` when the compiled program runs. A meta tensor has no values: nothing to check.
+def check_values(x: Tensor, test: Callable[[Tensor], Tensor], message: str,
+                 detail: Callable[[], str] | None = None) -> None:
+    """Raise ValueError(``message`` + ``detail()``) unless the element-wise ``test(x)`` is True
+    everywhere. The test and its reduction run on the calling thread up to 2²⁰ elements
+    (torch_on_one_thread): on two threads torch handed a 65,536-element comparison and its
+    ``all()`` to its second OpenMP thread, whose wake-up cost 2.3 ms of a 13.6 ms GLA forward
+    (AMD Zen 4, H 16, T 4096). Inside a traced graph (``torch.compile``, ``torch.export``) the
+    check cannot branch on values: it becomes an assertion node of the graph, which raises
+    RuntimeError with ``message`` when the compiled program runs. A meta tensor has no values:
+    nothing to check.
     """
-    if tracing(ok):
-        torch._assert_async(ok.all(), message)
+    if tracing(x):
+        torch._assert_async(test(x).all(), message)
         return
-    if ok.is_meta:  # shapes only, no values to check (as linear_attention has always run)
+    if x.is_meta:  # shapes only, no values to check (as linear_attention has always run)
         return
-    if not bool(ok.all()):
+    with torch_on_one_thread(x.numel() <= 1 << 20):
+        ok = bool(test(x).all())
+    if not ok:
         raise ValueError(message + ("" if detail is None else detail()))
-
-
-def checks_on_one_thread(x: Tensor):
-    """A context for the value checks of an argument x (a gate, β): their element-wise tests
-    and reductions, up to 2²⁰ elements, on the calling thread (torch_on_one_thread). On two
-    threads torch handed a 65,536-element comparison and its ``all()`` to its second OpenMP
-    thread, whose wake-up cost 2.3 ms of a 13.6 ms GLA forward (AMD Zen 4, H 16, T 4096).
-    Traced code and larger tensors: torch's own threads."""
-    return torch_on_one_thread(x.numel() <= 1 << 20 and not tracing(x))
 
 
 def nonfinite(x: Tensor) -> str:
@@ -347,8 +345,8 @@ def check_gamma(gamma: object, batch: tuple[int, ...], like: Tensor) -> Tensor:
     ``gamma`` unless numbers (:func:`gamma_tensor`), ValueError outside [0, 1] or when it does
     not broadcast to ``batch``."""
     g = gamma_tensor(gamma, like.dtype, like.device)
-    check_values((g >= 0) & (g <= 1), "gamma: expected decays in [0, 1]",  # nan fails both
-                 lambda: f", got {shown(gamma)}")
+    check_values(g, lambda g: (g >= 0) & (g <= 1),  # nan fails both
+                 "gamma: expected decays in [0, 1]", lambda: f", got {shown(gamma)}")
     try:
         return g.broadcast_to(batch)
     except RuntimeError:

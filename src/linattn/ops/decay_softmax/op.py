@@ -75,7 +75,8 @@ def check_decay_softmax_inputs(q: Tensor, k: Tensor, v: Tensor, gamma: float | T
         raise ValueError(f"k: expected at least as many keys as queries (the queries are the "
                          f"last T of S positions), got {S} keys for {T} queries")
     g = check_gamma(gamma, tuple(q.shape[:-2]), q)
-    check_values(g != 0, "gamma: expected decays in (0, 1] (log γ must be finite)",
+    check_values(g, lambda g: g != 0,
+                 "gamma: expected decays in (0, 1] (log γ must be finite)",
                  lambda: f", got {shown(gamma)}")
     return g.log(), check_scale(scale, q.shape[-1], positive=True, dtype=q.dtype)
 

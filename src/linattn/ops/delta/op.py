@@ -62,7 +62,6 @@ from linattn.ops._common import (
     check_qkv,
     check_step_inputs,
     check_values,
-    checks_on_one_thread,
     needs_grad,
     nonfinite,
     split_scale,
@@ -89,9 +88,8 @@ def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) ->
     """β of exactly ``shape`` in the accumulation dtype; errors name ``name``: a nan or ±inf
     β turns every later output into nan."""
     checked_tensor(beta, name, shape, like)
-    with checks_on_one_thread(beta):
-        check_values(beta.isfinite(), f"{name}: expected finite values",
-                     lambda: f", got {nonfinite(beta)}")
+    check_values(beta, Tensor.isfinite, f"{name}: expected finite values",
+                 lambda: f", got {nonfinite(beta)}")
     return beta.to(accumulation_dtype(like.dtype))
 
 
