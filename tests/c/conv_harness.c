@@ -169,7 +169,7 @@ static void run_segments(long D, long width, int xdt) {
     expect(state_ok, "final states", cfg);
     /* a segment out of range is refused before anything is written */
     const long bad[4] = {0, 5, 21, 0};
-    memset(y, 0x7F, (size_t)(T * D + GUARD) * ES[xdt]);
+    fill_guards(y, T * D + GUARD, xdt);
     rc = conv_forward(x, T * D, D, xdt, y, T * D, D, xdt, 1, T, D, width, 0, D, w, width, 1,
                       LA_F32, NULL, 0, 0, 1, bad, 1, NULL, 0, 0, 0, xdt, NULL, 0, 0, 0, xdt, work);
     expect(rc == -1 && is_guard(y, 0, xdt) && is_guard(y, 5 * D, xdt), "bad segment refused", cfg);

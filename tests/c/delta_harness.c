@@ -46,66 +46,12 @@ static __typeof__(la_gdr_backward) *volatile gdr_backward = la_gdr_backward;
 
 #define FWD_TOL 2e-5 /* la_gdr_forward */
 #define BWD_TOL 1e-4 /* la_gdr_backward */
-#define GUARD 64
-#define GUARD_BITS 0x7FC0DEADu
-
-/* each part starts from its own seed (main) */
-static unsigned long long rng;
-static double urand(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
-}
-static float uni(double lo, double hi) { return (float)(lo + (hi - lo) * urand()); }
-
-static float guard_value(void) {
-    float f;
-    unsigned u = GUARD_BITS;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static float *guarded_alloc(long n) {
-    float *p = malloc((size_t)(n + GUARD) * sizeof(float));
-    float gv = guard_value();
-    for (long i = 0; i < n + GUARD; ++i) p[i] = gv;
-    return p;
-}
-static int is_guard(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return u == GUARD_BITS;
-}
-
-static int failures = 0, checks = 0;
-
-static void expect(const char *what, double err, double tol, const char *cfg) {
-    ++checks;
-    if (!(err <= tol)) {
-        ++failures;
-        printf("FAIL %s: %s error %.3g\n", cfg, what, err);
-    }
-}
-
-/* Everything outside H blocks (stride hs) of R rows (stride rs) of F floats still a guard. */
-static void expect_guards(const char *what, const float *p, long H, long hs, long R, long rs,
-                          long F, long total, const char *cfg) {
-    long bad = 0;
-    for (long i = 0; i < total + GUARD; ++i) {
-        int inside = 0;
-        if (hs > 0 && rs > 0) { /* (zero strides: nothing is inside) */
-            long n = i / hs, r = (i % hs) / rs, c = (i % hs) % rs;
-            inside = n < H && r < R && c < F;
-        }
-        if (!inside && !is_guard(p[i])) ++bad;
-    }
-    ++checks;
-    if (bad) {
-        ++failures;
-        printf("FAIL %s: %s: %ld guard values overwritten\n", cfg, what, bad);
-    }
-}
+/* each part starts from its own seed again (main) */
+#define HARNESS_SEED 0x2545F4914F6CDD1Dull
+#include "harness_common.h"
 
 static void fwd_expect(const char *what, double err, const char *cfg) {
-    expect(what, err, FWD_TOL, cfg);
+    expect_within(what, err, FWD_TOL, cfg);
 }
 
 /* ------------------------------------------------------------------ 1. la_gdr_forward */
@@ -171,11 +117,11 @@ static void fwd_run(long NQ, long G, long T, long K, long V, int gates, int l2no
              G, T, K, V, gates, l2norm, mode, W);
     long qt = K + 3, qs = T * qt + 5, vt = V + 2, vs = T * vt + 7, ot = V + 1, os = T * ot + 3;
     long nq = NQ * qs, nv = N * vs, no = N * os;
-    float *q = guarded_alloc(nq), *k = guarded_alloc(nq), *v = guarded_alloc(nv);
-    float *o = guarded_alloc(no), *beta = guarded_alloc(N * T), *g = guarded_alloc(N * T);
-    float *gk = guarded_alloc(N * T * K);
-    float *S0 = guarded_alloc(N * K * V), *S = guarded_alloc(N * K * V);
-    float *work = guarded_alloc(la_gdr_work(K));
+    float *q = guarded_f32(nq), *k = guarded_f32(nq), *v = guarded_f32(nv);
+    float *o = guarded_f32(no), *beta = guarded_f32(N * T), *g = guarded_f32(N * T);
+    float *gk = guarded_f32(N * T * K);
+    float *S0 = guarded_f32(N * K * V), *S = guarded_f32(N * K * V);
+    float *work = guarded_f32(la_gdr_work(K));
     float kscale = l2norm ? 1.0f : 1.0f / sqrtf((float)K);
     for (long m = 0; m < NQ; ++m)
         for (long t = 0; t < T; ++t)
@@ -241,8 +187,7 @@ static void fwd_run(long NQ, long G, long T, long K, long V, int gates, int l2no
     expect_guards("o", o, N, os, T, ot, V, no, cfg); /* only the rows of each head written */
     expect_guards("S", S, 1, N * K * V, N * K, V, V, N * K * V, cfg);
     if (mode == 0 || mode == 3) /* S_in untouched */
-        fwd_expect("S_in kept", memcmp(S0, S0copy, (size_t)(N * K * V) * sizeof(float)) ? 1.0 : 0.0,
-               cfg);
+        expect(!memcmp(S0, S0copy, (size_t)(N * K * V) * sizeof(float)), "S_in kept", cfg);
     free(S0copy);
     free(q), free(k), free(v), free(o), free(beta), free(g), free(gk), free(S0), free(S);
     free(work), free(Sref), free(oref);
@@ -411,7 +356,7 @@ static void check_reference(long T, long K, long V, int gated, int l2norm) {
         fd[i] = (up - down) / (2 * h);
         if (!gated && i >= 2 * nq + nv + T && i < 2 * nq + nv + 2 * T) fd[i] = 0; /* no g */
     }
-    expect("gradients", rel(grad, fd, n), 1e-6, cfg);
+    expect_within("gradients", rel(grad, fd, n), 1e-6, cfg);
     free(x), free(dout), free(dS), free(grad), free(fd);
 }
 
@@ -438,14 +383,14 @@ static void bwd_run(long N, long T, long K, long V, int gated, int l2norm, int w
     long qt = K + 3, qs = T * qt + 5, vt = V + 2, vs = T * vt + 7, ot = V + 1, os = T * ot + 3;
     long wt = V + 5, ws = T * wt + 1, gt = V + 3, gs_ = T * gt + 2, cs = nc * K * V + 9;
     long dqt = K + 1, dqs = T * dqt + 4, dvt = V + 4, dvs = T * dvt + 1, bst = T + 3;
-    float *q = guarded_alloc(N * qs), *k = guarded_alloc(N * qs), *v = guarded_alloc(N * vs);
-    float *beta = guarded_alloc(N * T), *g = guarded_alloc(N * T), *o = guarded_alloc(N * os);
-    float *S0 = guarded_alloc(N * K * V), *S = guarded_alloc(N * K * V);
-    float *ck = guarded_alloc(N * cs), *w = guarded_alloc(N * ws), *go = guarded_alloc(N * gs_);
-    float *dS = guarded_alloc(N * K * V), *dS0 = guarded_alloc(N * K * V);
-    float *dq = guarded_alloc(N * dqs), *dk = guarded_alloc(N * dqs), *dv = guarded_alloc(N * dvs);
-    float *db = guarded_alloc(N * bst), *dg = guarded_alloc(N * bst);
-    float *work = guarded_alloc(la_gdr_work(K)), *bwork = guarded_alloc(la_gdr_backward_work(K, V));
+    float *q = guarded_f32(N * qs), *k = guarded_f32(N * qs), *v = guarded_f32(N * vs);
+    float *beta = guarded_f32(N * T), *g = guarded_f32(N * T), *o = guarded_f32(N * os);
+    float *S0 = guarded_f32(N * K * V), *S = guarded_f32(N * K * V);
+    float *ck = guarded_f32(N * cs), *w = guarded_f32(N * ws), *go = guarded_f32(N * gs_);
+    float *dS = guarded_f32(N * K * V), *dS0 = guarded_f32(N * K * V);
+    float *dq = guarded_f32(N * dqs), *dk = guarded_f32(N * dqs), *dv = guarded_f32(N * dvs);
+    float *db = guarded_f32(N * bst), *dg = guarded_f32(N * bst);
+    float *work = guarded_f32(la_gdr_work(K)), *bwork = guarded_f32(la_gdr_backward_work(K, V));
     float kscale = l2norm ? 1.0f : 1.0f / sqrtf((float)K), scale = 1.0f / sqrtf((float)K);
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t) {
@@ -519,28 +464,28 @@ static void bwd_run(long N, long T, long K, long V, int gated, int l2norm, int w
 #define GATHER(off, len)                                                                      \
     for (long n = 0; n < N; ++n) memcpy(tmp + n * (len), want + n * per + (off), (size_t)(len) * sizeof(double));
     GATHER(0, T * K)
-    expect("dq", rel_err(dq, dqs, dqt, tmp, N, T, K), BWD_TOL, cfg);
+    expect_within("dq", rel_err(dq, dqs, dqt, tmp, N, T, K), BWD_TOL, cfg);
     GATHER(T * K, T * K)
-    expect("dk", rel_err(dk, dqs, dqt, tmp, N, T, K), BWD_TOL, cfg);
+    expect_within("dk", rel_err(dk, dqs, dqt, tmp, N, T, K), BWD_TOL, cfg);
     GATHER(2 * T * K, T * V)
-    expect("dv", rel_err(dv, dvs, dvt, tmp, N, T, V), BWD_TOL, cfg);
+    expect_within("dv", rel_err(dv, dvs, dvt, tmp, N, T, V), BWD_TOL, cfg);
     GATHER(2 * T * K + T * V, T)
-    expect("dbeta", rel_err(db, bst, 1, tmp, N, 1, T), BWD_TOL, cfg);
+    expect_within("dbeta", rel_err(db, bst, 1, tmp, N, 1, T), BWD_TOL, cfg);
     if (gated) {
         GATHER(2 * T * K + T * V + T, T)
-        expect("dg", rel_err(dg, bst, 1, tmp, N, 1, T), BWD_TOL, cfg);
+        expect_within("dg", rel_err(dg, bst, 1, tmp, N, 1, T), BWD_TOL, cfg);
     }
     GATHER(2 * T * K + T * V + 2 * T, K * V)
-    expect("dS0", rel_err(dS0, K * V, V, tmp, N, K, V), BWD_TOL, cfg);
+    expect_within("dS0", rel_err(dS0, K * V, V, tmp, N, K, V), BWD_TOL, cfg);
 #undef GATHER
     for (long n = 0; n < N; ++n)
         memcpy(tmp + n * nc * K * V, wS + n * (nc * K * V + T * V),
                (size_t)(nc * K * V) * sizeof(double));
-    expect("checkpoints", rel_err(ck, cs, V, tmp, N, nc * K, V), 2e-5, cfg);
+    expect_within("checkpoints", rel_err(ck, cs, V, tmp, N, nc * K, V), 2e-5, cfg);
     for (long n = 0; n < N; ++n)
         memcpy(tmp + n * T * V, wS + n * (nc * K * V + T * V) + nc * K * V,
                (size_t)(T * V) * sizeof(double));
-    expect("w", rel_err(w, ws, wt, tmp, N, T, V), 2e-5, cfg);
+    expect_within("w", rel_err(w, ws, wt, tmp, N, T, V), 2e-5, cfg);
     expect_guards("checkpoints", ck, N, cs, nc * K, V, V, N * cs, cfg);
     expect_guards("w", w, N, ws, T, wt, V, N * ws, cfg);
     expect_guards("dq", dq, N, dqs, T, dqt, K, N * dqs, cfg);

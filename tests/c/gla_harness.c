@@ -34,61 +34,8 @@ static __typeof__(la_gla_forward) *volatile gla_forward = la_gla_forward;
 static __typeof__(la_gla_backward) *volatile gla_backward = la_gla_backward;
 
 #define TOL 3e-5
-#define GUARD 64
-#define GUARD_BITS 0x7FC0DEADu
-
-static unsigned long long rng = 0x2545F4914F6CDD1Dull;
-static double urand(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
-}
-static float uni(double lo, double hi) { return (float)(lo + (hi - lo) * urand()); }
-
-static float guard_value(void) {
-    float f;
-    unsigned u = GUARD_BITS;
-    memcpy(&f, &u, 4);
-    return f;
-}
-/* n floats plus GUARD, all set to the guard value. */
-static float *guarded_alloc(long n) {
-    float *p = malloc((size_t)(n + GUARD) * sizeof(float));
-    float gv = guard_value();
-    for (long i = 0; i < n + GUARD; ++i) p[i] = gv;
-    return p;
-}
-static int is_guard(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return u == GUARD_BITS;
-}
-
-static int failures = 0, checks = 0;
-
-static void expect(const char *what, double err, const char *cfg) {
-    ++checks;
-    if (!(err <= TOL)) {
-        ++failures;
-        printf("FAIL %s: %s error %.3g\n", cfg, what, err);
-    }
-}
-
-/* H blocks (head stride hs) of R rows of F floats (row stride rs): everything else of the
- * total + GUARD floats must still hold guards. */
-static void expect_guards(const char *what, const float *p, long H, long hs, long R, long rs,
-                          long F, long total, const char *cfg) {
-    long bad = 0;
-    for (long i = 0; i < total + GUARD; ++i) {
-        long n = i / hs, r = (i % hs) / rs, c = (i % hs) % rs;
-        int inside = n < H && r < R && c < F;
-        if (!inside && !is_guard(p[i])) ++bad;
-    }
-    ++checks;
-    if (bad) {
-        ++failures;
-        printf("FAIL %s: %s: %ld guard values overwritten\n", cfg, what, bad);
-    }
-}
+#define HARNESS_SEED 0x2545F4914F6CDD1Dull
+#include "harness_common.h"
 
 /* max |got - want| / max |want| over H heads of R rows of F (got: head stride gs, row stride
  * gr; want contiguous). */
@@ -193,9 +140,10 @@ static problem make(long N, long T, long K, long V, int use_g, int use_gk, int s
     p.qt = K + 3, p.qs = T * p.qt + 5, p.vt = V + 2, p.vs = T * p.vt + 7;
     p.gkt = K + 1, p.gks = T * p.gkt + 2, p.ot = V + 1, p.os = T * p.ot + 3;
     p.use_g = use_g, p.use_gk = use_gk, p.scale = 1.0f / sqrtf((float)K);
-    p.q = guarded_alloc(N * p.qs), p.k = guarded_alloc(N * p.qs), p.v = guarded_alloc(N * p.vs);
-    p.g = guarded_alloc(N * T), p.gk = guarded_alloc(N * p.gks), p.S0 = guarded_alloc(N * K * V);
-    p.dout = guarded_alloc(N * T * V), p.dSf = guarded_alloc(N * K * V);
+    p.q = guarded_f32(N * p.qs), p.k = guarded_f32(N * p.qs);
+    p.v = guarded_f32(N * p.vs), p.g = guarded_f32(N * T);
+    p.gk = guarded_f32(N * p.gks), p.S0 = guarded_f32(N * K * V);
+    p.dout = guarded_f32(N * T * V), p.dSf = guarded_f32(N * K * V);
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t) {
             for (long i = 0; i < K; ++i) {
@@ -227,8 +175,8 @@ static void run(long N, long T, long K, long V, long C, int use_g, int use_gk, i
              N, T, K, V, C, use_g, use_gk, strong, mode, W);
     problem p = make(N, T, K, V, use_g, use_gk, strong);
     long nc = (T + C - 1) / C, cks = nc * K * V + 9;
-    float *S = guarded_alloc(N * K * V), *o = guarded_alloc(N * p.os);
-    float *ckpt = guarded_alloc(N * cks), *work = guarded_alloc(la_gla_work(K, C));
+    float *S = guarded_f32(N * K * V), *o = guarded_f32(N * p.os);
+    float *ckpt = guarded_f32(N * cks), *work = guarded_f32(la_gla_work(K, C));
     double *Sall = malloc((size_t)(N * (T + 1) * K * V + 1) * sizeof(double));
     double *oref = malloc((size_t)(N * T * V + 1) * sizeof(double));
     ref_forward(&p, Sall, oref);
@@ -256,7 +204,7 @@ static void run(long N, long T, long K, long V, long C, int use_g, int use_gk, i
         ++failures;
         printf("FAIL %s: forward rc %d\n", cfg, rc);
     }
-    expect("o", rel_err(o, p.os, p.ot, oref, N, T, V), cfg);
+    expect_within("o", rel_err(o, p.os, p.ot, oref, N, T, V), TOL, cfg);
     double *Sfin = malloc((size_t)(N * K * V + 1) * sizeof(double));
     double *Sck = malloc((size_t)(N * nc * K * V + 1) * sizeof(double));
     for (long n = 0; n < N; ++n) {
@@ -265,21 +213,21 @@ static void run(long N, long T, long K, long V, long C, int use_g, int use_gk, i
             memcpy(Sck + (n * nc + c) * K * V, Sall + (n * (T + 1) + c * C) * K * V,
                    (size_t)(K * V) * sizeof(double));
     }
-    expect("S", rel_err(S, K * V, V, Sfin, N, K, V), cfg);
-    if (nc) expect("checkpoints", rel_err(ckpt, cks, V, Sck, N, nc * K, V), cfg);
+    expect_within("S", rel_err(S, K * V, V, Sfin, N, K, V), TOL, cfg);
+    if (nc) expect_within("checkpoints", rel_err(ckpt, cks, V, Sck, N, nc * K, V), TOL, cfg);
     expect_guards("o", o, N, p.os, T, p.ot, V, N * p.os, cfg);
     expect_guards("S", S, 1, N * K * V, N * K, V, V, N * K * V, cfg);
     expect_guards("checkpoints", ckpt, N, cks, nc * K, V, V, N * cks, cfg);
     if (mode == 0)
-        expect("S_in kept", memcmp(p.S0, S0copy, (size_t)(N * K * V) * sizeof(float)) ? 1.0 : 0.0,
-               cfg);
+        expect(!memcmp(p.S0, S0copy, (size_t)(N * K * V) * sizeof(float)), "S_in kept", cfg);
 
     /* backward */
     long dqt = K + 2, dqs = T * dqt + 3, dvt = V + 3, dvs = T * dvt + 1, dgs = T + 4;
     long dgkt = K + 5, dgks = T * dgkt + 2;
-    float *dq = guarded_alloc(N * dqs), *dk = guarded_alloc(N * dqs), *dv = guarded_alloc(N * dvs);
-    float *dg = guarded_alloc(N * dgs), *dgk = guarded_alloc(N * dgks);
-    float *dS0 = guarded_alloc(N * K * V);
+    float *dq = guarded_f32(N * dqs), *dk = guarded_f32(N * dqs);
+    float *dv = guarded_f32(N * dvs);
+    float *dg = guarded_f32(N * dgs), *dgk = guarded_f32(N * dgks);
+    float *dS0 = guarded_f32(N * K * V);
     double *rq = malloc((size_t)(N * T * K + 1) * sizeof(double));
     double *rk = malloc((size_t)(N * T * K + 1) * sizeof(double));
     double *rv = malloc((size_t)(N * T * V + 1) * sizeof(double));
@@ -298,22 +246,22 @@ static void run(long N, long T, long K, long V, long C, int use_g, int use_gk, i
         ++failures;
         printf("FAIL %s: backward rc %d\n", cfg, rc);
     }
-    expect("dq", rel_err(dq, dqs, dqt, rq, N, T, K), cfg);
-    expect("dk", rel_err(dk, dqs, dqt, rk, N, T, K), cfg);
-    expect("dv", rel_err(dv, dvs, dvt, rv, N, T, V), cfg);
-    expect("dS0", rel_err(dS0, K * V, V, rS0, N, K, V), cfg);
+    expect_within("dq", rel_err(dq, dqs, dqt, rq, N, T, K), TOL, cfg);
+    expect_within("dk", rel_err(dk, dqs, dqt, rk, N, T, K), TOL, cfg);
+    expect_within("dv", rel_err(dv, dvs, dvt, rv, N, T, V), TOL, cfg);
+    expect_within("dS0", rel_err(dS0, K * V, V, rS0, N, K, V), TOL, cfg);
     expect_guards("dq", dq, N, dqs, T, dqt, K, N * dqs, cfg);
     expect_guards("dk", dk, N, dqs, T, dqt, K, N * dqs, cfg);
     expect_guards("dv", dv, N, dvs, T, dvt, V, N * dvs, cfg);
     expect_guards("dS0", dS0, 1, N * K * V, N * K, V, V, N * K * V, cfg);
     if (use_g) {
-        expect("dg", rel_err(dg, dgs, 1, rg, N, T, 1), cfg);
+        expect_within("dg", rel_err(dg, dgs, 1, rg, N, T, 1), TOL, cfg);
         expect_guards("dg", dg, N, dgs, T, 1, 1, N * dgs, cfg);
     } else {
         expect_guards("dg untouched", dg, 0, 1, 0, 1, 0, N * dgs, cfg);
     }
     if (use_gk) {
-        expect("dgk", rel_err(dgk, dgks, dgkt, rgk, N, T, K), cfg);
+        expect_within("dgk", rel_err(dgk, dgks, dgkt, rgk, N, T, K), TOL, cfg);
         expect_guards("dgk", dgk, N, dgks, T, dgkt, K, N * dgks, cfg);
     } else {
         expect_guards("dgk untouched", dgk, 0, 1, 0, 1, 0, N * dgks, cfg);

@@ -161,16 +161,7 @@ static inline __attribute__((always_inline)) void rank1_pass(int nb, int two, lo
 static void rank1_any(int nb, int two, long rows, long ld, const float *b1, const float *b2,
                       const float *c1, const float *c2, const float *x1, const float *x2,
                       float *M, float *d1, float *d2) {
-    switch (nb * 2 + two) { /* blocks beyond this ISA's NV are constant-false, never asked for */
-#define R_(c, t)                                                                              \
-    case c * 2 + t:                                                                           \
-        if (c <= NV)                                                                          \
-            rank1_pass(c <= NV ? c : NV, t, rows, ld, b1, b2, c1, c2, x1, x2, M, d1, d2);     \
-        break;
-        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
-#undef R_
-    default: break;
-    }
+    LA_BLOCK_SWITCH(rank1_pass, nb, two, rows, ld, b1, b2, c1, c2, x1, x2, M, d1, d2)
 }
 
 /* Tokens t, t + 1 (two) or t alone over the rows of a block of nb column vectors: S (rows of
@@ -196,28 +187,20 @@ static inline __attribute__((always_inline)) void rec_tokens(int nb, int two, lo
 }
 
 /* The Cn tokens of a chunk over one block of nb column vectors (rec_tokens' arguments). */
-static inline __attribute__((always_inline)) void rec_cols(int nb, long Cn, long L, long Dv,
-                                                           const float *fq, const float *fk,
-                                                           const float *vc, const float *inv,
-                                                           float *S, void *out, long o0,
-                                                           int bf) {
+static inline __attribute__((always_inline)) void rec_cols(int nb, int bf, long Cn, long L,
+                                                           long Dv, const float *fq,
+                                                           const float *fk, const float *vc,
+                                                           const float *inv, float *S, void *out,
+                                                           long o0) {
     long t = 0;
     for (; t + 2 <= Cn; t += 2) rec_tokens(nb, 1, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
     if (t < Cn) rec_tokens(nb, 0, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
 }
 
-static void rec_cols_any(int nb, long Cn, long L, long Dv, const float *fq, const float *fk,
-                         const float *vc, const float *inv, float *S, void *out, long o0,
-                         int bf) {
-    switch (nb * 2 + bf) { /* blocks beyond this ISA's NV are constant-false, never asked for */
-#define R_(c, b)                                                                              \
-    case c * 2 + b:                                                                           \
-        if (c <= NV) rec_cols(c <= NV ? c : NV, Cn, L, Dv, fq, fk, vc, inv, S, out, o0, b);   \
-        break;
-        R_(1, 0) R_(1, 1) R_(2, 0) R_(2, 1) R_(3, 0) R_(3, 1) R_(4, 0) R_(4, 1)
-#undef R_
-    default: break;
-    }
+static void rec_cols_any(int nb, int bf, long Cn, long L, long Dv, const float *fq,
+                         const float *fk, const float *vc, const float *inv, float *S, void *out,
+                         long o0) {
+    LA_BLOCK_SWITCH(rec_cols, nb, bf, Cn, L, Dv, fq, fk, vc, inv, S, out, o0)
 }
 
 /* The recurrent causal forward (la_causal_forward's arguments and state rules, float32
@@ -244,8 +227,8 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
             }
             for (long j0 = 0; j0 < Dv; j0 += NV * W) {
                 int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
-                rec_cols_any(nb, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
-                             n * os + t0 * Dv + j0, bf);
+                rec_cols_any(nb, bf, Cn, L, Dv, fq, fk, vc + j0, inv, Sn + j0, out,
+                             n * os + t0 * Dv + j0);
             }
         }
     }
@@ -266,13 +249,12 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
  * columns, offset to it): G_i += fq_i dn; dv (nb vectors, offset) = sum_i fk_i G_i; and into
  * dk (L floats) the row sums of G_i * v over this block's columns, added (add) or set. P: W x
  * W floats of scratch. */
-static inline __attribute__((always_inline)) void rec_dk_token(int nb, long L, long Dv,
-                                                               const float *fq,
+static inline __attribute__((always_inline)) void rec_dk_token(int nb, int add, long L,
+                                                               long Dv, const float *fq,
                                                                const float *fk,
                                                                const float *dn,
                                                                const float *v, float *G,
-                                                               float *dv, float *dk, int add,
-                                                               float *P) {
+                                                               float *dv, float *dk, float *P) {
     vf nn[NV], vv[NV], acc[NV];
     for (int c = 0; c < nb; ++c)
         nn[c] = vload(dn + c * W), vv[c] = vload(v + c * W), acc[c] = vsplat(0.0f);
@@ -294,18 +276,9 @@ static inline __attribute__((always_inline)) void rec_dk_token(int nb, long L, l
     for (int c = 0; c < nb; ++c) vstore(dv + c * W, acc[c]);
 }
 
-static void rec_dk_any(int nb, long L, long Dv, const float *fq, const float *fk,
-                       const float *dn, const float *v, float *G, float *dv, float *dk, int add,
-                       float *P) {
-    switch (nb) {
-#define R_(c)                                                                                 \
-    case c:                                                                                   \
-        if (c <= NV) rec_dk_token(c <= NV ? c : NV, L, Dv, fq, fk, dn, v, G, dv, dk, add, P);     \
-        break;
-        R_(1) R_(2) R_(3) R_(4)
-#undef R_
-    default: break;
-    }
+static void rec_dk_any(int nb, int add, long L, long Dv, const float *fq, const float *fk,
+                       const float *dn, const float *v, float *G, float *dv, float *dk, float *P) {
+    LA_BLOCK_SWITCH(rec_dk_token, nb, add, L, Dv, fq, fk, dn, v, G, dv, dk, P)
 }
 
 /* la_causal_backward's recurrent form (its arguments and state rules). work: T (2 L + Dv + 1)
@@ -355,8 +328,8 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
             add_colsums(Gzn, Gzn, fq, DS + t, 1, L);
             for (long j0 = 0; j0 < Dv; j0 += NV * W) {
                 int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
-                rec_dk_any(nb, L, Dv, fq, fk, DN + t * Dv + j0, vn + t * Dv + j0, Gn + j0,
-                           dv + n * dvs + t * Dv + j0, d1, j0 > 0, P);
+                rec_dk_any(nb, j0 > 0, L, Dv, fq, fk, DN + t * Dv + j0, vn + t * Dv + j0,
+                           Gn + j0, dv + n * dvs + t * Dv + j0, d1, P);
             }
             grad_phi_row(kind, dk + n * dks + t * L, d1, 1.0f, Gzn, kn + t * L, fk, L);
         }

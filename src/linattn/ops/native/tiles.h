@@ -50,6 +50,22 @@ static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, c
         default: break;                                                                       \
     }
 
+/* The same for a block of nb <= 4 column vectors and a flag f (0 or 1): FN(nb, f, ...) with
+ * both constant; blocks beyond this ISA's NV are constant-false (and never asked for). The
+ * recurrent forms (ops/linear/kernels_forms.c) dispatch through it. */
+#define LA_BLOCK_CASE(FN, c, f, ...)                                                         \
+    case c * 2 + f:                                                                           \
+        if (c <= NV) FN(c <= NV ? c : NV, f, __VA_ARGS__);                                    \
+        break;
+#define LA_BLOCK_SWITCH(FN, nb, f, ...)                                                      \
+    switch ((nb) * 2 + (f)) {                                                                 \
+        LA_BLOCK_CASE(FN, 1, 0, __VA_ARGS__) LA_BLOCK_CASE(FN, 1, 1, __VA_ARGS__)             \
+        LA_BLOCK_CASE(FN, 2, 0, __VA_ARGS__) LA_BLOCK_CASE(FN, 2, 1, __VA_ARGS__)             \
+        LA_BLOCK_CASE(FN, 3, 0, __VA_ARGS__) LA_BLOCK_CASE(FN, 3, 1, __VA_ARGS__)             \
+        LA_BLOCK_CASE(FN, 4, 0, __VA_ARGS__) LA_BLOCK_CASE(FN, 4, 1, __VA_ARGS__)             \
+        default: break;                                                                       \
+    }
+
 static void tile_any(int mr, int nv, long K, const float *A, long lda, long ak, const float *B,
                      long ldb, float *C, long ldc, int add) {
     LA_TILE_SWITCH(tile, mr, nv, K, A, lda, ak, B, ldb, C, ldc, add)
