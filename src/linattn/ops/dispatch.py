@@ -55,7 +55,7 @@ from linattn.ops.native import runnable_isas, torch_threads
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
            "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
-           "register_calibration", "report"]
+           "register_calibration", "register_problems", "decoding_steps", "Problem", "report"]
 
 #: The causal chunk length C of every chunked form (linear, relative, decayed attention, the
 #: models built on them) when a call gives none: the one home of this number.
@@ -220,6 +220,37 @@ def register_calibration(op: str, forms: dict[str, Callable[[], Callable[[Choice
     with _LOCK:
         _PROBLEMS[op] = dict(forms)
         _memo.clear()
+
+
+#: A calibration problem's builder: ``problem(form, sizes, gen) -> run`` (see
+#: :func:`register_problems`).
+Problem = Callable[[str, tuple, torch.Generator], Callable[[Choice], Callable[[], object]]]
+
+
+def register_problems(op: str, sizes: dict[str, tuple], problem: Problem) -> None:
+    """:func:`register_calibration` with one builder for every form: when a form is first
+    measured, ``problem(form, sizes[form], gen)`` builds its inputs (float32, whatever the
+    default dtype of the triggering call, drawn from ``gen``, seeded 0) and returns
+    ``run(choice) -> thunk``."""
+    def factory(form: str) -> Callable[[], Callable[[Choice], Callable[[], object]]]:
+        return lambda: problem(form, sizes[form], torch.Generator().manual_seed(0))
+
+    register_calibration(op, {form: factory(form) for form in sizes})
+
+
+def decoding_steps(native: Callable[[str], object], portable: Callable[[], object],
+                   n: int = 10) -> Callable[[Choice], Callable[[], None]]:
+    """A calibration problem's ``run`` for a decoding form: n steps, each ``native(isa)`` (the
+    chosen build's kernel) or ``portable()`` (the torch form)."""
+    def run(choice: Choice) -> Callable[[], None]:
+        def steps() -> None:
+            for _ in range(n):
+                if choice.backend == "native":
+                    native(choice.isa)
+                else:
+                    portable()
+        return steps
+    return run
 
 
 # ------------------------------------------------------------------------------------ select

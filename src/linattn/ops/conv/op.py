@@ -299,33 +299,22 @@ dispatch.register_compiled(OP, conv_native.unavailable)
 CALIBRATION = {"prefill": (512, 2048), "step": (1, 2048)}
 
 
-def _problem(form: str):
-    def build():
-        T, D = CALIBRATION[form]
-        gen = torch.Generator().manual_seed(0)
-        f32 = torch.float32
-        weight = torch.randn(D, 4, generator=gen, dtype=f32) * 0.5
-        bias = torch.randn(D, generator=gen, dtype=f32)
-        if form == "prefill":
-            x = torch.randn(1, T, D, generator=gen, dtype=f32)  # channel-last, as models
-
-            def run(choice: Choice):
-                return lambda: _prefill(choice, x, weight, bias, True, None, None)
-            return run
-        x = torch.randn(1, D, generator=gen, dtype=f32)
-        state = torch.randn(1, D, 4, generator=gen, dtype=f32)
+def _problem(form: str, sizes: tuple[int, int], gen: torch.Generator):
+    T, D = sizes
+    f32 = torch.float32
+    weight = torch.randn(D, 4, generator=gen, dtype=f32) * 0.5
+    bias = torch.randn(D, generator=gen, dtype=f32)
+    if form == "prefill":
+        x = torch.randn(1, T, D, generator=gen, dtype=f32)  # channel-last, as models
 
         def run(choice: Choice):
-            def steps():
-                for _ in range(10):
-                    if choice.backend == "native":
-                        conv_native.conv_step_native(x, state, weight, bias, True, choice.isa)
-                    else:
-                        torch_step(x, state, weight, bias, True)
-            return steps
+            return lambda: _prefill(choice, x, weight, bias, True, None, None)
         return run
+    x = torch.randn(1, D, generator=gen, dtype=f32)
+    state = torch.randn(1, D, 4, generator=gen, dtype=f32)
+    return dispatch.decoding_steps(
+        lambda isa: conv_native.conv_step_native(x, state, weight, bias, True, isa),
+        lambda: torch_step(x, state, weight, bias, True))
 
-    return build
 
-
-dispatch.register_calibration(OP, {form: _problem(form) for form in CALIBRATION})
+dispatch.register_problems(OP, CALIBRATION, _problem)

@@ -396,49 +396,35 @@ dispatch.register_compiled(OP, delta_native.unavailable, grad_dtypes=(torch.floa
 CALIBRATION = {"prefill": (4, 512, 64), "prefill fwd+bwd": (4, 512, 64), "step": (16, 1, 64)}
 
 
-def _problem(form: str):
-    def build():
-        N, T, d = CALIBRATION[form]
-        gen = torch.Generator().manual_seed(0)
-        f32 = torch.float32  # whatever the default dtype of the triggering call
-        q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=f32) for _ in range(3))
-        beta = torch.rand(1, N, T, generator=gen, dtype=f32)
-        g = -torch.rand(1, N, T, generator=gen, dtype=f32)
-        if form == "prefill":
-            S0 = torch.zeros(1, N, d, d, dtype=f32)
-
-            def run(choice: Choice):
-                return lambda: _prefill(choice, q, k, v, beta, g, d ** -0.5, S0, None, True,
-                                        dispatch.DEFAULT_CHUNK_SIZE)
-            return run
-        if form == "prefill fwd+bwd":
-            S0 = torch.zeros(1, N, d, d, dtype=f32)
-
-            def run(choice: Choice):
-                def once():
-                    xs = [x.detach().requires_grad_(True) for x in (q, k, v, beta, g, S0)]
-                    with torch.enable_grad():
-                        o, S = _prefill(choice, *xs[:5], d ** -0.5, xs[5], None, True,
-                                        dispatch.DEFAULT_CHUNK_SIZE, True)
-                        torch.autograd.backward([o, S], [torch.ones_like(o),
-                                                         torch.ones_like(S)])
-                return once
-            return run
-        S = torch.randn(1, N, d, d, generator=gen, dtype=f32) * 0.1
-        q, k, v, beta, g = (t[:, :, 0] for t in (q, k, v, beta, g))
+def _problem(form: str, sizes: tuple[int, int, int], gen: torch.Generator):
+    N, T, d = sizes
+    f32 = torch.float32
+    q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=f32) for _ in range(3))
+    beta = torch.rand(1, N, T, generator=gen, dtype=f32)
+    g = -torch.rand(1, N, T, generator=gen, dtype=f32)
+    s, C = d ** -0.5, dispatch.DEFAULT_CHUNK_SIZE
+    if form == "prefill":
+        S0 = torch.zeros(1, N, d, d, dtype=f32)
 
         def run(choice: Choice):
-            def steps():
-                for _ in range(10):
-                    if choice.backend == "native":
-                        delta_native.delta_rule_step_native(q, k, v, beta, g, S, d ** -0.5, True,
-                                                            choice.isa)
-                    else:
-                        torch_step(q, k, v, beta, S, g, None, None, d ** -0.5, True)
-            return steps
+            return lambda: _prefill(choice, q, k, v, beta, g, s, S0, None, True, C)
         return run
+    if form == "prefill fwd+bwd":
+        S0 = torch.zeros(1, N, d, d, dtype=f32)
 
-    return build
+        def run(choice: Choice):
+            def once():
+                xs = [x.detach().requires_grad_(True) for x in (q, k, v, beta, g, S0)]
+                with torch.enable_grad():
+                    o, S = _prefill(choice, *xs[:5], s, xs[5], None, True, C, True)
+                    torch.autograd.backward([o, S], [torch.ones_like(o), torch.ones_like(S)])
+            return once
+        return run
+    S = torch.randn(1, N, d, d, generator=gen, dtype=f32) * 0.1
+    q, k, v, beta, g = (t[:, :, 0] for t in (q, k, v, beta, g))
+    return dispatch.decoding_steps(
+        lambda isa: delta_native.delta_rule_step_native(q, k, v, beta, g, S, s, True, isa),
+        lambda: torch_step(q, k, v, beta, S, g, None, None, s, True))
 
 
-dispatch.register_calibration(OP, {form: _problem(form) for form in CALIBRATION})
+dispatch.register_problems(OP, CALIBRATION, _problem)

@@ -194,6 +194,12 @@ def gated_linear_attention_step(
             checked_tensor(gk_t, "gk_t", (*batch, K), q_t)
             gk_t = gk_t if gk_t.dtype == torch.float32 else gk_t.float()
         return gated_native.gla_step(q_t, k_t, v_t, g_t, gk_t, S, s, choice.isa)
+    return _torch_step(q_t, k_t, v_t, S, g_t, gk_t, gv_t, s)
+
+
+def _torch_step(q_t: Tensor, k_t: Tensor, v_t: Tensor, S: Tensor, g_t: Tensor | None,
+                gk_t: Tensor | None, gv_t: Tensor | None, s: float) -> tuple[Tensor, Tensor]:
+    """The step in torch operations, on checked arguments (S in the accumulation dtype)."""
     acc = S.dtype
     S = decayed(S, g_t, gk_t, gv_t, q_t)
     S = S + k_t.to(acc).unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)
@@ -258,42 +264,30 @@ dispatch.register_compiled(
 CALIBRATION = {"prefill": (4, 512, 64), "prefill fwd+bwd": (4, 512, 64), "step": (16, 1, 64)}
 
 
-def _problem(form: str):
-    def build():
-        N, T, d = CALIBRATION[form]
-        gen = torch.Generator().manual_seed(0)
-        f32 = torch.float32  # whatever the default dtype of the triggering call
-        q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=f32) for _ in range(3))
-        g = torch.nn.functional.logsigmoid(torch.randn(1, N, T, generator=gen, dtype=f32))
-        s, C = d ** -0.5, dispatch.DEFAULT_CHUNK_SIZE
-        if form != "step":
-            backward = form == "prefill fwd+bwd"
-            S0 = torch.zeros(1, N, d, d, dtype=f32)
-
-            def run(choice: Choice):
-                def once():
-                    xs = [x.detach().requires_grad_(backward) for x in (q, k, v, g)]
-                    with torch.set_grad_enabled(backward):
-                        o, _ = _prefill(choice, *xs[:3], xs[3], None, s, S0, None, backward, C)
-                        if backward:
-                            o.sum().backward()
-                return once
-            return run
-        S = torch.randn(1, N, d, d, generator=gen, dtype=f32) * 0.1
-        q, k, v, g = (t[:, :, 0] for t in (q, k, v, g))
+def _problem(form: str, sizes: tuple[int, int, int], gen: torch.Generator):
+    N, T, d = sizes
+    f32 = torch.float32
+    q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=f32) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, N, T, generator=gen, dtype=f32))
+    s, C = d ** -0.5, dispatch.DEFAULT_CHUNK_SIZE
+    if form != "step":
+        backward = form == "prefill fwd+bwd"
+        S0 = torch.zeros(1, N, d, d, dtype=f32)
 
         def run(choice: Choice):
-            def steps():
-                for _ in range(10):
-                    if choice.backend == "native":
-                        gated_native.gla_step(q, k, v, g, None, S, s, choice.isa)
-                    else:
-                        S1 = decayed(S, g, None, None, q) + k.unsqueeze(-1) * v.unsqueeze(-2)
-                        (q * s).unsqueeze(-2) @ S1
-            return steps
+            def once():
+                xs = [x.detach().requires_grad_(backward) for x in (q, k, v, g)]
+                with torch.set_grad_enabled(backward):
+                    o, _ = _prefill(choice, *xs[:3], xs[3], None, s, S0, None, backward, C)
+                    if backward:
+                        o.sum().backward()
+            return once
         return run
+    S = torch.randn(1, N, d, d, generator=gen, dtype=f32) * 0.1
+    q, k, v, g = (t[:, :, 0] for t in (q, k, v, g))
+    return dispatch.decoding_steps(
+        lambda isa: gated_native.gla_step(q, k, v, g, None, S, s, isa),
+        lambda: _torch_step(q, k, v, S, g, None, None, s))
 
-    return build
 
-
-dispatch.register_calibration(OP, {form: _problem(form) for form in CALIBRATION})
+dispatch.register_problems(OP, CALIBRATION, _problem)

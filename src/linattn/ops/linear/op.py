@@ -103,35 +103,30 @@ dispatch.register(Backend(OP, "portable"))
 
 #: The calibration problem: 4 heads of 2048 tokens, d = Dv = 64, float32, 1 + elu (about a
 #: second for the four forms: median of 3 calls per backend and build, after a warm-up call).
-CALIBRATION_SHAPE = (4, 2048, 64)
+CALIBRATION = {_form(c, b): (4, 2048, 64) for c in (False, True) for b in (False, True)}
 
 
-def _problem(is_causal: bool, backward: bool):
-    def build():
-        N, T, d = CALIBRATION_SHAPE
-        gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=torch.float32) * 0.5
-                   for _ in range(3))
-        fmap, pol = EluPlusOne(), dispatch.Policy()  # the default sizes, whatever is in force
-        chunk = clamped_chunk(pol.chunk_size, T)
+def _problem(form: str, sizes: tuple[int, int, int], gen: torch.Generator):
+    N, T, d = sizes
+    is_causal, backward = form.startswith("causal"), form.endswith("fwd+bwd")
+    q, k, v = (torch.randn(1, N, T, d, generator=gen, dtype=torch.float32) * 0.5
+               for _ in range(3))
+    fmap, pol = EluPlusOne(), dispatch.Policy()  # the default sizes, whatever is in force
+    chunk = clamped_chunk(pol.chunk_size, T)
 
-        def run(choice: Choice):
-            def once():
-                xs = [x.detach().requires_grad_(backward) for x in (q, k, v)]
-                with torch.set_grad_enabled(backward):
-                    o, _ = _run(choice, *xs, fmap, is_causal, None, fmap.eps, chunk,
-                                pol.block_for(chunk), None)
-                    if backward:
-                        o.sum().backward()
-            return once
-
-        return run
-
-    return build
+    def run(choice: Choice):
+        def once():
+            xs = [x.detach().requires_grad_(backward) for x in (q, k, v)]
+            with torch.set_grad_enabled(backward):
+                o, _ = _run(choice, *xs, fmap, is_causal, None, fmap.eps, chunk,
+                            pol.block_for(chunk), None)
+                if backward:
+                    o.sum().backward()
+        return once
+    return run
 
 
-dispatch.register_calibration(OP, {_form(c, b): _problem(c, b)
-                                   for c in (False, True) for b in (False, True)})
+dispatch.register_problems(OP, CALIBRATION, _problem)
 
 
 def linear_attention(

@@ -204,23 +204,18 @@ dispatch.register_compiled(OP, norm_native.unavailable)
 CALIBRATION = {"prefill": (4096, 128), "step": (16, 128)}
 
 
-def _problem(form: str):
-    def build():
-        R, D = CALIBRATION[form]
-        gen = torch.Generator().manual_seed(0)
-        f32 = torch.float32
-        x, g = (torch.randn(R, D, generator=gen, dtype=f32) for _ in range(2))
-        w = torch.rand(D, generator=gen, dtype=f32) + 0.5
-        reps = 1 if form == "prefill" else 10
+def _problem(form: str, sizes: tuple[int, int], gen: torch.Generator):
+    R, D = sizes
+    x, g = (torch.randn(R, D, generator=gen, dtype=torch.float32) for _ in range(2))
+    w = torch.rand(D, generator=gen, dtype=torch.float32) + 0.5
+    reps = 1 if form == "prefill" else 10
 
-        def run(choice: Choice):
-            def calls():
-                for _ in range(reps):
-                    _run(choice, x, g, w, 1e-6, False, D, True)
-            return calls
-        return run
-
-    return build
+    def run(choice: Choice):
+        def calls():
+            for _ in range(reps):
+                _run(choice, x, g, w, 1e-6, False, D, True)
+        return calls
+    return run
 
 
-dispatch.register_calibration(OP, {form: _problem(form) for form in CALIBRATION})
+dispatch.register_problems(OP, CALIBRATION, _problem)
