@@ -28,6 +28,18 @@ def check_dense(t: Tensor, name: str) -> None:
         raise TypeError(f"{name}: expected a dense (strided) tensor, got {got}")
 
 
+def check_float_tensor(t: object, name: str, *, dense: bool = True) -> Tensor:
+    """``t`` if it is a floating-point tensor (with ``dense``, also an ordinary strided one:
+    :func:`check_dense`); else TypeError naming ``name``."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dense:
+        check_dense(t, name)
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    return t
+
+
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
     """Raise TypeError/ValueError naming the argument when q, k, v do not fit together.
 
@@ -42,11 +54,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
             and q.device == k.device == v.device):
         return
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        check_dense(t, name)
-        if not t.is_floating_point():
-            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+        check_float_tensor(t, name)
         if t.dim() < 2:
             raise ValueError(f"{name}: expected shape (..., T, D), got {tuple(t.shape)}")
     if q.shape[-1] == 0:  # no feature map is defined on R^0 (cosFormer's reshapes fail there)

@@ -11,18 +11,20 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from linattn.ops._common import accumulation_dtype, check_dense, check_scale, is_bool, nonfinite
+from linattn.ops._common import (
+    accumulation_dtype,
+    check_float_tensor,
+    check_scale,
+    is_bool,
+    nonfinite,
+)
 from linattn.ops.varlen import check_cu_seqlens
 
 # ----------------------------------------------------------------------------- validation
 
 
 def _tensor(name: str, x: object, ndim: int) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    check_dense(x, name)
-    if not x.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    check_float_tensor(x, name)
     if x.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
     return x

@@ -55,7 +55,8 @@ from linattn.ops.native import runnable_isas, torch_threads
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
            "DEFAULT_CHUNK_SIZE", "Backend", "Choice", "register", "backends", "select",
-           "register_calibration", "register_problems", "decoding_steps", "Problem", "report"]
+           "register_calibration", "register_problems", "decoding_steps", "Problem", "step_kernels",
+           "report"]
 
 #: The causal chunk length C of every chunked form (linear, relative, decayed attention, the
 #: models built on them) when a call gives none: the one home of this number.
@@ -310,6 +311,15 @@ def _select(op, form, dtype, device, grad, traits, length, tracing, pol, setting
                 return Choice(backend.name, winner)
     return _torch_rule(entries, dtype, device, grad, traits, length, tracing, pol,
                        fast=impl == "fast")
+
+
+def step_kernels(op: str, dtype: torch.dtype, kernels_here: Callable[[str], dict | None],
+                 traits: tuple[str, ...] = ()) -> dict | None:
+    """The kernels of an op's lean decoding step (an untraced CPU step without gradients, its
+    arguments not yet checked in full): ``kernels_here(isa)`` of the build :func:`select`
+    chooses, or None where it chooses torch or that build does not load."""
+    choice = select(op, "step", dtype, "cpu", False, traits, None, False)
+    return kernels_here(choice.isa) if choice.backend == "native" else None
 
 
 def _torch_names(entries: list[Backend]) -> list[str]:

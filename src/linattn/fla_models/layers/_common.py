@@ -147,6 +147,14 @@ class _ShortConvs(nn.Module):
                                             state, use_cache, cu)
         return q, k, v, conv_state
 
+    def _start_qkv(self, hidden_states: Tensor, attention_mask: Tensor | None,
+                   cache: FLACache | None, use_cache: bool
+                   ) -> tuple[dict | None, Packing, Tensor, tuple]:
+        """:func:`_start`, and the packed input's :meth:`_qkv`: (state, packing, x,
+        (q, k, v, conv_state))."""
+        state, packing, x = _start(self, hidden_states, attention_mask, cache)
+        return state, packing, x, self._qkv(x, state, use_cache, packing.cu_seqlens)
+
 
 
 def _positions(attention_mask: Tensor | None, B: int, q_len: int, seen: int,

@@ -16,7 +16,6 @@ from linattn.fla_models.layers._common import (
     _heads,
     _recur,
     _ShortConvs,
-    _start,
     _widths,
 )
 from linattn.fla_models.modules import (
@@ -35,6 +34,11 @@ def _fla_dt_bias(n: int) -> nn.Parameter:
     dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(1e-3))
                    + math.log(1e-3)).clamp(min=1e-4)
     return nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+
+def _gate_dtype(x: Tensor) -> torch.dtype:
+    """The dtype fla's kernels form the gates and β in: float32 (float64 for float64)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 class _DeltaBase(_ShortConvs):
@@ -85,19 +89,24 @@ class _DeltaBase(_ShortConvs):
         whether q and k are L2-normalised in the kernel)."""
         raise NotImplementedError
 
+    def _beta(self, x: Tensor, acc: torch.dtype) -> Tensor:
+        """β as fla's kernel forms it from the raw projection: sigmoid(b_proj(x)) in ``acc``,
+        times 2 with ``allow_neg_eigval``."""
+        beta = self.b_proj(x).to(acc).sigmoid()
+        return beta * 2 if self.allow_neg_eigval else beta
+
     def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None,
                 past_key_values: FLACache | None = None, use_cache: bool = False,
                 **kwargs) -> Tensor:
-        q_len = hidden_states.shape[1]
-        state, packing, x = _start(self, hidden_states, attention_mask, past_key_values)
-        cu = packing.cu_seqlens
-        q, k, v, conv_state = self._qkv(x, state, use_cache, cu)
+        state, packing, x, (q, k, v, conv_state) = self._start_qkv(
+            hidden_states, attention_mask, past_key_values, use_cache)
         q, k, v = _heads(q, self.head_k_dim), _heads(k, self.head_k_dim), \
             _heads(v, self.head_v_dim)
         q, k, beta, gate, l2norm = self._mix_inputs(q, k, x)
         o = _recur(self, lambda S0: ops.delta(q, k, v, beta, **gate, l2norm=l2norm,
-                                              initial_state=S0, cu_seqlens=cu),
-                   state, past_key_values, use_cache, q_len, conv_state, self.state_v_first)
+                                              initial_state=S0, cu_seqlens=packing.cu_seqlens),
+                   state, past_key_values, use_cache, hidden_states.shape[1], conv_state,
+                   self.state_v_first)
         if self.use_gate:
             o = self.o_norm(o, _heads(self.g_proj(x), self.head_v_dim))
         else:
@@ -137,18 +146,11 @@ class GatedDeltaNet(_DeltaBase):
             self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps, dtype=torch.float32)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
 
-    def _gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(g, β) as fla's kernel forms them from the raw projections, in float32 (float64
-        for float64)."""
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    def _mix_inputs(self, q, k, x):
+        acc = _gate_dtype(x)
         g = -self.A_log.to(acc).exp() * F.softplus(self.a_proj(x).to(acc)
                                                    + self.dt_bias.to(acc))
-        beta = self.b_proj(x).to(acc).sigmoid()
-        return g, (beta * 2 if self.allow_neg_eigval else beta)
-
-    def _mix_inputs(self, q, k, x):
-        g, beta = self._gates(x)
-        return q, k, beta, {"g": g}, True
+        return q, k, self._beta(x, acc), {"g": g}, True
 
 
 class KimiDeltaAttention(_DeltaBase):
@@ -187,21 +189,16 @@ class KimiDeltaAttention(_DeltaBase):
         self.o_norm = FusedRMSNormGated(self.head_v_dim, activation="sigmoid", eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
 
-    def _gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    def _mix_inputs(self, q, k, x):
+        acc = _gate_dtype(x)
         raw = _heads(self.f_proj(x).to(acc), self.head_k_dim) \
             + self.dt_bias.to(acc).view(self.num_v_heads, self.head_k_dim)
         a = self.A_log.to(acc).exp()[:, None]
         if self.lower_bound is None:
-            g = -a * F.softplus(raw)
+            gk = -a * F.softplus(raw)
         else:
-            g = self.lower_bound * torch.sigmoid(a * raw)
-        beta = self.b_proj(x).to(acc).sigmoid()
-        return g, (beta * 2 if self.allow_neg_eigval else beta)
-
-    def _mix_inputs(self, q, k, x):
-        gk, beta = self._gates(x)
-        return q, k, beta, {"gk": gk}, True
+            gk = self.lower_bound * torch.sigmoid(a * raw)
+        return q, k, self._beta(x, acc), {"gk": gk}, True
 
 
 class DeltaNet(_DeltaBase):

@@ -87,10 +87,8 @@ class GatedLinearAttention(_ShortConvs):
     def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None,
                 past_key_values: FLACache | None = None, use_cache: bool = False,
                 **kwargs) -> Tensor:
-        q_len = hidden_states.shape[1]
-        state, packing, x = _start(self, hidden_states, attention_mask, past_key_values)
-        cu = packing.cu_seqlens
-        q, k, v, conv_state = self._qkv(x, state, use_cache, cu)
+        state, packing, x, (q, k, v, conv_state) = self._start_qkv(
+            hidden_states, attention_mask, past_key_values, use_cache)
         gk = self.gk_proj(x)
         q = _heads(q, self.head_k_dim)
         k, gk = (_repeat_heads(t, self.head_k_dim, self.num_kv_groups) for t in (k, gk))
@@ -100,8 +98,9 @@ class GatedLinearAttention(_ShortConvs):
             gk = torch.clamp_min(gk, self.clamp_min)
         if self.feature_map_fn is not None:
             q, k = self.feature_map_fn(q), self.feature_map_fn(k)
-        o = _recur(self, lambda S0: ops.gla(q, k, v, gk=gk, initial_state=S0, cu_seqlens=cu),
-                   state, past_key_values, use_cache, q_len, conv_state)
+        o = _recur(self, lambda S0: ops.gla(q, k, v, gk=gk, initial_state=S0,
+                                            cu_seqlens=packing.cu_seqlens),
+                   state, past_key_values, use_cache, hidden_states.shape[1], conv_state)
         return packing.unpack(self._output(o, x))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._common import check_flag, check_own_memory
+from linattn.ops._common import check_flag, check_float_tensor, check_own_memory
 from linattn.ops.conv import op as conv_op
 from linattn.ops.conv.op import check_activation
 
@@ -31,10 +31,7 @@ __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
 
 
 def _tensor(x: object, name: str, ndims: tuple[int, ...], what: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    check_float_tensor(x, name, dense=False)
     if x.dim() not in ndims:
         raise ValueError(f"{name}: expected shape {what}, got {tuple(x.shape)}")
     return x

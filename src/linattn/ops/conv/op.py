@@ -29,8 +29,8 @@ from torch import Tensor
 
 from linattn.ops import dispatch
 from linattn.ops._common import (
-    check_dense,
     check_flag,
+    check_float_tensor,
     check_own_memory,
     needs_grad,
     shares_memory,
@@ -66,11 +66,7 @@ def check_activation(activation: object) -> bool:
 def _tensor(t: object, name: str, ndim: int, what: str, like: Tensor | None = None) -> Tensor:
     """A floating-point tensor of ``ndim`` dimensions (``what`` names them), on ``like``'s
     device."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    check_dense(t, name)
-    if not t.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    check_float_tensor(t, name)
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected shape {what}, got {tuple(t.shape)}")
     if like is not None and t.device != like.device:
@@ -265,10 +261,7 @@ def lean_step(x_t: object, state: object, weight: object, bias: object, activati
         return None
     if inplace and shares_memory(state):  # the full checks refuse it
         return None
-    choice = dispatch.select(OP, "step", x_t.dtype, "cpu", False, (), None, False)
-    if choice.backend != "native":
-        return None
-    fns = conv_native.kernels_here(choice.isa)
+    fns = dispatch.step_kernels(OP, x_t.dtype, conv_native.kernels_here)
     if fns is None:
         return None
     y = torch.empty(xs, dtype=x_t.dtype)

@@ -358,11 +358,8 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
     s = lean_step_scale(scale, K)
     if s is None:
         return None
-    choice = dispatch.select(OP, "step", dt, "cpu", False,
-                             _PLAIN_TRAITS if gk_t is None else _PLAIN_TRAITS_GK, None, False)
-    if choice.backend != "native":
-        return None
-    fns = delta_native.kernels_here(choice.isa)
+    fns = dispatch.step_kernels(OP, dt, delta_native.kernels_here,
+                                _PLAIN_TRAITS if gk_t is None else _PLAIN_TRAITS_GK)
     if fns is None:
         return None
     o = torch.empty_like(v_t)

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from linattn.ops._common import (
     accumulation_dtype,
+    check_float_tensor,
     check_scale,
     check_values,
     to_chunks,
@@ -38,10 +39,7 @@ def segsum(x: Tensor) -> Tensor:
 def checked_tensor(x: object, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
     """``x`` unchanged if it is a floating-point tensor of exactly ``shape`` on ``like``'s
     device; else TypeError/ValueError naming ``name`` (gates, states and β share this)."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    check_float_tensor(x, name, dense=False)
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
     if x.device != like.device:

@@ -235,10 +235,7 @@ def _plain_step(q_t: object, k_t: object, v_t: object, state: object, g_t: objec
     s = lean_step_scale(scale, K)
     if s is None:
         return None
-    choice = dispatch.select(OP, "step", dt, "cpu", False, _PLAIN_TRAITS, None, False)
-    if choice.backend != "native":
-        return None
-    fns = gated_native.kernels_here(choice.isa)
+    fns = dispatch.step_kernels(OP, dt, gated_native.kernels_here, _PLAIN_TRAITS)
     if fns is None:
         return None
     o, S_out = torch.empty_like(v_t), torch.empty_like(state)

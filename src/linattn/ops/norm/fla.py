@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.ops._common import accumulation_dtype, check_eps
+from linattn.ops._common import accumulation_dtype, check_eps, check_float_tensor
 from linattn.ops._fla import _flag, _kwargs
 from linattn.ops.norm import op as norm_op
 
@@ -16,10 +16,7 @@ __all__ = ["rms_norm_gated"]
 
 
 def _same(t: object, name: str, x: Tensor) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    check_float_tensor(t, name, dense=False)
     if t.shape != x.shape:
         raise ValueError(f"{name}: expected x's shape {tuple(x.shape)}, got {tuple(t.shape)}")
     return t
@@ -36,10 +33,7 @@ def rms_norm_gated(x, g, weight, bias, activation="swish", residual=None, prenor
     Without bias the work is :func:`linattn.rms_norm_gated` (the compiled kernel where it runs);
     a bias takes the torch form."""
     _kwargs("rms_norm_gated", kwargs)
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"x: expected a floating-point tensor, got {x.dtype}")
+    check_float_tensor(x, "x", dense=False)
     _same(g, "g", x)
     prenorm = _flag("prenorm", prenorm)
     residual_in_fp32 = _flag("residual_in_fp32", residual_in_fp32)

@@ -26,7 +26,14 @@ from torch import Tensor
 
 from linattn._config import F32_MAX
 from linattn.ops import dispatch
-from linattn.ops._common import check_dense, check_eps, check_flag, is_bool, needs_grad, shown
+from linattn.ops._common import (
+    check_eps,
+    check_flag,
+    check_float_tensor,
+    is_bool,
+    needs_grad,
+    shown,
+)
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import Choice
 from linattn.ops.native import DTYPE_CODES, scratch
@@ -51,15 +58,6 @@ def check_norm_activation(activation: object) -> bool:
         raise ValueError(f"activation: expected 'silu', 'swish' or 'sigmoid', got "
                          f"{activation!r}")
     return activation == "sigmoid"
-
-
-def _tensor(t: object, name: str) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    check_dense(t, name)
-    if not t.is_floating_point():
-        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
-    return t
 
 
 def rms_norm_gated(
@@ -91,19 +89,19 @@ def rms_norm_gated(
     fast = _lean(x, gate, weight, eps, activation, group_size, norm_before_gate)
     if fast is not None:
         return fast
-    _tensor(x, "x")
+    check_float_tensor(x, "x")
     if x.dim() < 1 or x.shape[-1] < 1:
         raise ValueError(f"x: expected shape (..., D) with D >= 1, got {tuple(x.shape)}")
     D = x.shape[-1]
     if gate is not None:
-        _tensor(gate, "gate")
+        check_float_tensor(gate, "gate")
         if gate.shape != x.shape:
             raise ValueError(f"gate: expected x's shape {tuple(x.shape)}, got "
                              f"{tuple(gate.shape)}")
         if gate.device != x.device:
             raise ValueError(f"gate: expected a tensor on {x.device}, got {gate.device}")
     if weight is not None:
-        _tensor(weight, "weight")
+        check_float_tensor(weight, "weight")
         if tuple(weight.shape) != (D,):
             raise ValueError(f"weight: expected shape (D,) = ({D},), got {tuple(weight.shape)}")
         if weight.device != x.device:
@@ -175,10 +173,7 @@ def _lean(x: object, gate: object, weight: object, eps: object, activation: obje
             x.requires_grad or gate.requires_grad
             or (weight is not None and weight.requires_grad))):
         return None
-    choice = dispatch.select(OP, "step", x.dtype, "cpu", False, (), None, False)
-    if choice.backend != "native":
-        return None
-    fns = norm_native.kernels_here(choice.isa)
+    fns = dispatch.step_kernels(OP, x.dtype, norm_native.kernels_here)
     if fns is None:
         return None
     D = shape[-1]

@@ -44,8 +44,8 @@ from linattn.ops import dispatch
 from linattn.ops._common import (
     causal_chunked,
     check_chunk_size,
-    check_dense,
     check_flag,
+    check_float_tensor,
     check_qkv,
     features,
     key_mask_for,
@@ -67,11 +67,7 @@ FFT_BLOCK_BYTES = 256 * 2**20
 
 def check_r(r: Tensor, q: Tensor) -> None:
     """r: (..., 2T−1, D) broadcastable against q's batch dimensions; ValueError naming r."""
-    if not isinstance(r, Tensor):
-        raise TypeError(f"r: expected a torch.Tensor, got {type(r).__name__}")
-    check_dense(r, "r")
-    if not r.is_floating_point():
-        raise TypeError(f"r: expected a floating-point tensor, got {r.dtype}")
+    check_float_tensor(r, "r")
     T, D = q.shape[-2:]
     lags = max(2 * T - 1, 0)  # an empty sequence has no lags
     if r.dim() < 2 or r.shape[-2] != lags or r.shape[-1] != D:
