@@ -7,11 +7,12 @@ import importlib
 from collections.abc import Callable
 
 
-def lazy_exports(package: str, exports: dict[str, str], namespace: dict, public: list[str]
-                 ) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """The package's ``__getattr__`` and ``__dir__``: ``exports`` maps a public name to the
-    module that defines it; a name once loaded is stored in ``namespace`` (the package's
+def lazy_exports(package: str, namespace: dict, modules: dict[str, tuple[str, ...]]
+                 ) -> tuple[list[str], Callable[[str], object], Callable[[], list[str]]]:
+    """The package's ``__all__``, ``__getattr__`` and ``__dir__``: ``modules`` maps a module to
+    the public names it defines; a name once loaded is stored in ``namespace`` (the package's
     globals), so later lookups skip ``__getattr__``."""
+    exports = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> object:
         if name not in exports:
@@ -21,6 +22,6 @@ def lazy_exports(package: str, exports: dict[str, str], namespace: dict, public:
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(namespace) | set(public))
+        return sorted(set(namespace) | set(exports))
 
-    return __getattr__, __dir__
+    return list(exports), __getattr__, __dir__

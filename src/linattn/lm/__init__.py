@@ -22,21 +22,11 @@ from __future__ import annotations
 
 from linattn._lazy import lazy_exports
 
-#: public name -> its module, imported on first use: :mod:`linattn.lm.options` (what
+#: module -> the public names it defines, imported on first use: :mod:`linattn.lm.options` (what
 #: ``linattn lm`` checks its flags against) imports without torch.
-_EXPORTS = {
-    "LMConfig": "linattn.nn.lm",
-    "TrainConfig": "linattn.lm.training",
-    "Trainer": "linattn.lm.training",
-    "LMTraining": "linattn.lm.training",
-    "train": "linattn.lm.training",
-    "evaluate": "linattn.lm.training",
-    "load_model": "linattn.lm.generation",
-    "generate_text": "linattn.lm.generation",
-    "stdlib_corpus": "linattn.lm.data",
-}
-
-__all__ = list(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "linattn.nn.lm": ("LMConfig",),
+    "linattn.lm.training": ("TrainConfig", "Trainer", "LMTraining", "train", "evaluate"),
+    "linattn.lm.generation": ("load_model", "generate_text"),
+    "linattn.lm.data": ("stdlib_corpus",),
+})

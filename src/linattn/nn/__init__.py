@@ -9,17 +9,9 @@ from __future__ import annotations
 
 from linattn._lazy import lazy_exports
 
-#: public name -> the module that defines it
-_EXPORTS: dict[str, str] = {
-    "MultiheadLinearAttention": "linattn.nn.attention",
-    "EncoderBlock": "linattn.nn.encoder",
-    "LinearTransformerEncoder": "linattn.nn.encoder",
-    "LinearTransformerLM": "linattn.nn.lm",
-    "LMConfig": "linattn.nn.lm",
-    "LMState": "linattn.nn.lm",
-}
-
-__all__ = list(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)
+#: module -> the public names it defines
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "linattn.nn.attention": ("MultiheadLinearAttention",),
+    "linattn.nn.encoder": ("EncoderBlock", "LinearTransformerEncoder"),
+    "linattn.nn.lm": ("LinearTransformerLM", "LMConfig", "LMState"),
+})

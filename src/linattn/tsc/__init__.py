@@ -11,17 +11,11 @@ from __future__ import annotations
 
 from linattn._lazy import lazy_exports
 
-_EXPORTS = {
-    "FordATransformer": "linattn.tsc.model",
-    "ModelConfig": "linattn.tsc.model",
-    "LinearAttentionClassifier": "linattn.tsc.estimator",  # scikit-learn: an optional extra
-    "ConvAttentionClassifier": "linattn.tsc.conv_classifier",  # scikit-learn too
-    "ConvTokens": "linattn.tsc.conv_tokens",
-    "CompetingKernels": "linattn.tsc.competing",
-}
-
-__all__ = ["FordATransformer", "ModelConfig", "LinearAttentionClassifier",
-           "ConvAttentionClassifier", "ConvTokens", "CompetingKernels"]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)
+#: module -> the public names it defines
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "linattn.tsc.model": ("FordATransformer", "ModelConfig"),
+    "linattn.tsc.estimator": ("LinearAttentionClassifier",),  # scikit-learn: an optional extra
+    "linattn.tsc.conv_classifier": ("ConvAttentionClassifier",),  # scikit-learn too
+    "linattn.tsc.conv_tokens": ("ConvTokens",),
+    "linattn.tsc.competing": ("CompetingKernels",),
+})

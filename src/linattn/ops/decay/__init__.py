@@ -9,8 +9,4 @@ from linattn.ops.decay.op import (
     decay_linear_attention_step,
 )
 
-__all__ = [
-    "decay_linear_attention",
-    "decay_linear_attention_step",
-    "DEFAULT_CHUNK_SIZE",
-]
+__all__ = ["decay_linear_attention", "decay_linear_attention_step", "DEFAULT_CHUNK_SIZE"]

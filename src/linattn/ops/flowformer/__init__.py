@@ -10,9 +10,4 @@ from linattn.ops.flowformer.op import (
     flowformer_attention,
 )
 
-__all__ = [
-    "flowformer_attention",
-    "SigmoidFeatures",
-    "FLOW_EPS",
-    "flow_feature_map",
-]
+__all__ = ["flowformer_attention", "SigmoidFeatures", "FLOW_EPS", "flow_feature_map"]

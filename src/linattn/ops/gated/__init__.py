@@ -6,11 +6,5 @@
 from linattn.ops.gated.chunk import check_gate, decayed, initial_state_for, segsum
 from linattn.ops.gated.op import gated_linear_attention, gated_linear_attention_step
 
-__all__ = [
-    "gated_linear_attention",
-    "gated_linear_attention_step",
-    "segsum",
-    "check_gate",
-    "initial_state_for",
-    "decayed",
-]
+__all__ = ["gated_linear_attention", "gated_linear_attention_step", "segsum", "check_gate",
+           "initial_state_for", "decayed"]

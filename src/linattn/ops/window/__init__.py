@@ -10,9 +10,5 @@ from linattn.ops.window.op import (
     window_linear_attention_step,
 )
 
-__all__ = [
-    "WindowLinearAttentionState",
-    "window_linear_attention",
-    "window_linear_attention_step",
-    "check_window",
-]
+__all__ = ["WindowLinearAttentionState", "window_linear_attention", "window_linear_attention_step",
+           "check_window"]
