@@ -21,10 +21,8 @@ def causal_conv1d(
     float64, the W − 1 inputs before a sequence's first token from its initial state (zeros
     without one); act the identity, or SiLU (``a / (1 + e^{−a})``) for "silu" / "swish".
 
-    x: (B, T, D); weight (D, W); bias (D,) or None; initial_state (N, D, W − 1) or None;
-    cu_seqlens: (N + 1,) offsets of N sequences packed in x (B = 1), each with its own initial
-    and final state (N = B without it). Returns (y (B, T, D), final states (N, D, W − 1): each
-    sequence's last W − 1 inputs, its history included where it is shorter), both float64."""
+    Arguments and shapes as :func:`linattn.ops.conv.op.causal_conv1d`. Returns (y, final
+    states) as it does with ``return_state``, both float64."""
     f64 = torch.float64
     x, weight = x.to(f64), weight.to(f64)
     B, T, D = x.shape

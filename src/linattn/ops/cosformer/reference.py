@@ -34,9 +34,8 @@ def cosformer_attention(
     r"""sim(i, j) = relu(q_i)·relu(k_j)·cos(π/2 · (i − j)/T), built as an explicit T×T matrix;
     o_i = Σ_j sim(i, j) v_j / (Σ_j sim(i, j) + ε) over the unpadded keys (j ≤ i when causal).
 
-    q, k: (..., T, D), v: (..., T, Dv) -> (..., T, Dv) in q's dtype. Positions count 0 … T−1
-    over the whole (padded) sequence. ε is ``eps`` (None: :data:`DEFAULT_EPS`, the op's
-    default); a row whose normaliser is exactly 0 is 0. Sums in float32 at least."""
+    Arguments and shapes as :func:`linattn.ops.cosformer.op.cosformer_attention`; ``eps`` None is
+    :data:`DEFAULT_EPS`, the op's default; a row whose normaliser is exactly 0 is 0."""
     check_qkv(q, k, v, same_length=True)
     eps = check_eps(DEFAULT_EPS if eps is None else eps)
     if key_padding_mask is not None:

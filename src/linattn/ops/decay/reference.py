@@ -1,6 +1,5 @@
-r"""The quadratic reference of :func:`linattn.decay_linear_attention`.
-
-A reference as :mod:`linattn.ops.reference` describes them (standalone, O(T²) by design).
+r"""The quadratic reference of :func:`linattn.decay_linear_attention`; standalone and O(T²) by
+design, as :mod:`linattn.ops.reference` describes them.
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ def decay_linear_attention(
     for j ≤ i (0 above the diagonal), ``o_i = Σ_j W[i, j] v_j / (Σ_j W[i, j] + ε)``: the ground
     truth of :mod:`linattn.ops.decay`.
 
-    q, k: (..., T, D); v: (..., T, Dv); gamma in [0, 1] broadcastable to ``...`` (γ⁰ = 1, also
-    for γ = 0). ε is ``eps`` (None: the map's default); a row whose normaliser is exactly 0 is 0.
-    Sums in float32 at least (float64 stays float64). Returns (..., T, Dv) in q's dtype."""
+    Arguments and shapes as :func:`linattn.ops.decay.op.decay_linear_attention` (without its
+    state and chunk arguments); γ⁰ = 1, also for γ = 0; a row whose normaliser is exactly 0 is 0."""
     check_qkv(q, k, v, same_length=True)
     fmap = get_feature_map(feature_map)
     eps = map_eps(eps, fmap)

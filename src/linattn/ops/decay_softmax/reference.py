@@ -30,9 +30,8 @@ def decay_softmax_attention(
     ``scale·q_i·k_j + (i − j)·log γ`` (j ≤ i, −∞ above), queries at the last T of S positions:
     the ground truth of :mod:`linattn.ops.decay_softmax`, in float64.
 
-    q: (..., T, D); k: (..., S, D) with S ≥ T; v: (..., S, Dv); gamma in (0, 1] broadcastable to
-    ``...`` (taken in q's dtype, as the op takes it; its log in float64); scale a finite positive
-    number (None: D**-0.5). Returns (..., T, Dv) in q's dtype."""
+    Arguments and shapes as :func:`linattn.ops.decay_softmax.op.decay_softmax_attention`
+    (without ``block_size``); γ is taken in q's dtype, as the op takes it, its log in float64."""
     check_qkv(q, k, v, same_length=False)
     T, S = q.shape[-2], k.shape[-2]
     if S < T:

@@ -24,15 +24,13 @@ def delta_rule(
     gk: Tensor | None = None, gv: Tensor | None = None, *, scale: float | None = None,
     initial_state: Tensor | None = None, qk_l2norm: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """The (gated) delta rule ``S' = e^{g}·diag(e^{gk})·S·diag(e^{gv})``,
+    r"""The (gated) delta rule ``S' = e^{g}·diag(e^{gk})·S·diag(e^{gv})``,
     ``S_t = S' + k_t β_t (v_t − S'ᵀk_t)ᵀ``, ``o_t = S_tᵀ(s·q_t)``, token by token in float64
     (:mod:`linattn.ops.delta` for the fast form).
 
-    q, k: (..., H, T, K); v: (..., HV, T, V); beta, g: (..., HV, T); gk (..., HV, T, K),
-    gv (..., HV, T, V) or None; scale default ``K**-0.5``; initial_state (..., HV, K, V) or
-    None (zeros); ``qk_l2norm`` divides q and k by sqrt(Σx² + 1e-6) first. HV = G·H with
-    G ≥ 1 (grouped value attention): value head j reads q/k head j // G. Returns
-    (o (..., HV, T, V), final state (..., HV, K, V)), both float64."""
+    Arguments and shapes as :func:`linattn.ops.delta.op.delta_rule` (without ``return_state``,
+    ``chunk_size`` and ``cu_seqlens``); ``qk_l2norm`` divides q and k by sqrt(Σx² + 1e-6) first.
+    Returns (o, final state), both float64."""
     f64 = torch.float64
     if q.dim() >= 3 and v.dim() == q.dim() and v.shape[-3] != q.shape[-3]:
         H, HV = q.shape[-3], v.shape[-3]

@@ -72,9 +72,8 @@ def flowformer_attention(
     causal), a source the sinks ``i`` of ``L_out[j, i]`` (unpadded, and i ≤ j when causal); the
     position counts are the row sums of these masks. ``o = W v`` with
     ``W[i, j] = L_in[i, j] σ(Î_i·r) φ(q_i)·φ(k_j) c_j / I_i`` (r = n/m, or 1 when causal).
-    A flow that is exactly 0 divides as 1, a count as max(N, 1). Sums in float32 at least
-    (float64 stays float64).
-    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv) -> (..., Tq, Dv) in q's dtype."""
+    A flow that is exactly 0 divides as 1, a count as max(N, 1). Arguments and shapes as
+    :func:`linattn.ops.flowformer.op.flowformer_attention` (without ``chunk_size``)."""
     check_qkv(q, k, v, same_length=is_causal)
     fmap = _feature_map(feature_map)
     eps = FLOW_EPS if eps is None else check_eps(eps)

@@ -18,12 +18,11 @@ def gated_linear_attention(
     gv: Tensor | None = None, *, scale: float | None = None,
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``S_t = e^{g_t}·diag(e^{gk_t})·S_{t−1}·diag(e^{gv_t}) + k_t v_tᵀ``, ``o_t = S_tᵀ(s·q_t)``,
+    r"""``S_t = e^{g_t}·diag(e^{gk_t})·S_{t−1}·diag(e^{gv_t}) + k_t v_tᵀ``, ``o_t = S_tᵀ(s·q_t)``,
     walked token by token in float64 (:mod:`linattn.ops.gated` for the fast form).
 
-    q, k: (..., T, K); v: (..., T, V); g (..., T), gk (..., T, K), gv (..., T, V) log-gates or
-    None; scale default ``K**-0.5``; initial_state (..., K, V) or None (zeros). Returns
-    (o (..., T, V), final state (..., K, V)), both float64."""
+    Arguments and shapes as :func:`linattn.ops.gated.op.gated_linear_attention` (without
+    ``return_state``, ``chunk_size`` and ``cu_seqlens``). Returns (o, final state), both float64."""
     f64 = torch.float64
     q, k, v = q.to(f64), k.to(f64), v.to(f64)
     *batch, T, K = q.shape

@@ -1,6 +1,5 @@
-r"""The quadratic reference of :func:`linattn.linear_attention`: the explicit T×T similarity matrix.
-
-A reference as :mod:`linattn.ops.reference` describes them (standalone, O(T²) by design).
+r"""The quadratic reference of :func:`linattn.linear_attention`: the explicit T×T similarity
+matrix; standalone and O(T²) by design, as :mod:`linattn.ops.reference` describes them.
 """
 
 from __future__ import annotations
@@ -26,10 +25,9 @@ def linear_attention(
 ) -> Tensor:
     r"""o_i = Σ_j φ(q_i)·φ(k_j) v_j / (Σ_j φ(q_i)·φ(k_j) + ε), with the T×T matrix built explicitly.
 
-    q: (..., Tq, D), k: (..., Tk, D), v: (..., Tk, Dv) -> (..., Tq, Dv). The sums run over the
-    unpadded keys (False in ``key_padding_mask``, (B, Tk)) and, when causal, over j ≤ i. ε is
-    ``eps`` (None: the feature map's default); a row whose normaliser is exactly 0 (no key
-    left, ε = 0) is 0. Sums in float32 at least (float64 stays float64); output in q's dtype."""
+    Arguments and shapes as :func:`linattn.ops.linear.op.linear_attention` (without its state and
+    chunk arguments). The sums run over the unpadded keys and, when causal, over j ≤ i; a row
+    whose normaliser is exactly 0 (no key left, ε = 0) is 0."""
     check_qkv(q, k, v, same_length=is_causal)
     fmap = get_feature_map(feature_map)
     eps = map_eps(eps, fmap)

@@ -20,8 +20,8 @@ def rms_norm_gated(
     """``rmsnorm(x)·weight·act(gate)`` (``norm_before_gate``) or ``rmsnorm(x·act(gate))·weight``,
     ``rmsnorm(z) = z / sqrt(mean(z²) + eps)`` over each group of ``group_size`` channels (None:
     the whole last dimension), act ``a·σ(a)`` ("silu", "swish") or ``σ(a)`` ("sigmoid"),
-    ``σ(a) = 1 / (1 + e^{−a})``; gate None: no gating. x, gate (..., D); weight (D,) or None.
-    Returns float64 (..., D)."""
+    ``σ(a) = 1 / (1 + e^{−a})``; gate None: no gating. Arguments and shapes as
+    :func:`linattn.ops.norm.op.rms_norm_gated`; returns float64."""
     f64 = torch.float64
     x = x.to(f64)
     D = x.shape[-1]

@@ -1,6 +1,5 @@
-r"""The quadratic reference of :func:`linattn.relative_linear_attention`.
-
-A reference as :mod:`linattn.ops.reference` describes them (standalone, O(T²) by design).
+r"""The quadratic reference of :func:`linattn.relative_linear_attention`; standalone and O(T²)
+by design, as :mod:`linattn.ops.reference` describes them.
 """
 
 from __future__ import annotations
@@ -28,10 +27,8 @@ def relative_linear_attention(
     r"""sim(i, j) = φ(q_i)·φ(k_j) + φ(q_i)·φ(r_{j−i}), built as an explicit T×T matrix;
     o_i = Σ_j sim(i, j) v_j / (Σ_j sim(i, j) + ε) over the unpadded keys (j ≤ i when causal).
 
-    q, k: (B, H, T, D), v: (B, H, T, Dv), r: (H, 2T−1, D) with r[:, m + T − 1] the vector of lag
-    m = j − i (φ applied as to keys). ε is ``eps`` (None: the map's default); a row whose
-    normaliser is exactly 0 is 0. Sums in float32 at least (float64 stays float64). Returns
-    (B, H, T, Dv) in q's dtype."""
+    Arguments and shapes as :func:`linattn.ops.relative.op.relative_linear_attention` (without
+    ``method`` and ``chunk_size``); a row whose normaliser is exactly 0 is 0."""
     check_qkv(q, k, v, same_length=True)
     fmap = get_feature_map(feature_map)
     eps = map_eps(eps, fmap)

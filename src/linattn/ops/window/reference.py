@@ -38,8 +38,9 @@ def window_linear_attention(
     exactly the unscaled quotient. ``m_i = max(max of s_ij in the window, log|D_F + ε|)`` with
     D_F the row's linear normaliser, as in the op: every weight is at most 1, and exp(−m_i)
     overflows only when |D_F + ε| is below the dtype's smallest normal number. A row with no
-    key (and ε = 0) is 0. q, k: (..., T, D); v: (..., T, Dv). Returns (..., T, Dv) in q's
-    dtype; sums in float32 at least (float64 stays float64)."""
+    key (and ε = 0) is 0. Arguments and shapes as
+    :func:`linattn.ops.window.op.window_linear_attention` (without its state and chunk
+    arguments)."""
     check_qkv(q, k, v, same_length=True)
     if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
         raise ValueError(f"window: expected a positive integer, got {window!r}")
