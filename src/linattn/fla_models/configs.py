@@ -154,40 +154,39 @@ class FLAConfig(PreTrainedConfig):
         self.pad_token_id, self.bos_token_id = pad_token_id, bos_token_id
         self.eos_token_id = eos_token_id
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        # every family has this __init__: set before transformers' hook, which would otherwise
+        # generate one per class
+        cls.__init__ = FLAConfig.__init__
+        super().__init_subclass__(**kwargs)
+
 
 class GLAConfig(FLAConfig):
     model_type = "gla"
-    __init__ = FLAConfig.__init__  # transformers would otherwise generate one per class
 
 
 class GatedDeltaNetConfig(FLAConfig):
     model_type = "gated_deltanet"
-    __init__ = FLAConfig.__init__  # transformers would otherwise generate one per class
 
 
 class DeltaNetConfig(FLAConfig):
     model_type = "delta_net"
-    __init__ = FLAConfig.__init__  # transformers would otherwise generate one per class
 
 
 class KDAConfig(FLAConfig):
     model_type = "kda"
-    __init__ = FLAConfig.__init__  # transformers would otherwise generate one per class
 
 
 class RetNetConfig(FLAConfig):
     model_type = "retnet"
-    __init__ = FLAConfig.__init__  # transformers would otherwise generate one per class
 
 
 class LinearAttentionConfig(FLAConfig):
     model_type = "linear_attn"
-    __init__ = FLAConfig.__init__  # transformers would otherwise generate one per class
 
 
 class HGRN2Config(FLAConfig):
     model_type = "hgrn2"
-    __init__ = FLAConfig.__init__  # transformers would otherwise generate one per class
 
 
 CONFIGS: dict[str, type[FLAConfig]] = {c.model_type: c for c in (
