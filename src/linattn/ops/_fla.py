@@ -123,6 +123,15 @@ def _state(name: str, x: object, N: int, H: int, K: int, V: int,
     return x.transpose(-1, -2) if state_v_first else x
 
 
+def _sequences(cu_seqlens: object, q: Tensor, initial_state: object, H: int, K: int, V: int,
+               state_v_first: bool) -> tuple[Tensor | None, Tensor | None]:
+    """The checked ``cu_seqlens`` (:func:`_varlen`) and the initial state of its N sequences
+    (N = B without it; :func:`_state`), as (N, H, K, V)."""
+    cu = _varlen(cu_seqlens, q)
+    N = q.shape[0] if cu is None else len(cu) - 1
+    return cu, _state("initial_state", initial_state, N, H, K, V, state_v_first)
+
+
 def _flag(name: str, x: object) -> bool:
     """A Python or NumPy bool; never a number (docs/design.md, "Scalars and flags")."""
     if is_bool(x):

@@ -25,10 +25,9 @@ from linattn.ops._fla import (
     _qkv,
     _scale,
     _scan,
-    _state,
+    _sequences,
     _state_v_first,
     _tensor,
-    _varlen,
 )
 from linattn.ops.delta import op as delta
 
@@ -80,9 +79,7 @@ def _delta(q, k, v, beta, *, g=None, gk=None, gv=None, scale, initial_state,
     beta = _beta(beta, B, T, HV, V, per_value=per_value_beta, logits=sig)
     if sig:
         beta = torch.sigmoid(beta) * (2 if neg else 1)
-    cu = _varlen(cu_seqlens, q)
-    N = B if cu is None else len(cu) - 1
-    S0 = _state("initial_state", initial_state, N, HV, K, V, state_v_first)
+    cu, S0 = _sequences(cu_seqlens, q, initial_state, HV, K, V, state_v_first)
     # grouped value attention (HV = G·H): the op reads q/k head j // G for value head j itself,
     # without copies, so q and k keep their H heads
     if gv is None and beta.dim() == 3 and _one_token_each(T, cu):

@@ -20,7 +20,7 @@ from linattn.ops._fla import (
     _reversed_cu,
     _scale,
     _scan,
-    _state,
+    _sequences,
     _state_v_first,
     _varlen,
 )
@@ -115,9 +115,7 @@ def _simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state,
         g_gamma = _gate("g_gamma", g_gamma, (H,))
         const = g_gamma.to(accumulation_dtype(q.dtype)).expand(B, T, H)
         g = const if g is None else g.to(const.dtype) + const
-    cu = _varlen(cu_seqlens, q)
-    N = B if cu is None else len(cu) - 1
-    S0 = _state("initial_state", initial_state, N, H, K, v.shape[-1], state_v_first)
+    cu, S0 = _sequences(cu_seqlens, q, initial_state, H, K, v.shape[-1], state_v_first)
     return _gla(q, k, v, g=g, scale=_scale(scale, K), initial_state=S0,
                 output_final_state=_flag("output_final_state", output_final_state),
                 reverse=_flag("reverse", reverse), state_v_first=state_v_first, cu=cu,
@@ -288,9 +286,7 @@ def chunk_gla(
     g = _gate("g", g, (B, T, H, K))
     if g is None:
         raise ValueError("g: chunk_gla needs the per-key gates (B, T, H, K)")
-    cu = _varlen(cu_seqlens, q)
-    N = B if cu is None else len(cu) - 1
-    S0 = _state("initial_state", initial_state, N, H, K, v.shape[-1], svf)
+    cu, S0 = _sequences(cu_seqlens, q, initial_state, H, K, v.shape[-1], svf)
     return _gla(q, k, v, gk=g, scale=_scale(scale, K), initial_state=S0,
                 output_final_state=_flag("output_final_state", output_final_state),
                 state_v_first=svf, cu=cu)
@@ -328,9 +324,7 @@ def fused_recurrent_gla(
     V = v.shape[-1]
     gk = _gate("gk", gk, (B, T, H, K))
     gv = _gate("gv", gv, (B, T, H, V))
-    cu = _varlen(cu_seqlens, q)
-    N = B if cu is None else len(cu) - 1
-    S0 = _state("initial_state", initial_state, N, H, K, V, svf)
+    cu, S0 = _sequences(cu_seqlens, q, initial_state, H, K, V, svf)
     return _gla(q, k, v, gk=gk, gv=gv, scale=_scale(scale, K),
                 initial_state=S0,
                 output_final_state=_flag("output_final_state", output_final_state),
