@@ -419,13 +419,7 @@ static int la_conv_step(const void *x, long xb, int xdt, void *y, long yb, int y
     X(la_s, long, s0c, 'l') X(la_s, long, s0k, 'l') X(la_s, int, s0dt, 'i') \
     X(la_s, void *, sf, 'p') X(la_s, long, sfn, 'l') X(la_s, long, sfc, 'l') \
     X(la_s, long, sfk, 'l') X(la_s, int, sfdt, 'i') X(la_s, float *, work, 'p')
-LA_ARGS(la_conv_forward_args, LA_CONV_FORWARD_ARGS)
-int la_conv_forward_call(const la_conv_forward_args *a) {
-    return la_conv_forward(a->x, a->xb, a->xt, a->xdt, a->y, a->yb, a->yt, a->ydt, a->B, a->T,
-                           a->D, a->width, a->c0, a->c1, a->w, a->wd, a->wj, a->wdt, a->bias,
-                           a->bs, a->bdt, a->act, a->seg, a->nseg, a->s0, a->s0n, a->s0c,
-                           a->s0k, a->s0dt, a->sf, a->sfn, a->sfc, a->sfk, a->sfdt, a->work);
-}
+LA_ENTRY(la_conv_forward, LA_CONV_FORWARD_ARGS)
 
 #define LA_CONV_STEP_ARGS(X, la_s) \
     X(la_s, const void *, x, 'p') X(la_s, long, xb, 'l') X(la_s, int, xdt, 'i') \
@@ -437,12 +431,7 @@ int la_conv_forward_call(const la_conv_forward_args *a) {
     X(la_s, long, sib, 'l') X(la_s, long, sic, 'l') X(la_s, long, sik, 'l') \
     X(la_s, void *, so, 'p') X(la_s, long, sob, 'l') X(la_s, long, soc, 'l') \
     X(la_s, long, sok, 'l') X(la_s, int, sdt, 'i')
-LA_ARGS(la_conv_step_args, LA_CONV_STEP_ARGS)
-int la_conv_step_call(const la_conv_step_args *a) {
-    return la_conv_step(a->x, a->xb, a->xdt, a->y, a->yb, a->ydt, a->B, a->D, a->width, a->slen,
-                        a->w, a->wd, a->wj, a->wdt, a->bias, a->bs, a->bdt, a->act, a->si,
-                        a->sib, a->sic, a->sik, a->so, a->sob, a->soc, a->sok, a->sdt);
-}
+LA_ENTRY(la_conv_step, LA_CONV_STEP_ARGS)
 
 static const la_struct la_conv_structs[] = {
     LA_STRUCT_ENTRY(la_conv_forward_args),

@@ -417,11 +417,7 @@ int la_gdr_forward_call(const la_gdr_forward_args *a) {
     X(la_s, long, G, 'l') X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') \
     X(la_s, int, l2norm, 'i') X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') \
     X(la_s, void *, o, 'p') X(la_s, float *, work, 'p') X(la_s, int, threads, 'i')
-LA_ARGS(la_gdr_step_args, LA_GDR_STEP_ARGS)
-int la_gdr_step_call(const la_gdr_step_args *a) {
-    return (int)la_gdr_step(a->q, a->k, a->v, a->beta, a->g, a->gk, a->dt, a->N, a->G, a->K, a->V,
-            a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->work, a->threads);
-}
+LA_ENTRY(la_gdr_step, LA_GDR_STEP_ARGS)
 
 #define LA_GDR_BACKWARD_ARGS(X, la_s) \
     X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
@@ -437,13 +433,7 @@ int la_gdr_step_call(const la_gdr_step_args *a) {
     X(la_s, long, dkt, 'l') X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') \
     X(la_s, long, dvt, 'l') X(la_s, float *, dbeta, 'p') X(la_s, long, dbs, 'l') \
     X(la_s, float *, dg, 'p') X(la_s, long, dgs, 'l') X(la_s, float *, work, 'p')
-LA_ARGS(la_gdr_backward_args, LA_GDR_BACKWARD_ARGS)
-int la_gdr_backward_call(const la_gdr_backward_args *a) {
-    return (int)la_gdr_backward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->beta, a->bs, a->g,
-            a->gs, a->N, a->T, a->K, a->V, a->scale, a->l2norm, a->ckpt, a->cs, a->w, a->ws,
-            a->wt, a->dout, a->dos, a->dot, a->dS, a->dS0, a->dq, a->dqs, a->dqt, a->dk, a->dks,
-            a->dkt, a->dv, a->dvs, a->dvt, a->dbeta, a->dbs, a->dg, a->dgs, a->work);
-}
+LA_ENTRY(la_gdr_backward, LA_GDR_BACKWARD_ARGS)
 
 static const la_struct la_delta_structs[] = {
     LA_STRUCT_ENTRY(la_gdr_forward_args),

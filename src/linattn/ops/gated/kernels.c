@@ -485,14 +485,7 @@ int la_gla_forward_call(const la_gla_forward_args *a) {
     X(la_s, long, dvt, 'l') X(la_s, float *, dg, 'p') X(la_s, long, dgs, 'l') \
     X(la_s, float *, dgk, 'p') X(la_s, long, dgks, 'l') X(la_s, long, dgkt, 'l') \
     X(la_s, float *, work, 'p')
-LA_ARGS(la_gla_backward_args, LA_GLA_BACKWARD_ARGS)
-int la_gla_backward_call(const la_gla_backward_args *a) {
-    return la_gla_backward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->g,
-                           a->gs, a->gk, a->gks, a->gkt, a->dout, a->dos, a->dot, a->N, a->T,
-                           a->K, a->V, a->C, a->scale, a->ckpt, a->cks, a->dS_in, a->dS_out,
-                           a->dq, a->dqs, a->dqt, a->dk, a->dks, a->dkt, a->dv, a->dvs, a->dvt,
-                           a->dg, a->dgs, a->dgk, a->dgks, a->dgkt, a->work);
-}
+LA_ENTRY(la_gla_backward, LA_GLA_BACKWARD_ARGS)
 
 #define LA_GLA_STEP_ARGS(X, la_s) \
     X(la_s, const void *, q, 'p') X(la_s, const void *, k, 'p') X(la_s, const void *, v, 'p') \
@@ -500,11 +493,7 @@ int la_gla_backward_call(const la_gla_backward_args *a) {
     X(la_s, long, N, 'l') X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, float, scale, 'f') \
     X(la_s, const float *, S_in, 'p') X(la_s, float *, S_out, 'p') X(la_s, void *, o, 'p') \
     X(la_s, float *, work, 'p') X(la_s, int, threads, 'i')
-LA_ARGS(la_gla_step_args, LA_GLA_STEP_ARGS)
-int la_gla_step_call(const la_gla_step_args *a) {
-    return la_gla_step(a->q, a->k, a->v, a->g, a->gk, a->dt, a->N, a->K, a->V, a->scale,
-                       a->S_in, a->S_out, a->o, a->work, a->threads);
-}
+LA_ENTRY(la_gla_step, LA_GLA_STEP_ARGS)
 
 static const la_struct la_gated_structs[] = {
     LA_STRUCT_ENTRY(la_gla_forward_args),

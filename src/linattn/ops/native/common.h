@@ -510,6 +510,24 @@ typedef struct {
 #define LA_ARGS(S, FIELDS)                                                                     \
     typedef struct { FIELDS(LA_DECLARE_FIELD, S) } S;                                          \
     static const la_field S##_fields[] = {FIELDS(LA_DESCRIBE_FIELD, S)};
+/* The struct NAME_args of FIELDS and its entry point NAME_call, which calls the kernel NAME with
+ * the struct's fields in their order and returns its result (LA_ENTRY), or 0 after a kernel
+ * that returns nothing (LA_ENTRY_VOID): each argument is spelled once, in FIELDS. An entry that
+ * does more than pass its fields on is written out. */
+#define LA_PASS_FIELD(S, type, name, kind) , a->name
+#define LA_SKIP_FIRST(first, ...) __VA_ARGS__
+#define LA_CALL_ARGS(...) LA_SKIP_FIRST(__VA_ARGS__)
+#define LA_ENTRY(NAME, FIELDS)                                                                 \
+    LA_ARGS(NAME##_args, FIELDS)                                                               \
+    int NAME##_call(const NAME##_args *a) {                                                    \
+        return (int)NAME(LA_CALL_ARGS(FIELDS(LA_PASS_FIELD, NAME##_args)));                    \
+    }
+#define LA_ENTRY_VOID(NAME, FIELDS)                                                            \
+    LA_ARGS(NAME##_args, FIELDS)                                                               \
+    int NAME##_call(const NAME##_args *a) {                                                    \
+        NAME(LA_CALL_ARGS(FIELDS(LA_PASS_FIELD, NAME##_args)));                                \
+        return 0;                                                                              \
+    }
 #define LA_STRUCT_ENTRY(S) {#S, (long)sizeof(S), (long)(sizeof(S##_fields) / sizeof(la_field)), S##_fields}
 /* const la_struct *FN(long i): the i-th struct of TABLE, NULL past the end */
 #define LA_ABI_TABLE(FN, TABLE)                                                                \

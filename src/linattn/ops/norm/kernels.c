@@ -150,11 +150,7 @@ static int la_norm_forward(const void *x, long xr, int xdt, const void *g, long 
     X(la_s, const void *, w, 'p') X(la_s, int, wdt, 'i') X(la_s, long, R, 'l') \
     X(la_s, long, D, 'l') X(la_s, long, G, 'l') X(la_s, float, eps, 'f') X(la_s, int, act, 'i') \
     X(la_s, int, before, 'i') X(la_s, float *, work, 'p')
-LA_ARGS(la_norm_forward_args, LA_NORM_FORWARD_ARGS)
-int la_norm_forward_call(const la_norm_forward_args *a) {
-    return la_norm_forward(a->x, a->xr, a->xdt, a->g, a->gr, a->gdt, a->y, a->yr, a->ydt, a->w,
-                           a->wdt, a->R, a->D, a->G, a->eps, a->act, a->before, a->work);
-}
+LA_ENTRY(la_norm_forward, LA_NORM_FORWARD_ARGS)
 
 static const la_struct la_norm_structs[] = {
     LA_STRUCT_ENTRY(la_norm_forward_args),
