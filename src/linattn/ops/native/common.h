@@ -450,7 +450,7 @@ typedef void (*la_part_fn)(void *ctx, long part, int slot);
 #ifdef _OPENMP
 #include <omp.h>
 
-static int la_parallel(la_part_fn fn, void *ctx, long parts, int threads) {
+__attribute__((unused)) static int la_parallel(la_part_fn fn, void *ctx, long parts, int threads) {
     if ((long)threads > parts) threads = (int)parts;
     if (threads <= 1) {
         for (long p = 0; p < parts; ++p) fn(ctx, p, 0);
@@ -475,7 +475,7 @@ static int la_parallel(la_part_fn fn, void *ctx, long parts, int threads) {
     return helped == 0;
 }
 #else
-static int la_parallel(la_part_fn fn, void *ctx, long parts, int threads) {
+__attribute__((unused)) static int la_parallel(la_part_fn fn, void *ctx, long parts, int threads) {
     (void)threads;
     for (long p = 0; p < parts; ++p) fn(ctx, p, 0);
     return 0;
