@@ -331,7 +331,15 @@ def test_native_threads_policy(two_threads, monkeypatch):
     assert native.native_threads(2 * m, 16) == 2
     assert native.native_threads(100 * m, 1) == 1  # one part
     assert native.native_threads(10, 16, min_work=5) == 2
-    native.note_late()  # the other threads took no part: small calls back off
+    monkeypatch.setattr(native.threads, "_late_in_a_row", 0)
+    for _ in range(native.threads.LATE_IN_A_ROW - 1):  # once or twice: threads asleep, no more
+        native.note_late()
+        assert native.native_threads(2 * m, 16) == 2
+    native.note_on_time()  # on time: the count starts again
+    for _ in range(native.threads.LATE_IN_A_ROW - 1):
+        native.note_late()
+    assert native.native_threads(2 * m, 16) == 2
+    native.note_late()  # late in a row: small calls back off
     assert native.native_threads(2 * m, 16) == 1
     assert native.native_threads(native.BACKOFF_WORK * m, 16) == 2
     monkeypatch.setattr(native.threads, "_late_until", 0.0)

@@ -64,6 +64,7 @@ from linattn.ops.native import (
     is_small,
     native_threads,
     note_late,
+    note_on_time,
     run_jobs,
     scratch,
     threads_for,
@@ -511,6 +512,8 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
     if rc == 1:  # done, but the other threads were late
         note_late()
         return 0
+    if threads > 1 and rc == 0:
+        note_on_time()
     return rc
 
 

@@ -56,6 +56,7 @@ from linattn.ops.native import (
     is_small,
     native_threads,
     note_late,
+    note_on_time,
     run_jobs,
     scratch,
     threads_for,
@@ -460,6 +461,8 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: 
     if rc == 1:  # done, but the other threads were late
         note_late()
         return 0
+    if threads > 1 and rc == 0:
+        note_on_time()
     return rc
 
 

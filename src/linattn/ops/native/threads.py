@@ -116,12 +116,31 @@ def native_threads(work: int, parts: int, min_work: int | None = None) -> int:
     return min(n, parts, work // least)
 
 
+#: Split calls in a row whose other threads took no part before small calls back off. One is
+#: no sign of a busy core: the first call after a pause finds OpenMP's threads asleep, and they
+#: wake too late for a few-µs kernel; backing off then kept a decoding loop on one thread for
+#: good (each retry a second later found them asleep again). Three in a row, they were awake.
+LATE_IN_A_ROW = 3
+_late_in_a_row = 0
+
+
 def note_late() -> None:
     """A call split over threads ran on the calling thread alone: the others were late (asleep,
-    or their cores taken by another process). Small calls stay on one thread for
-    ``BACKOFF_S``, as after a late helper of :func:`run_parts`."""
-    global _late_until
-    _late_until = time.monotonic() + BACKOFF_S
+    or their cores taken by another process). After :data:`LATE_IN_A_ROW` such calls in a row
+    small calls stay on one thread for ``BACKOFF_S``, as after a late helper of
+    :func:`run_parts`."""
+    global _late_until, _late_in_a_row
+    _late_in_a_row += 1
+    if _late_in_a_row >= LATE_IN_A_ROW:
+        _late_in_a_row = 0
+        _late_until = time.monotonic() + BACKOFF_S
+
+
+def note_on_time() -> None:
+    """A call split over threads whose other threads took their parts: the count of late ones
+    in a row starts again."""
+    global _late_in_a_row
+    _late_in_a_row = 0
 
 
 # Torch's thread count is not one for the process. With its OpenMP backend (the wheels' on
