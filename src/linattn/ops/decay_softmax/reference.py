@@ -13,11 +13,13 @@ import math
 import torch
 from torch import Tensor
 
+from linattn.ops._common import takes_inference_tensors
 from linattn.ops._reference_checks import check_gamma, check_qkv, check_scale, shown
 
 __all__ = ['decay_softmax_attention']
 
 
+@takes_inference_tensors()
 def decay_softmax_attention(
     q: Tensor,
     k: Tensor,

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
+from linattn.ops._common import takes_inference_tensors
 from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
 
 __all__ = ['flowformer_attention']
@@ -53,6 +54,7 @@ def _kept(padding_mask: Tensor | None, x: Tensor) -> Tensor:
     return kept.reshape(x.shape[0], *[1] * (x.dim() - 3), T) if x.dim() > 2 else kept
 
 
+@takes_inference_tensors()
 def flowformer_attention(
     q: Tensor,
     k: Tensor,

@@ -8,11 +8,13 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
+from linattn.ops._common import takes_inference_tensors
 from linattn.ops._reference_checks import check_padding_mask, check_qkv, kept_keys, map_eps
 
 __all__ = ['relative_linear_attention']
 
 
+@takes_inference_tensors()
 def relative_linear_attention(
     q: Tensor,
     k: Tensor,
