@@ -601,7 +601,13 @@ def causal_chunked(
 
     states = torch.bmm(fk3.transpose(1, 2), v13).view(*batch, n, L, Dv1)  # each chunk's own
     total = states.sum(-3)
-    before = states.cumsum(-3).sub_(states)  # exclusive prefix: the chunks strictly before
+    # exclusive prefix (the chunks strictly before) as the inclusive prefix shifted by one, not
+    # as cumsum − states: that difference, and its backward (a reverse cumsum minus the chunk's
+    # own gradient), cancel catastrophically when one chunk's gradient is huge (a query whose
+    # keys so far have no feature: 1/eps); causal cosFormer's float32 key gradients were 1-3 %
+    # off float64 (issue 51)
+    before = torch.cat([torch.zeros_like(states[..., :1, :, :]), states.cumsum(-3)], -3)
+    before = before[..., :n, :, :]
     if S0 is not None:
         before = before + S0.unsqueeze(-3)
         total = total + S0
