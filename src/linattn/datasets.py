@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linattn._io import atomic_path, user_cache_dir
+from linattn._io import atomic_path, not_regular, read_regular, user_cache_dir
 
 __all__ = ["load_ucr", "read_ucr_tsv", "read_ucr_split", "ucr_paths", "check_class_ids",
            "package_datasets",
@@ -67,7 +67,7 @@ def cache_dir() -> Path:
 
 def _read_raw(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_regular(path)  # a FIFO or a device refused, never waited on
     except OSError as err:
         raise UCRFormatError(f"{path}: cannot read ({err.strerror or err})") from None
 
@@ -212,11 +212,17 @@ def _local_checksums(folder: Path) -> dict[str, str]:
 
 
 def _find(name: str, file: str, dirs: list[Path]) -> Path | None:
+    """The first of the candidate files in ``dirs``; one that is there but no regular file (a
+    FIFO, a folder, a link to nothing) is refused rather than passed over for a download."""
     for d in dirs:
         for sub in (d, d / name):
             for candidate in (sub / file, sub / (file + ".gz")):
                 if candidate.is_file():
                     return candidate
+                if os.path.lexists(candidate):
+                    what = (not_regular(candidate.stat().st_mode) if candidate.exists()
+                            else "a link to nothing")
+                    raise UCRFormatError(f"{candidate}: not a regular file ({what})")
     return None
 
 

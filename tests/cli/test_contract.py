@@ -214,6 +214,17 @@ def _fifo_checkpoint_in(rel: str) -> Callable[[SimpleNamespace, Path], None]:
 _fifo_checkpoint = _fifo_checkpoint_in("m")
 
 
+def _data_with_a_fifo(split: str) -> Callable[[SimpleNamespace, Path], None]:
+    """d/data: the committed FordA subset with FordA_{split}.tsv a FIFO that nobody writes."""
+    def setup(f: SimpleNamespace, d: Path) -> None:
+        (d / "data").mkdir()
+        for other in ("TRAIN", "TEST"):
+            if other != split:
+                shutil.copy(DATA / f"FordA_{other}.tsv.gz", d / "data")
+        os.mkfifo(d / "data" / f"FordA_{split}.tsv")
+    return setup
+
+
 def _still_a_fifo(d: Path) -> None:
     assert stat.S_ISFIFO(os.lstat(d / "fifo").st_mode), "the FIFO was replaced"
 
@@ -433,7 +444,15 @@ CASES: list[Case] = [
           ("labels_1e20", "FordA_TRAIN.tsv line 1: the label 2e+20 is not an integer class id"),
           ("labels_half", "FordA_TRAIN.tsv line 1: the label 1.5 is not an integer class id"),
           ("test_label_unseen", "FordA_TEST.tsv line 7: label 3 is not a class of "
-                                "FordA_TRAIN.tsv (-1, 1)"))),
+                                "FordA_TRAIN.tsv (-1, 1)"),
+          ("values_3e38", "FordA_TRAIN.tsv line 6: values up to 3e+38 overflow the model's "
+                          "float32 arithmetic"))),
+    # issue 51 fifth probe: a FIFO as a data file fell back to a download (and its failure)
+    *(Case(f"forda-{cmd}-data-file-a-fifo-{split.lower()}",
+           lambda f, d, cmd=cmd: [*(_forda_train() if cmd == "train" else _evaluate())(f, d),
+                                  "--data-dir", str(d / "data")],
+           f"FordA_{split}.tsv: not a regular file (a FIFO)", setup=_data_with_a_fifo(split),
+           absent=("run",)) for cmd in ("train", "evaluate") for split in ("TRAIN", "TEST")),
     # -- forda evaluate
     Case("evaluate-run-garbage", _evaluate("run_garbage"), "run.json: not valid JSON",
          before_torch=True),
@@ -736,6 +755,10 @@ BAD_DATA: dict[str, tuple[Callable[[list], None] | None, Callable[[list], None] 
     "labels_1e20": (_relabel("1e20", "2e20"), _relabel("1e20", "2e20")),
     "labels_half": (_relabel("0.5", "1.5"), _relabel("0.5", "1.5")),
     "test_label_unseen": (None, lambda rows: rows[6].__setitem__(0, "3")),
+    # finite float32 values whose arithmetic overflows ("training diverged ... lower the
+    # learning rate" before the fifth probe of issue 51)
+    "values_3e38": (lambda rows: [rows[5].__setitem__(j, "3e38" if j % 2 else "-3e38")
+                                  for j in range(1, len(rows[5]))], None),
     # a third class in both files: fine data, but not the classes of the fixture's model
     "three_classes": (lambda rows: rows[2].__setitem__(0, "3"),
                       lambda rows: rows[4].__setitem__(0, "3")),

@@ -131,12 +131,13 @@ def _check_device(args) -> None:
         raise UserError(str(err)) from None
 
 
-def _load_data(args, missing: str, classes=None):
+def _load_data(args, missing: str, classes=None, params: dict | None = None):
     """FordA's TRAIN and TEST, every problem a user's own files can have refused in one line
     naming the file and line, before any training: the format and the classes
     (:func:`~linattn.datasets.read_ucr_split`), labels that are no integer class ids, NaN
-    inside a series unless ``missing`` takes it, and with ``classes`` (a trained model's) a
-    label the model does not know."""
+    inside a series unless ``missing`` takes it, with ``classes`` (a trained model's) a
+    label the model does not know, and with ``params`` (the estimator's) values so large that
+    the model's float32 arithmetic overflows (they made training diverge at its first step)."""
     import numpy as np
 
     from linattn.datasets import UCRFormatError, check_class_ids, read_ucr_split, ucr_paths
@@ -157,6 +158,17 @@ def _load_data(args, missing: str, classes=None):
         if len(unknown):
             raise UserError(f"{path} line {unknown[0] + 1}: label {y[unknown[0]]} is not a "
                             f"class of the model ({', '.join(map(str, classes))})")
+    if params is not None:
+        from linattn.tsc.estimator import LinearAttentionClassifier
+
+        est = LinearAttentionClassifier(**params, n_threads=1)
+        for X, path in ((data[0], train), (data[2], test)):
+            row = est.overflowing_row(X)
+            if row is not None:
+                raise UserError(f"{path} line {row + 1}: values up to "
+                                f"{float(np.nanmax(np.abs(X[row]))):.3g} overflow the model's "
+                                "float32 arithmetic; scale the series (FordA's are "
+                                "z-normalised)")
     return data
 
 
@@ -395,7 +407,8 @@ def _train(args, main: bool, owned: ExitStack) -> int:
         }
     run["params"] = _run_params(run, run_path,
                                 f"{run_path}: params" if args.resume else "--set")
-    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"))
+    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"),
+                                                  params=run["params"])
     args.threads = start_work(args.threads)  # every check done: now the warnings, if any
     run["threads"] = args.threads
     run["device"] = args.device

@@ -236,6 +236,26 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         tcfg = TrainConfig(seed=seed, **{k: plain(v) for k, v in train.items()})
         return model, tcfg
 
+    def overflowing_row(self, X) -> int | None:
+        """The row of the series X (n, length) that overflows this architecture's float32
+        arithmetic before any training (a model as initialised gives non-finite outputs for
+        it, scaled by the augmentation's largest amplitude), or None. Asked of the few series
+        of largest magnitude, where the overflow starts: finite values near float32's largest
+        (3e38) made training diverge at its first step, blamed on the learning rate."""
+        model_params, tcfg = self.check_params()
+        X = np.nan_to_num(np.asarray(X, dtype=np.float32), nan=0.0)
+        if X.ndim != 2 or not X.size:
+            return None
+        with np.errstate(over="ignore"):
+            rows = np.argsort(-np.abs(X).max(1), kind="stable")[:4]
+            top = X[rows] * np.float32(max(tcfg.scale_high, 1.0))
+        config = self._model_config(model_params, X.shape[1], 2)
+        with torch.random.fork_rng(devices=[]), ThreadLimit(self.n_threads):
+            torch.manual_seed(0)
+            logits = predict_logits(FordATransformer(config), top, device="cpu")
+        bad = np.flatnonzero(~torch.isfinite(logits).all(-1).numpy())
+        return int(rows[bad[0]]) if len(bad) else None
+
     def check_memory(self, where: str | None = None) -> None:
         """ValueError naming the parameter (prefixed by ``where``) when training this
         architecture cannot fit in the memory available (:func:`_training_bytes`): absurd
@@ -280,6 +300,11 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y: needs samples of at least 2 classes, got 1 class ({classes[0]})")
         self.classes_ = classes
         config = self._model_config(model_params, X.shape[1], len(classes))
+        row = self.overflowing_row(X)
+        if row is not None:
+            raise ValueError(f"X: row {row}: values up to {float(np.nanmax(np.abs(X[row]))):.3g} "
+                             "overflow the model's float32 arithmetic before any training; "
+                             "scale the series (FordA's are z-normalised)")
         resume = trainer_kwargs.pop("resume", False)
         if trainer_kwargs.get("X_val") is not None:
             trainer_kwargs["X_val"] = fill_nan_padding(
