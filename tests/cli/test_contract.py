@@ -446,7 +446,14 @@ CASES: list[Case] = [
           ("test_label_unseen", "FordA_TEST.tsv line 7: label 3 is not a class of "
                                 "FordA_TRAIN.tsv (-1, 1)"),
           ("values_3e38", "FordA_TRAIN.tsv line 6: values up to 3e+38 overflow the model's "
-                          "float32 arithmetic"))),
+                          "float32 arithmetic"),
+          ("test_values_3e38", "FordA_TEST.tsv line 3: values up to 3e+38 overflow the "
+                               "model's float32 arithmetic"))),
+    # the same TEST into a trained model: a traceback before the fifth probe of issue 51
+    Case("evaluate-data-test-values-3e38",
+         lambda f, d: [*_evaluate()(f, d), "--data-dir", str(f.bad_data["test_values_3e38"])],
+         "FordA_TEST.tsv line 3: values up to 3e+38 overflow the model's float32 arithmetic",
+         absent=("report",)),
     # issue 51 fifth probe: a FIFO as a data file fell back to a download (and its failure)
     *(Case(f"forda-{cmd}-data-file-a-fifo-{split.lower()}",
            lambda f, d, cmd=cmd: [*(_forda_train() if cmd == "train" else _evaluate())(f, d),
@@ -759,6 +766,8 @@ BAD_DATA: dict[str, tuple[Callable[[list], None] | None, Callable[[list], None] 
     # learning rate" before the fifth probe of issue 51)
     "values_3e38": (lambda rows: [rows[5].__setitem__(j, "3e38" if j % 2 else "-3e38")
                                   for j in range(1, len(rows[5]))], None),
+    "test_values_3e38": (None, lambda rows: [rows[2].__setitem__(j, "3e38" if j % 2 else "-3e38")
+                                             for j in range(1, len(rows[2]))]),
     # a third class in both files: fine data, but not the classes of the fixture's model
     "three_classes": (lambda rows: rows[2].__setitem__(0, "3"),
                       lambda rows: rows[4].__setitem__(0, "3")),

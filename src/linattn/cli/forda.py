@@ -163,13 +163,22 @@ def _load_data(args, missing: str, classes=None, params: dict | None = None):
 
         est = LinearAttentionClassifier(**params, n_threads=1)
         for X, path in ((data[0], train), (data[2], test)):
-            row = est.overflowing_row(X)
-            if row is not None:
-                raise UserError(f"{path} line {row + 1}: values up to "
-                                f"{float(np.nanmax(np.abs(X[row]))):.3g} overflow the model's "
-                                "float32 arithmetic; scale the series (FordA's are "
-                                "z-normalised)")
+            _refuse_overflow(est, X, path)
+    args.data_files = train, test  # where the series come from, for later messages
     return data
+
+
+def _refuse_overflow(est, X, path, rows=None, fitted: bool = False) -> None:
+    """UserError naming ``path`` and the line of a series of X (lines ``rows``, default
+    1, 2, ...) on which ``est``'s model (as initialised, or ``fitted``) overflows float32."""
+    import numpy as np
+
+    row = est.overflowing_row(X, fitted=fitted)
+    if row is not None:
+        line = (row if rows is None else int(rows[row])) + 1
+        raise UserError(f"{path} line {line}: values up to "
+                        f"{float(np.nanmax(np.abs(X[row]))):.3g} overflow the model's float32 "
+                        "arithmetic; scale the series (FordA's are z-normalised)")
 
 
 def _parse_sets(items: list[str]) -> dict:
@@ -491,6 +500,7 @@ def _train(args, main: bool, owned: ExitStack) -> int:
         est = LinearAttentionClassifier.load(out / "full" / "model", device=args.device)
         if est.n_threads is None and args.threads:
             est.n_threads = args.threads
+        _refuse_overflow(est, X_test, args.data_files[1], fitted=True)
         test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
         write_json(out / "test.json", test)
         # the files are replaced, never rewritten in place: the run's own copy may share them
@@ -576,6 +586,9 @@ def evaluate(args) -> int:
         X_eval, y_eval = X_train[va], y_train[va]
     else:
         X_eval, y_eval = X_test, y_test
+    for e in ests:  # values the models' arithmetic overflows on: one line naming the file
+        _refuse_overflow(e, X_eval, args.data_files[args.split != "val"],
+                         va if args.split == "val" else None, fitted=True)
     # one model, or the mean of the models' class probabilities (a seed ensemble)
     proba = np.mean([e.predict_proba(X_eval) for e in ests], axis=0)
     result = classification_metrics(est.classes_, y_eval, proba)

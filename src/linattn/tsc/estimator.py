@@ -236,23 +236,28 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         tcfg = TrainConfig(seed=seed, **{k: plain(v) for k, v in train.items()})
         return model, tcfg
 
-    def overflowing_row(self, X) -> int | None:
+    def overflowing_row(self, X, *, fitted: bool = False) -> int | None:
         """The row of the series X (n, length) that overflows this architecture's float32
         arithmetic before any training (a model as initialised gives non-finite outputs for
-        it, scaled by the augmentation's largest amplitude), or None. Asked of the few series
-        of largest magnitude, where the overflow starts: finite values near float32's largest
-        (3e38) made training diverge at its first step, blamed on the learning rate."""
+        it, scaled by the augmentation's largest amplitude), or with ``fitted`` the fitted
+        model's, or None. Asked of the few series of largest magnitude, where the overflow
+        starts: finite values near float32's largest (3e38) made training diverge at its first
+        step, blamed on the learning rate, and a command's scoring raise."""
         model_params, tcfg = self.check_params()
         X = np.nan_to_num(np.asarray(X, dtype=np.float32), nan=0.0)
         if X.ndim != 2 or not X.size:
             return None
         with np.errstate(over="ignore"):
             rows = np.argsort(-np.abs(X).max(1), kind="stable")[:4]
-            top = X[rows] * np.float32(max(tcfg.scale_high, 1.0))
-        config = self._model_config(model_params, X.shape[1], 2)
+            top = X[rows] * np.float32(1.0 if fitted else max(tcfg.scale_high, 1.0))
         with torch.random.fork_rng(devices=[]), ThreadLimit(self.n_threads):
             torch.manual_seed(0)
-            logits = predict_logits(FordATransformer(config), top, device="cpu")
+            if fitted:
+                check_is_fitted(self, "model_")
+                model = self.model_
+            else:
+                model = FordATransformer(self._model_config(model_params, X.shape[1], 2))
+            logits = predict_logits(model, top, device="cpu")
         bad = np.flatnonzero(~torch.isfinite(logits).all(-1).numpy())
         return int(rows[bad[0]]) if len(bad) else None
 
