@@ -286,3 +286,22 @@ def test_a_data_file_that_is_a_folder_or_a_dangling_link_is_refused(tmp_path, mo
     with pytest.raises(UCRFormatError, match=r"Toy_TRAIN\.tsv: not a regular file \(a link to "
                                              r"nothing\)$"):
         load_ucr("Toy", data_dir=folder)
+
+
+@pytest.mark.parametrize("source", ["data_dir", "LINATTN_DATA"])
+def test_a_data_folder_that_is_missing_or_no_folder_is_named(tmp_path, monkeypatch, source):
+    """data_dir or $LINATTN_DATA naming nothing, a file or a FIFO: one line naming it (issue
+    51 fifth probe: it fell through to a download, whose failure was reported instead)."""
+    monkeypatch.setattr(datasets, "_download", lambda *a: pytest.fail("downloaded"))
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    for given, what in (("missing", "no such folder"), ("file", "not a folder"),
+                        ("fifo", "not a folder")):
+        path = tmp_path / given
+        if source == "data_dir":
+            call = lambda path=path: load_ucr("Toy", data_dir=path)  # noqa: E731
+        else:
+            monkeypatch.setenv("LINATTN_DATA", str(path))
+            call = lambda: load_ucr("Toy")  # noqa: E731
+        with pytest.raises(UCRFormatError, match=rf"^{source}: {path}: {what}$"):
+            call()

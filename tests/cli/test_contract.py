@@ -449,6 +449,11 @@ CASES: list[Case] = [
                           "float32 arithmetic"),
           ("test_values_3e38", "FordA_TEST.tsv line 3: values up to 3e+38 overflow the "
                                "model's float32 arithmetic"))),
+    # $LINATTN_DATA naming no folder fell through to a download (issue 51 fifth probe)
+    Case("forda-linattn-data-no-folder",
+         lambda f, d: [a for a in _forda_train()(f, d) if a not in ("--data-dir", str(DATA))],
+         "LINATTN_DATA: /nonexistent/linattn-data: no such folder",
+         env=(("LINATTN_DATA", "/nonexistent/linattn-data"),), absent=("run",)),
     # the same TEST into a trained model: a traceback before the fifth probe of issue 51
     Case("evaluate-data-test-values-3e38",
          lambda f, d: [*_evaluate()(f, d), "--data-dir", str(f.bad_data["test_values_3e38"])],
