@@ -557,6 +557,13 @@ CASES: list[Case] = [
     Case("lm-hybrid-window-absurd", _lm("--attention", "hybrid", "--window", "1000000000000"),
          "--window: expected an integer in [1, 2147483647], got 1000000000000",
          before_torch=True),
+    # a window within the range but beyond memory: the hybrid's ring buffers of the last
+    # window keys and values were allocated whatever the context ("out of memory (238 GiB
+    # asked for)", no option named: issue 51 fifth probe); now estimated, --window named
+    Case("lm-hybrid-window-beyond-memory",
+         _lm("--attention", "hybrid", "--window", "1000000000"),
+         "--window: training this model needs about", before_torch=True, memory=ABSURD_AS,
+         absent=("run",)),
     Case("lm-cosformer-context", _lm("--attention", "cosformer", "--context", "2000"),
          "--context: cosformer's weights hold for 1024 positions, 2000 asked for",
          before_torch=True, absent=("run",)),
@@ -708,6 +715,10 @@ CASES: list[Case] = [
                                                 "1000000000000"),
          "--window: expected an integer in [1, 2147483647], got 1000000000000",
          before_torch=True),
+    *(Case(f"recall-{mixer}-window-beyond-memory",
+           _recall("--mixer", mixer, "--window", "1000000000"),
+           "--window: this cell needs about", before_torch=True, memory=ABSURD_AS,
+           absent=("run",)) for mixer in ("hybrid", "based")),
     Case("recall-cosformer-seq-len", _recall("--mixer", "cosformer", "--seq-len", "2048"),
          "--seq-len: cosformer's weights hold for 1024 positions, 2048 asked for",
          before_torch=True),
