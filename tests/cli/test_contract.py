@@ -406,6 +406,10 @@ CASES: list[Case] = [
          "deeply)", before_torch=True),
     Case("forda-d-model-absurd", _forda_train("--set", "d_model=1000000000"), "--set: "
          "d_model: training this model needs about", memory=ABSURD_AS, absent=("run",)),
+    # parameters that fit, activations that do not: it ran for minutes (issue 51 fifth probe)
+    Case("forda-num-heads-activations-absurd", _forda_train("--set", "num_heads=1000000"),
+         "--set: num_heads: training this model needs about", memory=ABSURD_AS,
+         absent=("run",)),
     # issue 51 probe: OUT/run.lock a symbolic link had the owner's pid written through it
     # (the file it points to lost) and the link deleted; a FIFO there was deleted
     *(Case(f"{cmd}-lock-file-{kind}", argv, "run.lock: not a regular file", setup=_odd_lock(kind),

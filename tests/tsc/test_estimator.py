@@ -677,3 +677,16 @@ def test_finite_series_that_overflow_the_model_are_named_before_training():
                                          r"float32 arithmetic before any training"):
         clf.fit(X, y)
     assert not hasattr(clf, "model_")
+
+
+def test_activations_beyond_memory_are_refused_before_training():
+    """num_heads=10**6: its parameters fit in memory, one batch's activations do not; fit
+    (and forda train) ran for minutes (issue 51 fifth probe): now a ValueError naming it,
+    before a model is built."""
+    X, y = toy(n=20, length=400, n_classes=2)
+    clf = LinearAttentionClassifier(**{**ONE_EPOCH, "num_heads": 10**6})
+    clf.check_memory()  # the parameters alone fit
+    with pytest.raises(ValueError, match=r"^LinearAttentionClassifier: num_heads: training "
+                                         r"this model needs about [\d.]+ [GT]iB of memory"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "model_")

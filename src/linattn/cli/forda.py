@@ -162,6 +162,10 @@ def _load_data(args, missing: str, classes=None, params: dict | None = None):
         from linattn.tsc.estimator import LinearAttentionClassifier
 
         est = LinearAttentionClassifier(**params, n_threads=1)
+        try:  # one batch's activations on these series, before a model is built
+            est.check_memory("--set", length=data[0].shape[1], n=len(data[0]))
+        except ValueError as err:
+            raise UserError(str(err)) from None
         for X, path in ((data[0], train), (data[2], test)):
             _refuse_overflow(est, X, path)
     args.data_files = train, test  # where the series come from, for later messages

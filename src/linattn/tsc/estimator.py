@@ -149,12 +149,17 @@ _SIZES = ("d_model", "num_layers", "num_heads", "head_dim", "mlp_dim", "patch", 
 def _training_bytes(model: dict) -> int:
     """A lower bound of the bytes training the architecture ``model`` (ModelConfig fields)
     needs: its token embedding and blocks' parameters with their gradients and Adam's
-    moments."""
+    moments, and where ``tokens`` (per series) and ``batch_size`` are given one batch's
+    activations (per token and layer q, k, v, the output and the MLP's hidden layer:
+    ``num_heads=10**6`` fits as parameters, but its activations ran for minutes)."""
     embed = (model["window"] or model["patch"]) + (model["patch"] + 1 if model["spectral"]
                                                    else 0)
+    inner = model["num_heads"] * model["head_dim"]
     params = transformer_parameters(model["d_model"], model["num_layers"], model["mlp_dim"],
-                                    embed, model["num_heads"] * model["head_dim"])
-    return TRAINING_BYTES_PER_PARAMETER * params
+                                    embed, inner)
+    activations = (4 * model.get("batch_size", 0) * model.get("tokens", 0)
+                   * model["num_layers"] * (4 * inner + model["mlp_dim"]))
+    return TRAINING_BYTES_PER_PARAMETER * params + activations
 
 
 class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
@@ -261,14 +266,20 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         bad = np.flatnonzero(~torch.isfinite(logits).all(-1).numpy())
         return int(rows[bad[0]]) if len(bad) else None
 
-    def check_memory(self, where: str | None = None) -> None:
+    def check_memory(self, where: str | None = None, length: int | None = None,
+                     n: int | None = None) -> None:
         """ValueError naming the parameter (prefixed by ``where``) when training this
-        architecture cannot fit in the memory available (:func:`_training_bytes`): absurd
-        sizes refused before anything is allocated (``d_model=10**9`` was an OOM kill).
+        architecture (on ``n`` series of ``length`` samples, where given: then one batch's
+        activations count too) cannot fit in the memory available (:func:`_training_bytes`):
+        absurd sizes refused before anything is allocated (``d_model=10**9`` was an OOM kill).
         :meth:`fit` and ``linattn forda train`` ask; loading a saved model checks the sizes
         against its weights instead."""
         where = where or type(self).__name__
-        model = {k: plain(v) for k, v in self.check_params(where)[0].items()}
+        params, tcfg = self.check_params(where)
+        model = {k: plain(v) for k, v in params.items()}
+        if length is not None:
+            model.update(batch_size=min(tcfg.batch_size, n or tcfg.batch_size),
+                         tokens=-(-int(length) // model["patch"]))
         try:
             check_fits(_training_bytes, model, {k: _DEFAULTS[k] for k in _SIZES},
                        "training this model")
@@ -305,6 +316,7 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y: needs samples of at least 2 classes, got 1 class ({classes[0]})")
         self.classes_ = classes
         config = self._model_config(model_params, X.shape[1], len(classes))
+        self.check_memory(length=X.shape[1], n=len(X))
         row = self.overflowing_row(X)
         if row is not None:
             raise ValueError(f"X: row {row}: values up to {float(np.nanmax(np.abs(X[row]))):.3g} "
