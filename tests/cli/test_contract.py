@@ -255,6 +255,12 @@ def _deep_cell(f: SimpleNamespace, d: Path) -> None:
     (d / "grid" / "softmax-d16-T16-P2.json").write_text("[" * 100_000 + "]" * 100_000)
 
 
+def _fifo_cell(f: SimpleNamespace, d: Path) -> None:
+    """The cell file of :func:`_recall_table`'s one cell, a FIFO that nobody writes."""
+    (d / "grid").mkdir()
+    os.mkfifo(d / "grid" / "softmax-d16-T16-P2.json")
+
+
 def _finished_recall_run(f: SimpleNamespace, d: Path) -> None:
     (d / "run").mkdir()
     (d / "run" / "result.json").write_text('{"old_run": true}\n')
@@ -726,6 +732,9 @@ CASES: list[Case] = [
     Case("recall-cosformer-seq-len", _recall("--mixer", "cosformer", "--seq-len", "2048"),
          "--seq-len: cosformer's weights hold for 1024 positions, 2048 asked for",
          before_torch=True),
+    # a cell that is a FIFO: its read waited for a writer for ever (issue 51 fifth probe)
+    Case("recall-table-fifo-cell", _recall_table(), "grid/softmax-d16-T16-P2.json: a FIFO",
+         setup=_fifo_cell),
     Case("recall-table-deep-cell", _recall_table(), "", status=0, setup=_deep_cell,
          check=lambda d: _match(d / "grid", ["softmax-d16-T16-P2.json"])),
     Case("recall-out-in-use", _recall(), "in use by another linattn run", setup=_held("run"),
