@@ -13,13 +13,18 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops._common import takes_inference_tensors
-from linattn.ops._reference_checks import check_gamma, check_qkv, check_scale, shown
+from linattn.ops._reference_checks import (
+    check_gamma,
+    check_qkv,
+    check_scale,
+    inference_tensors_as_constants,
+    shown,
+)
 
 __all__ = ['decay_softmax_attention']
 
 
-@takes_inference_tensors()
+@inference_tensors_as_constants
 def decay_softmax_attention(
     q: Tensor,
     k: Tensor,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._common import takes_inference_tensors
+from linattn.ops._reference_checks import inference_tensors_as_constants
 
 __all__ = ['delta_rule']
 
@@ -21,7 +21,7 @@ __all__ = ['delta_rule']
 L2_EPS = 1e-6
 
 
-@takes_inference_tensors()
+@inference_tensors_as_constants
 def delta_rule(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
     gk: Tensor | None = None, gv: Tensor | None = None, *, scale: float | None = None,
