@@ -255,3 +255,53 @@ def test_a_split_a_classifier_cannot_use_is_named(tmp_path, train, test, match):
     write(tmp_path / "d", "Toy", train=train, test=test)
     with pytest.raises(UCRFormatError, match=match):
         load_ucr("Toy", data_dir=tmp_path / "d")
+
+
+@pytest.mark.parametrize("split", ["TRAIN", "TEST"])
+def test_a_data_file_that_is_a_fifo_is_refused_at_once_not_downloaded(tmp_path, monkeypatch, split):
+    """A FIFO named Toy_TRAIN.tsv in data_dir: refused in one line naming it (issue 51 fifth
+    probe: it was passed over for a download, whose failure was reported instead); and read
+    directly, refused at once rather than waited on for a writer."""
+    folder = write(tmp_path / "data", "Toy")
+    (folder / f"Toy_{split}.tsv").unlink()
+    os.mkfifo(folder / f"Toy_{split}.tsv")
+    monkeypatch.setattr(datasets, "_download", lambda *a: pytest.fail("downloaded"))
+    with pytest.raises(UCRFormatError, match=rf"^{folder}/Toy_{split}\.tsv: not a regular file "
+                                             r"\(a FIFO\)$"):
+        load_ucr("Toy", data_dir=folder)
+    with pytest.raises(UCRFormatError, match=r"Toy_\w+\.tsv: cannot read \(not a regular "
+                                             r"file \(a FIFO\)\)$"):
+        read_ucr_tsv(folder / f"Toy_{split}.tsv")
+
+
+def test_a_data_file_that_is_a_folder_or_a_dangling_link_is_refused(tmp_path, monkeypatch):
+    folder = write(tmp_path / "data", "Toy")
+    monkeypatch.setattr(datasets, "_download", lambda *a: pytest.fail("downloaded"))
+    (folder / "Toy_TRAIN.tsv").unlink()
+    (folder / "Toy_TRAIN.tsv").mkdir()
+    with pytest.raises(UCRFormatError, match=r"Toy_TRAIN\.tsv: not a regular file \(a folder\)$"):
+        load_ucr("Toy", data_dir=folder)
+    (folder / "Toy_TRAIN.tsv").rmdir()
+    (folder / "Toy_TRAIN.tsv").symlink_to(folder / "nothing")
+    with pytest.raises(UCRFormatError, match=r"Toy_TRAIN\.tsv: not a regular file \(a link to "
+                                             r"nothing\)$"):
+        load_ucr("Toy", data_dir=folder)
+
+
+@pytest.mark.parametrize("source", ["data_dir", "LINATTN_DATA"])
+def test_a_data_folder_that_is_missing_or_no_folder_is_named(tmp_path, monkeypatch, source):
+    """data_dir or $LINATTN_DATA naming nothing, a file or a FIFO: one line naming it (issue
+    51 fifth probe: it fell through to a download, whose failure was reported instead)."""
+    monkeypatch.setattr(datasets, "_download", lambda *a: pytest.fail("downloaded"))
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    for given, what in (("missing", "no such folder"), ("file", "not a folder"),
+                        ("fifo", "not a folder")):
+        path = tmp_path / given
+        if source == "data_dir":
+            call = lambda path=path: load_ucr("Toy", data_dir=path)  # noqa: E731
+        else:
+            monkeypatch.setenv("LINATTN_DATA", str(path))
+            call = lambda: load_ucr("Toy")  # noqa: E731
+        with pytest.raises(UCRFormatError, match=rf"^{source}: {path}: {what}$"):
+            call()

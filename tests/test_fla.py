@@ -1391,3 +1391,63 @@ def test_two_tokens_still_take_the_chunked_form(monkeypatch):
     q, k, v = (torch.cat([x[n], x[n]], 1) for n in ("q", "k", "v"))
     fla.fused_recurrent_gla(q, k, v, gk=torch.cat([x["gk"], x["gk"]], 1))
     assert calls == [1]
+
+
+_B, _T, _H, _K, _V = 2, 9, 2, 4, 3
+INFERENCE_CALLS = {  # name: (call, arguments); q or x first
+    "chunk_simple_gla": (lambda q, k, v, g: fla.chunk_simple_gla(q, k, v, g=g), "qkvg"),
+    "chunk_gla": (lambda q, k, v, gk: fla.chunk_gla(q, k, v, g=gk), "qkvG"),
+    "fused_recurrent_gla": (lambda q, k, v, gk: fla.fused_recurrent_gla(q, k, v, gk=gk), "qkvG"),
+    "chunk_linear_attn": (lambda q, k, v: fla.chunk_linear_attn(q, k, v), "qkv"),
+    "chunk_retention": (lambda q, k, v: fla.chunk_retention(q, k, v), "qkv"),
+    "chunk_delta_rule": (lambda q, k, v, b: fla.chunk_delta_rule(q, k, v, b), "qnvb"),
+    "chunk_gated_delta_rule": (
+        lambda q, k, v, g, b: fla.chunk_gated_delta_rule(q, k, v, g, b), "qnvgb"),
+    "fused_recurrent_gated_delta_rule": (
+        lambda q, k, v, g, b: fla.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=b),
+        "qnvgb"),
+    "chunk_kda": (lambda q, k, v, g, b: fla.chunk_kda(q, k, v, g, b), "qnvGb"),
+    "fused_recurrent_kda": (lambda q, k, v, g, b: fla.fused_recurrent_kda(q, k, v, g, b),
+                            "qnvGb"),
+    "causal_conv1d_fn": (lambda x, w: fla.causal_conv1d_fn(x, w, activation="silu"), "xw"),
+    "rms_norm_gated": (lambda x, g, w: fla.rms_norm_gated(x, g, w, None), "yyz"),
+}
+
+
+def _fla_argument(kind: str) -> torch.Tensor:
+    return {"q": lambda: torch.randn(_B, _T, _H, _K),
+            "k": lambda: torch.randn(_B, _T, _H, _K),
+            "n": lambda: F.normalize(torch.randn(_B, _T, _H, _K), dim=-1),
+            "v": lambda: torch.randn(_B, _T, _H, _V),
+            "g": lambda: -torch.rand(_B, _T, _H), "G": lambda: -torch.rand(_B, _T, _H, _K),
+            "b": lambda: torch.rand(_B, _T, _H), "x": lambda: torch.randn(_B, 6, _T),
+            "w": lambda: torch.randn(6, 4), "y": lambda: torch.randn(_B, _T, 6),
+            "z": lambda: torch.randn(6)}[kind]()
+
+
+@pytest.mark.parametrize("name", list(INFERENCE_CALLS))
+def test_inference_tensors_beside_inputs_requiring_grad(name):
+    """Each argument made under torch.inference_mode in turn, beside one that requires grad:
+    the output and gradient of the same call with normal tensors (issue 51: torch's
+    "Inference tensors cannot be saved for backward" from the gated, delta, KDA, conv and
+    norm paths)."""
+    call, kinds = INFERENCE_CALLS[name]
+    torch.manual_seed(0)
+    xs = [_fla_argument(c) for c in kinds]
+
+    def run(args, wanted):
+        args = [a.detach().requires_grad_() if i == wanted else a for i, a in enumerate(args)]
+        out = call(*args)
+        out = out[0] if isinstance(out, tuple) else out
+        (out.double() * torch.linspace(-1, 1, out.numel(), dtype=torch.float64
+                                       ).view(out.shape)).sum().backward()
+        return out.detach(), args[wanted].grad
+
+    eps = torch.finfo(torch.float32).eps
+    for made in range(len(xs)):
+        for wanted in {0, len(xs) - 1} - {made}:
+            odd = list(xs)
+            with torch.inference_mode():
+                odd[made] = xs[made].clone()
+            for a, b in zip(run(odd, wanted), run(xs, wanted), strict=True):
+                torch.testing.assert_close(a, b, rtol=16 * eps, atol=16 * eps * (1 + b.abs().max()))

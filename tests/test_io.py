@@ -145,3 +145,21 @@ def test_a_lock_held_at_interpreter_exit_prints_nothing(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0 and res.stderr == ""
+
+
+def test_reading_a_fifo_a_folder_or_a_device_is_refused_at_once(tmp_path):
+    """read_json / read_regular of something that is no regular file: an OSError naming it at
+    once (issue 51 fifth probe: a FIFO given as a data or JSON file waited for a writer)."""
+    from linattn._io import read_json, read_regular
+
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "folder.json").mkdir()
+    for name, what in (("fifo.json", "a FIFO"), ("folder.json", "a folder")):
+        for read in (read_json, read_regular):
+            with pytest.raises(OSError, match=rf"not a regular file \({what}\)") as err:
+                read(tmp_path / name)
+            assert err.value.filename == str(tmp_path / name)
+    with pytest.raises(OSError, match=r"not a regular file \(a character device\)"):
+        read_regular(os.devnull)
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    assert read_json(tmp_path / "ok.json") == {"a": 1}

@@ -209,7 +209,8 @@ def test_a_non_finite_loss_stops_before_the_step_and_keeps_the_last_checkpoint(t
     ck = read_checkpoint(tmp_path / "ck" / "checkpoint.pt")
     assert ck["step"] == 4 and first_non_finite(ck["model"]) is None
     assert isinstance(NonFiniteError("x"), ValueError)  # the library's error: a ValueError
-    with pytest.raises(NonFiniteError, match="at step 1: .*no checkpoint was written"):
+    with pytest.raises(NonFiniteError, match="at step 1, before any update: .*no checkpoint was "
+                                             "written"):
         Diverging(tmp_path / "b", bad=0).run()
     assert not (tmp_path / "b" / "ck" / "checkpoint.pt").exists()
 
@@ -283,3 +284,15 @@ def test_full_disk_keeps_the_checkpoint_and_names_the_file(tmp_path, monkeypatch
     assert read_checkpoint(tmp_path / "ck" / "checkpoint.pt")["step"] == 2
     assert [p.name for p in (tmp_path / "ck").iterdir()] == ["checkpoint.pt"]  # no temp file
     assert metric_steps(tmp_path) == [2, 4]
+
+
+def test_a_non_finite_first_step_does_not_blame_the_learning_rate(tmp_path):
+    """A loss that is not finite at step 1 comes before any update: the inputs or the initial
+    weights overflow, and lowering the learning rate cannot help (issue 51 fifth probe: forda
+    train on data near 3e38 said "lower the learning rate")."""
+    with pytest.raises(NonFiniteError) as err:
+        Diverging(tmp_path, bad=0).run()
+    message = str(err.value)
+    assert message.startswith("training diverged at step 1, before any update: the loss is nan")
+    assert "overflow float32, whatever the learning rate" in message
+    assert "lower the learning rate" not in message

@@ -8,7 +8,9 @@ A write replaces a regular file by renaming a finished temporary file over it. W
 regular file is never replaced (:func:`write_target`): a symbolic link stays a link and the
 file it points to is replaced; a device or a FIFO (``-o /dev/null``, ``/dev/full``, a named
 pipe) is written through, as a shell's ``>`` would, since a rename would turn ``/dev/full``
-into a regular file (a FIFO nobody reads is an error, not a hang).
+into a regular file (a FIFO nobody reads is an error, not a hang). A file read as data
+(:func:`read_regular`, :func:`read_json`) must be a regular file: a FIFO would wait for a
+writer, and a device may never end.
 
 A run folder (a training run's checkpoint, metrics and results) has one owner at a time:
 :class:`FolderLock`."""
@@ -25,7 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_atomic", "write_json", "read_json", "copy_atomic",
+__all__ = ["atomic_path", "write_atomic", "write_json", "read_json", "read_regular",
+           "not_regular", "copy_atomic",
            "append_text", "user_cache_dir", "write_target", "FolderLock", "FolderInUseError",
            "LOCK_FILE"]
 
@@ -138,11 +141,35 @@ def write_json(path: str | os.PathLike, obj) -> None:
     write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
+def not_regular(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, in words, where it is not a regular file."""
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def read_regular(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file ``path``. Anything else is an OSError naming it, at once:
+    a FIFO is opened without waiting for a writer (``O_NONBLOCK``), then refused."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({not_regular(mode)})", str(path))
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
 def read_json(path: str | os.PathLike) -> object:
     """The JSON value stored in ``path``. ValueError in one line naming the file when it is
     not UTF-8, not JSON or nested too deeply to be read (a RecursionError in the parser);
-    OSError when it cannot be read."""
-    data = Path(path).read_bytes()
+    OSError when it cannot be read or is not a regular file (:func:`read_regular`)."""
+    data = read_regular(path)
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:

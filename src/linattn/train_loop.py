@@ -401,6 +401,9 @@ class TrainLoop:
             kept = f"{self.checkpoint_path} keeps step {self._saved_step}"
         else:
             kept = "no checkpoint was written"
+        if step == 1:  # before any update: the learning rate played no part
+            return (f"training diverged at step 1, before any update: {what}; the inputs or "
+                    f"the initial weights overflow float32, whatever the learning rate ({kept})")
         return (f"training diverged at step {step}: {what}; lower the learning rate "
                 f"({kept})")
 

@@ -214,6 +214,17 @@ def _fifo_checkpoint_in(rel: str) -> Callable[[SimpleNamespace, Path], None]:
 _fifo_checkpoint = _fifo_checkpoint_in("m")
 
 
+def _data_with_a_fifo(split: str) -> Callable[[SimpleNamespace, Path], None]:
+    """d/data: the committed FordA subset with FordA_{split}.tsv a FIFO that nobody writes."""
+    def setup(f: SimpleNamespace, d: Path) -> None:
+        (d / "data").mkdir()
+        for other in ("TRAIN", "TEST"):
+            if other != split:
+                shutil.copy(DATA / f"FordA_{other}.tsv.gz", d / "data")
+        os.mkfifo(d / "data" / f"FordA_{split}.tsv")
+    return setup
+
+
 def _still_a_fifo(d: Path) -> None:
     assert stat.S_ISFIFO(os.lstat(d / "fifo").st_mode), "the FIFO was replaced"
 
@@ -242,6 +253,12 @@ def _deep_cell(f: SimpleNamespace, d: Path) -> None:
     """The cell file of :func:`_recall_table`'s one cell, nested 100,000 deep."""
     (d / "grid").mkdir()
     (d / "grid" / "softmax-d16-T16-P2.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+def _fifo_cell(f: SimpleNamespace, d: Path) -> None:
+    """The cell file of :func:`_recall_table`'s one cell, a FIFO that nobody writes."""
+    (d / "grid").mkdir()
+    os.mkfifo(d / "grid" / "softmax-d16-T16-P2.json")
 
 
 def _finished_recall_run(f: SimpleNamespace, d: Path) -> None:
@@ -395,6 +412,10 @@ CASES: list[Case] = [
          "deeply)", before_torch=True),
     Case("forda-d-model-absurd", _forda_train("--set", "d_model=1000000000"), "--set: "
          "d_model: training this model needs about", memory=ABSURD_AS, absent=("run",)),
+    # parameters that fit, activations that do not: it ran for minutes (issue 51 fifth probe)
+    Case("forda-num-heads-activations-absurd", _forda_train("--set", "num_heads=1000000"),
+         "--set: num_heads: training this model needs about", memory=ABSURD_AS,
+         absent=("run",)),
     # issue 51 probe: OUT/run.lock a symbolic link had the owner's pid written through it
     # (the file it points to lost) and the link deleted; a FIFO there was deleted
     *(Case(f"{cmd}-lock-file-{kind}", argv, "run.lock: not a regular file", setup=_odd_lock(kind),
@@ -433,7 +454,27 @@ CASES: list[Case] = [
           ("labels_1e20", "FordA_TRAIN.tsv line 1: the label 2e+20 is not an integer class id"),
           ("labels_half", "FordA_TRAIN.tsv line 1: the label 1.5 is not an integer class id"),
           ("test_label_unseen", "FordA_TEST.tsv line 7: label 3 is not a class of "
-                                "FordA_TRAIN.tsv (-1, 1)"))),
+                                "FordA_TRAIN.tsv (-1, 1)"),
+          ("values_3e38", "FordA_TRAIN.tsv line 6: values up to 3e+38 overflow the model's "
+                          "float32 arithmetic"),
+          ("test_values_3e38", "FordA_TEST.tsv line 3: values up to 3e+38 overflow the "
+                               "model's float32 arithmetic"))),
+    # $LINATTN_DATA naming no folder fell through to a download (issue 51 fifth probe)
+    Case("forda-linattn-data-no-folder",
+         lambda f, d: [a for a in _forda_train()(f, d) if a not in ("--data-dir", str(DATA))],
+         "LINATTN_DATA: /nonexistent/linattn-data: no such folder",
+         env=(("LINATTN_DATA", "/nonexistent/linattn-data"),), absent=("run",)),
+    # the same TEST into a trained model: a traceback before the fifth probe of issue 51
+    Case("evaluate-data-test-values-3e38",
+         lambda f, d: [*_evaluate()(f, d), "--data-dir", str(f.bad_data["test_values_3e38"])],
+         "FordA_TEST.tsv line 3: values up to 3e+38 overflow the model's float32 arithmetic",
+         absent=("report",)),
+    # issue 51 fifth probe: a FIFO as a data file fell back to a download (and its failure)
+    *(Case(f"forda-{cmd}-data-file-a-fifo-{split.lower()}",
+           lambda f, d, cmd=cmd: [*(_forda_train() if cmd == "train" else _evaluate())(f, d),
+                                  "--data-dir", str(d / "data")],
+           f"FordA_{split}.tsv: not a regular file (a FIFO)", setup=_data_with_a_fifo(split),
+           absent=("run",)) for cmd in ("train", "evaluate") for split in ("TRAIN", "TEST")),
     # -- forda evaluate
     Case("evaluate-run-garbage", _evaluate("run_garbage"), "run.json: not valid JSON",
          before_torch=True),
@@ -526,6 +567,13 @@ CASES: list[Case] = [
     Case("lm-hybrid-window-absurd", _lm("--attention", "hybrid", "--window", "1000000000000"),
          "--window: expected an integer in [1, 2147483647], got 1000000000000",
          before_torch=True),
+    # a window within the range but beyond memory: the hybrid's ring buffers of the last
+    # window keys and values were allocated whatever the context ("out of memory (238 GiB
+    # asked for)", no option named: issue 51 fifth probe); now estimated, --window named
+    Case("lm-hybrid-window-beyond-memory",
+         _lm("--attention", "hybrid", "--window", "1000000000"),
+         "--window: training this model needs about", before_torch=True, memory=ABSURD_AS,
+         absent=("run",)),
     Case("lm-cosformer-context", _lm("--attention", "cosformer", "--context", "2000"),
          "--context: cosformer's weights hold for 1024 positions, 2000 asked for",
          before_torch=True, absent=("run",)),
@@ -677,9 +725,16 @@ CASES: list[Case] = [
                                                 "1000000000000"),
          "--window: expected an integer in [1, 2147483647], got 1000000000000",
          before_torch=True),
+    *(Case(f"recall-{mixer}-window-beyond-memory",
+           _recall("--mixer", mixer, "--window", "1000000000"),
+           "--window: this cell needs about", before_torch=True, memory=ABSURD_AS,
+           absent=("run",)) for mixer in ("hybrid", "based")),
     Case("recall-cosformer-seq-len", _recall("--mixer", "cosformer", "--seq-len", "2048"),
          "--seq-len: cosformer's weights hold for 1024 positions, 2048 asked for",
          before_torch=True),
+    # a cell that is a FIFO: its read waited for a writer for ever (issue 51 fifth probe)
+    Case("recall-table-fifo-cell", _recall_table(), "grid/softmax-d16-T16-P2.json: a FIFO",
+         setup=_fifo_cell),
     Case("recall-table-deep-cell", _recall_table(), "", status=0, setup=_deep_cell,
          check=lambda d: _match(d / "grid", ["softmax-d16-T16-P2.json"])),
     Case("recall-out-in-use", _recall(), "in use by another linattn run", setup=_held("run"),
@@ -736,6 +791,12 @@ BAD_DATA: dict[str, tuple[Callable[[list], None] | None, Callable[[list], None] 
     "labels_1e20": (_relabel("1e20", "2e20"), _relabel("1e20", "2e20")),
     "labels_half": (_relabel("0.5", "1.5"), _relabel("0.5", "1.5")),
     "test_label_unseen": (None, lambda rows: rows[6].__setitem__(0, "3")),
+    # finite float32 values whose arithmetic overflows ("training diverged ... lower the
+    # learning rate" before the fifth probe of issue 51)
+    "values_3e38": (lambda rows: [rows[5].__setitem__(j, "3e38" if j % 2 else "-3e38")
+                                  for j in range(1, len(rows[5]))], None),
+    "test_values_3e38": (None, lambda rows: [rows[2].__setitem__(j, "3e38" if j % 2 else "-3e38")
+                                             for j in range(1, len(rows[2]))]),
     # a third class in both files: fine data, but not the classes of the fixture's model
     "three_classes": (lambda rows: rows[2].__setitem__(0, "3"),
                       lambda rows: rows[4].__setitem__(0, "3")),

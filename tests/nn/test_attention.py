@@ -275,3 +275,29 @@ def test_autocast_inputs_of_another_dtype_still_run():
     m = MultiheadLinearAttention(16, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert m(torch.randn(2, 7, 16, dtype=torch.bfloat16)).shape == (2, 7, 16)
+
+
+@pytest.mark.parametrize("module", [
+    lambda: MultiheadLinearAttention(16, 2),
+    lambda: MultiheadLinearAttention(16, 2, is_causal=True),
+    lambda: MultiheadLinearAttention(16, 2, attention="flow"),
+    lambda: DecayedMultiheadAttention(16, 2),
+], ids=["linear", "causal", "flow", "decayed"])
+def test_an_input_made_in_inference_mode_trains_like_any_input(module):
+    """x made under torch.inference_mode into a module being trained: the parameters'
+    gradients of the same x as a normal tensor (issue 51: the projections' torch error
+    "Inference tensors cannot be saved for backward")."""
+    torch.manual_seed(0)
+    m = module()
+    x = torch.randn(2, 7, 16)
+    with torch.inference_mode():
+        made = x.clone()
+    grads = []
+    for inp in (made, x):
+        m.zero_grad(set_to_none=True)
+        out = m(inp)
+        (out[0] if isinstance(out, tuple) else out).double().pow(2).mean().backward()
+        grads.append([p.grad for p in m.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=16 * torch.finfo(a.dtype).eps, atol=1e-30)

@@ -898,3 +898,22 @@ def test_export_and_compile_carry_the_shift(with_state):
             torch.testing.assert_close(out[1].conv, want[1].conv)
         else:
             torch.testing.assert_close(out, want, **SHIFT_TOL)
+
+
+@pytest.mark.parametrize("attention", sorted(MIXERS))
+def test_ids_made_in_inference_mode_train_like_any_ids(attention):
+    """ids made under torch.inference_mode (a data pipeline run there) into a model being
+    trained: the parameters' gradients of the same ids as a normal tensor (issue 51: the
+    embedding's torch error "Inference tensors cannot be saved for backward")."""
+    m = _model(attention, **({"window": 4} if attention == "hybrid" else {}))
+    ids = _ids()
+    with torch.inference_mode():
+        made = ids.clone()
+    grads = []
+    for x in (made, ids):
+        m.zero_grad(set_to_none=True)
+        m(x).double().pow(2).mean().backward()
+        grads.append([p.grad for p in m.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=16 * torch.finfo(a.dtype).eps, atol=1e-30)

@@ -667,3 +667,132 @@ def test_nested_step_and_gated_inputs_are_named():
         linattn.gated_linear_attention(_nested(q), k, v, g=-torch.rand(B, H, T))
     with pytest.raises(TypeError, match=want):
         linattn.delta_rule(_nested(q), k, v, torch.rand(B, H, T, dtype=torch.float64))
+
+
+def _inference(*xs):
+    """Copies of ``xs`` made under torch.inference_mode (inference tensors)."""
+    with torch.inference_mode():
+        return tuple(x.clone() for x in xs)
+
+
+def _out_and_grads(call, xs, wanted):
+    """call(*xs) with the arguments at ``wanted`` requiring grad: the output and their
+    gradients of a fixed weighting of the output (and of a returned state)."""
+    xs = [x.detach().requires_grad_() if i in wanted else x for i, x in enumerate(xs)]
+    torch.manual_seed(0)  # calls that draw an argument draw the same one
+    out = call(*xs)
+    outs = [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+    loss = sum((t.double() * torch.linspace(-1, 1, t.numel(), dtype=torch.float64
+                                            ).view(t.shape)).sum() for t in outs)
+    loss.backward()
+    return [outs[0].detach()] + [xs[i].grad for i in wanted]
+
+
+def _assert_close_for(dtype, got, want):
+    eps = torch.finfo(dtype).eps
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=16 * eps, atol=16 * eps * (1 + b.abs().max()))
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", [*BATCHED, *STEPS])
+def test_inference_tensors_beside_inputs_requiring_grad(name, dtype, impl):
+    """k and v made under torch.inference_mode beside a q that requires grad: the output and
+    q's gradient of the same call with normal tensors (issue 51: torch's "Inference tensors
+    cannot be saved for backward" escaped from linear_attention, decay_softmax_attention,
+    flowformer_attention, gated_linear_attention, the steps and references)."""
+    if name in STEPS and dtype != torch.float64:
+        pytest.skip("the steps' test state is float64")
+    call = {**BATCHED, **STEPS}[name]
+    q, k, v = (x.to(dtype) for x in _qkv())
+    with dispatch.use(impl=impl):
+        got = _out_and_grads(call, [q, *_inference(k, v)], [0])
+        want = _out_and_grads(call, [q, k, v], [0])
+    _assert_close_for(dtype, got, want)
+
+
+STEP_CALLS = {  # name: (call, arguments); q or x first
+    "gated_linear_attention_step": (
+        lambda q, k, v, S, gk: linattn.gated_linear_attention_step(q, k, v, S, gk_t=gk),
+        lambda: [torch.randn(B, H, D), torch.randn(B, H, D), torch.randn(B, H, DV),
+                 torch.randn(B, H, D, DV), -torch.rand(B, H, D)]),
+    "delta_rule_step": (
+        lambda q, k, v, b, S, g: linattn.delta_rule_step(q, k, v, b, S, g_t=g),
+        lambda: [torch.randn(B, H, D), torch.nn.functional.normalize(torch.randn(B, H, D), dim=-1),
+                 torch.randn(B, H, DV), torch.rand(B, H), torch.randn(B, H, D, DV),
+                 -torch.rand(B, H)]),
+    "window_linear_attention_step": (
+        lambda q, k, v: linattn.window_linear_attention_step(
+            q, k, v, linattn.WindowLinearAttentionState.zeros((B, H), D, D, DV, 2), window=2),
+        lambda: [torch.randn(B, H, D), torch.randn(B, H, D), torch.randn(B, H, DV)]),
+    "causal_conv1d": (
+        lambda x, w, b, s: linattn.causal_conv1d(x, w, b, activation="silu", initial_state=s),
+        lambda: [torch.randn(B, T, 6), torch.randn(6, 4), torch.randn(6), torch.randn(B, 6, 3)]),
+    "causal_conv1d_step": (
+        lambda x, s, w, b: linattn.causal_conv1d_step(x, s, w, b),
+        lambda: [torch.randn(B, 6), torch.randn(B, 6, 3), torch.randn(6, 4), torch.randn(6)]),
+    "rms_norm_gated": (
+        lambda x, g, w: linattn.rms_norm_gated(x, g, w),
+        lambda: [torch.randn(B, T, 6), torch.randn(B, T, 6), torch.randn(6)]),
+    "reference.causal_conv1d": (
+        lambda x, w, s: reference.causal_conv1d(x, w, initial_state=s),
+        lambda: [torch.randn(B, T, 6), torch.randn(6, 4), torch.randn(B, 6, 3)]),
+    "reference.gated_linear_attention": (
+        lambda q, k, v, g: reference.gated_linear_attention(q, k, v, g=g),
+        lambda: [torch.randn(B, H, T, D), torch.randn(B, H, T, D), torch.randn(B, H, T, DV),
+                 -torch.rand(B, H, T)]),
+    "reference.delta_rule": (
+        lambda q, k, v, b: reference.delta_rule(q, k, v, b),
+        lambda: [torch.randn(B, H, T, D), torch.randn(B, H, T, D), torch.randn(B, H, T, DV),
+                 torch.rand(B, H, T)]),
+}
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+@pytest.mark.parametrize("name", list(STEP_CALLS))
+def test_inference_tensors_beside_inputs_requiring_grad_in_steps_conv_and_norm(name, impl):
+    """Each argument but the first made under torch.inference_mode in turn, the first
+    requiring grad, and the reverse: the same output and gradient as with normal tensors
+    (issue 51: torch's "Inference tensors cannot be saved for backward")."""
+    call, make = STEP_CALLS[name]
+    torch.manual_seed(3)
+    xs = make()
+    with dispatch.use(impl=impl):
+        for i in range(1, len(xs)):
+            for made, wanted in ((i, 0), (0, i)):
+                odd = list(xs)
+                odd[made], = _inference(xs[made])
+                got = _out_and_grads(call, odd, [wanted])
+                _assert_close_for(torch.float32, got, _out_and_grads(call, xs, [wanted]))
+
+
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+def test_a_state_written_in_place_that_is_an_inference_tensor(impl):
+    """A state updated in place (inplace=True, fla's conv_state) made under
+    torch.inference_mode: a ValueError naming it outside inference mode, where torch forbids
+    the update (issue 51: torch's RuntimeError from the torch paths, while the compiled
+    kernels wrote into it); inside inference mode the update happens in place."""
+    torch.manual_seed(4)
+    q, k, v = torch.randn(B, H, D), torch.randn(B, H, D), torch.randn(B, H, DV)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta, x, w = torch.rand(B, H), torch.randn(B, 6), torch.randn(6, 4)
+    S, conv = _inference(torch.randn(B, H, D, DV), torch.randn(B, 6, 3))
+    calls = {
+        "state": lambda: linattn.delta_rule_step(q, k, v, beta, S, inplace=True),
+        "state ": lambda: linattn.causal_conv1d_step(x, conv, w, inplace=True),
+        "conv_state": lambda: linattn.fla.causal_conv1d_update(x, conv, w),
+    }
+    with dispatch.use(impl=impl):
+        for name, call in calls.items():
+            for grad_mode in (torch.no_grad, torch.enable_grad):
+                before = (S.clone(), conv.clone())
+                with grad_mode(), pytest.raises(
+                        ValueError, match=rf"^{name.strip()}: written in place, but it was "
+                                          r"made under torch.inference_mode"):
+                    call()
+                assert torch.equal(S, before[0]) and torch.equal(conv, before[1])
+            with torch.inference_mode():
+                before = (S.clone(), conv.clone())
+                call()
+                assert not (torch.equal(S, before[0]) and torch.equal(conv, before[1]))

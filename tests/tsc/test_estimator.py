@@ -650,7 +650,7 @@ def test_finite_values_near_float32s_largest_give_no_numpy_warning():
     X = np.where(np.arange(16) % 2, 3e38, -3e38).astype(np.float32) * np.ones_like(X)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        with pytest.raises(ValueError, match="training diverged at step 1"):
+        with pytest.raises(ValueError, match="X: row 0: values up to 3e\\+38 overflow"):
             LinearAttentionClassifier(**ONE_EPOCH).fit(X, y)
 
 
@@ -662,3 +662,31 @@ def test_finite_input_too_large_for_the_model_is_named_not_nan():
     with pytest.raises(ValueError, match=r"^X: the model's outputs are not finite for 20 "
                                          r"series \(\|X\| up to 1\.\d+e\+20\)"):
         clf.predict_proba(X * np.float32(1e20))
+
+
+def test_finite_series_that_overflow_the_model_are_named_before_training():
+    """Finite float32 values near its largest (3e38) overflow the model's arithmetic: fit
+    diverged at its first step and blamed the learning rate (issue 51 fifth probe); now a
+    ValueError naming X's row, before any training, and ``overflowing_row`` says which."""
+    X, y = toy(n=20, length=16, n_classes=2)
+    X[5] = np.where(np.arange(16) % 2, 3e38, -3e38).astype(np.float32)
+    clf = LinearAttentionClassifier(**ONE_EPOCH)
+    assert clf.overflowing_row(X) == 5
+    assert clf.overflowing_row(X[:5]) is None
+    with pytest.raises(ValueError, match=r"^X: row 5: values up to 3e\+38 overflow the model's "
+                                         r"float32 arithmetic before any training"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "model_")
+
+
+def test_activations_beyond_memory_are_refused_before_training():
+    """num_heads=10**6: its parameters fit in memory, one batch's activations do not; fit
+    (and forda train) ran for minutes (issue 51 fifth probe): now a ValueError naming it,
+    before a model is built."""
+    X, y = toy(n=20, length=400, n_classes=2)
+    clf = LinearAttentionClassifier(**{**ONE_EPOCH, "num_heads": 10**6})
+    clf.check_memory()  # the parameters alone fit
+    with pytest.raises(ValueError, match=r"^LinearAttentionClassifier: num_heads: training "
+                                         r"this model needs about [\d.]+ [GT]iB of memory"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "model_")

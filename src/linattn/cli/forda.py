@@ -131,12 +131,13 @@ def _check_device(args) -> None:
         raise UserError(str(err)) from None
 
 
-def _load_data(args, missing: str, classes=None):
+def _load_data(args, missing: str, classes=None, params: dict | None = None):
     """FordA's TRAIN and TEST, every problem a user's own files can have refused in one line
     naming the file and line, before any training: the format and the classes
     (:func:`~linattn.datasets.read_ucr_split`), labels that are no integer class ids, NaN
-    inside a series unless ``missing`` takes it, and with ``classes`` (a trained model's) a
-    label the model does not know."""
+    inside a series unless ``missing`` takes it, with ``classes`` (a trained model's) a
+    label the model does not know, and with ``params`` (the estimator's) values so large that
+    the model's float32 arithmetic overflows (they made training diverge at its first step)."""
     import numpy as np
 
     from linattn.datasets import UCRFormatError, check_class_ids, read_ucr_split, ucr_paths
@@ -157,7 +158,31 @@ def _load_data(args, missing: str, classes=None):
         if len(unknown):
             raise UserError(f"{path} line {unknown[0] + 1}: label {y[unknown[0]]} is not a "
                             f"class of the model ({', '.join(map(str, classes))})")
+    if params is not None:
+        from linattn.tsc.estimator import LinearAttentionClassifier
+
+        est = LinearAttentionClassifier(**params, n_threads=1)
+        try:  # one batch's activations on these series, before a model is built
+            est.check_memory("--set", length=data[0].shape[1], n=len(data[0]))
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        for X, path in ((data[0], train), (data[2], test)):
+            _refuse_overflow(est, X, path)
+    args.data_files = train, test  # where the series come from, for later messages
     return data
+
+
+def _refuse_overflow(est, X, path, rows=None, fitted: bool = False) -> None:
+    """UserError naming ``path`` and the line of a series of X (lines ``rows``, default
+    1, 2, ...) on which ``est``'s model (as initialised, or ``fitted``) overflows float32."""
+    import numpy as np
+
+    row = est.overflowing_row(X, fitted=fitted)
+    if row is not None:
+        line = (row if rows is None else int(rows[row])) + 1
+        raise UserError(f"{path} line {line}: values up to "
+                        f"{float(np.nanmax(np.abs(X[row]))):.3g} overflow the model's float32 "
+                        "arithmetic; scale the series (FordA's are z-normalised)")
 
 
 def _parse_sets(items: list[str]) -> dict:
@@ -395,7 +420,8 @@ def _train(args, main: bool, owned: ExitStack) -> int:
         }
     run["params"] = _run_params(run, run_path,
                                 f"{run_path}: params" if args.resume else "--set")
-    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"))
+    X_train, y_train, X_test, y_test = _load_data(args, run["params"].get("missing", "error"),
+                                                  params=run["params"])
     args.threads = start_work(args.threads)  # every check done: now the warnings, if any
     run["threads"] = args.threads
     run["device"] = args.device
@@ -478,6 +504,7 @@ def _train(args, main: bool, owned: ExitStack) -> int:
         est = LinearAttentionClassifier.load(out / "full" / "model", device=args.device)
         if est.n_threads is None and args.threads:
             est.n_threads = args.threads
+        _refuse_overflow(est, X_test, args.data_files[1], fitted=True)
         test = classification_metrics(est.classes_, y_test, est.predict_proba(X_test))
         write_json(out / "test.json", test)
         # the files are replaced, never rewritten in place: the run's own copy may share them
@@ -563,6 +590,9 @@ def evaluate(args) -> int:
         X_eval, y_eval = X_train[va], y_train[va]
     else:
         X_eval, y_eval = X_test, y_test
+    for e in ests:  # values the models' arithmetic overflows on: one line naming the file
+        _refuse_overflow(e, X_eval, args.data_files[args.split != "val"],
+                         va if args.split == "val" else None, fitted=True)
     # one model, or the mean of the models' class probabilities (a seed ensemble)
     proba = np.mean([e.predict_proba(X_eval) for e in ests], axis=0)
     result = classification_metrics(est.classes_, y_eval, proba)

@@ -68,15 +68,17 @@ def check_generate(values: Mapping[str, Any]) -> None:
 #: made it too large (:func:`linattn._memory.check_fits`).
 SIZE_DEFAULTS: dict[str, Any] = {"d_model": 128, "num_layers": 4, "context": 256,
                                  "batch_size": 32, "short_conv": 0, "mlp_dim": None,
-                                 "vocab_size": 256}
+                                 "vocab_size": 256, "window": None}
 
 
 def training_bytes(values: Mapping[str, Any]) -> int:
     """A lower bound of the bytes training needs: the model's parameters with their gradients
     and Adam's moments, and one step's activations (per token and layer q, k, v, the output
     and the MLP's hidden layer; the logits and their gradient), the token shift's padded
-    copies and the batch of ids. ``values``: the model's and the training's options
-    (LMConfig and TrainConfig fields; ``mlp_dim`` None is 4·d_model)."""
+    copies, the batch of ids, and the hybrid's state: per layer a ring buffer of the last
+    ``window`` keys and values, whatever the context (``window=10**9`` asked for 238 GiB in
+    an allocation). ``values``: the model's and the training's options (LMConfig and
+    TrainConfig fields; ``mlp_dim`` None is 4·d_model, ``window`` None the hybrid's default)."""
     E, L, V = values["d_model"], values["num_layers"], values["vocab_size"]
     mlp = 4 * E if values.get("mlp_dim") is None else values["mlp_dim"]
     k = values.get("short_conv") or 0
@@ -84,7 +86,12 @@ def training_bytes(values: Mapping[str, Any]) -> int:
     params = lm_parameters(values)
     activations = 4 * B * T * (L * (4 * E + mlp) + 2 * V)
     shift = 8 * B * (T + k) * E if k else 0
-    return TRAINING_BYTES_PER_PARAMETER * params + activations + shift + 8 * B * (T + 1)
+    ring = 0
+    if values.get("attention") == "hybrid":
+        from linattn.nn.mixers import DEFAULT_WINDOW  # torch-free
+
+        ring = 8 * B * E * L * (values.get("window") or DEFAULT_WINDOW)
+    return TRAINING_BYTES_PER_PARAMETER * params + activations + shift + 8 * B * (T + 1) + ring
 
 
 def check_training_memory(model: Mapping[str, Any], train: Mapping[str, Any],

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from linattn._config import POSITIVE_INT, renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
 from linattn.nn.mixers import CONFIG_CHECKS
-from linattn.ops._common import check_dense, check_flag
+from linattn.ops._common import check_dense, check_flag, for_autograd
 from linattn.ops.flowformer.op import SigmoidFeatures, flowformer_attention
 from linattn.ops.linear.op import linear_attention
 from linattn.ops.relative.op import relative_linear_attention
@@ -127,6 +127,7 @@ class MultiheadAttentionBase(nn.Module):
                             f"{x.dtype}")
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected shape (B, T, {self.d_model}), got {tuple(x.shape)}")
+        x = for_autograd(x)  # an inference tensor cannot be saved for the weights' gradients
         return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
 
     def merge(self, o: Tensor) -> Tensor:

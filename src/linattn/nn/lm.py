@@ -51,7 +51,6 @@ The kinds and the modules that compute them are listed once, in :data:`linattn.n
 configuration.
 
 Shapes: ids (B, T) integers in [0, vocab_size) → logits (B, T, vocab_size).
-
 Tracing: the forward runs under ``torch.compile(model, fullgraph=True)`` and
 ``torch.export.export``. The ids' range is an assertion node of the graph there (a RuntimeError
 when the compiled program meets an id out of range; a ValueError naming the range in eager);
@@ -93,6 +92,7 @@ from linattn.ops._common import (
     check_positive_int,
     check_size,
     check_values,
+    for_autograd,
     is_bool,
     shown,
 )
@@ -574,7 +574,7 @@ class LinearTransformerLM(nn.Module):
         """The blocks' input for ``ids`` (B, T): embeddings, token-shifted after ``conv`` (the
         state's last k − 1 embeddings) where the model has ``short_conv``, then dropout.
         Returns (h (B, T, E), the new ``conv``, None without a token shift)."""
-        ids = ids.long()
+        ids = for_autograd(ids).long()  # an inference tensor is not saved for backward
         if tracing(ids):  # out-of-range ids fail the assertion of check_ids, not the gather
             ids = ids.clamp(0, self.vocab_size - 1)
         h = self.embed(ids)

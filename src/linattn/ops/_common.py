@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -38,6 +40,86 @@ def check_float_tensor(t: object, name: str, *, dense: bool = True) -> Tensor:
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     return t
+
+
+def _tensors_in(x: object) -> list[Tensor]:
+    """The tensors an argument holds: itself, a state dataclass's fields, a tuple's items."""
+    if isinstance(x, Tensor):
+        return [x]
+    if hasattr(type(x), "__dataclass_fields__"):
+        return [t for f in type(x).__dataclass_fields__ if isinstance(t := getattr(x, f), Tensor)]
+    if isinstance(x, (tuple, list)):
+        return [t for t in x if isinstance(t, Tensor)]
+    return []
+
+
+def _records(values: list[object]) -> bool:
+    """Whether autograd records a call with these arguments: a tensor among them, or a
+    parameter of a module among them (a trainable feature map, the module itself), requires
+    grad."""
+    for x in values:
+        if isinstance(x, torch.nn.Module):
+            if any(p.requires_grad for p in x.parameters()):
+                return True
+        elif any(t.requires_grad for t in _tensors_in(x)):
+            return True
+    return False
+
+
+def _as_normal(x: object) -> object:
+    """``x`` with its inference tensors replaced by clones (normal tensors, equal values)."""
+    if isinstance(x, Tensor):
+        return x.clone() if x.is_inference() else x
+    if hasattr(type(x), "__dataclass_fields__") and any(t.is_inference() for t in _tensors_in(x)):
+        return type(x)(**{f: _as_normal(getattr(x, f)) for f in type(x).__dataclass_fields__})
+    if isinstance(x, (tuple, list)) and any(t.is_inference() for t in _tensors_in(x)):
+        return type(x)(_as_normal(t) for t in x)
+    return x
+
+
+def for_autograd(x: Tensor) -> Tensor:
+    """``x``, or a clone of it where it is an inference tensor (made under
+    ``torch.inference_mode``) and autograd may record what it feeds: a module's input beside
+    its trainable parameters (see :func:`takes_inference_tensors`)."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and x.is_inference():
+        return x.clone()
+    return x
+
+
+def takes_inference_tensors(*, written: tuple[str, ...] = (),
+                            written_if_inplace: tuple[str, ...] = ()) -> Callable:
+    """Decorator of a public function: tensors made under ``torch.inference_mode`` among its
+    arguments work beside arguments that require grad.
+
+    An inference tensor can neither require grad nor be saved for backward, so an op that
+    saves one (``k`` made in inference mode, ``q`` requiring grad) fails inside torch with
+    "Inference tensors cannot be saved for backward". When autograd records the call, such
+    arguments are taken as the constants they are: a clone (a normal tensor, equal values,
+    no gradient: none could reach the inference tensor either). Arguments the function writes
+    in place (``written``; ``written_if_inplace`` under ``inplace=True``) are never cloned:
+    writing into a copy would lose the update (:func:`check_own_memory` refuses them).
+    Not applied while traced; no cost beyond :func:`torch.is_grad_enabled` without grad."""
+    def wrap(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if (torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                    and any(t.is_inference() for x in (*args, *kwargs.values())
+                            for t in _tensors_in(x))):
+                bound = signature.bind_partial(*args, **kwargs)
+                if _records(list(bound.arguments.values())):
+                    kept = written + (written_if_inplace
+                                      if bound.arguments.get("inplace") is True else ())
+                    for name, x in bound.arguments.items():
+                        if name not in kept:
+                            bound.arguments[name] = _as_normal(x)
+                    return fn(*bound.args, **bound.kwargs)
+            return fn(*args, **kwargs)
+
+        return call
+
+    return wrap
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:
@@ -246,8 +328,16 @@ def shares_memory(t: Tensor) -> bool:
 def check_own_memory(t: Tensor, name: str) -> None:
     """ValueError naming ``name`` for a tensor written in place whose elements share memory:
     the compiled kernels would write one row over another (float32 states came back wrong,
-    silently) and torch's ``copy_`` raises its own RuntimeError. Not checked while traced."""
-    if not tracing() and shares_memory(t):
+    silently) and torch's ``copy_`` raises its own RuntimeError. An inference tensor (made
+    under ``torch.inference_mode``) may change only inside inference mode (torch's rule,
+    which the compiled kernels would bypass): refused outside it. Not checked while traced."""
+    if tracing():
+        return
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name}: written in place, but it was made under "
+                         "torch.inference_mode and may change only inside it; pass a clone, "
+                         "or call under torch.inference_mode()")
+    if shares_memory(t):
         raise ValueError(f"{name}: written in place, but its elements share memory (an "
                          f"expanded view, shape {tuple(t.shape)}, strides {t.stride()}); pass "
                          "a tensor of its own (.clone())")
@@ -511,7 +601,13 @@ def causal_chunked(
 
     states = torch.bmm(fk3.transpose(1, 2), v13).view(*batch, n, L, Dv1)  # each chunk's own
     total = states.sum(-3)
-    before = states.cumsum(-3).sub_(states)  # exclusive prefix: the chunks strictly before
+    # exclusive prefix (the chunks strictly before) as the inclusive prefix shifted by one, not
+    # as cumsum − states: that difference, and its backward (a reverse cumsum minus the chunk's
+    # own gradient), cancel catastrophically when one chunk's gradient is huge (a query whose
+    # keys so far have no feature: 1/eps); causal cosFormer's float32 key gradients were 1-3 %
+    # off float64 (issue 51)
+    before = torch.cat([torch.zeros_like(states[..., :1, :, :]), states.cumsum(-3)], -3)
+    before = before[..., :n, :, :]
     if S0 is not None:
         before = before + S0.unsqueeze(-3)
         total = total + S0

@@ -17,14 +17,16 @@ Imports: torch and the standard library only.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 __all__ = ["check_qkv", "check_eps", "check_scale", "check_padding_mask", "check_gamma",
-           "kept_keys", "shown"]
+           "kept_keys", "shown", "inference_tensors_as_constants"]
 
 
 def _is_bool(x: object) -> bool:
@@ -179,3 +181,26 @@ def kept_keys(key_padding_mask: Tensor | None, k: Tensor) -> Tensor:
         return torch.ones(Tk, dtype=torch.bool, device=k.device)
     kept = ~key_padding_mask.to(k.device)
     return kept.reshape(k.shape[0], *[1] * (k.dim() - 3), Tk) if k.dim() > 2 else kept
+
+
+def inference_tensors_as_constants(fn: Callable) -> Callable:
+    """Decorator of a reference: tensors made under ``torch.inference_mode`` among its
+    arguments, beside arguments (or a feature map's parameters) that require grad, are taken as
+    the constants they are (a clone: torch cannot save an inference tensor for backward). The
+    ops do the same with their own helper (references share no code with the ops)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            values = [*args, *kwargs.values()]
+            if (any(isinstance(x, Tensor) and x.is_inference() for x in values)
+                    and any(x.requires_grad if isinstance(x, Tensor)
+                            else isinstance(x, torch.nn.Module)
+                            and any(p.requires_grad for p in x.parameters())
+                            for x in values)):
+                args = tuple(x.clone() if isinstance(x, Tensor) and x.is_inference() else x
+                             for x in args)
+                kwargs = {k: x.clone() if isinstance(x, Tensor) and x.is_inference() else x
+                          for k, x in kwargs.items()}
+        return fn(*args, **kwargs)
+
+    return call

@@ -267,7 +267,7 @@ def check_mqar(num_examples: object, seq_len: object, num_kv_pairs: object,
 #: The fields a cell's memory grows with (:func:`cell_bytes`).
 _SIZES = ("d_model", "num_layers", "vocab_size", "mlp_dim", "short_conv", "seq_len",
           "num_kv_pairs", "train_examples", "val_examples", "test_examples", "batch_size",
-          "train_mix", "eval_at")
+          "train_mix", "eval_at", "window")
 
 
 def cell_bytes(values: Mapping[str, Any]) -> int:
@@ -275,7 +275,9 @@ def cell_bytes(values: Mapping[str, Any]) -> int:
     every data set's inputs and targets (int64), the largest ``eval_at`` set (made one at a
     time), the model's parameters with their gradients and Adam's moments, and the largest
     batch's activations (per token and layer q, k, v, the output and the MLP's hidden layer,
-    the token shift's padded copies; the logits at the queries and their gradient)."""
+    the token shift's padded copies; the logits at the queries and their gradient), and a
+    hybrid's ring buffers of the last ``window`` keys and values per layer, whatever the
+    sequence length (``--window 10**9`` was an allocation of 954 GiB)."""
     E, L, V = values["d_model"], values["num_layers"], values["vocab_size"]
     mlp, k = values["mlp_dim"], values["short_conv"]
     own = (values["seq_len"], values["num_kv_pairs"])
@@ -290,12 +292,18 @@ def cell_bytes(values: Mapping[str, Any]) -> int:
         return 4 * b * T * L * (4 * E + mlp) + 8 * b * (T + k) * E + 8 * b * P * V
 
     largest = max(batch(*s) for s in sets[:1] + sets[3:])
-    return data + evals + TRAINING_BYTES_PER_PARAMETER * params + largest
+    ring = 0
+    if MIXER_PRESETS.get(values.get("mixer"), {}).get("attention") == "hybrid":
+        from linattn.nn.mixers import DEFAULT_WINDOW  # torch-free
+
+        b = min(values["batch_size"], max(n for _, _, n in sets))
+        ring = 8 * b * E * L * (values.get("window") or DEFAULT_WINDOW)
+    return data + evals + TRAINING_BYTES_PER_PARAMETER * params + largest + ring
 
 
 def check_cell_memory(cfg: RecallConfig, available: int | None = None) -> None:
     """ValueError naming the field (the one whose default shrinks the estimate most) when the
     cell ``cfg`` cannot fit in the memory available (:func:`cell_bytes`)."""
     defaults = {f.name: f.default for f in fields(RecallConfig) if f.name in _SIZES}
-    check_fits(cell_bytes, {name: getattr(cfg, name) for name in _SIZES}, defaults,
-               "this cell", available)
+    values = {"mixer": cfg.mixer, **{name: getattr(cfg, name) for name in _SIZES}}
+    check_fits(cell_bytes, values, defaults, "this cell", available)

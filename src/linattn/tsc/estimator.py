@@ -149,12 +149,17 @@ _SIZES = ("d_model", "num_layers", "num_heads", "head_dim", "mlp_dim", "patch", 
 def _training_bytes(model: dict) -> int:
     """A lower bound of the bytes training the architecture ``model`` (ModelConfig fields)
     needs: its token embedding and blocks' parameters with their gradients and Adam's
-    moments."""
+    moments, and where ``tokens`` (per series) and ``batch_size`` are given one batch's
+    activations (per token and layer q, k, v, the output and the MLP's hidden layer:
+    ``num_heads=10**6`` fits as parameters, but its activations ran for minutes)."""
     embed = (model["window"] or model["patch"]) + (model["patch"] + 1 if model["spectral"]
                                                    else 0)
+    inner = model["num_heads"] * model["head_dim"]
     params = transformer_parameters(model["d_model"], model["num_layers"], model["mlp_dim"],
-                                    embed, model["num_heads"] * model["head_dim"])
-    return TRAINING_BYTES_PER_PARAMETER * params
+                                    embed, inner)
+    activations = (4 * model.get("batch_size", 0) * model.get("tokens", 0)
+                   * model["num_layers"] * (4 * inner + model["mlp_dim"]))
+    return TRAINING_BYTES_PER_PARAMETER * params + activations
 
 
 class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
@@ -236,14 +241,45 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
         tcfg = TrainConfig(seed=seed, **{k: plain(v) for k, v in train.items()})
         return model, tcfg
 
-    def check_memory(self, where: str | None = None) -> None:
+    def overflowing_row(self, X, *, fitted: bool = False) -> int | None:
+        """The row of the series X (n, length) that overflows this architecture's float32
+        arithmetic before any training (a model as initialised gives non-finite outputs for
+        it, scaled by the augmentation's largest amplitude), or with ``fitted`` the fitted
+        model's, or None. Asked of the few series of largest magnitude, where the overflow
+        starts: finite values near float32's largest (3e38) made training diverge at its first
+        step, blamed on the learning rate, and a command's scoring raise."""
+        model_params, tcfg = self.check_params()
+        X = np.nan_to_num(np.asarray(X, dtype=np.float32), nan=0.0)
+        if X.ndim != 2 or not X.size:
+            return None
+        with np.errstate(over="ignore"):
+            rows = np.argsort(-np.abs(X).max(1), kind="stable")[:4]
+            top = X[rows] * np.float32(1.0 if fitted else max(tcfg.scale_high, 1.0))
+        with torch.random.fork_rng(devices=[]), ThreadLimit(self.n_threads):
+            torch.manual_seed(0)
+            if fitted:
+                check_is_fitted(self, "model_")
+                model = self.model_
+            else:
+                model = FordATransformer(self._model_config(model_params, X.shape[1], 2))
+            logits = predict_logits(model, top, device="cpu")
+        bad = np.flatnonzero(~torch.isfinite(logits).all(-1).numpy())
+        return int(rows[bad[0]]) if len(bad) else None
+
+    def check_memory(self, where: str | None = None, length: int | None = None,
+                     n: int | None = None) -> None:
         """ValueError naming the parameter (prefixed by ``where``) when training this
-        architecture cannot fit in the memory available (:func:`_training_bytes`): absurd
-        sizes refused before anything is allocated (``d_model=10**9`` was an OOM kill).
+        architecture (on ``n`` series of ``length`` samples, where given: then one batch's
+        activations count too) cannot fit in the memory available (:func:`_training_bytes`):
+        absurd sizes refused before anything is allocated (``d_model=10**9`` was an OOM kill).
         :meth:`fit` and ``linattn forda train`` ask; loading a saved model checks the sizes
         against its weights instead."""
         where = where or type(self).__name__
-        model = {k: plain(v) for k, v in self.check_params(where)[0].items()}
+        params, tcfg = self.check_params(where)
+        model = {k: plain(v) for k, v in params.items()}
+        if length is not None:
+            model.update(batch_size=min(tcfg.batch_size, n or tcfg.batch_size),
+                         tokens=-(-int(length) // model["patch"]))
         try:
             check_fits(_training_bytes, model, {k: _DEFAULTS[k] for k in _SIZES},
                        "training this model")
@@ -280,6 +316,12 @@ class LinearAttentionClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y: needs samples of at least 2 classes, got 1 class ({classes[0]})")
         self.classes_ = classes
         config = self._model_config(model_params, X.shape[1], len(classes))
+        self.check_memory(length=X.shape[1], n=len(X))
+        row = self.overflowing_row(X)
+        if row is not None:
+            raise ValueError(f"X: row {row}: values up to {float(np.nanmax(np.abs(X[row]))):.3g} "
+                             "overflow the model's float32 arithmetic before any training; "
+                             "scale the series (FordA's are z-normalised)")
         resume = trainer_kwargs.pop("resume", False)
         if trainer_kwargs.get("X_val") is not None:
             trainer_kwargs["X_val"] = fill_nan_padding(

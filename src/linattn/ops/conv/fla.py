@@ -23,7 +23,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._common import check_flag, check_float_tensor, check_own_memory
+from linattn.ops._common import (
+    check_flag,
+    check_float_tensor,
+    check_own_memory,
+    takes_inference_tensors,
+)
 from linattn.ops.conv import op as conv_op
 from linattn.ops.conv.op import check_activation
 
@@ -50,6 +55,7 @@ def _index(x: object, name: str, shape: tuple[int, ...], device: torch.device) -
     return x.to(device=device, dtype=torch.long)
 
 
+@takes_inference_tensors(written=("final_states_out",))
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
                      return_final_states=False, final_states_out=None, activation=None,
                      **kwargs):
@@ -126,6 +132,7 @@ def _with_seq_idx(xt: Tensor, weight: Tensor, bias: Tensor | None, silu: bool, s
     return y.to(xt.dtype)
 
 
+@takes_inference_tensors(written=("conv_state",))
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
                          conv_state_indices=None, **kwargs):
     """causal-conv1d's ``causal_conv1d_update``: x (B, D) or (B, D, T) (T tokens in a row),

@@ -34,6 +34,7 @@ from linattn.ops._common import (
     check_own_memory,
     needs_grad,
     shares_memory,
+    takes_inference_tensors,
 )
 from linattn.ops._library import tracing
 from linattn.ops.conv import native as conv_native
@@ -107,6 +108,7 @@ def segments(cu: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------ prefill
+@takes_inference_tensors()
 def causal_conv1d(
     x: Tensor,
     weight: Tensor,
@@ -176,6 +178,7 @@ def _prefill(choice: Choice, x, weight, bias, silu, S0, segs) -> tuple[Tensor, T
 
 
 # --------------------------------------------------------------------------------------- step
+@takes_inference_tensors(written_if_inplace=("state",))
 def causal_conv1d_step(
     x_t: Tensor,
     state: Tensor,
@@ -259,7 +262,8 @@ def lean_step(x_t: object, state: object, weight: object, bias: object, activati
             x_t.requires_grad or state.requires_grad or weight.requires_grad
             or (bias is not None and bias.requires_grad))):
         return None
-    if inplace and shares_memory(state):  # the full checks refuse it
+    if inplace and (shares_memory(state) or (state.is_inference()  # the full checks refuse
+                                             and not torch.is_inference_mode_enabled())):
         return None
     fns = dispatch.step_kernels(OP, x_t.dtype, conv_native.kernels_here)
     if fns is None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops._reference_checks import inference_tensors_as_constants
+
 __all__ = ["causal_conv1d"]
 
 
+@inference_tensors_as_constants
 def causal_conv1d(
     x: Tensor, weight: Tensor, bias: Tensor | None = None, *, activation: str | None = None,
     initial_state: Tensor | None = None, cu_seqlens: Tensor | None = None,

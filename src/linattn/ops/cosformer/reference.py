@@ -13,7 +13,13 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv, kept_keys
+from linattn.ops._reference_checks import (
+    check_eps,
+    check_padding_mask,
+    check_qkv,
+    inference_tensors_as_constants,
+    kept_keys,
+)
 
 __all__ = ['cosformer_attention']
 
@@ -22,6 +28,7 @@ __all__ = ['cosformer_attention']
 DEFAULT_EPS = 1e-6
 
 
+@inference_tensors_as_constants
 def cosformer_attention(
     q: Tensor,
     k: Tensor,

@@ -50,6 +50,7 @@ from linattn.ops._common import (
     features,
     normalise,
     resolve,
+    takes_inference_tensors,
     values_with_ones,
 )
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
@@ -64,6 +65,7 @@ __all__ = [
 ]
 
 
+@takes_inference_tensors()
 def decay_linear_attention(
     q: Tensor,
     k: Tensor,
@@ -115,6 +117,7 @@ def decay_linear_attention(
     return o
 
 
+@takes_inference_tensors()
 def decay_linear_attention_step(
     q_t: Tensor,
     k_t: Tensor,

@@ -8,11 +8,17 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_gamma, check_qkv, map_eps
+from linattn.ops._reference_checks import (
+    check_gamma,
+    check_qkv,
+    inference_tensors_as_constants,
+    map_eps,
+)
 
 __all__ = ['decay_linear_attention']
 
 
+@inference_tensors_as_constants
 def decay_linear_attention(
     q: Tensor,
     k: Tensor,

@@ -56,6 +56,7 @@ from linattn.ops._common import (
     graph_grads,
     needs_grad,
     shown,
+    takes_inference_tensors,
 )
 from linattn.ops._library import tracing
 
@@ -81,6 +82,7 @@ def check_decay_softmax_inputs(q: Tensor, k: Tensor, v: Tensor, gamma: float | T
     return g.log(), check_scale(scale, q.shape[-1], positive=True, dtype=q.dtype)
 
 
+@takes_inference_tensors()
 def decay_softmax_attention(
     q: Tensor,
     k: Tensor,

@@ -13,11 +13,18 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops._reference_checks import check_gamma, check_qkv, check_scale, shown
+from linattn.ops._reference_checks import (
+    check_gamma,
+    check_qkv,
+    check_scale,
+    inference_tensors_as_constants,
+    shown,
+)
 
 __all__ = ['decay_softmax_attention']
 
 
+@inference_tensors_as_constants
 def decay_softmax_attention(
     q: Tensor,
     k: Tensor,

@@ -65,6 +65,7 @@ from linattn.ops._common import (
     needs_grad,
     nonfinite,
     split_scale,
+    takes_inference_tensors,
 )
 from linattn.ops._library import lean_step_dtype, lean_step_scale, tracing
 from linattn.ops.delta import native as delta_native
@@ -122,6 +123,7 @@ def check_heads(q: object, k: object, v: object, dim: int, names: tuple[str, str
     return HV // H
 
 
+@takes_inference_tensors()
 def delta_rule(
     q: Tensor,
     k: Tensor,
@@ -235,6 +237,7 @@ def _prefill(choice: Choice, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
     return torch_prefill(q, k, v, beta, g, s, S0, cu, qk_l2norm, C, gk, gv)
 
 
+@takes_inference_tensors(written_if_inplace=("state",))
 def delta_rule_step(
     q_t: Tensor,
     k_t: Tensor,
@@ -362,6 +365,8 @@ def _plain_step(q_t: object, k_t: object, v_t: object, beta_t: object, state: ob
                                 _PLAIN_TRAITS if gk_t is None else _PLAIN_TRAITS_GK)
     if fns is None:
         return None
+    if inplace and state.is_inference() and not torch.is_inference_mode_enabled():
+        return None  # the full checks refuse it
     o = torch.empty_like(v_t)
     S_out = state if inplace else torch.empty_like(state)
     if delta_native.step_into(fns, q_t, k_t, v_t, beta_t, g_t, state, S_out, o, s, qk_l2norm,

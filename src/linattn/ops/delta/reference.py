@@ -13,12 +13,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops._reference_checks import inference_tensors_as_constants
+
 __all__ = ['delta_rule']
 
 #: ``qk_l2norm`` divides q and k by sqrt(Σx² + L2_EPS) (the published models' epsilon).
 L2_EPS = 1e-6
 
 
+@inference_tensors_as_constants
 def delta_rule(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
     gk: Tensor | None = None, gv: Tensor | None = None, *, scale: float | None = None,

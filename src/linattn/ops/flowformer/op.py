@@ -92,6 +92,7 @@ from linattn.ops._common import (
     guarded,
     key_mask_for,
     masked_key_features,
+    takes_inference_tensors,
     to_chunks,
     traced_contiguous,
     zero_padded,
@@ -172,6 +173,7 @@ def _count(keep: Tensor | None, like: Tensor, T: int, causal: bool) -> Tensor:
     return kept.cumsum(-1) if causal else kept.sum(-1, keepdim=True)
 
 
+@takes_inference_tensors()
 def flowformer_attention(
     q: Tensor,
     k: Tensor,

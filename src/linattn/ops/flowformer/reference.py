@@ -13,7 +13,12 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_eps, check_padding_mask, check_qkv
+from linattn.ops._reference_checks import (
+    check_eps,
+    check_padding_mask,
+    check_qkv,
+    inference_tensors_as_constants,
+)
 
 __all__ = ['flowformer_attention']
 
@@ -53,6 +58,7 @@ def _kept(padding_mask: Tensor | None, x: Tensor) -> Tensor:
     return kept.reshape(x.shape[0], *[1] * (x.dim() - 3), T) if x.dim() > 2 else kept
 
 
+@inference_tensors_as_constants
 def flowformer_attention(
     q: Tensor,
     k: Tensor,

@@ -50,6 +50,7 @@ from linattn.ops._common import (
     check_step_inputs,
     needs_grad,
     split_scale,
+    takes_inference_tensors,
 )
 from linattn.ops._library import lean_step_dtype, lean_step_scale, tracing
 from linattn.ops.dispatch import Choice
@@ -71,6 +72,7 @@ __all__ = ["gated_linear_attention", "gated_linear_attention_step", "portable_pr
 OP = "gated_linear_attention"
 
 
+@takes_inference_tensors()
 def gated_linear_attention(
     q: Tensor,
     k: Tensor,
@@ -151,6 +153,7 @@ def _prefill(choice: Choice, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
     return portable_prefill(q, k, v, g, gk, s, S0, cu, C)
 
 
+@takes_inference_tensors()
 def gated_linear_attention_step(
     q_t: Tensor,
     k_t: Tensor,

@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops._reference_checks import inference_tensors_as_constants
+
 __all__ = ['gated_linear_attention']
 
 
+@inference_tensors_as_constants
 def gated_linear_attention(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, gk: Tensor | None = None,
     gv: Tensor | None = None, *, scale: float | None = None,

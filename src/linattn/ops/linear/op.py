@@ -31,6 +31,7 @@ from linattn.ops._common import (
     key_mask_for,
     needs_grad,
     resolve,
+    takes_inference_tensors,
 )
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE, Backend, Choice
@@ -129,6 +130,7 @@ def _problem(form: str, sizes: tuple[int, int, int], gen: torch.Generator):
 dispatch.register_problems(OP, CALIBRATION, _problem)
 
 
+@takes_inference_tensors()
 def linear_attention(
     q: Tensor,
     k: Tensor,

@@ -23,6 +23,7 @@ from linattn.ops._common import (
     features,
     normalise,
     resolve,
+    takes_inference_tensors,
 )
 
 __all__ = ["LinearAttentionState", "linear_attention_step"]
@@ -109,6 +110,7 @@ def checked_state(
     return state
 
 
+@takes_inference_tensors()
 def linear_attention_step(
     q_t: Tensor,
     k_t: Tensor,

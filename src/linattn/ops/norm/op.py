@@ -33,6 +33,7 @@ from linattn.ops._common import (
     is_bool,
     needs_grad,
     shown,
+    takes_inference_tensors,
 )
 from linattn.ops._library import tracing
 from linattn.ops.dispatch import Choice
@@ -60,6 +61,7 @@ def check_norm_activation(activation: object) -> bool:
     return activation == "sigmoid"
 
 
+@takes_inference_tensors()
 def rms_norm_gated(
     x: Tensor,
     gate: Tensor | None,

@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops._reference_checks import inference_tensors_as_constants
+
 __all__ = ["rms_norm_gated"]
 
 
+@inference_tensors_as_constants
 def rms_norm_gated(
     x: Tensor, gate: Tensor | None, weight: Tensor | None = None, *, eps: float = 1e-6,
     activation: str = "silu", group_size: int | None = None, norm_before_gate: bool = True,

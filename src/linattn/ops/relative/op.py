@@ -52,6 +52,7 @@ from linattn.ops._common import (
     needs_grad,
     resolve,
     split_normalised,
+    takes_inference_tensors,
     values_with_ones,
 )
 
@@ -163,6 +164,7 @@ def _relative_fft(fq: Tensor, fr: Tensor, v1: Tensor) -> Tensor:
     return out.reshape(*batch, T, C)
 
 
+@takes_inference_tensors()
 def relative_linear_attention(
     q: Tensor,
     k: Tensor,

@@ -8,11 +8,18 @@ import torch
 from torch import Tensor
 
 from linattn.feature_maps import FeatureMap, get_feature_map
-from linattn.ops._reference_checks import check_padding_mask, check_qkv, kept_keys, map_eps
+from linattn.ops._reference_checks import (
+    check_padding_mask,
+    check_qkv,
+    inference_tensors_as_constants,
+    kept_keys,
+    map_eps,
+)
 
 __all__ = ['relative_linear_attention']
 
 
+@inference_tensors_as_constants
 def relative_linear_attention(
     q: Tensor,
     k: Tensor,

@@ -80,6 +80,7 @@ from linattn.ops._common import (
     normalise,
     resolve,
     shown,
+    takes_inference_tensors,
     to_chunks,
     values_with_ones,
     zero_padded,
@@ -286,6 +287,7 @@ def _empty_output(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (q[..., :0, :1] * k[..., :0, :1] * v[..., :0, :]).to(q.dtype)
 
 
+@takes_inference_tensors()
 def window_linear_attention(
     q: Tensor,
     k: Tensor,
@@ -389,6 +391,7 @@ def window_linear_attention(
     return o, state
 
 
+@takes_inference_tensors()
 def window_linear_attention_step(
     q_t: Tensor,
     k_t: Tensor,
