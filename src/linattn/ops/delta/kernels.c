@@ -298,7 +298,7 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
             if (rc) return rc;
             for (long t = 0; t < Tc; ++t) {
                 char *dst = (char *)o + 2 * (n * os + (t0 + t) * ot);
-                for (long j = v0; j < v1; j += W) vstore_dt(dst, j, vload(ow + t * V + j), dt);
+                la_narrowed(dst, ow + t * V, v0, v1, dt);
             }
         }
     }
@@ -342,7 +342,7 @@ static void gdr_step_part(void *ctx, long part, int slot) {
                    j->S_in + n0 * K * V, j->S_out + n0 * K * V, j->o + n0 * V, V, V, NULL, 0,
                    NULL, 0, 0, j->work + slot * la_gdr_work(K));
     if (j->o_dt)
-        for (long i = n0 * V; i < (n0 + n) * V; i += W) vstore_dt(j->o_dt, i, vload(j->o + i), j->dt);
+        la_narrowed(j->o_dt, j->o, n0 * V, (n0 + n) * V, j->dt);
 }
 
 static int la_gdr_step(const void *q, const void *k, const void *v, const void *beta,
@@ -370,9 +370,7 @@ static int la_gdr_step(const void *q, const void *k, const void *v, const void *
     if (job.gk)
         for (long i = 0; i < N * K; ++i)
             if (!(job.gk[i] <= 0.0f)) return -3;
-    /* two parts a thread, taken one at a time: a thread that starts late takes fewer */
-    long parts = threads > 1 ? (N < 2L * threads ? N : 2L * threads) : 1;
-    job.per = parts ? (N + parts - 1) / parts : 0;
+    job.per = la_per_part(N, threads);
     return N > 0 ? la_parallel(gdr_step_part, &job, (N + job.per - 1) / job.per, threads) : 0;
 }
 

@@ -63,10 +63,10 @@ from linattn.ops.native import (
     head_jobs,
     is_small,
     native_threads,
-    note_late,
-    note_on_time,
+    rows,
     run_jobs,
     scratch,
+    split_done,
     threads_for,
     work_size,
 )
@@ -183,11 +183,6 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
 
 
-def _rows(x: Tensor, N: int) -> Tensor:
-    """x (..., T, F) as (N, T, F) in its own dtype, with a contiguous last dimension."""
-    x = x.reshape(N, *x.shape[-2:])
-    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
-
 
 def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | None, s: float,
                     l2norm: bool, ckpt: Tensor, w: Tensor, g_o: Tensor, g_S: Tensor | None,
@@ -263,7 +258,7 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     H, HV, spans, src = _spans(q, v, cu_seqlens, q, k, v, beta, g, gk)
     if (not save and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
             and v.dtype == q.dtype):  # the kernel reads 16-bit rows a chunk at a time
-        qf, kf, vf = _rows(src[0], H), _rows(src[1], H), _rows(src[2], HV)
+        qf, kf, vf = rows(src[0], H), rows(src[1], H), rows(src[2], HV)
     else:
         qf, kf = float32_rows(src[0], H), float32_rows(src[1], H)
         vf = float32_rows(src[2], HV)
@@ -509,12 +504,7 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
         S_out=S_out.data_ptr(), o=o.data_ptr(),
         work=scratch(work_size(fns, "step_work", N, G, K, V, threads, dt)).data_ptr(),
         threads=threads)
-    if rc == 1:  # done, but the other threads were late
-        note_late()
-        return 0
-    if threads > 1 and rc == 0:
-        note_on_time()
-    return rc
+    return split_done(rc, threads)
 
 
 def _check_step_values(beta_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None = None) -> None:

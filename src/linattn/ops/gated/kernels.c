@@ -207,7 +207,7 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
             if (rc) return rc;
             for (long t = 0; t < Tc; ++t) {
                 char *dst = (char *)o + 2 * (n * os + (t0 + t) * ot);
-                for (long j = v0; j < v1; j += W) vstore_dt(dst, j, vload(ow + t * V + j), dt);
+                la_narrowed(dst, ow + t * V, v0, v1, dt);
             }
         }
     }
@@ -246,7 +246,7 @@ static void gla_step_part(void *ctx, long part, int slot) {
                    0, V, 1, j->scale, j->S_in + n0 * K * V, j->S_out + n0 * K * V,
                    j->o + n0 * V, V, V, NULL, 0, j->work + slot * la_gla_work(K, 1));
     if (j->o_dt)
-        for (long i = n0 * V; i < (n0 + n) * V; i += W) vstore_dt(j->o_dt, i, vload(j->o + i), j->dt);
+        la_narrowed(j->o_dt, j->o, n0 * V, (n0 + n) * V, j->dt);
 }
 
 static int la_gla_step(const void *q, const void *k, const void *v, const void *g,
@@ -269,9 +269,7 @@ static int la_gla_step(const void *q, const void *k, const void *v, const void *
             for (long i = 0; i < K; ++i)
                 if (!(job.gk[n * K + i] <= 0.0f)) return -3;
     }
-    /* two parts a thread, taken one at a time: a thread that starts late takes fewer */
-    long parts = threads > 1 ? (N < 2L * threads ? N : 2L * threads) : 1;
-    job.per = parts ? (N + parts - 1) / parts : 0;
+    job.per = la_per_part(N, threads);
     return N > 0 ? la_parallel(gla_step_part, &job, (N + job.per - 1) / job.per, threads) : 0;
 }
 

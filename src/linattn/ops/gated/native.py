@@ -55,10 +55,10 @@ from linattn.ops.native import (
     head_jobs,
     is_small,
     native_threads,
-    note_late,
-    note_on_time,
+    rows,
     run_jobs,
     scratch,
+    split_done,
     threads_for,
     work_size,
 )
@@ -228,15 +228,10 @@ def _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit: bool = False):
     gkf = None if gk is None else float32_rows(gk, H)
     if (keep_16_bit and dt in (torch.bfloat16, torch.float16) and k.dtype == dt
             and v.dtype == dt):
-        return (H, *(_rows(x, H) for x in (q, k, v)), gf, gkf)
+        return (H, *(rows(x, H) for x in (q, k, v)), gf, gkf)
     qf, kf, vf = (float32_rows(x, H) for x in (q, k, v))
     return H, qf, kf, vf, gf, gkf
 
-
-def _rows(x: Tensor, H: int) -> Tensor:
-    """x (..., T, F) as (H, T, F) in its own dtype, with a contiguous last dimension."""
-    x = x.reshape(H, *x.shape[-2:])
-    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 # ------------------------------------------------------------------------ the custom ops
@@ -458,12 +453,7 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: 
         S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
         work=scratch(work_size(fns, "step_work", N, K, V, threads, dt)).data_ptr(),
         threads=threads)
-    if rc == 1:  # done, but the other threads were late
-        note_late()
-        return 0
-    if threads > 1 and rc == 0:
-        note_on_time()
-    return rc
+    return split_done(rc, threads)
 
 
 def _check_step_gates(g_t: Tensor | None, gk_t: Tensor | None) -> None:

@@ -220,6 +220,12 @@ static inline const float *la_widened(float *dst, const void *src, long n, int d
     return dst;
 }
 
+/* x[i0, i1) stored at dst[i0, i1) in dtype dt (i0, i1 multiples of W): a 16-bit output
+ * rounded once from its float32 scratch. */
+static inline void la_narrowed(void *dst, const float *x, long i0, long i1, int dt) {
+    for (long i = i0; i < i1; i += W) vstore_dt(dst, i, vload(x + i), dt);
+}
+
 /* exp(x) for x in [-87, 88] (callers clamp): 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2
  * in two parts, p the degree-7 minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp); 2^n is
  * taken from t's bits (t = x log2(e) + 1.5 2^23 holds n in its low bits). */
@@ -446,6 +452,13 @@ static inline void stream_fence(void) {
  * keeps the same parts (their data stays in its core's cache) when all run, and a thread
  * that starts late finds fewer. Without OpenMP every part runs on the calling thread. */
 typedef void (*la_part_fn)(void *ctx, long part, int slot);
+
+/* Heads per part when n heads split over `threads`: two parts a thread, taken one at a time,
+ * so that a thread that starts late takes fewer (all n in one part on one thread). */
+static inline long la_per_part(long n, int threads) {
+    long parts = threads > 1 ? (n < 2L * threads ? n : 2L * threads) : 1;
+    return parts > 0 && n > 0 ? (n + parts - 1) / parts : 1;
+}
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -139,6 +139,13 @@ def empty_hugepage(like: Tensor, *shape: int) -> Tensor:
 _FLOAT32 = torch.empty(0)
 
 
+def rows(x: Tensor, N: int) -> Tensor:
+    """x (..., T, F) as (N, T, F) in its own dtype with a contiguous last dimension: a view
+    where it has one (what a kernel reading 16-bit rows itself takes)."""
+    x = x.reshape(N, *x.shape[-2:])
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
 def float32_rows(x: Tensor, N: int) -> Tensor:
     """x (..., T, F) as float32 (N, T, F) with a contiguous last dimension: a view where it is
     one already, else a contiguous float32 copy (a widened bfloat16 or float16 input), in a

@@ -136,6 +136,18 @@ def note_late() -> None:
         _late_until = time.monotonic() + BACKOFF_S
 
 
+def split_done(rc: int, threads: int) -> int:
+    """A self-splitting kernel's code as its caller reads it: 1 (done, but the other threads
+    took no part) is noted (:func:`note_late`) and becomes 0; a split call done on time is
+    noted too (:func:`note_on_time`); other codes pass through."""
+    if rc == 1:
+        note_late()
+        return 0
+    if rc == 0 and threads > 1:
+        note_on_time()
+    return rc
+
+
 def note_on_time() -> None:
     """A call split over threads whose other threads took their parts: the count of late ones
     in a row starts again."""
