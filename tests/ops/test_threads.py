@@ -67,9 +67,11 @@ def test_every_job_runs_once_and_errors_come_after_all(two_threads):
     assert done == [(0, 0), (0, 1)]  # one thread: in order, on the calling thread
 
 
-def test_a_late_helper_is_not_waited_for(two_threads):
-    """Every pool thread blocked (as if descheduled): the calling thread runs every job alone,
-    returns without waiting, and small passes then stay on one thread for a while."""
+def test_a_late_helper_is_not_waited_for(two_threads, monkeypatch):
+    """On Python's pool (a build without OpenMP, a forked child), every pool thread blocked (as
+    if descheduled): the calling thread runs every job alone, returns without waiting, and
+    small passes then stay on one thread for a while."""
+    monkeypatch.setattr(native.threads, "_on_omp_threads", lambda worker, threads: False)
     pool = native.pool(1)
     release = threading.Event()
     blockers = [pool.submit(release.wait, 30) for _ in range(pool._max_workers)]
@@ -99,6 +101,56 @@ def test_helpers_share_real_work(two_threads):
 
     native.run_parts(part, [(i,) for i in range(4)], 2)
     assert seen == {0, 1}
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
+def test_helpers_are_torchs_openmp_threads(two_threads):
+    """Where a loaded build has OpenMP, the helpers are the threads torch's own operations run
+    on (la_run_threads), not Python's pool: after torch's parallel operations those spin for a
+    while, and a pool thread then shared a core with one."""
+    linear_native.kernels()  # a build loaded
+    if not native.threads._on_omp_threads(lambda slot: None, 2):
+        pytest.skip("the loaded build has no OpenMP")
+    names = {}
+    ev = threading.Event()
+
+    def part(slot, i):
+        names[slot] = threading.current_thread().name
+        if slot == 0:
+            ev.wait(2)  # hold the calling thread until a helper has taken a job
+        else:
+            ev.set()
+
+    native.run_parts(part, [(i,) for i in range(4)], 2)
+    assert set(names) == {0, 1}
+    assert not names[1].startswith("linattn"), names  # not the pool's
+
+
+def test_a_split_pass_in_a_forked_child_does_not_wait_for_the_parents_threads():
+    """A pass split over threads in a forked child runs on Python's pool there: OpenMP's
+    threads, which the parent's passes ran on, stayed in the parent."""
+    code = (
+        "import os, threading, torch\n"
+        "from linattn.ops import native\n"
+        "from linattn.ops.linear import native as linear_native\n"
+        "torch.set_num_threads(2)\n"
+        "linear_native.kernels()\n"
+        "def part(slot, i):\n"
+        "    threading.Event().wait(0.01)\n"
+        "for _ in range(3):\n"
+        "    native.run_parts(part, [(i,) for i in range(8)], 2)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ran = []\n"
+        "    native.run_parts(lambda slot, i: ran.append(i), [(i,) for i in range(8)], 2)\n"
+        "    os._exit(7 if sorted(ran) == list(range(8)) else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "7"
 
 
 @pytest.fixture

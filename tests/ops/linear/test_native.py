@@ -237,6 +237,28 @@ def test_default_sizes_long_sequence(Dv, chunk_size):
         _assert_matches_reference(q, k, v, is_causal=is_causal, chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("strided_grad", [False, True])
+def test_causal_backward_over_several_blocks(native_on, strided_grad):
+    """The compiled causal backward walks the blocks from the last in one call per group of
+    heads where the output gradient's rows are contiguous (la_causal_backward_blocks), and
+    block by block, its rows copied, where they are not: both against the reference, over
+    five blocks (the last one short) of several chunks."""
+    q, k, v = _qkv(2, 3, T=150, D=16, Dv=32)
+    g = torch.randn(2, 3, 150, 32, generator=torch.Generator().manual_seed(4))
+    if strided_grad:
+        g = g.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, column-major
+    with dispatch.use(block_size=32):
+        got, got_g = _grads(lambda *x: linattn.linear_attention(*x, is_causal=True,
+                                                                chunk_size=16), (q, k, v), g)
+    want, want_g = _grads(lambda *x: linattn.reference.linear_attention(*x, is_causal=True),
+                          (q.double(), k.double(), v.double()), g.double())
+    assert native_on  # the compiled path ran
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
+    for name, a, b in zip("qkv", got_g, want_g, strict=True):
+        err = (a.double() - b).abs().max().item() / b.abs().max().item()
+        assert err < 2e-5, f"d{name}: relative error {err:.2e}"
+
+
 # ------------------------------------------------------------------------ the compiled passes
 
 

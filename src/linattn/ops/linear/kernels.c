@@ -417,6 +417,31 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
     return 0;
 }
 
+/* la_causal_backward over blocks of `block` tokens walked from the last (T of them in all, each
+ * block's states before it at S_in + i sb and z_in + i zb, as la_causal_forward keeps them), G
+ * and Gz carried from one block to the one before: the whole backward of a group of heads in
+ * one call (a call per block cost ~60 us of Python each, and the threads of a pass took turns
+ * at the interpreter: linattn.ops.linear.passes). Rows of q, k, o, g, dq, dk, dv contiguous
+ * (the tokens of a block at t0 rows further). work: la_causal_backward's for one block. */
+static int la_causal_backward_blocks(int kind, const float *q, long qs, const float *k, long ks,
+                                     const float *v, long vs, const float *o, long os,
+                                     const float *g, long gs, long N, long T, long L, long Dv,
+                                     long C, float eps, const float *S_in, long sb,
+                                     const float *z_in, long zb, long block, float *G,
+                                     float *Gz, float *dq, long dqs, float *dk, long dks,
+                                     float *dv, long dvs, float *work) {
+    if (block <= 0) return -1;
+    for (long i = (T + block - 1) / block - 1; i >= 0; --i) {
+        long t0 = i * block, Tb = T - t0 < block ? T - t0 : block;
+        int rc = la_causal_backward(kind, q + t0 * L, qs, k + t0 * L, ks, v + t0 * Dv, vs,
+                                    o + t0 * Dv, os, g + t0 * Dv, gs, N, Tb, L, Dv, C, eps,
+                                    S_in + i * sb, z_in + i * zb, G, Gz, dq + t0 * L, dqs,
+                                    dk + t0 * L, dks, dv + t0 * Dv, dvs, work);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 
 /* ------------------------------------------------------------- non-causal, float32, one pass
  * Per head, chunk by chunk with the chunk's features in L1:

@@ -425,22 +425,32 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
     kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
     if _single_pass(b, chunk, backward=True):
         size = b.fns["work"](CAUSAL_BACKWARD, chunk, L, Dv, -(-block // chunk))
+
+        def run(h0, h1, t0, t1, g, blocks, work):
+            """la_causal_backward_blocks over tokens [t0, t1) of heads [h0, h1), g the output
+            gradient's rows there, in blocks of ``blocks`` tokens (block i + t0 // block's
+            states)."""
+            i = t0 // block
+            q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
+            dq_, dk_, dv_ = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
+            rc = b.fns["causal_backward_blocks"](
+                kind=kind, q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
+                ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=o.data_ptr(),
+                os=_head_stride(o), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0, T=t1 - t0,
+                L=L, Dv=Dv, C=chunk, eps=eps, S_in=S_states[i, h0].data_ptr(),
+                sb=S_states.stride(0), z_in=z_states[i, h0].data_ptr(), zb=z_states.stride(0),
+                block=blocks, G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(), dq=dq_.data_ptr(),
+                dqs=_head_stride(dq_), dk=dk_.data_ptr(), dks=_head_stride(dk_),
+                dv=dv_.data_ptr(), dvs=_head_stride(dv_), work=work.data_ptr())
+            check_rc(rc, "la_causal_backward_blocks")
+
         def heads(h0, h1, work):
+            T = b.q.shape[1]
             g_buf = _g_scratch(g_out, h1 - h0, block)
-            for i, (t0, t1) in reversed(list(enumerate(block_ranges(b.q.shape[1], block)))):
-                g = _rows_of(g_out[h0:h1, t0:t1], g_buf)
-                q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
-                dq_, dk_, dv_ = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
-                rc = b.fns["causal_backward"](
-                    kind=kind, q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
-                    ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=o.data_ptr(),
-                    os=_head_stride(o), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
-                    T=t1 - t0, L=L, Dv=Dv, C=chunk, eps=eps,
-                    S_in=S_states[i, h0].data_ptr(), z_in=z_states[i, h0].data_ptr(),
-                    G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(), dq=dq_.data_ptr(),
-                    dqs=_head_stride(dq_), dk=dk_.data_ptr(), dks=_head_stride(dk_),
-                    dv=dv_.data_ptr(), dvs=_head_stride(dv_), work=work.data_ptr())
-                check_rc(rc, "la_causal_backward")
+            if g_buf is None:  # every block in one call, from the last
+                return run(h0, h1, 0, T, g_out[h0:h1], block, work)
+            for t0, t1 in reversed(block_ranges(T, block)):  # g's rows copied block by block
+                run(h0, h1, t0, t1, _rows_of(g_out[h0:h1, t0:t1], g_buf), t1 - t0, work)
 
         return _over_heads(b, size, heads)
     g_buf = _g_scratch(g_out, N, block)

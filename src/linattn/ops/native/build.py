@@ -155,6 +155,12 @@ def load(isa: str = "native") -> ctypes.CDLL | None:
     return lib
 
 
+def any_loaded() -> ctypes.CDLL | None:
+    """A build this process has loaded (the first), or None: for the library-wide entry points
+    that every build has alike (``la_run_threads``), without building one for them."""
+    return next((lib for lib in list(_libs.values()) if lib is not None), None)
+
+
 def flag_sets(isa: str) -> list[list[str]]:
     """The compiler flags :func:`load` tries for ``isa``, in order."""
     first = ["-O3", "-fno-math-errno", *ISA_FLAGS[_check_isa(isa)]]

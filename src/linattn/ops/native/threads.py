@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from linattn.ops.native.build import any_loaded
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -337,44 +339,74 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
     included; ``slot`` (0 for the calling thread, 1, 2, ... for helpers) is the index of the
     thread running it, for per-thread scratch buffers. Threads take the next job when done with
     one (ctypes releases the GIL), so a thread slowed by another process on its core holds no
-    one up; and a helper that has not started by the time the calling thread has run out of
-    jobs is cancelled, not waited for: with the other core busy, waiting for a descheduled
-    helper to wake only to find nothing left costs a scheduler time slice (milliseconds), so
-    the call falls back to the calling thread alone. Every job runs even when one fails; the
-    first error is raised after all have."""
+    one up. The helpers are the OpenMP threads torch's own operations run on
+    (:func:`_on_omp_threads`), else (a build without OpenMP, a forked child) Python threads of
+    one pool, where a helper that has not started by the time the calling thread has run out
+    of jobs is cancelled, not waited for: with the other core busy, waiting for a descheduled
+    helper to wake only to find nothing left costs a scheduler time slice (milliseconds). Either
+    way, a call whose helpers took no job (or made it last more than twice the calling thread's
+    share) keeps small passes on one thread for a while (``BACKOFF_S``). Every job runs even
+    when one fails; the first error is raised after all have."""
     if len(jobs) <= 1 or threads <= 1:
         for job in jobs:
             part(0, *job)
         return
     todo, lock = iter(jobs), threading.Lock()
     errors: list[BaseException] = []
+    helpers = min(threads, len(jobs)) - 1
+    took = [0] * (helpers + 1)  # jobs run per slot
+    mine = [0.0]  # the calling thread's time on its jobs
 
     def worker(slot: int) -> None:
+        if slot > helpers:  # (a team larger than asked for)
+            return
+        t0 = time.monotonic()
         while True:
             with lock:
                 job = next(todo, None)
             if job is None:
-                return
+                break
             try:
                 part(slot, *job)
             except BaseException as e:  # noqa: BLE001 -- re-raised below, after every job
                 errors.append(e)
+            took[slot] += 1
+        if slot == 0:
+            mine[0] = time.monotonic() - t0
 
     global _late_until
-    helpers = min(threads, len(jobs)) - 1
-    workers = pool(helpers)  # the one pool of all compiled passes
     start = time.monotonic()
-    futures = [workers.submit(worker, slot) for slot in range(1, helpers + 1)]
-    worker(0)
-    mine = time.monotonic() - start
-    late = False
-    for f in futures:
-        if f.cancel():  # never started while this thread ran every job: late
-            late = True
-        else:  # started: it may hold a job, so wait for it
-            f.result()
-    # late too: waiting for the helpers took longer than this thread's own share
-    if late or time.monotonic() - start > 2 * mine:
+    if not _on_omp_threads(worker, helpers + 1):
+        workers = pool(helpers)  # the one pool of all compiled passes
+        futures = [workers.submit(worker, slot) for slot in range(1, helpers + 1)]
+        worker(0)
+        for f in futures:
+            if not f.cancel():  # started: it may hold a job, so wait for it
+                f.result()
+    if sum(took[1:]) == 0 or time.monotonic() - start > 2 * mine[0]:
         _late_until = time.monotonic() + BACKOFF_S
     if errors:
         raise errors[0]
+
+
+_SLOT_FN = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+
+def _on_omp_threads(worker: Callable[[int], None], threads: int) -> bool:
+    """``worker(slot)`` on each thread of an OpenMP team of ``threads`` (the calling one slot 0;
+    ``la_run_threads`` in ops/native/native.c, which says why these threads), or False where
+    that cannot be had: no build loaded or one without OpenMP, or a forked child (the runtime's
+    threads do not survive a fork). A worker that returns before its helpers start is waited
+    for (OpenMP's barrier): those threads are awake after torch's own operations."""
+    runner = None if _forked else _omp_runner(any_loaded())
+    return runner is not None and runner(_SLOT_FN(worker), threads) > 0
+
+
+@functools.lru_cache(maxsize=4)
+def _omp_runner(lib: ctypes.CDLL | None) -> Callable | None:
+    """``la_run_threads`` of a loaded build, typed; None without one (an older build lacks it
+    too)."""
+    fn = None if lib is None else getattr(lib, "la_run_threads", None)
+    if fn is not None:
+        fn.argtypes, fn.restype = [_SLOT_FN, ctypes.c_int], ctypes.c_int
+    return fn
