@@ -99,11 +99,12 @@ static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, lon
                                                            const float *v, long vt,
                                                            const float *Sin, float *Sout,
                                                            float *o, long ot, float *wo,
-                                                           long wt) {
+                                                           long wt, const la_ahead *pf) {
     vf ka[GDR_NB], qa[GDR_NB], u[GDR_NB];
     const float *kx = mode == GDR_ROWS ? kd : kn; /* what the sums read: a o k~ per row */
     gdr_dots(nb, K, Sin, V, kx, qn, ka, qa);
     for (long t = 0; t < Tc; ++t) {
+        if (pf && t < pf->T) la_fetch_ahead(pf, t, nb * W);
         float at = mode == GDR_SCALAR ? a[t] : 1.0f;
         vf bt = vsplat(b[t]), qkt = vsplat(qk[t]);
         for (int j = 0; j < nb; ++j) {
@@ -127,13 +128,14 @@ static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, lon
 static void gdr_cols_any(int nb, int mode, long Tc, long K, long V, const float *qn,
                          const float *kn, const float *kd, const float *ar, const float *a,
                          const float *b, const float *qk, const float *v, long vt,
-                         const float *Sin, float *Sout, float *o, long ot, float *wo, long wt) {
+                         const float *Sin, float *Sout, float *o, long ot, float *wo, long wt,
+                         const la_ahead *pf) {
 /* Cases beyond this ISA's GDR_NB are constant-false (and never asked for). */
 #define G_(c, m)                                                                              \
     case c * 3 + m:                                                                           \
         if (c <= GDR_NB)                                                                      \
             gdr_cols(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn, kd, ar, a, b, qk, v, vt,   \
-                     Sin, Sout, o, ot, wo, wt);                                               \
+                     Sin, Sout, o, ot, wo, wt, pf);                                           \
         break;
     switch (nb * 3 + mode) {
         G_(1, 0) G_(1, 1) G_(1, 2) G_(2, 0) G_(2, 1) G_(2, 2)
@@ -215,6 +217,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
     float *qn = work, *kn = qn + GDR_TC * K, *kd = kn + GDR_TC * K, *ar = kd + GDR_TC * K;
     float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC;
     int mode = gk ? GDR_ROWS : g ? GDR_SCALAR : GDR_PLAIN;
+    int scattered = qt > K || kt > K || vt > V || ot > V; /* rows not one after another */
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
@@ -234,12 +237,19 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
                 for (long i = 0; i < K; ++i)
                     memcpy(to + i * V + v0, from + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
             }
+            long t1 = t0 + Tc, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
+                la_ahead ahead = {0}; /* (no address past the rows' ends is formed) */
+                if (Tn > 0 && scattered)
+                    ahead = (la_ahead){j0 == v0 ? q + m * qs + t1 * qt : NULL,
+                                       k + m * ks + t1 * kt, v + n * vs + t1 * vt + j0,
+                                       o + n * os + t1 * ot + j0, qt, kt, vt, ot, K, Tn};
                 gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk,
                              v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
                              Sout + j0, o + n * os + t0 * ot + j0, ot,
-                             w ? w + n * ws + t0 * wt + j0 : NULL, wt);
+                             w ? w + n * ws + t0 * wt + j0 : NULL, wt,
+                             ahead.T > 0 ? &ahead : NULL);
             }
         }
     }

@@ -97,23 +97,29 @@ static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated
                                                                const float *a, const float *v,
                                                                long vt, const float *Sr,
                                                                float *S, float scale, float *o,
-                                                               long ot) {
+                                                               long ot, const la_ahead *pf) {
     vf sv = vsplat(scale);
-    if (Tc > 0) gla_fwd_token(nb, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
-    for (long t = 1; t < Tc; ++t)
+    if (Tc > 0) {
+        if (pf && pf->T > 0) la_fetch_ahead(pf, 0, nb * W);
+        gla_fwd_token(nb, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
+    }
+    for (long t = 1; t < Tc; ++t) {
+        if (pf && t < pf->T) la_fetch_ahead(pf, t, nb * W);
         gla_fwd_token(nb, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
+    }
 }
 
 /* gla_fwd_cols specialised for constant (nb, gated). */
 static void gla_fwd_any(int nb, int gated, long Tc, long K, long V, const float *q, long qt,
                         const float *k, long kt, const float *a, const float *v, long vt,
-                        const float *Sr, float *S, float scale, float *o, long ot) {
+                        const float *Sr, float *S, float scale, float *o, long ot,
+                        const la_ahead *pf) {
 /* Cases beyond this ISA's GLA_NB are constant-false (and never asked for). */
 #define F_(c, gt)                                                                             \
     case c * 2 + gt:                                                                          \
         if (c <= GLA_NB)                                                                      \
             gla_fwd_cols(c <= GLA_NB ? c : GLA_NB, gt, Tc, K, V, q, qt, k, kt, a, v, vt, Sr,  \
-                         S, scale, o, ot);                                                    \
+                         S, scale, o, ot, pf);                                                \
         break;
     switch (nb * 2 + gated) {
         F_(1, 0) F_(1, 1) F_(2, 0) F_(2, 1) F_(3, 0) F_(3, 1) F_(4, 0) F_(4, 1)
@@ -140,6 +146,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         || C < 1 || C > GLA_CMAX)
         return -1;
     int gated = g != NULL || gk != NULL;
+    int scattered = qt > K || kt > K || vt > V || ot > V; /* rows not one after another */
     float *a = work;
     size_t row = (size_t)(v1 - v0) * sizeof(float);
     for (long n = 0; n < N; ++n) {
@@ -157,11 +164,17 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
                 float *dst = ckpt + n * cks + c * K * V;
                 for (long i = 0; i < K; ++i) memcpy(dst + i * V + v0, from + i * V + v0, row);
             }
+            long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
+                la_ahead ahead = {0}; /* (no address past the rows' ends is formed) */
+                if (Tn > 0 && scattered)
+                    ahead = (la_ahead){j0 == v0 ? q + n * qs + t1 * qt : NULL,
+                                       k + n * ks + t1 * kt, v + n * vs + t1 * vt + j0,
+                                       o + n * os + t1 * ot + j0, qt, kt, vt, ot, K, Tn};
                 gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
                             kt, a, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
-                            o + n * os + t0 * ot + j0, ot);
+                            o + n * os + t0 * ot + j0, ot, ahead.T > 0 ? &ahead : NULL);
             }
         }
     }

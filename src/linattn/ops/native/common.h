@@ -40,6 +40,8 @@
 #endif
 #endif
 #define W LA_W
+/* Floats in a cache line (64 bytes on the x86 and Arm cores we build for): a prefetch each. */
+#define LA_LINE_FLOATS 16
 
 /* Register tiles: MR rows x NV vectors of accumulators, plus NV vectors of B and one
  * broadcast of A, must fit the register file (32 vector registers on AVX-512 and NEON, 16 on
@@ -494,6 +496,31 @@ __attribute__((unused)) static int la_parallel(la_part_fn fn, void *ctx, long pa
     return 0;
 }
 #endif
+
+/* The recurrences' chunks (GLA, the delta rule): the rows of the next chunk, asked for from
+ * memory a token at a time while this chunk runs, where a head's rows are not consecutive:
+ * fla's layout (B, T, H, K) puts a head's tokens H rows apart, every row in a page of its own,
+ * and the hardware's prefetchers, which follow a stream within a page, fetch none of them ahead
+ * (over 16 heads of 2,048 tokens, the delta rule took 1.2x and GLA 1.5x the time of the same
+ * call on (B, H, T, K) rows: AMD EPYC family 25). q, k: rows of K (NULL: not asked for); v, o:
+ * the columns of one block; T: the next chunk's tokens. */
+typedef struct {
+    const float *q, *k, *v;
+    float *o;
+    long qt, kt, vt, ot, K, T;
+} la_ahead;
+
+static inline __attribute__((always_inline)) void la_fetch_ahead(const la_ahead *pf, long t,
+                                                                  long width) {
+    for (long x = 0; pf->q && x < pf->K; x += LA_LINE_FLOATS) {
+        __builtin_prefetch(pf->q + t * pf->qt + x, 0, 2);
+        __builtin_prefetch(pf->k + t * pf->kt + x, 0, 2);
+    }
+    for (long x = 0; x < width; x += LA_LINE_FLOATS) {
+        __builtin_prefetch(pf->v + t * pf->vt + x, 0, 2);
+        __builtin_prefetch(pf->o + t * pf->ot + x, 1, 2);
+    }
+}
 
 /* ------------------------------------------------------------------ the Python boundary
  * Every kernel that Python calls takes ONE argument struct (`la_<kernel>_args`) through an entry
