@@ -219,21 +219,16 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
         long m = (g0 + n) / G; /* this value head's q/k head */
-        if (T == 0 && Sin != Sout)
-            for (long i = 0; i < K; ++i)
-                memcpy(Sout + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+        if (T == 0 && Sin != Sout) la_copy_cols(Sout, Sin, K, V, v0, v1);
         for (long t0 = 0; t0 < T; t0 += GDR_TC) {
             long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
             gdr_prep(Tc, K, q + m * qs + t0 * qt, qt, k + m * ks + t0 * kt, kt,
                      beta + n * bs + t0, g ? g + n * gs + t0 : NULL,
                      gk ? gk + n * gks + t0 * gkt : NULL, gkt, scale, l2norm, qn, kn, kd, ar, a,
                      b, qk);
-            if (ckpt) { /* the state this chunk starts from, for the backward */
-                const float *from = t0 == 0 ? Sin : Sout;
-                float *to = ckpt + n * cs + (t0 / GDR_TC) * K * V;
-                for (long i = 0; i < K; ++i)
-                    memcpy(to + i * V + v0, from + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
-            }
+            if (ckpt) /* the state this chunk starts from, for the backward */
+                la_copy_cols(ckpt + n * cs + (t0 / GDR_TC) * K * V, t0 == 0 ? Sin : Sout, K, V,
+                             v0, v1);
             for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
                 gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk,
@@ -279,27 +274,19 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
         long m = (g0 + n) / G; /* this value head's q/k head */
-        if (T == 0 && Sin != Sout)
-            for (long i = 0; i < K; ++i)
-                memcpy(Sout + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+        if (T == 0 && Sin != Sout) la_copy_cols(Sout, Sin, K, V, v0, v1);
         for (long t0 = 0; t0 < T; t0 += GDR_TC) {
             long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
-            for (long t = 0; t < Tc; ++t) {
-                long r = t0 + t;
-                la_widened(qw + t * K, (const char *)q + 2 * (m * qs + r * qt), K, dt);
-                la_widened(kw + t * K, (const char *)k + 2 * (m * ks + r * kt), K, dt);
-                la_widened(vw + t * V, (const char *)v + 2 * (n * vs + r * vt), V, dt);
-            }
+            la_widened_rows(qw, q, m * qs + t0 * qt, qt, Tc, K, dt);
+            la_widened_rows(kw, k, m * ks + t0 * kt, kt, Tc, K, dt);
+            la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
             int rc = gdr_forward_fn(qw, 0, K, kw, 0, K, 1, 0, vw, 0, V, beta + n * bs + t0, 0,
                                     g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, scale, l2norm, t0 == 0 ? Sin : Sout, Sout, ow, 0, V,
                                     NULL, 0, NULL, 0, 0, work);
             if (rc) return rc;
-            for (long t = 0; t < Tc; ++t) {
-                char *dst = (char *)o + 2 * (n * os + (t0 + t) * ot);
-                la_narrowed(dst, ow + t * V, v0, v1, dt);
-            }
+            la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
         }
     }
     return 0;
