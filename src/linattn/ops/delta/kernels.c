@@ -188,6 +188,14 @@ static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, l
     }
 }
 
+/* The sizes la_gdr_forward and its 16-bit form (gdr_forward_widened) refuse, returning -1:
+ * one condition for both, so that they take the same calls. */
+static inline int gdr_refused(long K, long V, long v0, long v1, long N, long T, long G,
+                              long g0) {
+    return K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
+           || G < 1 || g0 < 0 || g0 >= G;
+}
+
 /* The (gated) delta rule over T tokens of N value heads (T = 1: one decoding step), columns
  * [v0, v1) of the state and the output (all V columns: v0 = 0, v1 = V; a subset lets threads
  * share one head). q, k: rows of K with head strides qs, ks and token strides qt, kt, one q/k
@@ -209,9 +217,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
                           int l2norm, const float *S_in, float *S_out, float *o, long os,
                           long ot, float *ckpt, long cs, float *w, long ws, long wt,
                           float *work) {
-    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
-        || G < 1 || g0 < 0 || g0 >= G)
-        return -1;
+    if (gdr_refused(K, V, v0, v1, N, T, G, g0)) return -1;
     float *qn = work, *kn = qn + GDR_TC * K, *kd = kn + GDR_TC * K, *ar = kd + GDR_TC * K;
     float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC;
     int mode = gk ? GDR_ROWS : g ? GDR_SCALAR : GDR_PLAIN;
@@ -265,9 +271,7 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
                                long K, long V, long v0, long v1, float scale, int l2norm,
                                const float *S_in, float *S_out, void *o, long os, long ot,
                                float *work) {
-    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
-        || G < 1 || g0 < 0 || g0 >= G)
-        return -1;
+    if (gdr_refused(K, V, v0, v1, N, T, G, g0)) return -1;
     float *qw = work + la_gdr_work(K), *kw = qw + GDR_TC * K, *vw = kw + GDR_TC * K;
     float *ow = vw + GDR_TC * V;
     for (long n = 0; n < N; ++n) {
