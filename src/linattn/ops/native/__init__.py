@@ -44,6 +44,7 @@ from linattn.ops.native.build import (
     check_rc,
     describe,
     flag_sets,
+    in_kernel_dtype,
     load,
     required_symbols,
     runnable_isas,
@@ -87,4 +88,4 @@ __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavai
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
            "torch_threads", "torch_threads_in_this_thread", "scratch", "is_small", "head_jobs",
            "run_jobs", "DTYPE_CODES", "HEADER", "can_run", "flag_sets", "build_or_native",
-           "BACKOFF_S", "BACKOFF_WORK", "_check_code", "_find_omp_setter"]
+           "in_kernel_dtype", "BACKOFF_S", "BACKOFF_WORK", "_check_code", "_find_omp_setter"]
