@@ -131,6 +131,16 @@ def test_float32_rows_views_float32_and_widens_the_rest_exactly():
     assert torch.equal(memory.float32_rows(big, 4), big.float())
 
 
+def test_float32_step_rows_passes_contiguous_float32_and_copies_the_rest():
+    """The decoding steps' inputs (the GLA and delta-rule natives share this helper)."""
+    x = torch.randn(2, 3, 4)
+    assert memory.float32_step_rows(x, 6) is x  # as it is: no reshape
+    for y in (x.to(torch.bfloat16), x.transpose(0, 1)):
+        got = memory.float32_step_rows(y, 6)
+        assert got.shape == (6, 4) and got.dtype == torch.float32 and got.is_contiguous()
+        assert torch.equal(got, y.float().reshape(6, 4))
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_a_forked_child_gets_a_free_pool_lock(monkeypatch):
     """A child forked while another thread holds the pool's lock still gets outputs."""

@@ -36,6 +36,7 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
+    in_kernel_dtype,
     run_jobs,
     scratch,
     threads_for,
@@ -81,14 +82,6 @@ def kernels_here(isa: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------ the calls
-def _readable(t: Tensor | None) -> Tensor | None:
-    """A weight, bias or state in a dtype the kernels read (float32, bfloat16, float16): as it
-    is, or float32 (float64 weights of a float32 model, say)."""
-    if t is None or t.dtype in DTYPE_CODES:
-        return t
-    return t.float()
-
-
 def _jobs(D: int, rows: int, threads: int) -> list[tuple[int, int, int, int]]:
     """(c0, c1, s0, s1) parts: channel blocks of whole :data:`_BLOCK` s, about four per
     thread, and with too few of them, groups of rows (sequences) too."""
@@ -160,7 +153,8 @@ def _prefill(x: Tensor, weight: Tensor, bias: Tensor | None, initial_state: Tens
     width = weight.shape[1]
     if x.stride(2) != 1 and D > 1:
         x = x.contiguous()
-    weight, bias, S0 = _readable(weight), _readable(bias), _readable(initial_state)
+    weight, bias = in_kernel_dtype(weight), in_kernel_dtype(bias)
+    S0 = in_kernel_dtype(initial_state)
     if segs is not None and not segs.is_contiguous():
         segs = segs.contiguous()
     rows = B if segs is None else segs.shape[0]
@@ -233,7 +227,7 @@ def _step(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor | None, silu: b
         return torch_step(x, state, weight, bias, silu)
     if x.stride(1) != 1 and x.shape[1] > 1:
         x = x.contiguous()
-    weight, bias = _readable(weight), _readable(bias)
+    weight, bias = in_kernel_dtype(weight), in_kernel_dtype(bias)
     y = torch.empty(x.shape, dtype=x.dtype)
     out = torch.empty(state.shape, dtype=state.dtype)
     check_rc(step_into(fns, x, state, out, y, weight, bias, silu), "la_conv_step")

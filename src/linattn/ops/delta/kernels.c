@@ -190,6 +190,14 @@ static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, l
     }
 }
 
+/* The sizes la_gdr_forward and its 16-bit form (gdr_forward_widened) refuse, returning -1:
+ * one condition for both, so that they take the same calls. */
+static inline int gdr_refused(long K, long V, long v0, long v1, long N, long T, long G,
+                              long g0) {
+    return K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
+           || G < 1 || g0 < 0 || g0 >= G;
+}
+
 /* The (gated) delta rule over T tokens of N value heads (T = 1: one decoding step), columns
  * [v0, v1) of the state and the output (all V columns: v0 = 0, v1 = V; a subset lets threads
  * share one head). q, k: rows of K with head strides qs, ks and token strides qt, kt, one q/k
@@ -211,9 +219,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
                           int l2norm, const float *S_in, float *S_out, float *o, long os,
                           long ot, float *ckpt, long cs, float *w, long ws, long wt,
                           float *work) {
-    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
-        || G < 1 || g0 < 0 || g0 >= G)
-        return -1;
+    if (gdr_refused(K, V, v0, v1, N, T, G, g0)) return -1;
     float *qn = work, *kn = qn + GDR_TC * K, *kd = kn + GDR_TC * K, *ar = kd + GDR_TC * K;
     float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC;
     int mode = gk ? GDR_ROWS : g ? GDR_SCALAR : GDR_PLAIN;
@@ -222,21 +228,16 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
         long m = (g0 + n) / G; /* this value head's q/k head */
-        if (T == 0 && Sin != Sout)
-            for (long i = 0; i < K; ++i)
-                memcpy(Sout + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+        if (T == 0 && Sin != Sout) la_copy_cols(Sout, Sin, K, V, v0, v1);
         for (long t0 = 0; t0 < T; t0 += GDR_TC) {
             long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
             gdr_prep(Tc, K, q + m * qs + t0 * qt, qt, k + m * ks + t0 * kt, kt,
                      beta + n * bs + t0, g ? g + n * gs + t0 : NULL,
                      gk ? gk + n * gks + t0 * gkt : NULL, gkt, scale, l2norm, qn, kn, kd, ar, a,
                      b, qk);
-            if (ckpt) { /* the state this chunk starts from, for the backward */
-                const float *from = t0 == 0 ? Sin : Sout;
-                float *to = ckpt + n * cs + (t0 / GDR_TC) * K * V;
-                for (long i = 0; i < K; ++i)
-                    memcpy(to + i * V + v0, from + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
-            }
+            if (ckpt) /* the state this chunk starts from, for the backward */
+                la_copy_cols(ckpt + n * cs + (t0 / GDR_TC) * K * V, t0 == 0 ? Sin : Sout, K, V,
+                             v0, v1);
             long t1 = t0 + Tc, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
@@ -280,36 +281,26 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
                                long K, long V, long v0, long v1, float scale, int l2norm,
                                const float *S_in, float *S_out, void *o, long os, long ot,
                                float *work) {
-    if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
-        || G < 1 || g0 < 0 || g0 >= G)
-        return -1;
+    if (gdr_refused(K, V, v0, v1, N, T, G, g0)) return -1;
     float *qw = work + la_gdr_work(K), *kw = qw + GDR_TC * K, *vw = kw + GDR_TC * K;
     float *ow = vw + GDR_TC * V;
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
         long m = (g0 + n) / G; /* this value head's q/k head */
-        if (T == 0 && Sin != Sout)
-            for (long i = 0; i < K; ++i)
-                memcpy(Sout + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+        if (T == 0 && Sin != Sout) la_copy_cols(Sout, Sin, K, V, v0, v1);
         for (long t0 = 0; t0 < T; t0 += GDR_TC) {
             long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
-            for (long t = 0; t < Tc; ++t) {
-                long r = t0 + t;
-                la_widened(qw + t * K, (const char *)q + 2 * (m * qs + r * qt), K, dt);
-                la_widened(kw + t * K, (const char *)k + 2 * (m * ks + r * kt), K, dt);
-                la_widened(vw + t * V, (const char *)v + 2 * (n * vs + r * vt), V, dt);
-            }
+            la_widened_rows(qw, q, m * qs + t0 * qt, qt, Tc, K, dt);
+            la_widened_rows(kw, k, m * ks + t0 * kt, kt, Tc, K, dt);
+            la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
             int rc = gdr_forward_fn(qw, 0, K, kw, 0, K, 1, 0, vw, 0, V, beta + n * bs + t0, 0,
                                     g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, scale, l2norm, t0 == 0 ? Sin : Sout, Sout, ow, 0, V,
                                     NULL, 0, NULL, 0, 0, work);
             if (rc) return rc;
-            for (long t = 0; t < Tc; ++t) {
-                char *dst = (char *)o + 2 * (n * os + (t0 + t) * ot);
-                la_narrowed(dst, ow + t * V, v0, v1, dt);
-            }
+            la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
         }
     }
     return 0;

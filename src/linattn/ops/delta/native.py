@@ -60,6 +60,7 @@ from linattn.ops.native import (
     check_rc,
     empty_hugepage,
     float32_rows,
+    float32_step_rows,
     head_jobs,
     is_small,
     native_threads,
@@ -443,14 +444,6 @@ def _differentiable_backward(ctx, g_o: Tensor | None, g_S: Tensor | None) -> lis
     return graph_grads([o, S], [g_o, g_S], inputs, needs)
 
 
-def _vec(x: Tensor, N: int) -> Tensor:
-    """One step's x (..., F) as float32 rows, contiguous: x itself when it is one already
-    (the usual case, no reshape), else an (N, F) copy."""
-    if x.dtype == torch.float32 and x.is_contiguous():
-        return x
-    return x.reshape(N, x.shape[-1]).to(torch.float32).contiguous()
-
-
 def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | None,
           S: Tensor, scale: float, l2norm: bool, isa: str, gk_t: Tensor | None = None
           ) -> tuple[Tensor, Tensor]:
@@ -466,7 +459,7 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | N
         return torch_step(q_t, k_t, v_t, beta_t, S, g_t, gk_t, None, scale, l2norm)
     N = beta_t.numel()
     NQ = q_t.numel() // q_t.shape[-1]
-    q, k, v = _vec(q_t, NQ), _vec(k_t, NQ), _vec(v_t, N)
+    q, k, v = float32_step_rows(q_t, NQ), float32_step_rows(k_t, NQ), float32_step_rows(v_t, N)
     b = beta_t if beta_t.is_contiguous() else beta_t.contiguous()
     g = g_t if g_t is None or g_t.is_contiguous() else g_t.contiguous()
     gk = gk_t if gk_t is None or gk_t.is_contiguous() else gk_t.contiguous()

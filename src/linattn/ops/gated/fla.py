@@ -346,6 +346,15 @@ def _retention_gamma(H: int, like: Tensor) -> Tensor:
     return torch.log1p(-torch.exp2(-5.0 - h))
 
 
+def _retention(q, k, v, scale, initial_state, output_final_state, reverse, state_v_first,
+               cu_seqlens, chunk_size=None):
+    """:func:`_simple_gla` with RetNet's decays, for the three retention functions that take a
+    state; q, k, v are checked first, so that q's head count is there to read."""
+    _qkv(q, k, v)
+    return _simple_gla(q, k, v, None, _retention_gamma(q.shape[2], q), scale, initial_state,
+                       output_final_state, reverse, state_v_first, cu_seqlens, chunk_size)
+
+
 def chunk_retention(
     q: Tensor,
     k: Tensor,
@@ -361,10 +370,8 @@ def chunk_retention(
     q, k (B, T, H, K), v (B, T, H, V), initial_state (N, H, K, V); returns (o, final state or
     None). ``**kwargs``: ``chunk_size`` (speed only)."""
     kw = _kwargs("chunk_retention", kwargs, ("chunk_size",))
-    _qkv(q, k, v)
-    return _simple_gla(q, k, v, None, _retention_gamma(q.shape[2], q), scale,
-                       initial_state, output_final_state, False, False, cu_seqlens,
-                       kw.get("chunk_size"))
+    return _retention(q, k, v, scale, initial_state, output_final_state, False, False,
+                      cu_seqlens, kw.get("chunk_size"))
 
 
 def fused_recurrent_retention(
@@ -383,10 +390,8 @@ def fused_recurrent_retention(
     ``**kwargs``: ``transpose_state_layout``)."""
     kw = _kwargs("fused_recurrent_retention", kwargs, ("transpose_state_layout",))
     svf = _state_v_first(state_v_first, kw)
-    _qkv(q, k, v)
-    return _simple_gla(q, k, v, None,
-                       _retention_gamma(q.shape[2], q), scale, initial_state, output_final_state,
-                       reverse, svf, cu_seqlens)
+    return _retention(q, k, v, scale, initial_state, output_final_state, reverse, svf,
+                      cu_seqlens)
 
 
 def fused_chunk_retention(
@@ -401,9 +406,8 @@ def fused_chunk_retention(
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`chunk_retention` with fla's fused-chunk signature (``**kwargs``: none taken)."""
     _kwargs("fused_chunk_retention", kwargs)
-    _qkv(q, k, v)
-    return _simple_gla(q, k, v, None, _retention_gamma(q.shape[2], q),
-                       scale, initial_state, output_final_state, False, False, cu_seqlens)
+    return _retention(q, k, v, scale, initial_state, output_final_state, False, False,
+                      cu_seqlens)
 
 
 def parallel_retention(

@@ -148,22 +148,17 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
     int gated = g != NULL || gk != NULL;
     int scattered = qt > K || kt > K || vt > V || ot > V; /* rows not one after another */
     float *a = work;
-    size_t row = (size_t)(v1 - v0) * sizeof(float);
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *S = S_out + n * K * V;
-        if (Sin != S && T == 0)
-            for (long i = 0; i < K; ++i) memcpy(S + i * V + v0, Sin + i * V + v0, row);
+        if (Sin != S && T == 0) la_copy_cols(S, Sin, K, V, v0, v1);
         for (long t0 = 0, c = 0; t0 < T; t0 += C, ++c) {
             const float *from = t0 == 0 ? Sin : S; /* the state this chunk starts from */
             long Tc = T - t0 < C ? T - t0 : C;
             if (gated)
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
-            if (ckpt) {
-                float *dst = ckpt + n * cks + c * K * V;
-                for (long i = 0; i < K; ++i) memcpy(dst + i * V + v0, from + i * V + v0, row);
-            }
+            if (ckpt) la_copy_cols(ckpt + n * cks + c * K * V, from, K, V, v0, v1);
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
@@ -202,26 +197,18 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *S = S_out + n * K * V;
-        if (T == 0 && Sin != S)
-            for (long i = 0; i < K; ++i)
-                memcpy(S + i * V + v0, Sin + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+        if (T == 0 && Sin != S) la_copy_cols(S, Sin, K, V, v0, v1);
         for (long t0 = 0; t0 < T; t0 += C) {
             long Tc = T - t0 < C ? T - t0 : C;
-            for (long t = 0; t < Tc; ++t) {
-                long r = t0 + t;
-                la_widened(qw + t * K, (const char *)q + 2 * (n * qs + r * qt), K, dt);
-                la_widened(kw + t * K, (const char *)k + 2 * (n * ks + r * kt), K, dt);
-                la_widened(vw + t * V, (const char *)v + 2 * (n * vs + r * vt), V, dt);
-            }
+            la_widened_rows(qw, q, n * qs + t0 * qt, qt, Tc, K, dt);
+            la_widened_rows(kw, k, n * ks + t0 * kt, kt, Tc, K, dt);
+            la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
             int rc = la_gla_forward(qw, 0, K, kw, 0, K, vw, 0, V, g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, C, scale,
                                     t0 == 0 ? Sin : S, S, ow, 0, V, NULL, 0, work);
             if (rc) return rc;
-            for (long t = 0; t < Tc; ++t) {
-                char *dst = (char *)o + 2 * (n * os + (t0 + t) * ot);
-                la_narrowed(dst, ow + t * V, v0, v1, dt);
-            }
+            la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
         }
     }
     return 0;

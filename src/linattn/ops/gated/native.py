@@ -52,6 +52,7 @@ from linattn.ops.native import (
     check_rc,
     empty_hugepage,
     float32_rows,
+    float32_step_rows,
     head_jobs,
     is_small,
     native_threads,
@@ -401,13 +402,6 @@ def gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | 
 
 
 # ------------------------------------------------------------------------------- the step
-def _vec(x: Tensor, N: int) -> Tensor:
-    """One step's x (..., F) as float32 rows, contiguous: x itself when it is one already."""
-    if x.dtype == torch.float32 and x.is_contiguous():
-        return x
-    return x.reshape(N, x.shape[-1]).to(torch.float32).contiguous()
-
-
 def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None,
           S: Tensor, scale: float, isa: str) -> tuple[Tensor, Tensor]:
     """``linattn::gla_step``: one decoding step. q_t, k_t (..., K), v_t (..., V), g_t (...) and
@@ -422,9 +416,9 @@ def _step(q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, gk_t: Tenso
         return o.to(q_t.dtype), S
     K, V = S.shape[-2], S.shape[-1]
     N = S.numel() // (K * V) if K * V else 0
-    q, k, v = _vec(q_t, N), _vec(k_t, N), _vec(v_t, N)
-    g = None if g_t is None else _vec(g_t.unsqueeze(-1), N)
-    gk = None if gk_t is None else _vec(gk_t, N)
+    q, k, v = float32_step_rows(q_t, N), float32_step_rows(k_t, N), float32_step_rows(v_t, N)
+    g = None if g_t is None else float32_step_rows(g_t.unsqueeze(-1), N)
+    gk = None if gk_t is None else float32_step_rows(gk_t, N)
     S_in = S if S.is_contiguous() else S.contiguous()
     S_out = torch.empty_like(S_in)
     o = torch.empty(v_t.shape, dtype=torch.float32)

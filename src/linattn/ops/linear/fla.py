@@ -109,7 +109,8 @@ def chunk_linear_attn(
     cu_seqlens: torch.LongTensor | None = None,
     **kwargs,
 ) -> tuple[Tensor, Tensor | tuple | None]:
-    """Plain causal linear attention (fla's ``fla.ops.linear_attn.chunk_linear_attn``):
+    """Plain causal linear attention (fla's ``fla.ops.linear_attn.chunk_linear_attn``, and
+    under its name ``fused_chunk_linear_attn`` too):
     ``S_t = S_{t−1} + k_t v_tᵀ``, ``o_t = S_tᵀ(scale·q_t)`` — no feature map (apply yours to q
     and k first) — divided, if ``normalize`` (default True here, as fla), by
     ``⟨scale·q_t, z0 + Σ_{s≤t} k_s⟩ + 1e-10``. Runs
@@ -133,21 +134,9 @@ def chunk_linear_attn(
                         False, normalize, cu_seqlens)
 
 
-def fused_chunk_linear_attn(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | tuple | None = None,
-    output_final_state: bool = False,
-    normalize: bool = True,
-    cu_seqlens: torch.LongTensor | None = None,
-    **kwargs,
-) -> tuple[Tensor, Tensor | tuple | None]:
-    """:func:`chunk_linear_attn` under fla's fused-chunk name (normalize default True)."""
-    _kwargs("fused_chunk_linear_attn", kwargs)
-    return _linear_attn(q, k, v, scale, initial_state,
-                        output_final_state, False, normalize, cu_seqlens)
+#: fla's fused-chunk name of the same function: the same signature (normalize default True) and
+#: the same maths (fla's variants differ only in GPU kernels), so one function serves both.
+fused_chunk_linear_attn = chunk_linear_attn
 
 
 def fused_recurrent_linear_attn(

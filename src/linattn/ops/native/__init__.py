@@ -44,6 +44,7 @@ from linattn.ops.native.build import (
     check_rc,
     describe,
     flag_sets,
+    in_kernel_dtype,
     load,
     required_symbols,
     runnable_isas,
@@ -54,6 +55,7 @@ from linattn.ops.native.memory import (
     empty_cache,
     empty_hugepage,
     float32_rows,
+    float32_step_rows,
     rows,
     scratch,
     work_size,
@@ -82,8 +84,8 @@ from linattn.ops.native.threads import (
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
            "describe", "runnable_isas", "bf16_products", "empty_cache", "empty_hugepage",
            "float32_rows", "pool", "check_rc", "work_size", "NATIVE_PARALLEL_MIN", "native_threads",
-           "note_late", "note_on_time", "split_done", "rows",
+           "note_late", "note_on_time", "split_done", "rows", "float32_step_rows",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
            "torch_threads", "torch_threads_in_this_thread", "scratch", "is_small", "head_jobs",
            "run_jobs", "DTYPE_CODES", "HEADER", "can_run", "flag_sets", "build_or_native",
-           "BACKOFF_S", "BACKOFF_WORK", "_check_code", "_find_omp_setter"]
+           "in_kernel_dtype", "BACKOFF_S", "BACKOFF_WORK", "_check_code", "_find_omp_setter"]

@@ -45,6 +45,14 @@ _ISA_NEEDS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"},
 #: ``LA_BF16``, ``LA_F16`` in common.h): what ``vload_dt`` / ``vstore_dt`` take.
 DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
+
+def in_kernel_dtype(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight, bias or state in a dtype the kernels read (:data:`DTYPE_CODES`): as it is, or
+    float32 (float64 weights of a float32 model, say)."""
+    if t is None or t.dtype in DTYPE_CODES:
+        return t
+    return t.float()
+
 _libs: dict[str, ctypes.CDLL | None] = {}
 _reasons: dict[str, str] = {}  # isa -> why load(isa) gave None
 _LOAD_LOCK = threading.Lock()

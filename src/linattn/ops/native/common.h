@@ -228,6 +228,29 @@ static inline void la_narrowed(void *dst, const float *x, long i0, long i1, int 
     for (long i = i0; i < i1; i += W) vstore_dt(dst, i, vload(x + i), dt);
 }
 
+/* The chunk helpers of the recurrences' 16-bit forwards (GLA's and the delta rule's), which
+ * run their float32 kernel on one chunk of tokens at a time. la_widened_rows: `rows` rows of n
+ * elements of dtype dt (16-bit), row t at element at + t * stride of src, as float32 rows of n
+ * at dst; la_narrowed_rows: the float32 rows of n at x, columns [i0, i1), stored the same way
+ * at dst. */
+static inline void la_widened_rows(float *dst, const void *src, long at, long stride, long rows,
+                                   long n, int dt) {
+    for (long t = 0; t < rows; ++t)
+        la_widened(dst + t * n, (const u16 *)src + at + t * stride, n, dt);
+}
+static inline void la_narrowed_rows(void *dst, long at, long stride, const float *x, long rows,
+                                    long n, long i0, long i1, int dt) {
+    for (long t = 0; t < rows; ++t)
+        la_narrowed((u16 *)dst + at + t * stride, x + t * n, i0, i1, dt);
+}
+
+/* Columns [v0, v1) of a K x V float32 state (rows of V) copied from src to dst: a state passed
+ * on unchanged (T = 0) or saved for the backward, where a thread owns only those columns. */
+static inline void la_copy_cols(float *dst, const float *src, long K, long V, long v0, long v1) {
+    for (long i = 0; i < K; ++i)
+        memcpy(dst + i * V + v0, src + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
+}
+
 /* exp(x) for x in [-87, 88] (callers clamp): 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2
  * in two parts, p the degree-7 minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp); 2^n is
  * taken from t's bits (t = x log2(e) + 1.5 2^23 holds n in its low bits). */

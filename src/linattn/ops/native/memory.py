@@ -157,6 +157,15 @@ def float32_rows(x: Tensor, N: int) -> Tensor:
     return empty_hugepage(_FLOAT32, *x.shape).copy_(x)
 
 
+def float32_step_rows(x: Tensor, N: int) -> Tensor:
+    """One decoding step's x (..., F) as float32 rows, contiguous (what the steps' kernels
+    read): x itself when it is one already (the usual case, no reshape), else an (N, F) copy.
+    Small: no recycled buffer."""
+    if x.dtype == torch.float32 and x.is_contiguous():
+        return x
+    return x.reshape(N, x.shape[-1]).to(torch.float32).contiguous()
+
+
 def empty_cache() -> None:
     """Release the free output buffers the compiled passes keep for reuse (see
     :class:`_Recycler`); buffers still referenced by a tensor are released when it is."""

@@ -28,6 +28,7 @@ from linattn.ops.native import (
     build_or_native,
     check_rc,
     empty_hugepage,
+    in_kernel_dtype,
     run_jobs,
     scratch,
     threads_for,
@@ -120,12 +121,6 @@ def norm_into(fns: dict, x: Tensor, g: Tensor | None, w: Tensor | None, y: Tenso
     return next((c for c in codes_seen if c), 0)
 
 
-def _readable(t: Tensor | None) -> Tensor | None:
-    if t is None or t.dtype in DTYPE_CODES:
-        return t
-    return t.float()
-
-
 def _norm(x: Tensor, gate: Tensor | None, weight: Tensor | None, eps: float, sigmoid: bool,
           group_size: int, norm_before_gate: bool, isa: str) -> Tensor:
     """``linattn::rms_norm_gated``: x (..., D) float32, bfloat16 or float16, gate (..., D) or
@@ -136,8 +131,8 @@ def _norm(x: Tensor, gate: Tensor | None, weight: Tensor | None, eps: float, sig
     D = x.shape[-1]
     R = math.prod(x.shape[:-1])
     xr = _rows(x, R, D)
-    gr = None if gate is None else _rows(_readable(gate), R, D)
-    w = _readable(weight)
+    gr = None if gate is None else _rows(in_kernel_dtype(gate), R, D)
+    w = in_kernel_dtype(weight)
     if w is not None and not w.is_contiguous():
         w = w.contiguous()
     y = empty_hugepage(x, R, D)
