@@ -6,7 +6,10 @@ check needs both sides in the same rounds. This script extracts ``src/linattn`` 
 ``linear_attention`` (default policy: whatever each revision's dispatcher takes) in interleaved
 rounds — one call of each per round, in alternating order, after a warm-up round that also lets
 each side build and calibrate its compiled kernels — for every form: non-causal and causal,
-forward and forward+backward. Prints the CPU, the shape, the medians and the ratio new / base::
+forward and forward+backward; then GLA (``gated_linear_attention``, a log-gate per token) and
+the gated delta rule (``delta_rule``, q and k L2-normalised) over B = 1, H = 16, T = ``--rec-T``,
+K = V = 64, forward and forward+backward. Prints the CPU, the shapes, the medians and the ratio
+new / base::
 
     python benchmarks/against_revision.py --base e6f496c [-T 65536 -H 8 -d 64] [--threads 1]
 """
@@ -45,6 +48,9 @@ def import_revision(rev: str, where: Path):
     for path in target.rglob("*.py"):
         text = path.read_text()
         text = re.sub(r'(["\'])linattn\.', rf"\1{ALIAS}.", text)  # lazy-import tables
+        # the custom ops' namespace (NAMESPACE = "linattn"): two copies registering the same
+        # linattn:: ops clobbered each other's (torch's "no schema registered" assertion)
+        text = re.sub(r'(["\'])linattn\1', rf"\1{ALIAS}\1", text)
         text = pattern.sub(ALIAS, text)
         path.write_text(text)
     sys.path.insert(0, str(where))
@@ -60,6 +66,7 @@ def main() -> None:
     p.add_argument("-d", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rec-T", type=int, default=4096, help="GLA's and the delta rule's T")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="linattn-base-") as tmp:
@@ -76,25 +83,42 @@ def main() -> None:
         q, k, v = (torch.randn(args.B, args.H, args.T, args.d, generator=g)
                    for _ in range(3))
         for is_causal in (False, True):
+            form = "causal" if is_causal else "non-causal"
             for backward in (False, True):
-                times = {"base": [], "head": []}
-                sides = [("base", base), ("head", linattn)]
-                for rnd in range(args.rounds + 1):
-                    # the order alternates: a call that follows another pays for what the first
-                    # left behind (freed pages, allocator state) — up to 40 % at T = 65536
-                    for name, mod in (sides if rnd % 2 else sides[::-1]):
-                        xs = [x.clone().requires_grad_(backward) for x in (q, k, v)]
-                        t0 = time.perf_counter()
-                        with torch.set_grad_enabled(backward):
-                            o = mod.linear_attention(*xs, is_causal=is_causal)
-                            if backward:
-                                o.sum().backward()
-                        if rnd:
-                            times[name].append(time.perf_counter() - t0)
-                b, h = (statistics.median(times[n]) for n in ("base", "head"))
-                print(f"| {'causal' if is_causal else 'non-causal'} | "
-                      f"{'fwd+bwd' if backward else 'forward'} | {b * 1e3:.0f} ms | "
-                      f"{h * 1e3:.0f} ms | {h / b:.3f} |", flush=True)
+                _row(form, backward, base, (q, k, v), args.rounds,
+                     lambda mod, q, k, v, c=is_causal: mod.linear_attention(q, k, v,
+                                                                            is_causal=c))
+        T = args.rec_T
+        q, k, v = (torch.randn(1, 16, T, 64, generator=g) for _ in range(3))
+        gate = torch.nn.functional.logsigmoid(torch.randn(1, 16, T, generator=g)) / 16
+        beta = torch.rand(1, 16, T, generator=g)
+        for form, call in (
+                (f"GLA, T={T}", lambda mod, q, k, v: mod.gated_linear_attention(q, k, v, g=gate)),
+                (f"GDN, T={T}", lambda mod, q, k, v: mod.delta_rule(q, k, v, beta, gate,
+                                                                    qk_l2norm=True))):
+            for backward in (False, True):
+                _row(form, backward, base, (q, k, v), args.rounds, call)
+
+
+def _row(form: str, backward: bool, base, inputs: tuple, rounds: int, call) -> None:
+    """One table row: ``call(module, q, k, v)`` (and its backward) on each side."""
+    times: dict[str, list[float]] = {"base": [], "head": []}
+    sides = [("base", base), ("head", linattn)]
+    for rnd in range(rounds + 1):
+        # the order alternates: a call that follows another pays for what the first left
+        # behind (freed pages, allocator state) — up to 40 % at T = 65536
+        for name, mod in (sides if rnd % 2 else sides[::-1]):
+            xs = [x.clone().requires_grad_(backward) for x in inputs]
+            t0 = time.perf_counter()
+            with torch.set_grad_enabled(backward):
+                o = call(mod, *xs)
+                if backward:
+                    o.sum().backward()
+            if rnd:
+                times[name].append(time.perf_counter() - t0)
+    b, h = (statistics.median(times[n]) for n in ("base", "head"))
+    print(f"| {form} | {'fwd+bwd' if backward else 'forward'} | {b * 1e3:.0f} ms | "
+          f"{h * 1e3:.0f} ms | {h / b:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

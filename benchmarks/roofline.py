@@ -13,7 +13,9 @@ compiled backend (``impl="native"``), forward and forward+backward:
   L2-normalised) prefill, B = 1, H = 16, T = 4,096, K = V = 64 (``--rec-T``). Useful FLOPs
   those of the recurrence token by token, a multiply-add counted as 2: GLA 4·K·V per token and
   head (the state's update k vᵀ and the read q·S; the decay's multiply not counted), GDN 6·K·V
-  (Sᵀk, the rank-1 update and q·S); three times that with the backward.
+  (Sᵀk, the rank-1 update and q·S); three times that with the backward. Both again on fla's
+  (B, T, H, ·) layout through ``linattn.fla`` (``chunk_simple_gla``, ``chunk_gated_delta_rule``):
+  a head's tokens H rows apart.
 
 A bfloat16 row takes bfloat16 inputs (and outputs): where a path widens them to float32 and
 computes in float32, its "of bf16 peak" column says how far that leaves the bf16 units idle. A
@@ -40,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import linattn
+import linattn.fla
 from linattn.ops import dispatch
 from linattn.profiling import core_peak, cpu_description
 
@@ -61,19 +64,31 @@ def _linear_attention(T: int, causal: bool, dtype: torch.dtype, backward: bool) 
     return run
 
 
-def _recurrence(kind: str, T: int, dtype: torch.dtype, backward: bool) -> Run:
+def _recurrence(kind: str, T: int, dtype: torch.dtype, backward: bool, fla: bool = False
+                ) -> Run:
+    """GLA or GDN on (B, H, T, ·) tensors through linattn's own ops, or with ``fla`` on fla's
+    (B, T, H, ·) layout through linattn.fla's front door (chunk_simple_gla,
+    chunk_gated_delta_rule), the same values."""
     gen = torch.Generator().manual_seed(0)
     H, D = 16, 64
     q, k, v = (torch.randn(1, H, T, D, generator=gen) for _ in range(3))
     g = F.logsigmoid(torch.randn(1, H, T, generator=gen)) / 16
     beta = torch.rand(1, H, T, generator=gen)
+    if fla:  # fla's layout, made contiguous once (as a model's projections give it)
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        g, beta = g.transpose(1, 2).contiguous(), beta.transpose(1, 2).contiguous()
     leaves = [x.to(dtype).requires_grad_(backward) for x in (q, k, v)]
     g, beta = g.to(dtype), beta.to(dtype)  # once, not in the timed calls
-    g_out = torch.ones(1, H, T, D, dtype=dtype)
+    g_out = torch.ones_like(leaves[2])
 
     def run() -> None:
-        if kind == "gla":
+        if kind == "gla" and fla:
+            o = linattn.fla.chunk_simple_gla(*leaves, g=g)[0]
+        elif kind == "gla":
             o = linattn.gated_linear_attention(*leaves, g=g)
+        elif fla:
+            o = linattn.fla.chunk_gated_delta_rule(*leaves, g, beta,
+                                                   use_qk_l2norm_in_kernel=True)[0]
         else:
             o = linattn.delta_rule(*leaves, beta, g, qk_l2norm=True)
         if backward:
@@ -118,6 +133,10 @@ def main() -> None:
          lambda dt, bw: _recurrence("gla", rec, dt, bw)),
         ("GDN", "prefill", 6 * 16 * rec * 64 * 64 / 1e9,
          lambda dt, bw: _recurrence("gdn", rec, dt, bw)),
+        ("GLA", "prefill, fla's layout", 4 * 16 * rec * 64 * 64 / 1e9,
+         lambda dt, bw: _recurrence("gla", rec, dt, bw, fla=True)),
+        ("GDN", "prefill, fla's layout", 6 * 16 * rec * 64 * 64 / 1e9,
+         lambda dt, bw: _recurrence("gdn", rec, dt, bw, fla=True)),
     ]
     head = " | ".join(f"{n} thr: ms, of fp32 peak, of dtype peak" for n in threads)
     print(f"| path | form | pass | dtype | {head} | speed-up {threads[-1]} thr |")
