@@ -87,20 +87,25 @@ def test_a_late_helper_is_not_waited_for(two_threads, monkeypatch):
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
-def test_helpers_share_real_work(two_threads):
-    """With a free pool, a helper takes jobs too (slot 1 appears) when jobs take a while."""
-    seen = set()
-    ev = threading.Event()
+def _meet(names: dict):
+    """A part for run_parts that records which thread ran each slot and holds the first thread
+    to take a job until the other has taken one too (whichever starts first: a helper awake
+    already may take the first job before the calling thread does)."""
+    arrived = {0: threading.Event(), 1: threading.Event()}
 
     def part(slot, i):
-        seen.add(slot)
-        if slot == 0:
-            ev.wait(2)  # hold the calling thread until a helper has taken a job
-        else:
-            ev.set()
+        names[slot] = threading.current_thread().name
+        arrived[min(slot, 1)].set()
+        arrived[1 - min(slot, 1)].wait(2)
 
-    native.run_parts(part, [(i,) for i in range(4)], 2)
-    assert seen == {0, 1}
+    return part
+
+
+def test_helpers_share_real_work(two_threads):
+    """With a free pool, a helper takes jobs too (slot 1 appears) when jobs take a while."""
+    names: dict = {}
+    native.run_parts(_meet(names), [(i,) for i in range(4)], 2)
+    assert set(names) == {0, 1}
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
@@ -111,17 +116,8 @@ def test_helpers_are_torchs_openmp_threads(two_threads):
     linear_native.kernels()  # a build loaded
     if not native.threads._on_omp_threads(lambda slot: None, 2):
         pytest.skip("the loaded build has no OpenMP")
-    names = {}
-    ev = threading.Event()
-
-    def part(slot, i):
-        names[slot] = threading.current_thread().name
-        if slot == 0:
-            ev.wait(2)  # hold the calling thread until a helper has taken a job
-        else:
-            ev.set()
-
-    native.run_parts(part, [(i,) for i in range(4)], 2)
+    names: dict = {}
+    native.run_parts(_meet(names), [(i,) for i in range(4)], 2)
     assert set(names) == {0, 1}
     assert not names[1].startswith("linattn"), names  # not the pool's
 
