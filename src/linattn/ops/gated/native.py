@@ -69,15 +69,15 @@ __all__ = ["gla_prefill", "one_thread", "gla_step", "kernels", "kernels_here", "
 
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
-#: A call splits across threads from this many state-element updates (N·T·K·V; 2^21 is ~0.15 ms
+#: A call splits across threads from this many state-element updates (N·T·K·V; 2^23 is ~0.6 ms
 #: of kernel). It was 2^25 while the parts ran on a Python pool, whose threads shared a core
 #: with torch's spinning OpenMP workers (a 16-head, 256-token prefill then lost 1.8× in median
-#: with the other core busy); on those workers' own team (:func:`linattn.ops.native.run_parts`)
-#: prefills of 16 heads × 64-512 tokens (per-key gates) run within 0.94-1.01× of one thread,
-#: free or busy, and 2,048 tokens 0.56× / 0.83× (benchmarks/threads.py, AMD EPYC family 25). It
-#: also sets which passes a late helper keeps on one thread (below 64× this): at 2^25 that was
-#: every pass up to ~100 ms.
-PARALLEL_MIN = 1 << 21
+#: with the other core busy). On those workers' own team (:func:`linattn.ops.native.run_parts`)
+#: calls made alone in a random order (benchmarks/threads.py, AMD EPYC family 25, per-key
+#: gates, 16 heads) ran 256-512 tokens within 0.97-1.01× of one thread, free or busy, and 2,048
+#: tokens 0.55× free; 64 tokens (2^22) split lost 1.2-1.7× when it found the other threads
+#: asleep. It also sets which passes a late helper keeps on one thread (below 64× this).
+PARALLEL_MIN = 1 << 23
 _F4 = 4  # bytes per float32 element
 
 
