@@ -80,9 +80,11 @@ __all__ = ["delta_rule_native", "one_thread", "delta_rule_native_train", "delta_
 #: V must be a multiple of this (whole vectors of every ISA's width, up to AVX-512's 16).
 V_MULTIPLE = 16
 #: A call splits across threads from this many state-element updates (N·T·K·V), through the
-#: library's thread policy (:func:`linattn.ops.native.threads_for`): below it the hand-over to
-#: the pool (tens of µs) costs more than it saves. 2^20 is ~0.1 ms of kernel.
-PARALLEL_MIN = 1 << 20
+#: library's thread policy (:func:`linattn.ops.native.threads_for`); 2^23 is ~0.7 ms of kernel.
+#: Below it a split gained nothing (16 heads × 64 and 128 tokens, in a loop or called alone, the
+#: parts on torch's OpenMP team or a Python pool: 1.0-1.6× one thread's time, AMD EPYC family
+#: 25); from 16 × 256 tokens it does (0.79× in a loop, 0.61× at 512). As GLA's (gated/native.py).
+PARALLEL_MIN = 1 << 23
 
 
 # --------------------------------------------------------------------------- the C boundary
