@@ -55,26 +55,35 @@ PARALLEL_MIN = 1 << 20
 
 
 #: After a helper thread was late (:func:`run_parts`), passes below ``BACKOFF_WORK`` times
-#: their threshold stay on the calling thread for ``BACKOFF_S`` seconds: another process holds
-#: the other core, and every hand-over would wait for the scheduler. The first call after that
-#: tries threads again (one slow call a second at most).
+#: :data:`PARALLEL_MIN` (2^26 state-element updates, ~6 ms of a recurrence's kernel, whatever
+#: the op's own threshold) stay on the calling thread for ``BACKOFF_S`` seconds: another
+#: process holds the other core, and every hand-over would wait for the scheduler; a longer
+#: pass is worth that wait. The first call after that tries threads again (one slow call a
+#: second at most). (Scaled by each op's threshold instead, it kept GLA's and the delta rule's
+#: passes of up to ~100 ms on one thread.)
 BACKOFF_S = 1.0
 BACKOFF_WORK = 64
 _late_until = 0.0
+#: Until when every pass stays on one thread: a helper stalled in the middle of a pass (the
+#: calling thread, out of jobs, waited more than two of its own jobs' time for it), the sign of
+#: a core taken by another process, where OpenMP's barrier made 2 threads up to 2.3× slower
+#: than 1 on passes of 10-15 ms (benchmarks/threads.py, "busy").
+_stalled_until = 0.0
 
 
 def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
     """The one thread policy of the compiled passes: how many threads (the calling one
     included) a pass of ``work`` units that splits into at most ``parts`` independent parts
     should use. 1 below ``min_work`` (a decoding step, a short prefill: the hand-over would cost
-    more than it saves), and 1 below ``BACKOFF_WORK · min_work`` for ``BACKOFF_S`` after a helper
-    was late (another process on the other core); else at most torch's thread count, the parts,
-    and one thread per ``min_work`` of work, so that no thread is woken for less than it
+    more than it saves), and 1 below ``BACKOFF_WORK · PARALLEL_MIN`` for ``BACKOFF_S`` after a
+    helper was late (another process on the other core); else at most torch's thread count, the
+    parts, and one thread per ``min_work`` of work, so that no thread is woken for less than it
     costs."""
     n = torch_threads()
     if n <= 1 or parts <= 1 or work < min_work:
         return 1
-    if work < BACKOFF_WORK * min_work and time.monotonic() < _late_until:
+    now = time.monotonic()
+    if now < _stalled_until or (work < BACKOFF_WORK * PARALLEL_MIN and now < _late_until):
         return 1
     return max(1, min(n, parts, work // max(min_work, 1)))
 
@@ -113,7 +122,8 @@ def native_threads(work: int, parts: int, min_work: int | None = None) -> int:
     least = NATIVE_PARALLEL_MIN if min_work is None else min_work
     if n <= 1 or parts <= 1 or work < least or _forked:
         return 1
-    if work < BACKOFF_WORK * least and time.monotonic() < _late_until:
+    now = time.monotonic()
+    if now < _stalled_until or (work < BACKOFF_WORK * least and now < _late_until):
         return 1
     return min(n, parts, work // least)
 
@@ -344,9 +354,10 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
     one pool, where a helper that has not started by the time the calling thread has run out
     of jobs is cancelled, not waited for: with the other core busy, waiting for a descheduled
     helper to wake only to find nothing left costs a scheduler time slice (milliseconds). Either
-    way, a call whose helpers took no job (or made it last more than twice the calling thread's
-    share) keeps small passes on one thread for a while (``BACKOFF_S``). Every job runs even
-    when one fails; the first error is raised after all have."""
+    way, a call whose helpers took no job keeps small passes on one thread for a while
+    (``BACKOFF_S``), and one whose calling thread, out of jobs, waited for a helper longer than
+    two of its own jobs took keeps every pass there (a helper stalled: its core is taken). Every
+    job runs even when one fails; the first error is raised after all have."""
     if len(jobs) <= 1 or threads <= 1:
         for job in jobs:
             part(0, *job)
@@ -374,7 +385,7 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
         if slot == 0:
             mine[0] = time.monotonic() - t0
 
-    global _late_until
+    global _late_until, _stalled_until
     start = time.monotonic()
     if not _on_omp_threads(worker, helpers + 1):
         workers = pool(helpers)  # the one pool of all compiled passes
@@ -383,8 +394,11 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
         for f in futures:
             if not f.cancel():  # started: it may hold a job, so wait for it
                 f.result()
-    if sum(took[1:]) == 0 or time.monotonic() - start > 2 * mine[0]:
-        _late_until = time.monotonic() + BACKOFF_S
+    now = time.monotonic()
+    if sum(took[1:]) == 0:  # no helper took a job: asleep, or its core taken
+        _late_until = now + BACKOFF_S
+    elif took[0] and now - start - mine[0] > 2 * mine[0] / took[0]:
+        _stalled_until = now + BACKOFF_S  # waited for a helper > two of its own jobs' time
     if errors:
         raise errors[0]
 
