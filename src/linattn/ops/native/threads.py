@@ -64,11 +64,16 @@ PARALLEL_MIN = 1 << 20
 BACKOFF_S = 1.0
 BACKOFF_WORK = 64
 _late_until = 0.0
-#: Until when every pass stays on one thread: a helper stalled in the middle of a pass (the
-#: calling thread, out of jobs, waited more than two of its own jobs' time for it), the sign of
-#: a core taken by another process, where OpenMP's barrier made 2 threads up to 2.3× slower
-#: than 1 on passes of 10-15 ms (benchmarks/threads.py, "busy").
+#: Until when every pass stays on one thread: a helper stalled in the middle of a pass, the
+#: sign of a core taken by another process, where OpenMP's barrier made 2 threads up to 2.3×
+#: slower than 1 on passes of 10-15 ms (benchmarks/threads.py, "busy").
 _stalled_until = 0.0
+#: A helper's job stalled when more than half of its time, and more than STALL_MIN_S, its thread
+#: was off its core (wall-clock less the thread's CPU time): descheduled in the middle of it.
+#: (Judged on wall-clock times alone, a helper's job against the calling thread's or the
+#: calling thread's wait, it also fired with both cores free, where a helper woken from sleep
+#: starts late, and kept every pass on one thread.)
+STALL_MIN_S = 0.0005
 
 
 def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
@@ -355,9 +360,9 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
     of jobs is cancelled, not waited for: with the other core busy, waiting for a descheduled
     helper to wake only to find nothing left costs a scheduler time slice (milliseconds). Either
     way, a call whose helpers took no job keeps small passes on one thread for a while
-    (``BACKOFF_S``), and one whose calling thread, out of jobs, waited for a helper longer than
-    two of its own jobs took keeps every pass there (a helper stalled: its core is taken). Every
-    job runs even when one fails; the first error is raised after all have."""
+    (``BACKOFF_S``), and one where a helper spent most of a job off its core keeps every pass
+    there (the helper was descheduled: its core is taken). Every job runs even when one fails;
+    the first error is raised after all have."""
     if len(jobs) <= 1 or threads <= 1:
         for job in jobs:
             part(0, *job)
@@ -366,27 +371,28 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
     errors: list[BaseException] = []
     helpers = min(threads, len(jobs)) - 1
     took = [0] * (helpers + 1)  # jobs run per slot
-    mine = [0.0]  # the calling thread's time on its jobs
+    stalled = [False]  # a helper's job spent most of its time off its core
 
     def worker(slot: int) -> None:
         if slot > helpers:  # (a team larger than asked for)
             return
-        t0 = time.monotonic()
         while True:
             with lock:
                 job = next(todo, None)
             if job is None:
                 break
+            t0, c0 = time.monotonic(), time.thread_time()
             try:
                 part(slot, *job)
             except BaseException as e:  # noqa: BLE001 -- re-raised below, after every job
                 errors.append(e)
             took[slot] += 1
-        if slot == 0:
-            mine[0] = time.monotonic() - t0
+            if slot:
+                off = (time.monotonic() - t0) - (time.thread_time() - c0)
+                if off > STALL_MIN_S and off > 0.5 * (time.monotonic() - t0):
+                    stalled[0] = True
 
     global _late_until, _stalled_until
-    start = time.monotonic()
     if not _on_omp_threads(worker, helpers + 1):
         workers = pool(helpers)  # the one pool of all compiled passes
         futures = [workers.submit(worker, slot) for slot in range(1, helpers + 1)]
@@ -397,8 +403,8 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
     now = time.monotonic()
     if sum(took[1:]) == 0:  # no helper took a job: asleep, or its core taken
         _late_until = now + BACKOFF_S
-    elif took[0] and now - start - mine[0] > 2 * mine[0] / took[0]:
-        _stalled_until = now + BACKOFF_S  # waited for a helper > two of its own jobs' time
+    elif stalled[0]:  # a helper was descheduled in the middle of a job: its core is taken
+        _stalled_until = now + BACKOFF_S
     if errors:
         raise errors[0]
 
