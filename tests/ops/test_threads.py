@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -25,7 +24,6 @@ from linattn.ops.linear import passes as linear_passes
 def two_threads(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(native.threads, "_late_until", 0.0)
-    monkeypatch.setattr(native.threads, "_stalled_until", 0.0)
 
 
 def test_small_work_stays_on_the_calling_thread(two_threads):
@@ -108,25 +106,6 @@ def test_helpers_share_real_work(two_threads):
     names: dict = {}
     native.run_parts(_meet(names), [(i,) for i in range(4)], 2)
     assert set(names) == {0, 1}
-
-
-def test_a_helper_stalled_mid_pass_keeps_every_pass_on_one_thread(two_threads):
-    """A helper that holds a job far longer than the calling thread's jobs take (its core taken
-    by another process in the middle of it) keeps every pass, however large, on one thread for
-    a while: OpenMP's barrier waits for it."""
-    taken = threading.Event()
-
-    def part(slot, i):
-        if slot:  # the helper: descheduled in the middle of its job
-            taken.set()
-            time.sleep(0.2)
-        else:  # the calling thread's jobs go on meanwhile
-            taken.wait(2)
-
-    assert native.threads_for(1 << 40, 16) == 2
-    native.run_parts(part, [(i,) for i in range(6)], 2)
-    assert native.threads_for(1 << 40, 16) == 1
-    assert native.native_threads(1 << 40, 16) == 1
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
@@ -441,7 +420,6 @@ def test_a_decoding_step_split_over_threads_is_the_one_thread_step(threads, torc
     torch.set_num_threads(threads)
     monkeypatch.setattr(native.threads, "NATIVE_PARALLEL_MIN", 1)  # split even this
     monkeypatch.setattr(native.threads, "_late_until", 0.0)
-    monkeypatch.setattr(native.threads, "_stalled_until", 0.0)
     for _ in range(3):  # (the first call may find the other threads asleep)
         o2, S2 = linattn.delta_rule_step(q, k, v, beta, S, g_t=gate)
         tol = dict(rtol=4 * torch.finfo(torch.float32).eps, atol=4 * torch.finfo(torch.float32).eps)

@@ -64,16 +64,6 @@ PARALLEL_MIN = 1 << 20
 BACKOFF_S = 1.0
 BACKOFF_WORK = 64
 _late_until = 0.0
-#: Until when every pass stays on one thread: a helper stalled in the middle of a pass, the
-#: sign of a core taken by another process, where OpenMP's barrier made 2 threads up to 2.3×
-#: slower than 1 on passes of 10-15 ms (benchmarks/threads.py, "busy").
-_stalled_until = 0.0
-#: A helper's job stalled when more than half of its time, and more than STALL_MIN_S, its thread
-#: was off its core (wall-clock less the thread's CPU time): descheduled in the middle of it.
-#: (Judged on wall-clock times alone, a helper's job against the calling thread's or the
-#: calling thread's wait, it also fired with both cores free, where a helper woken from sleep
-#: starts late, and kept every pass on one thread.)
-STALL_MIN_S = 0.0005
 
 
 def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
@@ -87,8 +77,7 @@ def threads_for(work: int, parts: int, min_work: int = PARALLEL_MIN) -> int:
     n = torch_threads()
     if n <= 1 or parts <= 1 or work < min_work:
         return 1
-    now = time.monotonic()
-    if now < _stalled_until or (work < BACKOFF_WORK * PARALLEL_MIN and now < _late_until):
+    if work < BACKOFF_WORK * PARALLEL_MIN and time.monotonic() < _late_until:
         return 1
     return max(1, min(n, parts, work // max(min_work, 1)))
 
@@ -127,8 +116,7 @@ def native_threads(work: int, parts: int, min_work: int | None = None) -> int:
     least = NATIVE_PARALLEL_MIN if min_work is None else min_work
     if n <= 1 or parts <= 1 or work < least or _forked:
         return 1
-    now = time.monotonic()
-    if now < _stalled_until or (work < BACKOFF_WORK * least and now < _late_until):
+    if work < BACKOFF_WORK * least and time.monotonic() < _late_until:
         return 1
     return min(n, parts, work // least)
 
@@ -359,10 +347,9 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
     one pool, where a helper that has not started by the time the calling thread has run out
     of jobs is cancelled, not waited for: with the other core busy, waiting for a descheduled
     helper to wake only to find nothing left costs a scheduler time slice (milliseconds). Either
-    way, a call whose helpers took no job keeps small passes on one thread for a while
-    (``BACKOFF_S``), and one where a helper spent most of a job off its core keeps every pass
-    there (the helper was descheduled: its core is taken). Every job runs even when one fails;
-    the first error is raised after all have."""
+    way, a call whose helpers took no job (or made it last more than twice the calling thread's
+    share) keeps small passes on one thread for a while (``BACKOFF_S``). Every job runs even
+    when one fails; the first error is raised after all have."""
     if len(jobs) <= 1 or threads <= 1:
         for job in jobs:
             part(0, *job)
@@ -371,28 +358,27 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
     errors: list[BaseException] = []
     helpers = min(threads, len(jobs)) - 1
     took = [0] * (helpers + 1)  # jobs run per slot
-    stalled = [False]  # a helper's job spent most of its time off its core
+    mine = [0.0]  # the calling thread's time on its jobs
 
     def worker(slot: int) -> None:
         if slot > helpers:  # (a team larger than asked for)
             return
+        t0 = time.monotonic()
         while True:
             with lock:
                 job = next(todo, None)
             if job is None:
                 break
-            t0, c0 = time.monotonic(), time.thread_time()
             try:
                 part(slot, *job)
             except BaseException as e:  # noqa: BLE001 -- re-raised below, after every job
                 errors.append(e)
             took[slot] += 1
-            if slot:
-                off = (time.monotonic() - t0) - (time.thread_time() - c0)
-                if off > STALL_MIN_S and off > 0.5 * (time.monotonic() - t0):
-                    stalled[0] = True
+        if slot == 0:
+            mine[0] = time.monotonic() - t0
 
-    global _late_until, _stalled_until
+    global _late_until
+    start = time.monotonic()
     if not _on_omp_threads(worker, helpers + 1):
         workers = pool(helpers)  # the one pool of all compiled passes
         futures = [workers.submit(worker, slot) for slot in range(1, helpers + 1)]
@@ -400,11 +386,8 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
         for f in futures:
             if not f.cancel():  # started: it may hold a job, so wait for it
                 f.result()
-    now = time.monotonic()
-    if sum(took[1:]) == 0:  # no helper took a job: asleep, or its core taken
-        _late_until = now + BACKOFF_S
-    elif stalled[0]:  # a helper was descheduled in the middle of a job: its core is taken
-        _stalled_until = now + BACKOFF_S
+    if sum(took[1:]) == 0 or time.monotonic() - start > 2 * mine[0]:
+        _late_until = time.monotonic() + BACKOFF_S
     if errors:
         raise errors[0]
 
