@@ -16,7 +16,9 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import importlib.util
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +196,23 @@ def single_thread():
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def forked_child_exit():
+    """``run(setup, child)``: a fresh Python runs ``setup`` (which imports os), forks, and runs
+    ``child`` in the child, which ends with ``os._exit(code)``; returns that code, after
+    asserting the parent ended cleanly within two minutes. For what must neither hang nor fail
+    after a fork (OpenMP's threads and Python's pool stay in the parent)."""
+    def run(setup: str, child: str) -> int:
+        code = (setup + "pid = os.fork()\nif pid == 0:\n" + textwrap.indent(child, "    ")
+                + "_, status = os.waitpid(pid, 0)\nprint(os.waitstatus_to_exitcode(status))\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.strip().splitlines()[-1])
+
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ by another process) is not waited for and makes the next small passes single-thr
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -122,10 +120,11 @@ def test_helpers_are_torchs_openmp_threads(two_threads):
     assert not names[1].startswith("linattn"), names  # not the pool's
 
 
-def test_a_split_pass_in_a_forked_child_does_not_wait_for_the_parents_threads():
+def test_a_split_pass_in_a_forked_child_does_not_wait_for_the_parents_threads(
+        forked_child_exit):
     """A pass split over threads in a forked child runs on Python's pool there: OpenMP's
     threads, which the parent's passes ran on, stayed in the parent."""
-    code = (
+    setup = (
         "import os, threading, torch\n"
         "from linattn.ops import native\n"
         "from linattn.ops.linear import native as linear_native\n"
@@ -135,18 +134,13 @@ def test_a_split_pass_in_a_forked_child_does_not_wait_for_the_parents_threads():
         "    threading.Event().wait(0.01)\n"
         "for _ in range(3):\n"
         "    native.run_parts(part, [(i,) for i in range(8)], 2)\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    ran = []\n"
-        "    native.run_parts(lambda slot, i: ran.append(i), [(i,) for i in range(8)], 2)\n"
-        "    os._exit(7 if sorted(ran) == list(range(8)) else 3)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "print(os.waitstatus_to_exitcode(status))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "7"
+    child = (
+        "ran = []\n"
+        "native.run_parts(lambda slot, i: ran.append(i), [(i,) for i in range(8)], 2)\n"
+        "os._exit(7 if sorted(ran) == list(range(8)) else 3)\n"
+    )
+    assert forked_child_exit(setup, child) == 7
 
 
 @pytest.fixture
@@ -429,10 +423,11 @@ def test_a_decoding_step_split_over_threads_is_the_one_thread_step(threads, torc
 
 @pytest.mark.skipif(delta_native.unavailable() is not None,
                     reason="no compiled kernels here")
-def test_a_decoding_step_in_a_forked_child_does_not_wait_for_the_parents_threads():
+def test_a_decoding_step_in_a_forked_child_does_not_wait_for_the_parents_threads(
+        forked_child_exit):
     """GNU OpenMP's threads do not survive a fork: a parallel region in the child of a process
     that ran one waits for them for ever. The kernels' splitting stays off in a forked child."""
-    code = (
+    setup = (
         "import os, torch, linattn\n"
         "from linattn.ops import native\n"
         "torch.set_num_threads(2)\n"
@@ -441,14 +436,9 @@ def test_a_decoding_step_in_a_forked_child_does_not_wait_for_the_parents_threads
         "v, b, S = torch.randn(1, 32, 64), torch.rand(1, 32), torch.zeros(1, 32, 64, 64)\n"
         "for _ in range(3):\n"
         "    linattn.delta_rule_step(q, q, v, b, S)\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    linattn.delta_rule_step(q, q, v, b, S)\n"
-        "    os._exit(7)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "print(os.waitstatus_to_exitcode(status))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "7"
+    child = (
+        "linattn.delta_rule_step(q, q, v, b, S)\n"
+        "os._exit(7)\n"
+    )
+    assert forked_child_exit(setup, child) == 7

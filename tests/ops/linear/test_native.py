@@ -7,8 +7,6 @@ state (S, z) between blocks and chunks is exercised, forward and backward."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import types
 import warnings
 
@@ -465,22 +463,17 @@ def test_empty_batch(is_causal):
     assert q.grad.shape == q.shape
 
 
-def test_threads_after_fork():
+def test_threads_after_fork(forked_child_exit):
     """A child forked after the head-group thread pool started must not wait on the parent's
     (absent) worker threads."""
-    code = (
+    setup = (
         "import os, torch, linattn\n"
         "torch.set_num_threads(2)\n"
         "q = torch.randn(1, 4, 200, 16)\n"
         "linattn.linear_attention(q, q, q, is_causal=True)\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    linattn.linear_attention(q, q, q, is_causal=True)\n"
-        "    os._exit(7)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "print(os.waitstatus_to_exitcode(status))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "7"
+    child = (
+        "linattn.linear_attention(q, q, q, is_causal=True)\n"
+        "os._exit(7)\n"
+    )
+    assert forked_child_exit(setup, child) == 7

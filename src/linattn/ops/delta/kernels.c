@@ -104,7 +104,7 @@ static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, lon
     const float *kx = mode == GDR_ROWS ? kd : kn; /* what the sums read: a o k~ per row */
     gdr_dots(nb, K, Sin, V, kx, qn, ka, qa);
     for (long t = 0; t < Tc; ++t) {
-        if (pf && t < pf->T) la_fetch_ahead(pf, t, nb * W);
+        la_fetch_ahead(pf, t, nb * W);
         float at = mode == GDR_SCALAR ? a[t] : 1.0f;
         vf bt = vsplat(b[t]), qkt = vsplat(qk[t]);
         for (int j = 0; j < nb; ++j) {
@@ -223,7 +223,6 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
     float *qn = work, *kn = qn + GDR_TC * K, *kd = kn + GDR_TC * K, *ar = kd + GDR_TC * K;
     float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC;
     int mode = gk ? GDR_ROWS : g ? GDR_SCALAR : GDR_PLAIN;
-    int scattered = qt > K || kt > K || vt > V || ot > V; /* rows not one after another */
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
@@ -241,16 +240,12 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
             long t1 = t0 + Tc, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
-                la_ahead ahead = {0}; /* (no address past the rows' ends is formed) */
-                if (Tn > 0 && scattered)
-                    ahead = (la_ahead){j0 == v0 ? q + m * qs + t1 * qt : NULL,
-                                       k + m * ks + t1 * kt, v + n * vs + t1 * vt + j0,
-                                       o + n * os + t1 * ot + j0, qt, kt, vt, ot, K, Tn};
+                la_ahead ahead = la_next_rows(q + m * qs, qt, k + m * ks, kt, v + n * vs + j0, vt,
+                                              o + n * os + j0, ot, K, V, t1, Tn, j0 == v0);
                 gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk,
                              v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
                              Sout + j0, o + n * os + t0 * ot + j0, ot,
-                             w ? w + n * ws + t0 * wt + j0 : NULL, wt,
-                             ahead.T > 0 ? &ahead : NULL);
+                             w ? w + n * ws + t0 * wt + j0 : NULL, wt, &ahead);
             }
         }
     }

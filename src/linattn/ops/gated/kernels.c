@@ -100,11 +100,11 @@ static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated
                                                                long ot, const la_ahead *pf) {
     vf sv = vsplat(scale);
     if (Tc > 0) {
-        if (pf && pf->T > 0) la_fetch_ahead(pf, 0, nb * W);
+        la_fetch_ahead(pf, 0, nb * W);
         gla_fwd_token(nb, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
     }
     for (long t = 1; t < Tc; ++t) {
-        if (pf && t < pf->T) la_fetch_ahead(pf, t, nb * W);
+        la_fetch_ahead(pf, t, nb * W);
         gla_fwd_token(nb, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
     }
 }
@@ -146,7 +146,6 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         || C < 1 || C > GLA_CMAX)
         return -1;
     int gated = g != NULL || gk != NULL;
-    int scattered = qt > K || kt > K || vt > V || ot > V; /* rows not one after another */
     float *a = work;
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
@@ -162,14 +161,11 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
-                la_ahead ahead = {0}; /* (no address past the rows' ends is formed) */
-                if (Tn > 0 && scattered)
-                    ahead = (la_ahead){j0 == v0 ? q + n * qs + t1 * qt : NULL,
-                                       k + n * ks + t1 * kt, v + n * vs + t1 * vt + j0,
-                                       o + n * os + t1 * ot + j0, qt, kt, vt, ot, K, Tn};
+                la_ahead ahead = la_next_rows(q + n * qs, qt, k + n * ks, kt, v + n * vs + j0, vt,
+                                              o + n * os + j0, ot, K, V, t1, Tn, j0 == v0);
                 gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
                             kt, a, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
-                            o + n * os + t0 * ot + j0, ot, ahead.T > 0 ? &ahead : NULL);
+                            o + n * os + t0 * ot + j0, ot, &ahead);
             }
         }
     }

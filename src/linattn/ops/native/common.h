@@ -533,8 +533,26 @@ typedef struct {
     long qt, kt, vt, ot, K, T;
 } la_ahead;
 
+/* The next chunk's rows for a forward over one head: q, k, v, o at that head's first token (v and
+ * o at its column block), rows of K (q, k) and V (v, o) with token strides qt, kt, vt, ot; the
+ * next chunk starts at token t1 and has Tn tokens; with_qk 0: q and k not asked for (a column
+ * block after the first reads the same ones). T = 0 (nothing asked for) where there is no next
+ * chunk or the rows are consecutive; then no address past the rows' ends is formed. */
+static inline la_ahead la_next_rows(const float *q, long qt, const float *k, long kt,
+                                    const float *v, long vt, float *o, long ot, long K, long V,
+                                    long t1, long Tn, int with_qk) {
+    la_ahead a = {0};
+    if (Tn > 0 && (qt > K || kt > K || vt > V || ot > V))
+        a = (la_ahead){with_qk ? q + t1 * qt : NULL, k + t1 * kt, v + t1 * vt, o + t1 * ot,
+                       qt, kt, vt, ot, K, Tn};
+    return a;
+}
+
+/* Token t's rows of the next chunk asked for (nothing where pf is NULL or the chunk is
+ * shorter): width, the column block's floats of v and o. */
 static inline __attribute__((always_inline)) void la_fetch_ahead(const la_ahead *pf, long t,
                                                                   long width) {
+    if (!pf || t >= pf->T) return;
     for (long x = 0; pf->q && x < pf->K; x += LA_LINE_FLOATS) {
         __builtin_prefetch(pf->q + t * pf->qt + x, 0, 2);
         __builtin_prefetch(pf->k + t * pf->kt + x, 0, 2);
