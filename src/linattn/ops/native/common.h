@@ -524,9 +524,10 @@ __attribute__((unused)) static int la_parallel(la_part_fn fn, void *ctx, long pa
  * memory a token at a time while this chunk runs, where a head's rows are not consecutive:
  * fla's layout (B, T, H, K) puts a head's tokens H rows apart, every row in a page of its own,
  * and the hardware's prefetchers, which follow a stream within a page, fetch none of them ahead
- * (over 16 heads of 2,048 tokens, the delta rule took 1.2x and GLA 1.5x the time of the same
- * call on (B, H, T, K) rows: AMD EPYC family 25). q, k: rows of K (NULL: not asked for); v, o:
- * the columns of one block; T: the next chunk's tokens. */
+ * (over 16 heads of 4,096 tokens, GLA took 1.21x and the delta rule 1.14x the time of the same
+ * call on (B, H, T, K) rows, and 1.13x and 1.01x with this: AMD EPYC family 25, benchmarks/
+ * roofline.py). q, k: rows of K (NULL: not asked for); v, o: the columns of one block; T: the
+ * next chunk's tokens. */
 typedef struct {
     const float *q, *k, *v;
     float *o;
