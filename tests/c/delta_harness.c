@@ -150,27 +150,27 @@ static void fwd_run(long NQ, long G, long T, long K, long V, int gates, int l2no
     int rc = 0;
     if (mode == 0) {
         rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
-                          N, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0,
+                          N, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0, NULL,
                           work);
     } else if (mode == 3) {
         long h = N / 2 + (G > 1), m = h / G, g0 = h % G;
         rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
-                          h, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0,
+                          h, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0, NULL,
                           work);
         rc |= gdr_forward(q + m * qs, qs, qt, k + m * qs, qs, qt, G, g0, v + h * vs, vs, vt,
                           beta + h * T, T, gp ? gp + h * T : NULL, T, gkp ? gkp + h * T * K : NULL,
                           T * K, K, N - h, T, K, V, 0, V, scale, l2norm, S0 + h * K * V,
-                          S + h * K * V, o + h * os, os, ot, NULL, 0, NULL, 0, 0, work);
+                          S + h * K * V, o + h * os, os, ot, NULL, 0, NULL, 0, 0, NULL, work);
     } else {
         memcpy(S, S0, (size_t)(N * K * V) * sizeof(float));
         long mid = mode == 2 ? (V / W / 2) * W : V;
         rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
-                          N, T, K, V, 0, mid, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0,
+                          N, T, K, V, 0, mid, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0, NULL,
                           work);
         if (mode == 2)
             rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K,
                               K, N, T, K, V, mid, V, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL,
-                              0, 0, work);
+                              0, 0, NULL, work);
     }
     ++checks;
     if (rc) {
@@ -406,7 +406,7 @@ static void bwd_run(long N, long T, long K, long V, int gated, int l2norm, int w
     for (long i = 0; i < N * K * V; ++i) S0[i] = uni(-0.3, 0.3), dS[i] = uni(-1, 1);
     const float *gp = gated ? g : NULL;
     int rc = gdr_forward(q, qs, qt, k, qs, qt, 1, 0, v, vs, vt, beta, T, gp, T, NULL, 0, 0, N, T,
-                         K, V, 0, V, scale, l2norm, S0, S, o, os, ot, ck, cs, w, ws, wt, work);
+                         K, V, 0, V, scale, l2norm, S0, S, o, os, ot, ck, cs, w, ws, wt, NULL, work);
     rc |= gdr_backward(q, qs, qt, k, qs, qt, beta, T, gp, T, N, T, K, V, scale, l2norm, ck, cs,
                        w, ws, wt, go, gs_, gt, with_dS ? dS : NULL, dS0, dq, dqs, dqt, dk, dqs,
                        dqt, dv, dvs, dvt, db, bst, gated ? dg : NULL, bst, bwork);
@@ -590,7 +590,7 @@ static void forward_checks(void) {
             const float *gkp = G == 2 ? gk : NULL;
             int rc = la_gdr_step(q, k, v, b, g, gkp, LA_F32, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
             rc |= gdr_forward(q, SK, SK, k, SK, SK, G, 0, v, SV, SV, b, 1, g, 1, gkp, SK, SK, SN,
-                              1, SK, SV, 0, SV, 0.3f, 1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0,
+                              1, SK, SV, 0, SV, 0.3f, 1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0, NULL,
                               wk);
             ++checks;
             if (rc || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
@@ -684,17 +684,17 @@ static void forward_checks(void) {
     float dummy[64] = {0};
     int refused = gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, NULL, 0,
                               NULL, 0, 0, 1, 1, 4, 16, 0, 32, 1.0f, 0, dummy, dummy, dummy, 0, 0,
-                              NULL, 0, NULL, 0, 0, dummy) == -1;
+                              NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
     if (W > 1)
         refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, NULL, 0,
                                NULL, 0, 0, 1, 1, 4, W + 1, 0, W + 1, 1.0f, 0, dummy, dummy, dummy,
-                               0, 0, NULL, 0, NULL, 0, 0, dummy) == -1;
+                               0, 0, NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
     refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, NULL,
                            0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0,
-                           NULL, 0, 0, dummy) == -1;
+                           NULL, 0, 0, NULL, dummy) == -1;
     refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 2, 2, dummy, 0, 0, dummy, 0, NULL, 0, NULL,
                            0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0,
-                           NULL, 0, 0, dummy) == -1;
+                           NULL, 0, 0, NULL, dummy) == -1;
     ++checks;
     if (!refused) {
         ++failures;

@@ -186,18 +186,18 @@ static void run(long N, long T, long K, long V, long C, int use_g, int use_gk, i
     int rc = 0;
     if (mode == 0) {
         rc |= gla_forward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks,
-                          p.gkt, N, T, K, V, 0, V, C, p.scale, p.S0, S, o, p.os, p.ot, ckpt, cks,
+                          p.gkt, N, T, K, V, 0, V, C, p.scale, p.S0, S, o, p.os, p.ot, ckpt, cks, NULL,
                           work);
     } else {
         memcpy(S, p.S0, (size_t)(N * K * V) * sizeof(float));
         long mid = mode == 2 ? (V / W / 2) * W : V;
         rc |= gla_forward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks,
-                          p.gkt, N, T, K, V, 0, mid, C, p.scale, S, S, o, p.os, p.ot, ckpt, cks,
+                          p.gkt, N, T, K, V, 0, mid, C, p.scale, S, S, o, p.os, p.ot, ckpt, cks, NULL,
                           work);
         if (mode == 2)
             rc |= gla_forward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks,
                               p.gkt, N, T, K, V, mid, V, C, p.scale, S, S, o, p.os, p.ot, ckpt,
-                              cks, work);
+                              cks, NULL, work);
     }
     ++checks;
     if (rc) {
@@ -397,7 +397,7 @@ int main(void) {
         for (int i = 0; i < SN * SK * SV; ++i) S0[i] = uni(-0.3, 0.3);
         int rc = la_gla_step(q, k, v, g, gk, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
         rc |= gla_forward(q, SK, SK, k, SK, SK, v, SV, SV, g, 1, gk, SK, SK, SN, 1, SK, SV, 0, SV, 1,
-                          0.3f, S0, S2, o2, SV, SV, NULL, 0, wk);
+                          0.3f, S0, S2, o2, SV, SV, NULL, 0, NULL, wk);
         ++checks;
         if (rc || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
             ++failures;
@@ -471,12 +471,12 @@ int main(void) {
      * 1..GLA_CMAX, a backward without checkpoints or without a gate's gradient */
     static float dummy[4096];
     int refused = gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1,
-                              4, 16, 0, 32, 8, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0,
+                              4, 16, 0, 32, 8, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0, NULL,
                               dummy) == -1;
     refused &= gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1, 4,
-                           16, 0, 16, 0, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0, dummy) == -1;
+                           16, 0, 16, 0, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0, NULL, dummy) == -1;
     refused &= gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1, 4,
-                           16, 0, 16, GLA_CMAX + 1, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0,
+                           16, 0, 16, GLA_CMAX + 1, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0, NULL,
                            dummy) == -1;
     refused &= gla_backward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy, 0,
                             0, 1, 1, 4, 16, 8, 1.0f, NULL, 0, NULL, dummy, dummy, 0, 0, dummy, 0,
@@ -486,7 +486,7 @@ int main(void) {
                             0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy) == -1;
     if (W > 1)
         refused &= gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1,
-                               4, W + 1, 0, W + 1, 8, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0,
+                               4, W + 1, 0, W + 1, 8, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0, NULL,
                                dummy) == -1;
     ++checks;
     if (!refused) {

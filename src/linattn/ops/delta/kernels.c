@@ -209,7 +209,8 @@ static inline int gdr_refused(long K, long V, long v0, long v1, long N, long T, 
  * S_out: (N, K, V) contiguous, S_out may be S_in (in place). What the backward
  * (la_gdr_backward, scalar gates only) reads, where a gradient is wanted: ckpt (head stride cs)
  * the state before each chunk of GDR_TC tokens (ceil(T / GDR_TC) states of K x V), w (head and
- * token strides ws, wt; rows of V) each token's w = v_t - S'^T k~; both NULL otherwise. work:
+ * token strides ws, wt; rows of V) each token's w = v_t - S'^T k~; both NULL otherwise. next:
+ * NULL, or rows to ask for from memory while the last chunk runs (a caller's next chunk). work:
  * la_gdr_work(K) floats. Returns 0, or -1 on sizes it does not take (V, v0, v1 multiples of
  * the vector width W, 0 <= v0 <= v1 <= V, K >= 1, G >= 1, 0 <= g0 < G). */
 static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long ks, long kt,
@@ -218,7 +219,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
                           long N, long T, long K, long V, long v0, long v1, float scale,
                           int l2norm, const float *S_in, float *S_out, float *o, long os,
                           long ot, float *ckpt, long cs, float *w, long ws, long wt,
-                          float *work) {
+                          const la_ahead *next, float *work) {
     if (gdr_refused(K, V, v0, v1, N, T, G, g0)) return -1;
     float *qn = work, *kn = qn + GDR_TC * K, *kd = kn + GDR_TC * K, *ar = kd + GDR_TC * K;
     float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC;
@@ -242,6 +243,10 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
                 la_ahead ahead = la_next_rows(q + m * qs, qt, k + m * ks, kt, v + n * vs + j0, vt,
                                               o + n * os + j0, ot, K, V, t1, Tn, j0 == v0);
+                if (next && Tn == 0 && n == N - 1) { /* the last chunk: the caller's rows */
+                    ahead = *next;
+                    if (j0 != v0) ahead.q = NULL;
+                }
                 gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk,
                              v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
                              Sout + j0, o + n * os + t0 * ot + j0, ot,
@@ -264,7 +269,8 @@ static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
  * each chunk of GDR_TC tokens of each head read into float32 rows first (exact; q, k rows of
  * K, v rows of V, in the scratch after la_gdr_work(K)) and o rounded once as it is written:
  * the same chunks of the same function as on float32 rows, without a widened copy of each
- * whole input and of o. work: la_gdr_forward_work(K, V, dt) floats. */
+ * whole input and of o; the next chunk's 16-bit rows are asked for while this one runs
+ * (la_next_rows16). work: la_gdr_forward_work(K, V, dt) floats. */
 long la_gdr_forward_work(long K, long V, int dt) {
     return la_gdr_work(K) + (dt == LA_F32 ? 0 : GDR_TC * (2 * K + 2 * V));
 }
@@ -289,11 +295,16 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
             la_widened_rows(qw, q, m * qs + t0 * qt, qt, Tc, K, dt);
             la_widened_rows(kw, k, m * ks + t0 * kt, kt, Tc, K, dt);
             la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
+            long t1 = t0 + Tc, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC;
+            const u16 *q16 = q, *k16 = k, *v16 = v;
+            la_ahead next = la_next_rows16(q16 + m * qs + t1 * qt, qt, k16 + m * ks + t1 * kt,
+                                           kt, v16 + n * vs + t1 * vt + v0, vt,
+                                           (u16 *)o + n * os + t1 * ot + v0, ot, K, v1 - v0, Tn);
             int rc = gdr_forward_fn(qw, 0, K, kw, 0, K, 1, 0, vw, 0, V, beta + n * bs + t0, 0,
                                     g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, scale, l2norm, t0 == 0 ? Sin : Sout, Sout, ow, 0, V,
-                                    NULL, 0, NULL, 0, 0, work);
+                                    NULL, 0, NULL, 0, 0, &next, work);
             if (rc) return rc;
             la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
         }
@@ -336,7 +347,7 @@ static void gdr_step_part(void *ctx, long part, int slot) {
                    V, V, j->beta + n0, 1, j->g ? j->g + n0 : NULL, 1,
                    j->gk ? j->gk + n0 * K : NULL, K, K, n, 1, K, V, 0, V, j->scale, j->l2norm,
                    j->S_in + n0 * K * V, j->S_out + n0 * K * V, j->o + n0 * V, V, V, NULL, 0,
-                   NULL, 0, 0, j->work + slot * la_gdr_work(K));
+                   NULL, 0, 0, NULL, j->work + slot * la_gdr_work(K));
     if (j->o_dt)
         la_narrowed(j->o_dt, j->o, n0 * V, (n0 + n) * V, j->dt);
 }
@@ -401,7 +412,7 @@ int la_gdr_forward_call(const la_gdr_forward_args *a) {
     return (int)gdr_forward_fn(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v, a->vs,
             a->vt, a->beta, a->bs, a->g, a->gs, a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V,
             a->v0, a->v1, a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt,
-            a->cs, a->w, a->ws, a->wt, a->work);
+            a->cs, a->w, a->ws, a->wt, NULL, a->work);
 }
 
 #define LA_GDR_STEP_ARGS(X, la_s) \

@@ -134,14 +134,15 @@ static void gla_fwd_any(int nb, int gated, long Tc, long K, long V, const float 
  * gs) or NULL; gk: rows of K (gks, gkt) or NULL; S_in, S_out: (N, K, V) contiguous, S_out may
  * be S_in (in place). C: tokens per chunk (1..GLA_CMAX). ckpt: NULL, or where the state before
  * each chunk goes: ceil(T / C) states of K x V per head (head stride cks; only the columns
- * [v0, v1) are written). work: la_gla_work(K, C) floats. Returns 0, or -1 on sizes it does not
+ * [v0, v1) are written). next: NULL, or rows to ask for from memory while the last chunk runs
+ * (a caller's next chunk). work: la_gla_work(K, C) floats. Returns 0, or -1 on sizes it does not
  * take (V, v0, v1 multiples of the vector width W, 0 <= v0 <= v1 <= V, K >= 1). */
 static int la_gla_forward(const float *q, long qs, long qt, const float *k, long ks, long kt,
                           const float *v, long vs, long vt, const float *g, long gs,
                           const float *gk, long gks, long gkt, long N, long T, long K, long V,
                           long v0, long v1, long C, float scale, const float *S_in,
                           float *S_out, float *o, long os, long ot, float *ckpt, long cks,
-                          float *work) {
+                          const la_ahead *next, float *work) {
     if (K < 1 || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1 || N < 0 || T < 0
         || C < 1 || C > GLA_CMAX)
         return -1;
@@ -163,6 +164,10 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
                 la_ahead ahead = la_next_rows(q + n * qs, qt, k + n * ks, kt, v + n * vs + j0, vt,
                                               o + n * os + j0, ot, K, V, t1, Tn, j0 == v0);
+                if (next && Tn == 0 && n == N - 1) { /* the last chunk: the caller's rows */
+                    ahead = *next;
+                    if (j0 != v0) ahead.q = NULL;
+                }
                 gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
                             kt, a, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
                             o + n * os + t0 * ot + j0, ot, &ahead);
@@ -175,8 +180,10 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
 /* la_gla_forward on rows of dtype dt (LA_BF16, LA_F16: q, k, v and o; the gates and the
  * states float32, as the op's checks hand them), without checkpoints: each chunk of each head
  * read into float32 rows first (exact; q, k rows of K, v rows of V, in the scratch after
- * la_gla_work(K, C)), o rounded once as it is written. Widening a chunk in cache instead of the whole input beforehand saves a pass
- * over memory per input and one for o. work: la_gla_forward_work(K, V, C, dt) floats. */
+ * la_gla_work(K, C)), o rounded once as it is written. Widening a chunk in cache instead of the
+ * whole input beforehand saves a pass over memory per input and one for o; the next chunk's
+ * 16-bit rows are asked for while this one runs (la_next_rows16). work:
+ * la_gla_forward_work(K, V, C, dt) floats. */
 long la_gla_forward_work(long K, long V, long C, int dt) {
     return la_gla_work(K, C) + (dt == LA_F32 ? 0 : C * (2 * K + 2 * V));
 }
@@ -199,10 +206,15 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
             la_widened_rows(qw, q, n * qs + t0 * qt, qt, Tc, K, dt);
             la_widened_rows(kw, k, n * ks + t0 * kt, kt, Tc, K, dt);
             la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
+            long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C;
+            const u16 *q16 = q, *k16 = k, *v16 = v;
+            la_ahead next = la_next_rows16(q16 + n * qs + t1 * qt, qt, k16 + n * ks + t1 * kt,
+                                           kt, v16 + n * vs + t1 * vt + v0, vt,
+                                           (u16 *)o + n * os + t1 * ot + v0, ot, K, v1 - v0, Tn);
             int rc = la_gla_forward(qw, 0, K, kw, 0, K, vw, 0, V, g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, C, scale,
-                                    t0 == 0 ? Sin : S, S, ow, 0, V, NULL, 0, work);
+                                    t0 == 0 ? Sin : S, S, ow, 0, V, NULL, 0, &next, work);
             if (rc) return rc;
             la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
         }
@@ -240,7 +252,7 @@ static void gla_step_part(void *ctx, long part, int slot) {
     la_gla_forward(j->q + n0 * K, K, K, j->k + n0 * K, K, K, j->v + n0 * V, V, V,
                    j->g ? j->g + n0 : NULL, 1, j->gk ? j->gk + n0 * K : NULL, K, K, n, 1, K, V,
                    0, V, 1, j->scale, j->S_in + n0 * K * V, j->S_out + n0 * K * V,
-                   j->o + n0 * V, V, V, NULL, 0, j->work + slot * la_gla_work(K, 1));
+                   j->o + n0 * V, V, V, NULL, 0, NULL, j->work + slot * la_gla_work(K, 1));
     if (j->o_dt)
         la_narrowed(j->o_dt, j->o, n0 * V, (n0 + n) * V, j->dt);
 }
@@ -474,7 +486,7 @@ int la_gla_forward_call(const la_gla_forward_args *a) {
     return la_gla_forward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->g, a->gs,
                           a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V, a->v0, a->v1, a->C,
                           a->scale, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt, a->cks,
-                          a->work);
+                          NULL, a->work);
 }
 
 #define LA_GLA_BACKWARD_ARGS(X, la_s) \

@@ -91,6 +91,45 @@ static inline void phi_rows(int kind, const void *x, long i0, int bf, long n, fl
     for (long i = 0; i < n; i += W) vstore(f + i, vphi(kind, vload_any(x, i0 + i, bf)));
 }
 
+/* phi_rows, asking meanwhile for a line of each of a and b per vector made. */
+static inline void phi_rows_fetching(int kind, const void *x, long i0, int bf, long n, float *f,
+                                     la_stream *a, la_stream *b) {
+    for (long i = 0; i < n; i += W) {
+        la_fetch_line(a), la_fetch_line(b);
+        vstore(f + i, vphi(kind, vload_any(x, i0 + i, bf)));
+    }
+}
+
+/* The query pass of a non-causal forward, in one pass over Cn rows of x (L features, a multiple of
+ * W; float32 or bfloat16, from element i0): f's rows = phi(x_i) (float32, or rounded to
+ * bfloat16 with fbf: the dot-product form's operand), inv[i] = 1 / guarded(phi(x_i) . z, eps)
+ * from the unrounded features; a line of `a` asked for per vector. Each row's dot product is
+ * left as a vector of W partial sums (dv, rows of W) and W rows are summed at once by a
+ * transpose: summed row by row, the shuffles, the guard and the division were a fifth of the
+ * bfloat16 kernel outside its products. inv and dv: room for Cn rounded up to W rows. */
+static inline void query_features(int kind, const void *x, long i0, int bf, long L, long Cn,
+                                  const float *z, float eps, void *f, int fbf, float *inv,
+                                  float *dv, la_stream *a) {
+    for (long i = 0; i < Cn; ++i) {
+        vf d = vsplat(0.0f);
+        for (long j = 0; j < L; j += W) {
+            la_fetch_line(a);
+            vf y = vphi(kind, vload_any(x, i0 + i * L + j, bf));
+            d += y * vload(z + j);
+            vstore_any(f, i * L + j, y, fbf);
+        }
+        vstore(dv + i * W, d);
+    }
+    for (long i = Cn; i % W; ++i) vstore(dv + i * W, vsplat(0.0f));
+    for (long r0 = 0; r0 < Cn; r0 += W) {
+        float t[W * W];
+        transpose_block(dv + r0 * W, W, t, W);
+        vf den = vsplat(eps);
+        for (int r = 0; r < W; ++r) den += vload(t + r * W);
+        vstore(inv + r0, 1.0f / vselect(den == 0.0f, vsplat(1.0f), den));
+    }
+}
+
 /* x[i0:i0+n] as float32: x itself, or widened into buf. */
 static inline const float *f32_rows(const void *x, long i0, int bf, long n, float *buf) {
     if (!bf) return (const float *)x + i0;
@@ -468,22 +507,28 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
 #endif
     long Ck = KEY_CHUNKS * C;
     float *f = work, *num = f + Ck * L, *vbuf = num + C * Dv;
+    float *inv = f + C * L, *dv = inv + C; /* the query pass's: C L + C + W C <= Ck L floats */
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += Ck) {
             long Cn = Tk - t0 < Ck ? Tk - t0 : Ck;
-            phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, f);
+            long Nn = Tk - t0 - Cn < Ck ? Tk - t0 - Cn : Ck; /* the next chunk's keys */
+            la_stream kn = la_stream_of(k, n * ks + (t0 + Cn) * L, Nn * L, bf ? 2 : 4);
+            /* v's next rows too where they are 16-bit (widened in a burst): float32 rows go to
+             * the product as they are, and fetching them here as well cost ~2 % */
+            la_stream vn = la_stream_of(v, n * vs + (t0 + Cn) * Dv, bf ? Nn * Dv : 0, 2);
+            phi_rows_fetching(kind, k, n * ks + t0 * L, bf, Cn * L, f, &kn, &vn);
             gemm(L, Dv, Cn, f, 1, L, f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf), Dv, Sn,
                  Dv, 1, FULL);
             add_colsums(zn, zn, f, NULL, Cn, L);
         }
         for (long t0 = 0; t0 < Tq; t0 += C) {
-            long Cn = Tq - t0 < C ? Tq - t0 : C;
-            phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, f);
+            long Cn = Tq - t0 < C ? Tq - t0 : C, Nn = Tq - t0 - Cn < C ? Tq - t0 - Cn : C;
+            la_stream qn = la_stream_of(q, n * qs + (t0 + Cn) * L, Nn * L, bf ? 2 : 4);
+            query_features(kind, q, n * qs + t0 * L, bf, L, Cn, zn, eps, f, 0, inv, dv, &qn);
             gemm(Cn, Dv, L, f, L, 1, Sn, Dv, num, Dv, 0, FULL);
             for (long i = 0; i < Cn; ++i)
-                scale_row_stream(out, n * os + (t0 + i) * Dv, bf, num + i * Dv,
-                                 1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
+                scale_row_stream(out, n * os + (t0 + i) * Dv, bf, num + i * Dv, inv[i], Dv);
         }
     }
     stream_fence();
@@ -552,7 +597,7 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
     case 0:
         f32 = KEY_CHUNKS * C * (L + Dv) + C * Dv;
 #if defined(LA_DP_BF16)
-        dp = C * L + C * Dv + (C + 1) / 2 * (L + Dv) + L * Dv / 2;
+        dp = C * L + C * Dv + (DP_KEY_CHUNKS * C + 1) / 2 * (L + Dv) + L * Dv / 2;
 #endif
         break;
     case 1:

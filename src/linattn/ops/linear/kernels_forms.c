@@ -65,34 +65,83 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
 #endif
 
 #if defined(LA_DP_BF16)
+/* 16-bit lanes taking x[i] and y[i] in turn (vpermt2w on x, y): the pairs of elements 0-15 and
+ * of elements 16-31 of two rows of 32 bfloat16. */
+static inline __m512i pair_lanes(int high) {
+    short idx[32];
+    for (int i = 0; i < 16; ++i)
+        idx[2 * i] = (short)(16 * high + i), idx[2 * i + 1] = (short)(32 + 16 * high + i);
+    return _mm512_loadu_si512(idx);
+}
+
+/* The non-causal key pass's operands, made in one pass over a chunk's rows (k and v bfloat16,
+ * rows of L and Dv, both multiples of 16): kp[p] = (phi(k_2p), phi(k_2p+1)) rounded, vp[p] =
+ * (v_2p, v_2p+1) moved as they are (no widening and rounding back), z[0:L] += the unrounded
+ * phi(k_t); an odd last token is paired with zeros. Made in separate passes (features, then
+ * pairs, then column sums) they cost as much as the products: every pass went to memory or
+ * to L1 again. A line of each of a and b is asked for per vector of features. */
+static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, long Dv, long Cn,
+                                 u32 *kp, u32 *vp, float *z, la_stream *a, la_stream *b) {
+    const __m512i lo = pair_lanes(0), hi = pair_lanes(1);
+    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    for (long p = 0; p < (Cn + 1) / 2; ++p) {
+        int odd = 2 * p + 1 < Cn;
+        const u16 *k0 = k + 2 * p * L, *v0 = v + 2 * p * Dv;
+        for (long j = 0; j < L; j += 16) {
+            la_fetch_line(a), la_fetch_line(b);
+            vf x = vphi(kind, vload_any(k0, j, 1));
+            vf y = odd ? vphi(kind, vload_any(k0 + L, j, 1)) : vsplat(0.0f);
+            vstore(z + j, vload(z + j) + (x + y));
+            __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)y, (__m512)x);
+            _mm512_storeu_si512(kp + p * L + j, _mm512_permutexvar_epi16(mix, both));
+        }
+        for (long j = 0; j < Dv; j += 32) {
+            __mmask32 m = Dv - j >= 32 ? 0xFFFFFFFFu : 0xFFFFu;
+            __m512i x = _mm512_maskz_loadu_epi16(m, v0 + j);
+            __m512i y = odd ? _mm512_maskz_loadu_epi16(m, v0 + Dv + j) : _mm512_setzero_si512();
+            _mm512_storeu_si512(vp + p * Dv + j, _mm512_permutex2var_epi16(x, lo, y));
+            if (Dv - j >= 32)
+                _mm512_storeu_si512(vp + p * Dv + j + 16, _mm512_permutex2var_epi16(x, hi, y));
+        }
+    }
+}
+
+#ifndef DP_KEY_CHUNKS
+#define DP_KEY_CHUNKS 8
+#endif
 /* la_noncausal_forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32).
  * work: C L + C Dv + ceil(C / 2) (L + Dv) + L Dv / 2 floats. */
 static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
                                  const void *v, long vs, long N, long Tq, long Tk, long L,
                                  long Dv, long C, float eps, float *S, float *z, void *out,
                                  long os, float *work) {
-    float *f = work, *num = f + C * L;
-    u32 *kp = (u32 *)(num + C * Dv), *vp = kp + (C + 1) / 2 * L, *fqp = kp;
-    u32 *Sp = vp + (C + 1) / 2 * Dv;
+    long Ck = DP_KEY_CHUNKS * C;
+    float *inv = work, *dv = inv + C, *num = inv + C * L; /* C + 16 C <= C L floats */
+    u32 *kp = (u32 *)(num + C * Dv), *vp = kp + (Ck + 1) / 2 * L, *fqp = kp;
+    u32 *Sp = vp + (Ck + 1) / 2 * Dv;
+    const u16 *kh = k, *vh = v;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
-        for (long t0 = 0; t0 < Tk; t0 += C) {
-            long Cn = Tk - t0 < C ? Tk - t0 : C, P = (Cn + 1) / 2;
-            phi_rows(kind, k, n * ks + t0 * L, 1, Cn * L, f);
-            pair_keys(v, n * vs + t0 * Dv, Dv, f, L, Cn, vp, kp);
+        for (long t0 = 0; t0 < Tk; t0 += Ck) {
+            long Cn = Tk - t0 < Ck ? Tk - t0 : Ck, P = (Cn + 1) / 2;
+            long Nn = Tk - t0 - Cn < Ck ? Tk - t0 - Cn : Ck; /* the next chunk's keys */
+            la_stream kn = la_stream_of(k, n * ks + (t0 + Cn) * L, Nn * L, 2);
+            la_stream vn = la_stream_of(v, n * vs + (t0 + Cn) * Dv, Nn * Dv, 2);
+            pair_phi_keys(kind, kh + n * ks + t0 * L, vh + n * vs + t0 * Dv, L, Dv, Cn, kp, vp,
+                          zn, &kn, &vn);
             gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0);
-            add_colsums(zn, zn, f, NULL, Cn, L);
         }
         if (!Tq) continue;
         pair_state(Sn, L, Dv, Sp);
         for (long t0 = 0; t0 < Tq; t0 += C) {
-            long Cn = Tq - t0 < C ? Tq - t0 : C;
-            phi_rows(kind, q, n * qs + t0 * L, 1, Cn * L, f);
-            bf16_rows(f, Cn, L, (u16 *)fqp); /* phi(q) rows: pairs along the features */
+            long Cn = Tq - t0 < C ? Tq - t0 : C, Nn = Tq - t0 - Cn < C ? Tq - t0 - Cn : C;
+            la_stream qn = la_stream_of(q, n * qs + (t0 + Cn) * L, Nn * L, 2);
+            query_features(kind, q, n * qs + t0 * L, 1, L, Cn, zn, eps, fqp, 1, inv, dv, &qn);
             gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0);
             for (long i = 0; i < Cn; ++i)
-                scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
-                                 1.0f / guarded(dot(f + i * L, zn, L), eps), Dv);
+                scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv, inv[i], Dv);
         }
     }
 }

@@ -41,7 +41,6 @@
 #endif
 #define W LA_W
 /* Floats in a cache line (64 bytes on the x86 and Arm cores we build for): a prefetch each. */
-#define LA_LINE_FLOATS 16
 
 /* Register tiles: MR rows x NV vectors of accumulators, plus NV vectors of B and one
  * broadcast of A, must fit the register file (32 vector registers on AVX-512 and NEON, 16 on
@@ -251,13 +250,11 @@ static inline void la_copy_cols(float *dst, const float *src, long K, long V, lo
         memcpy(dst + i * V + v0, src + i * V + v0, (size_t)(v1 - v0) * sizeof(float));
 }
 
-/* exp(x) for x in [-87, 88] (callers clamp): 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2
- * in two parts, p the degree-7 minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp); 2^n is
- * taken from t's bits (t = x log2(e) + 1.5 2^23 holds n in its low bits). */
-static inline vf vexp_clamped(vf x) {
+/* exp(x) = 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7
+ * minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp): p returned, n in *n. */
+static inline vf vexp_parts(vf x, vf *n_out) {
     const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    vf t = x * 1.44269504088896341f + magic;
-    vf n = t - magic;
+    vf n = (x * 1.44269504088896341f + magic) - magic;
     vf r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     vf p = vsplat(1.9875691500e-4f);
@@ -266,14 +263,27 @@ static inline vf vexp_clamped(vf x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return p * (vf)(((vi)t - (vi)magic + 127) << 23);
+    *n_out = n;
+    return p * r * r + r + 1.0f;
 }
 
-/* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it): vexp_clamped, flushed
- * to 0 below -87 (exp(-87) is already within 2^-126 of 0). */
+/* exp(x) for x in [-87, 88] (callers clamp): 2^n taken from n's bits. */
+static inline vf vexp_clamped(vf x) {
+    vf n, p = vexp_parts(x, &n);
+    return p * (vf)(((vi)(n + 12582912.0f) - (vi)vsplat(12582912.0f) + 127) << 23);
+}
+
+/* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it), flushed to 0 below -87
+ * (exp(-87) is already within 2^-126 of 0). AVX-512 scales by 2^n and flushes in one
+ * instruction (vscalefps under a mask): 4 fewer than the bits' way, of ~20 in 1 + elu. */
 static inline vf vexp_nonpos(vf x) {
+#if defined(__AVX512F__) && LA_W == 16
+    vf n, p = vexp_parts(x, &n);
+    __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    return (vf)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n);
+#else
     return vselect(x < -87.0f, vsplat(0.0f), vexp_clamped(x));
+#endif
 }
 
 static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
@@ -446,6 +456,17 @@ static inline void vstore_stream(float *p, vf x) {
  * kernel with stream_fence(). */
 static inline void scale_row_stream(void *dst, long j0, int bf, const float *src, float s,
                                     long n) {
+#if defined(HAVE_CVTNEPS2BF16)
+    u16 *d = (u16 *)dst + j0; /* bfloat16: whole lines of 32 values rounded in one instruction */
+    if (bf && n % 32 == 0 && ((size_t)d & 63) == 0) {
+        for (long j = 0; j < n; j += 32) {
+            __m512bh h = _mm512_cvtne2ps_pbh((__m512)(vload(src + j + 16) * s),
+                                             (__m512)(vload(src + j) * s));
+            _mm512_stream_si512((void *)(d + j), (__m512i)h);
+        }
+        return;
+    }
+#endif
     if (bf || n % W) {
         scale_row(dst, j0, bf, src, s, n);
         return;
@@ -521,46 +542,86 @@ __attribute__((unused)) static int la_parallel(la_part_fn fn, void *ctx, long pa
 #endif
 
 /* The recurrences' chunks (GLA, the delta rule): the rows of the next chunk, asked for from
- * memory a token at a time while this chunk runs, where a head's rows are not consecutive:
- * fla's layout (B, T, H, K) puts a head's tokens H rows apart, every row in a page of its own,
- * and the hardware's prefetchers, which follow a stream within a page, fetch none of them ahead
- * (over 16 heads of 4,096 tokens, GLA took 1.21x and the delta rule 1.14x the time of the same
- * call on (B, H, T, K) rows, and 1.13x and 1.01x with this: AMD EPYC family 25, benchmarks/
- * roofline.py). q, k: rows of K (NULL: not asked for); v, o: the columns of one block; T: the
- * next chunk's tokens. */
+ * memory a token at a time while this chunk runs.
+ * - Where a head's rows are not consecutive: fla's layout (B, T, H, K) puts a head's tokens H
+ *   rows apart, every row in a page of its own, and the hardware's prefetchers, which follow a
+ *   stream within a page, fetch none of them ahead (over 16 heads of 4,096 tokens, GLA took
+ *   1.21x and the delta rule 1.14x the time of the same call on (B, H, T, K) rows, and 1.13x
+ *   and 1.01x with this: AMD EPYC family 25, benchmarks/roofline.py).
+ * - 16-bit rows, consecutive or not: their forwards widen a whole chunk into float32 before it
+ *   runs, and that burst of loads found nothing fetched ahead (60 % of the widening's samples
+ *   on its loads, AMD EPYC family 25).
+ * q, k: rows of qk bytes (q NULL: neither asked for); v, o: rows of vo bytes (0: the caller's
+ * column block of floats); token strides in bytes; T: the next chunk's tokens. */
 typedef struct {
-    const float *q, *k, *v;
-    float *o;
-    long qt, kt, vt, ot, K, T;
+    const char *q, *k, *v;
+    char *o;
+    long qt, kt, vt, ot, qk, vo, T;
 } la_ahead;
 
-/* The next chunk's rows for a forward over one head: q, k, v, o at that head's first token (v and
- * o at its column block), rows of K (q, k) and V (v, o) with token strides qt, kt, vt, ot; the
- * next chunk starts at token t1 and has Tn tokens; with_qk 0: q and k not asked for (a column
- * block after the first reads the same ones). T = 0 (nothing asked for) where there is no next
- * chunk or the rows are consecutive; then no address past the rows' ends is formed. */
+/* The next chunk's float32 rows for a forward over one head: q, k, v, o at that head's first
+ * token (v and o at its column block), rows of K (q, k) and V (v, o) with token strides qt,
+ * kt, vt, ot in floats; the next chunk starts at token t1 and has Tn tokens; with_qk 0: q and k
+ * not asked for (a column block after the first reads the same ones). T = 0 (nothing asked
+ * for) where there is no next chunk or the rows are consecutive; then no address past the
+ * rows' ends is formed. */
 static inline la_ahead la_next_rows(const float *q, long qt, const float *k, long kt,
                                     const float *v, long vt, float *o, long ot, long K, long V,
                                     long t1, long Tn, int with_qk) {
     la_ahead a = {0};
     if (Tn > 0 && (qt > K || kt > K || vt > V || ot > V))
-        a = (la_ahead){with_qk ? q + t1 * qt : NULL, k + t1 * kt, v + t1 * vt, o + t1 * ot,
-                       qt, kt, vt, ot, K, Tn};
+        a = (la_ahead){with_qk ? (const char *)(q + t1 * qt) : NULL,
+                       (const char *)(k + t1 * kt), (const char *)(v + t1 * vt),
+                       (char *)(o + t1 * ot), 4 * qt, 4 * kt, 4 * vt, 4 * ot, 4 * K, 0, Tn};
+    return a;
+}
+
+/* The next chunk's 16-bit rows (Tn tokens; T = 0 where Tn is 0, and no address formed): q, k
+ * at their first row (rows of K), v, o at their first row's column v0 (V columns); token
+ * strides in elements. */
+static inline la_ahead la_next_rows16(const void *q, long qt, const void *k, long kt,
+                                      const void *v, long vt, void *o, long ot, long K, long V,
+                                      long Tn) {
+    la_ahead a = {0};
+    if (Tn > 0)
+        a = (la_ahead){q, k, v, o, 2 * qt, 2 * kt, 2 * vt, 2 * ot, 2 * K, 2 * V, Tn};
     return a;
 }
 
 /* Token t's rows of the next chunk asked for (nothing where pf is NULL or the chunk is
- * shorter): width, the column block's floats of v and o. */
+ * shorter): width, the column block's floats of v and o where the plan does not say. */
 static inline __attribute__((always_inline)) void la_fetch_ahead(const la_ahead *pf, long t,
                                                                   long width) {
     if (!pf || t >= pf->T) return;
-    for (long x = 0; pf->q && x < pf->K; x += LA_LINE_FLOATS) {
+    for (long x = 0; pf->q && x < pf->qk; x += 64) {
         __builtin_prefetch(pf->q + t * pf->qt + x, 0, 2);
         __builtin_prefetch(pf->k + t * pf->kt + x, 0, 2);
     }
-    for (long x = 0; x < width; x += LA_LINE_FLOATS) {
+    for (long x = 0, vo = pf->vo ? pf->vo : 4 * width; x < vo; x += 64) {
         __builtin_prefetch(pf->v + t * pf->vt + x, 0, 2);
         __builtin_prefetch(pf->o + t * pf->ot + x, 1, 2);
+    }
+}
+
+/* A run of consecutive bytes to be asked for from memory a line at a time, spread over a loop
+ * (la_fetch_line once per step): where a kernel walks a chunk in a burst (its features, its pairs)
+ * and then multiplies, the next chunk's rows are fetched while this one is worked on. */
+typedef struct {
+    const char *p;
+    long left; /* bytes still to ask for */
+} la_stream;
+
+/* The run of n elements of size es from element i of x, or an empty one where n <= 0 (no
+ * address past x's end is formed). */
+static inline la_stream la_stream_of(const void *x, long i, long n, long es) {
+    return n > 0 ? (la_stream){(const char *)x + i * es, n * es} : (la_stream){NULL, 0};
+}
+
+static inline __attribute__((always_inline)) void la_fetch_line(la_stream *s) {
+    if (s->left > 0) {
+        __builtin_prefetch(s->p, 0, 3);
+        s->left -= 64;
+        if (s->left > 0) s->p += 64;
     }
 }
 
