@@ -114,7 +114,7 @@ static inline void query_features(int kind, const void *x, long i0, int bf, long
         vf d = vsplat(0.0f);
         for (long j = 0; j < L; j += W) {
             la_fetch_line(a);
-            vf y = vphi(kind, vload_any(x, i0 + i * L + j, bf));
+            vf y = vphi_as(kind, vload_any(x, i0 + i * L + j, bf), fbf);
             d += y * vload(z + j);
             vstore_any(f, i * L + j, y, fbf);
         }

@@ -91,8 +91,8 @@ static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, l
         const u16 *k0 = k + 2 * p * L, *v0 = v + 2 * p * Dv;
         for (long j = 0; j < L; j += 16) {
             la_fetch_line(a), la_fetch_line(b);
-            vf x = vphi(kind, vload_any(k0, j, 1));
-            vf y = odd ? vphi(kind, vload_any(k0 + L, j, 1)) : vsplat(0.0f);
+            vf x = vphi_as(kind, vload_any(k0, j, 1), 1);
+            vf y = odd ? vphi_as(kind, vload_any(k0 + L, j, 1), 1) : vsplat(0.0f);
             vstore(z + j, vload(z + j) + (x + y));
             __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)y, (__m512)x);
             _mm512_storeu_si512(kp + p * L + j, _mm512_permutexvar_epi16(mix, both));

@@ -251,40 +251,55 @@ static inline void la_copy_cols(float *dst, const float *src, long K, long V, lo
 }
 
 /* exp(x) = 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7
- * minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp): p returned, n in *n. */
-static inline vf vexp_parts(vf x, vf *n_out) {
+ * minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp), or with coarse a degree-4 one (a fit of
+ * the relative error: 5.4e-6): p returned, n in *n. */
+static inline vf vexp_parts(vf x, vf *n_out, int coarse) {
     const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
     vf n = (x * 1.44269504088896341f + magic) - magic;
     vf r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
-    vf p = vsplat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    vf p;
+    if (coarse) { /* degree 4, relative error 5.4e-6 (below 2^-17): for products in bfloat16 */
+        p = vsplat(4.127783328e-2f);
+        p = p * r + 1.675347388e-1f;
+        p = p * r + 5.000510812e-1f;
+    } else {
+        p = vsplat(1.9875691500e-4f);
+        p = p * r + 1.3981999507e-3f;
+        p = p * r + 8.3334519073e-3f;
+        p = p * r + 4.1665795894e-2f;
+        p = p * r + 1.6666665459e-1f;
+        p = p * r + 5.0000001201e-1f;
+    }
     *n_out = n;
     return p * r * r + r + 1.0f;
 }
 
-/* exp(x) for x in [-87, 88] (callers clamp): 2^n taken from n's bits. */
-static inline vf vexp_clamped(vf x) {
-    vf n, p = vexp_parts(x, &n);
+/* p 2^n for an integer n in [-126, 127], 2^n made from n's bits. */
+static inline vf vscale2(vf p, vf n) {
     return p * (vf)(((vi)(n + 12582912.0f) - (vi)vsplat(12582912.0f) + 127) << 23);
 }
 
+/* exp(x) for x in [-87, 88] (callers clamp). */
+static inline vf vexp_clamped(vf x) {
+    vf n, p = vexp_parts(x, &n, 0);
+    return vscale2(p, n);
+}
+
 /* exp(x), valid for x <= 0 (the only branch of 1 + elu that needs it), flushed to 0 below -87
- * (exp(-87) is already within 2^-126 of 0). AVX-512 scales by 2^n and flushes in one
- * instruction (vscalefps under a mask): 4 fewer than the bits' way, of ~20 in 1 + elu. */
-static inline vf vexp_nonpos(vf x) {
+ * (exp(-87) is already within 2^-126 of 0); coarse as vexp_parts. AVX-512 scales by 2^n and
+ * flushes in one instruction (vscalefps under a mask): 4 fewer than the bits' way, of ~20 in
+ * 1 + elu. */
+static inline vf vexp_nonpos_as(vf x, int coarse) {
+    vf n, p = vexp_parts(x, &n, coarse);
 #if defined(__AVX512F__) && LA_W == 16
-    vf n, p = vexp_parts(x, &n);
     __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
     return (vf)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n);
 #else
-    return vselect(x < -87.0f, vsplat(0.0f), vexp_clamped(x));
+    return vselect(x < -87.0f, vsplat(0.0f), vscale2(p, n));
 #endif
 }
+static inline vf vexp_nonpos(vf x) { return vexp_nonpos_as(x, 0); }
 
 static inline float sexp_nonpos(float x) { return x < -87.0f ? 0.0f : expf(x); }
 
@@ -303,12 +318,14 @@ static inline vf vsilu(vf a) { return a / (1.0f + vexp_neg(a)); }
 static inline float ssigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 static inline float ssilu(float a) { return a / (1.0f + expf(-a)); }
 
-/* phi(x); NaN propagates (x <= 0 is false for NaN, which takes the x + 1 branch). */
-static inline vf vphi(int kind, vf x) {
+/* phi(x); NaN propagates (x <= 0 is false for NaN, which takes the x + 1 branch). coarse: exp
+ * to 2^-17 (vexp_parts), for features rounded to bfloat16 for their products. */
+static inline vf vphi_as(int kind, vf x, int coarse) {
     vi nonpos = x <= 0.0f;
-    vf low = kind == PHI_ELU ? vexp_nonpos(x) : vsplat(1.0f);
+    vf low = kind == PHI_ELU ? vexp_nonpos_as(x, coarse) : vsplat(1.0f);
     return vselect(nonpos, low, x + 1.0f);
 }
+static inline vf vphi(int kind, vf x) { return vphi_as(kind, x, 0); }
 
 static inline float sphi(int kind, float x) {
     if (x <= 0.0f) return kind == PHI_ELU ? sexp_nonpos(x) : 1.0f;
