@@ -141,6 +141,25 @@ def test_float32_step_rows_passes_contiguous_float32_and_copies_the_rest():
         assert torch.equal(got, y.float().reshape(6, 4))
 
 
+@pytest.mark.parametrize("rows", [3, _Recycler.MIN_BYTES // 16])  # an ordinary and a recycled copy
+def test_recycled_cast_is_a_differentiable_cast_whose_buffers_come_back(monkeypatch, rows):
+    """What bfloat16 with gradients runs: widened inputs, a narrowed output, and their
+    gradients cast back, as ``Tensor.to`` gives them; large ones in recycled buffers."""
+    monkeypatch.setattr(memory, "_RECYCLER", _Recycler())
+    x = torch.randn(2, rows, 2).to(torch.bfloat16).requires_grad_()
+    wide = memory.recycled_cast(x, torch.float32)
+    assert wide.dtype == torch.float32 and torch.equal(wide, x.detach().float())
+    g = torch.randn(wide.shape)
+    wide.backward(g)
+    assert x.grad.dtype == torch.bfloat16 and torch.equal(x.grad, g.to(torch.bfloat16))
+    assert memory.recycled_cast(x, torch.bfloat16) is x  # already that dtype
+    if rows > 3:
+        ptr = wide.data_ptr()
+        del wide
+        gc.collect()
+        assert memory.recycled_cast(x.detach(), torch.float32).data_ptr() == ptr
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_a_forked_child_gets_a_free_pool_lock(monkeypatch):
     """A child forked while another thread holds the pool's lock still gets outputs."""

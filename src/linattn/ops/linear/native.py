@@ -38,7 +38,7 @@ from linattn.ops.linear.passes import (
     unavailable,
 )
 from linattn.ops.linear.portable import portable_forward
-from linattn.ops.native import bf16_products, is_small
+from linattn.ops.native import bf16_products, is_small, recycled_cast
 
 __all__ = ["native_linear_attention", "kernels", "unavailable", "phi", "MAP_KINDS",
            "PARALLEL_MIN"]
@@ -134,10 +134,10 @@ def _native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, bloc
         # The backward runs in float32 (its passes take float32), and the block passes would
         # multiply bfloat16 blocks, which a CPU without bf16 dot products does slower than
         # float32: widen once (a differentiable cast), round the output once.
-        o, state = native_linear_attention(q.float(), k.float(), v.float(), fmap,
-                                           is_causal=is_causal, keep=keep, eps=eps,
+        o, state = native_linear_attention(*(recycled_cast(x, torch.float32) for x in (q, k, v)),
+                                           fmap, is_causal=is_causal, keep=keep, eps=eps,
                                            chunk=chunk, block=block, S0=S0, isa=isa)
-        return o.to(q.dtype), state
+        return recycled_cast(o, q.dtype), state
     batch, flat, keep = flatten_heads(q, k, v, keep)
     flat = [x if rows_contiguous(x) else x.contiguous() for x in flat]
     N = flat[0].shape[0]
