@@ -227,7 +227,7 @@ def efficiency_table(args, dtype) -> None:
           "| vs torch | peak extra | peak / (q,k,v,o) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     # (row label, dispatch impl, compiled build); "torch": what runs without the compiled path,
-    # "fast": the compiled path wherever it applies (bfloat16 with gradients: the torch path)
+    # "fast": the compiled path wherever it applies (bfloat16 with gradients: widened to float32)
     paths = [("default", "auto", None), ("torch", "torch", None)]
     paths += [(f"native {isa}", "fast", isa) for isa in isas]
     paths += [] if args.no_portable else [("portable", "portable", None)]

@@ -273,13 +273,41 @@ def test_a_step_on_threads_refuses_non_finite_beta(bad):
         delta_rule_step(q, k, v, beta, torch.zeros(big, 16, 16))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_gradients_are_the_float32_passes_rounded(monkeypatch, dtype):
+    """16-bit q, k, v with gradients run the compiled float32 forward and backward on the
+    widened inputs: the output and the gradients are those of float32 inputs of the same
+    values, rounded once to the input dtype (within one rounding of it)."""
+    q, k, v, beta, g = _inputs(2, 3, T=70, K=16, V=32)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    wide = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    g_out = torch.randn(2, 3, 70, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
+    calls = []
+    real = delta_native.delta_rule_native_train
+    monkeypatch.setattr(delta_native, "delta_rule_native_train",
+                        lambda *a: calls.append(1) or real(*a))
+    with dispatch.use(impl="native"):
+        o = delta_rule(*leaves, beta, g, qk_l2norm=True)
+        o.backward(g_out)
+        want = delta_rule(*wide, beta, g, qk_l2norm=True)
+        want.backward(g_out.float())
+    eps = torch.finfo(dtype).eps
+    assert o.dtype == dtype and calls == [1, 1]
+    torch.testing.assert_close(o.float(), want, rtol=eps, atol=eps * want.abs().max().item())
+    for got, w in zip(leaves, wide, strict=True):
+        assert got.grad.dtype == dtype
+        torch.testing.assert_close(got.grad.float(), w.grad, rtol=eps,
+                                   atol=eps * w.grad.abs().max().item())
+
+
 def test_routing(monkeypatch):
     """Where the compiled path does not apply (float64, V not a multiple of 16, gradients of a
-    bfloat16 prefill or of a decoding step, per-value gates, gradients with per-key gates)
-    ``auto`` runs torch even with LINATTN_NATIVE=1, and impl="native" says why; a float32
-    prefill that wants gradients takes the compiled forward that saves what the compiled
-    backward reads; per-key gates without gradients take the compiled forward and step;
-    impl="torch" and LINATTN_NATIVE=0 never take either."""
+    decoding step, per-value gates, gradients with per-key gates) ``auto`` runs torch even with
+    LINATTN_NATIVE=1, and impl="native" says why; a float32 or bfloat16 (widened) prefill that
+    wants gradients takes the compiled forward that saves what the compiled backward reads;
+    per-key gates without gradients take the compiled forward and step; impl="torch" and
+    LINATTN_NATIVE=0 never take either."""
     calls = []
     real, real_train = delta_native.delta_rule_native, delta_native.delta_rule_native_train
     monkeypatch.setattr(delta_native, "delta_rule_native",
@@ -296,19 +324,19 @@ def test_routing(monkeypatch):
     assert calls == ["fwd", "train"] and leaf.grad is not None
     leaf_b = q.bfloat16().requires_grad_(True)
     kb, vb = k.bfloat16(), v.bfloat16()
-    delta_rule(leaf_b, kb, vb, beta, g).float().sum().backward()  # bfloat16: the torch path
-    assert leaf_b.grad is not None
+    delta_rule(leaf_b, kb, vb, beta, g).float().sum().backward()  # bfloat16: widened, compiled
+    assert calls == ["fwd", "train", "train"] and leaf_b.grad.dtype == torch.bfloat16
     delta_rule(q.double(), k.double(), v.double(), beta.double(), g.double())
     delta_rule(q, k, v[..., :8], beta, g)
     with torch.no_grad():
         delta_rule(leaf, k, v, beta, g)  # no gradient wanted: the plain forward
-    assert calls == ["fwd", "train", "fwd"]
+    assert calls == ["fwd", "train", "train", "fwd"]
     gk = -torch.rand(1, 2, 9, 16)
     delta_rule(q, k, v, beta, g, gk)  # per-key gates, no gradient: the compiled forward
-    assert calls == ["fwd", "train", "fwd", "fwd"]
+    assert calls == ["fwd", "train", "train", "fwd", "fwd"]
     delta_rule(leaf, k, v, beta, g, gk).sum().backward()  # with gradients: the torch forms
     delta_rule(q, k, v, beta, g, gv=-torch.rand(1, 2, 9, 16))  # per-value gates: torch
-    assert calls == ["fwd", "train", "fwd", "fwd"]
+    assert calls == ["fwd", "train", "train", "fwd", "fwd"]
     steps = []
     real_step = delta_native.step_into
     monkeypatch.setattr(delta_native, "step_into", lambda *a: steps.append(1) or real_step(*a))
@@ -318,8 +346,7 @@ def test_routing(monkeypatch):
     delta_rule_step(leaf[..., 0, :], *step[1:])[0].sum().backward()
     assert steps == [1]
     with dispatch.use(impl="native"):
-        for bad, why in ((lambda: delta_rule(leaf_b, kb, vb, beta, g), "no gradient for torch.bf"),
-                         (lambda: delta_rule(q, k, v[..., :8], beta, g), "multiple of 16"),
+        for bad, why in ((lambda: delta_rule(q, k, v[..., :8], beta, g), "multiple of 16"),
                          (lambda: delta_rule_step(*step, gv_t=-torch.rand(1, 2, 16)),
                           "per-value"),
                          (lambda: delta_rule(q, k, v, beta, g, gv=-torch.rand(1, 2, 9, 16)),
@@ -337,7 +364,7 @@ def test_routing(monkeypatch):
     delta_rule(q, k, v, beta, g)
     delta_rule(leaf, k, v, beta, g)
     delta_rule(q, k, v, beta, g, gk)
-    assert calls == ["fwd", "train", "fwd", "fwd"]
+    assert calls == ["fwd", "train", "train", "fwd", "fwd"]
 
 
 @pytest.mark.parametrize("form", ["prefill", "prefill fwd+bwd", "step"])

@@ -354,11 +354,33 @@ def test_second_order_gradients(native_calls, assert_close):
     assert native_calls["prefill"] == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_gradients_are_the_float32_passes_rounded(native_calls, dtype):
+    """16-bit inputs with gradients run the compiled float32 forward and backward on the widened
+    inputs: the output and the gradients are those of float32 inputs of the same values,
+    rounded once to the input dtype (within one rounding of it)."""
+    q, k, v, g, gk = _inputs(2, 3, T=70, K=16, V=32, dtype=dtype)
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    wide = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    g_out = torch.randn(2, 3, 70, 32, generator=torch.Generator().manual_seed(3))
+    o = gated_linear_attention(*leaves, g, gk)
+    o.backward(g_out.to(dtype))
+    want = gated_linear_attention(*wide, g, gk)
+    want.backward(g_out.to(dtype).float())
+    eps = torch.finfo(dtype).eps
+    assert o.dtype == dtype and native_calls["prefill"] == 2
+    torch.testing.assert_close(o.float(), want, rtol=eps, atol=eps * want.abs().max().item())
+    for got, w in zip(leaves, wide, strict=True):
+        assert got.grad.dtype == dtype
+        torch.testing.assert_close(got.grad.float(), w.grad, rtol=eps,
+                                   atol=eps * w.grad.abs().max().item())
+
+
 def test_routing(monkeypatch):
     """Where the compiled path does not apply (float64, V not a multiple of 16, gradients of a
-    bfloat16 prefill or of a decoding step, per-value gates) ``auto`` runs torch even with
-    LINATTN_NATIVE=1, and impl="native" says why; impl="torch" and LINATTN_NATIVE=0 never take
-    it."""
+    decoding step, per-value gates) ``auto`` runs torch even with LINATTN_NATIVE=1, and
+    impl="native" says why; a bfloat16 prefill with gradients takes it (widened);
+    impl="torch" and LINATTN_NATIVE=0 never take it."""
     calls = []
     real = gated_native.gla_prefill
     monkeypatch.setattr(gated_native, "gla_prefill", lambda *a: calls.append(1) or real(*a))
@@ -372,14 +394,12 @@ def test_routing(monkeypatch):
     assert calls == [1, 1] and leaf.grad is not None
     leaf_b = q.bfloat16().requires_grad_(True)
     gated_linear_attention(leaf_b, k.bfloat16(), v.bfloat16(), g).float().sum().backward()
-    assert leaf_b.grad is not None
+    assert calls == [1, 1, 1] and leaf_b.grad.dtype == torch.bfloat16
     gated_linear_attention(q.double(), k.double(), v.double(), g.double())
     gated_linear_attention(q, k, v[..., :8], g)
-    assert calls == [1, 1]
+    assert calls == [1, 1, 1]
     with dispatch.use(impl="native"):
         for bad, why in (
-                (lambda: gated_linear_attention(leaf_b, k.bfloat16(), v.bfloat16(), g),
-                 "no gradient for torch.bf"),
                 (lambda: gated_linear_attention(q, k, v[..., :8], g), "multiple of 16"),
                 (lambda: gated_linear_attention_step(*step, gv_t=gv), "per-value gates"),
                 (lambda: gated_linear_attention_step(leaf[..., 0, :], *step[1:]),
@@ -395,7 +415,7 @@ def test_routing(monkeypatch):
         gated_linear_attention(leaf, k, v, g)
     monkeypatch.setenv("LINATTN_NATIVE", "0")
     gated_linear_attention(q, k, v, g)
-    assert calls == [1, 1]
+    assert calls == [1, 1, 1]
 
 
 @pytest.mark.parametrize("form", ["prefill", "prefill fwd+bwd", "step"])

@@ -3,10 +3,11 @@ r"""The compiled CPU forward of the (gated) delta rule (``la_gdr_forward`` in ``
 :func:`linattn.ops.delta.delta_rule` and :func:`~linattn.ops.delta.delta_rule_step` hand a call
 here, after their argument checks, when the dispatcher chose this backend
 (:mod:`linattn.ops.dispatch`, op "delta_rule", forms "prefill", "prefill fwd+bwd" and "step"): a
-CPU call in float32 accumulation (float32 inputs; bfloat16 and float16 are widened first, as the
-torch path does), V a multiple of 16, no per-value gate, no per-key gate when a gradient is
-wanted (nor any gradient in the step), an ISA build that loads, and (by default) the compiled
-path measured faster than the torch one on this machine.
+CPU call in float32 accumulation (float32 inputs; bfloat16 and float16 are read a chunk at a
+time, and widened by differentiable casts when gradients are wanted), V a multiple of 16, no
+per-value gate, no per-key gate when a gradient is wanted (nor any gradient in the step), an
+ISA build that loads, and (by default) the compiled path measured faster than the torch one on
+this machine.
 
 The kernel is the sequential recurrence, per value head and token, with row decays
 ``a_i = e^{g_t + gk_t,i}`` (a missing gate counts as 0: a scalar gate ``g`` gives every row the
@@ -64,6 +65,7 @@ from linattn.ops.native import (
     head_jobs,
     is_small,
     native_threads,
+    recycled_cast,
     rows,
     run_jobs,
     scratch,
@@ -542,8 +544,11 @@ one_thread = delta_rule_native.one_thread
 def delta_rule_native_train(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
                             S0: Tensor, cu_seqlens: Tensor | None, scale: float, l2norm: bool,
                             isa: str) -> tuple[Tensor, Tensor]:
-    """:data:`delta_rule_native`'s contract (float32) with the compiled backward: (o, S),
-    differentiable in q, k, v, beta, g and S0."""
+    """:data:`delta_rule_native`'s contract with the compiled backward: (o, S), differentiable
+    in q, k, v, beta, g and S0. The passes are float32: 16-bit q, k, v are widened (and o
+    rounded back) by differentiable casts (the gradients come back in their dtype)."""
+    dt = q.dtype
+    q, k, v = (recycled_cast(x, torch.float32) for x in (q, k, v))
     o, S, _, _ = _FORWARD_TRAIN(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa)
-    return o, S
+    return recycled_cast(o, dt), S
 delta_rule_step_native = KernelOp("gdr_step", _step, _step_fake)

@@ -4,10 +4,10 @@ r"""The compiled CPU forward and backward of gated linear attention (``kernels.c
 :func:`~linattn.ops.gated.gated_linear_attention_step` hand a call here, after their argument
 checks, when the dispatcher chose this backend (:mod:`linattn.ops.dispatch`, op
 "gated_linear_attention", forms "prefill", "prefill fwd+bwd" and "step"): a CPU call in float32
-accumulation (float32 inputs; bfloat16 and float16 are widened first, as the torch path does;
-gradients for float32 only), V a multiple of 16, an ISA build that loads, and (by default) the
-compiled path measured faster than the torch one on this machine. Scalar gates ``g``, per-key
-gates ``gk``, both or none.
+accumulation (float32 inputs; bfloat16 and float16 are read a chunk at a time, and widened
+by differentiable casts when gradients are wanted), V a multiple of 16, an ISA build that
+loads, and (by default) the compiled path measured faster than the torch one on this machine.
+Scalar gates ``g``, per-key gates ``gk``, both or none.
 
 The kernels run the recurrence itself, per head and token, with the row decays
 ``a_t = exp(g_t + gk_t)`` (module docstring of :mod:`linattn.ops.gated.op`)::
@@ -56,6 +56,7 @@ from linattn.ops.native import (
     head_jobs,
     is_small,
     native_threads,
+    recycled_cast,
     rows,
     run_jobs,
     scratch,
@@ -398,10 +399,14 @@ def gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | 
                 ) -> tuple[Tensor, Tensor]:
     """The compiled prefill on checked arguments (g, gk, S0 in float32; S0 (N, ..., K, V)
     with ``cu_seqlens``): (o in q's dtype, the final state). ``grad``: autograd will want
-    gradients (the forward then stores its checkpoints)."""
+    gradients (the forward then stores its checkpoints; the backward passes are float32, so
+    16-bit q, k, v are then widened, and o rounded back, by differentiable casts)."""
+    dt = q.dtype
+    if grad:
+        q, k, v = (recycled_cast(x, torch.float32) for x in (q, k, v))
     o, S, _ = _FORWARD(q, k, v, g, gk, S0, cu_seqlens, float(scale),
                        checkpoint_interval(q.shape[-1]), bool(grad), isa)
-    return o, S
+    return recycled_cast(o, dt), S
 
 
 # ------------------------------------------------------------------------------- the step
