@@ -41,7 +41,8 @@ stamp "built $(basename "$WHEEL")"
 "$BUILD_PY" - "$WHEEL" <<'EOF' || fail "wheel contents"
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
-need = ["linattn/cli/_solve_parse.c", "linattn/ops/native/common.h", "linattn/ops/native/tiles.h",
+need = ["linattn/cli/_solve_parse.c", "linattn/ops/native/common.h", "linattn/ops/native/ahead.h",
+        "linattn/ops/native/tiles.h",
         "linattn/ops/native/native.c",
         "linattn/ops/linear/kernels.c", "linattn/ops/linear/kernels_forms.c",
         "linattn/ops/linear/kernels_entry.c", "linattn/ops/delta/kernels.c",

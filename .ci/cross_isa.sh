@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU kernels (src/linattn/ops/native/native.c and every op's src/linattn/ops/*/kernels.c, on
-# the shared headers ops/native/common.h and tiles.h) in every vector form they can be built in, not only
-# the one -march=native picks on this machine:
+# the shared headers ops/native/common.h, ahead.h and tiles.h) in every vector form they can be
+# built in, not only the one -march=native picks on this machine:
 #   1. x86-64: compile as a shared library (as linattn._cbuild does) for AVX-512 (+bf16), AVX2,
 #      the SSE2 baseline, the scalar form (-DLA_W=1) and -march=native -fopenmp; -Wall, warnings
 #      shown, only errors fail. (OpenMP: the kernels' own splitting, la_parallel in common.h;

@@ -2,6 +2,9 @@
 #ifndef LA_COMMON_H
 #include "../native/common.h"
 #endif
+#ifndef LA_AHEAD_H
+#include "../native/ahead.h"
+#endif
 
 /* ------------------------------------------------ the (gated) delta rule, forward, float32
  * Per value head, state S (K x V, rows of V floats), token t with strength beta_t, row decays

@@ -23,6 +23,9 @@
 #ifndef LA_COMMON_H
 #include "../native/common.h"
 #endif
+#ifndef LA_AHEAD_H
+#include "../native/ahead.h"
+#endif
 
 #if LA_W == 8 || (LA_W == 4 && !(defined(__ARM_NEON) || defined(__ARM_NEON__)))
 #define GLA_NB 2 /* 16 registers */

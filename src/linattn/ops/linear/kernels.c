@@ -3,6 +3,9 @@
 #ifndef LA_COMMON_H
 #include "../native/common.h"
 #endif
+#ifndef LA_AHEAD_H
+#include "../native/ahead.h"
+#endif
 #ifndef LA_TILES_H
 #include "../native/tiles.h"
 #endif

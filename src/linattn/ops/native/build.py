@@ -22,6 +22,8 @@ _HERE = Path(__file__).parent
 #: The shared header and the library-wide entry points; the op kernels are found beside their
 #: ops (``ops/*/kernels.c``), so an op with new kernels needs no line here.
 HEADER = _HERE / "common.h"
+#: the prefetch plans, joined after common.h (the recurrences' and linear attention's kernels)
+AHEAD = _HERE / "ahead.h"
 #: the register-blocked products, joined after common.h (ops/linear/kernels.c uses them)
 TILES = _HERE / "tiles.h"
 SOURCES: list[Path] = [_HERE / "native.c", *sorted(_HERE.parent.glob("*/kernels.c"))]
@@ -71,12 +73,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def source() -> bytes:
-    """The one translation unit that is compiled: common.h and tiles.h, then native.c and each
-    op's kernels.c, with ``#line`` markers so that compiler messages name the real files. (Each
-    .c includes the headers under ``#ifndef LA_COMMON_H`` / ``LA_TILES_H``, so the files also
-    compile on their own.) A kernels.c split by concern includes its parts, the files beside it
-    (``#include "kernels_<part>.c"``): they are written in at that line (:func:`_text`)."""
-    return "".join(_text(path) for path in (HEADER, TILES, *SOURCES)).encode()
+    """The one translation unit that is compiled: common.h, ahead.h and tiles.h, then native.c
+    and each op's kernels.c, with ``#line`` markers so that compiler messages name the real
+    files. (Each .c includes the headers under ``#ifndef LA_COMMON_H`` / ``LA_AHEAD_H`` /
+    ``LA_TILES_H``, so the files also compile on their own.) A kernels.c split by concern
+    includes its parts, the files beside it (``#include "kernels_<part>.c"``): they are written
+    in at that line (:func:`_text`)."""
+    return "".join(_text(path) for path in (HEADER, AHEAD, TILES, *SOURCES)).encode()
 
 
 #: ``#include "<name>.c"`` on a line of its own (a trailing comment allowed): a part of the
@@ -217,7 +220,7 @@ def unavailable_reason(isa: str = "native") -> str | None:
         return None
     if isa in _reasons:
         return _reasons[isa]
-    missing = [p.name for p in (HEADER, TILES, *SOURCES) if not p.exists()]
+    missing = [p.name for p in (HEADER, AHEAD, TILES, *SOURCES) if not p.exists()]
     if missing:
         return f"the C sources {', '.join(missing)} are not installed beside {__name__}"
     if not can_run(isa):

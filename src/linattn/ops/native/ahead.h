@@ -1,0 +1,95 @@
+#ifndef LA_AHEAD_H
+#define LA_AHEAD_H
+/* Rows asked for from memory ahead of the loop that reads them (__builtin_prefetch), for the
+ * compiled kernels (linattn.ops.native): the next chunk's rows of a recurrence's forward, token
+ * by token (la_ahead), and runs of bytes spread a line at a time over a loop (la_stream). Joined
+ * after common.h into the one translation unit the library builds (ops/native/build.py). */
+#ifndef LA_COMMON_H
+#include "common.h"
+#endif
+
+/* The recurrences' chunks (GLA, the delta rule): the rows of the next chunk, asked for from
+ * memory a token at a time while this chunk runs.
+ * - Where a head's rows are not consecutive: fla's layout (B, T, H, K) puts a head's tokens H
+ *   rows apart, every row in a page of its own, and the hardware's prefetchers, which follow a
+ *   stream within a page, fetch none of them ahead (over 16 heads of 4,096 tokens, GLA took
+ *   1.21x and the delta rule 1.14x the time of the same call on (B, H, T, K) rows, and 1.13x
+ *   and 1.01x with this: AMD EPYC family 25, benchmarks/roofline.py).
+ * - 16-bit rows, consecutive or not: their forwards widen a whole chunk into float32 before it
+ *   runs, and that burst of loads found nothing fetched ahead (60 % of the widening's samples
+ *   on its loads, AMD EPYC family 25).
+ * q, k: rows of qk bytes (q NULL: neither asked for); v, o: rows of vo bytes (0: the caller's
+ * column block of floats); token strides in bytes; T: the next chunk's tokens. */
+typedef struct {
+    const char *q, *k, *v;
+    char *o;
+    long qt, kt, vt, ot, qk, vo, T;
+} la_ahead;
+
+/* The next chunk's float32 rows for a forward over one head: q, k, v, o at that head's first
+ * token (v and o at its column block), rows of K (q, k) and V (v, o) with token strides qt,
+ * kt, vt, ot in floats; the next chunk starts at token t1 and has Tn tokens; with_qk 0: q and k
+ * not asked for (a column block after the first reads the same ones). T = 0 (nothing asked
+ * for) where there is no next chunk or the rows are consecutive; then no address past the
+ * rows' ends is formed. */
+static inline la_ahead la_next_rows(const float *q, long qt, const float *k, long kt,
+                                    const float *v, long vt, float *o, long ot, long K, long V,
+                                    long t1, long Tn, int with_qk) {
+    la_ahead a = {0};
+    if (Tn > 0 && (qt > K || kt > K || vt > V || ot > V))
+        a = (la_ahead){with_qk ? (const char *)(q + t1 * qt) : NULL,
+                       (const char *)(k + t1 * kt), (const char *)(v + t1 * vt),
+                       (char *)(o + t1 * ot), 4 * qt, 4 * kt, 4 * vt, 4 * ot, 4 * K, 0, Tn};
+    return a;
+}
+
+/* The next chunk's 16-bit rows (Tn tokens; T = 0 where Tn is 0, and no address formed): q, k
+ * at their first row (rows of K), v, o at their first row's column v0 (V columns); token
+ * strides in elements. */
+static inline la_ahead la_next_rows16(const void *q, long qt, const void *k, long kt,
+                                      const void *v, long vt, void *o, long ot, long K, long V,
+                                      long Tn) {
+    la_ahead a = {0};
+    if (Tn > 0)
+        a = (la_ahead){q, k, v, o, 2 * qt, 2 * kt, 2 * vt, 2 * ot, 2 * K, 2 * V, Tn};
+    return a;
+}
+
+/* Token t's rows of the next chunk asked for (nothing where pf is NULL or the chunk is
+ * shorter): width, the column block's floats of v and o where the plan does not say. */
+static inline __attribute__((always_inline)) void la_fetch_ahead(const la_ahead *pf, long t,
+                                                                  long width) {
+    if (!pf || t >= pf->T) return;
+    for (long x = 0; pf->q && x < pf->qk; x += 64) {
+        __builtin_prefetch(pf->q + t * pf->qt + x, 0, 2);
+        __builtin_prefetch(pf->k + t * pf->kt + x, 0, 2);
+    }
+    for (long x = 0, vo = pf->vo ? pf->vo : 4 * width; x < vo; x += 64) {
+        __builtin_prefetch(pf->v + t * pf->vt + x, 0, 2);
+        __builtin_prefetch(pf->o + t * pf->ot + x, 1, 2);
+    }
+}
+
+/* A run of consecutive bytes to be asked for from memory a line at a time, spread over a loop
+ * (la_fetch_line once per step): where a kernel walks a chunk in a burst (its features, its pairs)
+ * and then multiplies, the next chunk's rows are fetched while this one is worked on. */
+typedef struct {
+    const char *p;
+    long left; /* bytes still to ask for */
+} la_stream;
+
+/* The run of n elements of size es from element i of x, or an empty one where n <= 0 (no
+ * address past x's end is formed). */
+static inline la_stream la_stream_of(const void *x, long i, long n, long es) {
+    return n > 0 ? (la_stream){(const char *)x + i * es, n * es} : (la_stream){NULL, 0};
+}
+
+static inline __attribute__((always_inline)) void la_fetch_line(la_stream *s) {
+    if (s->left > 0) {
+        __builtin_prefetch(s->p, 0, 3);
+        s->left -= 64;
+        if (s->left > 0) s->p += 64;
+    }
+}
+
+#endif /* LA_AHEAD_H */
