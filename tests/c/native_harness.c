@@ -9,7 +9,8 @@
  * of queries then parts = 2), la_causal_forward and la_causal_backward, for 1 + elu and 1 + relu,
  * the forwards in float32 and in bfloat16 (bf = 1: inputs and output bfloat16, the reference
  * computed from the same bfloat16 inputs; the output is held to TOL_BF16, its rounding),
- * several (L, Dv) (multiples of 16, L != Dv too), chunks C = 16, 32, 64, T = 100 (a partial
+ * several (L, Dv) (multiples of 16, L != Dv too, and L = 32, 64 with Dv = 16, 48 for the bfloat16
+ * dot-product forms), chunks C = 16, 32, 64, T = 100 (a partial
  * last chunk), 16 and 5; non-zero initial states and state gradients; head strides larger than
  * a head's rows. Work buffers and outputs carry guard values past their ends (and in the gaps
  * between heads), which must come back untouched.
@@ -433,9 +434,31 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
         free(r.dz0);
 }
 
+/* exp's special values in this vector form (GLA's and the delta rule's decays take it too): NaN
+ * stays NaN, -inf and anything below -87 give 0, the rest exp(x) to ~1 ulp. */
+static void exp_check(void) {
+    const float xs[] = {NAN, -INFINITY, -100.0f, -87.0f, -20.0f, -1.0f, -1e-3f, 0.0f};
+    float in[W], out[W];
+    for (size_t i = 0; i < sizeof xs / sizeof xs[0]; ++i) {
+        for (int j = 0; j < (int)W; ++j) in[j] = xs[i];
+        vstore(out, vexp_nonpos(vload(in)));
+        float want = xs[i] < -87.0f ? 0.0f : expf(xs[i]);
+        for (int j = 0; j < (int)W; ++j) {
+            int ok = xs[i] != xs[i] ? out[j] != out[j] : fabsf(out[j] - want) <= 3e-7f * want;
+            ++checks;
+            if (!ok) {
+                ++failures;
+                printf("FAIL: vexp_nonpos(%g) = %g, want %g\n", xs[i], out[j], want);
+                break;
+            }
+        }
+    }
+}
+
 int main(void) {
     /* the last: a state beyond REC_MAX_STATE, so the causal forward takes its chunked form */
-    static const long LD[][2] = {{32, 32}, {16, 16}, {48, 48}, {16, 48}, {48, 32}, {144, 128}};
+    static const long LD[][2] = {{32, 32}, {16, 16}, {48, 48}, {16, 48}, {48, 32}, {32, 48},
+                                 {64, 16}, {144, 128}};
     static const long CS[] = {16, 32, 64};
     static const long TS[] = {100, 16, 5};
     const long N = 2;
@@ -448,6 +471,7 @@ int main(void) {
 #endif
     printf("native_harness: %s, vector width W=%d floats, register tile MR=%d x NV=%d\n", isa,
            (int)W, (int)MR, (int)NV);
+    exp_check();
     for (int kind = 0; kind < 2; ++kind)
         for (size_t a = 0; a < sizeof LD / sizeof LD[0]; ++a)
             for (size_t c = 0; c < sizeof CS / sizeof CS[0]; ++c)

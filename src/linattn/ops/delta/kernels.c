@@ -300,9 +300,8 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
             la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
             long t1 = t0 + Tc, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC;
             const u16 *q16 = q, *k16 = k, *v16 = v;
-            la_ahead next = la_next_rows16(q16 + m * qs + t1 * qt, qt, k16 + m * ks + t1 * kt,
-                                           kt, v16 + n * vs + t1 * vt + v0, vt,
-                                           (u16 *)o + n * os + t1 * ot + v0, ot, K, v1 - v0, Tn);
+            la_ahead next = la_next_rows16(q16 + m * qs, qt, k16 + m * ks, kt, v16 + n * vs + v0,
+                                           vt, (u16 *)o + n * os + v0, ot, K, v1 - v0, t1, Tn);
             int rc = gdr_forward_fn(qw, 0, K, kw, 0, K, 1, 0, vw, 0, V, beta + n * bs + t0, 0,
                                     g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,

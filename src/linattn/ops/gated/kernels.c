@@ -211,9 +211,8 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
             la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C;
             const u16 *q16 = q, *k16 = k, *v16 = v;
-            la_ahead next = la_next_rows16(q16 + n * qs + t1 * qt, qt, k16 + n * ks + t1 * kt,
-                                           kt, v16 + n * vs + t1 * vt + v0, vt,
-                                           (u16 *)o + n * os + t1 * ot + v0, ot, K, v1 - v0, Tn);
+            la_ahead next = la_next_rows16(q16 + n * qs, qt, k16 + n * ks, kt, v16 + n * vs + v0,
+                                           vt, (u16 *)o + n * os + v0, ot, K, v1 - v0, t1, Tn);
             int rc = la_gla_forward(qw, 0, K, kw, 0, K, vw, 0, V, g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, C, scale,

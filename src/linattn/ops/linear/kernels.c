@@ -109,7 +109,8 @@ static inline void phi_rows_fetching(int kind, const void *x, long i0, int bf, l
  * from the unrounded features; a line of `a` asked for per vector. Each row's dot product is
  * left as a vector of W partial sums (dv, rows of W) and W rows are summed at once by a
  * transpose: summed row by row, the shuffles, the guard and the division were a fifth of the
- * bfloat16 kernel outside its products. inv and dv: room for Cn rounded up to W rows. */
+ * bfloat16 kernel outside its products. inv and dv: room for Cn rounded up to W rows (the
+ * callers' chunks are whole vectors of rows). */
 static inline void query_features(int kind, const void *x, long i0, int bf, long L, long Cn,
                                   const float *z, float eps, void *f, int fbf, float *inv,
                                   float *dv, la_stream *a) {
@@ -499,7 +500,7 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
                          const void *v, long vs, long N, long Tq, long Tk, long L, long Dv,
                          long C, float eps, float *S, float *z, void *out, long os,
                          float *work) {
-    if (L % W || Dv % W) return -1;
+    if (L % W || Dv % W || C % W || C < 1) return -1; /* the query pass's scratch: whole vectors */
 #if defined(LA_DP_BF16)
     if (bf && L % 32 == 0) { /* pairs of feature vectors: L a multiple of 2 W */
         noncausal_forward_dp(kind, q, qs, k, ks, v, vs, N, Tq, Tk, L, Dv, C, eps, S, z, out, os,
@@ -510,7 +511,8 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
 #endif
     long Ck = KEY_CHUNKS * C;
     float *f = work, *num = f + Ck * L, *vbuf = num + C * Dv;
-    float *inv = f + C * L, *dv = inv + C; /* the query pass's: C L + C + W C <= Ck L floats */
+    float *inv = f + C * L, *dv = inv + C; /* the query pass's: C L + C + W C <= Ck L floats
+                                            * (C a multiple of W) */
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += Ck) {

@@ -118,7 +118,8 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
                                  long Dv, long C, float eps, float *S, float *z, void *out,
                                  long os, float *work) {
     long Ck = DP_KEY_CHUNKS * C;
-    float *inv = work, *dv = inv + C, *num = inv + C * L; /* C + 16 C <= C L floats */
+    float *inv = work, *dv = inv + C, *num = inv + C * L; /* C + 16 C <= C L floats (C % 16
+                                                           * == 0: la_noncausal_forward) */
     u32 *kp = (u32 *)(num + C * Dv), *vp = kp + (Ck + 1) / 2 * L, *fqp = kp;
     u32 *Sp = vp + (Ck + 1) / 2 * Dv;
     const u16 *kh = k, *vh = v;

@@ -43,15 +43,18 @@ static inline la_ahead la_next_rows(const float *q, long qt, const float *k, lon
     return a;
 }
 
-/* The next chunk's 16-bit rows (Tn tokens; T = 0 where Tn is 0, and no address formed): q, k
- * at their first row (rows of K), v, o at their first row's column v0 (V columns); token
- * strides in elements. */
+/* The next chunk's 16-bit rows for a forward over one head: q, k at the head's first row
+ * (rows of K), v, o at its first row's column v0 (V columns); token strides in elements; the
+ * next chunk starts at token t1 and has Tn tokens. T = 0 where Tn is 0, and then no address
+ * past the rows' ends is formed. */
 static inline la_ahead la_next_rows16(const void *q, long qt, const void *k, long kt,
                                       const void *v, long vt, void *o, long ot, long K, long V,
-                                      long Tn) {
+                                      long t1, long Tn) {
     la_ahead a = {0};
     if (Tn > 0)
-        a = (la_ahead){q, k, v, o, 2 * qt, 2 * kt, 2 * vt, 2 * ot, 2 * K, 2 * V, Tn};
+        a = (la_ahead){(const char *)q + 2 * t1 * qt, (const char *)k + 2 * t1 * kt,
+                       (const char *)v + 2 * t1 * vt, (char *)o + 2 * t1 * ot, 2 * qt, 2 * kt,
+                       2 * vt, 2 * ot, 2 * K, 2 * V, Tn};
     return a;
 }
 

@@ -293,7 +293,8 @@ static inline vf vexp_clamped(vf x) {
 static inline vf vexp_nonpos_as(vf x, int coarse) {
     vf n, p = vexp_parts(x, &n, coarse);
 #if defined(__AVX512F__) && LA_W == 16
-    __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    /* kept unless x < -87: NaN stays NaN (a NaN gate is no state reset), as elsewhere */
+    __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
     return (vf)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n);
 #else
     return vselect(x < -87.0f, vsplat(0.0f), vscale2(p, n));
