@@ -84,7 +84,6 @@ def test_a_late_helper_is_not_waited_for(two_threads, monkeypatch):
             b.result(timeout=30)
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
 def _meet(names: dict):
     """A part for run_parts that records which thread ran each slot and holds the first thread
     to take a job until the other has taken one too (whichever starts first: a helper awake
@@ -99,6 +98,7 @@ def _meet(names: dict):
     return part
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
 def test_helpers_share_real_work(two_threads):
     """With a free pool, a helper takes jobs too (slot 1 appears) when jobs take a while."""
     names: dict = {}

@@ -196,14 +196,16 @@ def register(backend: Backend) -> Backend:
 
 
 def register_compiled(op: str, available: Callable[[str], str | None], *,
-                      grad_dtypes: tuple[torch.dtype, ...] = (),
+                      differentiable: bool = False,
                       accepts: Callable[[tuple[str, ...]], str | None] | None = None) -> None:
     """The two backends of an op with C kernels for every input dtype and the torch form only
-    beside them: "native" (CPU; float32, bfloat16 and float16 inputs; differentiable in
-    ``grad_dtypes``) and "portable"."""
-    register(Backend(op, "native", compiled=True, devices=("cpu",),
-                     dtypes=(torch.float32, torch.bfloat16, torch.float16),
-                     grad_dtypes=grad_dtypes, available=available, accepts=accepts))
+    beside them: "native" (CPU; float32, bfloat16 and float16 inputs; with ``differentiable``,
+    gradients in each of them: its backward's float32 passes on widened 16-bit inputs) and
+    "portable"."""
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    register(Backend(op, "native", compiled=True, devices=("cpu",), dtypes=dtypes,
+                     grad_dtypes=dtypes if differentiable else (), available=available,
+                     accepts=accepts))
     register(Backend(op, "portable"))
 
 

@@ -244,12 +244,10 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
             long t1 = t0 + Tc, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
-                la_ahead ahead = la_next_rows(q + m * qs, qt, k + m * ks, kt, v + n * vs + j0, vt,
-                                              o + n * os + j0, ot, K, V, t1, Tn, j0 == v0);
-                if (next && Tn == 0 && n == N - 1) { /* the last chunk: the caller's rows */
-                    ahead = *next;
-                    if (j0 != v0) ahead.q = NULL;
-                }
+                la_ahead ahead = la_chunk_ahead(
+                    la_next_rows(q + m * qs, qt, k + m * ks, kt, v + n * vs + j0, vt,
+                                 o + n * os + j0, ot, K, V, t1, Tn, j0 == v0),
+                    next, Tn == 0 && n == N - 1, j0 == v0);
                 gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk,
                              v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
                              Sout + j0, o + n * os + t0 * ot + j0, ot,

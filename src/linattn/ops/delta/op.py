@@ -389,8 +389,7 @@ def _refuses(traits: tuple[str, ...]) -> str | None:
     return None
 
 
-dispatch.register_compiled(OP, delta_native.unavailable,
-                           grad_dtypes=(torch.float32, torch.bfloat16, torch.float16),
+dispatch.register_compiled(OP, delta_native.unavailable, differentiable=True,
                            accepts=_refuses)
 
 #: The calibration problems, float32, K = V = 64, qk_l2norm, gated: a prefill of 4 heads × 512

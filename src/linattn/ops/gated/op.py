@@ -253,7 +253,7 @@ _PLAIN_TRAITS = ("V:16",)
 
 # ------------------------------------------------------------------------------- backends
 dispatch.register_compiled(
-    OP, gated_native.unavailable, grad_dtypes=(torch.float32, torch.bfloat16, torch.float16),
+    OP, gated_native.unavailable, differentiable=True,
     accepts=lambda traits: "needs V a multiple of 16" if "V:16" not in traits
     else "has no per-value gates" if "gates:v" in traits
     else "has no gradient for the decoding step" if "step:grad" in traits else None)

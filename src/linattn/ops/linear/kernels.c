@@ -51,6 +51,10 @@ static inline float guarded(float den, float eps) {
     den += eps;
     return den == 0.0f ? 1.0f : den;
 }
+static inline vf vguarded(vf den, float eps) {
+    den += eps;
+    return vselect(den == 0.0f, vsplat(1.0f), den);
+}
 
 /* Per-row vectors shared by groups of rows: z (N, nz, L) with nz = ceil(R / zrows), row t of
  * head n reads z[n, t / zrows] (zrows = R: one per head; zrows = C: one per causal chunk). */
@@ -128,9 +132,9 @@ static inline void query_features(int kind, const void *x, long i0, int bf, long
     for (long r0 = 0; r0 < Cn; r0 += W) {
         float t[W * W];
         transpose_block(dv + r0 * W, W, t, W);
-        vf den = vsplat(eps);
+        vf den = vsplat(0.0f);
         for (int r = 0; r < W; ++r) den += vload(t + r * W);
-        vstore(inv + r0, 1.0f / vselect(den == 0.0f, vsplat(1.0f), den));
+        vstore(inv + r0, 1.0f / vguarded(den, eps));
     }
 }
 
@@ -517,19 +521,18 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += Ck) {
             long Cn = Tk - t0 < Ck ? Tk - t0 : Ck;
-            long Nn = Tk - t0 - Cn < Ck ? Tk - t0 - Cn : Ck; /* the next chunk's keys */
-            la_stream kn = la_stream_of(k, n * ks + (t0 + Cn) * L, Nn * L, bf ? 2 : 4);
+            la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, Tk, Ck, L, bf ? 2 : 4);
             /* v's next rows too where they are 16-bit (widened in a burst): float32 rows go to
              * the product as they are, and fetching them here as well cost ~2 % */
-            la_stream vn = la_stream_of(v, n * vs + (t0 + Cn) * Dv, bf ? Nn * Dv : 0, 2);
+            la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, Tk, bf ? Ck : 0, Dv, 2);
             phi_rows_fetching(kind, k, n * ks + t0 * L, bf, Cn * L, f, &kn, &vn);
             gemm(L, Dv, Cn, f, 1, L, f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf), Dv, Sn,
                  Dv, 1, FULL);
             add_colsums(zn, zn, f, NULL, Cn, L);
         }
         for (long t0 = 0; t0 < Tq; t0 += C) {
-            long Cn = Tq - t0 < C ? Tq - t0 : C, Nn = Tq - t0 - Cn < C ? Tq - t0 - Cn : C;
-            la_stream qn = la_stream_of(q, n * qs + (t0 + Cn) * L, Nn * L, bf ? 2 : 4);
+            long Cn = Tq - t0 < C ? Tq - t0 : C;
+            la_stream qn = la_next_chunk(q, n * qs, t0 + Cn, Tq, C, L, bf ? 2 : 4);
             query_features(kind, q, n * qs + t0 * L, bf, L, Cn, zn, eps, f, 0, inv, dv, &qn);
             gemm(Cn, Dv, L, f, L, 1, Sn, Dv, num, Dv, 0, FULL);
             for (long i = 0; i < Cn; ++i)

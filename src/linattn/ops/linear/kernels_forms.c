@@ -83,9 +83,6 @@ static inline __m512i pair_lanes(int high) {
 static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, long Dv, long Cn,
                                  u32 *kp, u32 *vp, float *z, la_stream *a, la_stream *b) {
     const __m512i lo = pair_lanes(0), hi = pair_lanes(1);
-    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
     for (long p = 0; p < (Cn + 1) / 2; ++p) {
         int odd = 2 * p + 1 < Cn;
         const u16 *k0 = k + 2 * p * L, *v0 = v + 2 * p * Dv;
@@ -94,8 +91,7 @@ static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, l
             vf x = vphi_as(kind, vload_any(k0, j, 1), 1);
             vf y = odd ? vphi_as(kind, vload_any(k0 + L, j, 1), 1) : vsplat(0.0f);
             vstore(z + j, vload(z + j) + (x + y));
-            __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)y, (__m512)x);
-            _mm512_storeu_si512(kp + p * L + j, _mm512_permutexvar_epi16(mix, both));
+            _mm512_storeu_si512(kp + p * L + j, bf16_pairs(x, y));
         }
         for (long j = 0; j < Dv; j += 32) {
             __mmask32 m = Dv - j >= 32 ? 0xFFFFFFFFu : 0xFFFFu;
@@ -111,8 +107,9 @@ static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, l
 #ifndef DP_KEY_CHUNKS
 #define DP_KEY_CHUNKS 8
 #endif
-/* la_noncausal_forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32).
- * work: C L + C Dv + ceil(C / 2) (L + Dv) + L Dv / 2 floats. */
+/* la_noncausal_forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32),
+ * keys DP_KEY_CHUNKS chunks at a time. work: C L + C Dv + ceil(DP_KEY_CHUNKS C / 2) (L + Dv) +
+ * L Dv / 2 floats (la_linear_work). */
 static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
                                  const void *v, long vs, long N, long Tq, long Tk, long L,
                                  long Dv, long C, float eps, float *S, float *z, void *out,
@@ -127,9 +124,8 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += Ck) {
             long Cn = Tk - t0 < Ck ? Tk - t0 : Ck, P = (Cn + 1) / 2;
-            long Nn = Tk - t0 - Cn < Ck ? Tk - t0 - Cn : Ck; /* the next chunk's keys */
-            la_stream kn = la_stream_of(k, n * ks + (t0 + Cn) * L, Nn * L, 2);
-            la_stream vn = la_stream_of(v, n * vs + (t0 + Cn) * Dv, Nn * Dv, 2);
+            la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, Tk, Ck, L, 2);
+            la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, Tk, Ck, Dv, 2);
             pair_phi_keys(kind, kh + n * ks + t0 * L, vh + n * vs + t0 * Dv, L, Dv, Cn, kp, vp,
                           zn, &kn, &vn);
             gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0);
@@ -137,8 +133,8 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
         if (!Tq) continue;
         pair_state(Sn, L, Dv, Sp);
         for (long t0 = 0; t0 < Tq; t0 += C) {
-            long Cn = Tq - t0 < C ? Tq - t0 : C, Nn = Tq - t0 - Cn < C ? Tq - t0 - Cn : C;
-            la_stream qn = la_stream_of(q, n * qs + (t0 + Cn) * L, Nn * L, 2);
+            long Cn = Tq - t0 < C ? Tq - t0 : C;
+            la_stream qn = la_next_chunk(q, n * qs, t0 + Cn, Tq, C, L, 2);
             query_features(kind, q, n * qs + t0 * L, 1, L, Cn, zn, eps, fqp, 1, inv, dv, &qn);
             gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0);
             for (long i = 0; i < Cn; ++i)

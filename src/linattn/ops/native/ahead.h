@@ -58,6 +58,17 @@ static inline la_ahead la_next_rows16(const void *q, long qt, const void *k, lon
     return a;
 }
 
+/* A forward's plan for one chunk's column block: its own next chunk's rows, or where this is the
+ * last chunk of the last head, the caller's (`next`, when given: a 16-bit forward's next
+ * chunk); q and k only for the first column block (with_qk). */
+static inline la_ahead la_chunk_ahead(la_ahead own, const la_ahead *next, int last,
+                                      int with_qk) {
+    if (!next || !last) return own;
+    la_ahead a = *next;
+    if (!with_qk) a.q = NULL;
+    return a;
+}
+
 /* Token t's rows of the next chunk asked for (nothing where pf is NULL or the chunk is
  * shorter): width, the column block's floats of v and o where the plan does not say. */
 static inline __attribute__((always_inline)) void la_fetch_ahead(const la_ahead *pf, long t,
@@ -81,10 +92,14 @@ typedef struct {
     long left; /* bytes still to ask for */
 } la_stream;
 
-/* The run of n elements of size es from element i of x, or an empty one where n <= 0 (no
- * address past x's end is formed). */
-static inline la_stream la_stream_of(const void *x, long i, long n, long es) {
-    return n > 0 ? (la_stream){(const char *)x + i * es, n * es} : (la_stream){NULL, 0};
+/* The rows [t1, min(t1 + C, T)) of a head whose first row starts at element i0 of x (rows of n
+ * elements of size es): the chunk after one that ends at t1, or an empty run where there is
+ * none (then no address past x's end is formed). */
+static inline la_stream la_next_chunk(const void *x, long i0, long t1, long T, long C, long n,
+                                      long es) {
+    long rows = T - t1 < C ? T - t1 : C;
+    if (rows <= 0) return (la_stream){NULL, 0};
+    return (la_stream){(const char *)x + (i0 + t1 * n) * es, rows * n * es};
 }
 
 static inline __attribute__((always_inline)) void la_fetch_line(la_stream *s) {

@@ -40,7 +40,6 @@
 #endif
 #endif
 #define W LA_W
-/* Floats in a cache line (64 bytes on the x86 and Arm cores we build for): a prefetch each. */
 
 /* Register tiles: MR rows x NV vectors of accumulators, plus NV vectors of B and one
  * broadcast of A, must fit the register file (32 vector registers on AVX-512 and NEON, 16 on
@@ -253,9 +252,9 @@ static inline void la_copy_cols(float *dst, const float *src, long K, long V, lo
 /* exp(x) = 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2 in two parts, p the degree-7
  * minimax polynomial of exp on |r| <= ln2 / 2 (~1 ulp), or with coarse a degree-4 one (a fit of
  * the relative error: 5.4e-6): p returned, n in *n. */
+#define LA_ROUND_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds a float to an integer */
 static inline vf vexp_parts(vf x, vf *n_out, int coarse) {
-    const vf magic = vsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    vf n = (x * 1.44269504088896341f + magic) - magic;
+    vf n = (x * 1.44269504088896341f + LA_ROUND_MAGIC) - LA_ROUND_MAGIC;
     vf r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     vf p;
@@ -277,7 +276,7 @@ static inline vf vexp_parts(vf x, vf *n_out, int coarse) {
 
 /* p 2^n for an integer n in [-126, 127], 2^n made from n's bits. */
 static inline vf vscale2(vf p, vf n) {
-    return p * (vf)(((vi)(n + 12582912.0f) - (vi)vsplat(12582912.0f) + 127) << 23);
+    return p * (vf)(((vi)(n + LA_ROUND_MAGIC) - (vi)vsplat(LA_ROUND_MAGIC) + 127) << 23);
 }
 
 /* exp(x) for x in [-87, 88] (callers clamp). */

@@ -204,18 +204,21 @@ static void scores(long Cn, long C, long L, const float *fq, const float *fkT, f
  * 4 2^-17 max_t |v_tj| at most (1/400 of the 3u). */
 typedef unsigned u32;
 
+/* (lo[i], hi[i]) rounded to bfloat16 pairs, i < 16: cvtne2ps_pbh(hi, lo) puts lo's 16 values
+ * in the low 256 bits and hi's in the high ones; interleaving those halves 16-bit-wise makes
+ * the pairs. */
+static inline __m512i bf16_pairs(vf lo, vf hi) {
+    __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+    __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                   23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, both);
+}
+
 /* dst[j] = (x[a + j], x[b + j]) as a bfloat16 pair for j < n (n a multiple of 16); b < 0: 0. */
 static inline void pair_rows(const void *x, int bf, long a, long b, long n, u32 *dst) {
     for (long j = 0; j < n; j += 16) {
-        __m512 lo = (__m512)vload_any(x, a + j, bf);
-        __m512 hi = b < 0 ? _mm512_setzero_ps() : (__m512)vload_any(x, b + j, bf);
-        /* cvtne2ps_pbh(hi, lo): lo's 16 values in the low 256 bits, hi's in the high ones;
-         * interleaving those halves 16-bit-wise makes the pairs. */
-        __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-        __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                       8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16,
-                                       0);
-        _mm512_storeu_si512((void *)(dst + j), _mm512_permutexvar_epi16(idx, both));
+        vf hi = b < 0 ? vsplat(0.0f) : vload_any(x, b + j, bf);
+        _mm512_storeu_si512((void *)(dst + j), bf16_pairs(vload_any(x, a + j, bf), hi));
     }
 }
 
