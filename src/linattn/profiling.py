@@ -88,7 +88,7 @@ def _peak_cache() -> Path:
 def _measure_peak(lib, dtype: str) -> float | None:
     """Best GFLOP/s of the library's peak loop over a few timings (a peak: noise only slows it),
     or None where the build lacks the instruction (bfloat16 without AVX512-BF16)."""
-    fn = lib.la_peak_bf16 if dtype == "bfloat16" else lib.la_peak_f32
+    fn = {"amx": lib.la_peak_amx, "bfloat16": lib.la_peak_bf16}.get(dtype, lib.la_peak_f32)
     fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     io = (ctypes.c_float * 4)(0.999999, 1e-7, 1.0, 0.0)
     iters = 1 << 16
@@ -111,11 +111,17 @@ def _measure_peak(lib, dtype: str) -> float | None:
 
 
 def peak_kind(dtype: str, isa: str = "native") -> str:
-    """What :func:`core_peak` measures for kernels of ``dtype`` in the ``isa`` build: "bf16 dot"
-    where that build multiplies bfloat16 in hardware (the native build on an AVX512-BF16 CPU),
-    "fma" otherwise (float32 FMAs: bfloat16 inputs widened to float32 have that limit too)."""
-    bf16 = dtype == "bfloat16" and isa == "native" and "avx512_bf16" in cpu_flags()
-    return "bf16 dot" if bf16 else "fma"
+    """What :func:`core_peak` measures for kernels of ``dtype`` in the ``isa`` build: "amx"
+    (tile products) where that build multiplies bfloat16 on AMX tiles (the native build on an
+    AMX-BF16 CPU), "bf16 dot" where it multiplies them on AVX512-BF16 dot products, "fma"
+    otherwise (float32 FMAs: bfloat16 inputs widened to float32 have that limit too)."""
+    native16 = dtype == "bfloat16" and isa == "native"
+    if native16 and "amx_bf16" in cpu_flags():
+        from linattn.ops.native import amx_tiles
+
+        if amx_tiles():
+            return "amx"
+    return "bf16 dot" if native16 and "avx512_bf16" in cpu_flags() else "fma"
 
 
 def core_peak(dtype: str = "float32", isa: str = "native", refresh: bool = False
@@ -123,9 +129,10 @@ def core_peak(dtype: str = "float32", isa: str = "native", refresh: bool = False
     """One core's multiply-add peak in GFLOP/s, the limit a kernel of ``dtype`` compiled for
     the ``isa`` build is measured against (:func:`peak_kind`): float32 (and float64, which the
     kernels do not vectorise beyond it) -> FMAs at the build's vector width
-    (``la_peak_f32`` in ops/native/native.c); bfloat16 -> the AVX512-BF16 dot product
-    ``vdpbf16ps`` (2 products and 2 adds per float32 lane, ``la_peak_bf16``) where the build has
-    it, else the float32 FMA peak. AMX tiles are not measured (no kernel here uses them yet).
+    (``la_peak_f32`` in ops/native/native.c); bfloat16 -> the AMX tile product ``tdpbf16ps``
+    (``la_peak_amx``) where the build has it and the kernel hands the tiles out, else the
+    AVX512-BF16 dot product ``vdpbf16ps`` (2 products and 2 adds per float32 lane,
+    ``la_peak_bf16``) where the build has it, else the float32 FMA peak.
 
     Measured once per machine (the CPU tag of the compiled builds), build and kind, on the
     calling thread, and cached in the user cache (``peaks-<tag>.json``), as the dispatcher's
@@ -149,8 +156,8 @@ def core_peak(dtype: str = "float32", isa: str = "native", refresh: bool = False
     value = value if isinstance(value, (int, float)) and value > 0 else None
     if refresh or value is None:
         lib = native.load(isa)
-        fresh = None if lib is None else _measure_peak(lib, "bfloat16" if kind == "bf16 dot"
-                                                        else "float32")
+        fresh = None if lib is None else _measure_peak(
+            lib, {"amx": "amx", "bf16 dot": "bfloat16"}.get(kind, "float32"))
         if fresh is not None:
             value = max(fresh, value or 0.0)
             cached[key] = value

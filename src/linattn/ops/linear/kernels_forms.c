@@ -75,31 +75,46 @@ static inline __m512i pair_lanes(int high) {
 }
 
 /* The non-causal key pass's operands, made in one pass over a chunk's rows (k and v bfloat16,
- * rows of L and Dv, both multiples of 16): kp[p] = (phi(k_2p), phi(k_2p+1)) rounded, vp[p] =
- * (v_2p, v_2p+1) moved as they are (no widening and rounding back), z[0:L] += the unrounded
- * phi(k_t); an odd last token is paired with zeros. Made in separate passes (features, then
- * pairs, then column sums) they cost as much as the products: every pass went to memory or
- * to L1 again. A line of each of a and b is asked for per vector of features. */
+ * rows of L and Dv, both multiples of 16), for Pp pairs (a multiple of 16; pairs of tokens
+ * beyond Cn are zeros): kp feature by feature (rows of Pp pairs: kp[i Pp + p] = (phi(k_2p)_i,
+ * phi(k_2p+1)_i) rounded), vp[p] = (v_2p, v_2p+1) moved as they are (no widening and rounding
+ * back), z[0:L] += the unrounded phi(k_t). Features by feature rows, so that the pairs run
+ * along a row as an AMX tile takes them (the vdpbf16ps tiles read them by broadcast either
+ * way): 16 pairs of a block of 16 features are made, then transposed as 32-bit words. Made in
+ * separate passes (features, then pairs, then column sums) they cost as much as the products:
+ * every pass went to memory or to L1 again. A line of each of a and b is asked for per vector
+ * of features. */
 static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, long Dv, long Cn,
-                                 u32 *kp, u32 *vp, float *z, la_stream *a, la_stream *b) {
+                                 long Pp, u32 *kp, u32 *vp, float *z, la_stream *a,
+                                 la_stream *b) {
     const __m512i lo = pair_lanes(0), hi = pair_lanes(1);
-    for (long p = 0; p < (Cn + 1) / 2; ++p) {
-        int odd = 2 * p + 1 < Cn;
-        const u16 *k0 = k + 2 * p * L, *v0 = v + 2 * p * Dv;
+    u32 block[16 * 16] __attribute__((aligned(64)));
+    for (long p0 = 0; p0 < Pp; p0 += 16) {
         for (long j = 0; j < L; j += 16) {
-            la_fetch_line(a), la_fetch_line(b);
-            vf x = vphi_as(kind, vload_any(k0, j, 1), 1);
-            vf y = odd ? vphi_as(kind, vload_any(k0 + L, j, 1), 1) : vsplat(0.0f);
-            vstore(z + j, vload(z + j) + (x + y));
-            _mm512_storeu_si512(kp + p * L + j, bf16_pairs(x, y));
+            vf sum = vsplat(0.0f);
+            for (long p = p0; p < p0 + 16; ++p) {
+                la_fetch_line(a), la_fetch_line(b);
+                const u16 *k0 = k + 2 * p * L;
+                vf x = 2 * p < Cn ? vphi_as(kind, vload_any(k0, j, 1), 1) : vsplat(0.0f);
+                vf y = 2 * p + 1 < Cn ? vphi_as(kind, vload_any(k0 + L, j, 1), 1) : vsplat(0.0f);
+                sum += x + y;
+                _mm512_store_si512(block + (p - p0) * 16, bf16_pairs(x, y));
+            }
+            vstore(z + j, vload(z + j) + sum);
+            transpose_block((const float *)block, 16, (float *)(kp + j * Pp + p0), Pp);
         }
-        for (long j = 0; j < Dv; j += 32) {
-            __mmask32 m = Dv - j >= 32 ? 0xFFFFFFFFu : 0xFFFFu;
-            __m512i x = _mm512_maskz_loadu_epi16(m, v0 + j);
-            __m512i y = odd ? _mm512_maskz_loadu_epi16(m, v0 + Dv + j) : _mm512_setzero_si512();
-            _mm512_storeu_si512(vp + p * Dv + j, _mm512_permutex2var_epi16(x, lo, y));
-            if (Dv - j >= 32)
-                _mm512_storeu_si512(vp + p * Dv + j + 16, _mm512_permutex2var_epi16(x, hi, y));
+        for (long p = p0; p < p0 + 16; ++p) {
+            const u16 *v0 = v + 2 * p * Dv;
+            for (long j = 0; j < Dv; j += 32) {
+                __mmask32 m = Dv - j >= 32 ? 0xFFFFFFFFu : 0xFFFFu;
+                __m512i x = 2 * p < Cn ? _mm512_maskz_loadu_epi16(m, v0 + j)
+                                       : _mm512_setzero_si512();
+                __m512i y = 2 * p + 1 < Cn ? _mm512_maskz_loadu_epi16(m, v0 + Dv + j)
+                                           : _mm512_setzero_si512();
+                _mm512_storeu_si512(vp + p * Dv + j, _mm512_permutex2var_epi16(x, lo, y));
+                if (Dv - j >= 32)
+                    _mm512_storeu_si512(vp + p * Dv + j + 16, _mm512_permutex2var_epi16(x, hi, y));
+            }
         }
     }
 }
@@ -123,12 +138,12 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += Ck) {
-            long Cn = Tk - t0 < Ck ? Tk - t0 : Ck, P = (Cn + 1) / 2;
+            long Cn = Tk - t0 < Ck ? Tk - t0 : Ck, Pp = (Cn + 31) / 32 * 16;
             la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, Tk, Ck, L, 2);
             la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, Tk, Ck, Dv, 2);
-            pair_phi_keys(kind, kh + n * ks + t0 * L, vh + n * vs + t0 * Dv, L, Dv, Cn, kp, vp,
-                          zn, &kn, &vn);
-            gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0);
+            pair_phi_keys(kind, kh + n * ks + t0 * L, vh + n * vs + t0 * Dv, L, Dv, Cn, Pp, kp,
+                          vp, zn, &kn, &vn);
+            gemm_dp(L, Dv, Pp, kp, Pp, 1, vp, Dv, Sn, Dv, 1, 0);
         }
         if (!Tq) continue;
         pair_state(Sn, L, Dv, Sp);

@@ -38,6 +38,7 @@ from linattn.ops.native.build import (
     SOURCES,
     KernelSet,
     _check_code,
+    amx_tiles,
     bf16_products,
     build_or_native,
     can_run,
@@ -83,7 +84,7 @@ from linattn.ops.native.threads import (
 )
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
-           "describe", "runnable_isas", "bf16_products", "empty_cache", "empty_hugepage",
+           "describe", "runnable_isas", "bf16_products", "amx_tiles", "empty_cache", "empty_hugepage",
            "float32_rows", "recycled_cast", "pool", "check_rc", "work_size",
            "NATIVE_PARALLEL_MIN", "native_threads", "note_late", "note_on_time", "split_done",
            "rows", "float32_step_rows",

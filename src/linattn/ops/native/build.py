@@ -296,3 +296,16 @@ def bf16_products() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX on x86, the BF16
     extension on aarch64), so that torch's bfloat16 matmuls beat float32 ones."""
     return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cbuild.cpu_flags())
+
+
+def amx_tiles(isa: str = "native") -> bool:
+    """Whether the ``isa`` build multiplies bfloat16 on AMX tiles here: compiled for a CPU with
+    AMX-BF16, the kernel handing the tiles to this process, and ``LINATTN_AMX`` not ``0``
+    (``la_amx`` in ops/native/tiles.h)."""
+    if "amx_bf16" not in _cbuild.cpu_flags():
+        return False
+    lib = load(isa)
+    if lib is None:
+        return False
+    lib.la_amx.restype = ctypes.c_int
+    return bool(lib.la_amx())

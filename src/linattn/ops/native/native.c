@@ -58,6 +58,54 @@ double la_peak_bf16(long iters, float *io) {
 }
 #endif
 
+/* 1 where this build multiplies bfloat16 on AMX tiles in this process (tiles.h), else 0. */
+int la_amx(void) {
+#if defined(LA_AMX)
+    return amx_ready();
+#else
+    return 0;
+#endif
+}
+
+/* The AMX tile peak (tdpbf16ps: 16 x 16 sums of 32 bfloat16 products, 16,384 operations), or
+ * -1 where the build or the kernel has no tiles. Four output tiles in turn cover the product's
+ * latency (about four times its issue interval). */
+double la_peak_amx(long iters, float *io) {
+#if defined(LA_AMX)
+    if (!amx_ready()) return -1.0;
+    static u16 ops[2][16 * 32] __attribute__((aligned(64)));
+    static float out[16 * 16] __attribute__((aligned(64)));
+    for (int i = 0; i < 16 * 32; ++i) ops[0][i] = f2bf(io[0]), ops[1][i] = f2bf(io[1]);
+    amx_configure();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ops[0], 64);
+    _tile_loadd(5, ops[0], 64);
+    _tile_loadd(6, ops[1], 64);
+    _tile_loadd(7, ops[1], 64);
+    for (long i = 0; i < iters; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float s = 0.0f;
+    _tile_stored(0, out, 64);
+    for (int i = 0; i < 16 * 16; ++i) s += out[i];
+    _tile_stored(3, out, 64);
+    for (int i = 0; i < 16 * 16; ++i) s += out[i];
+    _tile_release();
+    io[3] = s;
+    return 4.0 * 2 * 16 * 16 * 32 * (double)iters;
+#else
+    (void)iters;
+    (void)io;
+    return -1.0;
+#endif
+}
+
 /* fn(slot) once on each thread of an OpenMP team of up to `threads` (slot 0 the calling
  * thread): the team torch's own operations run on (la_parallel in common.h says why), here for
  * the Python side, whose parts of a pass take jobs from a shared queue in fn
