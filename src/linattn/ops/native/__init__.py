@@ -84,8 +84,8 @@ from linattn.ops.native.threads import (
 )
 
 __all__ = ["ISA_FLAGS", "SOURCES", "load", "source", "required_symbols", "unavailable_reason",
-           "describe", "runnable_isas", "bf16_products", "amx_tiles", "empty_cache", "empty_hugepage",
-           "float32_rows", "recycled_cast", "pool", "check_rc", "work_size",
+           "describe", "runnable_isas", "bf16_products", "amx_tiles", "empty_cache",
+           "empty_hugepage", "float32_rows", "recycled_cast", "pool", "check_rc", "work_size",
            "NATIVE_PARALLEL_MIN", "native_threads", "note_late", "note_on_time", "split_done",
            "rows", "float32_step_rows",
            "KernelSet", "PARALLEL_MIN", "threads_for", "run_parts", "torch_on_one_thread",
