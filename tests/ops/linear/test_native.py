@@ -7,6 +7,7 @@ state (S, z) between blocks and chunks is exercised, forward and backward."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 import warnings
 
@@ -351,19 +352,40 @@ def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
     torch.testing.assert_close(got.double(), want, rtol=4 * eps, atol=4 * eps)
 
 
+@pytest.fixture(params=["tiles", "no tiles"])
+def amx(request, native_on):
+    """The bfloat16 products on AMX tiles ("tiles", where this CPU has them) or on vdpbf16ps
+    (the form every other CPU with AVX512-BF16 runs; on an AMX CPU, tiles turned off for the
+    test)."""
+    lib = native.load()
+    if request.param == "tiles":
+        if not native.amx_tiles():
+            pytest.skip("no AMX tiles on this CPU")
+        yield True
+        return
+    lib.la_amx_use.restype = ctypes.c_int
+    was = lib.la_amx_use(0) if lib is not None else 0
+    try:
+        yield False
+    finally:
+        if was:
+            lib.la_amx_use(1)
+
+
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("T", [1, 64, 301])
 @pytest.mark.parametrize("D, Dv", [(64, 48), (160, 112)])
-def test_bfloat16_one_pass_within_its_bound(native_on, feature_map, is_causal, T, D, Dv):
+def test_bfloat16_one_pass_within_its_bound(amx, feature_map, is_causal, T, D, Dv):
     """The one-pass forwards on bfloat16 (ℓ a multiple of 32, no mask), which run their
     products on bfloat16 dot products where the build has them (kernels.c: φ(k), φ(q), the
     state and the causal scores rounded to bfloat16, sums in float32): |o − exact| ≤
     3u·max_t |v_tj| + u·|o_j| with u = 2⁻⁸ (bfloat16's unit roundoff; a u for each rounded
     operand of a product and for the state or score it came from, one for the output), plus
     float32 sums and, in the non-causal form, 4·2⁻¹⁷·max_t |v_tj| for φ made to 2⁻¹⁷ (tiles.h).
-    Elsewhere the float32-arithmetic passes meet the same bound: the causal
-    recurrent form takes states up to 128 x 128 (D = 64), the dot products the larger one."""
+    On AMX tiles the products round the same operands. Elsewhere the float32-arithmetic
+    passes meet the same bound: the causal recurrent form takes states up to 128 x 128
+    (D = 64; on tiles the chunked form takes every size), the dot products the larger one."""
     q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=T, D=D, Dv=Dv, seed=T))
     with torch.no_grad():
         # chunks of 32: the one-pass kernels (the fixture's chunks of 4 take the block passes)
@@ -371,7 +393,7 @@ def test_bfloat16_one_pass_within_its_bound(native_on, feature_map, is_causal, T
                                        chunk_size=32)
     want = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
                                               feature_map=feature_map, is_causal=is_causal)
-    assert got.dtype == torch.bfloat16 and native_on
+    assert got.dtype == torch.bfloat16
     u = torch.finfo(torch.bfloat16).eps / 2
     vmax = v.double().abs().amax(dim=-2, keepdim=True)  # per head and column
     phi_err = 0.0 if is_causal else 4 * 2.0**-17

@@ -321,7 +321,11 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
                       float *S, float *z, void *out, long os, float *Ss, long sb, float *zss,
                       long zb, long block, float *work) {
     if (C % W || L % W || Dv % W || (Ss && (block < C || block % C))) return -1;
-    if (REC_FORWARD && L * Dv <= REC_MAX_STATE) {
+    int tiles = 0; /* bfloat16 products on AMX tiles beat the recurrence at every size */
+#if defined(LA_DP_BF16)
+    tiles = bf && L % 32 == 0 && dp_on_tiles();
+#endif
+    if (REC_FORWARD && L * Dv <= REC_MAX_STATE && !tiles) {
         causal_forward_rec(kind, bf, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, Ss,
                            sb, zss, zb, block, work);
         stream_fence();

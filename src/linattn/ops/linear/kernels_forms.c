@@ -16,7 +16,7 @@ static inline void pair_keys(const void *v, long v0, long Dv, const float *f, lo
     for (long p = 0; p < (Cn + 1) / 2; ++p) {
         long a = v0 + 2 * p * Dv, odd = 2 * p + 1 < Cn;
         pair_rows(v, 1, a, odd ? a + Dv : -1, Dv, vp + p * Dv);
-        pair_rows(f, 0, 2 * p * L, odd ? (2 * p + 1) * L : -1, L, kp + p * L);
+        if (kp) pair_rows(f, 0, 2 * p * L, odd ? (2 * p + 1) * L : -1, L, kp + p * L);
     }
 }
 
@@ -35,13 +35,19 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
     float *fq = work, *fk = fq + C * L, *A = fk + C * L, *num = A + C * C;
     u32 *fqp = (u32 *)(num + C * Dv), *fkb = fqp + C * L / 2, *fkTp = fkb + C * L / 2;
     u32 *Ab = fkTp + C * L / 2, *kp = fkb, *vp = Ab + C * C / 2, *Sp = vp + C / 2 * Dv;
+    int tiles = dp_on_tiles(); /* phi(k) transposed for S's update (feature rows of C / 2 pairs) */
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
             long Cn = T - t0 < C ? T - t0 : C, P = (Cn + 1) / 2;
             keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
-            phi_rows(kind, q, n * qs + t0 * L, 1, Cn * L, fq);
-            phi_rows(kind, k, n * ks + t0 * L, 1, Cn * L, fk);
+            /* the next chunk's rows asked for while the features are made: unasked, the loads
+             * of q, k and v were 26 % of this form's samples (Intel Xeon, AMX) */
+            la_stream qn = la_next_chunk(q, n * qs, t0 + Cn, T, C, L, 2);
+            la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, T, C, L, 2);
+            la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, T, C, Dv, 2), none = {NULL, 0};
+            phi_rows_fetching(kind, q, n * qs + t0 * L, 1, Cn * L, fq, &qn, &kn);
+            phi_rows_fetching(kind, k, n * ks + t0 * L, 1, Cn * L, fk, &vn, &none);
             if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
                 memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
             bf16_rows(fq, Cn, L, (u16 *)fqp);
@@ -51,13 +57,19 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
             gemm_dp(Cn, Dv, L / 2, fqp, L / 2, 1, Sp, Dv, num, Dv, 0, 0); /* phi(q) S */
             scores_dp(Cn, C, L, fqp, fkTp, A); /* tril(phi(q) phi(k)^T) */
             bf16_rows(A, Cn, C, (u16 *)Ab);
-            pair_keys(v, n * vs + t0 * Dv, Dv, fk, L, Cn, vp, kp);
+            pair_keys(v, n * vs + t0 * Dv, Dv, fk, L, Cn, vp, tiles ? NULL : kp);
             gemm_dp(Cn, Dv, P, Ab, C / 2, 1, vp, Dv, num, Dv, 1, 1); /* + A v */
             for (long i = 0; i < Cn; ++i)
                 scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
                                  1.0f / guarded(causal_den(fq + i * L, zn, A + i * C, i, L), eps),
                                  Dv);
-            gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0); /* S += phi(k)^T v */
+            if (tiles) { /* S += phi(k)^T v with the pairs along A's rows: phi(k)^T rounded */
+                transpose(C, L, fk, fq); /* fq is spent */
+                bf16_rows(fq, L, C, (u16 *)kp);
+                gemm_dp(L, Dv, P, kp, C / 2, 1, vp, Dv, Sn, Dv, 1, 0);
+            } else {
+                gemm_dp(L, Dv, P, kp, 1, L, vp, Dv, Sn, Dv, 1, 0);
+            }
             add_colsums(zn, zn, fk, NULL, Cn, L);
         }
     }

@@ -67,6 +67,19 @@ int la_amx(void) {
 #endif
 }
 
+/* Tiles on (where the kernel grants them) or off for this process, whatever LINATTN_AMX said;
+ * returns the previous setting: the tests run both forms on one CPU. */
+int la_amx_use(int on) {
+#if defined(LA_AMX)
+    int was = amx_ready();
+    __atomic_store_n(&amx_state, on ? amx_request() : 0, __ATOMIC_RELAXED);
+    return was;
+#else
+    (void)on;
+    return 0;
+#endif
+}
+
 /* The AMX tile peak (tdpbf16ps: 16 x 16 sums of 32 bfloat16 products, 16,384 operations), or
  * -1 where the build or the kernel has no tiles. Four output tiles in turn cover the product's
  * latency (about four times its issue interval). */

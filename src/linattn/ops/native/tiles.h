@@ -164,8 +164,11 @@ static void transpose(long rows, long cols, const float *src, float *dst) {
 /* The causal mask inside a row tile of scores (rows i0 .. i0 + mr - 1, rows of C): zero above
  * the diagonal. */
 static inline void mask_above(float *Acc, long C, long i0, long mr) {
-    for (long i = 0; i < mr; ++i)
-        for (long j = i0 + i + 1; j < C; ++j) Acc[(i0 + i) * C + j] = 0.0f;
+    for (long i = i0; i < i0 + mr; ++i) { /* to a vector's edge, then whole vectors (C % W == 0) */
+        long j = i + 1;
+        for (; j < C && j % W; ++j) Acc[i * C + j] = 0.0f;
+        for (; j < C; j += W) vstore(Acc + i * C + j, vsplat(0.0f));
+    }
 }
 
 /* Scores of a chunk of Cn <= C rows: Acc[i, j] = fq_i . fk_j for j <= i, 0 above (fkT: L x C,
@@ -277,12 +280,15 @@ static void gemm_dp_vec(long M, long Nc, long P, const u32 *A, long lda, long ap
  * LINATTN_AMX=0 in the environment keeps them off (the vdpbf16ps forms run instead). */
 static int amx_state = -1; /* -1: not asked yet */
 
+static int amx_request(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+
 static int amx_ready(void) {
     int s = __atomic_load_n(&amx_state, __ATOMIC_RELAXED);
     if (s < 0) {
         const char *off = getenv("LINATTN_AMX");
-        s = !(off && off[0] == '0') &&
-            syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+        s = !(off && off[0] == '0') && amx_request();
         __atomic_store_n(&amx_state, s, __ATOMIC_RELAXED);
     }
     return s;
@@ -371,10 +377,27 @@ static void gemm_dp(long M, long Nc, long P, const u32 *A, long lda, long ap, co
     gemm_dp_vec(M, Nc, P, A, lda, ap, B, ldb, C, ldc, add, lower);
 }
 
+/* Whether gemm_dp multiplies on AMX tiles in this process: where it does, a form lays its
+ * operands out for them (pairs along A's rows) and takes the chunked products over the
+ * recurrences. */
+static inline int dp_on_tiles(void) {
+#if defined(LA_AMX)
+    return amx_ready();
+#else
+    return 0;
+#endif
+}
+
 /* scores() on pairs: Acc[i, j] = phi(q_i) . phi(k_j) for j <= i, 0 above, from phi(q) rounded
  * and paired along the features (fqp: rows of L / 2 pairs) and phi(k) likewise, transposed as
- * pairs (fkTp: L / 2 rows of C, zero beyond Cn). */
+ * pairs (fkTp: L / 2 rows of C, zero beyond Cn). On tiles the whole square is multiplied, then
+ * masked: a tile product costs less than the bookkeeping of skipping it. */
 static void scores_dp(long Cn, long C, long L, const u32 *fqp, const u32 *fkTp, float *Acc) {
+    if (Cn >= 16 && dp_on_tiles()) {
+        gemm_dp(Cn, C, L / 2, fqp, L / 2, 1, fkTp, C, Acc, C, 0, 0);
+        mask_above(Acc, C, 0, Cn);
+        return;
+    }
     for (long i0 = 0, mr; i0 < Cn; i0 += mr) {
         mr = row_tile(Cn - i0);
         long reach = i0 + mr;
