@@ -1,7 +1,8 @@
 """What the compiled path reads from its surroundings: the ``LINATTN_*`` settings of the
 compiled kernels, the CPU they are built for, and one warning per cause.
 
-* :data:`SETTINGS` (``LINATTN_NATIVE``, ``LINATTN_NATIVE_ISA``, ``LINATTN_CC_TIMEOUT``) and
+* :data:`SETTINGS` (``LINATTN_NATIVE``, ``LINATTN_NATIVE_ISA``, ``LINATTN_CC_TIMEOUT``,
+  ``LINATTN_AMX``) and
   :func:`setting`: one rule for all (:func:`linattn._config.env_setting`): a bad value warns
   once and is ignored; :func:`check_environment` reads them all up front.
 * The CPU (:func:`cpu_tag`, :func:`cpu_flags`): what keys a ``-march=native`` build in the
@@ -42,6 +43,11 @@ def _native(value: str) -> str | None:
     return "0" if value in _OFF else "1" if value in _ON else "auto" if value == "auto" else None
 
 
+def _on_off(value: str) -> str | None:
+    value = value.lower()
+    return "0" if value in _OFF else "1" if value in _ON else None
+
+
 def _seconds(value: str) -> float | None:
     try:
         seconds = float(value)
@@ -60,6 +66,8 @@ SETTINGS: dict[str, tuple] = {
                            f"one of {', '.join(ISA_NAMES)}", "the calibration's choice"),
     "LINATTN_CC_TIMEOUT": (_seconds, CC_TIMEOUT_S, "a positive number of seconds",
                            f"{CC_TIMEOUT_S:g}"),
+    # bfloat16 products on AMX tiles where the CPU and the kernel have them (ops/native/tiles.h)
+    "LINATTN_AMX": (_on_off, "1", "one of 0, 1, off, on, false, true, no, yes", "1"),
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import linattn
+from linattn._native_env import setting
 from linattn.ops import calibration, dispatch, native
 from linattn.ops.dispatch import Backend, Choice
 from linattn.ops.linear import native as lnative
@@ -175,6 +176,11 @@ def test_unknown_settings_warn_once_naming_the_variable_and_are_ignored(monkeypa
     assert len(caught) == 1
     monkeypatch.setenv("LINATTN_NATIVE_ISA", "GENERIC")  # any case
     assert dispatch.isa_setting() == "generic"
+    monkeypatch.setenv("LINATTN_AMX", "later")
+    with pytest.warns(RuntimeWarning, match="LINATTN_AMX='later' is not one of 0, 1, off"):
+        assert setting("LINATTN_AMX") == "1"
+    monkeypatch.setenv("LINATTN_AMX", "Off")
+    assert setting("LINATTN_AMX") == "0"
 
 
 @needs_native

@@ -7,7 +7,6 @@ state (S, z) between blocks and chunks is exercised, forward and backward."""
 
 from __future__ import annotations
 
-import ctypes
 import types
 import warnings
 
@@ -363,7 +362,6 @@ def amx(request, native_on):
             pytest.skip("no AMX tiles on this CPU")
         yield True
         return
-    lib.la_amx_use.restype = ctypes.c_int
     was = lib.la_amx_use(0) if lib is not None else 0
     try:
         yield False

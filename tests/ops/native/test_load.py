@@ -45,7 +45,7 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Nothing loaded, built, bound, chosen or warned yet in this process; the cache folder
     (returned) under tmp_path."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    for var in ("LINATTN_NATIVE", "LINATTN_NATIVE_ISA", "LINATTN_CC_TIMEOUT"):
+    for var in ("LINATTN_NATIVE", "LINATTN_NATIVE_ISA", "LINATTN_CC_TIMEOUT", "LINATTN_AMX"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr("linattn._native_env._warned", set())
     monkeypatch.setattr(native.build, "_libs", {})

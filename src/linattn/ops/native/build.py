@@ -208,8 +208,11 @@ def _load(isa: str) -> ctypes.CDLL | None:
             _reasons[isa] = err.reason
             _cbuild.warn_failure("native", err)  # once per process
             return None
-        for name in ("la_width", "la_tile"):
+        for name in ("la_width", "la_tile", "la_amx"):
             getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, []
+        lib.la_amx_use.restype, lib.la_amx_use.argtypes = ctypes.c_int, [ctypes.c_int]
+        if _cbuild.setting("LINATTN_AMX") == "0":
+            lib.la_amx_use(0)  # before any kernel asks the OS for the tiles
         return lib
     return None
 
@@ -300,12 +303,9 @@ def bf16_products() -> bool:
 
 def amx_tiles(isa: str = "native") -> bool:
     """Whether the ``isa`` build multiplies bfloat16 on AMX tiles here: compiled for a CPU with
-    AMX-BF16, the kernel handing the tiles to this process, and ``LINATTN_AMX`` not ``0``
-    (``la_amx`` in ops/native/tiles.h)."""
+    AMX-BF16, the OS handing the tiles to this process, and ``LINATTN_AMX`` not off
+    (``la_amx`` in ops/native/native.c)."""
     if "amx_bf16" not in _cbuild.cpu_flags():
         return False
     lib = load(isa)
-    if lib is None:
-        return False
-    lib.la_amx.restype = ctypes.c_int
-    return bool(lib.la_amx())
+    return lib is not None and bool(lib.la_amx())

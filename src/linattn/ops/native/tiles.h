@@ -267,7 +267,6 @@ static void gemm_dp_vec(long M, long Nc, long P, const u32 *A, long lda, long ap
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #define LA_AMX 1
-#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 /* ------------------------------------------------ bfloat16 products on AMX tiles
@@ -277,7 +276,7 @@ static void gemm_dp_vec(long M, long Nc, long P, const u32 *A, long lda, long ap
  * forms lost to float32 there). The operands are the pair layout above as it stands: an A tile
  * is 16 rows of 16 pairs (pairs contiguous along a row), a B tile 16 rows of pairs of 16
  * columns. Linux hands the tile registers out on request, once per process (arch_prctl);
- * LINATTN_AMX=0 in the environment keeps them off (the vdpbf16ps forms run instead). */
+ * la_amx_use(0) keeps them off (LINATTN_AMX=0: the vdpbf16ps forms run instead). */
 static int amx_state = -1; /* -1: not asked yet */
 
 static int amx_request(void) {
@@ -287,8 +286,7 @@ static int amx_request(void) {
 static int amx_ready(void) {
     int s = __atomic_load_n(&amx_state, __ATOMIC_RELAXED);
     if (s < 0) {
-        const char *off = getenv("LINATTN_AMX");
-        s = !(off && off[0] == '0') && amx_request();
+        s = amx_request();
         __atomic_store_n(&amx_state, s, __ATOMIC_RELAXED);
     }
     return s;
