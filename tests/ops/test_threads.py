@@ -65,6 +65,22 @@ def test_every_job_runs_once_and_errors_come_after_all(two_threads):
     assert done == [(0, 0), (0, 1)]  # one thread: in order, on the calling thread
 
 
+def test_each_thread_walks_its_own_run_of_jobs_then_takes_from_the_back():
+    """Jobs next to each other (neighbouring heads, whose states are neighbours in memory) go
+    to one thread in order; a thread done with its run takes from the back of the longest run
+    left, so that the threads meet without interleaving."""
+    from linattn.ops.native.threads import _next_job, _runs
+
+    runs = _runs(8, 2)
+    assert runs == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [_next_job(runs, 1) for _ in range(4)] == [4, 5, 6, 7]
+    assert [_next_job(runs, 1) for _ in range(2)] == [3, 2]  # thread 1 done: the back of run 0
+    assert [_next_job(runs, 0) for _ in range(3)] == [0, 1, None]
+    runs = _runs(5, 3)
+    assert runs == [[0], [1, 2], [3, 4]]
+    assert [_next_job(runs, slot) for slot in (2, 2, 2, 0, 1, 1)] == [3, 4, 2, 0, 1, None]
+
+
 def test_a_late_helper_is_not_waited_for(two_threads, monkeypatch):
     """On Python's pool (a build without OpenMP, a forked child), every pool thread blocked (as
     if descheduled): the calling thread runs every job alone, returns without waiting, and

@@ -314,9 +314,9 @@ def _over_heads(b: _Block, size: int, fn) -> None:
     """fn(h0, h1, work) over groups of heads, on threads where the call is large enough
     (:func:`linattn.ops.native.threads_for`, the library's one thread policy): the compiled
     passes are single-threaded and heads are independent. ctypes releases the GIL during the
-    call, so Python threads run them in parallel. About four groups per thread, taken one at a
-    time (:func:`linattn.ops.native.run_parts`). work: a float32 scratch buffer of ``size``,
-    one per thread."""
+    call, so Python threads run them in parallel. About four groups per thread, a contiguous
+    run of them each, the rest taken as threads finish (:func:`linattn.ops.native.run_parts`).
+    work: a float32 scratch buffer of ``size``, one per thread."""
     if b.N == 0:
         return
     work = b.N * max(b.q.shape[1], b.k.shape[1]) * b.L * b.Dv  # state-element updates

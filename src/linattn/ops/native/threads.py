@@ -340,9 +340,10 @@ def run_jobs(part: Callable, jobs: list, threads: int) -> None:
 def run_parts(part: Callable, jobs: list, threads: int) -> None:
     """``part(slot, *job)`` for every job, on at most ``threads`` threads, the calling one
     included; ``slot`` (0 for the calling thread, 1, 2, ... for helpers) is the index of the
-    thread running it, for per-thread scratch buffers. Threads take the next job when done with
-    one (ctypes releases the GIL), so a thread slowed by another process on its core holds no
-    one up. The helpers are the OpenMP threads torch's own operations run on
+    thread running it, for per-thread scratch buffers. Each thread walks a contiguous run of the
+    jobs and, done with it, takes the next job from the back of the longest run left
+    (:func:`_next_job`; ctypes releases the GIL), so a thread slowed by another process on its
+    core holds no one up. The helpers are the OpenMP threads torch's own operations run on
     (:func:`_on_omp_threads`), else (a build without OpenMP, a forked child) Python threads of
     one pool, where a helper that has not started by the time the calling thread has run out
     of jobs is cancelled, not waited for: with the other core busy, waiting for a descheduled
@@ -354,9 +355,10 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
         for job in jobs:
             part(0, *job)
         return
-    todo, lock = iter(jobs), threading.Lock()
+    lock = threading.Lock()
     errors: list[BaseException] = []
     helpers = min(threads, len(jobs)) - 1
+    runs = _runs(len(jobs), helpers + 1)
     took = [0] * (helpers + 1)  # jobs run per slot
     mine = [0.0]  # the calling thread's time on its jobs
 
@@ -366,9 +368,10 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
         t0 = time.monotonic()
         while True:
             with lock:
-                job = next(todo, None)
+                job = _next_job(runs, slot)
             if job is None:
                 break
+            job = jobs[job]
             try:
                 part(slot, *job)
             except BaseException as e:  # noqa: BLE001 -- re-raised below, after every job
@@ -390,6 +393,27 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
         _late_until = time.monotonic() + BACKOFF_S
     if errors:
         raise errors[0]
+
+
+def _runs(jobs: int, threads: int) -> list[list[int]]:
+    """The jobs 0 .. jobs-1 cut into one contiguous run per thread."""
+    return [list(range(jobs * s // threads, jobs * (s + 1) // threads)) for s in range(threads)]
+
+
+def _next_job(runs: list[list[int]], slot: int) -> int | None:
+    """The next job of thread ``slot``: the front of its own run, else (done with it) the back
+    of the longest run left, or None. Neighbouring jobs (heads next to each other, whose states
+    and running sums are next to each other in memory) then run on one thread, one after the
+    other: run at once on two cores, each write to a head's state invalidated the line that the
+    other core's next-line prefetcher had just pulled in beside its own (the causal forward of
+    8 heads took 1.50x less time on 2 threads than on 1 when the heads were dealt out in turn,
+    1.95x in runs; Intel Xeon with AMX). Taking from the back keeps a thread that another
+    process slows from holding the rest up."""
+    own = runs[slot]
+    if own:
+        return own.pop(0)
+    longest = max(runs, key=len)
+    return longest.pop() if longest else None
 
 
 _SLOT_FN = ctypes.CFUNCTYPE(None, ctypes.c_int)
