@@ -1,8 +1,9 @@
 """Every compiled path against the core's own limit: float32 and bfloat16, one and two threads.
 
 The limit is the core's multiply-add peak for the build and dtype
-(:func:`linattn.profiling.core_peak`: float32 FMAs at the build's vector width; bfloat16 dot
-products ``vdpbf16ps`` where the build has AVX512-BF16), measured again in this process (a peak
+(:func:`linattn.profiling.core_peak`: float32 FMAs at the build's vector width; bfloat16 AMX
+tile products ``tdpbf16ps`` where the build and the OS give the tiles, else dot products
+``vdpbf16ps`` where the build has AVX512-BF16), measured again in this process (a peak
 measured on a busy machine is only lower) and multiplied by the threads. Paths, each on the
 compiled backend (``impl="native"``), forward and forward+backward:
 

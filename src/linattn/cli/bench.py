@@ -4,7 +4,8 @@ Efficiency = useful FLOPs / time / roofline, where the roofline is the GFLOP/s o
 matmul in the same dtype measured in the same process, and the useful FLOPs of a forward are
 4·B·H·T·ℓ·Dv (φ(K)ᵀV and φ(Q)·state), three times that for forward+backward. "Of peak" divides
 the same useful GFLOP/s by the core's own limit times the threads: its multiply-add peak for the
-build and dtype (float32 FMAs; bfloat16 dot products where the build has AVX512-BF16),
+build and dtype (float32 FMAs; bfloat16 AMX tile products where the CPU has them, else dot
+products where the build has AVX512-BF16),
 measured once per machine and cached (:func:`linattn.profiling.core_peak`). torch's matmul
 reaches well under that peak on some cores (~0.4 of it on AMD Zen 5), so an efficiency above 1
 can still be far from the core's limit. Rows:
@@ -218,8 +219,8 @@ def efficiency_table(args, dtype) -> None:
     # machine was busy is too low, and would put a path above 1.0 of it
     peaks = {isa: core_peak(args.dtype, isa, refresh=True) for isa in ["native", *isas]}
     for isa, peak in peaks.items():
-        what = ("bfloat16 dot products" if peak_kind(args.dtype, isa) == "bf16 dot"
-                else "float32 FMAs")
+        what = {"amx": "bfloat16 AMX tile products", "bf16 dot": "bfloat16 dot products"
+                }.get(peak_kind(args.dtype, isa), "float32 FMAs")
         print(f"core peak, {isa} build: " + ("n/a (no compiled build)" if peak is None
                                              else f"{peak:.0f} GFLOP/s per core ({what})"))
     print()
