@@ -316,8 +316,9 @@ def is_small(q: Tensor, v: Tensor, min_work: int = PARALLEL_MIN) -> bool:
 def head_jobs(N: int, V: int, threads: int, columns: bool = True, block: int = 16
               ) -> list[tuple[int, int, int, int]]:
     """(h0, h1, v0, v1) parts of a pass over N heads of V value columns for ``threads``
-    threads: about four groups of heads per thread (taken one at a time, so that a thread
-    slowed by another process does not hold the others up), or, with fewer heads than threads
+    threads: about four groups of heads per thread (a contiguous run per thread, the rest
+    taken as threads finish: :func:`run_parts`, so that a thread slowed by another process
+    does not hold the others up), or, with fewer heads than threads
     and ``columns`` (the kernel can split a head's columns), each head's columns in whole
     blocks of ``block`` (each part prepares q and k again, so no more parts than threads)."""
     if threads <= 1 or N == 0:
