@@ -355,26 +355,28 @@ def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
 def amx(request, native_on):
     """The bfloat16 products on AMX tiles ("tiles", where this CPU has them) or on vdpbf16ps
     (the form every other CPU with AVX512-BF16 runs; on an AMX CPU, tiles turned off for the
-    test)."""
-    lib = native.load()
+    test, in every build the dispatcher may take)."""
     if request.param == "tiles":
         if not native.amx_tiles():
             pytest.skip("no AMX tiles on this CPU")
         yield True
         return
-    was = lib.la_amx_use(0) if lib is not None else 0
+    libs = [lib for lib in map(native.load, native.runnable_isas()) if lib is not None]
+    was = [lib.la_amx_use(0) for lib in libs]
     try:
         yield False
     finally:
-        if was:
-            lib.la_amx_use(1)
+        for lib, on in zip(libs, was, strict=True):
+            if on:
+                lib.la_amx_use(1)
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("T", [1, 64, 301])
+@pytest.mark.parametrize("T, chunk", [(1, 32), (64, 32), (301, 32), (45, 48)])
 @pytest.mark.parametrize("D, Dv", [(64, 48), (160, 112)])
-def test_bfloat16_one_pass_within_its_bound(amx, feature_map, is_causal, T, D, Dv):
+def test_bfloat16_one_pass_within_its_bound(native_on, amx, feature_map, is_causal, T, chunk, D,
+                                            Dv):
     """The one-pass forwards on bfloat16 (ℓ a multiple of 32, no mask), which run their
     products on bfloat16 dot products where the build has them (kernels.c: φ(k), φ(q), the
     state and the causal scores rounded to bfloat16, sums in float32): |o − exact| ≤
@@ -386,12 +388,13 @@ def test_bfloat16_one_pass_within_its_bound(amx, feature_map, is_causal, T, D, D
     (D = 64; on tiles the chunked form takes every size), the dot products the larger one."""
     q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=T, D=D, Dv=Dv, seed=T))
     with torch.no_grad():
-        # chunks of 32: the one-pass kernels (the fixture's chunks of 4 take the block passes)
+        # chunks of 32 or 48: the one-pass kernels (the fixture's chunks of 4 take the block
+        # passes); T = 45 in one chunk of 48 leaves rows and pairs beyond the tiles' 16s
         got = linattn.linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal,
-                                       chunk_size=32)
+                                       chunk_size=chunk)
     want = linattn.reference.linear_attention(q.double(), k.double(), v.double(),
                                               feature_map=feature_map, is_causal=is_causal)
-    assert got.dtype == torch.bfloat16
+    assert got.dtype == torch.bfloat16 and native_on
     u = torch.finfo(torch.bfloat16).eps / 2
     vmax = v.double().abs().amax(dim=-2, keepdim=True)  # per head and column
     phi_err = 0.0 if is_causal else 4 * 2.0**-17

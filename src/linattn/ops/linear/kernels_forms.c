@@ -135,8 +135,8 @@ static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, l
 #define DP_KEY_CHUNKS 8
 #endif
 /* la_noncausal_forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32),
- * keys DP_KEY_CHUNKS chunks at a time. work: C L + C Dv + ceil(DP_KEY_CHUNKS C / 2) (L + Dv) +
- * L Dv / 2 floats (la_linear_work). */
+ * keys DP_KEY_CHUNKS chunks at a time. work: C L + C Dv + Pk (L + Dv) + L Dv / 2 floats, Pk =
+ * the pairs of DP_KEY_CHUNKS C tokens rounded up to 16 (la_linear_work). */
 static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
                                  const void *v, long vs, long N, long Tq, long Tk, long L,
                                  long Dv, long C, float eps, float *S, float *z, void *out,
@@ -144,8 +144,9 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
     long Ck = DP_KEY_CHUNKS * C;
     float *inv = work, *dv = inv + C, *num = inv + C * L; /* C + 16 C <= C L floats (C % 16
                                                            * == 0: la_noncausal_forward) */
-    u32 *kp = (u32 *)(num + C * Dv), *vp = kp + (Ck + 1) / 2 * L, *fqp = kp;
-    u32 *Sp = vp + (Ck + 1) / 2 * Dv;
+    long Pk = (Ck + 31) / 32 * 16; /* the most pairs a key pass makes (Pp) */
+    u32 *kp = (u32 *)(num + C * Dv), *vp = kp + Pk * L, *fqp = kp;
+    u32 *Sp = vp + Pk * Dv;
     const u16 *kh = k, *vh = v;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
