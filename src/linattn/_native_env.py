@@ -38,14 +38,13 @@ ISA_NAMES: tuple[str, ...] = ("native", "avx512", "avx2", "generic", "scalar")
 _OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
 
 
-def _native(value: str) -> str | None:
-    value = value.lower()
-    return "0" if value in _OFF else "1" if value in _ON else "auto" if value == "auto" else None
-
-
 def _on_off(value: str) -> str | None:
     value = value.lower()
     return "0" if value in _OFF else "1" if value in _ON else None
+
+
+def _native(value: str) -> str | None:
+    return "auto" if value.lower() == "auto" else _on_off(value)
 
 
 def _seconds(value: str) -> float | None:

@@ -20,7 +20,7 @@ import torch
 from linattn._io import read_json, user_cache_dir, write_json
 from linattn._native_env import _cpu_lines, cpu_flags, cpu_tag
 
-__all__ = ["median_time", "PeakMemory", "matmul_gflops", "core_peak", "peak_kind",
+__all__ = ["median_time", "PeakMemory", "matmul_gflops", "core_peak", "peak_kind", "PEAK_KINDS",
            "cpu_model", "cpu_flags", "cpu_description"]
 
 _STATUS = Path("/proc/self/status")
@@ -80,15 +80,23 @@ _PEAK_SECONDS = 0.1
 _PEAK_TIMINGS = 5
 _peaks: dict[str, float | None] = {}
 
+#: Each kind of peak (:func:`peak_kind`): the compiled loop that measures it
+#: (ops/native/native.c) and what it counts.
+PEAK_KINDS: dict[str, tuple[str, str]] = {
+    "fma": ("la_peak_f32", "float32 FMAs"),
+    "bf16 dot": ("la_peak_bf16", "bfloat16 dot products"),
+    "amx": ("la_peak_amx", "bfloat16 AMX tile products"),
+}
+
 
 def _peak_cache() -> Path:
     return user_cache_dir() / f"peaks-{cpu_tag()}.json"
 
 
-def _measure_peak(lib, dtype: str) -> float | None:
-    """Best GFLOP/s of the library's peak loop over a few timings (a peak: noise only slows it),
-    or None where the build lacks the instruction (bfloat16 without AVX512-BF16)."""
-    fn = {"amx": lib.la_peak_amx, "bfloat16": lib.la_peak_bf16}.get(dtype, lib.la_peak_f32)
+def _measure_peak(lib, kind: str) -> float | None:
+    """Best GFLOP/s of the library's loop for peak ``kind`` over a few timings (a peak: noise
+    only slows it), or None where the build or the OS lacks the instruction."""
+    fn = getattr(lib, PEAK_KINDS[kind][0])
     fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     io = (ctypes.c_float * 4)(0.999999, 1e-7, 1.0, 0.0)
     iters = 1 << 16
@@ -115,12 +123,11 @@ def peak_kind(dtype: str, isa: str = "native") -> str:
     (tile products) where that build multiplies bfloat16 on AMX tiles (the native build on an
     AMX-BF16 CPU), "bf16 dot" where it multiplies them on AVX512-BF16 dot products, "fma"
     otherwise (float32 FMAs: bfloat16 inputs widened to float32 have that limit too)."""
-    native16 = dtype == "bfloat16" and isa == "native"
-    if native16 and "amx_bf16" in cpu_flags():
-        from linattn.ops.native import amx_tiles
+    from linattn.ops.native import amx_tiles
 
-        if amx_tiles():
-            return "amx"
+    native16 = dtype == "bfloat16" and isa == "native"
+    if native16 and amx_tiles():
+        return "amx"
     return "bf16 dot" if native16 and "avx512_bf16" in cpu_flags() else "fma"
 
 
@@ -158,8 +165,7 @@ def core_peak(dtype: str = "float32", isa: str = "native", refresh: bool = False
     value = value if isinstance(value, (int, float)) and value > 0 else None
     if refresh or value is None:
         lib = native.load(isa)
-        fresh = None if lib is None else _measure_peak(
-            lib, {"amx": "amx", "bf16 dot": "bfloat16"}.get(kind, "float32"))
+        fresh = None if lib is None else _measure_peak(lib, kind)
         if fresh is not None:
             value = max(fresh, value or 0.0)
             cached[key] = value

@@ -199,7 +199,7 @@ def efficiency_table(args, dtype) -> None:
 
     from linattn.feature_maps import get_feature_map
     from linattn.ops import native
-    from linattn.profiling import core_peak, peak_kind
+    from linattn.profiling import PEAK_KINDS, core_peak, peak_kind
 
     B, H, T, d = args.B, args.H, args.T, args.d
     ell = get_feature_map(args.feature_map).num_features(d)
@@ -219,8 +219,7 @@ def efficiency_table(args, dtype) -> None:
     # machine was busy is too low, and would put a path above 1.0 of it
     peaks = {isa: core_peak(args.dtype, isa, refresh=True) for isa in ["native", *isas]}
     for isa, peak in peaks.items():
-        what = {"amx": "bfloat16 AMX tile products", "bf16 dot": "bfloat16 dot products"
-                }.get(peak_kind(args.dtype, isa), "float32 FMAs")
+        what = PEAK_KINDS[peak_kind(args.dtype, isa)][1]
         print(f"core peak, {isa} build: " + ("n/a (no compiled build)" if peak is None
                                              else f"{peak:.0f} GFLOP/s per core ({what})"))
     print()

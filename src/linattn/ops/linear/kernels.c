@@ -336,7 +336,7 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
 #if defined(LA_DP_BF16)
     if (bf && L % 32 == 0) {
         causal_forward_dp(kind, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, Ss, sb,
-                          zss, zb, block, work);
+                          zss, zb, block, tiles, work);
         stream_fence();
         return 0;
     }
@@ -611,7 +611,7 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
     case 0:
         f32 = KEY_CHUNKS * C * (L + Dv) + C * Dv;
 #if defined(LA_DP_BF16)
-        dp = C * L + C * Dv + (DP_KEY_CHUNKS * C + 31) / 32 * 16 * (L + Dv) + L * Dv / 2;
+        dp = C * L + C * Dv + dp_key_pairs(DP_KEY_CHUNKS * C) * (L + Dv) + L * Dv / 2;
 #endif
         break;
     case 1:

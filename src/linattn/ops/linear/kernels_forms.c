@@ -31,11 +31,11 @@ static inline void pair_keys(const void *v, long v0, long Dv, const float *f, lo
 static void causal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
                               const void *v, long vs, long N, long T, long L, long Dv, long C,
                               float eps, float *S, float *z, void *out, long os, float *Ss,
-                              long sb, float *zss, long zb, long block, float *work) {
+                              long sb, float *zss, long zb, long block, int tiles,
+                              float *work) {
     float *fq = work, *fk = fq + C * L, *A = fk + C * L, *num = A + C * C;
     u32 *fqp = (u32 *)(num + C * Dv), *fkb = fqp + C * L / 2, *fkTp = fkb + C * L / 2;
     u32 *Ab = fkTp + C * L / 2, *kp = fkb, *vp = Ab + C * C / 2, *Sp = vp + C / 2 * Dv;
-    int tiles = dp_on_tiles(); /* phi(k) transposed for S's update (feature rows of C / 2 pairs) */
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
@@ -63,7 +63,8 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
                 scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv,
                                  1.0f / guarded(causal_den(fq + i * L, zn, A + i * C, i, L), eps),
                                  Dv);
-            if (tiles) { /* S += phi(k)^T v with the pairs along A's rows: phi(k)^T rounded */
+            if (tiles) { /* S += phi(k)^T v, pairs along A's rows for the tiles: phi(k)^T
+                          * rounded (feature rows of C / 2 pairs) */
                 transpose(C, L, fk, fq); /* fq is spent */
                 bf16_rows(fq, L, C, (u16 *)kp);
                 gemm_dp(L, Dv, P, kp, C / 2, 1, vp, Dv, Sn, Dv, 1, 0);
@@ -125,7 +126,8 @@ static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, l
                                            : _mm512_setzero_si512();
                 _mm512_storeu_si512(vp + p * Dv + j, _mm512_permutex2var_epi16(x, lo, y));
                 if (Dv - j >= 32)
-                    _mm512_storeu_si512(vp + p * Dv + j + 16, _mm512_permutex2var_epi16(x, hi, y));
+                    _mm512_storeu_si512(vp + p * Dv + j + 16,
+                                        _mm512_permutex2var_epi16(x, hi, y));
             }
         }
     }
@@ -134,9 +136,12 @@ static inline void pair_phi_keys(int kind, const u16 *k, const u16 *v, long L, l
 #ifndef DP_KEY_CHUNKS
 #define DP_KEY_CHUNKS 8
 #endif
+/* The pairs the non-causal key pass makes of n tokens: rounded up to 16, the tiles' depth. */
+static inline long dp_key_pairs(long n) { return (n + 31) / 32 * 16; }
+
 /* la_noncausal_forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32),
- * keys DP_KEY_CHUNKS chunks at a time. work: C L + C Dv + Pk (L + Dv) + L Dv / 2 floats, Pk =
- * the pairs of DP_KEY_CHUNKS C tokens rounded up to 16 (la_linear_work). */
+ * keys DP_KEY_CHUNKS chunks at a time. work: C L + C Dv + dp_key_pairs(DP_KEY_CHUNKS C)
+ * (L + Dv) + L Dv / 2 floats (la_linear_work). */
 static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k, long ks,
                                  const void *v, long vs, long N, long Tq, long Tk, long L,
                                  long Dv, long C, float eps, float *S, float *z, void *out,
@@ -144,14 +149,14 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
     long Ck = DP_KEY_CHUNKS * C;
     float *inv = work, *dv = inv + C, *num = inv + C * L; /* C + 16 C <= C L floats (C % 16
                                                            * == 0: la_noncausal_forward) */
-    long Pk = (Ck + 31) / 32 * 16; /* the most pairs a key pass makes (Pp) */
+    long Pk = dp_key_pairs(Ck); /* the most pairs a key pass makes */
     u32 *kp = (u32 *)(num + C * Dv), *vp = kp + Pk * L, *fqp = kp;
     u32 *Sp = vp + Pk * Dv;
     const u16 *kh = k, *vh = v;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += Ck) {
-            long Cn = Tk - t0 < Ck ? Tk - t0 : Ck, Pp = (Cn + 31) / 32 * 16;
+            long Cn = Tk - t0 < Ck ? Tk - t0 : Ck, Pp = dp_key_pairs(Cn);
             la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, Tk, Ck, L, 2);
             la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, Tk, Ck, Dv, 2);
             pair_phi_keys(kind, kh + n * ks + t0 * L, vh + n * vs + t0 * Dv, L, Dv, Cn, Pp, kp,

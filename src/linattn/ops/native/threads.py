@@ -369,12 +369,11 @@ def run_parts(part: Callable, jobs: list, threads: int) -> None:
         t0 = time.monotonic()
         while True:
             with lock:
-                job = _next_job(runs, slot)
-            if job is None:
+                i = _next_job(runs, slot)
+            if i is None:
                 break
-            job = jobs[job]
             try:
-                part(slot, *job)
+                part(slot, *jobs[i])
             except BaseException as e:  # noqa: BLE001 -- re-raised below, after every job
                 errors.append(e)
             took[slot] += 1
