@@ -39,7 +39,7 @@ every sum in float32. Where the build has AVX512-BF16 (and ℓ is a multiple of 
 run on bfloat16 dot products (on AMX tiles where the CPU has them), φ(k), φ(q), the state and
 the causal scores rounded to bfloat16 (|o − exact| ≤ 3u·max|v| + u·|o|, u = 2⁻⁸, and
 4·2⁻¹⁷·max|v| more in the non-causal form, whose φ is made to 2⁻¹⁷; tiles.h), the non-causal
-forward ~1.6× the speed of the float32 pass (AMD Zen 4; 2.4× on AMX tiles, Intel Xeon);
+forward ~1.6× the speed of the float32 pass (AMD Zen 4; 2.6× on AMX tiles, Intel Xeon);
 elsewhere they are the float32 arithmetic on half the memory traffic. The block
 passes multiply bfloat16 blocks where the CPU has bf16 dot products
 (:func:`linattn.ops.native.bf16_products`) and otherwise widen to float32 once. Chunk states
