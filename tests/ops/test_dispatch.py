@@ -151,6 +151,32 @@ def test_turned_off_by_the_environment(monkeypatch):
         linattn.delta_rule(*_delta_args())
 
 
+def test_the_memo_follows_the_environment_from_call_to_call(monkeypatch):
+    """The memo's key holds the settings as the environment holds them now (read cheaply,
+    still encoded: :func:`linattn._config.env_raw`), so setting or clearing one between two
+    calls changes the next choice."""
+    monkeypatch.delenv("LINATTN_NATIVE", raising=False)
+    facts = ("delta_rule", "step", torch.float32, "cpu", False, ("V:16",), None, False)
+    first = dispatch.select(*facts)
+    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    assert dispatch.select(*facts).backend != "native"
+    monkeypatch.delenv("LINATTN_NATIVE")
+    assert dispatch.select(*facts) == first
+
+
+def test_raw_settings_read_the_environment_as_it_is_now(monkeypatch):
+    from linattn._config import env_raw
+    monkeypatch.setenv("LINATTN_TEST_RAW", "x1")
+    before = env_raw("LINATTN_TEST_RAW")
+    monkeypatch.setenv("LINATTN_TEST_RAW", "x2")
+    assert env_raw("LINATTN_TEST_RAW") not in (None, before)
+    monkeypatch.delenv("LINATTN_TEST_RAW")
+    assert env_raw("LINATTN_TEST_RAW") is None
+    # an environment that is a plain mapping (a test's, an embedding's): read as such
+    monkeypatch.setattr("os.environ", {"LINATTN_TEST_RAW": "x3"})
+    assert env_raw("LINATTN_TEST_RAW") == "x3"
+
+
 @pytest.mark.parametrize("value, want", [("0", "0"), ("off", "0"), ("False", "0"), ("no", "0"),
                                          ("1", "1"), ("on", "1"), ("TRUE", "1"), ("", "auto"),
                                          ("auto", "auto")])

@@ -39,7 +39,6 @@ Tests and benchmarks choose a path with :func:`use` instead of patching module g
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from linattn import _cbuild
+from linattn._config import env_raw
 from linattn.ops import calibration
 from linattn.ops._choice import Choice
 from linattn.ops.native import runnable_isas, torch_threads
@@ -276,11 +276,10 @@ def select(op: str, form: str, dtype: torch.dtype, device: str, grad: bool,
     Raises ValueError when the policy names a backend that the op lacks or that cannot take the
     call. Repeated calls with the same facts cost a dictionary lookup."""
     pol = _POLICY.get()
-    env = os.environ
     # (the policy fields the choice depends on: hashing the whole dataclass costs more; the
     # variables as set, parsed only on a miss: this is on every decoding step)
     key = (op, form, dtype, device, grad, traits, length, tracing, pol.impl, pol.fused_min_t,
-           env.get("LINATTN_NATIVE"), env.get("LINATTN_NATIVE_ISA"), torch_threads())
+           env_raw("LINATTN_NATIVE"), env_raw("LINATTN_NATIVE_ISA"), torch_threads())
     choice = _memo.get(key)
     if choice is None:
         choice = _select(op, form, dtype, device, grad, traits, length, tracing, pol,
