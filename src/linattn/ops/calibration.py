@@ -29,15 +29,24 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from linattn import _cbuild
 from linattn._io import user_cache_dir, write_atomic
 from linattn.ops import native
-from linattn.ops._choice import Choice
 
-__all__ = ["winner", "verdict", "cache_path", "forget"]
+__all__ = ["Choice", "winner", "verdict", "cache_path", "forget"]
+
+
+class Choice(NamedTuple):
+    """What the dispatcher decides for a call: a backend's name and, for a compiled one, the
+    ISA build (None for torch backends). Here, where the candidates are measured, because the
+    dispatcher (which decides) imports this module and this module must not import it."""
+
+    backend: str
+    isa: str | None = None
 
 #: the fastest of this many calls per candidate counts, after one warm-up call
 REPEATS = 5

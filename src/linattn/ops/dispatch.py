@@ -50,7 +50,7 @@ import torch
 from linattn import _cbuild
 from linattn._config import env_raw
 from linattn.ops import calibration
-from linattn.ops._choice import Choice
+from linattn.ops.calibration import Choice
 from linattn.ops.native import runnable_isas, torch_threads
 
 __all__ = ["Policy", "policy", "use", "IMPLS", "native_setting", "isa_setting",
