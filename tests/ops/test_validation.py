@@ -796,3 +796,26 @@ def test_a_state_written_in_place_that_is_an_inference_tensor(impl):
                 before = (S.clone(), conv.clone())
                 call()
                 assert not (torch.equal(S, before[0]) and torch.equal(conv, before[1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_range_checks_see_every_element_and_refuse_nan(dtype):
+    """The min-max reduction behind the value checks (β finite, log-gates <= 0, γ in [0, 1])
+    finds one bad element anywhere, at either end, and nan among values in range."""
+    from linattn.ops._common import check_range, within
+
+    inf = float("inf")
+    x = torch.rand(3, 1000, dtype=dtype) - 2  # in [-2, -1)
+    assert within(x, -inf, 0.0) and within(x, -inf, inf, open_ends=True)
+    assert within(x[:0], 0.0, 0.0)  # nothing to refuse
+    for where in (0, 1717, 2999):
+        for bad, lo, hi, open_ends in ((float("nan"), -inf, 0.0, False), (inf, -inf, inf, True),
+                                       (-inf, -inf, inf, True), (0.5, -inf, 0.0, False)):
+            y = x.clone()
+            y.view(-1)[where] = bad
+            assert not within(y, lo, hi, open_ends=open_ends), (where, bad)
+            with pytest.raises(ValueError, match="^x: out of range, got it$"):
+                check_range(y, lo, hi, "x: out of range", lambda: ", got it", open_ends=open_ends)
+    y = x.clone()
+    y.view(-1)[5] = -inf
+    assert within(y, -inf, 0.0)  # a closed end takes its bound: a log-gate of -inf is a decay to 0

@@ -402,6 +402,30 @@ def check_values(x: Tensor, test: Callable[[Tensor], Tensor], message: str,
         raise ValueError(message + ("" if detail is None else detail()))
 
 
+def within(x: Tensor, lo: float, hi: float, *, open_ends: bool = False) -> bool:
+    """Whether every value of ``x`` (values readable: not traced, not meta) lies in [lo, hi],
+    or in (lo, hi) with ``open_ends``; nan never does (the reduction carries it). One min-max
+    reduction on the calling thread up to 2²⁰ elements: ~8 µs for 32,768 floats, where an
+    element-wise test and its ``all()`` took ~70 µs (a gated delta prefill of 2,048 tokens and
+    16 heads checks β and the gates this way)."""
+    if not x.numel():
+        return True
+    with torch_on_one_thread(x.numel() <= 1 << 20):
+        least, most = (float(t) for t in x.aminmax())
+    return lo < least and most < hi if open_ends else lo <= least and most <= hi
+
+
+def check_range(x: Tensor, lo: float, hi: float, message: str,
+                detail: Callable[[], str] | None = None, *, open_ends: bool = False) -> None:
+    """:func:`check_values` for the test "every value in [lo, hi]" ("in (lo, hi)" with
+    ``open_ends``; nan fails either), by :func:`within` where the values can be read."""
+    if tracing(x) or x.is_meta:
+        check_values(x, (lambda y: (y > lo) & (y < hi)) if open_ends
+                     else (lambda y: (y >= lo) & (y <= hi)), message, detail)
+    elif not within(x, lo, hi, open_ends=open_ends):
+        raise ValueError(message + ("" if detail is None else detail()))
+
+
 def nonfinite(x: Tensor) -> str:
     """Which of nan, inf, -inf occur in ``x`` (for an error message; reads the values)."""
     found = [name for name, bad in (("nan", x.isnan()), ("inf", x == math.inf),
@@ -443,8 +467,7 @@ def check_gamma(gamma: object, batch: tuple[int, ...], like: Tensor) -> Tensor:
     ``gamma`` unless numbers (:func:`gamma_tensor`), ValueError outside [0, 1] or when it does
     not broadcast to ``batch``."""
     g = gamma_tensor(gamma, like.dtype, like.device)
-    check_values(g, lambda g: (g >= 0) & (g <= 1),  # nan fails both
-                 "gamma: expected decays in [0, 1]", lambda: f", got {shown(gamma)}")
+    check_range(g, 0.0, 1.0, "gamma: expected decays in [0, 1]", lambda: f", got {shown(gamma)}")
     try:
         return g.broadcast_to(batch)
     except RuntimeError:

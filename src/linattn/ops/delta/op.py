@@ -49,6 +49,8 @@ takes the torch forms.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -60,8 +62,8 @@ from linattn.ops._common import (
     check_flag,
     check_own_memory,
     check_qkv,
+    check_range,
     check_step_inputs,
-    check_values,
     needs_grad,
     nonfinite,
     split_scale,
@@ -89,8 +91,8 @@ def check_beta(beta: object, name: str, shape: tuple[int, ...], like: Tensor) ->
     """β of exactly ``shape`` in the accumulation dtype; errors name ``name``: a nan or ±inf
     β turns every later output into nan."""
     checked_tensor(beta, name, shape, like)
-    check_values(beta, Tensor.isfinite, f"{name}: expected finite values",
-                 lambda: f", got {nonfinite(beta)}")
+    check_range(beta, -math.inf, math.inf, f"{name}: expected finite values",
+                lambda: f", got {nonfinite(beta)}", open_ends=True)
     return beta.to(accumulation_dtype(like.dtype))
 
 

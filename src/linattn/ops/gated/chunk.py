@@ -6,14 +6,16 @@ Neither the op nor its compiled glue is imported here: both import this module."
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from linattn.ops._common import (
     accumulation_dtype,
     check_float_tensor,
+    check_range,
     check_scale,
-    check_values,
     to_chunks,
 )
 from linattn.ops.varlen import packed, unpacked
@@ -56,8 +58,8 @@ def check_gate(
     if gate is None:
         return None
     checked_tensor(gate, name, shape, like)
-    check_values(gate, lambda g: g <= 0,  # nan fails the comparison too
-                 f"{name}: expected log-gates <= 0 (the state decays by exp(gate))",
+    check_range(gate, -math.inf, 0.0,  # (nan fails too)
+                f"{name}: expected log-gates <= 0 (the state decays by exp(gate))",
                  lambda: f", got values in [{gate.min().item():g}, {gate.max().item():g}]")
     return gate.to(accumulation_dtype(like.dtype))
 
