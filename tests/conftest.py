@@ -166,6 +166,29 @@ def fast_path_calls(monkeypatch):
         yield count
 
 
+@pytest.fixture(params=["tiles", "no tiles"])
+def amx(request):
+    """The bfloat16 products on AMX tiles ("tiles", where this CPU has them) or on vdpbf16ps
+    (the form every other CPU with AVX512-BF16 runs; on an AMX CPU, tiles turned off for the
+    test, in every build the dispatcher may take). Linear attention's one-pass forwards and the
+    delta rule's bfloat16 chunks ask for it."""
+    from linattn.ops import native
+
+    if request.param == "tiles":
+        if not native.amx_tiles():
+            pytest.skip("no AMX tiles on this CPU")
+        yield True
+        return
+    libs = [lib for lib in map(native.load, native.runnable_isas()) if lib is not None]
+    was = [lib.la_amx_use(0) for lib in libs]
+    try:
+        yield False
+    finally:
+        for lib, on in zip(libs, was, strict=True):
+            if on:
+                lib.la_amx_use(1)
+
+
 @pytest.fixture(params=["portable", "fused"])
 def linear_path(request):
     """Run the test once per implementation behind ``linattn.linear_attention``: the portable

@@ -186,6 +186,40 @@ def test_strided_prefill_inputs_and_bfloat16(native_calls):
     assert native_calls["prefill"] == 2
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("l2norm", [False, True])
+@pytest.mark.parametrize("T, K, V, G, strided", [(64, 64, 64, 1, False), (150, 64, 64, 1, True),
+                                                 (130, 32, 96, 2, False), (70, 48, 32, 1, False)])
+def test_bfloat16_prefill_within_its_bound(native_calls, amx, gated, l2norm, T, K, V, G, strided):
+    """bfloat16 prefills from a state. On AMX tiles each whole chunk of 64 tokens runs the
+    chunked form on bfloat16 products (gdr_chunk_dp in ops/delta/kernels.c; K, V multiples of
+    32, no per-key gates) and the tokens after the last whole chunk the widened recurrence;
+    without tiles (and at K = 48) every token runs the widened recurrence. Against float64 on
+    the same rounded inputs: within 8u of the largest output and state magnitude (u = 2⁻⁸,
+    bfloat16's unit roundoff), the roundings along the chunked form's longest path: q~ and k~
+    and S into K~S (2), the right-hand side and Tinv (2), U' (1), the output's operands (2)
+    and the output itself (1). The widened recurrence rounds the output only."""
+    gen = torch.Generator().manual_seed(7)
+    H = 2
+    q, k = (torch.randn(1, H, T, K, generator=gen) for _ in range(2))
+    if not l2norm:
+        q, k = q / math.sqrt(K), k / math.sqrt(K)
+    v = torch.randn(1, G * H, T, V, generator=gen)
+    beta = torch.rand(1, G * H, T, generator=gen)
+    g = -0.5 * torch.rand(1, G * H, T, generator=gen) if gated else None
+    S0 = 0.3 * torch.randn(1, G * H, K, V, generator=gen)
+    if strided:  # fla's (B, T, H, D) layout, as transposed views
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    qb, kb, vb = (x.bfloat16() for x in (q, k, v))
+    o, S = delta_rule(qb, kb, vb, beta, g, initial_state=S0, return_state=True,
+                      qk_l2norm=l2norm)
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32 and native_calls["prefill"]
+    want_o, want_S = _reference(qb, kb, vb, beta, g, S0, l2norm=l2norm)
+    u = 2.0 ** -8
+    _close(o, want_o, 8 * u)
+    _close(S, want_S, 8 * u)
+
+
 @pytest.mark.parametrize("heads, threads", [(1, 4), (3, 2), (5, 4), (2, 3)])
 def test_threads_split_heads_and_columns(monkeypatch, native_calls, heads, threads):
     """Groups of heads in parallel, or (fewer heads than threads) a head's columns in blocks

@@ -351,26 +351,6 @@ def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
     torch.testing.assert_close(got.double(), want, rtol=4 * eps, atol=4 * eps)
 
 
-@pytest.fixture(params=["tiles", "no tiles"])
-def amx(request, native_on):
-    """The bfloat16 products on AMX tiles ("tiles", where this CPU has them) or on vdpbf16ps
-    (the form every other CPU with AVX512-BF16 runs; on an AMX CPU, tiles turned off for the
-    test, in every build the dispatcher may take)."""
-    if request.param == "tiles":
-        if not native.amx_tiles():
-            pytest.skip("no AMX tiles on this CPU")
-        yield True
-        return
-    libs = [lib for lib in map(native.load, native.runnable_isas()) if lib is not None]
-    was = [lib.la_amx_use(0) for lib in libs]
-    try:
-        yield False
-    finally:
-        for lib, on in zip(libs, was, strict=True):
-            if on:
-                lib.la_amx_use(1)
-
-
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("T, chunk", [(1, 32), (64, 32), (301, 32), (45, 48)])
