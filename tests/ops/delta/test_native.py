@@ -186,11 +186,11 @@ def test_strided_prefill_inputs_and_bfloat16(native_calls):
     assert native_calls["prefill"] == 2
 
 
-@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("gates", [None, 0.5, 4.0])
 @pytest.mark.parametrize("l2norm", [False, True])
 @pytest.mark.parametrize("T, K, V, G, strided", [(64, 64, 64, 1, False), (150, 64, 64, 1, True),
                                                  (130, 32, 96, 2, False), (70, 48, 32, 1, False)])
-def test_bfloat16_prefill_within_its_bound(native_calls, amx, gated, l2norm, T, K, V, G, strided):
+def test_bfloat16_prefill_within_its_bound(native_calls, amx, gates, l2norm, T, K, V, G, strided):
     """bfloat16 prefills from a state. On AMX tiles each whole chunk of 64 tokens runs the
     chunked form on bfloat16 products (gdr_chunk_dp in ops/delta/kernels.c; K, V multiples of
     32, no per-key gates) and the tokens after the last whole chunk the widened recurrence;
@@ -198,7 +198,9 @@ def test_bfloat16_prefill_within_its_bound(native_calls, amx, gated, l2norm, T, 
     the same rounded inputs: within 8u of the largest output and state magnitude (u = 2⁻⁸,
     bfloat16's unit roundoff), the roundings along the chunked form's longest path: q~ and k~
     and S into K~S (2), the right-hand side and Tinv (2), U' (1), the output's operands (2)
-    and the output itself (1). The widened recurrence rounds the output only."""
+    and the output itself (1). The widened recurrence rounds the output only. Log-gates in
+    (-gates, 0]: at 0.5 a chunk decays by e^-16 at most (the decays taken as ratios of the
+    chunk's cumulative ones), at 4 below 2^-100 (taken as exponentials of differences)."""
     gen = torch.Generator().manual_seed(7)
     H = 2
     q, k = (torch.randn(1, H, T, K, generator=gen) for _ in range(2))
@@ -206,7 +208,7 @@ def test_bfloat16_prefill_within_its_bound(native_calls, amx, gated, l2norm, T, 
         q, k = q / math.sqrt(K), k / math.sqrt(K)
     v = torch.randn(1, G * H, T, V, generator=gen)
     beta = torch.rand(1, G * H, T, generator=gen)
-    g = -0.5 * torch.rand(1, G * H, T, generator=gen) if gated else None
+    g = -gates * torch.rand(1, G * H, T, generator=gen) if gates else None
     S0 = 0.3 * torch.randn(1, G * H, K, V, generator=gen)
     if strided:  # fla's (B, T, H, D) layout, as transposed views
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))

@@ -290,7 +290,7 @@ static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
 /* Floats of scratch gdr_chunk_dp needs (u32 pairs count as floats). */
 static long gdr_dp_work(long K, long V) {
     long C = GDR_C;
-    return 4 * C + 3 * C * C + 2 * C * V                                /* float32 */
+    return 5 * C + 3 * C * C + 2 * C * V                                /* float32 */
            + 3 * C * K + K * V / 2 + C * V + C * (K + C) / 2 + C * C / 2; /* pairs */
 }
 
@@ -327,7 +327,8 @@ static void gdr_chunk_dp(long K, long V, const u16 *q, long qt, const u16 *k, lo
                          int l2norm, const float *Sin, float *Sout, float *o,
                          const la_ahead *pf, float *work) {
     const long C = GDR_C, PO = (K + C) / 2; /* PO: pairs of a row of [g o Q~ | scores] */
-    float *b = work, *gam = b + C, *sq = gam + C, *sk = sq + C, *Mm = sk + C, *Gm = Mm + C * C;
+    float *b = work, *gam = b + C, *ig = gam + C, *sq = ig + C, *sk = sq + C, *Mm = sk + C;
+    float *Gm = Mm + C * C;
     float *Ti = Gm + C * C, *KS = Ti + C * C, *U = KS + C * V;
     u32 *qp = (u32 *)(U + C * V), *kp = qp + C * K / 2, *kpT = kp + C * K / 2;
     u32 *S0p = kpT + C * K / 2, *Up = S0p + K * V / 2, *AO = Up + C * V / 2;
@@ -346,6 +347,10 @@ static void gdr_chunk_dp(long K, long V, const u16 *q, long qt, const u16 *k, lo
         b[t] = cum;
         gam[t] = sexp_nonpos(cum);
     }
+    /* Gam_ij = g_i / g_j where no g underflows (the whole chunk's decay above 2^-100: 1 / g_j
+     * stays finite), else exp(b_i - b_j) (a vector exp per 16 of them: 8 % of the chunk) */
+    int ratio = g && gam[C - 1] >= 0x1p-100f;
+    for (long t = 0; ratio && t < C; ++t) ig[t] = 1.0f / gam[t];
     transpose(C, K / 2, (const float *)kp, (float *)kpT);
     for (long p = 0; p < K / 2; ++p) /* S paired along its rows, before Sout (maybe Sin) changes */
         pairs_scaled(Sin + 2 * p * V, 1.0f, Sin + (2 * p + 1) * V, 1.0f, 0, V, S0p + p * V);
@@ -364,15 +369,18 @@ static void gdr_chunk_dp(long K, long V, const u16 *q, long qt, const u16 *k, lo
         const float *Mi = Mm + i * C;
         u16 *ao = (u16 *)(AO + i * PO);
         bf16_scaled(q + i * qt, 1, gam[i] * sq[i], K, ao);
-        vf bi = vsplat(b[i]), bti = vsplat(beta[i]), fi = vsplat((float)i);
+        vf bi = vsplat(b[i]), gi = vsplat(gam[i]), bti = vsplat(beta[i]), fi = vsplat((float)i);
         long reach = i / W + 1; /* the vectors holding columns 0 .. i */
         for (long c = 0; c < GDR_CV; ++c) {
             if (c >= reach) {
                 vstore_any(ao, K + c * W, vsplat(0.0f), 1);
                 continue;
             }
-            vf x = bi - vload(b + c * W), col = iota + (float)(c * W);
-            vf d = g ? vexp_nonpos(vselect(x < vsplat(0.0f), x, vsplat(0.0f))) : vsplat(1.0f);
+            vf x = bi - vload(b + c * W), col = iota + (float)(c * W), d = vsplat(1.0f);
+            if (ratio)
+                d = gi * vload(ig + c * W);
+            else if (g)
+                d = vexp_nonpos(vselect(x < vsplat(0.0f), x, vsplat(0.0f)));
             vstore(Li + c * W, vselect(col < fi, bti * vload(Li + c * W) * d, vsplat(0.0f)));
             vstore_any(ao, K + c * W, vselect(col <= fi, vload(Mi + c * W) * d, vsplat(0.0f)),
                        1);
