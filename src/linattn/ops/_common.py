@@ -383,14 +383,10 @@ def check_chunk_size(chunk_size: object, default: int) -> int:
 def check_values(x: Tensor, test: Callable[[Tensor], Tensor], message: str,
                  detail: Callable[[], str] | None = None) -> None:
     """Raise ValueError(``message`` + ``detail()``) unless the element-wise ``test(x)`` is True
-    everywhere. The test and its reduction run on the calling thread up to 2²⁰ elements
-    (torch_on_one_thread): on two threads torch handed a 65,536-element comparison and its
-    ``all()`` to its second OpenMP thread, whose wake-up cost 2.3 ms of a 13.6 ms GLA forward
-    (AMD Zen 4, H 16, T 4096). Inside a traced graph (``torch.compile``, ``torch.export``) the
-    check cannot branch on values: it becomes an assertion node of the graph, which raises
-    RuntimeError with ``message`` when the compiled program runs. A meta tensor has no values:
-    nothing to check.
-    """
+    everywhere. Test and reduction on the calling thread up to 2²⁰ elements: torch's second
+    OpenMP thread woke too late for them (2.3 ms of a 13.6 ms GLA forward, AMD Zen 4). Traced
+    (``torch.compile``, ``torch.export``): an assertion node of the graph, which raises
+    RuntimeError with ``message`` when the program runs. A meta tensor: nothing to check."""
     if tracing(x):
         torch._assert_async(test(x).all(), message)
         return
@@ -403,11 +399,9 @@ def check_values(x: Tensor, test: Callable[[Tensor], Tensor], message: str,
 
 
 def within(x: Tensor, lo: float, hi: float, *, open_ends: bool = False) -> bool:
-    """Whether every value of ``x`` (values readable: not traced, not meta) lies in [lo, hi],
-    or in (lo, hi) with ``open_ends``; nan never does (the reduction carries it). One min-max
-    reduction on the calling thread up to 2²⁰ elements: ~8 µs for 32,768 floats, where an
-    element-wise test and its ``all()`` took ~70 µs (a gated delta prefill of 2,048 tokens and
-    16 heads checks β and the gates this way)."""
+    """Every value of ``x`` (not traced, not meta) in [lo, hi] ((lo, hi) with ``open_ends``; nan
+    never is): one min-max reduction on the calling thread up to 2²⁰ elements, ~8 µs for 32,768
+    floats, where an element-wise test and its ``all()`` took ~70 µs."""
     if not x.numel():
         return True
     with torch_on_one_thread(x.numel() <= 1 << 20):

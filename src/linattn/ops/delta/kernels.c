@@ -1,12 +1,10 @@
-/* The (gated) delta-rule kernels of linattn.ops.delta.native (see ops/native/common.h). */
-#ifndef LA_COMMON_H
-#include "../native/common.h"
+/* The (gated) delta-rule kernels of linattn.ops.delta.native (see ops/native/common.h, which
+ * tiles.h and ahead.h include on their own). */
+#ifndef LA_TILES_H
+#include "../native/tiles.h"
 #endif
 #ifndef LA_AHEAD_H
 #include "../native/ahead.h"
-#endif
-#ifndef LA_TILES_H
-#include "../native/tiles.h"
 #endif
 
 /* ------------------------------------------------ the (gated) delta rule, forward, float32
