@@ -11,6 +11,7 @@
 #ifndef LA_COMMON_H
 #include "common.h"
 #endif
+/* (Functions that not every kernels.c calls are marked unused: each also compiles on its own.) */
 
 /* C[i, 0:W nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:W nv] for i < mr. */
 static inline __attribute__((always_inline)) void tile(int mr, int nv, long K, const float *A,
@@ -83,8 +84,9 @@ enum { FULL = 0, LOWER = 1, UPPER = 2 };
 /* C (M x Nc) (+)= A B with A[i, k] = A[i * lda + k * ak], k < K, and B rows of Nc (a multiple
  * of 16). tri = LOWER: A is lower triangular, a row tile needs k <= its last row only;
  * UPPER: upper triangular, k >= its first row only. */
-static void gemm(long M, long Nc, long K, const float *A, long lda, long ak, const float *B,
-                 long ldb, float *C, long ldc, int add, int tri) {
+__attribute__((unused)) static void gemm(long M, long Nc, long K, const float *A, long lda,
+                                         long ak, const float *B, long ldb, float *C, long ldc,
+                                         int add, int tri) {
     for (long i0 = 0, mr; i0 < M; i0 += mr) {
         mr = row_tile(M - i0);
         long k0 = tri == UPPER ? (i0 < K ? i0 : K) : 0;
@@ -153,7 +155,8 @@ static inline void transpose_block(const float *src, long ss, float *dst, long d
 }
 
 /* dst (cols x rows) = src (rows x cols)^T, both dense: W x W blocks, then the edges. */
-static void transpose(long rows, long cols, const float *src, float *dst) {
+__attribute__((unused)) static void transpose(long rows, long cols, const float *src,
+                                              float *dst) {
     long r0 = rows - rows % W, c0 = cols - cols % W;
     for (long r = 0; r < r0; r += W)
         for (long c = 0; c < c0; c += W) transpose_block(src + r * cols + c, cols, dst + c * rows + r, rows);
@@ -174,7 +177,8 @@ static inline void mask_above(float *Acc, long C, long i0, long mr) {
 /* Scores of a chunk of Cn <= C rows: Acc[i, j] = fq_i . fk_j for j <= i, 0 above (fkT: L x C,
  * the keys' features transposed, zero beyond Cn; Acc rows of C); only the column vectors a row
  * tile can reach are computed. */
-static void scores(long Cn, long C, long L, const float *fq, const float *fkT, float *Acc) {
+__attribute__((unused)) static void scores(long Cn, long C, long L, const float *fq,
+                                           const float *fkT, float *Acc) {
     for (long i0 = 0, mr; i0 < Cn; i0 += mr) {
         mr = row_tile(Cn - i0);
         long reach = i0 + mr; /* columns 0 .. reach-1 */
@@ -390,7 +394,8 @@ static inline int dp_on_tiles(void) {
  * and paired along the features (fqp: rows of L / 2 pairs) and phi(k) likewise, transposed as
  * pairs (fkTp: L / 2 rows of C, zero beyond Cn). On tiles the whole square is multiplied, then
  * masked: a tile product costs less than the bookkeeping of skipping it. */
-static void scores_dp(long Cn, long C, long L, const u32 *fqp, const u32 *fkTp, float *Acc) {
+__attribute__((unused)) static void scores_dp(long Cn, long C, long L, const u32 *fqp,
+                                              const u32 *fkTp, float *Acc) {
     if (Cn >= 16 && dp_on_tiles()) {
         gemm_dp(Cn, C, L / 2, fqp, L / 2, 1, fkTp, C, Acc, C, 0, 0);
         mask_above(Acc, C, 0, Cn);
