@@ -266,169 +266,6 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
  * step split over threads (la_gdr_forward's parts) equals one on the calling thread. */
 static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
 
-#if defined(LA_DP_BF16)
-/* ------------------------------------- bfloat16 chunks on bfloat16 products (AMX tiles)
- * A whole chunk of C = GDR_TC tokens of one value head in the chunked (WY) form, its products
- * on gemm_dp: with S the state before the chunk, b_t the gates' sum up to token t in the
- * chunk, g_t = exp(b_t), Gam_ij = exp(b_i - b_j) (j <= i), q~, k~ as gdr_prep makes them,
- *     L = strictly lower (beta_i Gam_ij k~_i . k~_j),  Tinv = (I + L)^-1,
- *     U' = Tinv (beta o (V - g o K~ S))            (row t: the token's u_t),
- *     O = [g o Q~ | lower(Gam o Q~ K~^T)] [S; U'],  S <- g_C S + (exp(b_C - b) o K~)^T U'.
- * This is the recurrence in exact arithmetic (u_t + beta_t sum_{j<t} Gam_tj k~_t.k~_j u_j =
- * beta_t (v_t - g_t S^T k~_t)). Five products, each on operands rounded to bfloat16 (q~, k~,
- * S, Tinv, the right-hand side, g o q~ and the masked scores, U', the decayed keys) and summed
- * in float32; L, Tinv and U' are float32, and so is the state. The passes between the
- * products are fused so that each chunk's operands cross the cache once: the scratch does not
- * fit in L1, and a pass over one 64 x 64 float32 block from L2 cost ~0.35 us here (Intel
- * Xeon, AMX), as much as a product on tiles. Used for bfloat16 rows without per-key gates
- * where gemm_dp runs on tiles (dp_on_tiles), K and V multiples of 32 (whole tiles of pairs). */
-#define GDR_C GDR_TC
-#define GDR_CV (GDR_C / W) /* vectors in a row of C */
-
-/* Floats of scratch gdr_chunk_dp needs (u32 pairs count as floats). */
-static long gdr_dp_work(long K, long V) {
-    long C = GDR_C;
-    return 5 * C + 3 * C * C + 2 * C * V                                /* float32 */
-           + 3 * C * K + K * V / 2 + C * V + C * (K + C) / 2 + C * C / 2; /* pairs */
-}
-
-/* x[0:n] * s rounded to bfloat16 at dst (x float32, or bfloat16 where bf; n a multiple of W). */
-static inline void bf16_scaled(const void *x, int bf, float s, long n, u16 *dst) {
-    for (long j = 0; j < n; j += W) vstore_any(dst, j, vload_any(x, j, bf) * s, 1);
-}
-
-/* (x0[j] s0, x1[j] s1) as bfloat16 pairs at dst, j < n (a multiple of 16); x0, x1 float32, or
- * bfloat16 where bf. */
-static inline void pairs_scaled(const void *x0, float s0, const void *x1, float s1, int bf,
-                                long n, u32 *dst) {
-    for (long j = 0; j < n; j += 16)
-        _mm512_storeu_si512((void *)(dst + j),
-                            bf16_pairs(vload_any(x0, j, bf) * s0, vload_any(x1, j, bf) * s1));
-}
-
-/* sum x[j]^2, j < n, over bfloat16 x (n a multiple of W). */
-static inline float sum_sq16(const u16 *x, long n) {
-    vf acc = vsplat(0.0f);
-    for (long j = 0; j < n; j += W) {
-        vf y = vload_any(x, j, 1);
-        acc += y * y;
-    }
-    return hsum(acc);
-}
-
-/* One full chunk: q, k bfloat16 rows of K (token strides qt, kt), v bfloat16 rows of V (vt),
- * beta and g (NULL: no gate) C floats, Sin / Sout (K x V, may be the same), o float32 rows of
- * V (written); pf: the next chunk's rows to ask for meanwhile. work: gdr_dp_work(K, V)
- * floats. */
-static void gdr_chunk_dp(long K, long V, const u16 *q, long qt, const u16 *k, long kt,
-                         const u16 *v, long vt, const float *beta, const float *g, float scale,
-                         int l2norm, const float *Sin, float *Sout, float *o,
-                         const la_ahead *pf, float *work) {
-    const long C = GDR_C, PO = (K + C) / 2; /* PO: pairs of a row of [g o Q~ | scores] */
-    float *b = work, *gam = b + C, *ig = gam + C, *sq = ig + C, *sk = sq + C, *Mm = sk + C;
-    float *Gm = Mm + C * C;
-    float *Ti = Gm + C * C, *KS = Ti + C * C, *U = KS + C * V;
-    u32 *qp = (u32 *)(U + C * V), *kp = qp + C * K / 2, *kpT = kp + C * K / 2;
-    u32 *S0p = kpT + C * K / 2, *Up = S0p + K * V / 2, *AO = Up + C * V / 2;
-    u32 *Tp = AO + C * PO, *Rp = Tp + C * C / 2, *kdp = Rp + C * V / 2, *kdT = kdp + C * K / 2;
-    float cum = 0.0f;
-    for (long t = 0; t < C; ++t) { /* q~ = sq q, k~ = sk k (gdr_prep's), b, g */
-        const u16 *qr = q + t * qt, *kr = k + t * kt;
-        sq[t] = scale, sk[t] = 1.0f;
-        if (l2norm) {
-            sq[t] *= 1.0f / sqrtf(sum_sq16(qr, K) + GDR_EPS);
-            sk[t] = 1.0f / sqrtf(sum_sq16(kr, K) + GDR_EPS);
-        }
-        bf16_scaled(qr, 1, sq[t], K, (u16 *)(qp + t * K / 2));
-        bf16_scaled(kr, 1, sk[t], K, (u16 *)(kp + t * K / 2));
-        cum += g ? g[t] : 0.0f;
-        b[t] = cum;
-        gam[t] = sexp_nonpos(cum);
-    }
-    /* Gam_ij = g_i / g_j where no g underflows (the whole chunk's decay above 2^-100: 1 / g_j
-     * stays finite), else exp(b_i - b_j) (a vector exp per 16 of them: 8 % of the chunk) */
-    int ratio = g && gam[C - 1] >= 0x1p-100f;
-    for (long t = 0; ratio && t < C; ++t) ig[t] = 1.0f / gam[t];
-    transpose(C, K / 2, (const float *)kp, (float *)kpT);
-    for (long p = 0; p < K / 2; ++p) /* S paired along its rows, before Sout (maybe Sin) changes */
-        pairs_scaled(Sin + 2 * p * V, 1.0f, Sin + (2 * p + 1) * V, 1.0f, 0, V, S0p + p * V);
-    gemm_dp(2 * C, C, K / 2, qp, K / 2, 1, kpT, C, Mm, C, 0, 0); /* q~.k~ (Mm), k~.k~ (Gm) */
-    gemm_dp(C, V, K / 2, kp, K / 2, 1, S0p, V, KS, V, 0, 0);     /* K~ S */
-    /* Row i: L_i (float32, over Gm) and the O product's operand row [g_i q~_i | the masked,
-     * decayed scores]; Tinv_i = e_i - sum_{j<i} L_ij Tinv_j by forward substitution, in
-     * registers (four chains of adds), kept in float32 for the
-     * rows after it and rounded for its product; the next chunk's rows asked for, a token a
-     * row. */
-    vf iota;
-    for (int l = 0; l < W; ++l) iota[l] = (float)l;
-    for (long i = 0; i < C; ++i) {
-        la_fetch_ahead(pf, i, V);
-        float *Li = Gm + i * C;
-        const float *Mi = Mm + i * C;
-        u16 *ao = (u16 *)(AO + i * PO);
-        bf16_scaled(q + i * qt, 1, gam[i] * sq[i], K, ao);
-        vf bi = vsplat(b[i]), gi = vsplat(gam[i]), bti = vsplat(beta[i]), fi = vsplat((float)i);
-        long reach = i / W + 1; /* the vectors holding columns 0 .. i */
-        for (long c = 0; c < GDR_CV; ++c) {
-            if (c >= reach) {
-                vstore_any(ao, K + c * W, vsplat(0.0f), 1);
-                continue;
-            }
-            vf x = bi - vload(b + c * W), col = iota + (float)(c * W), d = vsplat(1.0f);
-            if (ratio)
-                d = gi * vload(ig + c * W);
-            else if (g)
-                d = vexp_nonpos(vselect(x < vsplat(0.0f), x, vsplat(0.0f)));
-            vstore(Li + c * W, vselect(col < fi, bti * vload(Li + c * W) * d, vsplat(0.0f)));
-            vstore_any(ao, K + c * W, vselect(col <= fi, vload(Mi + c * W) * d, vsplat(0.0f)),
-                       1);
-        }
-        vf acc[4][GDR_CV]; /* four chains of adds, j mod 4 */
-        for (int r = 0; r < 4; ++r)
-            for (int c = 0; c < GDR_CV; ++c) acc[r][c] = vsplat(0.0f);
-        long j = 0;
-        for (; j + 3 < i; j += 4)
-            for (int r = 0; r < 4; ++r) {
-                vf l = vsplat(Li[j + r]);
-                for (int c = 0; c < GDR_CV; ++c)
-                    if (c < reach) /* row j of Tinv is 0 beyond column j < i */
-                        acc[r][c] -= l * vload(Ti + (j + r) * C + c * W);
-            }
-        for (; j < i; ++j)
-            for (int c = 0; c < GDR_CV; ++c)
-                if (c < reach) acc[0][c] -= vsplat(Li[j]) * vload(Ti + j * C + c * W);
-        for (int c = 0; c < GDR_CV; ++c)
-            vstore(Ti + i * C + c * W, (acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c]));
-        Ti[i * C + i] = 1.0f;
-        bf16_scaled(Ti + i * C, 0, 1.0f, C, (u16 *)(Tp + i * C / 2));
-    }
-    for (long p = 0; p < C / 2; ++p) { /* beta (v - g K~ S), paired along the tokens */
-        long t = 2 * p;
-        vf b0 = vsplat(beta[t]), b1 = vsplat(beta[t + 1]);
-        vf g0 = vsplat(gam[t]), g1 = vsplat(gam[t + 1]);
-        for (long c = 0; c < V; c += 16) {
-            vf lo = b0 * (vload_any(v, t * vt + c, 1) - g0 * vload(KS + t * V + c));
-            vf hi = b1 * (vload_any(v, (t + 1) * vt + c, 1) - g1 * vload(KS + (t + 1) * V + c));
-            _mm512_storeu_si512((void *)(Rp + p * V + c), bf16_pairs(lo, hi));
-        }
-    }
-    gemm_dp(C, V, C / 2, Tp, C / 2, 1, Rp, V, U, V, 0, 1); /* U' */
-    for (long p = 0; p < C / 2; ++p) /* U' paired along the tokens, after S in one operand */
-        pairs_scaled(U + 2 * p * V, 1.0f, U + (2 * p + 1) * V, 1.0f, 0, V, Up + p * V);
-    gemm_dp(C, V, PO, AO, PO, 1, S0p, V, o, V, 0, 0); /* O = [g o Q~ | scores] [S; U'] */
-    for (long p = 0; p < C / 2; ++p) { /* the keys decayed to the chunk's end, paired */
-        long t = 2 * p;
-        float e0 = g ? sexp_nonpos(b[C - 1] - b[t]) : 1.0f;
-        float e1 = g ? sexp_nonpos(b[C - 1] - b[t + 1]) : 1.0f;
-        pairs_scaled(k + t * kt, e0 * sk[t], k + (t + 1) * kt, e1 * sk[t + 1], 1, K,
-                     kdp + p * K);
-    }
-    transpose(C / 2, K, (const float *)kdp, (float *)kdT);
-    for (long i = 0; i < K; ++i) scale_row(Sout + i * V, 0, 0, Sin + i * V, gam[C - 1], V);
-    gemm_dp(K, V, C / 2, kdT, C / 2, 1, Up, V, Sout, V, 1, 0); /* S */
-}
-#endif /* LA_DP_BF16 */
-
 /* la_gdr_forward on rows of dtype dt (LA_BF16, LA_F16: q, k, v and o; beta, the gates and the
  * states float32, as the op's checks hand them), without what the backward reads (ckpt, w):
  * each chunk of GDR_TC tokens of each head read into float32 rows first (exact; q, k rows of
@@ -439,7 +276,7 @@ static void gdr_chunk_dp(long K, long V, const u16 *q, long qt, const u16 *k, lo
 long la_gdr_forward_work(long K, long V, int dt) {
     long chunked = 0;
 #if defined(LA_DP_BF16)
-    chunked = dt == LA_BF16 ? gdr_dp_work(K, V) : 0;
+    chunked = dt == LA_BF16 ? chunk_dp_work(GDR_TC, K, V) : 0;
 #endif
     return la_gdr_work(K) + (dt == LA_F32 ? 0 : GDR_TC * (2 * K + 2 * V)) + chunked;
 }
@@ -455,7 +292,8 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
     float *qw = work + la_gdr_work(K), *kw = qw + GDR_TC * K, *vw = kw + GDR_TC * K;
     float *ow = vw + GDR_TC * V;
 #if defined(LA_DP_BF16)
-    /* whole chunks of bfloat16 rows without per-key gates on tiles: the chunked form */
+    /* whole chunks of bfloat16 rows without per-key gates on tiles: the chunked form
+     * (chunk_dp in ops/native/tiles.h) */
     int chunked = dt == LA_BF16 && !gk && K % 32 == 0 && V % 32 == 0 && v0 == 0 && v1 == V
                   && dp_on_tiles();
 #endif
@@ -471,11 +309,11 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
             la_ahead next = la_next_rows16(q16 + m * qs, qt, k16 + m * ks, kt, v16 + n * vs + v0,
                                            vt, (u16 *)o + n * os + v0, ot, K, v1 - v0, t1, Tn);
 #if defined(LA_DP_BF16)
-            if (chunked && Tc == GDR_C) { /* reads the 16-bit rows itself */
-                gdr_chunk_dp(K, V, q16 + m * qs + t0 * qt, qt, k16 + m * ks + t0 * kt, kt,
-                             v16 + n * vs + t0 * vt, vt, beta + n * bs + t0,
-                             g ? g + n * gs + t0 : NULL, scale, l2norm, t0 == 0 ? Sin : Sout,
-                             Sout, ow, &next, ow + GDR_TC * V);
+            if (chunked && Tc == GDR_TC) { /* chunk_dp (tiles.h) reads the 16-bit rows */
+                chunk_dp(GDR_TC, K, V, q16 + m * qs + t0 * qt, qt, k16 + m * ks + t0 * kt, kt,
+                         v16 + n * vs + t0 * vt, vt, g ? g + n * gs + t0 : NULL,
+                         beta + n * bs + t0, scale, l2norm, GDR_EPS, t0 == 0 ? Sin : Sout,
+                         Sout, ow, &next, 0, ow + GDR_TC * V);
                 la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
                 continue;
             }

@@ -20,11 +20,8 @@
  * partial sums, W rows of which are reduced together by a transpose-and-add (row_sums). Every
  * exponent is <= 0 and no state is ever divided by a decay: a gate of -inf (a reset) is exact.
  * All arithmetic in float32; the sums follow the recurrence, so there is no chunking error. */
-#ifndef LA_COMMON_H
-#include "../native/common.h"
-#endif
-#ifndef LA_AHEAD_H
-#include "../native/ahead.h"
+#ifndef LA_TILES_H
+#include "../native/tiles.h" /* and common.h, ahead.h */
 #endif
 
 #if LA_W == 8 || (LA_W == 4 && !(defined(__ARM_NEON) || defined(__ARM_NEON__)))
@@ -186,7 +183,11 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
  * 16-bit rows are asked for while this one runs (la_next_rows16). work:
  * la_gla_forward_work(K, V, C, dt) floats. */
 long la_gla_forward_work(long K, long V, long C, int dt) {
-    return la_gla_work(K, C) + (dt == LA_F32 ? 0 : C * (2 * K + 2 * V));
+    long chunked = 0;
+#if defined(LA_DP_BF16)
+    chunked = dt == LA_BF16 ? chunk_dp_work(C, K, V) : 0;
+#endif
+    return la_gla_work(K, C) + (dt == LA_F32 ? 0 : C * (2 * K + 2 * V)) + chunked;
 }
 
 static int gla_forward_widened(const void *q, long qs, long qt, const void *k, long ks, long kt,
@@ -198,19 +199,34 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
     if (C < 1 || C > GLA_CMAX || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1)
         return -1;
     float *qw = work + la_gla_work(K, C), *kw = qw + C * K, *vw = kw + C * K, *ow = vw + C * V;
+#if defined(LA_DP_BF16)
+    /* whole chunks of bfloat16 rows with a scalar gate or none on tiles: the chunked form
+     * (chunk_dp in ops/native/tiles.h) */
+    int chunked = dt == LA_BF16 && !gk && K % 32 == 0 && V % 32 == 0 && C % 32 == 0 && v0 == 0
+                  && v1 == V && dp_on_tiles();
+#endif
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *S = S_out + n * K * V;
         if (T == 0 && Sin != S) la_copy_cols(S, Sin, K, V, v0, v1);
         for (long t0 = 0; t0 < T; t0 += C) {
             long Tc = T - t0 < C ? T - t0 : C;
-            la_widened_rows(qw, q, n * qs + t0 * qt, qt, Tc, K, dt);
-            la_widened_rows(kw, k, n * ks + t0 * kt, kt, Tc, K, dt);
-            la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C;
             const u16 *q16 = q, *k16 = k, *v16 = v;
             la_ahead next = la_next_rows16(q16 + n * qs, qt, k16 + n * ks, kt, v16 + n * vs + v0,
                                            vt, (u16 *)o + n * os + v0, ot, K, v1 - v0, t1, Tn);
+#if defined(LA_DP_BF16)
+            if (chunked && Tc == C) {
+                chunk_dp(C, K, V, q16 + n * qs + t0 * qt, qt, k16 + n * ks + t0 * kt, kt,
+                         v16 + n * vs + t0 * vt, vt, g ? g + n * gs + t0 : NULL, NULL, scale, 0,
+                         0.0f, t0 == 0 ? Sin : S, S, ow, &next, 0, ow + C * V);
+                la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
+                continue;
+            }
+#endif
+            la_widened_rows(qw, q, n * qs + t0 * qt, qt, Tc, K, dt);
+            la_widened_rows(kw, k, n * ks + t0 * kt, kt, Tc, K, dt);
+            la_widened_rows(vw, v, n * vs + t0 * vt, vt, Tc, V, dt);
             int rc = la_gla_forward(qw, 0, K, kw, 0, K, vw, 0, V, g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, C, scale,

@@ -11,6 +11,9 @@
 #ifndef LA_COMMON_H
 #include "common.h"
 #endif
+#ifndef LA_AHEAD_H
+#include "ahead.h"
+#endif
 /* (Functions that not every kernels.c calls are marked unused: each also compiles on its own.) */
 
 /* C[i, 0:W nv] (+)= sum_{k < K} A[i * lda + k * ak] B[k * ldb + 0:W nv] for i < mr. */
@@ -416,6 +419,185 @@ __attribute__((unused)) static void scores_dp(long Cn, long C, long L, const u32
 /* x rows of n floats (a multiple of W) to bfloat16 in dst (rows of n), for rows < rows. */
 static inline void bf16_rows(const float *x, long rows, long n, u16 *dst) {
     for (long i = 0; i < rows * n; i += W) vstore_any(dst, i, vload(x + i), 1);
+}
+/* ------------------------------------- recurrences' chunks on bfloat16 products (AMX tiles)
+ * A whole chunk of C tokens (a multiple of 32, at most 64) of one head of a gated recurrence in
+ * its chunked form, the products on gemm_dp: GLA's (delta 0) and the delta rule's (delta 1),
+ * one scalar log-gate per token or none. With S the state before the chunk, b_t the gates' sum
+ * up to token t in it, g_t = exp(b_t), Gam_ij = exp(b_i - b_j) (j <= i), q~ = s q (and, with
+ * l2norm, q~ and k~ divided by sqrt(sum x^2 + eps)):
+ *     GLA:   U' = V;
+ *     delta: L = strictly lower(beta_i Gam_ij k~_i . k~_j),  U' = (I + L)^-1 beta o (V - g o K~S);
+ *     O = [g o Q~ | lower(Gam o Q~ K~^T)] [S; U'],   S <- g_C S + (exp(b_C - b) o K~)^T U'.
+ * These are the recurrences in exact arithmetic (for the delta rule: u_t + beta_t
+ * sum_{j<t} Gam_tj k~_t.k~_j u_j = beta_t (v_t - g_t S^T k~_t)). Three products per chunk
+ * (GLA) or five (delta), each on operands rounded to bfloat16 (q~, k~, S, V or Tinv and the
+ * right-hand side and U', g o q~ and the masked scores, the decayed keys) summed in float32;
+ * L, Tinv = (I + L)^-1 (forward substitution) and U' are float32, and so is the state. The
+ * passes between the products are fused so that each chunk's operands cross the cache once:
+ * they do not fit in L1, and a pass over one 64 x 64 float32 block from L2 cost ~0.35 us on
+ * an Intel Xeon with AMX, as much as a product on tiles. The kernels take it for bfloat16 rows
+ * where gemm_dp runs on tiles (dp_on_tiles), K and V multiples of 32 (whole tiles of pairs). */
+#define LA_CHUNK_MAX 64
+#define LA_CHUNK_CV (LA_CHUNK_MAX / 16) /* vectors in a row of the longest chunk */
+
+/* Floats of scratch chunk_dp needs (u32 pairs count as floats). */
+__attribute__((unused)) static long chunk_dp_work(long C, long K, long V) {
+    return 5 * C + 3 * C * C + 2 * C * V                                /* float32 */
+           + 3 * C * K + K * V / 2 + C * V + C * (K + C) / 2 + C * C / 2; /* pairs */
+}
+
+/* x[0:n] * s rounded to bfloat16 at dst (x float32, or bfloat16 where bf; n a multiple of 16). */
+static inline void bf16_scaled(const void *x, int bf, float s, long n, u16 *dst) {
+    for (long j = 0; j < n; j += 16) vstore_any(dst, j, vload_any(x, j, bf) * s, 1);
+}
+
+/* (x0[j] s0, x1[j] s1) as bfloat16 pairs at dst, j < n (a multiple of 16); x0, x1 float32, or
+ * bfloat16 where bf. */
+static inline void pairs_scaled(const void *x0, float s0, const void *x1, float s1, int bf,
+                                long n, u32 *dst) {
+    for (long j = 0; j < n; j += 16)
+        _mm512_storeu_si512((void *)(dst + j),
+                            bf16_pairs(vload_any(x0, j, bf) * s0, vload_any(x1, j, bf) * s1));
+}
+
+/* sum x[j]^2, j < n, over bfloat16 x (n a multiple of 16). */
+static inline float sum_sq16(const u16 *x, long n) {
+    vf acc = vsplat(0.0f);
+    for (long j = 0; j < n; j += 16) {
+        vf y = vload_any(x, j, 1);
+        acc += y * y;
+    }
+    return hsum(acc);
+}
+
+/* Row i of (I + L)^-1 into Ti (rows of C, float32, 0 beyond column i) and rounded into Tp (rows
+ * of C / 2 pairs): Tinv_i = e_i - sum_{j<i} L_ij Tinv_j over the rows before it, in registers
+ * (four chains of adds; reach: the vectors holding columns 0 .. i). */
+static inline void chunk_tinv_row(long i, long C, long reach, const float *Li, float *Ti,
+                                  u32 *Tp) {
+    vf acc[4][LA_CHUNK_CV];
+    for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < LA_CHUNK_CV; ++c) acc[r][c] = vsplat(0.0f);
+    long j = 0;
+    for (; j + 3 < i; j += 4)
+        for (int r = 0; r < 4; ++r) {
+            vf l = vsplat(Li[j + r]);
+            for (int c = 0; c < LA_CHUNK_CV; ++c)
+                if (c < reach) /* row j of Tinv is 0 beyond column j < i */
+                    acc[r][c] -= l * vload(Ti + (j + r) * C + c * 16);
+        }
+    for (; j < i; ++j)
+        for (int c = 0; c < LA_CHUNK_CV; ++c)
+            if (c < reach) acc[0][c] -= vsplat(Li[j]) * vload(Ti + j * C + c * 16);
+    for (int c = 0; c < C / 16; ++c)
+        vstore(Ti + i * C + c * 16, (acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c]));
+    Ti[i * C + i] = 1.0f;
+    bf16_scaled(Ti + i * C, 0, 1.0f, C, (u16 *)(Tp + i * C / 2));
+}
+
+/* One whole chunk of C tokens of one head: q, k bfloat16 rows of K (token strides qt, kt), v
+ * bfloat16 rows of V (vt), g (NULL: no gate) and, for the delta rule, beta: C floats (beta
+ * NULL: GLA); the scale s, l2norm with eps; Sin / Sout (K x V, float32, may be the same); o
+ * float32 rows of V (written); pf: rows to ask for from memory meanwhile, tokens pf0 ..
+ * pf0 + C - 1 of it. work: chunk_dp_work(C, K, V) floats. */
+__attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *q, long qt,
+                                             const u16 *k, long kt, const u16 *v, long vt,
+                                             const float *g, const float *beta, float scale,
+                                             int l2norm, float eps, const float *Sin,
+                                             float *Sout, float *o, const la_ahead *pf,
+                                             long pf0, float *work) {
+    const long PO = (K + C) / 2; /* pairs of a row of [g o Q~ | scores] */
+    float *b = work, *gam = b + C, *ig = gam + C, *sq = ig + C, *sk = sq + C, *Mm = sk + C;
+    float *Gm = Mm + C * C, *Ti = Gm + C * C, *KS = Ti + C * C, *U = KS + C * V;
+    u32 *qp = (u32 *)(U + C * V), *kp = qp + C * K / 2, *kpT = kp + C * K / 2;
+    u32 *S0p = kpT + C * K / 2, *Up = S0p + K * V / 2, *AO = Up + C * V / 2;
+    u32 *Tp = AO + C * PO, *Rp = Tp + C * C / 2, *kdp = Rp + C * V / 2, *kdT = kdp + C * K / 2;
+    float cum = 0.0f;
+    for (long t = 0; t < C; ++t) { /* q~ = sq q, k~ = sk k, b, g */
+        const u16 *qr = q + t * qt, *kr = k + t * kt;
+        sq[t] = scale, sk[t] = 1.0f;
+        if (l2norm) {
+            sq[t] *= 1.0f / sqrtf(sum_sq16(qr, K) + eps);
+            sk[t] = 1.0f / sqrtf(sum_sq16(kr, K) + eps);
+        }
+        bf16_scaled(qr, 1, sq[t], K, (u16 *)(qp + t * K / 2));
+        bf16_scaled(kr, 1, sk[t], K, (u16 *)(kp + t * K / 2));
+        cum += g ? g[t] : 0.0f;
+        b[t] = cum;
+        gam[t] = sexp_nonpos(cum);
+    }
+    /* Gam_ij = g_i / g_j where no g underflows (the whole chunk's decay above 2^-100: 1 / g_j
+     * stays finite), else exp(b_i - b_j) (a vector exp per 16 of them) */
+    int ratio = g && gam[C - 1] >= 0x1p-100f;
+    for (long t = 0; ratio && t < C; ++t) ig[t] = 1.0f / gam[t];
+    transpose(C, K / 2, (const float *)kp, (float *)kpT);
+    for (long p = 0; p < K / 2; ++p) /* S paired along its rows, before Sout (maybe Sin) changes */
+        pairs_scaled(Sin + 2 * p * V, 1.0f, Sin + (2 * p + 1) * V, 1.0f, 0, V, S0p + p * V);
+    /* q~.k~ (Mm), and for the delta rule k~.k~ (Gm, after it) and K~ S */
+    gemm_dp(beta ? 2 * C : C, C, K / 2, qp, K / 2, 1, kpT, C, Mm, C, 0, 0);
+    if (beta) gemm_dp(C, V, K / 2, kp, K / 2, 1, S0p, V, KS, V, 0, 0);
+    /* Row i: the O product's operand row [g_i q~_i | the masked, decayed scores], and for the
+     * delta rule L_i (float32, over Gm) and Tinv_i; the rows ahead asked for, a token a row */
+    vf iota;
+    for (int l = 0; l < 16; ++l) iota[l] = (float)l;
+    for (long i = 0; i < C; ++i) {
+        la_fetch_ahead(pf, pf0 + i, V);
+        float *Li = Gm + i * C;
+        const float *Mi = Mm + i * C;
+        u16 *ao = (u16 *)(AO + i * PO);
+        bf16_scaled(q + i * qt, 1, gam[i] * sq[i], K, ao);
+        vf bi = vsplat(b[i]), gi = vsplat(gam[i]), bti = vsplat(beta ? beta[i] : 0.0f);
+        vf fi = vsplat((float)i);
+        long reach = i / 16 + 1;
+        for (long c = 0; c < C / 16; ++c) {
+            if (c >= reach) {
+                vstore_any(ao, K + c * 16, vsplat(0.0f), 1);
+                continue;
+            }
+            vf x = bi - vload(b + c * 16), col = iota + (float)(c * 16), d = vsplat(1.0f);
+            if (ratio)
+                d = gi * vload(ig + c * 16);
+            else if (g)
+                d = vexp_nonpos(vselect(x < vsplat(0.0f), x, vsplat(0.0f)));
+            if (beta)
+                vstore(Li + c * 16,
+                       vselect(col < fi, bti * vload(Li + c * 16) * d, vsplat(0.0f)));
+            vstore_any(ao, K + c * 16, vselect(col <= fi, vload(Mi + c * 16) * d, vsplat(0.0f)),
+                       1);
+        }
+        if (beta) chunk_tinv_row(i, C, reach, Li, Ti, Tp);
+    }
+    if (beta) { /* U' = Tinv beta (v - g K~ S), the right-hand side paired along the tokens */
+        for (long p = 0; p < C / 2; ++p) {
+            long t = 2 * p;
+            vf b0 = vsplat(beta[t]), b1 = vsplat(beta[t + 1]);
+            vf g0 = vsplat(gam[t]), g1 = vsplat(gam[t + 1]);
+            for (long c = 0; c < V; c += 16) {
+                vf lo = b0 * (vload_any(v, t * vt + c, 1) - g0 * vload(KS + t * V + c));
+                vf hi = b1 * (vload_any(v, (t + 1) * vt + c, 1)
+                              - g1 * vload(KS + (t + 1) * V + c));
+                _mm512_storeu_si512((void *)(Rp + p * V + c), bf16_pairs(lo, hi));
+            }
+        }
+        gemm_dp(C, V, C / 2, Tp, C / 2, 1, Rp, V, U, V, 0, 1);
+    }
+    for (long p = 0; p < C / 2; ++p) /* U' (GLA: V) paired along the tokens, after S */
+        if (beta)
+            pairs_scaled(U + 2 * p * V, 1.0f, U + (2 * p + 1) * V, 1.0f, 0, V, Up + p * V);
+        else
+            pairs_scaled(v + 2 * p * vt, 1.0f, v + (2 * p + 1) * vt, 1.0f, 1, V, Up + p * V);
+    gemm_dp(C, V, PO, AO, PO, 1, S0p, V, o, V, 0, 0); /* O = [g o Q~ | scores] [S; U'] */
+    for (long p = 0; p < C / 2; ++p) { /* the keys decayed to the chunk's end, paired */
+        long t = 2 * p;
+        float e0 = g ? sexp_nonpos(b[C - 1] - b[t]) : 1.0f;
+        float e1 = g ? sexp_nonpos(b[C - 1] - b[t + 1]) : 1.0f;
+        pairs_scaled(k + t * kt, e0 * sk[t], k + (t + 1) * kt, e1 * sk[t + 1], 1, K,
+                     kdp + p * K);
+    }
+    transpose(C / 2, K, (const float *)kdp, (float *)kdT);
+    for (long i = 0; i < K; ++i) scale_row(Sout + i * V, 0, 0, Sin + i * V, gam[C - 1], V);
+    gemm_dp(K, V, C / 2, kdT, C / 2, 1, Up, V, Sout, V, 1, 0); /* S */
 }
 #endif /* LA_DP_BF16 */
 
