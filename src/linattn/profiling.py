@@ -139,9 +139,9 @@ def core_peak(dtype: str = "float32", isa: str = "native", refresh: bool = False
     (``la_peak_f32`` in ops/native/native.c); bfloat16 -> the AMX tile product ``tdpbf16ps``
     (``la_peak_amx``) where the build has it and the kernel hands the tiles out, else the
     AVX512-BF16 dot product ``vdpbf16ps`` (2 products and 2 adds per float32 lane,
-    ``la_peak_bf16``) where the build has it, else the float32 FMA peak. On an AMX CPU only
-    linear attention's bfloat16 forwards multiply on the tiles: the other bfloat16 kernels sit
-    far below that peak by design (their products are float32).
+    ``la_peak_bf16``) where the build has it, else the float32 FMA peak. On an AMX CPU the
+    bfloat16 forwards of linear attention and the GLA and delta-rule prefills multiply on the
+    tiles, but spend most of their time between the products: they sit far below that peak.
 
     Measured once per machine (the CPU tag of the compiled builds), build and kind, on the
     calling thread, and cached in the user cache (``peaks-<tag>.json``), as the dispatcher's

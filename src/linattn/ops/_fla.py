@@ -5,7 +5,6 @@ token-by-token scan for the variants that have no chunked form here. See :mod:`l
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 
@@ -14,11 +13,11 @@ from torch import Tensor
 
 from linattn.ops._common import (
     accumulation_dtype,
+    all_finite,
     check_float_tensor,
     check_scale,
     is_bool,
     nonfinite,
-    within,
 )
 from linattn.ops.varlen import check_cu_seqlens
 
@@ -89,7 +88,7 @@ def _beta(beta: object, B: int, T: int, H: int, V: int, *, per_value: bool,
         if beta.numel() and beta.isnan().any():
             raise ValueError("beta: expected logits that are not nan "
                              "(use_beta_sigmoid_in_kernel=True), got nan")
-    elif not within(beta, -math.inf, math.inf, open_ends=True):
+    elif not all_finite(beta):
         raise ValueError(f"beta: expected finite values, got {nonfinite(beta)}")
     return beta
 

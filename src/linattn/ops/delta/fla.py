@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.ops._common import accumulation_dtype, is_bool, nonfinite, within
+from linattn.ops._common import accumulation_dtype, all_finite, is_bool, nonfinite
 from linattn.ops._fla import (
     _beta,
     _finish,
@@ -163,7 +163,7 @@ def _finite_tensor(name: str, x: object, like: Tensor) -> Tensor:
     if x.is_meta != like.is_meta:
         raise ValueError(f"{name}: expected a tensor on {like.device} (the inputs' device), "
                          f"got {x.device}: a meta tensor has no values to read")
-    if not x.is_meta and not within(x, -math.inf, math.inf, open_ends=True):
+    if not x.is_meta and not all_finite(x):
         raise ValueError(f"{name}: expected finite values, got {nonfinite(x)}")
     return x
 

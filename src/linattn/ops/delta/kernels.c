@@ -22,7 +22,8 @@
  * operations per element with a gate, three without); the row scale is applied in the update.
  * This is the sequential recurrence, exact in float32 arithmetic: at K = V = 64 it needs fewer
  * operations per token (3 K V multiply-adds + K V multiplies) than the chunked WY form
- * (3 K V + C (3 K / 2 + V) multiply-adds) and no triangular solve.
+ * (3 K V + C (3 K / 2 + V) multiply-adds) and no triangular solve. (bfloat16 rows on AMX
+ * tiles take the chunked form instead, its products at ~16x the FMA rate: chunk_dp, tiles.h.)
  * Grouped value attention (GVA): G consecutive value heads share one q/k head (value head n
  * reads q/k head n / G), indexed in place, never copied.
  * The step is T = 1. */
@@ -278,11 +279,8 @@ static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
  * whole input and of o; the next chunk's 16-bit rows are asked for while this one runs
  * (la_next_rows16). work: la_gdr_forward_work(K, V, dt) floats. */
 long la_gdr_forward_work(long K, long V, int dt) {
-    long chunked = 0;
-#if defined(LA_DP_BF16)
-    chunked = dt == LA_BF16 ? chunk_dp_work(GDR_DP_C, K, V) : 0;
-#endif
-    return la_gdr_work(K) + (dt == LA_F32 ? 0 : GDR_TC * (2 * K + 2 * V)) + chunked;
+    return la_gdr_work(K) + (dt == LA_F32 ? 0 : GDR_TC * (2 * K + 2 * V))
+           + chunk_dp_scratch(dt, GDR_DP_C, K, V);
 }
 
 static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, long ks, long kt,
@@ -298,8 +296,7 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
 #if defined(LA_DP_BF16)
     /* whole chunks of bfloat16 rows without per-key gates on tiles: the chunked form
      * (chunk_dp in ops/native/tiles.h) */
-    int chunked = dt == LA_BF16 && !gk && K % 32 == 0 && V % 32 == 0 && v0 == 0 && v1 == V
-                  && dp_on_tiles();
+    int chunked = chunk_dp_takes(dt, gk != NULL, GDR_DP_C, K, V, v0, v1);
 #endif
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;

@@ -50,7 +50,7 @@ from ctypes import c_int, c_long
 import torch
 from torch import Tensor
 
-from linattn.ops._common import graph_grads, nonfinite, within
+from linattn.ops._common import all_finite, graph_grads, nonfinite
 from linattn.ops._library import KernelOp
 from linattn.ops.delta.chunk import torch_prefill, torch_step
 from linattn.ops.gated.chunk import check_gate
@@ -506,7 +506,7 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
 
 def _check_step_values(beta_t: Tensor, g_t: Tensor | None, gk_t: Tensor | None = None) -> None:
     """In Python, what la_gdr_step checks itself (for the calls that do not run it)."""
-    if not within(beta_t, -math.inf, math.inf, open_ends=True):
+    if not all_finite(beta_t):
         _refused_step(-2, beta_t, g_t, gk_t)
     if g_t is not None:
         check_gate(g_t, "g_t", tuple(g_t.shape), g_t)

@@ -19,7 +19,9 @@
  * + k_t (v_t . d~_t)). Row sums over the columns (dq, dk, dgk) are per-row vectors of W
  * partial sums, W rows of which are reduced together by a transpose-and-add (row_sums). Every
  * exponent is <= 0 and no state is ever divided by a decay: a gate of -inf (a reset) is exact.
- * All arithmetic in float32; the sums follow the recurrence, so there is no chunking error. */
+ * All arithmetic in float32; the sums follow the recurrence, so there is no chunking error.
+ * (bfloat16 rows with a scalar gate on AMX tiles take the chunked form instead: chunk_dp,
+ * tiles.h.) */
 #ifndef LA_TILES_H
 #include "../native/tiles.h" /* and common.h, ahead.h */
 #endif
@@ -183,11 +185,8 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
  * 16-bit rows are asked for while this one runs (la_next_rows16). work:
  * la_gla_forward_work(K, V, C, dt) floats. */
 long la_gla_forward_work(long K, long V, long C, int dt) {
-    long chunked = 0;
-#if defined(LA_DP_BF16)
-    chunked = dt == LA_BF16 ? chunk_dp_work(C, K, V) : 0;
-#endif
-    return la_gla_work(K, C) + (dt == LA_F32 ? 0 : C * (2 * K + 2 * V)) + chunked;
+    return la_gla_work(K, C) + (dt == LA_F32 ? 0 : C * (2 * K + 2 * V))
+           + chunk_dp_scratch(dt, C, K, V);
 }
 
 static int gla_forward_widened(const void *q, long qs, long qt, const void *k, long ks, long kt,
@@ -202,8 +201,7 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
 #if defined(LA_DP_BF16)
     /* whole chunks of bfloat16 rows with a scalar gate or none on tiles: the chunked form
      * (chunk_dp in ops/native/tiles.h) */
-    int chunked = dt == LA_BF16 && !gk && K % 32 == 0 && V % 32 == 0 && C % 32 == 0 && v0 == 0
-                  && v1 == V && dp_on_tiles();
+    int chunked = chunk_dp_takes(dt, gk != NULL, C, K, V, v0, v1);
 #endif
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;

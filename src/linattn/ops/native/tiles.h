@@ -442,9 +442,18 @@ static inline void bf16_rows(const float *x, long rows, long n, u16 *dst) {
 #define LA_CHUNK_CV (LA_CHUNK_MAX / 16) /* vectors in a row of the longest chunk */
 
 /* Floats of scratch chunk_dp needs (u32 pairs count as floats). */
-__attribute__((unused)) static long chunk_dp_work(long C, long K, long V) {
+static inline long chunk_dp_work(long C, long K, long V) {
     return 5 * C + 3 * C * C + 2 * C * V                                /* float32 */
            + 3 * C * K + K * V / 2 + C * V + C * (K + C) / 2 + C * C / 2; /* pairs */
+}
+
+/* Whether a recurrence's 16-bit forward takes chunk_dp for its whole chunks of C tokens (the
+ * one rule of GLA's and the delta rule's): bfloat16 rows, no per-key gates, K, V and C
+ * multiples of 32 (C at most LA_CHUNK_MAX), all V columns (whole heads), gemm_dp on tiles. */
+static inline int chunk_dp_takes(int dt, int per_key, long C, long K, long V, long v0,
+                                 long v1) {
+    return dt == LA_BF16 && !per_key && K % 32 == 0 && V % 32 == 0 && C % 32 == 0
+           && C <= LA_CHUNK_MAX && v0 == 0 && v1 == V && dp_on_tiles();
 }
 
 /* x[0:n] * s rounded to bfloat16 at dst (x float32, or bfloat16 where bf; n a multiple of 16). */
@@ -600,5 +609,15 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
     gemm_dp(K, V, C / 2, kdT, C / 2, 1, Up, V, Sout, V, 1, 0); /* S */
 }
 #endif /* LA_DP_BF16 */
+
+/* The scratch a recurrence's forward on rows of dtype dt adds for chunk_dp's chunks of C
+ * tokens: chunk_dp_work for bfloat16 where the build has the dot products, else none. */
+static inline long chunk_dp_scratch(int dt, long C, long K, long V) {
+#if defined(LA_DP_BF16)
+    if (dt == LA_BF16) return chunk_dp_work(C, K, V);
+#endif
+    (void)dt, (void)C, (void)K, (void)V;
+    return 0;
+}
 
 #endif /* LA_TILES_H */
