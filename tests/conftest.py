@@ -321,3 +321,20 @@ def _series(n: int, length: int, seed: int = 0) -> np.ndarray:
 def series():
     """The factory ``series(n, length, seed=0)``: noisy sines, float32 (n, length)."""
     return _series
+
+
+@pytest.fixture
+def bfloat16_rows():
+    """laid_out(layout, *xs): xs in bfloat16 as (B, H, T, D) tensors ("heads"), as views of
+    fla's (B, T, H, D) layout ("fla"), or as views of rows one element longer ("odd": an odd
+    token stride, which the recurrences' bfloat16 chunks on tiles do not read in place)."""
+
+    def laid_out(layout: str, *xs):
+        if layout == "fla":
+            return [x.transpose(1, 2).contiguous().transpose(1, 2).bfloat16() for x in xs]
+        if layout == "odd":
+            return [torch.nn.functional.pad(x, (0, 1)).bfloat16()[..., :-1] for x in xs]
+        assert layout == "heads", layout
+        return [x.bfloat16() for x in xs]
+
+    return laid_out

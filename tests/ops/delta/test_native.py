@@ -188,17 +188,21 @@ def test_strided_prefill_inputs_and_bfloat16(native_calls):
 
 @pytest.mark.parametrize("gates", [None, 0.5, 4.0])
 @pytest.mark.parametrize("l2norm", [False, True])
-@pytest.mark.parametrize("T, K, V, G, strided", [(64, 64, 64, 1, False), (150, 64, 64, 1, True),
-                                                 (130, 32, 96, 2, False), (70, 48, 32, 1, False)])
-def test_bfloat16_prefill_within_its_bound(native_calls, amx, gates, l2norm, T, K, V, G, strided):
-    """bfloat16 prefills from a state. On AMX tiles each whole chunk of 64 tokens runs the
-    chunked form on bfloat16 products (gdr_chunk_dp in ops/delta/kernels.c; K, V multiples of
-    32, no per-key gates) and the tokens after the last whole chunk the widened recurrence;
-    without tiles (and at K = 48) every token runs the widened recurrence. Against float64 on
-    the same rounded inputs: within 8u of the largest output and state magnitude (u = 2⁻⁸,
-    bfloat16's unit roundoff), the roundings along the chunked form's longest path: q~ and k~
-    and S into K~S (2), the right-hand side and Tinv (2), U' (1), the output's operands (2)
-    and the output itself (1). The widened recurrence rounds the output only. Log-gates in
+@pytest.mark.parametrize("T, K, V, G, layout", [(64, 64, 64, 1, "heads"), (150, 64, 64, 1, "fla"),
+                                                (130, 32, 96, 2, "heads"), (70, 48, 32, 1, "heads"),
+                                                (100, 64, 64, 1, "odd")])
+def test_bfloat16_prefill_within_its_bound(native_calls, amx, bfloat16_rows, gates, l2norm, T,
+                                           K, V, G, layout):
+    """bfloat16 prefills from a state. On AMX tiles each whole 64 tokens run as two chunks of
+    32 in the chunked form on bfloat16 products (chunk_dp in ops/native/tiles.h; K, V
+    multiples of 32, no per-key gates, q's and k's rows 32-bit aligned: it reads them in place)
+    and the tokens after the last whole 64 the widened recurrence; without tiles, at K = 48
+    and on rows an odd number of elements apart (layout "odd") every token runs the widened
+    recurrence. Against float64 on the same rounded inputs: within 8u of the largest output and
+    state magnitude (u = 2⁻⁸, bfloat16's unit roundoff), the roundings along the chunked form's
+    longest path: S into K~S (1; q and k enter their products as given, their scales in
+    float32), the right-hand side and Tinv (2), U' (1), the output's operands (2) and the
+    output itself (1). The widened recurrence rounds the output only. Log-gates in
     (-gates, 0]: at 0.5 a chunk decays by e^-16 at most (the decays taken as ratios of the
     chunk's cumulative ones), at 4 below 2^-100 (taken as exponentials of differences)."""
     gen = torch.Generator().manual_seed(7)
@@ -210,9 +214,7 @@ def test_bfloat16_prefill_within_its_bound(native_calls, amx, gates, l2norm, T, 
     beta = torch.rand(1, G * H, T, generator=gen)
     g = -gates * torch.rand(1, G * H, T, generator=gen) if gates else None
     S0 = 0.3 * torch.randn(1, G * H, K, V, generator=gen)
-    if strided:  # fla's (B, T, H, D) layout, as transposed views
-        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
-    qb, kb, vb = (x.bfloat16() for x in (q, k, v))
+    qb, kb, vb = bfloat16_rows(layout, q, k, v)
     o, S = delta_rule(qb, kb, vb, beta, g, initial_state=S0, return_state=True,
                       qk_l2norm=l2norm)
     assert o.dtype == torch.bfloat16 and S.dtype == torch.float32 and native_calls["prefill"]

@@ -258,28 +258,30 @@ def test_strided_inputs_and_half_precision(native_calls, assert_close):
 
 
 @pytest.mark.parametrize("gates", [None, 1.0, 4.0])
-@pytest.mark.parametrize("T, K, V, chunk, strided", [(64, 64, 64, None, False),
-                                                     (150, 64, 64, None, True),
-                                                     (100, 32, 96, 32, False),
-                                                     (70, 48, 32, None, False)])
-def test_bfloat16_prefill_within_its_bound(native_calls, amx, gates, T, K, V, chunk, strided):
+@pytest.mark.parametrize("T, K, V, chunk, layout", [(64, 64, 64, None, "heads"),
+                                                    (150, 64, 64, None, "fla"),
+                                                    (100, 32, 96, 32, "heads"),
+                                                    (70, 48, 32, None, "heads"),
+                                                    (100, 64, 64, None, "odd")])
+def test_bfloat16_prefill_within_its_bound(native_calls, amx, bfloat16_rows, gates, T, K, V,
+                                           chunk, layout):
     """bfloat16 prefills from a state with a scalar gate or none. On AMX tiles each whole chunk
     (of 64 tokens, or 32) runs the chunked form on bfloat16 products (chunk_dp in
-    ops/native/tiles.h; K, V multiples of 32, no per-key gates) and the tokens after the last
-    whole chunk the widened recurrence; without tiles (and at K = 48) every token runs the
-    widened recurrence. Against float64 on the same rounded inputs: within 6u of the largest
-    output and state magnitude (u = 2⁻⁸), the roundings along the chunked form's longest path:
-    q~ and S or the scores and V into O (2 each, one of them g o q~ rounded again), the decayed
-    keys and V into S (2), and the output itself (1). Log-gates in (-gates, 0]: at 1 a chunk
-    decays by e^-64 at most (decays taken as ratios), at 4 below 2^-100 (exponentials)."""
+    ops/native/tiles.h; K, V multiples of 32, no per-key gates, q's and k's rows 32-bit
+    aligned: it reads them in place) and the tokens after the last whole chunk the widened
+    recurrence; without tiles, at K = 48 and on rows an odd number of elements apart (layout
+    "odd") every token runs the widened recurrence. Against float64 on the same rounded inputs:
+    within 6u of the largest output and state magnitude (u = 2⁻⁸), more than the roundings
+    along the chunked form's longest path: g o q~ and S into O (2), the scores (from q and k's
+    exact products) into O (1), the decayed keys into S (1), and the output itself (1).
+    Log-gates in (-gates, 0]: at 1 a chunk decays by e^-64 at most (decays taken as ratios), at
+    4 below 2^-100 (exponentials)."""
     gen = torch.Generator().manual_seed(8)
     q, k = (torch.randn(1, 2, T, K, generator=gen) / K ** 0.5 for _ in range(2))
     v = torch.randn(1, 2, T, V, generator=gen)
     g = -gates * torch.rand(1, 2, T, generator=gen) if gates else None
     S0 = 0.3 * torch.randn(1, 2, K, V, generator=gen)
-    if strided:  # fla's (B, T, H, D) layout, as transposed views
-        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
-    qb, kb, vb = (x.bfloat16() for x in (q, k, v))
+    qb, kb, vb = bfloat16_rows(layout, q, k, v)
     o, S = gated_linear_attention(qb, kb, vb, g, initial_state=S0, return_state=True,
                                   chunk_size=chunk)
     assert o.dtype == torch.bfloat16 and S.dtype == torch.float32 and native_calls["prefill"]

@@ -353,8 +353,8 @@ def test_bfloat16_forward_matches_reference(native_on, feature_map, is_causal):
 
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("T, chunk", [(1, 32), (64, 32), (301, 32), (45, 48)])
-@pytest.mark.parametrize("D, Dv", [(64, 48), (160, 112)])
+@pytest.mark.parametrize("T, chunk", [(1, 32), (64, 32), (301, 32), (45, 48), (200, 64)])
+@pytest.mark.parametrize("D, Dv", [(64, 48), (160, 112), (64, 64)])
 def test_bfloat16_one_pass_within_its_bound(native_on, amx, feature_map, is_causal, T, chunk, D,
                                             Dv):
     """The one-pass forwards on bfloat16 (ℓ a multiple of 32, no mask), which run their
@@ -365,7 +365,8 @@ def test_bfloat16_one_pass_within_its_bound(native_on, amx, feature_map, is_caus
     float32 sums and, in the non-causal form, 4·2⁻¹⁷·max_t |v_tj| for φ made to 2⁻¹⁷ (tiles.h).
     On AMX tiles the products round the same operands. Elsewhere the float32-arithmetic
     passes meet the same bound: the causal recurrent form takes states up to 128 x 128
-    (D = 64; on tiles the chunked form takes every size), the dot products the larger one."""
+    (D = 64; on tiles the chunked form takes every size), the dot products the larger one;
+    Dv = 64 and chunks of 64 fill whole tiles."""
     q, k, v = (x.bfloat16() for x in _qkv(2, 3, T=T, D=D, Dv=Dv, seed=T))
     with torch.no_grad():
         # chunks of 32 or 48: the one-pass kernels (the fixture's chunks of 4 take the block

@@ -296,7 +296,8 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
 #if defined(LA_DP_BF16)
     /* whole chunks of bfloat16 rows without per-key gates on tiles: the chunked form
      * (chunk_dp in ops/native/tiles.h) */
-    int chunked = chunk_dp_takes(dt, gk != NULL, GDR_DP_C, K, V, v0, v1);
+    int chunked =
+        chunk_dp_takes(dt, gk != NULL, GDR_DP_C, K, V, v0, v1, q, qs, qt, k, ks, kt);
 #endif
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;

@@ -201,7 +201,7 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
 #if defined(LA_DP_BF16)
     /* whole chunks of bfloat16 rows with a scalar gate or none on tiles: the chunked form
      * (chunk_dp in ops/native/tiles.h) */
-    int chunked = chunk_dp_takes(dt, gk != NULL, C, K, V, v0, v1);
+    int chunked = chunk_dp_takes(dt, gk != NULL, C, K, V, v0, v1, q, qs, qt, k, ks, kt);
 #endif
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;

@@ -444,16 +444,25 @@ static inline void bf16_rows(const float *x, long rows, long n, u16 *dst) {
 /* Floats of scratch chunk_dp needs (u32 pairs count as floats). */
 static inline long chunk_dp_work(long C, long K, long V) {
     return 5 * C + 3 * C * C + 2 * C * V                                /* float32 */
-           + 3 * C * K + K * V / 2 + C * V + C * (K + C) / 2 + C * C / 2; /* pairs */
+           + 3 * C * K / 2 + K * V / 2 + C * V + C * (K + C) / 2 + C * C / 2; /* pairs */
+}
+
+/* Whether bfloat16 rows x (head stride hs, token stride ts, in elements) are pairs of 32 bits
+ * at every head and token: chunk_dp reads q's and k's that way, in place. */
+static inline int pairs_in_place(const void *x, long hs, long ts) {
+    return (size_t)x % 4 == 0 && hs % 2 == 0 && ts % 2 == 0;
 }
 
 /* Whether a recurrence's 16-bit forward takes chunk_dp for its whole chunks of C tokens (the
- * one rule of GLA's and the delta rule's): bfloat16 rows, no per-key gates, K, V and C
- * multiples of 32 (C at most LA_CHUNK_MAX), all V columns (whole heads), gemm_dp on tiles. */
-static inline int chunk_dp_takes(int dt, int per_key, long C, long K, long V, long v0,
-                                 long v1) {
+ * one rule of GLA's and the delta rule's): bfloat16 rows, q and k pairs in place, no per-key
+ * gates, K, V and C multiples of 32 (C at most LA_CHUNK_MAX), all V columns (whole heads),
+ * gemm_dp on tiles. */
+static inline int chunk_dp_takes(int dt, int per_key, long C, long K, long V, long v0, long v1,
+                                 const void *q, long qs, long qt, const void *k, long ks,
+                                 long kt) {
     return dt == LA_BF16 && !per_key && K % 32 == 0 && V % 32 == 0 && C % 32 == 0
-           && C <= LA_CHUNK_MAX && v0 == 0 && v1 == V && dp_on_tiles();
+           && C <= LA_CHUNK_MAX && v0 == 0 && v1 == V && pairs_in_place(q, qs, qt)
+           && pairs_in_place(k, ks, kt) && dp_on_tiles();
 }
 
 /* x[0:n] * s rounded to bfloat16 at dst (x float32, or bfloat16 where bf; n a multiple of 16). */
@@ -505,7 +514,8 @@ static inline void chunk_tinv_row(long i, long C, long reach, const float *Li, f
     bf16_scaled(Ti + i * C, 0, 1.0f, C, (u16 *)(Tp + i * C / 2));
 }
 
-/* One whole chunk of C tokens of one head: q, k bfloat16 rows of K (token strides qt, kt), v
+/* One whole chunk of C tokens of one head: q, k bfloat16 rows of K (token strides qt, kt;
+ * pairs_in_place), v
  * bfloat16 rows of V (vt), g (NULL: no gate) and, for the delta rule, beta: C floats (beta
  * NULL: GLA); the scale s, l2norm with eps; Sin / Sout (K x V, float32, may be the same); o
  * float32 rows of V (written); pf: rows to ask for from memory meanwhile, tokens pf0 ..
@@ -519,33 +529,40 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
     const long PO = (K + C) / 2; /* pairs of a row of [g o Q~ | scores] */
     float *b = work, *gam = b + C, *ig = gam + C, *sq = ig + C, *sk = sq + C, *Mm = sk + C;
     float *Gm = Mm + C * C, *Ti = Gm + C * C, *KS = Ti + C * C, *U = KS + C * V;
-    u32 *qp = (u32 *)(U + C * V), *kp = qp + C * K / 2, *kpT = kp + C * K / 2;
-    u32 *S0p = kpT + C * K / 2, *Up = S0p + K * V / 2, *AO = Up + C * V / 2;
+    u32 *kpT = (u32 *)(U + C * V), *S0p = kpT + C * K / 2, *Up = S0p + K * V / 2;
+    u32 *AO = Up + C * V / 2;
+    /* q's and k's bfloat16 rows are already their pairs along the features: the products
+     * read them in place (qt, kt even), and the scales sq, sk apply to the float32 sums */
+    const u32 *qp = (const u32 *)q, *kp = (const u32 *)k;
     u32 *Tp = AO + C * PO, *Rp = Tp + C * C / 2, *kdp = Rp + C * V / 2, *kdT = kdp + C * K / 2;
     float cum = 0.0f;
     for (long t = 0; t < C; ++t) { /* q~ = sq q, k~ = sk k, b, g */
-        const u16 *qr = q + t * qt, *kr = k + t * kt;
         sq[t] = scale, sk[t] = 1.0f;
         if (l2norm) {
-            sq[t] *= 1.0f / sqrtf(sum_sq16(qr, K) + eps);
-            sk[t] = 1.0f / sqrtf(sum_sq16(kr, K) + eps);
+            sq[t] *= 1.0f / sqrtf(sum_sq16(q + t * qt, K) + eps);
+            sk[t] = 1.0f / sqrtf(sum_sq16(k + t * kt, K) + eps);
         }
-        bf16_scaled(qr, 1, sq[t], K, (u16 *)(qp + t * K / 2));
-        bf16_scaled(kr, 1, sk[t], K, (u16 *)(kp + t * K / 2));
         cum += g ? g[t] : 0.0f;
         b[t] = cum;
-        gam[t] = sexp_nonpos(cum);
     }
+    /* the decays a vector at a time: a scalar exp per token was ~0.4 us of a chunk's ~6 */
+    for (long t = 0; t < C; t += 16) vstore(gam + t, vexp_nonpos(vload(b + t)));
     /* Gam_ij = g_i / g_j where no g underflows (the whole chunk's decay above 2^-100: 1 / g_j
      * stays finite), else exp(b_i - b_j) (a vector exp per 16 of them) */
     int ratio = g && gam[C - 1] >= 0x1p-100f;
     for (long t = 0; ratio && t < C; ++t) ig[t] = 1.0f / gam[t];
-    transpose(C, K / 2, (const float *)kp, (float *)kpT);
+    for (long r = 0; r < C; r += 16) /* k's pairs transposed: kpT (K / 2 x C) */
+        for (long c = 0; c < K / 2; c += 16)
+            transpose_block((const float *)(kp + r * kt / 2 + c), kt / 2,
+                            (float *)(kpT + c * C + r), C);
     for (long p = 0; p < K / 2; ++p) /* S paired along its rows, before Sout (maybe Sin) changes */
         pairs_scaled(Sin + 2 * p * V, 1.0f, Sin + (2 * p + 1) * V, 1.0f, 0, V, S0p + p * V);
-    /* q~.k~ (Mm), and for the delta rule k~.k~ (Gm, after it) and K~ S */
-    gemm_dp(beta ? 2 * C : C, C, K / 2, qp, K / 2, 1, kpT, C, Mm, C, 0, 0);
-    if (beta) gemm_dp(C, V, K / 2, kp, K / 2, 1, S0p, V, KS, V, 0, 0);
+    /* q.k (Mm), and for the delta rule k.k (Gm) and K S, unscaled */
+    gemm_dp(C, C, K / 2, qp, qt / 2, 1, kpT, C, Mm, C, 0, 0);
+    if (beta) {
+        gemm_dp(C, C, K / 2, kp, kt / 2, 1, kpT, C, Gm, C, 0, 0);
+        gemm_dp(C, V, K / 2, kp, kt / 2, 1, S0p, V, KS, V, 0, 0);
+    }
     /* Row i: the O product's operand row [g_i q~_i | the masked, decayed scores], and for the
      * delta rule L_i (float32, over Gm) and Tinv_i; the rows ahead asked for, a token a row */
     vf iota;
@@ -556,8 +573,8 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
         const float *Mi = Mm + i * C;
         u16 *ao = (u16 *)(AO + i * PO);
         bf16_scaled(q + i * qt, 1, gam[i] * sq[i], K, ao);
-        vf bi = vsplat(b[i]), gi = vsplat(gam[i]), bti = vsplat(beta ? beta[i] : 0.0f);
-        vf fi = vsplat((float)i);
+        vf bi = vsplat(b[i]), gi = vsplat(gam[i]), fi = vsplat((float)i), sqi = vsplat(sq[i]);
+        vf bti = vsplat(beta ? beta[i] * sk[i] : 0.0f);
         long reach = i / 16 + 1;
         for (long c = 0; c < C / 16; ++c) {
             if (c >= reach) {
@@ -569,11 +586,12 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
                 d = gi * vload(ig + c * 16);
             else if (g)
                 d = vexp_nonpos(vselect(x < vsplat(0.0f), x, vsplat(0.0f)));
+            d *= vload(sk + c * 16); /* the key's scale (the query's below, beta's in bti) */
             if (beta)
                 vstore(Li + c * 16,
                        vselect(col < fi, bti * vload(Li + c * 16) * d, vsplat(0.0f)));
-            vstore_any(ao, K + c * 16, vselect(col <= fi, vload(Mi + c * 16) * d, vsplat(0.0f)),
-                       1);
+            vstore_any(ao, K + c * 16,
+                       vselect(col <= fi, sqi * vload(Mi + c * 16) * d, vsplat(0.0f)), 1);
         }
         if (beta) chunk_tinv_row(i, C, reach, Li, Ti, Tp);
     }
@@ -581,7 +599,7 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
         for (long p = 0; p < C / 2; ++p) {
             long t = 2 * p;
             vf b0 = vsplat(beta[t]), b1 = vsplat(beta[t + 1]);
-            vf g0 = vsplat(gam[t]), g1 = vsplat(gam[t + 1]);
+            vf g0 = vsplat(gam[t] * sk[t]), g1 = vsplat(gam[t + 1] * sk[t + 1]);
             for (long c = 0; c < V; c += 16) {
                 vf lo = b0 * (vload_any(v, t * vt + c, 1) - g0 * vload(KS + t * V + c));
                 vf hi = b1 * (vload_any(v, (t + 1) * vt + c, 1)
@@ -597,15 +615,16 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
         else
             pairs_scaled(v + 2 * p * vt, 1.0f, v + (2 * p + 1) * vt, 1.0f, 1, V, Up + p * V);
     gemm_dp(C, V, PO, AO, PO, 1, S0p, V, o, V, 0, 0); /* O = [g o Q~ | scores] [S; U'] */
-    for (long p = 0; p < C / 2; ++p) { /* the keys decayed to the chunk's end, paired */
-        long t = 2 * p;
-        float e0 = g ? sexp_nonpos(b[C - 1] - b[t]) : 1.0f;
-        float e1 = g ? sexp_nonpos(b[C - 1] - b[t + 1]) : 1.0f;
-        pairs_scaled(k + t * kt, e0 * sk[t], k + (t + 1) * kt, e1 * sk[t + 1], 1, K,
+    float *ek = ig; /* spent: the keys' decays to the chunk's end, exp(b_C - b_t) */
+    for (long t = 0; t < C; t += 16)
+        vstore(ek + t, vload(sk + t) * (g ? vexp_nonpos(vsplat(b[C - 1]) - vload(b + t))
+                                          : vsplat(1.0f)));
+    for (long p = 0; p < C / 2; ++p) /* the keys decayed to the chunk's end, paired */
+        pairs_scaled(k + 2 * p * kt, ek[2 * p], k + (2 * p + 1) * kt, ek[2 * p + 1], 1, K,
                      kdp + p * K);
-    }
     transpose(C / 2, K, (const float *)kdp, (float *)kdT);
-    for (long i = 0; i < K; ++i) scale_row(Sout + i * V, 0, 0, Sin + i * V, gam[C - 1], V);
+    if (Sout != Sin || gam[C - 1] != 1.0f)
+        for (long i = 0; i < K; ++i) scale_row(Sout + i * V, 0, 0, Sin + i * V, gam[C - 1], V);
     gemm_dp(K, V, C / 2, kdT, C / 2, 1, Up, V, Sout, V, 1, 0); /* S */
 }
 #endif /* LA_DP_BF16 */
