@@ -306,7 +306,7 @@ static inline void keep_state(const float *S, const float *z, long n, long t0, l
     memcpy(zss + t0 / block * zb + n * L, z, (size_t)L * sizeof(float));
 }
 
-#include "kernels_forms.c" /* causal_forward_dp, noncausal_forward_dp; causal_*_rec */
+#include "kernels_forms.c" /* causal_forward_dp, _tiles, noncausal_forward_dp; causal_*_rec */
 
 /* The causal forward over T tokens of N heads, chunks of C (a multiple of W; L and Dv
  * multiples of W too). q, k: rows of L with head strides qs, ks; v: rows of Dv, stride vs;
@@ -335,8 +335,9 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
     }
 #if defined(LA_DP_BF16)
     if (bf && L % 32 == 0) {
-        causal_forward_dp(kind, q, qs, k, ks, v, vs, N, T, L, Dv, C, eps, S, z, out, os, Ss, sb,
-                          zss, zb, block, tiles, work);
+        (tiles ? causal_forward_tiles : causal_forward_dp)(kind, q, qs, k, ks, v, vs, N, T, L, Dv,
+                                                          C, eps, S, z, out, os, Ss, sb, zss,
+                                                          zb, block, work);
         stream_fence();
         return 0;
     }
@@ -617,7 +618,7 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
     case 1:
         f32 = 2 * C * L + L * C + C * C + 2 * C * Dv;
 #if defined(LA_DP_BF16)
-        dp = 2 * C * L + C * C + C * Dv + (3 * C * L + C * C + C * Dv + L * Dv) / 2;
+        dp = C + 2 * C * L + C * C + C * Dv + (4 * C * L + C * C + C * Dv + L * Dv) / 2;
 #endif
         break;
     case 2:
