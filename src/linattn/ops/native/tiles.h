@@ -534,14 +534,15 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
     /* q's and k's bfloat16 rows are already their pairs along the features: the products
      * read them in place (qt, kt even), and the scales sq, sk apply to the float32 sums */
     const u32 *qp = (const u32 *)q, *kp = (const u32 *)k;
-    u32 *Tp = AO + C * PO, *Rp = Tp + C * C / 2, *kdp = Rp + C * V / 2, *kdT = kdp + C * K / 2;
+    u32 *Tp = AO + C * PO, *Rp = Tp + C * C / 2;
+    /* the decayed keys and their transpose over Mm and Gm where they fit (spent by then, and
+     * still in cache: 3 % of a chunk, Intel Xeon with AMX), else after Rp */
+    u32 *kdp = C * K <= 2 * C * C ? (u32 *)Mm : Rp + C * V / 2, *kdT = kdp + C * K / 2;
     float cum = 0.0f;
     for (long t = 0; t < C; ++t) { /* q~ = sq q, k~ = sk k, b, g */
         sq[t] = scale, sk[t] = 1.0f;
-        if (l2norm) {
-            sq[t] *= 1.0f / sqrtf(sum_sq16(q + t * qt, K) + eps);
-            sk[t] = 1.0f / sqrtf(sum_sq16(k + t * kt, K) + eps);
-        }
+        if (l2norm) sq[t] *= 1.0f / sqrtf(sum_sq16(q + t * qt, K) + eps);
+        if (l2norm && !beta) sk[t] = 1.0f / sqrtf(sum_sq16(k + t * kt, K) + eps);
         cum += g ? g[t] : 0.0f;
         b[t] = cum;
     }
@@ -562,6 +563,8 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
     if (beta) {
         gemm_dp(C, C, K / 2, kp, kt / 2, 1, kpT, C, Gm, C, 0, 0);
         gemm_dp(C, V, K / 2, kp, kt / 2, 1, S0p, V, KS, V, 0, 0);
+        for (long t = 0; l2norm && t < C; ++t) /* k.k on the diagonal: the keys' norms */
+            sk[t] = 1.0f / sqrtf(Gm[t * C + t] + eps);
     }
     /* Row i: the O product's operand row [g_i q~_i | the masked, decayed scores], and for the
      * delta rule L_i (float32, over Gm) and Tinv_i; the rows ahead asked for, a token a row */
