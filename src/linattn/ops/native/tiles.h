@@ -431,9 +431,10 @@ static inline void bf16_rows(const float *x, long rows, long n, u16 *dst) {
  *     O = [g o Q~ | lower(Gam o Q~ K~^T)] [S; U'],   S <- g_C S + (exp(b_C - b) o K~)^T U'.
  * These are the recurrences in exact arithmetic (for the delta rule: u_t + beta_t
  * sum_{j<t} Gam_tj k~_t.k~_j u_j = beta_t (v_t - g_t S^T k~_t)). Three products per chunk
- * (GLA) or five (delta), each on operands rounded to bfloat16 (q~, k~, S, V or Tinv and the
- * right-hand side and U', g o q~ and the masked scores, the decayed keys) summed in float32;
- * L, Tinv = (I + L)^-1 (forward substitution) and U' are float32, and so is the state. The
+ * (GLA) or six (delta), summed in float32: q and k enter Q K^T, K K^T and K S as given (their
+ * scales on the float32 sums), the other operands rounded to bfloat16 (S, V or Tinv and the
+ * right-hand side and U', g o q~ and the masked scores, the decayed keys); L, Tinv =
+ * (I + L)^-1 (forward substitution) and U' are float32, and so is the state. The
  * passes between the products are fused so that each chunk's operands cross the cache once:
  * they do not fit in L1, and a pass over one 64 x 64 float32 block from L2 cost ~0.35 us on
  * an Intel Xeon with AMX, as much as a product on tiles. The kernels take it for bfloat16 rows
@@ -515,11 +516,10 @@ static inline void chunk_tinv_row(long i, long C, long reach, const float *Li, f
 }
 
 /* One whole chunk of C tokens of one head: q, k bfloat16 rows of K (token strides qt, kt;
- * pairs_in_place), v
- * bfloat16 rows of V (vt), g (NULL: no gate) and, for the delta rule, beta: C floats (beta
- * NULL: GLA); the scale s, l2norm with eps; Sin / Sout (K x V, float32, may be the same); o
- * float32 rows of V (written); pf: rows to ask for from memory meanwhile, tokens pf0 ..
- * pf0 + C - 1 of it. work: chunk_dp_work(C, K, V) floats. */
+ * pairs_in_place), v bfloat16 rows of V (vt), g (NULL: no gate) and, for the delta rule, beta:
+ * C floats (beta NULL: GLA); the scale s, l2norm with eps; Sin / Sout (K x V, float32, may be
+ * the same); o float32 rows of V (written); pf: rows to ask for from memory meanwhile, tokens
+ * pf0 .. pf0 + C - 1 of it. work: chunk_dp_work(C, K, V) floats. */
 __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *q, long qt,
                                              const u16 *k, long kt, const u16 *v, long vt,
                                              const float *g, const float *beta, float scale,
