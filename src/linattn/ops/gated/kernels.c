@@ -66,68 +66,43 @@ static void gla_decays(long Tc, long K, const float *g, const float *gk, long gk
  * step from one state into another reads and writes each row once, with no copy first (a
  * decoding step out of place took twice the time of one in place); q, k: token strides qt, kt;
  * a: rows of K (gated only); v, o: token strides vt, ot, offset to the block. */
-/* One token t over the block: the state read from F (rows of V), written to S. */
-static inline __attribute__((always_inline)) void gla_fwd_token(int nb, int gated, long t,
-                                                                long K, long V, const float *q,
-                                                                long qt, const float *k, long kt,
-                                                                const float *a, const float *v,
-                                                                long vt, const float *F,
-                                                                float *S, vf sv, float *o,
-                                                                long ot) {
-    vf vv[GLA_NB], acc[GLA_NB];
-    for (int j = 0; j < nb; ++j) vv[j] = vload(v + t * vt + j * W), acc[j] = vsplat(0.0f);
-    const float *qr = q + t * qt, *kr = k + t * kt, *ar = gated ? a + t * K : NULL;
-    for (long i = 0; i < K; ++i) {
-        vf ki = vsplat(kr[i]), qi = vsplat(qr[i]), ai = vsplat(gated ? ar[i] : 1.0f);
-        const float *Fi = F + i * V;
-        float *Si = S + i * V;
-        for (int j = 0; j < nb; ++j) {
-            vf s = vload(Fi + j * W);
-            s = gated ? ai * s + ki * vv[j] : s + ki * vv[j];
-            vstore(Si + j * W, s);
-            acc[j] += qi * s;
-        }
-    }
-    for (int j = 0; j < nb; ++j) vstore(o + t * ot + j * W, acc[j] * sv);
-}
-
-/* Tokens t and t + 1 over the block in one pass, in place: each element of the state loaded
- * and stored once for both (a token's pass is bound by its stores: one per vector against
- * three multiply-adds, and a store of a whole vector takes two cycles on an Intel Xeon with
- * AVX-512), with the same operations in the same order as two calls of gla_fwd_token. A C
- * harness (16 heads, T 4096, K = V 64, a scalar gate, Intel Xeon): 13.3-13.8 -> 11.7-11.9 ms,
- * and 31.2 -> 23.8 ms built for AVX2 on the same core. */
-static inline __attribute__((always_inline)) void gla_fwd_token2(int nb, int gated, long t,
+/* Tokens t .. t + n - 1 (n = 1 or 2, a constant where inlined) over the block in one pass: the
+ * state read from F (rows of V), written to S. Two tokens load and store each element once for
+ * both, the same operations in the same order as one after the other: a token's pass is bound
+ * by its stores (one per vector against three multiply-adds, and a store of a whole vector
+ * takes two cycles on an Intel Xeon with AVX-512). A C harness (16 heads, T 4096, K = V 64, a
+ * scalar gate, Intel Xeon): 13.3-13.8 -> 11.7-11.9 ms in pairs, 31.2 -> 23.8 ms built for AVX2
+ * on the same core. */
+static inline __attribute__((always_inline)) void gla_fwd_tokens(int nb, int n, int gated, long t,
                                                                  long K, long V, const float *q,
                                                                  long qt, const float *k,
                                                                  long kt, const float *a,
                                                                  const float *v, long vt,
-                                                                 float *S, vf sv, float *o,
-                                                                 long ot) {
-    vf v0[GLA_NB], v1[GLA_NB], acc0[GLA_NB], acc1[GLA_NB];
-    for (int j = 0; j < nb; ++j) {
-        v0[j] = vload(v + t * vt + j * W), v1[j] = vload(v + (t + 1) * vt + j * W);
-        acc0[j] = vsplat(0.0f), acc1[j] = vsplat(0.0f);
-    }
-    const float *q0 = q + t * qt, *k0 = k + t * kt, *a0 = gated ? a + t * K : NULL;
+                                                                 const float *F, float *S,
+                                                                 vf sv, float *o, long ot) {
+    vf vv[2][GLA_NB], acc[2][GLA_NB];
+    for (int u = 0; u < n; ++u)
+        for (int j = 0; j < nb; ++j)
+            vv[u][j] = vload(v + (t + u) * vt + j * W), acc[u][j] = vsplat(0.0f);
     for (long i = 0; i < K; ++i) {
-        vf k0i = vsplat(k0[i]), q0i = vsplat(q0[i]), a0i = vsplat(gated ? a0[i] : 1.0f);
-        vf k1i = vsplat(k0[kt + i]), q1i = vsplat(q0[qt + i]);
-        vf a1i = vsplat(gated ? a0[K + i] : 1.0f);
+        vf ki[2], qi[2], ai[2];
+        for (int u = 0; u < n; ++u) {
+            ki[u] = vsplat(k[(t + u) * kt + i]), qi[u] = vsplat(q[(t + u) * qt + i]);
+            ai[u] = vsplat(gated ? a[(t + u) * K + i] : 1.0f);
+        }
+        const float *Fi = F + i * V;
         float *Si = S + i * V;
         for (int j = 0; j < nb; ++j) {
-            vf s = vload(Si + j * W);
-            s = gated ? a0i * s + k0i * v0[j] : s + k0i * v0[j];
-            acc0[j] += q0i * s;
-            s = gated ? a1i * s + k1i * v1[j] : s + k1i * v1[j];
+            vf s = vload(Fi + j * W);
+            for (int u = 0; u < n; ++u) {
+                s = gated ? ai[u] * s + ki[u] * vv[u][j] : s + ki[u] * vv[u][j];
+                acc[u][j] += qi[u] * s;
+            }
             vstore(Si + j * W, s);
-            acc1[j] += q1i * s;
         }
     }
-    for (int j = 0; j < nb; ++j) {
-        vstore(o + t * ot + j * W, acc0[j] * sv);
-        vstore(o + (t + 1) * ot + j * W, acc1[j] * sv);
-    }
+    for (int u = 0; u < n; ++u)
+        for (int j = 0; j < nb; ++j) vstore(o + (t + u) * ot + j * W, acc[u][j] * sv);
 }
 
 /* The first token from Sr, the others in place, two at a time (a loop of its own, where the
@@ -143,17 +118,17 @@ static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated
     vf sv = vsplat(scale);
     if (Tc > 0) {
         la_fetch_ahead(pf, 0, nb * W);
-        gla_fwd_token(nb, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
+        gla_fwd_tokens(nb, 1, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
     }
     long t = 1;
     for (; t + 1 < Tc; t += 2) {
         la_fetch_ahead(pf, t, nb * W);
         la_fetch_ahead(pf, t + 1, nb * W);
-        gla_fwd_token2(nb, gated, t, K, V, q, qt, k, kt, a, v, vt, S, sv, o, ot);
+        gla_fwd_tokens(nb, 2, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
     }
     if (t < Tc) {
         la_fetch_ahead(pf, t, nb * W);
-        gla_fwd_token(nb, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
+        gla_fwd_tokens(nb, 1, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
     }
 }
 

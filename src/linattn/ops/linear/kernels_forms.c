@@ -20,6 +20,21 @@ static inline void pair_keys(const void *v, long v0, long Dv, const float *f, lo
     }
 }
 
+/* A causal chunk's features from bfloat16 rows (tokens t0 .. t0 + Cn - 1 of head n): fq, fk =
+ * phi(q), phi(k) in float32 (rows of L), fk zero beyond Cn (zero keys score 0); the next
+ * chunk's rows of q, k and v asked for meanwhile (unasked, their loads were 26 % of the
+ * dot-product form's samples, Intel Xeon with AMX). */
+static inline void causal_chunk_features(int kind, const void *q, long qs, const void *k, long ks,
+                                         const void *v, long vs, long n, long t0, long Cn,
+                                         long T, long L, long Dv, long C, float *fq, float *fk) {
+    la_stream qn = la_next_chunk(q, n * qs, t0 + Cn, T, C, L, 2);
+    la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, T, C, L, 2);
+    la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, T, C, Dv, 2), none = {NULL, 0};
+    phi_rows_fetching(kind, q, n * qs + t0 * L, 1, Cn * L, fq, &qn, &kn);
+    phi_rows_fetching(kind, k, n * ks + t0 * L, 1, Cn * L, fk, &vn, &none);
+    if (Cn < C) memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+}
+
 /* The causal forward for bfloat16 inputs and outputs, on dot products (L a multiple of 32):
  * per chunk, phi(q) S (S paired along its rows), the scores phi(q) phi(k)^T (phi(k) rounded and
  * paired along the features, i.e. its bfloat16 rows transposed as 32-bit pairs), A v (A rounded
@@ -40,15 +55,7 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
         for (long t0 = 0; t0 < T; t0 += C) {
             long Cn = T - t0 < C ? T - t0 : C, P = (Cn + 1) / 2;
             keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
-            /* the next chunk's rows asked for while the features are made: unasked, the loads
-             * of q, k and v were 26 % of this form's samples (Intel Xeon, AMX) */
-            la_stream qn = la_next_chunk(q, n * qs, t0 + Cn, T, C, L, 2);
-            la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, T, C, L, 2);
-            la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, T, C, Dv, 2), none = {NULL, 0};
-            phi_rows_fetching(kind, q, n * qs + t0 * L, 1, Cn * L, fq, &qn, &kn);
-            phi_rows_fetching(kind, k, n * ks + t0 * L, 1, Cn * L, fk, &vn, &none);
-            if (Cn < C) /* a last, partial chunk: zero keys beyond it score 0 */
-                memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+            causal_chunk_features(kind, q, qs, k, ks, v, vs, n, t0, Cn, T, L, Dv, C, fq, fk);
             bf16_rows(fq, Cn, L, (u16 *)fqp);
             bf16_rows(fk, C, L, (u16 *)fkb);
             transpose(C, L / 2, (const float *)fkb, (float *)fkTp); /* 32-bit pairs moved */
@@ -86,22 +93,15 @@ static void causal_forward_tiles(int kind, const void *q, long qs, const void *k
     u32 *AO = (u32 *)(num + C * Dv), *fkTp = AO + C * PO, *Sp = fkTp + C * L / 2;
     u32 *vp = Sp + L / 2 * Dv, *kdp = vp + C / 2 * Dv, *kdT = kdp + C * L / 2;
     float *inv = (float *)(kdT + C * L / 2); /* 1 / the rows' normalisers */
-    vf iota;
-    for (int l = 0; l < 16; ++l) iota[l] = (float)l;
+    const vf iota = lane_index();
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
             long Cn = T - t0 < C ? T - t0 : C, P = (Cn + 1) / 2;
             keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
-            la_stream qn = la_next_chunk(q, n * qs, t0 + Cn, T, C, L, 2);
-            la_stream kn = la_next_chunk(k, n * ks, t0 + Cn, T, C, L, 2);
-            la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, T, C, Dv, 2), none = {NULL, 0};
-            phi_rows_fetching(kind, q, n * qs + t0 * L, 1, Cn * L, fq, &qn, &kn);
-            phi_rows_fetching(kind, k, n * ks + t0 * L, 1, Cn * L, fk, &vn, &none);
-            if (Cn < C) { /* a last, partial chunk: zero keys and values beyond it */
-                memset(fk + Cn * L, 0, (size_t)((C - Cn) * L) * sizeof(float));
+            causal_chunk_features(kind, q, qs, k, ks, v, vs, n, t0, Cn, T, L, Dv, C, fq, fk);
+            if (Cn < C) /* a last, partial chunk: zero values beyond it (the one product) */
                 memset(vp + P * Dv, 0, (size_t)((C / 2 - P) * Dv) * sizeof(u32));
-            }
             for (long i = 0; i < Cn; ++i) bf16_scaled(fq + i * L, 0, 1.0f, L, (u16 *)(AO + i * PO));
             for (long r = 0; r < C; r += 16) /* phi(k) rounded, its pairs transposed */
                 for (long c = 0; c < L / 2; c += 16) {

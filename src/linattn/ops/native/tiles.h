@@ -466,6 +466,11 @@ static inline int chunk_dp_takes(int dt, int per_key, long C, long K, long V, lo
            && pairs_in_place(k, ks, kt) && dp_on_tiles();
 }
 
+/* 0, 1, .. 15: each lane's index, for masks against a row or column number. */
+static inline vf lane_index(void) {
+    return (vf){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+}
+
 /* x[0:n] * s rounded to bfloat16 at dst (x float32, or bfloat16 where bf; n a multiple of 16). */
 static inline void bf16_scaled(const void *x, int bf, float s, long n, u16 *dst) {
     for (long j = 0; j < n; j += 16) vstore_any(dst, j, vload_any(x, j, bf) * s, 1);
@@ -568,8 +573,7 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
     }
     /* Row i: the O product's operand row [g_i q~_i | the masked, decayed scores], and for the
      * delta rule L_i (float32, over Gm) and Tinv_i; the rows ahead asked for, a token a row */
-    vf iota;
-    for (int l = 0; l < 16; ++l) iota[l] = (float)l;
+    const vf iota = lane_index();
     for (long i = 0; i < C; ++i) {
         la_fetch_ahead(pf, pf0 + i, V);
         float *Li = Gm + i * C;
