@@ -252,7 +252,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
                 int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
                 la_ahead ahead = la_chunk_ahead(
                     la_next_rows(q + m * qs, qt, k + m * ks, kt, v + n * vs + j0, vt,
-                                 o + n * os + j0, ot, K, V, t1, Tn, j0 == v0),
+                                 o + n * os + j0, ot, K, t1, Tn, j0 == v0),
                     next, Tn == 0 && n == N - 1, j0 == v0);
                 gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk,
                              v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,

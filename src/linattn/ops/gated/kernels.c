@@ -187,7 +187,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
                 la_ahead ahead = la_chunk_ahead(
                     la_next_rows(q + n * qs, qt, k + n * ks, kt, v + n * vs + j0, vt,
-                                 o + n * os + j0, ot, K, V, t1, Tn, j0 == v0),
+                                 o + n * os + j0, ot, K, t1, Tn, j0 == v0),
                     next, Tn == 0 && n == N - 1, j0 == v0);
                 gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
                             kt, a, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
