@@ -9,9 +9,11 @@ each side build and calibrate its compiled kernels — for every form: non-causa
 forward and forward+backward; then GLA (``gated_linear_attention``, a log-gate per token) and
 the gated delta rule (``delta_rule``, q and k L2-normalised) over B = 1, H = 16, T = ``--rec-T``,
 K = V = 64, forward and forward+backward. Prints the CPU, the shapes, the medians and the ratio
-new / base::
+new / base. ``--dtype bfloat16`` times the same calls on bfloat16 tensors; ``--forms`` picks
+some of ``la`` (linear attention), ``gla`` and ``gdn``::
 
     python benchmarks/against_revision.py --base e6f496c [-T 65536 -H 8 -d 64] [--threads 1]
+    python benchmarks/against_revision.py --base e6f496c --dtype bfloat16 --forms gla,gdn
 """
 
 from __future__ import annotations
@@ -67,35 +69,41 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rec-T", type=int, default=4096, help="GLA's and the delta rule's T")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--forms", default="la,gla,gdn", help="comma-separated: la, gla, gdn")
     args = p.parse_args()
+    dtype, forms = getattr(torch, args.dtype), set(args.forms.split(","))
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="linattn-base-") as tmp:
         base = import_revision(args.base, Path(tmp))
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True).stdout.strip()
         print(f"{cpu_description()}; torch {torch.__version__}; {args.threads} thread(s)")
-        print(f"B={args.B} H={args.H} T={args.T} d=Dv={args.d}, float32, 1 + elu; medians of "
+        print(f"B={args.B} H={args.H} T={args.T} d=Dv={args.d}, {args.dtype}, 1 + elu; medians of "
               f"{args.rounds} interleaved rounds after a warm-up round\n")
         print(f"| form | pass | base {args.base} | this checkout ({head}, uncommitted "
               "changes included) | this / base |")
         print("|---|---|---|---|---|")
         g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(args.B, args.H, args.T, args.d, generator=g)
+        q, k, v = (torch.randn(args.B, args.H, args.T, args.d, generator=g).to(dtype)
                    for _ in range(3))
-        for is_causal in (False, True):
+        for is_causal in (False, True) if "la" in forms else ():
             form = "causal" if is_causal else "non-causal"
             for backward in (False, True):
                 _row(form, backward, base, (q, k, v), args.rounds,
                      lambda mod, q, k, v, c=is_causal: mod.linear_attention(q, k, v,
                                                                             is_causal=c))
         T = args.rec_T
-        q, k, v = (torch.randn(1, 16, T, 64, generator=g) for _ in range(3))
-        gate = torch.nn.functional.logsigmoid(torch.randn(1, 16, T, generator=g)) / 16
-        beta = torch.rand(1, 16, T, generator=g)
+        q, k, v = (torch.randn(1, 16, T, 64, generator=g).to(dtype) for _ in range(3))
+        gate = (torch.nn.functional.logsigmoid(torch.randn(1, 16, T, generator=g)) / 16).to(dtype)
+        beta = torch.rand(1, 16, T, generator=g).to(dtype)
         for form, call in (
-                (f"GLA, T={T}", lambda mod, q, k, v: mod.gated_linear_attention(q, k, v, g=gate)),
-                (f"GDN, T={T}", lambda mod, q, k, v: mod.delta_rule(q, k, v, beta, gate,
-                                                                    qk_l2norm=True))):
+                ("gla", lambda mod, q, k, v: mod.gated_linear_attention(q, k, v, g=gate)),
+                ("gdn", lambda mod, q, k, v: mod.delta_rule(q, k, v, beta, gate,
+                                                            qk_l2norm=True))):
+            if form not in forms:
+                continue
+            form = f"{form.upper()}, T={T}"
             for backward in (False, True):
                 _row(form, backward, base, (q, k, v), args.rounds, call)
 
@@ -117,8 +125,8 @@ def _row(form: str, backward: bool, base, inputs: tuple, rounds: int, call) -> N
             if rnd:
                 times[name].append(time.perf_counter() - t0)
     b, h = (statistics.median(times[n]) for n in ("base", "head"))
-    print(f"| {form} | {'fwd+bwd' if backward else 'forward'} | {b * 1e3:.0f} ms | "
-          f"{h * 1e3:.0f} ms | {h / b:.3f} |", flush=True)
+    print(f"| {form} | {'fwd+bwd' if backward else 'forward'} | {b * 1e3:.1f} ms | "
+          f"{h * 1e3:.1f} ms | {h / b:.3f} |", flush=True)
 
 
 if __name__ == "__main__":
