@@ -53,6 +53,23 @@ def _tensors_in(x: object) -> list[Tensor]:
     return []
 
 
+_SCALARS = (bool, int, float, str)
+
+
+def _any_inference(args: tuple, kwargs: dict) -> bool:
+    """Whether an inference tensor is among the arguments: a loop that asks plain tensors
+    directly and skips None and scalars (a generator over every argument's tensors cost ~3 µs
+    of a ~17 µs decoding step with grad enabled)."""
+    for x in (*args, *kwargs.values()):
+        if type(x) is Tensor:
+            if x.is_inference():
+                return True
+        elif x is not None and not isinstance(x, _SCALARS):
+            if any(t.is_inference() for t in _tensors_in(x)):
+                return True
+    return False
+
+
 def _records(values: list[object]) -> bool:
     """Whether autograd records a call with these arguments: a tensor among them, or a
     parameter of a module among them (a trainable feature map, the module itself), requires
@@ -105,8 +122,7 @@ def takes_inference_tensors(*, written: tuple[str, ...] = (),
         @functools.wraps(fn)
         def call(*args, **kwargs):
             if (torch.is_grad_enabled() and not torch.compiler.is_compiling()
-                    and any(t.is_inference() for x in (*args, *kwargs.values())
-                            for t in _tensors_in(x))):
+                    and _any_inference(args, kwargs)):
                 bound = signature.bind_partial(*args, **kwargs)
                 if _records(list(bound.arguments.values())):
                     kept = written + (written_if_inplace
