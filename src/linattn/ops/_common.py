@@ -1,9 +1,9 @@
-"""Argument checks and the pieces every op shares: dtypes, masks, feature maps, the normaliser."""
+"""Argument checks and the pieces every op shares: dtypes, masks, feature maps, the normaliser.
+
+(Also where the ops import :func:`takes_inference_tensors` and :func:`for_autograd` from.)"""
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
-from linattn.ops._library import tracing
+from linattn.ops._library import for_autograd, takes_inference_tensors, tracing  # noqa: F401
 from linattn.ops.native.threads import torch_on_one_thread
 
 
@@ -40,102 +40,6 @@ def check_float_tensor(t: object, name: str, *, dense: bool = True) -> Tensor:
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     return t
-
-
-def _tensors_in(x: object) -> list[Tensor]:
-    """The tensors an argument holds: itself, a state dataclass's fields, a tuple's items."""
-    if isinstance(x, Tensor):
-        return [x]
-    if hasattr(type(x), "__dataclass_fields__"):
-        return [t for f in type(x).__dataclass_fields__ if isinstance(t := getattr(x, f), Tensor)]
-    if isinstance(x, (tuple, list)):
-        return [t for t in x if isinstance(t, Tensor)]
-    return []
-
-
-_SCALARS = (bool, int, float, str)
-
-
-def _any_inference(args: tuple, kwargs: dict) -> bool:
-    """Whether an inference tensor is among the arguments: a loop that asks plain tensors
-    directly and skips None and scalars (a generator over every argument's tensors cost ~3 µs
-    of a ~17 µs decoding step with grad enabled)."""
-    for x in (*args, *kwargs.values()):
-        if type(x) is Tensor:
-            if x.is_inference():
-                return True
-        elif x is not None and not isinstance(x, _SCALARS):
-            if any(t.is_inference() for t in _tensors_in(x)):
-                return True
-    return False
-
-
-def _records(values: list[object]) -> bool:
-    """Whether autograd records a call with these arguments: a tensor among them, or a
-    parameter of a module among them (a trainable feature map, the module itself), requires
-    grad."""
-    for x in values:
-        if isinstance(x, torch.nn.Module):
-            if any(p.requires_grad for p in x.parameters()):
-                return True
-        elif any(t.requires_grad for t in _tensors_in(x)):
-            return True
-    return False
-
-
-def _as_normal(x: object) -> object:
-    """``x`` with its inference tensors replaced by clones (normal tensors, equal values)."""
-    if isinstance(x, Tensor):
-        return x.clone() if x.is_inference() else x
-    if hasattr(type(x), "__dataclass_fields__") and any(t.is_inference() for t in _tensors_in(x)):
-        return type(x)(**{f: _as_normal(getattr(x, f)) for f in type(x).__dataclass_fields__})
-    if isinstance(x, (tuple, list)) and any(t.is_inference() for t in _tensors_in(x)):
-        return type(x)(_as_normal(t) for t in x)
-    return x
-
-
-def for_autograd(x: Tensor) -> Tensor:
-    """``x``, or a clone of it where it is an inference tensor (made under
-    ``torch.inference_mode``) and autograd may record what it feeds: a module's input beside
-    its trainable parameters (see :func:`takes_inference_tensors`)."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and x.is_inference():
-        return x.clone()
-    return x
-
-
-def takes_inference_tensors(*, written: tuple[str, ...] = (),
-                            written_if_inplace: tuple[str, ...] = ()) -> Callable:
-    """Decorator of a public function: tensors made under ``torch.inference_mode`` among its
-    arguments work beside arguments that require grad.
-
-    An inference tensor can neither require grad nor be saved for backward, so an op that
-    saves one (``k`` made in inference mode, ``q`` requiring grad) fails inside torch with
-    "Inference tensors cannot be saved for backward". When autograd records the call, such
-    arguments are taken as the constants they are: a clone (a normal tensor, equal values,
-    no gradient: none could reach the inference tensor either). Arguments the function writes
-    in place (``written``; ``written_if_inplace`` under ``inplace=True``) are never cloned:
-    writing into a copy would lose the update (:func:`check_own_memory` refuses them).
-    Not applied while traced; no cost beyond :func:`torch.is_grad_enabled` without grad."""
-    def wrap(fn: Callable) -> Callable:
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if (torch.is_grad_enabled() and not torch.compiler.is_compiling()
-                    and _any_inference(args, kwargs)):
-                bound = signature.bind_partial(*args, **kwargs)
-                if _records(list(bound.arguments.values())):
-                    kept = written + (written_if_inplace
-                                      if bound.arguments.get("inplace") is True else ())
-                    for name, x in bound.arguments.items():
-                        if name not in kept:
-                            bound.arguments[name] = _as_normal(x)
-                    return fn(*bound.args, **bound.kwargs)
-            return fn(*args, **kwargs)
-
-        return call
-
-    return wrap
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_length: bool) -> None:

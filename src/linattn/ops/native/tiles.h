@@ -1,13 +1,10 @@
 #ifndef LA_TILES_H
 #define LA_TILES_H
-/* The register-blocked products of the compiled kernels (linattn.ops.native), on common.h's
- * vectors: float32 tiles of MR rows x NV vectors of FMA accumulators (sized per ISA in
- * common.h), their dispatch and the gemm that walks them (full, lower or upper triangular A),
- * the lower-triangular score block of a causal chunk, W x W block transposes in registers, and
- * where the build has AVX512-BF16 (and AVX512-BW), the same products on bfloat16 dot products
- * (vdpbf16ps: each float32 lane adds two bfloat16 products, operands stored as pairs along the
- * reduced dimension). Used by ops/linear/kernels.c; joined after common.h into the one
- * translation unit the library builds (ops/native/build.py). */
+/* The register-blocked products of the compiled kernels (linattn.ops.native): float32 tiles of
+ * MR rows x NV vectors of accumulators (common.h), the gemm that walks them (full, lower or
+ * upper triangular A), a causal chunk's scores, W x W transposes; where the build has
+ * AVX512-BF16, the same products on bfloat16 pairs (vdpbf16ps, AMX tiles) and the recurrences'
+ * bfloat16 chunks (chunk_dp). Joined after common.h into the library's one translation unit. */
 #ifndef LA_COMMON_H
 #include "common.h"
 #endif
@@ -547,20 +544,16 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
     for (long t = 0; t < C; ++t) { /* q~ = sq q, k~ = sk k, b, g: the sums of squares first */
         sq[t] = l2norm ? sum_sq16(q + t * qt, K) : 0.0f;
         sk[t] = l2norm && !beta ? sum_sq16(k + t * kt, K) : 0.0f;
-        cum += g ? g[t] : 0.0f;
-        b[t] = cum;
+        b[t] = cum += g ? g[t] : 0.0f;
     }
-    /* then their square roots and quotients sixteen tokens at a time (a token at a time, on
-     * the scalar unit, they were ~9 % of a delta-rule chunk of 32) */
+    /* then the roots, quotients and decays 16 tokens at a time (one at a time: ~10 % of a chunk) */
     for (long t = 0; t < C; t += 16) {
-        vf e = vsplat(eps);
-        __m512 rq = _mm512_sqrt_ps((__m512)(vload(sq + t) + e));
-        __m512 rk = _mm512_sqrt_ps((__m512)(vload(sk + t) + e));
-        vstore(sq + t, l2norm ? vsplat(scale) / (vf)rq : vsplat(scale));
-        vstore(sk + t, l2norm && !beta ? vsplat(1.0f) / (vf)rk : vsplat(1.0f));
+        __m512 rq = _mm512_sqrt_ps((__m512)(vload(sq + t) + eps));
+        __m512 rk = _mm512_sqrt_ps((__m512)(vload(sk + t) + eps));
+        vstore(sq + t, l2norm ? scale / (vf)rq : vsplat(scale));
+        vstore(sk + t, l2norm && !beta ? 1.0f / (vf)rk : vsplat(1.0f));
+        vstore(gam + t, vexp_nonpos(vload(b + t)));
     }
-    /* the decays a vector at a time: a scalar exp per token was ~0.4 us of a chunk's ~6 */
-    for (long t = 0; t < C; t += 16) vstore(gam + t, vexp_nonpos(vload(b + t)));
     /* Gam_ij = g_i / g_j where no g underflows (the whole chunk's decay above 2^-100: 1 / g_j
      * stays finite), else exp(b_i - b_j) (a vector exp per 16 of them) */
     int ratio = g && gam[C - 1] >= 0x1p-100f;
