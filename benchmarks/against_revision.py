@@ -73,6 +73,8 @@ def main() -> None:
     p.add_argument("--forms", default="la,gla,gdn", help="comma-separated: la, gla, gdn")
     args = p.parse_args()
     dtype, forms = getattr(torch, args.dtype), set(args.forms.split(","))
+    if forms - {"la", "gla", "gdn"}:
+        p.error(f"--forms: expected some of la, gla, gdn, got {args.forms!r}")
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="linattn-base-") as tmp:
         base = import_revision(args.base, Path(tmp))

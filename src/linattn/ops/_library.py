@@ -200,8 +200,8 @@ _SCALARS = (bool, int, float, str)
 
 def _any_inference(args: tuple, kwargs: dict) -> bool:
     """Whether an inference tensor is among the arguments: a loop that asks plain tensors
-    directly and skips None and scalars (a generator over every argument's tensors cost ~3 µs
-    of a ~17 µs decoding step with grad enabled)."""
+    directly and skips None and scalars (0.8 µs for a decoding step's seven arguments, where a
+    generator over every argument's tensors took 1.7 µs: on every step with grad enabled)."""
     for x in (*args, *kwargs.values()):
         if type(x) is Tensor:
             if x.is_inference():

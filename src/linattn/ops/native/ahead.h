@@ -19,7 +19,7 @@
  *   prefetchers follow ends at each page's end. Asked for ahead on (B, H, T, K) rows as well,
  *   the float32 forwards over 16 heads of 4,096 tokens took 0.93x (GLA) and 0.89x (the delta
  *   rule) the time, and 0.77x and 0.69x built for AVX2 (Intel Xeon, family 6, model 167;
- *   benchmarks/against_revision.py, three runs of nine rounds).
+ *   benchmarks/against_revision.py, four runs of nine rounds).
  * - 16-bit rows, consecutive or not: their forwards widen a whole chunk into float32 before it
  *   runs, and that burst of loads found nothing fetched ahead (60 % of the widening's samples
  *   on its loads, AMD EPYC family 25).
@@ -32,8 +32,8 @@ typedef struct {
 } la_ahead;
 
 /* The next chunk's float32 rows for a forward over one head: q, k, v, o at that head's first
- * token (v and o at its column block), rows of K (q, k) with token strides qt, kt, vt, ot in
- * floats; the next chunk starts at token t1 and has Tn tokens; with_qk 0: q and k not asked
+ * token (v and o at its column block: the width la_fetch_ahead is given), q and k rows of K;
+ * token strides qt, kt, vt, ot in floats; the next chunk starts at token t1 and has Tn tokens; with_qk 0: q and k not asked
  * for (a column block after the first reads the same ones). T = 0 (nothing asked for) where
  * there is no next chunk; then no address past the rows' ends is formed. */
 static inline la_ahead la_next_rows(const float *q, long qt, const float *k, long kt,

@@ -550,7 +550,7 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
     for (long t = 0; t < C; t += 16) {
         __m512 rq = _mm512_sqrt_ps((__m512)(vload(sq + t) + eps));
         __m512 rk = _mm512_sqrt_ps((__m512)(vload(sk + t) + eps));
-        vstore(sq + t, l2norm ? scale / (vf)rq : vsplat(scale));
+        vstore(sq + t, l2norm ? scale * (1.0f / (vf)rq) : vsplat(scale)); /* as gdr_prep */
         vstore(sk + t, l2norm && !beta ? 1.0f / (vf)rk : vsplat(1.0f));
         vstore(gam + t, vexp_nonpos(vload(b + t)));
     }
