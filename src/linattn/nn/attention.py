@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from linattn._config import POSITIVE_INT, renamed_keywords
 from linattn.feature_maps import FeatureMap, get_feature_map
 from linattn.nn.mixers import CONFIG_CHECKS
-from linattn.ops._common import check_dense, check_flag, for_autograd
+from linattn.ops._common import check_dense, check_flag
+from linattn.ops._library import for_autograd
 from linattn.ops.flowformer.op import SigmoidFeatures, flowformer_attention
 from linattn.ops.linear.op import linear_attention
 from linattn.ops.relative.op import relative_linear_attention

@@ -92,11 +92,10 @@ from linattn.ops._common import (
     check_positive_int,
     check_size,
     check_values,
-    for_autograd,
     is_bool,
     shown,
 )
-from linattn.ops._library import tracing
+from linattn.ops._library import for_autograd, tracing
 from linattn.ops.decay.op import decay_linear_attention, decay_linear_attention_step
 from linattn.ops.decay_softmax.op import decay_softmax_attention
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE

@@ -1,6 +1,4 @@
-"""Argument checks and the pieces every op shares: dtypes, masks, feature maps, the normaliser.
-
-(Also where the ops import :func:`takes_inference_tensors` and :func:`for_autograd` from.)"""
+"""Argument checks and the pieces every op shares: dtypes, masks, feature maps, the normaliser."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
-from linattn.ops._library import for_autograd, takes_inference_tensors, tracing  # noqa: F401
+from linattn.ops._library import tracing
 from linattn.ops.native.threads import torch_on_one_thread
 
 

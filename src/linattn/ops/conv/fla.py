@@ -27,8 +27,8 @@ from linattn.ops._common import (
     check_flag,
     check_float_tensor,
     check_own_memory,
-    takes_inference_tensors,
 )
+from linattn.ops._library import takes_inference_tensors
 from linattn.ops.conv import op as conv_op
 from linattn.ops.conv.op import check_activation
 

@@ -34,9 +34,8 @@ from linattn.ops._common import (
     check_own_memory,
     needs_grad,
     shares_memory,
-    takes_inference_tensors,
 )
-from linattn.ops._library import tracing
+from linattn.ops._library import takes_inference_tensors, tracing
 from linattn.ops.conv import native as conv_native
 from linattn.ops.conv.portable import torch_prefill, torch_step
 from linattn.ops.dispatch import Choice

@@ -50,9 +50,9 @@ from linattn.ops._common import (
     features,
     normalise,
     resolve,
-    takes_inference_tensors,
     values_with_ones,
 )
+from linattn.ops._library import takes_inference_tensors
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE
 from linattn.ops.gated.chunk import chunked_form
 from linattn.ops.linear.recurrent import LinearAttentionState, checked_state

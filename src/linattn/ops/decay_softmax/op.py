@@ -56,9 +56,8 @@ from linattn.ops._common import (
     graph_grads,
     needs_grad,
     shown,
-    takes_inference_tensors,
 )
-from linattn.ops._library import tracing
+from linattn.ops._library import takes_inference_tensors, tracing
 
 DEFAULT_BLOCK_SIZE = 512
 #: Scales above √max of the working dtype are computed in float64: a score of scale·q·k

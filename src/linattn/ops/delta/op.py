@@ -67,9 +67,8 @@ from linattn.ops._common import (
     needs_grad,
     nonfinite,
     split_scale,
-    takes_inference_tensors,
 )
-from linattn.ops._library import lean_step_dtype, lean_step_scale, tracing
+from linattn.ops._library import lean_step_dtype, lean_step_scale, takes_inference_tensors, tracing
 from linattn.ops.delta import native as delta_native
 from linattn.ops.delta.chunk import L2_EPS, grouped, l2_normalised, torch_prefill, torch_step
 from linattn.ops.dispatch import Choice

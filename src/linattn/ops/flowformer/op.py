@@ -92,11 +92,11 @@ from linattn.ops._common import (
     guarded,
     key_mask_for,
     masked_key_features,
-    takes_inference_tensors,
     to_chunks,
     traced_contiguous,
     zero_padded,
 )
+from linattn.ops._library import takes_inference_tensors
 
 __all__ = ["flowformer_attention", "SigmoidFeatures", "FLOW_EPS", "flow_feature_map"]
 

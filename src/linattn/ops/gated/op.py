@@ -50,9 +50,8 @@ from linattn.ops._common import (
     check_step_inputs,
     needs_grad,
     split_scale,
-    takes_inference_tensors,
 )
-from linattn.ops._library import lean_step_dtype, lean_step_scale, tracing
+from linattn.ops._library import lean_step_dtype, lean_step_scale, takes_inference_tensors, tracing
 from linattn.ops.dispatch import Choice
 from linattn.ops.gated import native as gated_native
 from linattn.ops.gated.chunk import (

@@ -31,9 +31,8 @@ from linattn.ops._common import (
     key_mask_for,
     needs_grad,
     resolve,
-    takes_inference_tensors,
 )
-from linattn.ops._library import tracing
+from linattn.ops._library import takes_inference_tensors, tracing
 from linattn.ops.dispatch import DEFAULT_CHUNK_SIZE, Backend, Choice
 from linattn.ops.linear import native
 from linattn.ops.linear.fused import fused_linear_attention

@@ -23,8 +23,8 @@ from linattn.ops._common import (
     features,
     normalise,
     resolve,
-    takes_inference_tensors,
 )
+from linattn.ops._library import takes_inference_tensors
 
 __all__ = ["LinearAttentionState", "linear_attention_step"]
 

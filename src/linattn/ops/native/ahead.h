@@ -33,9 +33,10 @@ typedef struct {
 
 /* The next chunk's float32 rows for a forward over one head: q, k, v, o at that head's first
  * token (v and o at its column block: the width la_fetch_ahead is given), q and k rows of K;
- * token strides qt, kt, vt, ot in floats; the next chunk starts at token t1 and has Tn tokens; with_qk 0: q and k not asked
- * for (a column block after the first reads the same ones). T = 0 (nothing asked for) where
- * there is no next chunk; then no address past the rows' ends is formed. */
+ * token strides qt, kt, vt, ot in floats; the next chunk starts at token t1 and has Tn
+ * tokens; with_qk 0: q and k not asked for (a column block after the first reads the same
+ * ones). T = 0 (nothing asked for) where there is no next chunk; then no address past the
+ * rows' ends is formed. */
 static inline la_ahead la_next_rows(const float *q, long qt, const float *k, long kt,
                                     const float *v, long vt, float *o, long ot, long K, long t1,
                                     long Tn, int with_qk) {

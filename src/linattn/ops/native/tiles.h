@@ -553,11 +553,11 @@ __attribute__((unused)) static void chunk_dp(long C, long K, long V, const u16 *
         vstore(sq + t, l2norm ? scale * (1.0f / (vf)rq) : vsplat(scale)); /* as gdr_prep */
         vstore(sk + t, l2norm && !beta ? 1.0f / (vf)rk : vsplat(1.0f));
         vstore(gam + t, vexp_nonpos(vload(b + t)));
+        vstore(ig + t, 1.0f / vload(gam + t)); /* read only where ratio (below) */
     }
     /* Gam_ij = g_i / g_j where no g underflows (the whole chunk's decay above 2^-100: 1 / g_j
      * stays finite), else exp(b_i - b_j) (a vector exp per 16 of them) */
     int ratio = g && gam[C - 1] >= 0x1p-100f;
-    for (long t = 0; ratio && t < C; ++t) ig[t] = 1.0f / gam[t];
     for (long r = 0; r < C; r += 16) /* k's pairs transposed: kpT (K / 2 x C) */
         for (long c = 0; c < K / 2; c += 16)
             transpose_block((const float *)(kp + r * kt / 2 + c), kt / 2,

@@ -33,9 +33,8 @@ from linattn.ops._common import (
     is_bool,
     needs_grad,
     shown,
-    takes_inference_tensors,
 )
-from linattn.ops._library import tracing
+from linattn.ops._library import takes_inference_tensors, tracing
 from linattn.ops.dispatch import Choice
 from linattn.ops.native import DTYPE_CODES, scratch
 from linattn.ops.norm import native as norm_native

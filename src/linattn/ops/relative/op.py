@@ -52,9 +52,9 @@ from linattn.ops._common import (
     needs_grad,
     resolve,
     split_normalised,
-    takes_inference_tensors,
     values_with_ones,
 )
+from linattn.ops._library import takes_inference_tensors
 
 __all__ = ["relative_linear_attention", "DIRECT_MAX_T", "FFT_BLOCK_BYTES"]
 

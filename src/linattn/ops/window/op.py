@@ -80,11 +80,11 @@ from linattn.ops._common import (
     normalise,
     resolve,
     shown,
-    takes_inference_tensors,
     to_chunks,
     values_with_ones,
     zero_padded,
 )
+from linattn.ops._library import takes_inference_tensors
 from linattn.ops.linear.recurrent import check_float_parts
 
 __all__ = [
