@@ -240,11 +240,19 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
 #ifndef REC_FORWARD
 #define REC_FORWARD 1
 #endif
-/* Tokens whose features are made at once, just before their pass over the state: a pair. In
- * bursts of 64 tokens the loads of q and k stalled (127 against 115 ms, AMD Zen 4); a pair's
- * loads overlap the previous pair's multiply-adds. */
-#ifndef REC_C
-#define REC_C 2
+/* Tokens that share a pass over the state (one load and one store of each of its rows), whose
+ * features are made at once just before it: three where the ISA has 32 vector registers (three
+ * tokens' values and numerators, 2 x 3 x NV vectors, and six broadcasts stay in registers), two
+ * with 16 (AVX2, SSE2, scalar: three would spill). A pass over a 64 x 64 state in L1 ran at
+ * 153 GFLOP/s with two tokens and 174 with three (four spilled: 153; Intel Xeon, family 6,
+ * AVX-512). In bursts of 64 tokens the loads of q and k stalled (127 against 115 ms, AMD Zen
+ * 4); a few tokens' loads overlap the previous pass's multiply-adds. */
+#ifndef REC_U
+#if LA_W == 16 || (LA_W == 4 && (defined(__ARM_NEON) || defined(__ARM_NEON__)))
+#define REC_U 3
+#else
+#define REC_U 2
+#endif
 #endif
 /* The largest state (L Dv floats per head) the recurrent form takes; above, the chunked form
  * (AMD Zen 4, float32, same work: recurrent/chunked 19.7/36.9 ms at L = Dv = 16, 121/184 at 64,
@@ -261,62 +269,84 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
  * both), so the loop is bound by the multiply-adds. AMD Zen 4, B1 H8 T65536 d64, one thread:
  * 183 ms chunked, 108-113 ms here (0.40 and 0.65-0.68 of the FMA peak). */
 
-/* One pass of token u = 1 and, with two, u = 2 over the rows r < rows of a matrix M (rows of
- * ld floats; nb vectors of one block of columns, offset to it), in order:
+/* One pass of tokens u < n (1 <= n <= 3) over the rows r < rows of a matrix M (rows of ld
+ * floats; nb vectors of one block of columns, offset to it), in order:
  *     M_r += b_u[r] x_u,   d_u += c_u[r] M_r   (M_r as token u left it),
- * M updated in place, d1 and d2 (nb vectors each) written. The forward's pass over S (b = phi(k),
+ * M updated in place, each d_u (nb vectors) written. The forward's pass over S (b = phi(k),
  * x = v, c = phi(q): d = the numerator) and the backward's over S^T (b = v, x = phi(k), c = dn:
- * d = S dn). One load and one store of M serve both tokens. */
-static inline __attribute__((always_inline)) void rank1_pass(int nb, int two, long rows, long ld,
-                                                             const float *b1, const float *b2,
-                                                             const float *c1, const float *c2,
-                                                             const float *x1, const float *x2,
-                                                             float *M, float *d1, float *d2) {
-    vf y1[NV], y2[NV], a1[NV], a2[NV];
-    for (int j = 0; j < nb; ++j) {
-        y1[j] = vload(x1 + j * W), a1[j] = a2[j] = vsplat(0.0f);
-        y2[j] = two ? vload(x2 + j * W) : vsplat(0.0f);
-    }
+ * d = S dn). One load and one store of M serve the n tokens. */
+static inline __attribute__((always_inline)) void rank_pass(int nb, int n, long rows, long ld,
+                                                            const float *const b[3],
+                                                            const float *const c[3],
+                                                            const float *const x[3], float *M,
+                                                            float *const d[3]) {
+    vf y[3][NV], a[3][NV];
+    for (int u = 0; u < n; ++u)
+        for (int j = 0; j < nb; ++j) y[u][j] = vload(x[u] + j * W), a[u][j] = vsplat(0.0f);
     for (long r = 0; r < rows; ++r) {
-        vf bb1 = vsplat(b1[r]), cc1 = vsplat(c1[r]);
-        vf bb2 = vsplat(two ? b2[r] : 0.0f), cc2 = vsplat(two ? c2[r] : 0.0f);
+        vf bb[3], cc[3];
+        for (int u = 0; u < n; ++u) bb[u] = vsplat(b[u][r]), cc[u] = vsplat(c[u][r]);
         float *Mr = M + r * ld;
         for (int j = 0; j < nb; ++j) {
-            vf m = vload(Mr + j * W) + bb1 * y1[j];
-            a1[j] += cc1 * m;
-            if (two) {
-                m += bb2 * y2[j];
-                a2[j] += cc2 * m;
+            vf m = vload(Mr + j * W);
+            for (int u = 0; u < n; ++u) {
+                m += bb[u] * y[u][j];
+                a[u][j] += cc[u] * m;
             }
             vstore(Mr + j * W, m);
         }
     }
-    for (int j = 0; j < nb; ++j) {
-        vstore(d1 + j * W, a1[j]);
-        if (two) vstore(d2 + j * W, a2[j]);
+    for (int u = 0; u < n; ++u)
+        for (int j = 0; j < nb; ++j) vstore(d[u] + j * W, a[u][j]);
+}
+
+/* rank_pass for LA_BLOCK_SWITCH, whose flag is 0 or 1: one token, or two (three: 0, 1). */
+static inline __attribute__((always_inline)) void rank_pass_1(int nb, int unused, long rows,
+                                                              long ld, const float *const b[3],
+                                                              const float *const c[3],
+                                                              const float *const x[3], float *M,
+                                                              float *const d[3]) {
+    (void)unused;
+    rank_pass(nb, 1, rows, ld, b, c, x, M, d);
+}
+static inline __attribute__((always_inline)) void rank_pass_23(int nb, int three, long rows,
+                                                               long ld, const float *const b[3],
+                                                               const float *const c[3],
+                                                               const float *const x[3],
+                                                               float *M, float *const d[3]) {
+    rank_pass(nb, 2 + three, rows, ld, b, c, x, M, d);
+}
+
+/* rank_pass of n = 1, 2 or 3 tokens (the backward's, which is not inlined into a loop). */
+static void rank_any(int nb, int n, long rows, long ld, const float *const b[3],
+                     const float *const c[3], const float *const x[3], float *M,
+                     float *const d[3]) {
+    if (n == 1) {
+        LA_BLOCK_SWITCH(rank_pass_1, nb, 0, rows, ld, b, c, x, M, d)
+    } else {
+        LA_BLOCK_SWITCH(rank_pass_23, nb, n == 3, rows, ld, b, c, x, M, d)
     }
 }
 
-static void rank1_any(int nb, int two, long rows, long ld, const float *b1, const float *b2,
-                      const float *c1, const float *c2, const float *x1, const float *x2,
-                      float *M, float *d1, float *d2) {
-    LA_BLOCK_SWITCH(rank1_pass, nb, two, rows, ld, b1, b2, c1, c2, x1, x2, M, d1, d2)
-}
-
-/* Tokens t, t + 1 (two) or t alone over the rows of a block of nb column vectors: S (rows of
+/* Tokens t .. t + n - 1 (n <= 3) over the rows of a block of nb column vectors: S (rows of
  * Dv, offset to the block) updated in place, each token's numerator scaled by inv[t] into out
  * (rows of Dv from element o0, offset to the block; float32 or bfloat16 with bf). fq, fk: the
  * chunk's features (rows of L); vc: its values (rows of Dv, offset to the block). Inlined with
  * constant sizes, so that the numerators stay in registers. */
-static inline __attribute__((always_inline)) void rec_tokens(int nb, int two, long t, long L,
+static inline __attribute__((always_inline)) void rec_tokens(int nb, int n, long t, long L,
                                                              long Dv, const float *fq,
                                                              const float *fk, const float *vc,
                                                              const float *inv, float *S,
                                                              void *out, long o0, int bf) {
-    float num[2][NV * W];
-    rank1_pass(nb, two, L, Dv, fk + t * L, fk + (t + 1) * L, fq + t * L, fq + (t + 1) * L,
-               vc + t * Dv, vc + (t + 1) * Dv, S, num[0], num[1]);
-    for (int u = 0; u < 1 + two; ++u)
+    float num[3][NV * W];
+    const float *b[3], *c[3], *x[3];
+    float *d[3];
+    for (int u = 0; u < 3; ++u) { /* (the rows of tokens past n are never read) */
+        long tu = t + (u < n ? u : 0);
+        b[u] = fk + tu * L, c[u] = fq + tu * L, x[u] = vc + tu * Dv, d[u] = num[u];
+    }
+    rank_pass(nb, n, L, Dv, b, c, x, S, d);
+    for (int u = 0; u < n; ++u)
         for (int j = 0; j < nb; ++j) {
             vf o = vload(num[u] + j * W) * inv[t + u];
             long at = o0 + (t + u) * Dv + j * W;
@@ -332,8 +362,10 @@ static inline __attribute__((always_inline)) void rec_cols(int nb, int bf, long 
                                                            const float *inv, float *S, void *out,
                                                            long o0) {
     long t = 0;
-    for (; t + 2 <= Cn; t += 2) rec_tokens(nb, 1, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
-    if (t < Cn) rec_tokens(nb, 0, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+    for (; t + REC_U <= Cn; t += REC_U)
+        rec_tokens(nb, REC_U, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+    if (Cn - t == 2) rec_tokens(nb, 2, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
+    else if (Cn - t == 1) rec_tokens(nb, 1, t, L, Dv, fq, fk, vc, inv, S, out, o0, bf);
 }
 
 static void rec_cols_any(int nb, int bf, long Cn, long L, long Dv, const float *fq,
@@ -343,7 +375,7 @@ static void rec_cols_any(int nb, int bf, long Cn, long L, long Dv, const float *
 }
 
 /* The recurrent causal forward (la_causal_forward's arguments and state rules, float32
- * arithmetic on float32 or bfloat16 rows): per REC_C tokens, their features, z and each
+ * arithmetic on float32 or bfloat16 rows): per REC_U tokens, their features, z and each
  * token's 1 / guarded(den + eps) first, then the tokens over each block of columns. work:
  * 2 C L + C Dv + C floats. */
 static void causal_forward_rec(int kind, int bf, const void *q, long qs, const void *k, long ks,
@@ -351,11 +383,12 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
                                float eps, float *S, float *z, void *out, long os, float *Ss,
                                long sb, float *zss, long zb, long block, float *work) {
     float *fq = work, *fk = fq + C * L, *vbuf = fk + C * L, *inv = vbuf + C * Dv;
-    long R = C < REC_C ? C : REC_C;
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
-        for (long t0 = 0; t0 < T; t0 += R) {
-            long Cn = T - t0 < R ? T - t0 : R;
+        for (long t0 = 0, Cn; t0 < T; t0 += Cn) {
+            Cn = REC_U; /* ending at the chunk's end, where the state may be kept */
+            if (C - t0 % C < Cn) Cn = C - t0 % C;
+            if (T - t0 < Cn) Cn = T - t0;
             if (t0 % C == 0) keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
             const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
             phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
@@ -381,7 +414,7 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
  * 5 multiply-adds per state element and token (and the sums over a row that G v_t needs, done
  * W rows at a time through a block transpose) against the chunked form's 7.5 in shorter
  * products. The forward walk keeps S transposed (rows of L: S^T_j += v_tj phi(k_t) and
- * dphi(q_t) += dn_tj S^T_j, two tokens a pass as in the forward); the backward walk keeps G as
+ * dphi(q_t) += dn_tj S^T_j, REC_U tokens a pass as in the forward); the backward walk keeps G as
  * given (rows of Dv). */
 
 /* Token t of the backward walk over the rows of G (rows of Dv, nb vectors of one block of Dv
@@ -421,7 +454,7 @@ static void rec_dk_any(int nb, int add, long L, long Dv, const float *fq, const 
 }
 
 /* la_causal_backward's recurrent form (its arguments and state rules). work: T (2 L + Dv + 1)
- * + Dv L + 4 L + W W floats. */
+ * + Dv L + 6 L + W W floats. */
 static void causal_backward_rec(int kind, const float *q, long qs, const float *k, long ks,
                                 const float *v, long vs, const float *o, long os,
                                 const float *g, long gs, long N, long T, long L, long Dv,
@@ -429,37 +462,40 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
                                 float *Gz, float *dq, long dqs, float *dk, long dks, float *dv,
                                 long dvs, float *work) {
     float *FQ = work, *FK = FQ + T * L, *DN = FK + T * L, *DS = DN + T * Dv;
-    float *ST = DS + T, *zc = ST + Dv * L, *z2 = zc + L, *d1 = z2 + L, *d2 = d1 + L;
-    float *P = d2 + L;
+    float *ST = DS + T, *zc = ST + Dv * L, *d1 = zc + 3 * L, *P = d1 + 3 * L;
+    float *const zs[3] = {zc, zc + L, zc + 2 * L}, *const ds[3] = {d1, d1 + L, d1 + 2 * L};
     for (long n = 0; n < N; ++n) {
         const float *qn = q + n * qs, *kn = k + n * ks, *vn = v + n * vs;
         float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
         transpose(L, Dv, S_in + n * L * Dv, ST);
         memcpy(zc, z_in + n * L, (size_t)L * sizeof(float));
-        /* forward walk: features, dn, ds, then dq, two tokens a pass */
-        for (long t = 0; t < T; t += 2) {
-            int two = t + 1 < T;
-            for (long u = t; u < t + 1 + two; ++u) {
-                float *fq = FQ + u * L, *fk = FK + u * L, *zu = u == t ? zc : z2;
-                phi_rows(kind, qn, u * L, 0, L, fq);
-                phi_rows(kind, kn, u * L, 0, L, fk);
-                if (u > t) memcpy(z2, zc, (size_t)L * sizeof(float));
-                add_colsums(zu, zu, fk, NULL, 1, L);
-                DS[u] = grad_out_row(g + n * gs + u * Dv, o + n * os + u * Dv,
-                                     dot(fq, zu, L) + eps, Dv, DN + u * Dv);
+        /* forward walk: features, dn, ds, then dq, REC_U tokens a pass; zs[u]: z after token
+         * t + u (zs[0] is zc, updated in place) */
+        for (long t = 0, m; t < T; t += m) {
+            m = T - t < REC_U ? T - t : REC_U;
+            const float *b[3], *c[3], *x[3];
+            for (long u = 0; u < 3; ++u) {
+                long tu = t + (u < m ? u : 0); /* (the rows of tokens past m are never read) */
+                b[u] = vn + tu * Dv, c[u] = DN + tu * Dv, x[u] = FK + tu * L;
+            }
+            for (long u = 0; u < m; ++u) {
+                float *fq = FQ + (t + u) * L, *fk = FK + (t + u) * L;
+                phi_rows(kind, qn, (t + u) * L, 0, L, fq);
+                phi_rows(kind, kn, (t + u) * L, 0, L, fk);
+                add_colsums(zs[u], zs[u ? u - 1 : 0], fk, NULL, 1, L);
+                DS[t + u] = grad_out_row(g + n * gs + (t + u) * Dv, o + n * os + (t + u) * Dv,
+                                         dot(fq, zs[u], L) + eps, Dv, DN + (t + u) * Dv);
             }
             for (long c0 = 0; c0 < L; c0 += NV * W) {
                 int nb = (L - c0) / W < NV ? (int)((L - c0) / W) : NV;
-                rank1_any(nb, two, Dv, L, vn + t * Dv, vn + (t + 1) * Dv, DN + t * Dv,
-                          DN + (t + 1) * Dv, FK + t * L + c0, FK + (t + 1) * L + c0, ST + c0,
-                          d1 + c0, d2 + c0);
+                const float *xc[3] = {x[0] + c0, x[1] + c0, x[2] + c0};
+                float *const dc[3] = {ds[0] + c0, ds[1] + c0, ds[2] + c0};
+                rank_any(nb, (int)m, Dv, L, b, c, xc, ST + c0, dc);
             }
-            grad_phi_row(kind, dq + n * dqs + t * L, d1, DS[t], zc, qn + t * L, FQ + t * L, L);
-            if (two) {
-                grad_phi_row(kind, dq + n * dqs + (t + 1) * L, d2, DS[t + 1], z2,
-                             qn + (t + 1) * L, FQ + (t + 1) * L, L);
-                memcpy(zc, z2, (size_t)L * sizeof(float));
-            }
+            for (long u = 0; u < m; ++u)
+                grad_phi_row(kind, dq + n * dqs + (t + u) * L, ds[u], DS[t + u], zs[u],
+                             qn + (t + u) * L, FQ + (t + u) * L, L);
+            if (m > 1) memcpy(zc, zs[m - 1], (size_t)L * sizeof(float));
         }
         /* backward walk: G, Gz, dk, dv */
         for (long t = T - 1; t >= 0; --t) {
