@@ -629,7 +629,7 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
     case 3:
         f32 = nc * (2 * C * L + L * Dv + L) + 2 * C * C + Dv * C + 2 * Dv * L + 2 * C * L + C * Dv
               + C;
-        dp = nc * C * (2 * L + Dv + 1) + Dv * L + 6 * L + W * W; /* the recurrent form's */
+        dp = nc * C * (2 * L + Dv + 1) + Dv * L + 6 * L + 2 * W * W; /* the recurrent form's */
         break;
     default:
         return -1;

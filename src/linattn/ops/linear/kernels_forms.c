@@ -417,44 +417,56 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
  * dphi(q_t) += dn_tj S^T_j, REC_U tokens a pass as in the forward); the backward walk keeps G as
  * given (rows of Dv). */
 
-/* Token t of the backward walk over the rows of G (rows of Dv, nb vectors of one block of Dv
- * columns, offset to it): G_i += fq_i dn; dv (nb vectors, offset) = sum_i fk_i G_i; and into
- * dk (L floats) the row sums of G_i * v over this block's columns, added (add) or set. P: W x
- * W floats of scratch. */
-static inline __attribute__((always_inline)) void rec_dk_token(int nb, int add, long L,
-                                                               long Dv, const float *fq,
-                                                               const float *fk,
-                                                               const float *dn,
-                                                               const float *v, float *G,
-                                                               float *dv, float *dk, float *P) {
-    vf nn[NV], vv[NV], acc[NV];
-    for (int c = 0; c < nb; ++c)
-        nn[c] = vload(dn + c * W), vv[c] = vload(v + c * W), acc[c] = vsplat(0.0f);
+/* Token t, and with two token t - 1 after it, of the backward walk over the rows of G (rows of
+ * Dv, nb vectors of one block of Dv columns, offset to it); token u's arguments are the u-th of
+ * each pair: G_i += fq_i dn; dv (nb vectors, offset) = sum_i fk_i G_i; and into dk (L floats)
+ * the row sums of G_i * v over this block's columns, added (add) or set. One load and one store
+ * of G serve both tokens. P: 2 W x W floats of scratch. */
+static inline __attribute__((always_inline)) void rec_dk_tokens(
+    int nb, int two, int add, long L, long Dv, const float *const fq[2],
+    const float *const fk[2], const float *const dn[2], const float *const v[2], float *G,
+    float *const dv[2], float *const dk[2], float *P) {
+    int n = 1 + two;
+    vf nn[2][NV], vv[2][NV], acc[2][NV];
+    for (int u = 0; u < n; ++u)
+        for (int c = 0; c < nb; ++c)
+            nn[u][c] = vload(dn[u] + c * W), vv[u][c] = vload(v[u] + c * W),
+            acc[u][c] = vsplat(0.0f);
     for (long i0 = 0; i0 < L; i0 += W) {
         for (long i = i0; i < i0 + W; ++i) {
-            vf qi = vsplat(fq[i]), ki = vsplat(fk[i]), p = vsplat(0.0f);
+            vf qi[2], ki[2], p[2];
+            for (int u = 0; u < n; ++u)
+                qi[u] = vsplat(fq[u][i]), ki[u] = vsplat(fk[u][i]), p[u] = vsplat(0.0f);
             float *Gi = G + i * Dv;
             for (int c = 0; c < nb; ++c) {
-                vf x = vload(Gi + c * W) + qi * nn[c];
+                vf x = vload(Gi + c * W);
+                for (int u = 0; u < n; ++u) {
+                    x += qi[u] * nn[u][c];
+                    acc[u][c] += ki[u] * x;
+                    p[u] += x * vv[u][c];
+                }
                 vstore(Gi + c * W, x);
-                acc[c] += ki * x;
-                p += x * vv[c];
             }
-            vstore(P + (i - i0) * W, p);
+            for (int u = 0; u < n; ++u) vstore(P + u * W * W + (i - i0) * W, p[u]);
         }
-        vf sum = row_sums(P);
-        vstore(dk + i0, add ? vload(dk + i0) + sum : sum);
+        for (int u = 0; u < n; ++u) {
+            vf sum = row_sums(P + u * W * W);
+            vstore(dk[u] + i0, add ? vload(dk[u] + i0) + sum : sum);
+        }
     }
-    for (int c = 0; c < nb; ++c) vstore(dv + c * W, acc[c]);
+    for (int u = 0; u < n; ++u)
+        for (int c = 0; c < nb; ++c) vstore(dv[u] + c * W, acc[u][c]);
 }
 
-static void rec_dk_any(int nb, int add, long L, long Dv, const float *fq, const float *fk,
-                       const float *dn, const float *v, float *G, float *dv, float *dk, float *P) {
-    LA_BLOCK_SWITCH(rec_dk_token, nb, add, L, Dv, fq, fk, dn, v, G, dv, dk, P)
+static void rec_dk_any(int nb, int two, int add, long L, long Dv, const float *const fq[2],
+                       const float *const fk[2], const float *const dn[2],
+                       const float *const v[2], float *G, float *const dv[2],
+                       float *const dk[2], float *P) {
+    LA_BLOCK_SWITCH(rec_dk_tokens, nb, two, add, L, Dv, fq, fk, dn, v, G, dv, dk, P)
 }
 
 /* la_causal_backward's recurrent form (its arguments and state rules). work: T (2 L + Dv + 1)
- * + Dv L + 6 L + W W floats. */
+ * + Dv L + 6 L + 2 W W floats. */
 static void causal_backward_rec(int kind, const float *q, long qs, const float *k, long ks,
                                 const float *v, long vs, const float *o, long os,
                                 const float *g, long gs, long N, long T, long L, long Dv,
@@ -497,16 +509,25 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
                              qn + (t + u) * L, FQ + (t + u) * L, L);
             if (m > 1) memcpy(zc, zs[m - 1], (size_t)L * sizeof(float));
         }
-        /* backward walk: G, Gz, dk, dv */
-        for (long t = T - 1; t >= 0; --t) {
-            const float *fq = FQ + t * L, *fk = FK + t * L;
-            add_colsums(Gzn, Gzn, fq, DS + t, 1, L);
+        /* backward walk: G, Gz, dk, dv; two tokens a pass over G where REC_U is three (32
+         * vector registers: two tokens' dn, v and dv and four broadcasts fit) */
+        for (long t = T - 1, m; t >= 0; t -= m) {
+            m = REC_U > 2 && t > 0 ? 2 : 1;
+            long t2 = t - m + 1; /* the pair's second token (t itself when alone) */
+            const float *fq[2] = {FQ + t * L, FQ + t2 * L}, *fk[2] = {FK + t * L, FK + t2 * L};
+            float *const dkr[2] = {d1, d1 + L}; /* each token's row sums G v */
             for (long j0 = 0; j0 < Dv; j0 += NV * W) {
                 int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
-                rec_dk_any(nb, j0 > 0, L, Dv, fq, fk, DN + t * Dv + j0, vn + t * Dv + j0,
-                           Gn + j0, dv + n * dvs + t * Dv + j0, d1, P);
+                const float *dn[2] = {DN + t * Dv + j0, DN + t2 * Dv + j0};
+                const float *vc[2] = {vn + t * Dv + j0, vn + t2 * Dv + j0};
+                float *const dvc[2] = {dv + n * dvs + t * Dv + j0, dv + n * dvs + t2 * Dv + j0};
+                rec_dk_any(nb, m == 2, j0 > 0, L, Dv, fq, fk, dn, vc, Gn + j0, dvc, dkr, P);
             }
-            grad_phi_row(kind, dk + n * dks + t * L, d1, 1.0f, Gzn, kn + t * L, fk, L);
+            for (long u = 0; u < m; ++u) { /* Gz after token t - u, then its dk */
+                add_colsums(Gzn, Gzn, fq[u], DS + t - u, 1, L);
+                grad_phi_row(kind, dk + n * dks + (t - u) * L, dkr[u], 1.0f, Gzn,
+                             kn + (t - u) * L, fk[u], L);
+            }
         }
     }
 }
