@@ -11,15 +11,22 @@
  * The backward (docs/theory.md, section 10, "GLA: the compiled backward") runs the reverse
  * recurrence of dS = dL/dS_t, with s do_t folded into d~_t:
  *     dS_t = diag(a_{t+1}) dS_{t+1} + q_t d~_t^T    (dS_T: the final state's gradient),
- *     dq_t = S_t d~_t,  dk_t = dS_t v_t,  dv_t = dS_t^T k_t,
- *     dgk_t,i = a_t,i sum_j dS_t,ij S_{t-1},ij,  dg_t = sum_i dgk_t,i,  dS_0 = d(initial state).
- * It needs S_t in reverse order: the forward stores the state before every chunk of C tokens
- * (a checkpoint per chunk, never one per token); the backward recomputes a chunk's C states of
- * one column block from its checkpoint into a buffer (C K GLA_NB W floats, L2-sized), then
- * walks them backwards, reading only the state before each token (dq_t = diag(a_t) S_{t-1} d~_t
- * + k_t (v_t . d~_t)). Row sums over the columns (dq, dk, dgk) are per-row vectors of W
- * partial sums, W rows of which are reduced together by a transpose-and-add (row_sums). Every
- * exponent is <= 0 and no state is ever divided by a decay: a gate of -inf (a reset) is exact.
+ *     dq_t = S_t d~_t,  dk_t = dS_t v_t,  dv_t = dS_t^T k_t,  dS_0 = d(initial state),
+ * and the gates' gradients dgk_t,i = a_t,i sum_j dS_t,ij S_{t-1},ij (dg_t = sum_i dgk_t,i)
+ * through the identity a_t,i <dS_t, S_{t-1}>_i = X_t,i - k_t,i dk_t,i with
+ * X_t,i = <dS_t, S_t>_i = q_t,i dq_t,i + X_{t+1},i - k_{t+1},i dk_{t+1},i, so that
+ *     dgk_t = sum_{r >= t} (q_r dq_r - k_r dk_r) + <dS_T, S_T>   (rows summed over j),
+ * a sum over tokens (in double) of what the other gradients give: no state before each token
+ * is needed. dq_t reads only S_t, in the forward order, and dk, dv only dS_t, in the reverse
+ * order: for each chunk of C tokens (from the forward's checkpoint of the state before it) and
+ * each block of columns (GLA_NB vectors), a forward sweep carries S and writes dq, then a
+ * reverse sweep carries dS and writes dk and dv; both states of a block stay in L1. (Until
+ * 65becb0 the backward recomputed a chunk's C states into an L2-sized buffer and walked them
+ * backwards reading S_{t-1}: half its time went to writing that buffer.) Row sums over the
+ * columns (dq, dk) are per-row vectors of W partial sums, W rows of which are reduced together
+ * by a transpose-and-add (row_sums). Every exponent is <= 0 and no state is ever divided by a
+ * decay; where a decay is 0 (a gate of -inf: a reset) its gradient is exactly 0 and the sum
+ * starts again from 0 there, as the identity gives it in exact arithmetic.
  * All arithmetic in float32; the sums follow the recurrence, so there is no chunking error.
  * (bfloat16 rows with a scalar gate on AMX tiles take the chunked form instead: chunk_dp,
  * tiles.h.) */
@@ -36,11 +43,11 @@
 
 static long gla_round_up(long K) { return (K + W - 1) / W * W; }
 
-/* Floats of work the kernels need for head dimension K and chunk C (<= GLA_CMAX): decays and
- * gate gradients (C K each), row-sum partials (3 rows of W for each of K rounded up to W) and
- * the backward's buffer of C states of one column block. */
+/* Floats of work the kernels need for head dimension K and chunk C (<= GLA_CMAX): decays (C
+ * K), row-sum partials (W for each of K rounded up to W), the backward's state of one column
+ * block (K GLA_NB W) and its gates' sums (K doubles, aligned). */
 long la_gla_work(long K, long C) {
-    return 2 * C * K + 3 * gla_round_up(K) * W + C * K * GLA_NB * W;
+    return C * K + gla_round_up(K) * W + K * GLA_NB * W + 2 * K + 2;
 }
 
 /* a[t][i] = exp(g[t] + gk[t][i]) for Tc tokens (rows of K); g or gk may be NULL (not both).
@@ -330,111 +337,134 @@ static inline void gla_put(float *dst, vf x, long n, int add) {
     for (long l = 0; l < n; ++l) dst[l] = add ? dst[l] + tmp[l] : tmp[l];
 }
 
-/* One chunk of Tc tokens of one head over one block of nb vectors of columns, backwards.
- * mode: 0 ungated, 1 a scalar gate only (a_t,i the same for every i: one gate gradient per
- * token), 2 per-key gates. S0: the chunk's checkpoint (rows of V, offset to the block); dS:
- * the gradient of the state after the chunk (rows of V, offset to the block), left holding
- * the gradient of the state before it. buf: Tc K nb W floats; P: 3 KP W floats (KP = K
- * rounded up to W, rows from K on zero); G: the gate gradients of the chunk (mode 2: Tc rows
- * of K; mode 1: Tc floats). first: the first column block (stores dq, dk, G; later blocks add
- * to them). */
+/* One chunk of Tc tokens of one head over one block of nb vectors of columns. gated: decays a
+ * (rows of K) apply. S0: the chunk's checkpoint (rows of V, offset to the block); dS: the
+ * gradient of the state after the chunk (rows of V, offset to the block), left holding the
+ * gradient of the state before it. Sb: K nb W floats (the block's state); P: KP W floats (KP =
+ * K rounded up to W, rows from K on zero). first: the first column block (stores dq, dk; later
+ * blocks add to them). X: where not NULL, X[i] += <dS, S after the chunk>_i over this block's
+ * columns, with dS as given (the final state's gradient, for the gates' sums). */
 static inline __attribute__((always_inline)) void gla_bwd_cols(
-    int nb, int mode, long Tc, long K, long V, const float *q, long qt, const float *k, long kt,
+    int nb, int gated, long Tc, long K, long V, const float *q, long qt, const float *k, long kt,
     const float *a, const float *v, long vt, const float *dout, long dt, float scale,
-    const float *S0, float *dS, float *buf, float *P, float *G, int first, float *dq, long dqt,
+    const float *S0, float *dS, float *Sb, float *P, double *X, int first, float *dq, long dqt,
     float *dk, long dkt, float *dv, long dvt) {
-    const long BW = nb * W, KB = K * BW, KP = gla_round_up(K);
-    /* buf[m]: the state before token m of the chunk (m = 0: the checkpoint), m < Tc */
-    for (long i = 0; i < K; ++i)
-        for (int j = 0; j < nb; ++j) vstore(buf + i * BW + j * W, vload(S0 + i * V + j * W));
-    for (long m = 0; m + 1 < Tc; ++m) {
-        vf vv[GLA_NB];
-        for (int j = 0; j < nb; ++j) vv[j] = vload(v + m * vt + j * W);
-        const float *prev = buf + m * KB, *kr = k + m * kt, *ar = mode ? a + m * K : NULL;
-        float *next = buf + (m + 1) * KB;
-        for (long i = 0; i < K; ++i) {
-            vf ki = vsplat(kr[i]), ai = vsplat(mode ? ar[i] : 1.0f);
-            for (int j = 0; j < nb; ++j) {
-                vf s = vload(prev + i * BW + j * W);
-                vstore(next + i * BW + j * W, mode ? ai * s + ki * vv[j] : s + ki * vv[j]);
-            }
-        }
-    }
+    const long BW = nb * W;
     vf sv = vsplat(scale);
+    for (long i = 0; i < K; ++i)
+        for (int j = 0; j < nb; ++j) vstore(Sb + i * BW + j * W, vload(S0 + i * V + j * W));
+    /* forward: S_m = diag(a_m) S_{m-1} + k_m v_m^T, dq_m = S_m d~_m */
+    for (long m = 0; m < Tc; ++m) {
+        vf vv[GLA_NB], dd[GLA_NB];
+        for (int j = 0; j < nb; ++j)
+            vv[j] = vload(v + m * vt + j * W), dd[j] = sv * vload(dout + m * dt + j * W);
+        const float *kr = k + m * kt, *ar = gated ? a + m * K : NULL;
+        for (long i = 0; i < K; ++i) {
+            vf ki = vsplat(kr[i]), ai = vsplat(gated ? ar[i] : 1.0f), pq = vsplat(0.0f);
+            float *Si = Sb + i * BW;
+            for (int j = 0; j < nb; ++j) {
+                vf s = vload(Si + j * W);
+                s = (gated ? ai * s : s) + ki * vv[j];
+                pq += s * dd[j];
+                vstore(Si + j * W, s);
+            }
+            vstore(P + i * W, pq);
+        }
+        for (long i0 = 0; i0 < K; i0 += W)
+            gla_put(dq + m * dqt + i0, row_sums(P + i0 * W), K - i0 < W ? K - i0 : W, !first);
+    }
+    if (X)
+        for (long i = 0; i < K; ++i) {
+            vf p = vsplat(0.0f);
+            for (int j = 0; j < nb; ++j) p += vload(Sb + i * BW + j * W) * vload(dS + i * V + j * W);
+            X[i] += hsum(p);
+        }
+    /* reverse: dS_m = dS + q_m d~_m^T; dk_m = dS_m v_m, dv_m = dS_m^T k_m; dS = diag(a_m) dS_m */
     for (long m = Tc - 1; m >= 0; --m) {
-        /* d~ = s do_m; dq_m = S_m d~ = diag(a_m) S_{m-1} d~ + k_m (v_m . d~): only the state
-         * before the token is read */
-        vf dd[GLA_NB], vv[GLA_NB], dva[GLA_NB], ga = vsplat(0.0f), vd = vsplat(0.0f);
+        vf dd[GLA_NB], vv[GLA_NB], dva[GLA_NB];
         for (int j = 0; j < nb; ++j) {
             dd[j] = sv * vload(dout + m * dt + j * W);
             vv[j] = vload(v + m * vt + j * W);
             dva[j] = vsplat(0.0f);
-            vd += vv[j] * dd[j];
         }
-        const float *Sp = buf + m * KB;
-        const float *qr = q + m * qt, *kr = k + m * kt, *ar = mode ? a + m * K : NULL;
+        const float *qr = q + m * qt, *kr = k + m * kt, *ar = gated ? a + m * K : NULL;
         for (long i = 0; i < K; ++i) {
-            vf qi = vsplat(qr[i]), ki = vsplat(kr[i]), ai = vsplat(mode ? ar[i] : 1.0f);
-            vf pq = vsplat(0.0f), pk = vsplat(0.0f), pg = vsplat(0.0f);
+            vf qi = vsplat(qr[i]), ki = vsplat(kr[i]), ai = vsplat(gated ? ar[i] : 1.0f);
+            vf pk = vsplat(0.0f);
             float *dSi = dS + i * V;
             for (int j = 0; j < nb; ++j) {
-                vf sp = vload(Sp + i * BW + j * W);
-                vf d = vload(dSi + j * W) + qi * dd[j]; /* dS_t, row i */
-                pq += sp * dd[j];
+                vf d = vload(dSi + j * W) + qi * dd[j]; /* dS_m, row i */
                 pk += d * vv[j];
-                if (mode) pg += d * sp;
                 dva[j] += ki * d;
-                vstore(dSi + j * W, mode ? ai * d : d); /* the part that reaches S_{t-1} */
+                vstore(dSi + j * W, gated ? ai * d : d); /* the part that reaches S_{m-1} */
             }
-            vstore(P + i * W, pq);
-            vstore(P + (KP + i) * W, pk);
-            if (mode == 2) vstore(P + (2 * KP + i) * W, pg);
-            if (mode == 1) ga += pg;
+            vstore(P + i * W, pk);
         }
         for (int j = 0; j < nb; ++j) vstore(dv + m * dvt + j * W, dva[j]);
-        float vds = hsum(vd);
-        vf vdv = vsplat(vds);
-        for (long i0 = 0; i0 < K; i0 += W) {
-            long n = K - i0 < W ? K - i0 : W;
-            vf rq = row_sums(P + i0 * W), rk = row_sums(P + (KP + i0) * W), rg = vsplat(0.0f);
-            if (mode == 2) rg = row_sums(P + (2 * KP + i0) * W);
-            if (n == W) {
-                vf av = mode ? vload(ar + i0) : vsplat(1.0f);
-                rq = av * rq + vload(kr + i0) * vdv;
-                rg *= av;
-            } else {
-                for (long l = 0; l < n; ++l) {
-                    float al = mode ? ar[i0 + l] : 1.0f;
-                    rq[l] = al * rq[l] + kr[i0 + l] * vds;
-                    rg[l] *= al;
-                }
-            }
-            gla_put(dq + m * dqt + i0, rq, n, !first);
-            gla_put(dk + m * dkt + i0, rk, n, !first);
-            if (mode == 2) gla_put(G + m * K + i0, rg, n, !first);
-        }
-        if (mode == 1) G[m] = (first ? 0.0f : G[m]) + ar[0] * hsum(ga);
+        for (long i0 = 0; i0 < K; i0 += W)
+            gla_put(dk + m * dkt + i0, row_sums(P + i0 * W), K - i0 < W ? K - i0 : W, !first);
     }
 }
 
-/* gla_bwd_cols specialised for constant (nb, mode). */
-static void gla_bwd_any(int nb, int mode, long Tc, long K, long V, const float *q, long qt,
+/* gla_bwd_cols specialised for constant (nb, gated). */
+static void gla_bwd_any(int nb, int gated, long Tc, long K, long V, const float *q, long qt,
                         const float *k, long kt, const float *a, const float *v, long vt,
                         const float *dout, long dt, float scale, const float *S0, float *dS,
-                        float *buf, float *P, float *G, int first, float *dq, long dqt,
+                        float *Sb, float *P, double *X, int first, float *dq, long dqt,
                         float *dk, long dkt, float *dv, long dvt) {
-#define B_(c, md)                                                                             \
-    case c * 3 + md:                                                                          \
+#define B_(c, gt)                                                                             \
+    case c * 2 + gt:                                                                          \
         if (c <= GLA_NB)                                                                      \
-            gla_bwd_cols(c <= GLA_NB ? c : GLA_NB, md, Tc, K, V, q, qt, k, kt, a, v, vt, dout,  \
-                         dt, scale, S0, dS, buf, P, G, first, dq, dqt, dk, dkt, dv, dvt);     \
+            gla_bwd_cols(c <= GLA_NB ? c : GLA_NB, gt, Tc, K, V, q, qt, k, kt, a, v, vt, dout,  \
+                         dt, scale, S0, dS, Sb, P, X, first, dq, dqt, dk, dkt, dv, dvt);      \
         break;
-    switch (nb * 3 + mode) {
-        B_(1, 0) B_(1, 1) B_(1, 2) B_(2, 0) B_(2, 1) B_(2, 2) B_(3, 0) B_(3, 1) B_(3, 2)
-        B_(4, 0) B_(4, 1) B_(4, 2)
+    switch (nb * 2 + gated) { /* (GLA_NB, not NV: the scalar build's blocks are of 4) */
+        B_(1, 0) B_(1, 1) B_(2, 0) B_(2, 1) B_(3, 0) B_(3, 1) B_(4, 0) B_(4, 1)
         default: break;
     }
 #undef B_
+}
+
+/* The gates' gradients of a chunk of Tc tokens from its dq and dk (rows of K, token strides dqt,
+ * dkt), last token first: R (K doubles, the sum from the sequence's end) += q_m dq_m - k_m dk_m,
+ * set to 0 where a decay is 0; dgk_m = R (rows of K, token stride dgkt; NULL: none, then the
+ * row goes to tmp, K floats) and dg_m = sum_i R_i (NULL: none). Each loop over i vectorises. */
+typedef float gla_f8 __attribute__((vector_size(32)));
+typedef double gla_d8 __attribute__((vector_size(64)));
+typedef long long gla_l8 __attribute__((vector_size(64)));
+static void gla_gate_grads(long Tc, long K, const float *q, long qt, const float *k, long kt,
+                           const float *a, const float *dq, long dqt, const float *dk, long dkt,
+                           double *R, float *dgk, long dgkt, float *dg, float *tmp) {
+    for (long m = Tc - 1; m >= 0; --m) {
+        const float *qm = q + m * qt, *km = k + m * kt, *dqm = dq + m * dqt, *dkm = dk + m * dkt;
+        const float *am = a + m * K;
+        float *row = dgk ? dgk + m * dgkt : tmp;
+        long i = 0;
+        for (; i + 8 <= K; i += 8) { /* eight at a time (the compiler left this loop scalar) */
+            gla_f8 qv, dqv, kv, dkv, av;
+            gla_d8 r;
+            memcpy(&qv, qm + i, sizeof qv), memcpy(&dqv, dqm + i, sizeof dqv);
+            memcpy(&kv, km + i, sizeof kv), memcpy(&dkv, dkm + i, sizeof dkv);
+            memcpy(&av, am + i, sizeof av), memcpy(&r, R + i, sizeof r);
+            r += __builtin_convertvector(qv * dqv - kv * dkv, gla_d8);
+            gla_l8 reset = __builtin_convertvector(av == (gla_f8){0}, gla_l8); /* -1 where 0 */
+            r = (gla_d8)((gla_l8)r & ~reset);
+            memcpy(R + i, &r, sizeof r);
+            gla_f8 rf = __builtin_convertvector(r, gla_f8);
+            memcpy(row + i, &rf, sizeof rf);
+        }
+        for (; i < K; ++i) {
+            double r = R[i] + (double)(qm[i] * dqm[i] - km[i] * dkm[i]);
+            R[i] = am[i] == 0.0f ? 0.0 : r;
+            row[i] = (float)R[i];
+        }
+        if (!dg) continue;
+        vf acc = vsplat(0.0f);
+        for (i = 0; i + W <= K; i += W) acc += vload(row + i);
+        float sum = hsum(acc);
+        for (; i < K; ++i) sum += row[i];
+        dg[m] = sum;
+    }
 }
 
 /* The gradients of la_gla_forward over T tokens of N heads (all V columns), from those of the
@@ -455,42 +485,36 @@ static int la_gla_backward(const float *q, long qs, long qt, const float *k, lon
     if (K < 1 || V % W || N < 0 || T < 0 || C < 1 || C > GLA_CMAX || (T > 0 && !ckpt)
         || (g && !dg) || (gk && !dgk))
         return -1;
-    int mode = gk ? 2 : g ? 1 : 0;
+    int gated = g != NULL || gk != NULL;
     const long KP = gla_round_up(K);
-    float *a = work, *G = a + C * K, *P = G + C * K, *buf = P + 3 * KP * W;
-    memset(P, 0, (size_t)(3 * KP * W) * sizeof(float)); /* rows from K on stay zero */
+    float *a = work, *P = a + C * K, *Sb = P + KP * W;
+    double *R = (double *)(((size_t)(Sb + K * GLA_NB * W) + 7) & ~(size_t)7);
+    memset(P, 0, (size_t)(KP * W) * sizeof(float)); /* rows from K on stay zero */
     for (long n = 0; n < N; ++n) {
         float *dS = dS_out + n * K * V;
         if (!dS_in) memset(dS, 0, (size_t)(K * V) * sizeof(float));
         else if (dS_in + n * K * V != dS)
             memcpy(dS, dS_in + n * K * V, (size_t)(K * V) * sizeof(float));
+        for (long i = 0; i < K; ++i) R[i] = 0.0; /* <dS_T, S_T>, from the last chunk's sweep */
         for (long c = (T + C - 1) / C - 1; c >= 0; --c) {
             long t0 = c * C, Tc = T - t0 < C ? T - t0 : C;
-            if (mode)
+            const float *qc = q + n * qs + t0 * qt, *kc = k + n * ks + t0 * kt;
+            float *dqc = dq + n * dqs + t0 * dqt, *dkc = dk + n * dks + t0 * dkt;
+            if (gated)
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
             for (long j0 = 0; j0 < V; j0 += GLA_NB * W) {
                 int nb = (V - j0) / W < GLA_NB ? (int)((V - j0) / W) : GLA_NB;
-                gla_bwd_any(nb, mode, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
-                            kt, a, v + n * vs + t0 * vt + j0, vt, dout + n * dos + t0 * dot + j0,
-                            dot, scale, ckpt + n * cks + c * K * V + j0, dS + j0, buf, P, G,
-                            j0 == 0, dq + n * dqs + t0 * dqt, dqt, dk + n * dks + t0 * dkt, dkt,
+                gla_bwd_any(nb, gated, Tc, K, V, qc, qt, kc, kt, a, v + n * vs + t0 * vt + j0, vt,
+                            dout + n * dos + t0 * dot + j0, dot, scale,
+                            ckpt + n * cks + c * K * V + j0, dS + j0, Sb, P,
+                            gated && t0 + Tc == T ? R : NULL, j0 == 0, dqc, dqt, dkc, dkt,
                             dv + n * dvs + t0 * dvt + j0, dvt);
             }
-            for (long m = 0; m < Tc; ++m) {
-                if (mode == 1) {
-                    dg[n * dgs + t0 + m] = G[m];
-                    continue;
-                }
-                if (mode == 0) break;
-                const float *Gm = G + m * K;
-                memcpy(dgk + n * dgks + (t0 + m) * dgkt, Gm, (size_t)K * sizeof(float));
-                if (g) {
-                    float s = 0.0f;
-                    for (long i = 0; i < K; ++i) s += Gm[i];
-                    dg[n * dgs + t0 + m] = s;
-                }
-            }
+            if (gated)
+                gla_gate_grads(Tc, K, qc, qt, kc, kt, a, dqc, dqt, dkc, dkt, R,
+                               gk ? dgk + n * dgks + t0 * dgkt : NULL, dgkt,
+                               g ? dg + n * dgs + t0 : NULL, P);
         }
     }
     return 0;
