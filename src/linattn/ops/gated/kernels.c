@@ -20,8 +20,8 @@
  * is needed. dq_t reads only S_t, in the forward order, and dk, dv only dS_t, in the reverse
  * order: for each chunk of C tokens (from the forward's checkpoint of the state before it) and
  * each block of columns (GLA_NB vectors), a forward sweep carries S and writes dq, then a
- * reverse sweep carries dS and writes dk and dv; both states of a block stay in L1. (Until
- * 65becb0 the backward recomputed a chunk's C states into an L2-sized buffer and walked them
+ * reverse sweep carries dS and writes dk and dv; both states of a block stay in L1. (Before
+ * 8339433 the backward recomputed a chunk's C states into an L2-sized buffer and walked them
  * backwards reading S_{t-1}: half its time went to writing that buffer.) Row sums over the
  * columns (dq, dk) are per-row vectors of W partial sums, W rows of which are reduced together
  * by a transpose-and-add (row_sums). Every exponent is <= 0 and no state is ever divided by a

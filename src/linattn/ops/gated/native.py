@@ -19,13 +19,13 @@ columns stays in L1 through a chunk of tokens): a multiply and two multiply-adds
 and token. The forward stores the state before every chunk of :func:`checkpoint_interval`
 tokens when gradients are wanted — one state per chunk, never one per token: K·V/C floats per
 token and head (as much as q at K = V = 64, C = 64; twice that at the C = 32 used there). The
-backward (docs/theory.md §10, "GLA: the compiled backward") walks the chunks from the last,
-recomputes each chunk's states from its checkpoint into an L2-sized buffer and runs the
-reverse recurrence ``dS ← diag(a_t) (dS + s q_t do_tᵀ)`` through them, giving dq, dk, dv, dg,
-dgk and the initial state's gradient: eight multiply-adds or multiplies per element and token,
-and three row sums over V per key dimension and token. Heads (and, in the forward, column
-blocks of a head when there are fewer heads than threads) run in parallel on torch's threads
-once a call is large enough to pay for the hand-over.
+backward (docs/theory.md §10, "GLA: the compiled backward") walks the chunks from the last; in
+each, a forward sweep from the checkpoint carries the state and gives dq, then a reverse sweep
+runs ``dS ← diag(a_t) (dS + s q_t do_tᵀ)`` and gives dk and dv (seven multiply-adds or
+multiplies per element and token in all, and two row sums over V per key dimension and token);
+the gates' gradients follow from dq and dk, and the initial state's from dS. Heads (and, in
+the forward, column blocks of a head when there are fewer heads than threads) run in parallel
+on torch's threads once a call is large enough to pay for the hand-over.
 
 Inside PyTorch: ``linattn::gla_forward`` (its backward, ``linattn::gla_backward``, registered as
 its autograd formula; ``create_graph=True`` differentiates the torch chunked form instead, so
@@ -83,8 +83,10 @@ _F4 = 4  # bytes per float32 element
 
 
 def checkpoint_interval(K: int) -> int:
-    """Tokens per checkpoint for head dimension K: the backward's buffer of one chunk's states
-    (C·K·64 floats on AVX-512) stays near 512 KiB, inside a core's L2 (C = 32 at K = 64)."""
+    """Tokens per chunk for head dimension K: the forward's chunk, and the interval between the
+    checkpoints it stores for the backward (K·V/C floats per token and head). 32 at K = 64:
+    chosen when the backward buffered a chunk's states in L2 (C·K·64 floats near 512 KiB);
+    since 8339433 its sweeps cost the same at any C."""
     return max(8, min(64, 2048 // max(K, 1)))
 
 
