@@ -141,6 +141,32 @@ def test_gradients_match_reference(native_calls, assert_close, which, batch, T, 
             assert_close(got, want, ulps=ULPS_GRAD)
 
 
+def test_gate_gradients_stay_accurate_over_long_sequences(native_calls, assert_close):
+    """The gates' gradients are a sum over tokens from the sequence's end (q dq - k dk, plus
+    <dS, S> at a chunk's end: docs/theory.md section 10). Carried over all 8,192 tokens, with
+    strong per-key decays, its rounding reached 24 epsilons of dg's largest value (Intel Xeon);
+    restarted at each chunk's end, 5. The reference: the same loss through the torch chunked
+    form in float64."""
+    gen = torch.Generator().manual_seed(3)
+    T, K = 8192, 16
+    q, k = (torch.randn(1, T, K, generator=gen) / K ** 0.5 for _ in range(2))
+    v = torch.randn(1, T, K, generator=gen)
+    g = F.logsigmoid(torch.randn(1, T, generator=gen))
+    gk = -10.0 * torch.rand(1, T, K, generator=gen)
+    S0 = _state(1, K, K)
+    leaves = _leaves(q, k, v, g, gk, S0)
+    _loss(*gated_linear_attention(*leaves[:5], initial_state=leaves[5],
+                                  return_state=True)).backward()
+    assert native_calls["prefill"] == 1
+    wants = _leaves(*(x.double() for x in (q, k, v, g, gk, S0)))
+    with dispatch.use(impl="portable"):
+        _loss(*gated_linear_attention(*wants[:5], initial_state=wants[5],
+                                      return_state=True)).backward()
+    for name, got, want in zip(("g", "gk"), _grads(leaves[3:5]), _grads(wants[3:5]),
+                               strict=True):
+        assert_close(got, want, ulps=16), name
+
+
 @pytest.mark.parametrize("which", ["scalar", "per-key", "both"])
 def test_reference_gradients_pass_gradcheck(which):
     """The ground truth of the gradient tests: the reference's autograd gradients agree with

@@ -16,8 +16,11 @@
  * through the identity a_t,i <dS_t, S_{t-1}>_i = X_t,i - k_t,i dk_t,i with
  * X_t,i = <dS_t, S_t>_i = q_t,i dq_t,i + X_{t+1},i - k_{t+1},i dk_{t+1},i, so that
  *     dgk_t = sum_{r >= t} (q_r dq_r - k_r dk_r) + <dS_T, S_T>   (rows summed over j),
- * a sum over tokens (in double) of what the other gradients give: no state before each token
- * is needed. dq_t reads only S_t, in the forward order, and dk, dv only dS_t, in the reverse
+ * a sum over tokens of what the other gradients give (the products in float32, the sum in
+ * double, restarted at each chunk's end from <dS, S> there, which the sweeps give): no state
+ * before each token is needed. Its error is of the order of float32 rounding times
+ * |<dS_t, S_t>|, not times |dgk_t|: where strong decays make dgk_t far smaller than that, its
+ * relative error is large (the subtraction cancels; fla's kernels compute it the same way). dq_t reads only S_t, in the forward order, and dk, dv only dS_t, in the reverse
  * order: for each chunk of C tokens (from the forward's checkpoint of the state before it) and
  * each block of columns (GLA_NB vectors), a forward sweep carries S and writes dq, then a
  * reverse sweep carries dS and writes dk and dv; both states of a block stay in L1. (Before
@@ -345,7 +348,8 @@ static inline void gla_put(float *dst, vf x, long n, int add) {
  * gradient of the state before it. Sb: K nb W floats (the block's state); P: KP W floats (KP =
  * K rounded up to W, rows from K on zero). first: the first column block (stores dq, dk; later
  * blocks add to them). X: where not NULL, X[i] += <dS, S after the chunk>_i over this block's
- * columns, with dS as given (the final state's gradient, for the gates' sums). */
+ * columns, with dS as given (the gradient that reaches the state after the chunk from later
+ * tokens: the gates' sum at the chunk's end). */
 static inline __attribute__((always_inline)) void gla_bwd_cols(
     int nb, int gated, long Tc, long K, long V, const float *q, long qt, const float *k, long kt,
     const float *a, const float *v, long vt, const float *dout, long dt, float scale,
@@ -428,7 +432,8 @@ static void gla_bwd_any(int nb, int gated, long Tc, long K, long V, const float 
 }
 
 /* The gates' gradients of a chunk of Tc tokens from its dq and dk (rows of K, token strides dqt,
- * dkt), last token first: R (K doubles, the sum from the sequence's end) += q_m dq_m - k_m dk_m,
+ * dkt), last token first: R (K doubles, the sum at the chunk's end) += q_m dq_m - k_m dk_m (the
+ * products in float32),
  * set to 0 where a decay is 0; dgk_m = R (rows of K, token stride dgkt; NULL: none, then the
  * row goes to tmp, K floats) and dg_m = sum_i R_i (NULL: none). Each loop over i vectorises. */
 typedef float gla_f8 __attribute__((vector_size(32)));
@@ -497,21 +502,24 @@ static int la_gla_backward(const float *q, long qs, long qt, const float *k, lon
         if (!dS_in) memset(dS, 0, (size_t)(K * V) * sizeof(float));
         else if (dS_in + n * K * V != dS)
             memcpy(dS, dS_in + n * K * V, (size_t)(K * V) * sizeof(float));
-        for (long i = 0; i < K; ++i) R[i] = 0.0; /* <dS_T, S_T>, from the last chunk's sweep */
         for (long c = (T + C - 1) / C - 1; c >= 0; --c) {
             long t0 = c * C, Tc = T - t0 < C ? T - t0 : C;
             const float *qc = q + n * qs + t0 * qt, *kc = k + n * ks + t0 * kt;
             float *dqc = dq + n * dqs + t0 * dqt, *dkc = dk + n * dks + t0 * dkt;
-            if (gated)
+            if (gated) {
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
+                /* the sum from the sequence's end, restarted at each chunk's end from what it
+                 * equals there, <dS, S> of the state after the chunk (the sweeps give it): so
+                 * the rounding of the gradients of one chunk's tokens only is in it */
+                for (long i = 0; i < K; ++i) R[i] = 0.0;
+            }
             for (long j0 = 0; j0 < V; j0 += GLA_NB * W) {
                 int nb = (V - j0) / W < GLA_NB ? (int)((V - j0) / W) : GLA_NB;
                 gla_bwd_any(nb, gated, Tc, K, V, qc, qt, kc, kt, a, v + n * vs + t0 * vt + j0, vt,
                             dout + n * dos + t0 * dot + j0, dot, scale,
-                            ckpt + n * cks + c * K * V + j0, dS + j0, Sb, P,
-                            gated && t0 + Tc == T ? R : NULL, j0 == 0, dqc, dqt, dkc, dkt,
-                            dv + n * dvs + t0 * dvt + j0, dvt);
+                            ckpt + n * cks + c * K * V + j0, dS + j0, Sb, P, gated ? R : NULL,
+                            j0 == 0, dqc, dqt, dkc, dkt, dv + n * dvs + t0 * dvt + j0, dvt);
             }
             if (gated)
                 gla_gate_grads(Tc, K, qc, qt, kc, kt, a, dqc, dqt, dkc, dkt, R,

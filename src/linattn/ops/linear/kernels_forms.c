@@ -387,10 +387,11 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0, Cn; t0 < T; t0 += Cn) {
-            Cn = REC_U; /* ending at the chunk's end, where the state may be kept */
-            if (C - t0 % C < Cn) Cn = C - t0 % C;
+            Cn = REC_U < C ? REC_U : C; /* (the scratch holds C tokens) */
+            if (Ss && block - t0 % block < Cn) /* ending where a state is kept */
+                Cn = block - t0 % block;
             if (T - t0 < Cn) Cn = T - t0;
-            if (t0 % C == 0) keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
+            keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
             const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
             phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
             phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
