@@ -18,7 +18,7 @@ exact in float32 arithmetic (no chunking error), vectorised over the columns of 
 columns stays in L1 through a chunk of tokens): a multiply and two multiply-adds per element
 and token. The forward stores the state before every chunk of :func:`checkpoint_interval`
 tokens when gradients are wanted — one state per chunk, never one per token: K·V/C floats per
-token and head (as much as q at K = V = 64, C = 64; twice that at the C = 32 used there). The
+token and head (as much as q at K = V = 64 and the C = 64 used with gradients). The
 backward (docs/theory.md §10, "GLA: the compiled backward") walks the chunks from the last; in
 each, a forward sweep from the checkpoint carries the state and gives dq, then a reverse sweep
 runs ``dS ← diag(a_t) (dS + s q_t do_tᵀ)`` and gives dk and dv (seven multiply-adds or
@@ -82,12 +82,15 @@ PARALLEL_MIN = 1 << 23
 _F4 = 4  # bytes per float32 element
 
 
-def checkpoint_interval(K: int) -> int:
-    """Tokens per chunk for head dimension K: the forward's chunk, and the interval between the
-    checkpoints it stores for the backward (K·V/C floats per token and head). 32 at K = 64:
-    chosen when the backward buffered a chunk's states in L2 (C·K·64 floats near 512 KiB);
-    since 8339433 its sweeps cost the same at any C."""
-    return max(8, min(64, 2048 // max(K, 1)))
+def checkpoint_interval(K: int, grad: bool = False) -> int:
+    """Tokens per chunk for head dimension K: the forward's chunk and, with ``grad``, the
+    interval between the checkpoints it stores for the backward (K·V/C floats per token and
+    head). Without gradients min(64, max(8, 2048 / K)), 32 at K = 64 (64 there was no faster:
+    1.009× float32, 1.026× bfloat16). With gradients 64, the most the kernels take: half the
+    checkpoints at K = 64, and the backward's sweeps restart half as often (forward+backward
+    0.937× float32, 0.900× bfloat16; 16 heads × 4,096 tokens, Intel Xeon family 6,
+    benchmarks/against_revision.py). The float32 recurrence gives the same bits at any C."""
+    return 64 if grad else max(8, min(64, 2048 // max(K, 1)))
 
 
 # --------------------------------------------------------------------------- the C boundary
@@ -407,7 +410,7 @@ def gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | 
     if grad:
         q, k, v = (recycled_cast(x, torch.float32) for x in (q, k, v))
     o, S, _ = _FORWARD(q, k, v, g, gk, S0, cu_seqlens, float(scale),
-                       checkpoint_interval(q.shape[-1]), bool(grad), isa)
+                       checkpoint_interval(q.shape[-1], bool(grad)), bool(grad), isa)
     return recycled_cast(o, dt), S
 
 
