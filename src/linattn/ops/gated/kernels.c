@@ -20,7 +20,8 @@
  * double, restarted at each chunk's end from <dS, S> there, which the sweeps give): no state
  * before each token is needed. Its error is of the order of float32 rounding times
  * |<dS_t, S_t>|, not times |dgk_t|: where strong decays make dgk_t far smaller than that, its
- * relative error is large (the subtraction cancels; fla's kernels compute it the same way). dq_t reads only S_t, in the forward order, and dk, dv only dS_t, in the reverse
+ * relative error is large (the subtraction cancels; fla's kernels compute it the same way).
+ * dq_t reads only S_t, in the forward order, and dk, dv only dS_t, in the reverse
  * order: for each chunk of C tokens (from the forward's checkpoint of the state before it) and
  * each block of columns (GLA_NB vectors), a forward sweep carries S and writes dq, then a
  * reverse sweep carries dS and writes dk and dv; both states of a block stay in L1. (Before
@@ -342,6 +343,13 @@ static inline void gla_put(float *dst, vf x, long n, int add) {
     for (long l = 0; l < n; ++l) dst[l] = add ? dst[l] + tmp[l] : tmp[l];
 }
 
+/* dst[0..K) = the row sums of P's K rows of W partial sums (rows from K on zero), stored, or
+ * added where add: a token's dq or dk from one column block. */
+static inline void gla_put_rows(float *dst, const float *P, long K, int add) {
+    for (long i0 = 0; i0 < K; i0 += W)
+        gla_put(dst + i0, row_sums(P + i0 * W), K - i0 < W ? K - i0 : W, add);
+}
+
 /* One chunk of Tc tokens of one head over one block of nb vectors of columns. gated: decays a
  * (rows of K) apply. S0: the chunk's checkpoint (rows of V, offset to the block); dS: the
  * gradient of the state after the chunk (rows of V, offset to the block), left holding the
@@ -376,8 +384,7 @@ static inline __attribute__((always_inline)) void gla_bwd_cols(
             }
             vstore(P + i * W, pq);
         }
-        for (long i0 = 0; i0 < K; i0 += W)
-            gla_put(dq + m * dqt + i0, row_sums(P + i0 * W), K - i0 < W ? K - i0 : W, !first);
+        gla_put_rows(dq + m * dqt, P, K, !first);
     }
     if (X)
         for (long i = 0; i < K; ++i) {
@@ -407,8 +414,7 @@ static inline __attribute__((always_inline)) void gla_bwd_cols(
             vstore(P + i * W, pk);
         }
         for (int j = 0; j < nb; ++j) vstore(dv + m * dvt + j * W, dva[j]);
-        for (long i0 = 0; i0 < K; i0 += W)
-            gla_put(dk + m * dkt + i0, row_sums(P + i0 * W), K - i0 < W ? K - i0 : W, !first);
+        gla_put_rows(dk + m * dkt, P, K, !first);
     }
 }
 
@@ -431,14 +437,14 @@ static void gla_bwd_any(int nb, int gated, long Tc, long K, long V, const float 
 #undef B_
 }
 
-/* The gates' gradients of a chunk of Tc tokens from its dq and dk (rows of K, token strides dqt,
- * dkt), last token first: R (K doubles, the sum at the chunk's end) += q_m dq_m - k_m dk_m (the
- * products in float32),
- * set to 0 where a decay is 0; dgk_m = R (rows of K, token stride dgkt; NULL: none, then the
- * row goes to tmp, K floats) and dg_m = sum_i R_i (NULL: none). Each loop over i vectorises. */
 typedef float gla_f8 __attribute__((vector_size(32)));
 typedef double gla_d8 __attribute__((vector_size(64)));
 typedef long long gla_l8 __attribute__((vector_size(64)));
+
+/* The gates' gradients of a chunk of Tc tokens from its dq and dk (rows of K, token strides dqt,
+ * dkt), last token first: R (K doubles, the sum at the chunk's end) += q_m dq_m - k_m dk_m (the
+ * products in float32), set to 0 where a decay is 0; dgk_m = R (rows of K, token stride dgkt;
+ * NULL: none, then the row goes to tmp, K floats) and dg_m = sum_i R_i (NULL: none). */
 static void gla_gate_grads(long Tc, long K, const float *q, long qt, const float *k, long kt,
                            const float *a, const float *dq, long dqt, const float *dk, long dkt,
                            double *R, float *dgk, long dgkt, float *dg, float *tmp) {

@@ -82,15 +82,20 @@ PARALLEL_MIN = 1 << 23
 _F4 = 4  # bytes per float32 element
 
 
+#: The longest chunk the kernels take (GLA_CMAX in kernels.c).
+CHUNK_MAX = 64
+
+
 def checkpoint_interval(K: int, grad: bool = False) -> int:
     """Tokens per chunk for head dimension K: the forward's chunk and, with ``grad``, the
     interval between the checkpoints it stores for the backward (K·V/C floats per token and
     head). Without gradients min(64, max(8, 2048 / K)), 32 at K = 64 (64 there was no faster:
-    1.009× float32, 1.026× bfloat16). With gradients 64, the most the kernels take: half the
-    checkpoints at K = 64, and the backward's sweeps restart half as often (forward+backward
-    0.937× float32, 0.900× bfloat16; 16 heads × 4,096 tokens, Intel Xeon family 6,
-    benchmarks/against_revision.py). The float32 recurrence gives the same bits at any C."""
-    return 64 if grad else max(8, min(64, 2048 // max(K, 1)))
+    1.009× float32, 1.026× bfloat16). With gradients :data:`CHUNK_MAX`: half the checkpoints
+    at K = 64, and the backward's sweeps restart half as often (forward+backward 0.923×
+    float32, 0.938× bfloat16; 16 heads × 4,096 tokens, Intel Xeon family 6 with avx512f,
+    ``benchmarks/against_revision.py --base 75bd9c9 --forms gla``). The float32 recurrence
+    gives the same bits at any C."""
+    return CHUNK_MAX if grad else max(8, min(CHUNK_MAX, 2048 // max(K, 1)))
 
 
 # --------------------------------------------------------------------------- the C boundary

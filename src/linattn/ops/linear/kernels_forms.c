@@ -301,6 +301,13 @@ static inline __attribute__((always_inline)) void rank_pass(int nb, int n, long 
         for (int j = 0; j < nb; ++j) vstore(d[u] + j * W, a[u][j]);
 }
 
+/* r[u] = the row of token t + u of x (rows of ld floats) for u < 3, or token t's where u >= n:
+ * the arguments of a pass over fewer than three tokens (rows past n are never read, and no
+ * address past x's end is formed). */
+static inline void rank_rows(const float *x, long t, long n, long ld, const float *r[3]) {
+    for (long u = 0; u < 3; ++u) r[u] = x + (t + (u < n ? u : 0)) * ld;
+}
+
 /* rank_pass for LA_BLOCK_SWITCH, whose flag is 0 or 1: one token, or two (three: 0, 1). */
 static inline __attribute__((always_inline)) void rank_pass_1(int nb, int unused, long rows,
                                                               long ld, const float *const b[3],
@@ -341,11 +348,8 @@ static inline __attribute__((always_inline)) void rec_tokens(int nb, int n, long
                                                              void *out, long o0, int bf) {
     float num[3][NV * W];
     const float *b[3], *c[3], *x[3];
-    float *d[3];
-    for (int u = 0; u < 3; ++u) { /* (the rows of tokens past n are never read) */
-        long tu = t + (u < n ? u : 0);
-        b[u] = fk + tu * L, c[u] = fq + tu * L, x[u] = vc + tu * Dv, d[u] = num[u];
-    }
+    float *const d[3] = {num[0], num[1], num[2]};
+    rank_rows(fk, t, n, L, b), rank_rows(fq, t, n, L, c), rank_rows(vc, t, n, Dv, x);
     rank_pass(nb, n, L, Dv, b, c, x, S, d);
     for (int u = 0; u < n; ++u)
         for (int j = 0; j < nb; ++j) {
@@ -488,10 +492,7 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
         for (long t = 0, m; t < T; t += m) {
             m = T - t < REC_U ? T - t : REC_U;
             const float *b[3], *c[3], *x[3];
-            for (long u = 0; u < 3; ++u) {
-                long tu = t + (u < m ? u : 0); /* (the rows of tokens past m are never read) */
-                b[u] = vn + tu * Dv, c[u] = DN + tu * Dv, x[u] = FK + tu * L;
-            }
+            rank_rows(vn, t, m, Dv, b), rank_rows(DN, t, m, Dv, c), rank_rows(FK, t, m, L, x);
             for (long u = 0; u < m; ++u) {
                 float *fq = FQ + (t + u) * L, *fk = FK + (t + u) * L;
                 phi_rows(kind, qn, (t + u) * L, 0, L, fq);
