@@ -147,31 +147,41 @@ static void fwd_run(long NQ, long G, long T, long K, long V, int gates, int l2no
     const float *gp = gates & 1 ? g : NULL, *gkp = gates & 2 ? gk : NULL;
     fwd_reference(N, G, T, K, V, q, qs, qt, k, qs, qt, v, vs, vt, beta, gp, gkp, scale, l2norm, S0,
               Sref, oref);
+    /* beta and g as the kernel reads them: (N, T) rows, or in modes 1 and 3 fla's (T, N) order
+     * (token stride N: read in place) */
+    long bs = mode & 1 ? 1 : T, bt = mode & 1 ? N : 1;
+    float *bx = guarded_f32(N * T), *gx = guarded_f32(N * T);
+    for (long n = 0; n < N; ++n)
+        for (long t = 0; t < T; ++t)
+            bx[n * bs + t * bt] = beta[n * T + t], gx[n * bs + t * bt] = g[n * T + t];
+    const float *gxp = gp ? gx : NULL;
     int rc = 0;
     if (mode == 0) {
-        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
-                          N, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0, NULL,
-                          work);
+        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, bx, bs, bt, gxp, bs, bt, gkp,
+                          T * K, K, N, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0,
+                          NULL, 0, 0, NULL, work);
     } else if (mode == 3) {
         long h = N / 2 + (G > 1), m = h / G, g0 = h % G;
-        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
-                          h, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0, NULL, 0, 0, NULL,
-                          work);
+        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, bx, bs, bt, gxp, bs, bt, gkp,
+                          T * K, K, h, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, NULL, 0,
+                          NULL, 0, 0, NULL, work);
         rc |= gdr_forward(q + m * qs, qs, qt, k + m * qs, qs, qt, G, g0, v + h * vs, vs, vt,
-                          beta + h * T, T, gp ? gp + h * T : NULL, T, gkp ? gkp + h * T * K : NULL,
-                          T * K, K, N - h, T, K, V, 0, V, scale, l2norm, S0 + h * K * V,
-                          S + h * K * V, o + h * os, os, ot, NULL, 0, NULL, 0, 0, NULL, work);
+                          bx + h * bs, bs, bt, gxp ? gxp + h * bs : NULL, bs, bt,
+                          gkp ? gkp + h * T * K : NULL, T * K, K, N - h, T, K, V, 0, V, scale,
+                          l2norm, S0 + h * K * V, S + h * K * V, o + h * os, os, ot, NULL, 0,
+                          NULL, 0, 0, NULL, work);
     } else {
         memcpy(S, S0, (size_t)(N * K * V) * sizeof(float));
         long mid = mode == 2 ? (V / W / 2) * W : V;
-        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K, K,
-                          N, T, K, V, 0, mid, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL, 0, 0, NULL,
-                          work);
+        rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, bx, bs, bt, gxp, bs, bt, gkp,
+                          T * K, K, N, T, K, V, 0, mid, scale, l2norm, S, S, o, os, ot, NULL, 0,
+                          NULL, 0, 0, NULL, work);
         if (mode == 2)
-            rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, beta, T, gp, T, gkp, T * K,
-                              K, N, T, K, V, mid, V, scale, l2norm, S, S, o, os, ot, NULL, 0, NULL,
-                              0, 0, NULL, work);
+            rc |= gdr_forward(q, qs, qt, k, qs, qt, G, 0, v, vs, vt, bx, bs, bt, gxp, bs, bt,
+                              gkp, T * K, K, N, T, K, V, mid, V, scale, l2norm, S, S, o, os, ot,
+                              NULL, 0, NULL, 0, 0, NULL, work);
     }
+    free(bx), free(gx);
     ++checks;
     if (rc) {
         ++failures;
@@ -405,8 +415,9 @@ static void bwd_run(long N, long T, long K, long V, int gated, int l2norm, int w
         }
     for (long i = 0; i < N * K * V; ++i) S0[i] = uni(-0.3, 0.3), dS[i] = uni(-1, 1);
     const float *gp = gated ? g : NULL;
-    int rc = gdr_forward(q, qs, qt, k, qs, qt, 1, 0, v, vs, vt, beta, T, gp, T, NULL, 0, 0, N, T,
-                         K, V, 0, V, scale, l2norm, S0, S, o, os, ot, ck, cs, w, ws, wt, NULL, work);
+    int rc = gdr_forward(q, qs, qt, k, qs, qt, 1, 0, v, vs, vt, beta, T, 1, gp, T, 1, NULL, 0, 0,
+                         N, T, K, V, 0, V, scale, l2norm, S0, S, o, os, ot, ck, cs, w, ws, wt, NULL,
+                         work);
     rc |= gdr_backward(q, qs, qt, k, qs, qt, beta, T, gp, T, N, T, K, V, scale, l2norm, ck, cs,
                        w, ws, wt, go, gs_, gt, with_dS ? dS : NULL, dS0, dq, dqs, dqt, dk, dqs,
                        dqt, dv, dvs, dvt, db, bst, gated ? dg : NULL, bst, bwork);
@@ -550,7 +561,8 @@ static void forward_checks(void) {
             for (int c = 0; c < 2; ++c) {
                 if (cuts[c] == cuts[c + 1]) continue;
                 la_gdr_forward_args a = {qr, FT * FK, FK, kr, FT * FK, FK, 2, 0, vr, FT * FV, FV,
-                                         b, FT, g, FT, gk, FT * FK, FK, LA_F32, FN, FT, FK, FV,
+                                         b, FT, 1, g, FT, 1, gk, FT * FK, FK, LA_F32, FN, FT,
+                                         FK, FV,
                                          cuts[c], cuts[c + 1], 0.3f, 1, S0, S1, o1, FT * FV, FV,
                                          NULL, 0, NULL, 0, 0, wk};
                 rc |= la_gdr_forward_call(&a);
@@ -578,9 +590,9 @@ static void forward_checks(void) {
         enum { SN = 4, SK = 20, SV = 32 };
         static float q[SN * SK], k[SN * SK], v[SN * SV], b[SN], g[SN], gk[SN * SK];
         static float S0[SN * SK * SV], S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV];
-        static float o2[SN * SV], wk[3 * 64 * (4 * SK + 3)]; /* 3 threads' shares */
+        static float o2[SN * SV], wk[3 * 64 * (4 * SK + 5)]; /* 3 threads' shares */
         /* two threads' shares and the widened rows (la_gdr_step_work) */
-        static float wk16[2 * 64 * (4 * SK + 3) + 2 * SN * SK + 2 * SN * SV + 2 * SN + SN * SK];
+        static float wk16[2 * 64 * (4 * SK + 5) + 2 * SN * SK + 2 * SN * SV + 2 * SN + SN * SK];
         for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
         gk[5] = -INFINITY;
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
@@ -589,9 +601,9 @@ static void forward_checks(void) {
         for (int G = 1; G <= 2; ++G) {
             const float *gkp = G == 2 ? gk : NULL;
             int rc = la_gdr_step(q, k, v, b, g, gkp, LA_F32, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
-            rc |= gdr_forward(q, SK, SK, k, SK, SK, G, 0, v, SV, SV, b, 1, g, 1, gkp, SK, SK, SN,
-                              1, SK, SV, 0, SV, 0.3f, 1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0, 0, NULL,
-                              wk);
+            rc |= gdr_forward(q, SK, SK, k, SK, SK, G, 0, v, SV, SV, b, 1, 1, g, 1, 1, gkp, SK, SK,
+                              SN, 1, SK, SV, 0, SV, 0.3f, 1, S0, S2, o2, SV, SV, NULL, 0, NULL, 0,
+                              0, NULL, wk);
             ++checks;
             if (rc || memcmp(S1, S2, sizeof S1) || memcmp(o1, o2, sizeof o1)) {
                 ++failures;
@@ -682,19 +694,19 @@ static void forward_checks(void) {
     /* sizes it must refuse: V not a multiple of W (W > 1), columns out of range, a group size
      * below 1, a place in the group outside it */
     float dummy[64] = {0};
-    int refused = gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, NULL, 0,
-                              NULL, 0, 0, 1, 1, 4, 16, 0, 32, 1.0f, 0, dummy, dummy, dummy, 0, 0,
-                              NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
+    int refused = gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, 1, NULL, 0,
+                              1, NULL, 0, 0, 1, 1, 4, 16, 0, 32, 1.0f, 0, dummy, dummy, dummy, 0,
+                              0, NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
     if (W > 1)
-        refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, NULL, 0,
-                               NULL, 0, 0, 1, 1, 4, W + 1, 0, W + 1, 1.0f, 0, dummy, dummy, dummy,
-                               0, 0, NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
-    refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, NULL,
-                           0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0,
-                           NULL, 0, 0, NULL, dummy) == -1;
-    refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 2, 2, dummy, 0, 0, dummy, 0, NULL, 0, NULL,
-                           0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0, NULL, 0,
-                           NULL, 0, 0, NULL, dummy) == -1;
+        refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 1, 0, dummy, 0, 0, dummy, 0, 1, NULL, 0,
+                               1, NULL, 0, 0, 1, 1, 4, W + 1, 0, W + 1, 1.0f, 0, dummy, dummy,
+                               dummy, 0, 0, NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
+    refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 0, 0, dummy, 0, 0, dummy, 0, 1, NULL, 0, 1,
+                           NULL, 0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0,
+                           NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
+    refused &= gdr_forward(dummy, 0, 0, dummy, 0, 0, 2, 2, dummy, 0, 0, dummy, 0, 1, NULL, 0, 1,
+                           NULL, 0, 0, 1, 1, 4, 16, 0, 16, 1.0f, 0, dummy, dummy, dummy, 0, 0,
+                           NULL, 0, NULL, 0, 0, NULL, dummy) == -1;
     ++checks;
     if (!refused) {
         ++failures;

@@ -321,8 +321,20 @@ def within(x: Tensor, lo: float, hi: float, *, open_ends: bool = False) -> bool:
     if not x.numel():
         return True
     with torch_on_one_thread(x.numel() <= 1 << 20):
-        least, most = (float(t) for t in x.aminmax())
+        least, most = (float(t) for t in dense_elements(x).aminmax())
     return lo < least and most < hi if open_ends else lo <= least and most <= hi
+
+
+def dense_elements(x: Tensor) -> Tensor:
+    """``x``'s elements as one contiguous run when they fill one in some order (a transposed or
+    permuted contiguous tensor: fla's (B, T, H) gates seen as (B, H, T)), else ``x``: for
+    order-free reductions, which read a strided view at a third of the speed (25 against 9 µs
+    for 32,768 floats, Intel Xeon family 6)."""
+    if x.is_contiguous():
+        return x
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), -x.shape[d]))
+    y = x.permute(order)
+    return y.view(-1) if y.is_contiguous() else x
 
 
 def all_finite(x: Tensor) -> bool:

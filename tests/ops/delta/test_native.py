@@ -173,11 +173,15 @@ def test_step_from_no_state_and_strided_inputs(native_calls):
     assert native_calls["step"] == 2
 
 
-def test_strided_prefill_inputs_and_bfloat16(native_calls):
-    """q, k, v as transposed views of (B, T, H, D) tensors; bfloat16 in, bfloat16 out."""
+@pytest.mark.parametrize("T", [50, 150])
+def test_strided_prefill_inputs_and_bfloat16(native_calls, T):
+    """q, k, v as transposed views of (B, T, H, D) tensors, beta and g of (B, T, H) ones (fla's
+    layout, read in place; over several chunks the kernel walks them chunk by chunk across the
+    heads); bfloat16 in, bfloat16 out."""
     gen = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(2, 50, 3, 16, generator=gen).transpose(1, 2) for _ in range(3))
-    beta, g = torch.rand(2, 3, 50, generator=gen), -torch.rand(2, 3, 50, generator=gen)
+    q, k, v = (torch.randn(2, T, 3, 16, generator=gen).transpose(1, 2) for _ in range(3))
+    beta = torch.rand(2, T, 3, generator=gen).transpose(1, 2)
+    g = -torch.rand(2, T, 3, generator=gen).transpose(1, 2)
     o = delta_rule(q, k, v, beta, g, qk_l2norm=True)
     _close(o, _reference(q, k, v, beta, g)[0])
     ob = delta_rule(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g, qk_l2norm=True)
@@ -211,8 +215,10 @@ def test_bfloat16_prefill_within_its_bound(native_calls, amx, bfloat16_rows, gat
     if not l2norm:
         q, k = q / math.sqrt(K), k / math.sqrt(K)
     v = torch.randn(1, G * H, T, V, generator=gen)
-    beta = torch.rand(1, G * H, T, generator=gen)
-    g = -gates * torch.rand(1, G * H, T, generator=gen) if gates else None
+    beta, g = (torch.rand(1, T, G * H, generator=gen).transpose(1, 2) for _ in range(2))
+    if layout != "fla":  # (fla's (B, T, H) gates are read in place)
+        beta, g = beta.contiguous(), g.contiguous()
+    g = -gates * g if gates else None
     S0 = 0.3 * torch.randn(1, G * H, K, V, generator=gen)
     qb, kb, vb = bfloat16_rows(layout, q, k, v)
     o, S = delta_rule(qb, kb, vb, beta, g, initial_state=S0, return_state=True,

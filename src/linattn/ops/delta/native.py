@@ -147,18 +147,19 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
              gk: Tensor | None = None) -> None:
     """The kernel over inputs whose last dimension is contiguous (any head and token strides):
     q, k (NQ, T, K), v (N, T, V) with N = G·NQ value heads (grouped value attention: value head
-    n reads q/k head n // G, in place), beta and g (N, T) with contiguous rows, gk (N, T, K) per-key
-    log-gates or None, S_in, S_out contiguous (N, K, V) (may be one tensor), o (N, T, V); in
-    parts on torch's threads when large enough (a part starting inside a group reads from the
-    group's q/k head, told its place in the group). With ckpt (N, ceil(T / CHECKPOINT), K, V),
-    contiguous per head) and w (N, T, V), rows contiguous), also what the backward reads: the
-    state before each chunk, and w = v − a Sᵀk̃ per token."""
+    n reads q/k head n // G, in place), beta and g (N, T) with any strides (fla's (B, T, H)
+    read in place), gk (N, T, K) per-key log-gates or None, S_in, S_out contiguous (N, K, V)
+    (may be one tensor), o (N, T, V); in parts on torch's threads when large enough (a part
+    starting inside a group reads from the group's q/k head, told its place in the group).
+    With ckpt (N, ceil(T / CHECKPOINT), K, V), contiguous per head) and w (N, T, V), rows
+    contiguous), also what the backward reads: the state before each chunk, and w = v − a Sᵀk̃
+    per token."""
     NQ, T, K = q.shape
     N, V = v.shape[0], v.shape[2]
     G = N // NQ if NQ else 1
     # parts: head groups, or a head's column blocks (see linattn.ops.native.head_jobs)
     threads = threads_for(N * T * K * V, max(N, V // V_MULTIPLE), PARALLEL_MIN)
-    gs = 0 if g is None else g.stride(0)
+    gs, gt = (0, 0) if g is None else g.stride()
     f4 = 4  # bytes per float32 element (beta, the gates, the states)
     e = q.element_size()  # of q, k, v and o: 2 for 16-bit rows (the kernel widens them)
     dt = DTYPE_CODES[q.dtype]
@@ -175,8 +176,8 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
             q=qp + e * m0 * q.stride(0), qs=q.stride(0), qt=q.stride(1),
             k=kp + e * m0 * k.stride(0), ks=k.stride(0), kt=k.stride(1), G=G, g0=h0 - m0 * G,
             v=vp + e * h0 * v.stride(0), vs=v.stride(0), vt=v.stride(1),
-            beta=bp + f4 * h0 * beta.stride(0), bs=beta.stride(0),
-            g=None if gp is None else gp + f4 * h0 * gs, gs=gs,
+            beta=bp + f4 * h0 * beta.stride(0), bs=beta.stride(0), bt=beta.stride(1),
+            g=None if gp is None else gp + f4 * h0 * gs, gs=gs, gt=gt,
             gk=None if gkp is None else gkp + f4 * h0 * gks, gks=gks, gkt=gkt, dt=dt, N=h1 - h0,
             T=T, K=K, V=V, v0=v0, v1=v1, scale=s, l2norm=int(bool(l2norm)),
             S_in=Sp + f4 * h0 * K * V, S_out=Op + f4 * h0 * K * V, o=op + e * h0 * o.stride(0),
@@ -267,8 +268,9 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     else:
         qf, kf = float32_rows(src[0], H), float32_rows(src[1], H)
         vf = float32_rows(src[2], HV)
-    bf = src[3].reshape(HV, T).contiguous()
-    gf = None if g is None else src[4].reshape(HV, T).contiguous()
+    # beta and g read in place, any strides (fla's (B, T, H) too: no copies)
+    bf = src[3].reshape(HV, T)
+    gf = None if g is None else src[4].reshape(HV, T)
     gkf = None if gk is None else float32_rows(src[5], HV)
     S_in = S0.reshape(-1, K, V)
     if cu_seqlens is None and T > 0 and S_in.is_contiguous():
