@@ -176,8 +176,7 @@ def test_step_from_no_state_and_strided_inputs(native_calls):
 @pytest.mark.parametrize("T", [50, 150])
 def test_strided_prefill_inputs_and_bfloat16(native_calls, T):
     """q, k, v as transposed views of (B, T, H, D) tensors, beta and g of (B, T, H) ones (fla's
-    layout, read in place; over several chunks the kernel walks them chunk by chunk across the
-    heads); bfloat16 in, bfloat16 out."""
+    layout, read in place), over one chunk and three; bfloat16 in, bfloat16 out."""
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, T, 3, 16, generator=gen).transpose(1, 2) for _ in range(3))
     beta = torch.rand(2, T, 3, generator=gen).transpose(1, 2)

@@ -359,45 +359,32 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
     float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC, *kk = qk + GDR_TC;
     float *kq = kk + GDR_TC;
     int mode = gk ? GDR_ROWS : g ? GDR_SCALAR : GDR_PLAIN;
-    if (T == 0) {
-        for (long n = 0; n < N; ++n)
-            if (S_in != S_out) la_copy_cols(S_out + n * K * V, S_in + n * K * V, K, V, v0, v1);
-        return 0;
-    }
-    /* Where the heads' rows interleave (fla's layout (B, T, H, K): a token's rows of all heads
-     * share a page), chunk by chunk across the heads: the rows asked for ahead (the next
-     * head's, same chunk) then lie in the pages just read, not each in a page of its own far
-     * from any read before. 16 heads x 2,048 tokens, K = V = 64, one thread, a C harness: 0.93x
-     * the time of head by head with the inputs in cache, 0.96x from memory (Intel Xeon family
-     * 6; from memory these rows still take ~1.45x the time of (B, H, T, K) rows). */
-    long chunks = (T + GDR_TC - 1) / GDR_TC;
-    int across = N > 1 && chunks > 1 && (qt != K || vt != V);
-    for (long i = 0; i < N * chunks; ++i) {
-        long n = across ? i % N : i / chunks, t0 = (across ? i / N : i % chunks) * GDR_TC;
-        long n1 = across ? (i + 1) % N : (i + 1) / chunks; /* the next part of the walk */
-        long t1 = (across ? (i + 1) / N : (i + 1) % chunks) * GDR_TC;
-        long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC;
-        if (i + 1 == N * chunks) n1 = 0, Tn = 0; /* none: the caller's next rows, if any */
+    for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
-        long m = (g0 + n) / G, m1 = (g0 + n1) / G; /* the q/k heads of value heads n and n1 */
-        gdr_prep(Tc, K, q + m * qs + t0 * qt, qt, k + m * ks + t0 * kt, kt,
-                 beta + n * bs + t0 * bt, bt, g ? g + n * gs + t0 * gt : NULL, gt,
-                 gk ? gk + n * gks + t0 * gkt : NULL, gkt, scale, l2norm, qn, kn, kd, ar, a, b,
-                 qk, kk, kq);
-        if (ckpt) /* the state this chunk starts from, for the backward */
-            la_copy_cols(ckpt + n * cs + (t0 / GDR_TC) * K * V, t0 == 0 ? Sin : Sout, K, V, v0,
-                         v1);
-        for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
-            int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
-            la_ahead ahead = la_chunk_ahead(
-                la_next_rows(q + m1 * qs, qt, k + m1 * ks, kt, v + n1 * vs + j0, vt,
-                             o + n1 * os + j0, ot, K, t1, Tn, j0 == v0),
-                next, Tn == 0, j0 == v0);
-            gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk, kk, kq,
-                         v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0, Sout + j0,
-                         o + n * os + t0 * ot + j0, ot, w ? w + n * ws + t0 * wt + j0 : NULL, wt,
-                         &ahead);
+        long m = (g0 + n) / G; /* this value head's q/k head */
+        if (T == 0 && Sin != Sout) la_copy_cols(Sout, Sin, K, V, v0, v1);
+        for (long t0 = 0; t0 < T; t0 += GDR_TC) {
+            long Tc = T - t0 < GDR_TC ? T - t0 : GDR_TC;
+            gdr_prep(Tc, K, q + m * qs + t0 * qt, qt, k + m * ks + t0 * kt, kt,
+                     beta + n * bs + t0 * bt, bt, g ? g + n * gs + t0 * gt : NULL, gt,
+                     gk ? gk + n * gks + t0 * gkt : NULL, gkt, scale, l2norm, qn, kn, kd, ar, a,
+                     b, qk, kk, kq);
+            if (ckpt) /* the state this chunk starts from, for the backward */
+                la_copy_cols(ckpt + n * cs + (t0 / GDR_TC) * K * V, t0 == 0 ? Sin : Sout, K, V,
+                             v0, v1);
+            long t1 = t0 + Tc, Tn = T - t1 < GDR_TC ? T - t1 : GDR_TC; /* the next chunk */
+            for (long j0 = v0; j0 < v1; j0 += GDR_NB * W) {
+                int nb = (v1 - j0) / W < GDR_NB ? (int)((v1 - j0) / W) : GDR_NB;
+                la_ahead ahead = la_chunk_ahead(
+                    la_next_rows(q + m * qs, qt, k + m * ks, kt, v + n * vs + j0, vt,
+                                 o + n * os + j0, ot, K, t1, Tn, j0 == v0),
+                    next, Tn == 0 && n == N - 1, j0 == v0);
+                gdr_cols_any(nb, mode, Tc, K, V, qn, kn, kd, ar, a, b, qk, kk, kq,
+                             v + n * vs + t0 * vt + j0, vt, (t0 == 0 ? Sin : Sout) + j0,
+                             Sout + j0, o + n * os + t0 * ot + j0, ot,
+                             w ? w + n * ws + t0 * wt + j0 : NULL, wt, &ahead);
+            }
         }
     }
     return 0;
@@ -426,8 +413,7 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
                                long G, long g0, const void *v, long vs, long vt,
                                const float *beta, long bs, long bt, const float *g, long gs,
                                long gt, const float *gk, long gks, long gkt, int dt, long N,
-                               long T,
-                               long K, long V, long v0, long v1, float scale, int l2norm,
+                               long T, long K, long V, long v0, long v1, float scale, int l2norm,
                                const float *S_in, float *S_out, void *o, long os, long ot,
                                float *work) {
     if (gdr_refused(K, V, v0, v1, N, T, G, g0)) return -1;
