@@ -85,6 +85,22 @@ def test_a_field_c_does_not_have_is_a_clear_error():
         fn(*full.values())  # never by position
 
 
+@pytest.mark.parametrize("op, kernel, fields", [("delta", "gdr_step", delta_native.STEP_FIELDS),
+                                                 ("gated", "gla_step", gated_native.STEP_FIELDS)])
+def test_a_positional_call_names_the_struct_fields_in_order(op, kernel, fields):
+    """The decoding steps' positional callers: their field lists are the C structs', in order,
+    and the loaded kernels carry them; a list out of order or with a name the struct lacks is a
+    LayoutError when bound, never a call with its arguments in the wrong places."""
+    fn = abi.bind(_lib("native"), OPS[op][0])[kernel]
+    assert tuple(name for name, _ in fn.struct._fields_) == fields
+    assert callable(OPS[op][1]("native")[f"{kernel}:positional"])
+    swapped = (fields[1], fields[0], *fields[2:])
+    with pytest.raises(abi.LayoutError, match="names the fields"):
+        fn.positional(swapped)
+    with pytest.raises(abi.LayoutError, match="names the fields"):
+        fn.positional((*fields[:-1], "wrok"))
+
+
 def test_the_struct_carries_the_values_given():
     fn = abi.bind(_lib("native"), "la_delta_abi")["gdr_step"]
     values = {name: i + 1 for i, (name, _) in enumerate(fn.struct._fields_)}

@@ -111,7 +111,12 @@ def _size_functions(lib) -> dict:
             "forward_work": lib.la_gla_forward_work}
 
 
-_KERNELS = KernelSet("la_gated_abi", extra=_size_functions)
+#: la_gla_step's fields in the order :func:`step_into` passes them (by position, as the delta
+#: rule's step: linattn.ops.delta.native.STEP_FIELDS), checked when the library loads.
+STEP_FIELDS = ("q", "k", "v", "g", "gk", "dt", "N", "K", "V", "scale", "S_in", "S_out", "o",
+               "work", "threads")
+
+_KERNELS = KernelSet("la_gated_abi", extra=_size_functions, positional={"gla_step": STEP_FIELDS})
 
 
 def kernels(isa: str = "native") -> dict | None:
@@ -459,12 +464,11 @@ def step_into(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: 
     N = q.numel() // K
     dt = DTYPE_CODES[q.dtype]
     threads = native_threads(N * K * V, N)
-    rc = fns["gla_step"](
-        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=None if g is None else g.data_ptr(),
-        gk=None if gk is None else gk.data_ptr(), dt=dt, N=N, K=K, V=V, scale=scale,
-        S_in=S_in.data_ptr(), S_out=S_out.data_ptr(), o=o.data_ptr(),
-        work=scratch(work_size(fns, "step_work", N, K, V, threads, dt)).data_ptr(),
-        threads=threads)
+    rc = fns["gla_step:positional"](  # STEP_FIELDS
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), None if g is None else g.data_ptr(),
+        None if gk is None else gk.data_ptr(), dt, N, K, V, scale, S_in.data_ptr(),
+        S_out.data_ptr(), o.data_ptr(),
+        scratch(work_size(fns, "step_work", N, K, V, threads, dt)).data_ptr(), threads)
     return split_done(rc, threads)
 
 

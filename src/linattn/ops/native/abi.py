@@ -116,7 +116,26 @@ def _caller(kernel: str, cls: type[ctypes.Structure], fn: Callable) -> Callable[
     call = namespace[name]
     call.__doc__ = f"{name}: the fields of {cls.__name__} by keyword ({params})."
     call.struct, call.c_call = cls, fn
+    call.positional = lambda fields: _positional_caller(name, cls, fn, fields)
     return call
+
+
+def _positional_caller(name: str, cls: type[ctypes.Structure], fn: Callable,
+                       fields: tuple[str, ...]) -> Callable[..., int]:
+    """``name`` taking the struct's fields by position, for a call site that names them once,
+    in ``fields``: LayoutError unless they are the struct's fields in its order (so that the
+    compiler's layout is still what decides, checked when the library loads, not at each call).
+    For the decoding steps: 18 keywords cost ~1.2 µs more than positions (of a ~18 µs step at
+    H = 16, K = V = 64, 2 threads, Intel Xeon family 6)."""
+    names = tuple(f for f, _ in cls._fields_)
+    if tuple(fields) != names:
+        raise LayoutError(f"{name}: a positional call names the fields {tuple(fields)}, the C "
+                          f"struct {cls.__name__} has {names}")
+    params = ", ".join(names)
+    namespace: dict = {"_fn": fn, "_struct": cls}
+    exec(compile(f"def {name}({params}):\n    return _fn(_struct({params}))", __file__,  # noqa: S102
+                 "exec"), namespace)
+    return namespace[name]
 
 
 def bind(lib: ctypes.CDLL, table: str) -> dict[str, Callable[..., int]]:

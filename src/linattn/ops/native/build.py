@@ -247,11 +247,15 @@ class KernelSet:
     describes (``la_<op>_abi``), each taking its argument struct's fields by keyword
     (:func:`~linattn.ops.native.abi.bind`: the ctypes mirrors are built from the table) — bound
     per ISA build on first use. ``extra(lib)`` may add plain functions of the library (name ->
-    typed ctypes function)."""
+    typed ctypes function); ``positional`` (kernel -> its fields in order) adds
+    ``"<kernel>:positional"``, the kernel taking them by position, the names checked against
+    the struct's once, here (``.positional`` of :func:`~linattn.ops.native.abi.bind`'s
+    functions)."""
 
     def __init__(self, table: str,
-                 extra: Callable[[ctypes.CDLL], dict] | None = None) -> None:
-        self.table, self.extra = table, extra
+                 extra: Callable[[ctypes.CDLL], dict] | None = None,
+                 positional: dict[str, tuple[str, ...]] | None = None) -> None:
+        self.table, self.extra, self.positional = table, extra, positional or {}
         self._bound: dict[str, dict | None] = {}
         self._why: dict[str, str] = {}
 
@@ -265,6 +269,8 @@ class KernelSet:
             if lib is not None:
                 try:
                     fns = bind(lib, self.table)
+                    for kernel, fields in self.positional.items():
+                        fns[f"{kernel}:positional"] = fns[kernel].positional(fields)
                     if self.extra is not None:
                         fns.update(self.extra(lib))
                 except (LayoutError, AttributeError) as err:
