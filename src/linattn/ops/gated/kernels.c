@@ -5,8 +5,8 @@
  *     S_t = diag(a_t) S_{t-1} + k_t v_t^T,        o_t = s S_t^T q_t.
  * Column j of S and o depends on column j of S and v_t only, so the kernels walk one block of
  * columns (GLA_NB vectors) at a time through a chunk of tokens: the block stays in L1, and
- * each pair of tokens costs one pass over it (per token a multiply and two multiply-adds per
- * element).
+ * each pair of tokens costs one pass over it (gla_fwd_pair: a multiply and four multiply-adds
+ * per element for both tokens, the first token's output from the state before the pair).
  *
  * The backward (docs/theory.md, section 10, "GLA: the compiled backward") runs the reverse
  * recurrence of dS = dL/dS_t, with s do_t folded into d~_t:
@@ -44,16 +44,23 @@
 #define GLA_NB 4 /* 32 registers (AVX-512, NEON), or scalars */
 #endif
 #define GLA_CMAX 64 /* the longest chunk (checkpoint interval) */
+#ifndef GLA_PAIRS /* the forward's pairs from the state before them (gla_fwd_pair); 0: one
+                     token after the other in each pass (gla_fwd_tokens), for a harness's A/B */
+#define GLA_PAIRS 1
+#endif
 
 static long gla_round_up(long K) { return (K + W - 1) / W * W; }
 
 /* Floats of work the kernels need for head dimension K and chunk C (<= GLA_CMAX): decays (C
- * K), row-sum partials (W for each of K rounded up to W), the backward's state of one column
- * block (K GLA_NB W) and its gates' sums (K doubles, aligned); rounded up to 64 bytes, so that
+ * K), then the backward's row-sum partials (W for each of K rounded up to W), its state of one
+ * column block (K GLA_NB W) and its gates' sums (K doubles, aligned), or the forward's rows of
+ * its token pairs (gla_pairs); rounded up to 64 bytes, so that
  * what a caller places after it (gla_forward_widened's rows and chunk_dp's tiles) starts on a
  * cache line (placed 8 bytes off one, the bfloat16 forward took 1.27x the time). */
 long la_gla_work(long K, long C) {
-    return (C * K + gla_round_up(K) * W + K * GLA_NB * W + 2 * K + 2 + 15) / 16 * 16;
+    long back = gla_round_up(K) * W + K * GLA_NB * W + 2 * K + 2;
+    long pairs = 3 * ((C + 1) / 2) * K + (C + 1) / 2; /* the forward's (gla_pairs) */
+    return (C * K + (back > pairs ? back : pairs) + 15) / 16 * 16;
 }
 
 /* a[t][i] = exp(g[t] + gk[t][i]) for Tc tokens (rows of K); g or gk may be NULL (not both).
@@ -80,7 +87,8 @@ static void gla_decays(long Tc, long K, const float *g, const float *gk, long gk
  * decoding step out of place took twice the time of one in place); q, k: token strides qt, kt;
  * a: rows of K (gated only); v, o: token strides vt, ot, offset to the block. */
 /* Tokens t .. t + n - 1 (n = 1 or 2, a constant where inlined) over the block in one pass: the
- * state read from F (rows of V), written to S. Two tokens load and store each element once for
+ * state read from F (rows of V), written to S (n = 2: GLA_PAIRS 0's pairs, else gla_fwd_pair).
+ * Two tokens load and store each element once for
  * both, the same operations in the same order as one after the other: a token's pass is bound
  * by its stores (one per vector against three multiply-adds, and a store of a whole vector
  * takes two cycles on an Intel Xeon with AVX-512). A C harness (16 heads, T 4096, K = V 64, a
@@ -118,26 +126,98 @@ static inline __attribute__((always_inline)) void gla_fwd_tokens(int nb, int n, 
         for (int j = 0; j < nb; ++j) vstore(o + (t + u) * ot + j * W, acc[u][j] * sv);
 }
 
+/* The rows of a chunk's token pairs (t, t + 1), t = 1, 3, 5, ... (gla_fwd_cols' pairs; pair p
+ * at p K): with gates, A = a_t o a_{t+1}, c = a_{t+1} o k_t, d = a_t o q_t (gla_fwd_pair);
+ * qk[p] = q_t . k_t. q, k: token strides qt, kt; a: the decays (gla_decays). */
+static void gla_pairs(long Tc, long K, const float *q, long qt, const float *k, long kt,
+                      const float *a, int gated, float *A, float *c, float *d, float *qk) {
+    for (long t = 1, p = 0; t + 1 < Tc; t += 2, ++p) {
+        const float *qr = q + t * qt, *kr = k + t * kt, *a0 = a + t * K, *a1 = a0 + K;
+        qk[p] = dot(qr, kr, K);
+        if (!gated) continue;
+        float *Ap = A + p * K, *cp = c + p * K, *dp = d + p * K;
+        long i = 0;
+        for (; i + W <= K; i += W) {
+            vf x0 = vload(a0 + i), x1 = vload(a1 + i);
+            vstore(Ap + i, x0 * x1);
+            vstore(cp + i, x1 * vload(kr + i));
+            vstore(dp + i, x0 * vload(qr + i));
+        }
+        for (; i < K; ++i) Ap[i] = a0[i] * a1[i], cp[i] = a1[i] * kr[i], dp[i] = a0[i] * qr[i];
+    }
+}
+
+/* Tokens t and t + 1 (pair p of gla_pairs) over the block in one pass, S in place. The second
+ * token's state from the one before the pair, and the first token's output from it too:
+ *     S_{t+1} = (a_t o a_{t+1}) o S + (a_{t+1} o k_t) v_t^T + k_{t+1} v_{t+1}^T,
+ *     o_t = s (S^T (a_t o q_t) + (q_t . k_t) v_t),   o_{t+1} = s S_{t+1}^T q_{t+1}
+ * (row scales o): with gates a multiply and four multiply-adds per element for both tokens
+ * where two tokens in turn take two multiplies and four (one load and one store either way).
+ * 16 heads x 4,096 tokens, K = V = 64, a scalar gate, one thread, a C harness (Intel Xeon
+ * family 6): 0.966x the time of the pair in turn (medians of five alternated runs), the AVX2
+ * build 0.91x. */
+static inline __attribute__((always_inline)) void gla_fwd_pair(int nb, int gated, long t,
+                                                               long p, long K, long V,
+                                                               const float *q, long qt,
+                                                               const float *k, long kt,
+                                                               const float *A, const float *c,
+                                                               const float *d,
+                                                               const float *qk,
+                                                               const float *v, long vt,
+                                                               float *S, vf sv, float *o,
+                                                               long ot) {
+    vf v0[GLA_NB], v1[GLA_NB], acc0[GLA_NB], acc1[GLA_NB];
+    for (int j = 0; j < nb; ++j) {
+        v0[j] = vload(v + t * vt + j * W), v1[j] = vload(v + (t + 1) * vt + j * W);
+        acc0[j] = acc1[j] = vsplat(0.0f);
+    }
+    const float *k0 = gated ? c + p * K : k + t * kt, *q0 = gated ? d + p * K : q + t * qt;
+    const float *k1 = k + (t + 1) * kt, *q1 = q + (t + 1) * qt, *Ap = A + p * K;
+    for (long i = 0; i < K; ++i) {
+        vf ai = vsplat(gated ? Ap[i] : 1.0f), c0 = vsplat(k0[i]), c1 = vsplat(k1[i]);
+        vf d0 = vsplat(q0[i]), d1 = vsplat(q1[i]);
+        float *Si = S + i * V;
+        for (int j = 0; j < nb; ++j) {
+            vf s = vload(Si + j * W);
+            acc0[j] += d0 * s;
+            s = gated ? ai * s + c0 * v0[j] : s + c0 * v0[j];
+            s += c1 * v1[j];
+            acc1[j] += d1 * s;
+            vstore(Si + j * W, s);
+        }
+    }
+    vf qkv = vsplat(qk[p]);
+    for (int j = 0; j < nb; ++j) {
+        vstore(o + t * ot + j * W, (acc0[j] + qkv * v0[j]) * sv);
+        vstore(o + (t + 1) * ot + j * W, acc1[j] * sv);
+    }
+}
+
 /* The first token from Sr, the others in place, two at a time (a loop of its own, where the
  * compiler sees that the state read is the state written: the AVX2 build ran 5-7 % slower with
  * one loop choosing its source per token). */
 static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated, long Tc,
                                                                long K, long V, const float *q,
                                                                long qt, const float *k, long kt,
-                                                               const float *a, const float *v,
-                                                               long vt, const float *Sr,
-                                                               float *S, float scale, float *o,
-                                                               long ot, const la_ahead *pf) {
+                                                               const float *a, const float *pr,
+                                                               const float *v, long vt,
+                                                               const float *Sr, float *S,
+                                                               float scale, float *o, long ot,
+                                                               const la_ahead *pf) {
     vf sv = vsplat(scale);
     if (Tc > 0) {
         la_fetch_ahead(pf, 0, nb * W);
         gla_fwd_tokens(nb, 1, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
     }
-    long t = 1;
-    for (; t + 1 < Tc; t += 2) {
+    long t = 1, P = GLA_PAIRS ? (Tc - 1) / 2 : 0; /* pairs (gla_pairs' rows at pr) */
+    const float *A = pr, *c = A + P * K, *d = c + P * K, *qk = d + P * K;
+    for (long p = 0; t + 1 < Tc; t += 2, ++p) {
         la_fetch_ahead(pf, t, nb * W);
         la_fetch_ahead(pf, t + 1, nb * W);
-        gla_fwd_tokens(nb, 2, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
+        if (GLA_PAIRS)
+            gla_fwd_pair(nb, gated, t, p, K, V, q, qt, k, kt, A, c, d, qk, v, vt, S, sv, o, ot);
+        else
+            gla_fwd_tokens(nb, 2, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
     }
     if (t < Tc) {
         la_fetch_ahead(pf, t, nb * W);
@@ -147,15 +227,15 @@ static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated
 
 /* gla_fwd_cols specialised for constant (nb, gated). */
 static void gla_fwd_any(int nb, int gated, long Tc, long K, long V, const float *q, long qt,
-                        const float *k, long kt, const float *a, const float *v, long vt,
-                        const float *Sr, float *S, float scale, float *o, long ot,
+                        const float *k, long kt, const float *a, const float *pr, const float *v,
+                        long vt, const float *Sr, float *S, float scale, float *o, long ot,
                         const la_ahead *pf) {
 /* Cases beyond this ISA's GLA_NB are constant-false (and never asked for). */
 #define F_(c, gt)                                                                             \
     case c * 2 + gt:                                                                          \
         if (c <= GLA_NB)                                                                      \
-            gla_fwd_cols(c <= GLA_NB ? c : GLA_NB, gt, Tc, K, V, q, qt, k, kt, a, v, vt, Sr,  \
-                         S, scale, o, ot, pf);                                                \
+            gla_fwd_cols(c <= GLA_NB ? c : GLA_NB, gt, Tc, K, V, q, qt, k, kt, a, pr, v, vt,  \
+                         Sr, S, scale, o, ot, pf);                                            \
         break;
     switch (nb * 2 + gated) {
         F_(1, 0) F_(1, 1) F_(2, 0) F_(2, 1) F_(3, 0) F_(3, 1) F_(4, 0) F_(4, 1)
@@ -183,7 +263,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         || C < 1 || C > GLA_CMAX)
         return -1;
     int gated = g != NULL || gk != NULL;
-    float *a = work;
+    float *a = work, *pr = a + C * K; /* the decays; the pairs' rows (gla_pairs) */
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *S = S_out + n * K * V;
@@ -195,6 +275,10 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
             if (ckpt) la_copy_cols(ckpt + n * cks + c * K * V, from, K, V, v0, v1);
+            long Pc = (Tc - 1) / 2; /* this chunk's pairs, their rows packed at pr */
+            if (GLA_PAIRS)
+                gla_pairs(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt, a, gated, pr,
+                          pr + Pc * K, pr + 2 * Pc * K, pr + 3 * Pc * K);
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
@@ -203,7 +287,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
                                  o + n * os + j0, ot, K, t1, Tn, j0 == v0),
                     next, Tn == 0 && n == N - 1, j0 == v0);
                 gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
-                            kt, a, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
+                            kt, a, pr, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
                             o + n * os + t0 * ot + j0, ot, &ahead);
             }
         }
