@@ -590,9 +590,9 @@ static void forward_checks(void) {
         enum { SN = 4, SK = 20, SV = 32 };
         static float q[SN * SK], k[SN * SK], v[SN * SV], b[SN], g[SN], gk[SN * SK];
         static float S0[SN * SK * SV], S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV];
-        static float o2[SN * SV], wk[3 * 64 * (4 * SK + 5)]; /* 3 threads' shares */
+        static float o2[SN * SV], wk[3 * (64 * (4 * SK + 3) + 1024)]; /* 3 threads' shares */
         /* two threads' shares and the widened rows (la_gdr_step_work) */
-        static float wk16[2 * 64 * (4 * SK + 5) + 2 * SN * SK + 2 * SN * SV + 2 * SN + SN * SK];
+        static float wk16[2 * (64 * (4 * SK + 3) + 1024) + 2 * SN * SK + 2 * SN * SV + 2 * SN + SN * SK];
         for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
         gk[5] = -INFINITY;
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);

@@ -54,9 +54,11 @@
 #define GDR_ROWS 2
 
 /* Floats of work la_gdr_forward needs for a head dimension K: per prepared token q~ (a o q~
- * with per-key gates), k~, a o k~, the row decays (K each), a, beta, q~ . k~, and k~ . k~ and
- * k~ . q~ with the next token's (gdr_cols2). */
-long la_gdr_work(long K) { return GDR_TC * (4 * K + 5); }
+ * with per-key gates), k~, a o k~, the row decays (K each), a, beta, q~ . k~; then k~ . k~ and
+ * k~ . q~ with the next token's (gdr_cols2) in 4 KiB, so that what callers place after it
+ * keeps the offsets modulo 4 KiB it had without them (512 bytes further on, the bfloat16
+ * forward's rows and tiles took 1.02-1.03x the time: 4K aliasing). */
+long la_gdr_work(long K) { return GDR_TC * (4 * K + 3) + 1024; }
 
 /* kacc = S^T kn, qacc = S^T qn over the block of nb vectors at S (rows of V). */
 static inline __attribute__((always_inline)) void gdr_dots(int nb, long K, const float *S,
@@ -420,7 +422,8 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
     float *qw = work + la_gdr_work(K), *kw = qw + GDR_TC * K, *vw = kw + GDR_TC * K;
     float *ow = vw + GDR_TC * V;
 #if defined(LA_DP_BF16)
-    float *bw = ow + GDR_TC * V, *gw = bw + GDR_TC; /* a chunk's beta and g, consecutive */
+    /* a chunk's beta and g, consecutive, after chunk_dp's scratch (at ow + GDR_TC V) */
+    float *bw = ow + GDR_TC * V + chunk_dp_scratch(dt, GDR_DP_C, K, V), *gw = bw + GDR_TC;
     /* whole chunks of bfloat16 rows without per-key gates on tiles: the chunked form
      * (chunk_dp in ops/native/tiles.h) */
     int chunked =
@@ -439,14 +442,22 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
                                            vt, (u16 *)o + n * os + v0, ot, K, v1 - v0, t1, Tn);
 #if defined(LA_DP_BF16)
             if (chunked && Tc == GDR_TC) { /* chunk_dp (tiles.h) reads the 16-bit rows */
-                for (long t = 0; t < Tc; ++t) /* and beta and g one float a token */
-                    bw[t] = beta[n * bs + (t0 + t) * bt], gw[t] = g ? g[n * gs + (t0 + t) * gt] : 0;
+                /* and beta and g a float a token, consecutive (gathered where they are not) */
+                const float *bc = beta + n * bs + t0 * bt, *gc = g ? g + n * gs + t0 * gt : NULL;
+                if (bt != 1) {
+                    for (long t = 0; t < Tc; ++t) bw[t] = bc[t * bt];
+                    bc = bw;
+                }
+                if (gc && gt != 1) {
+                    for (long t = 0; t < Tc; ++t) gw[t] = gc[t * gt];
+                    gc = gw;
+                }
                 for (long c0 = 0; c0 < GDR_TC; c0 += GDR_DP_C) {
                     long t = t0 + c0;
                     chunk_dp(GDR_DP_C, K, V, q16 + m * qs + t * qt, qt, k16 + m * ks + t * kt,
-                             kt, v16 + n * vs + t * vt, vt, g ? gw + c0 : NULL, bw + c0, scale,
+                             kt, v16 + n * vs + t * vt, vt, gc ? gc + c0 : NULL, bc + c0, scale,
                              l2norm, GDR_EPS, t == 0 ? Sin : Sout, Sout, ow + c0 * V, &next, c0,
-                             gw + GDR_TC);
+                             ow + GDR_TC * V);
                 }
                 la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
                 continue;
