@@ -20,12 +20,13 @@
  * (a_{t+1} o q~_{t+1})^T S for the next token (with a scalar gate, k~^T S and q~^T S, times a
  * afterwards), so each token costs one pass over S (one load, one store and four vector
  * operations per element with a gate, three without); the row scale is applied in the update.
- * With a scalar gate or none, one pass carries two tokens (gdr_cols2): the second token's sums
- * over the state before the pair follow from the first's u, so a pass loads and stores S once
- * for two tokens and takes seven vector operations an element for both (six without a gate):
- * 0.82x the time of a pass a token in cache, 0.80-0.88x from memory (16 heads x 4,096 tokens,
- * K = V = 64; Intel Xeon family 6, AVX-512; the AVX2 build 0.90x and 0.96x). Its rounding
- * differs from the token-by-token recurrence's by float32 roundings of those sums.
+ * One pass carries two tokens (gdr_cols2): the second token's sums over the state before the
+ * pair follow from the first's u, so a pass loads and stores S once for two tokens and takes
+ * seven vector operations an element for both (six without a gate): with a scalar gate 0.82x
+ * the time of a pass a token in cache, 0.80-0.88x from memory (16 heads x 4,096 tokens, K = V
+ * = 64; Intel Xeon family 6, AVX-512; the AVX2 build 0.90x and 0.96x); with per-key gates
+ * ~0.87x either way (AVX2 0.93x in cache). Its rounding differs from the token-by-token
+ * recurrence's by float32 roundings of those sums.
  * This is the sequential recurrence in float32 arithmetic: at K = V = 64 it needs fewer
  * operations per token (3 K V multiply-adds + K V multiplies) than the chunked WY form
  * (3 K V + C (3 K / 2 + V) multiply-adds) and no triangular solve. (bfloat16 rows on AMX
@@ -145,12 +146,14 @@ static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, lon
     }
 }
 
-/* Two tokens a pass over the block (scalar gate or none): Sout = A Sin + k0 u0^T + k1 u1^T
- * with A = a_t a_{t+1} and u0 already times a_{t+1}; with `next` 1 or 2, also the sums of the
+/* Two tokens a pass over the block: Sout = A o Sin + k0 u0^T + k1 u1^T, with a scalar gate
+ * A = a_t a_{t+1} and u0 already times a_{t+1}; with per-key gates (GDR_ROWS) the rows Ar =
+ * a_t o a_{t+1} and k0 = a_{t+1} o k~_t (gdr_prep); with `next` 1 or 2, also the sums of the
  * next one or two tokens, S^T kx2, S^T qx2 (and kx3, qx3) in acc[0..1] (and acc[2..3]). */
 static inline __attribute__((always_inline)) void gdr_update2(int nb, int mode, int next,
                                                               long K, const float *Sin,
                                                               float *Sout, long V, float A,
+                                                              const float *Ar,
                                                               const float *k0, const vf *u0,
                                                               const float *k1, const vf *u1,
                                                               const float *kx2,
@@ -160,12 +163,12 @@ static inline __attribute__((always_inline)) void gdr_update2(int nb, int mode, 
     vf a0[GDR_NB], a1[GDR_NB], a2[GDR_NB], a3[GDR_NB], Av = vsplat(A);
     for (int j = 0; j < nb; ++j) a0[j] = a1[j] = a2[j] = a3[j] = vsplat(0.0f);
     for (long i = 0; i < K; ++i) {
-        vf c0 = vsplat(k0[i]), c1 = vsplat(k1[i]);
+        vf c0 = vsplat(k0[i]), c1 = vsplat(k1[i]), ai = mode == GDR_ROWS ? vsplat(Ar[i]) : Av;
         vf x2 = vsplat(next >= 1 ? kx2[i] : 0.0f), y2 = vsplat(next >= 1 ? qx2[i] : 0.0f);
         vf x3 = vsplat(next >= 2 ? kx3[i] : 0.0f), y3 = vsplat(next >= 2 ? qx3[i] : 0.0f);
         for (int j = 0; j < nb; ++j) {
             vf s = vload(Sin + i * V + j * W);
-            s = mode != GDR_PLAIN ? Av * s + c0 * u0[j] : s + c0 * u0[j];
+            s = mode != GDR_PLAIN ? ai * s + c0 * u0[j] : s + c0 * u0[j];
             s += c1 * u1[j];
             vstore(Sout + i * V + j * W, s);
             if (next >= 1) {
@@ -182,14 +185,19 @@ static inline __attribute__((always_inline)) void gdr_update2(int nb, int mode, 
                                  acc[3][j] = a3[j];
 }
 
-/* gdr_cols for a scalar gate or none, two tokens a pass (see gdr_update2):
+/* gdr_cols two tokens a pass (see gdr_update2): with a scalar gate or none
  *   S_t^T k_{t+1} = a_t S_{t-1}^T k_{t+1} + (k_t . k_{t+1}) u_t,
  *   S_t^T q_{t+1} = a_t S_{t-1}^T q_{t+1} + (k_t . q_{t+1}) u_t,
  * so both tokens' u and o come from sums over the state before the pair (kk, kq: the dots of
- * each token's k~ with the next token's k~ and q~, from gdr_prep). */
+ * each token's k~ with the next token's k~ and q~, from gdr_prep). With per-key gates the
+ * decays sit in the vectors summed (kx = kd, qn: a o k~, a o q~, and for a pair's second
+ * token a_t o a_{t+1} o k~, q~ alike) and in kk, kq (a_{t+1} o k~_{t+1} . k~_t, ...): gdr_prep
+ * makes them, and the update's rows (ar: a_t o a_{t+1} for the pair's first token, a_{t+1} o
+ * k~_t for its second). */
 static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, long Tc, long K,
                                                             long V, const float *qn,
-                                                            const float *kn, const float *a,
+                                                            const float *kn, const float *kx,
+                                                            const float *ar, const float *a,
                                                             const float *b, const float *qk,
                                                             const float *kk, const float *kq,
                                                             const float *v, long vt,
@@ -198,8 +206,8 @@ static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, lo
                                                             long wt, const la_ahead *pf) {
     vf acc[4][GDR_NB], u0[GDR_NB], u1[GDR_NB];
     /* the first pair's (or token's) sums over Sin */
-    gdr_dots(nb, K, Sin, V, kn, qn, acc[0], acc[1]);
-    if (Tc > 1) gdr_dots(nb, K, Sin, V, kn + K, qn + K, acc[2], acc[3]);
+    gdr_dots(nb, K, Sin, V, kx, qn, acc[0], acc[1]);
+    if (Tc > 1) gdr_dots(nb, K, Sin, V, kx + K, qn + K, acc[2], acc[3]);
     long t = 0;
     for (; t + 1 < Tc; t += 2) {
         la_fetch_ahead(pf, t, nb * W);
@@ -223,15 +231,16 @@ static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, lo
         }
         const float *src = t == 0 ? Sin : Sout;
         long left = Tc - (t + 2);
-        const float *k2 = kn + (t + 2) * K, *q2 = qn + (t + 2) * K;
+        const float *k2 = kx + (t + 2) * K, *q2 = qn + (t + 2) * K, *Ar = ar + t * K;
+        const float *k0 = mode == GDR_ROWS ? ar + (t + 1) * K : kn + t * K;
         if (left >= 2)
-            gdr_update2(nb, mode, 2, K, src, Sout, V, a0 * a1, kn + t * K, u0, kn + (t + 1) * K,
+            gdr_update2(nb, mode, 2, K, src, Sout, V, a0 * a1, Ar, k0, u0, kn + (t + 1) * K,
                         u1, k2, q2, k2 + K, q2 + K, acc);
         else if (left == 1)
-            gdr_update2(nb, mode, 1, K, src, Sout, V, a0 * a1, kn + t * K, u0, kn + (t + 1) * K,
+            gdr_update2(nb, mode, 1, K, src, Sout, V, a0 * a1, Ar, k0, u0, kn + (t + 1) * K,
                         u1, k2, q2, NULL, NULL, acc);
         else
-            gdr_update2(nb, mode, 0, K, src, Sout, V, a0 * a1, kn + t * K, u0, kn + (t + 1) * K,
+            gdr_update2(nb, mode, 0, K, src, Sout, V, a0 * a1, Ar, k0, u0, kn + (t + 1) * K,
                         u1, NULL, NULL, NULL, NULL, acc);
     }
     if (t < Tc) { /* the last token of an odd count: its sums are acc[0], acc[1] */
@@ -244,8 +253,8 @@ static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, lo
             if (wo) vstore(wo + t * wt + j * W, wj);
             vstore(o + t * ot + j * W, av * acc[1][j] + qkt * u0[j]);
         }
-        gdr_update(nb, mode, 0, K, t == 0 ? Sin : Sout, Sout, V, at, NULL, kn + t * K, u0, NULL,
-                   NULL, acc[0], acc[1]);
+        gdr_update(nb, mode, 0, K, t == 0 ? Sin : Sout, Sout, V, at, ar + t * K, kn + t * K, u0,
+                   NULL, NULL, acc[0], acc[1]);
     }
 }
 
@@ -259,9 +268,10 @@ static void gdr_cols_any(int nb, int mode, long Tc, long K, long V, const float 
 #define G_(c, m)                                                                              \
     case c * 3 + m:                                                                           \
         if (c <= GDR_NB) {                                                                    \
-            if (GDR_PAIRS && m != GDR_ROWS)                                                   \
-                gdr_cols2(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn, a, b, qk, kk, kq, v,  \
-                          vt, Sin, Sout, o, ot, wo, wt, pf);                                  \
+            if (GDR_PAIRS)                                                                    \
+                gdr_cols2(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn,                      \
+                          m == GDR_ROWS ? kd : kn, ar, a, b, qk, kk, kq, v, vt, Sin, Sout, o, \
+                          ot, wo, wt, pf);                                                    \
             else                                                                              \
                 gdr_cols(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn, kd, ar, a, b, qk, v,   \
                          vt, Sin, Sout, o, ot, wo, wt, pf);                                   \
@@ -319,9 +329,21 @@ static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, l
             a[t] = g ? sexp_nonpos(g[t * gt]) : 1.0f;
         }
     }
-    for (long t = 0; t + 1 < Tc; ++t) { /* for two tokens a pass (gdr_cols2) */
-        kk[t] = dot(kn + t * K, kn + (t + 1) * K, K);
-        kq[t] = dot(kn + t * K, qn + (t + 1) * K, K);
+    if (!GDR_PAIRS) return;
+    for (long t = 0; t + 1 < Tc; t += 2) { /* for two tokens a pass (gdr_cols2) */
+        const float *k0 = kn + t * K;
+        if (!gk) {
+            kk[t] = dot(k0, kn + (t + 1) * K, K), kq[t] = dot(k0, qn + (t + 1) * K, K);
+            continue;
+        }
+        /* per-key gates: the second token's sums and the pair's update rows */
+        float *a0 = ar + t * K, *a1 = a0 + K, *kd1 = kd + (t + 1) * K, *q1 = qn + (t + 1) * K;
+        kk[t] = dot(k0, kd1, K), kq[t] = dot(k0, q1, K);
+        for (long i = 0; i < K; ++i) {
+            float x0 = a0[i], x1 = a1[i];
+            kd1[i] *= x0, q1[i] *= x0; /* a_t o a_{t+1} o k~_{t+1}, ... q~_{t+1} */
+            a0[i] = x0 * x1, a1[i] = x1 * k0[i]; /* a_t o a_{t+1}, a_{t+1} o k~_t */
+        }
     }
 }
 
