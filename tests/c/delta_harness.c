@@ -525,6 +525,7 @@ static int verdict(const char *what, int tile, const char *tile_name) {
 static void forward_checks(void) {
     const long shapes[][2] = {{64, 64}, {20, 48}, {16, 16}, {7, 32}};
     const long Ts[] = {0, 1, 5, 64, 65, 150};
+    unsigned long fpc = fp_control();
     for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; ++s)
         for (unsigned t = 0; t < sizeof Ts / sizeof *Ts; ++t)
             for (int gates = 0; gates < 4; ++gates)
@@ -532,6 +533,7 @@ static void forward_checks(void) {
                     for (int mode = 0; mode < 4; ++mode)
                         fwd_run(s == 0 ? 3 : 2, 1 + (t + gates + l2 + mode) % 3, Ts[t], shapes[s][0],
                             shapes[s][1], gates, l2, mode);
+    expect(fp_control() == fpc, "the floating-point control register handed back", "forward");
     /* la_gdr_forward_call on 16-bit rows (gdr_forward_widened), G = 2 value heads per q/k
      * head, gates scalar and per key: the float32 forward on the rounded values with o
      * rounded once, whole or in two column blocks, out of place; the same chunks of the same

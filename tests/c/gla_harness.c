@@ -322,6 +322,7 @@ int main(void) {
     const long Ts[] = {0, 1, 5, 64, 65, 150};
     const long Cs[] = {64, 16, 7, 1};
     const int gates[][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}, {1, 0, 1}, {1, 1, 1}};
+    unsigned long fpc = fp_control();
     for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; ++s)
         for (unsigned t = 0; t < sizeof Ts / sizeof *Ts; ++t)
             for (unsigned gi = 0; gi < sizeof gates / sizeof *gates; ++gi)
@@ -331,6 +332,7 @@ int main(void) {
                     run(s == 0 ? 3 : 2, Ts[t], shapes[s][0], shapes[s][1], C, gates[gi][0],
                         gates[gi][1], gates[gi][2], mode);
                 }
+    expect(fp_control() == fpc, "the floating-point control register handed back", "forward");
     /* la_gla_forward_call on 16-bit rows (gla_forward_widened): the float32 forward on the
      * rounded values with o rounded once, whole or in two column blocks; the same chunks of
      * the same function, so equal to the last bit */

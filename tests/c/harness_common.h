@@ -27,6 +27,21 @@ static void expect(int ok, const char *what, const char *cfg) {
     }
 }
 
+/* The calling thread's floating-point control register (x86 MXCSR, AArch64 FPCR; 0
+ * elsewhere): the recurrences flush subnormals for their own passes only (la_subnormals_off in
+ * ops/native/common.h) and must hand it back as they found it. */
+static unsigned long fp_control(void) {
+#if defined(__SSE__) && (defined(__GNUC__) || defined(__clang__))
+    return __builtin_ia32_stmxcsr() & ~0x3Fu; /* less the flags, which any float op sets */
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned long fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return fpcr;
+#else
+    return 0;
+#endif
+}
+
 /* The guard element of each dtype: a NaN in it (float32 0x7FC0DEAD, bfloat16 0x7FC1, float16
  * 0x7E01), which a kernel that reads it spreads into its results. */
 static const unsigned GUARD_BITS[3] = {0x7FC0DEADu, 0x7FC1u, 0x7E01u};

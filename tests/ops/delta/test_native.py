@@ -173,14 +173,15 @@ def test_step_from_no_state_and_strided_inputs(native_calls):
     assert native_calls["step"] == 2
 
 
-@pytest.mark.parametrize("T", [50, 150])
-def test_strided_prefill_inputs_and_bfloat16(native_calls, T):
+@pytest.mark.parametrize("B, T", [(2, 50), (1, 50), (1, 150)])
+def test_strided_prefill_inputs_and_bfloat16(native_calls, B, T):
     """q, k, v as transposed views of (B, T, H, D) tensors, beta and g of (B, T, H) ones (fla's
-    layout, read in place), over one chunk and three; bfloat16 in, bfloat16 out."""
+    layout; with B = 1 the kernel reads beta and g with a token stride of 3, in place), over one
+    chunk and three; bfloat16 in, bfloat16 out."""
     gen = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(2, T, 3, 16, generator=gen).transpose(1, 2) for _ in range(3))
-    beta = torch.rand(2, T, 3, generator=gen).transpose(1, 2)
-    g = -torch.rand(2, T, 3, generator=gen).transpose(1, 2)
+    q, k, v = (torch.randn(B, T, 3, 16, generator=gen).transpose(1, 2) for _ in range(3))
+    beta = torch.rand(B, T, 3, generator=gen).transpose(1, 2)
+    g = -torch.rand(B, T, 3, generator=gen).transpose(1, 2)
     o = delta_rule(q, k, v, beta, g, qk_l2norm=True)
     _close(o, _reference(q, k, v, beta, g)[0])
     ob = delta_rule(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g, qk_l2norm=True)

@@ -18,15 +18,17 @@
  * of columns (GDR_NB vectors) at a time, through all the tokens of a chunk of GDR_TC: the block
  * stays in L1, and the pass that writes token t's state also sums (a_{t+1} o k~_{t+1})^T S and
  * (a_{t+1} o q~_{t+1})^T S for the next token (with a scalar gate, k~^T S and q~^T S, times a
- * afterwards), so each token costs one pass over S (one load, one store and four vector
- * operations per element with a gate, three without); the row scale is applied in the update.
- * One pass carries two tokens (gdr_cols2): the second token's sums over the state before the
- * pair follow from the first's u, so a pass loads and stores S once for two tokens and takes
- * seven vector operations an element for both (six without a gate): with a scalar gate 0.82x
- * the time of a pass a token in cache, 0.80-0.88x from memory (16 heads x 4,096 tokens, K = V
- * = 64; Intel Xeon family 6, AVX-512; the AVX2 build 0.90x and 0.96x); with per-key gates
- * ~0.87x either way (AVX2 0.93x in cache). Its rounding differs from the token-by-token
- * recurrence's by float32 roundings of those sums.
+ * afterwards): a token a pass over S (gdr_cols, -DGDR_PAIRS=0) costs one load, one store and
+ * four vector operations per element with a gate, three without; the row scale is applied in
+ * the update. One pass carries two tokens (gdr_cols2): the second token's sums over the state
+ * before the pair follow from the first's u, so a pass loads and stores S once for two tokens
+ * and takes seven vector operations an element for both (six without a gate): with a scalar
+ * gate 0.82x the time of a pass a token in cache, 0.80-0.88x from memory (16 heads x 4,096
+ * tokens, K = V = 64; Intel Xeon family 6, AVX-512; the AVX2 build 0.90x and 0.96x); with
+ * per-key gates ~0.87x either way (AVX2 0.93x in cache). Its rounding differs from the
+ * token-by-token recurrence's by float32 roundings of those sums. The passes run with
+ * subnormals flushed (la_subnormals_off): products of two decays, or of a decay near e^-87 and
+ * a row, would otherwise cost microcode assists on every element (20-50x the time).
  * This is the sequential recurrence in float32 arithmetic: at K = V = 64 it needs fewer
  * operations per token (3 K V multiply-adds + K V multiplies) than the chunked WY form
  * (3 K V + C (3 K / 2 + V) multiply-adds) and no triangular solve. (bfloat16 rows on AMX
@@ -147,9 +149,10 @@ static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, lon
 }
 
 /* Two tokens a pass over the block: Sout = A o Sin + k0 u0^T + k1 u1^T, with a scalar gate
- * A = a_t a_{t+1} and u0 already times a_{t+1}; with per-key gates (GDR_ROWS) the rows Ar =
- * a_t o a_{t+1} and k0 = a_{t+1} o k~_t (gdr_prep); with `next` 1 or 2, also the sums of the
- * next one or two tokens, S^T kx2, S^T qx2 (and kx3, qx3) in acc[0..1] (and acc[2..3]). */
+ * A = a_t a_{t+1}, with per-key gates (GDR_ROWS) the row Ar = a_t o a_{t+1}, and with either
+ * k0 = a_{t+1} o k~_t (made by gdr_prep, its subnormals 0; k~_t without a gate); with `next`
+ * 1 or 2, also the sums of the next one or two tokens, S^T kx2, S^T qx2 (and kx3, qx3) in
+ * acc[0..1] (and acc[2..3]). */
 static inline __attribute__((always_inline)) void gdr_update2(int nb, int mode, int next,
                                                               long K, const float *Sin,
                                                               float *Sout, long V, float A,
@@ -227,21 +230,22 @@ static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, lo
                 vstore(wo + t * wt + j * W, w0);
                 vstore(wo + (t + 1) * wt + j * W, w1);
             }
-            u0[j] = av1 * uu;
+            u0[j] = uu; /* (a_{t+1} is in the row k0) */
         }
         const float *src = t == 0 ? Sin : Sout;
         long left = Tc - (t + 2);
         const float *k2 = kx + (t + 2) * K, *q2 = qn + (t + 2) * K, *Ar = ar + t * K;
-        const float *k0 = mode == GDR_ROWS ? ar + (t + 1) * K : kn + t * K;
+        const float *k0 = mode == GDR_PLAIN ? kn + t * K : ar + (t + 1) * K;
+        float A = sflush_tiny(a0 * a1);
         if (left >= 2)
-            gdr_update2(nb, mode, 2, K, src, Sout, V, a0 * a1, Ar, k0, u0, kn + (t + 1) * K,
-                        u1, k2, q2, k2 + K, q2 + K, acc);
+            gdr_update2(nb, mode, 2, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1, k2,
+                        q2, k2 + K, q2 + K, acc);
         else if (left == 1)
-            gdr_update2(nb, mode, 1, K, src, Sout, V, a0 * a1, Ar, k0, u0, kn + (t + 1) * K,
-                        u1, k2, q2, NULL, NULL, acc);
+            gdr_update2(nb, mode, 1, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1, k2,
+                        q2, NULL, NULL, acc);
         else
-            gdr_update2(nb, mode, 0, K, src, Sout, V, a0 * a1, Ar, k0, u0, kn + (t + 1) * K,
-                        u1, NULL, NULL, NULL, NULL, acc);
+            gdr_update2(nb, mode, 0, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1,
+                        NULL, NULL, NULL, NULL, acc);
     }
     if (t < Tc) { /* the last token of an odd count: its sums are acc[0], acc[1] */
         la_fetch_ahead(pf, t, nb * W);
@@ -287,8 +291,12 @@ static void gdr_cols_any(int nb, int mode, long Tc, long K, long V, const float 
 
 /* Prepare Tc tokens: qn = s q (/ |q|), kn = k (/ |k|), b = beta, qk = qn . kn; without gk,
  * a = exp(g) (1 without g); with gk (token stride gkt), the row decays ar = exp(g + gk) (rows of
- * K), kd = ar o kn, and qn scaled by ar in place (after qk); kk, kq = kn . kn and kn . qn of
- * each token with the next (gdr_cols2). q, k: token strides qt, kt; beta, g: bt, gt. */
+ * K), kd = ar o kn, and qn scaled by ar in place (after qk). Then, for each pair (t, t + 1) of
+ * gdr_cols2 (t even): kk[t], kq[t] = kn_t . kn_{t+1} and kn_t . qn_{t+1} (with gk: kn_t .
+ * kd_{t+1} and kn_t . qn_{t+1}, the decays in); with a scalar gate the row ar_{t+1} =
+ * a_{t+1} kn_t; with gk, in place, kd_{t+1} and qn_{t+1} times ar_t, ar_t = ar_t o ar_{t+1}
+ * and ar_{t+1} = ar_{t+1} o kn_t (every product's subnormals 0). q, k: token strides qt, kt;
+ * beta, g: bt, gt. */
 static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, long kt,
                      const float *beta, long bt, const float *g, long gt, const float *gk,
                      long gkt, float scale,
@@ -332,17 +340,23 @@ static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, l
     if (!GDR_PAIRS) return;
     for (long t = 0; t + 1 < Tc; t += 2) { /* for two tokens a pass (gdr_cols2) */
         const float *k0 = kn + t * K;
+        float *a0 = ar + t * K, *a1 = a0 + K; /* (unused rows without per-key gates) */
         if (!gk) {
             kk[t] = dot(k0, kn + (t + 1) * K, K), kq[t] = dot(k0, qn + (t + 1) * K, K);
+            if (g) /* the update's row a_{t+1} k~_t */
+                for (long i = 0; i < K; ++i) a1[i] = sflush_tiny(a[t + 1] * k0[i]);
             continue;
         }
-        /* per-key gates: the second token's sums and the pair's update rows */
-        float *a0 = ar + t * K, *a1 = a0 + K, *kd1 = kd + (t + 1) * K, *q1 = qn + (t + 1) * K;
+        /* per-key gates: the second token's sums and the pair's update rows, each product's
+         * subnormals 0 (sflush_tiny) */
+        float *kd1 = kd + (t + 1) * K, *q1 = qn + (t + 1) * K;
         kk[t] = dot(k0, kd1, K), kq[t] = dot(k0, q1, K);
         for (long i = 0; i < K; ++i) {
             float x0 = a0[i], x1 = a1[i];
-            kd1[i] *= x0, q1[i] *= x0; /* a_t o a_{t+1} o k~_{t+1}, ... q~_{t+1} */
-            a0[i] = x0 * x1, a1[i] = x1 * k0[i]; /* a_t o a_{t+1}, a_{t+1} o k~_t */
+            kd1[i] = sflush_tiny(kd1[i] * x0); /* a_t o a_{t+1} o k~_{t+1} */
+            q1[i] = sflush_tiny(q1[i] * x0);   /* a_t o a_{t+1} o q~_{t+1} */
+            a0[i] = sflush_tiny(x0 * x1);      /* a_t o a_{t+1} */
+            a1[i] = sflush_tiny(x1 * k0[i]);   /* a_{t+1} o k~_t */
         }
     }
 }
@@ -383,6 +397,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
     float *a = ar + GDR_TC * K, *b = a + GDR_TC, *qk = b + GDR_TC, *kk = qk + GDR_TC;
     float *kq = kk + GDR_TC;
     int mode = gk ? GDR_ROWS : g ? GDR_SCALAR : GDR_PLAIN;
+    unsigned long csr = la_subnormals_off();
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *Sout = S_out + n * K * V;
@@ -411,6 +426,7 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
             }
         }
     }
+    la_subnormals_restore(csr);
     return 0;
 }
 

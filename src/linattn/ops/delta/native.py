@@ -153,7 +153,7 @@ def _forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
              gk: Tensor | None = None) -> None:
     """The kernel over inputs whose last dimension is contiguous (any head and token strides):
     q, k (NQ, T, K), v (N, T, V) with N = G·NQ value heads (grouped value attention: value head
-    n reads q/k head n // G, in place), beta and g (N, T) with any strides (fla's (B, T, H)
+    n reads q/k head n // G, in place), beta and g (N, T) with any strides (fla's (1, T, H)
     read in place), gk (N, T, K) per-key log-gates or None, S_in, S_out contiguous (N, K, V)
     (may be one tensor), o (N, T, V); in parts on torch's threads when large enough (a part
     starting inside a group reads from the group's q/k head, told its place in the group).
@@ -274,7 +274,8 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     else:
         qf, kf = float32_rows(src[0], H), float32_rows(src[1], H)
         vf = float32_rows(src[2], HV)
-    # beta and g read in place, any strides (fla's (B, T, H) too: no copies)
+    # beta and g read in place, any strides: fla's (B, T, H) with B = 1 (a prefill's) without
+    # a copy (several sequences of a batch are copied into rows by the reshape)
     bf = src[3].reshape(HV, T)
     gf = None if g is None else src[4].reshape(HV, T)
     gkf = None if gk is None else float32_rows(src[5], HV)

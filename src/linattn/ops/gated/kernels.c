@@ -59,7 +59,7 @@ static long gla_round_up(long K) { return (K + W - 1) / W * W; }
  * cache line (placed 8 bytes off one, the bfloat16 forward took 1.27x the time). */
 long la_gla_work(long K, long C) {
     long back = gla_round_up(K) * W + K * GLA_NB * W + 2 * K + 2;
-    long pairs = 3 * ((C + 1) / 2) * K + (C + 1) / 2; /* the forward's (gla_pairs) */
+    long pairs = 3 * ((C - 1) / 2) * K + (C - 1) / 2; /* the forward's (gla_pairs) */
     return (C * K + (back > pairs ? back : pairs) + 15) / 16 * 16;
 }
 
@@ -137,13 +137,15 @@ static void gla_pairs(long Tc, long K, const float *q, long qt, const float *k, 
         if (!gated) continue;
         float *Ap = A + p * K, *cp = c + p * K, *dp = d + p * K;
         long i = 0;
-        for (; i + W <= K; i += W) {
+        for (; i + W <= K; i += W) { /* subnormals 0 (vflush_tiny) */
             vf x0 = vload(a0 + i), x1 = vload(a1 + i);
-            vstore(Ap + i, x0 * x1);
-            vstore(cp + i, x1 * vload(kr + i));
-            vstore(dp + i, x0 * vload(qr + i));
+            vstore(Ap + i, vflush_tiny(x0 * x1));
+            vstore(cp + i, vflush_tiny(x1 * vload(kr + i)));
+            vstore(dp + i, vflush_tiny(x0 * vload(qr + i)));
         }
-        for (; i < K; ++i) Ap[i] = a0[i] * a1[i], cp[i] = a1[i] * kr[i], dp[i] = a0[i] * qr[i];
+        for (; i < K; ++i)
+            Ap[i] = sflush_tiny(a0[i] * a1[i]), cp[i] = sflush_tiny(a1[i] * kr[i]),
+            dp[i] = sflush_tiny(a0[i] * qr[i]);
     }
 }
 
@@ -264,6 +266,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         return -1;
     int gated = g != NULL || gk != NULL;
     float *a = work, *pr = a + C * K; /* the decays; the pairs' rows (gla_pairs) */
+    unsigned long csr = la_subnormals_off();
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
         float *S = S_out + n * K * V;
@@ -292,6 +295,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
             }
         }
     }
+    la_subnormals_restore(csr);
     return 0;
 }
 

@@ -88,6 +88,49 @@ static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf vsplat(float a) { return (vf){LA_LANES(a)}; }
 static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
+/* x, its subnormal lanes (magnitude below 2^-126) 0: for products of decays, or of a decay and
+ * a row, that a pass multiplies into every element of a state, where a subnormal operand or
+ * result costs a microcode assist each time (the delta rule's two-token passes took 20-50x the
+ * time with log-gates in (-87, -44] on both tokens, Intel Xeon family 6). The decays themselves
+ * are flushed below e^-87 (sexp_nonpos, vexp_nonpos). */
+static inline vf vflush_tiny(vf x) {
+    return vselect(((vi)x & 0x7FFFFFFF) < 0x00800000, vsplat(0.0f), x);
+}
+static inline float sflush_tiny(float x) { return fabsf(x) < 0x1p-126f ? 0.0f : x; }
+
+/* Subnormals flushed to zero and read as zero from la_subnormals_off() until
+ * la_subnormals_restore(its value): MXCSR's FTZ and DAZ on x86, FPCR's FZ on AArch64 (elsewhere
+ * nothing):
+ * for a recurrence's passes, where a decay near its flush (e^-87) times a row or a sum leaves
+ * values that every later element's operation would carry through microcode assists (the
+ * delta rule's per-key passes took 50x the time with log-gates near -80 before this; an
+ * explicit flush of each product cannot reach sums that stay tiny along a row). The register
+ * is the calling thread's, so each kernel call sets and restores it around its own work. */
+static inline unsigned long la_subnormals_off(void) {
+#if defined(__SSE__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned csr = __builtin_ia32_stmxcsr();
+    __builtin_ia32_ldmxcsr(csr | 0x8040u); /* FTZ (bit 15), DAZ (bit 6) */
+    return csr;
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned long fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr | (1ul << 24))); /* FZ */
+    return fpcr;
+#else
+    return 0;
+#endif
+}
+static inline void la_subnormals_restore(unsigned long csr) {
+#if defined(__SSE__) && (defined(__GNUC__) || defined(__clang__))
+    /* the caller's controls, and the exception flags (bits 0-5) as they stand now */
+    __builtin_ia32_ldmxcsr(((unsigned)csr & ~0x3Fu) | (__builtin_ia32_stmxcsr() & 0x3Fu));
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    __asm__ volatile("msr fpcr, %0" : : "r"(csr));
+#else
+    (void)csr;
+#endif
+}
+
 /* bfloat16 <-> float32. A bfloat16 is the high half of a float32; rounding to it is to nearest,
  * ties to even, NaN kept a (quiet) NaN. Buffers flagged "bf" hold bfloat16, others float32;
  * indices below are in elements. */
