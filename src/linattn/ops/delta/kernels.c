@@ -18,9 +18,9 @@
  * of columns (GDR_NB vectors) at a time, through all the tokens of a chunk of GDR_TC: the block
  * stays in L1, and the pass that writes token t's state also sums (a_{t+1} o k~_{t+1})^T S and
  * (a_{t+1} o q~_{t+1})^T S for the next token (with a scalar gate, k~^T S and q~^T S, times a
- * afterwards): a token a pass over S (gdr_cols, -DGDR_PAIRS=0) costs one load, one store and
- * four vector operations per element with a gate, three without; the row scale is applied in
- * the update. One pass carries two tokens (gdr_cols2): the second token's sums over the state
+ * afterwards): a token a pass over S would cost one load, one store and four vector operations
+ * per element with a gate, three without; the row scale is applied in the update. One pass
+ * carries two tokens (gdr_cols, gdr_update_pair): the second token's sums over the state
  * before the pair follow from the first's u, so a pass loads and stores S once for two tokens
  * and takes seven vector operations an element for both (six without a gate): with a scalar
  * gate 0.82x the time of a pass a token in cache, 0.80-0.88x from memory (16 heads x 4,096
@@ -28,7 +28,8 @@
  * per-key gates ~0.87x either way (AVX2 0.93x in cache). Its rounding differs from the
  * token-by-token recurrence's by float32 roundings of those sums. The passes run with
  * subnormals flushed (la_subnormals_off): products of two decays, or of a decay near e^-87 and
- * a row, would otherwise cost microcode assists on every element (20-50x the time).
+ * a row, would otherwise cost microcode assists on every element (20-50x the time). (The pass
+ * a token at a time, gdr_cols before ad8e666, was the baseline of those ratios.)
  * This is the sequential recurrence in float32 arithmetic: at K = V = 64 it needs fewer
  * operations per token (3 K V multiply-adds + K V multiplies) than the chunked WY form
  * (3 K V + C (3 K / 2 + V) multiply-adds) and no triangular solve. (bfloat16 rows on AMX
@@ -40,9 +41,6 @@
 #define GDR_NB 2 /* 16 registers: u, two sums and a row of S per vector, plus broadcasts */
 #else
 #define GDR_NB 4 /* 32 registers (AVX-512, NEON), or scalars */
-#endif
-#ifndef GDR_PAIRS /* two tokens a pass (gdr_cols2); -DGDR_PAIRS=0 for a C harness's A/B */
-#define GDR_PAIRS 1
 #endif
 #define GDR_TC 64 /* tokens prepared at a time (normalised q, k; gates) */
 /* tokens of the chunked form on tiles (chunk_dp): two per GDR_TC. 64 at a time took 13 us a
@@ -58,7 +56,7 @@
 
 /* Floats of work la_gdr_forward needs for a head dimension K: per prepared token q~ (a o q~
  * with per-key gates), k~, a o k~, the row decays (K each), a, beta, q~ . k~; then k~ . k~ and
- * k~ . q~ with the next token's (gdr_cols2) in 4 KiB, so that what callers place after it
+ * k~ . q~ with the next token's (gdr_cols) in 4 KiB, so that what callers place after it
  * keeps the offsets modulo 4 KiB it had without them (512 bytes further on, the bfloat16
  * forward's rows and tiles took 1.02-1.03x the time: 4K aliasing). */
 long la_gdr_work(long K) { return GDR_TC * (4 * K + 3) + 1024; }
@@ -82,78 +80,29 @@ static inline __attribute__((always_inline)) void gdr_dots(int nb, long K, const
 }
 
 /* Sout[i] = a_i Sin[i] + kn[i] u (i < K) over the block (a_i = 1 for GDR_PLAIN, a for
- * GDR_SCALAR, ar[i] for GDR_ROWS); with next, also kacc = Sout^T kx1 and qacc = Sout^T qx1
- * (the next token's sums). Sout may be Sin. */
-static inline __attribute__((always_inline)) void gdr_update(int nb, int mode, int next,
-                                                             long K, const float *Sin,
-                                                             float *Sout, long V, float a,
-                                                             const float *ar, const float *kn,
-                                                             const vf *u, const float *kx1,
-                                                             const float *qx1, vf *kacc,
-                                                             vf *qacc) {
-    vf ka[GDR_NB], qa[GDR_NB], av = vsplat(a);
-    for (int j = 0; j < nb; ++j) ka[j] = qa[j] = vsplat(0.0f);
+ * GDR_SCALAR, ar[i] for GDR_ROWS): a chunk's last token of an odd count. Sout may be Sin. */
+static inline __attribute__((always_inline)) void gdr_update_one(int nb, int mode, long K,
+                                                                 const float *Sin, float *Sout,
+                                                                 long V, float a,
+                                                                 const float *ar,
+                                                                 const float *kn,
+                                                                 const vf *u) {
+    vf av = vsplat(a);
     for (long i = 0; i < K; ++i) {
         vf ki = vsplat(kn[i]), ai = mode == GDR_ROWS ? vsplat(ar[i]) : av;
-        vf k1 = vsplat(next ? kx1[i] : 0.0f), q1 = vsplat(next ? qx1[i] : 0.0f);
         for (int j = 0; j < nb; ++j) {
             vf s = vload(Sin + i * V + j * W);
-            s = mode != GDR_PLAIN ? ai * s + ki * u[j] : s + ki * u[j];
-            vstore(Sout + i * V + j * W, s);
-            if (next) {
-                ka[j] += k1 * s;
-                qa[j] += q1 * s;
-            }
+            vstore(Sout + i * V + j * W, mode != GDR_PLAIN ? ai * s + ki * u[j] : s + ki * u[j]);
         }
-    }
-    if (next)
-        for (int j = 0; j < nb; ++j) kacc[j] = ka[j], qacc[j] = qa[j];
-}
-
-/* Tokens [0, Tc) of one head's prepared chunk (qn, kn, kd, ar rows of K; a, b, qk one per
- * token; see gdr_prep) over the block of nb vectors of columns at Sin / Sout / v / o (offset to
- * the block already): the first token reads Sin, every token writes Sout (which may be Sin).
- * v, o: token strides vt, ot. With wo (token stride wt), also each token's w = v_t - S'^T k~
- * (u = beta w), which the backward reads instead of recomputing S^T k~. */
-static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, long Tc, long K,
-                                                           long V, const float *qn,
-                                                           const float *kn, const float *kd,
-                                                           const float *ar, const float *a,
-                                                           const float *b, const float *qk,
-                                                           const float *v, long vt,
-                                                           const float *Sin, float *Sout,
-                                                           float *o, long ot, float *wo,
-                                                           long wt, const la_ahead *pf) {
-    vf ka[GDR_NB], qa[GDR_NB], u[GDR_NB];
-    const float *kx = mode == GDR_ROWS ? kd : kn; /* what the sums read: a o k~ per row */
-    gdr_dots(nb, K, Sin, V, kx, qn, ka, qa);
-    for (long t = 0; t < Tc; ++t) {
-        la_fetch_ahead(pf, t, nb * W);
-        float at = mode == GDR_SCALAR ? a[t] : 1.0f;
-        vf bt = vsplat(b[t]), qkt = vsplat(qk[t]);
-        for (int j = 0; j < nb; ++j) {
-            vf vj = vload(v + t * vt + j * W);
-            vf wj = mode == GDR_SCALAR ? vj - at * ka[j] : vj - ka[j];
-            u[j] = bt * wj;
-            if (wo) vstore(wo + t * wt + j * W, wj);
-            vstore(o + t * ot + j * W, (mode == GDR_SCALAR ? at * qa[j] : qa[j]) + qkt * u[j]);
-        }
-        const float *src = t == 0 ? Sin : Sout;
-        if (t + 1 < Tc)
-            gdr_update(nb, mode, 1, K, src, Sout, V, at, ar + t * K, kn + t * K, u,
-                       kx + (t + 1) * K, qn + (t + 1) * K, ka, qa);
-        else
-            gdr_update(nb, mode, 0, K, src, Sout, V, at, ar + t * K, kn + t * K, u, NULL, NULL,
-                       ka, qa);
     }
 }
 
 /* Two tokens a pass over the block: Sout = A o Sin + k0 u0^T + k1 u1^T, with a scalar gate
  * A = a_t a_{t+1}, with per-key gates (GDR_ROWS) the row Ar = a_t o a_{t+1}, and with either
- * k0 = a_{t+1} o k~_t (made by gdr_prep, its subnormals 0; k~_t without a gate); with `next`
+ * k0 = a_{t+1} o k~_t (made by gdr_prep; k~_t without a gate); with `next`
  * 1 or 2, also the sums of the next one or two tokens, S^T kx2, S^T qx2 (and kx3, qx3) in
  * acc[0..1] (and acc[2..3]). */
-static inline __attribute__((always_inline)) void gdr_update2(int nb, int mode, int next,
+static inline __attribute__((always_inline)) void gdr_update_pair(int nb, int mode, int next,
                                                               long K, const float *Sin,
                                                               float *Sout, long V, float A,
                                                               const float *Ar,
@@ -188,7 +137,12 @@ static inline __attribute__((always_inline)) void gdr_update2(int nb, int mode, 
                                  acc[3][j] = a3[j];
 }
 
-/* gdr_cols two tokens a pass (see gdr_update2): with a scalar gate or none
+/* Tokens [0, Tc) of one head's prepared chunk (qn, kn, kx, ar rows of K; a, b, qk, kk, kq one
+ * per token; see gdr_prep) over the block of nb vectors of columns at Sin / Sout / v / o
+ * (offset to the block already): the first token reads Sin, every token writes Sout (which may
+ * be Sin). v, o: token strides vt, ot. With wo (token stride wt), also each token's w = v_t -
+ * S'^T k~ (u = beta w), which the backward reads instead of recomputing S^T k~. Two tokens a
+ * pass (gdr_update_pair), the last of an odd count alone: with a scalar gate or none
  *   S_t^T k_{t+1} = a_t S_{t-1}^T k_{t+1} + (k_t . k_{t+1}) u_t,
  *   S_t^T q_{t+1} = a_t S_{t-1}^T q_{t+1} + (k_t . q_{t+1}) u_t,
  * so both tokens' u and o come from sums over the state before the pair (kk, kq: the dots of
@@ -197,7 +151,7 @@ static inline __attribute__((always_inline)) void gdr_update2(int nb, int mode, 
  * token a_t o a_{t+1} o k~, q~ alike) and in kk, kq (a_{t+1} o k~_{t+1} . k~_t, ...): gdr_prep
  * makes them, and the update's rows (ar: a_t o a_{t+1} for the pair's first token, a_{t+1} o
  * k~_t for its second). */
-static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, long Tc, long K,
+static inline __attribute__((always_inline)) void gdr_cols(int nb, int mode, long Tc, long K,
                                                             long V, const float *qn,
                                                             const float *kn, const float *kx,
                                                             const float *ar, const float *a,
@@ -236,15 +190,15 @@ static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, lo
         long left = Tc - (t + 2);
         const float *k2 = kx + (t + 2) * K, *q2 = qn + (t + 2) * K, *Ar = ar + t * K;
         const float *k0 = mode == GDR_PLAIN ? kn + t * K : ar + (t + 1) * K;
-        float A = sflush_tiny(a0 * a1);
+        float A = a0 * a1;
         if (left >= 2)
-            gdr_update2(nb, mode, 2, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1, k2,
+            gdr_update_pair(nb, mode, 2, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1, k2,
                         q2, k2 + K, q2 + K, acc);
         else if (left == 1)
-            gdr_update2(nb, mode, 1, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1, k2,
+            gdr_update_pair(nb, mode, 1, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1, k2,
                         q2, NULL, NULL, acc);
         else
-            gdr_update2(nb, mode, 0, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1,
+            gdr_update_pair(nb, mode, 0, K, src, Sout, V, A, Ar, k0, u0, kn + (t + 1) * K, u1,
                         NULL, NULL, NULL, NULL, acc);
     }
     if (t < Tc) { /* the last token of an odd count: its sums are acc[0], acc[1] */
@@ -257,8 +211,7 @@ static inline __attribute__((always_inline)) void gdr_cols2(int nb, int mode, lo
             if (wo) vstore(wo + t * wt + j * W, wj);
             vstore(o + t * ot + j * W, av * acc[1][j] + qkt * u0[j]);
         }
-        gdr_update(nb, mode, 0, K, t == 0 ? Sin : Sout, Sout, V, at, ar + t * K, kn + t * K, u0,
-                   NULL, NULL, acc[0], acc[1]);
+        gdr_update_one(nb, mode, K, t == 0 ? Sin : Sout, Sout, V, at, ar + t * K, kn + t * K, u0);
     }
 }
 
@@ -271,15 +224,9 @@ static void gdr_cols_any(int nb, int mode, long Tc, long K, long V, const float 
 /* Cases beyond this ISA's GDR_NB are constant-false (and never asked for). */
 #define G_(c, m)                                                                              \
     case c * 3 + m:                                                                           \
-        if (c <= GDR_NB) {                                                                    \
-            if (GDR_PAIRS)                                                                    \
-                gdr_cols2(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn,                      \
-                          m == GDR_ROWS ? kd : kn, ar, a, b, qk, kk, kq, v, vt, Sin, Sout, o, \
-                          ot, wo, wt, pf);                                                    \
-            else                                                                              \
-                gdr_cols(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn, kd, ar, a, b, qk, v,   \
-                         vt, Sin, Sout, o, ot, wo, wt, pf);                                   \
-        }                                                                                     \
+        if (c <= GDR_NB)                                                                      \
+            gdr_cols(c <= GDR_NB ? c : GDR_NB, m, Tc, K, V, qn, kn, m == GDR_ROWS ? kd : kn,  \
+                     ar, a, b, qk, kk, kq, v, vt, Sin, Sout, o, ot, wo, wt, pf);              \
         break;
     switch (nb * 3 + mode) {
         G_(1, 0) G_(1, 1) G_(1, 2) G_(2, 0) G_(2, 1) G_(2, 2)
@@ -292,11 +239,10 @@ static void gdr_cols_any(int nb, int mode, long Tc, long K, long V, const float 
 /* Prepare Tc tokens: qn = s q (/ |q|), kn = k (/ |k|), b = beta, qk = qn . kn; without gk,
  * a = exp(g) (1 without g); with gk (token stride gkt), the row decays ar = exp(g + gk) (rows of
  * K), kd = ar o kn, and qn scaled by ar in place (after qk). Then, for each pair (t, t + 1) of
- * gdr_cols2 (t even): kk[t], kq[t] = kn_t . kn_{t+1} and kn_t . qn_{t+1} (with gk: kn_t .
+ * gdr_cols (t even): kk[t], kq[t] = kn_t . kn_{t+1} and kn_t . qn_{t+1} (with gk: kn_t .
  * kd_{t+1} and kn_t . qn_{t+1}, the decays in); with a scalar gate the row ar_{t+1} =
  * a_{t+1} kn_t; with gk, in place, kd_{t+1} and qn_{t+1} times ar_t, ar_t = ar_t o ar_{t+1}
- * and ar_{t+1} = ar_{t+1} o kn_t (every product's subnormals 0). q, k: token strides qt, kt;
- * beta, g: bt, gt. */
+ * and ar_{t+1} = ar_{t+1} o kn_t. q, k: token strides qt, kt; beta, g: bt, gt. */
 static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, long kt,
                      const float *beta, long bt, const float *g, long gt, const float *gk,
                      long gkt, float scale,
@@ -337,26 +283,22 @@ static void gdr_prep(long Tc, long K, const float *q, long qt, const float *k, l
             a[t] = g ? sexp_nonpos(g[t * gt]) : 1.0f;
         }
     }
-    if (!GDR_PAIRS) return;
-    for (long t = 0; t + 1 < Tc; t += 2) { /* for two tokens a pass (gdr_cols2) */
+    for (long t = 0; t + 1 < Tc; t += 2) { /* for two tokens a pass (gdr_cols) */
         const float *k0 = kn + t * K;
         float *a0 = ar + t * K, *a1 = a0 + K; /* (unused rows without per-key gates) */
         if (!gk) {
             kk[t] = dot(k0, kn + (t + 1) * K, K), kq[t] = dot(k0, qn + (t + 1) * K, K);
             if (g) /* the update's row a_{t+1} k~_t */
-                for (long i = 0; i < K; ++i) a1[i] = sflush_tiny(a[t + 1] * k0[i]);
+                for (long i = 0; i < K; ++i) a1[i] = a[t + 1] * k0[i];
             continue;
         }
-        /* per-key gates: the second token's sums and the pair's update rows, each product's
-         * subnormals 0 (sflush_tiny) */
+        /* per-key gates: the second token's sums and the pair's update rows */
         float *kd1 = kd + (t + 1) * K, *q1 = qn + (t + 1) * K;
         kk[t] = dot(k0, kd1, K), kq[t] = dot(k0, q1, K);
         for (long i = 0; i < K; ++i) {
             float x0 = a0[i], x1 = a1[i];
-            kd1[i] = sflush_tiny(kd1[i] * x0); /* a_t o a_{t+1} o k~_{t+1} */
-            q1[i] = sflush_tiny(q1[i] * x0);   /* a_t o a_{t+1} o q~_{t+1} */
-            a0[i] = sflush_tiny(x0 * x1);      /* a_t o a_{t+1} */
-            a1[i] = sflush_tiny(x1 * k0[i]);   /* a_{t+1} o k~_t */
+            kd1[i] *= x0, q1[i] *= x0;         /* a_t o a_{t+1} o k~_{t+1}, ... q~_{t+1} */
+            a0[i] = x0 * x1, a1[i] = x1 * k0[i]; /* a_t o a_{t+1}, a_{t+1} o k~_t */
         }
     }
 }

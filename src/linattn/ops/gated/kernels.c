@@ -44,10 +44,6 @@
 #define GLA_NB 4 /* 32 registers (AVX-512, NEON), or scalars */
 #endif
 #define GLA_CMAX 64 /* the longest chunk (checkpoint interval) */
-#ifndef GLA_PAIRS /* the forward's pairs from the state before them (gla_fwd_pair); 0: one
-                     token after the other in each pass (gla_fwd_tokens), for a harness's A/B */
-#define GLA_PAIRS 1
-#endif
 
 static long gla_round_up(long K) { return (K + W - 1) / W * W; }
 
@@ -86,44 +82,29 @@ static void gla_decays(long Tc, long K, const float *g, const float *gk, long gk
  * step from one state into another reads and writes each row once, with no copy first (a
  * decoding step out of place took twice the time of one in place); q, k: token strides qt, kt;
  * a: rows of K (gated only); v, o: token strides vt, ot, offset to the block. */
-/* Tokens t .. t + n - 1 (n = 1 or 2, a constant where inlined) over the block in one pass: the
- * state read from F (rows of V), written to S (n = 2: GLA_PAIRS 0's pairs, else gla_fwd_pair).
- * Two tokens load and store each element once for
- * both, the same operations in the same order as one after the other: a token's pass is bound
- * by its stores (one per vector against three multiply-adds, and a store of a whole vector
- * takes two cycles on an Intel Xeon with AVX-512). A C harness (16 heads, T 4096, K = V 64, a
- * scalar gate, Intel Xeon): 13.3-13.8 -> 11.7-11.9 ms in pairs, 31.2 -> 23.8 ms built for AVX2
- * on the same core. */
-static inline __attribute__((always_inline)) void gla_fwd_tokens(int nb, int n, int gated, long t,
-                                                                 long K, long V, const float *q,
-                                                                 long qt, const float *k,
-                                                                 long kt, const float *a,
-                                                                 const float *v, long vt,
-                                                                 const float *F, float *S,
-                                                                 vf sv, float *o, long ot) {
-    vf vv[2][GLA_NB], acc[2][GLA_NB];
-    for (int u = 0; u < n; ++u)
-        for (int j = 0; j < nb; ++j)
-            vv[u][j] = vload(v + (t + u) * vt + j * W), acc[u][j] = vsplat(0.0f);
+/* Token t over the block in one pass: the state read from F (rows of V), written to S (the
+ * chunk's first token, and the last of an odd count; the others in pairs, gla_fwd_pair). */
+static inline __attribute__((always_inline)) void gla_fwd_token(int nb, int gated, long t, long K,
+                                                                long V, const float *q, long qt,
+                                                                const float *k, long kt,
+                                                                const float *a, const float *v,
+                                                                long vt, const float *F, float *S,
+                                                                vf sv, float *o, long ot) {
+    vf vv[GLA_NB], acc[GLA_NB];
+    for (int j = 0; j < nb; ++j) vv[j] = vload(v + t * vt + j * W), acc[j] = vsplat(0.0f);
     for (long i = 0; i < K; ++i) {
-        vf ki[2], qi[2], ai[2];
-        for (int u = 0; u < n; ++u) {
-            ki[u] = vsplat(k[(t + u) * kt + i]), qi[u] = vsplat(q[(t + u) * qt + i]);
-            ai[u] = vsplat(gated ? a[(t + u) * K + i] : 1.0f);
-        }
+        vf ki = vsplat(k[t * kt + i]), qi = vsplat(q[t * qt + i]);
+        vf ai = vsplat(gated ? a[t * K + i] : 1.0f);
         const float *Fi = F + i * V;
         float *Si = S + i * V;
         for (int j = 0; j < nb; ++j) {
             vf s = vload(Fi + j * W);
-            for (int u = 0; u < n; ++u) {
-                s = gated ? ai[u] * s + ki[u] * vv[u][j] : s + ki[u] * vv[u][j];
-                acc[u][j] += qi[u] * s;
-            }
+            s = gated ? ai * s + ki * vv[j] : s + ki * vv[j];
+            acc[j] += qi * s;
             vstore(Si + j * W, s);
         }
     }
-    for (int u = 0; u < n; ++u)
-        for (int j = 0; j < nb; ++j) vstore(o + (t + u) * ot + j * W, acc[u][j] * sv);
+    for (int j = 0; j < nb; ++j) vstore(o + t * ot + j * W, acc[j] * sv);
 }
 
 /* The rows of a chunk's token pairs (t, t + 1), t = 1, 3, 5, ... (gla_fwd_cols' pairs; pair p
@@ -137,15 +118,13 @@ static void gla_pairs(long Tc, long K, const float *q, long qt, const float *k, 
         if (!gated) continue;
         float *Ap = A + p * K, *cp = c + p * K, *dp = d + p * K;
         long i = 0;
-        for (; i + W <= K; i += W) { /* subnormals 0 (vflush_tiny) */
+        for (; i + W <= K; i += W) {
             vf x0 = vload(a0 + i), x1 = vload(a1 + i);
-            vstore(Ap + i, vflush_tiny(x0 * x1));
-            vstore(cp + i, vflush_tiny(x1 * vload(kr + i)));
-            vstore(dp + i, vflush_tiny(x0 * vload(qr + i)));
+            vstore(Ap + i, x0 * x1);
+            vstore(cp + i, x1 * vload(kr + i));
+            vstore(dp + i, x0 * vload(qr + i));
         }
-        for (; i < K; ++i)
-            Ap[i] = sflush_tiny(a0[i] * a1[i]), cp[i] = sflush_tiny(a1[i] * kr[i]),
-            dp[i] = sflush_tiny(a0[i] * qr[i]);
+        for (; i < K; ++i) Ap[i] = a0[i] * a1[i], cp[i] = a1[i] * kr[i], dp[i] = a0[i] * qr[i];
     }
 }
 
@@ -154,10 +133,14 @@ static void gla_pairs(long Tc, long K, const float *q, long qt, const float *k, 
  *     S_{t+1} = (a_t o a_{t+1}) o S + (a_{t+1} o k_t) v_t^T + k_{t+1} v_{t+1}^T,
  *     o_t = s (S^T (a_t o q_t) + (q_t . k_t) v_t),   o_{t+1} = s S_{t+1}^T q_{t+1}
  * (row scales o): with gates a multiply and four multiply-adds per element for both tokens
- * where two tokens in turn take two multiplies and four (one load and one store either way).
- * 16 heads x 4,096 tokens, K = V = 64, a scalar gate, one thread, a C harness (Intel Xeon
- * family 6): 0.966x the time of the pair in turn (medians of five alternated runs), the AVX2
- * build 0.91x. */
+ * where two tokens in turn take two multiplies and four (one load and one store either way;
+ * a token's pass alone is bound by its stores, one per vector against three multiply-adds, and
+ * a whole-vector store takes two cycles on an Intel Xeon with AVX-512). 16 heads x 4,096
+ * tokens, K = V = 64, a scalar gate, one thread, a C harness (Intel Xeon family 6): 0.966x the
+ * time of the pair in turn (medians of five alternated runs), the AVX2 build 0.91x; the pair in
+ * turn had taken 11.7-11.9 ms where a token a pass took 13.3-13.8 (AVX2: 23.8 against 31.2
+ * ms). Products of two decays
+ * may be subnormal: the pass runs with subnormals flushed (la_subnormals_off). */
 static inline __attribute__((always_inline)) void gla_fwd_pair(int nb, int gated, long t,
                                                                long p, long K, long V,
                                                                const float *q, long qt,
@@ -209,21 +192,18 @@ static inline __attribute__((always_inline)) void gla_fwd_cols(int nb, int gated
     vf sv = vsplat(scale);
     if (Tc > 0) {
         la_fetch_ahead(pf, 0, nb * W);
-        gla_fwd_tokens(nb, 1, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
+        gla_fwd_token(nb, gated, 0, K, V, q, qt, k, kt, a, v, vt, Sr, S, sv, o, ot);
     }
-    long t = 1, P = GLA_PAIRS ? (Tc - 1) / 2 : 0; /* pairs (gla_pairs' rows at pr) */
+    long t = 1, P = (Tc - 1) / 2; /* pairs (gla_pairs' rows at pr) */
     const float *A = pr, *c = A + P * K, *d = c + P * K, *qk = d + P * K;
     for (long p = 0; t + 1 < Tc; t += 2, ++p) {
         la_fetch_ahead(pf, t, nb * W);
         la_fetch_ahead(pf, t + 1, nb * W);
-        if (GLA_PAIRS)
-            gla_fwd_pair(nb, gated, t, p, K, V, q, qt, k, kt, A, c, d, qk, v, vt, S, sv, o, ot);
-        else
-            gla_fwd_tokens(nb, 2, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
+        gla_fwd_pair(nb, gated, t, p, K, V, q, qt, k, kt, A, c, d, qk, v, vt, S, sv, o, ot);
     }
     if (t < Tc) {
         la_fetch_ahead(pf, t, nb * W);
-        gla_fwd_tokens(nb, 1, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
+        gla_fwd_token(nb, gated, t, K, V, q, qt, k, kt, a, v, vt, S, S, sv, o, ot);
     }
 }
 
@@ -279,9 +259,8 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
                            gkt, a);
             if (ckpt) la_copy_cols(ckpt + n * cks + c * K * V, from, K, V, v0, v1);
             long Pc = (Tc - 1) / 2; /* this chunk's pairs, their rows packed at pr */
-            if (GLA_PAIRS)
-                gla_pairs(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt, a, gated, pr,
-                          pr + Pc * K, pr + 2 * Pc * K, pr + 3 * Pc * K);
+            gla_pairs(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt, a, gated, pr,
+                      pr + Pc * K, pr + 2 * Pc * K, pr + 3 * Pc * K);
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
@@ -477,7 +456,8 @@ static inline __attribute__((always_inline)) void gla_bwd_cols(
     if (X)
         for (long i = 0; i < K; ++i) {
             vf p = vsplat(0.0f);
-            for (int j = 0; j < nb; ++j) p += vload(Sb + i * BW + j * W) * vload(dS + i * V + j * W);
+            for (int j = 0; j < nb; ++j)
+                p += vload(Sb + i * BW + j * W) * vload(dS + i * V + j * W);
             X[i] += hsum(p);
         }
     /* reverse: dS_m = dS + q_m d~_m^T; dk_m = dS_m v_m, dv_m = dS_m^T k_m; dS = diag(a_m) dS_m */

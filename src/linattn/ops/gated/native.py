@@ -14,18 +14,19 @@ The kernels run the recurrence itself, per head and token, with the row decays
 
     S ← diag(a_t) S + k_t v_tᵀ,    o_t = s Sᵀ q_t
 
-exact in float32 arithmetic (no chunking error), vectorised over the columns of S (a block of
-columns stays in L1 through a chunk of tokens): a multiply and two multiply-adds per element
-and token. The forward stores the state before every chunk of :func:`checkpoint_interval`
-tokens when gradients are wanted — one state per chunk, never one per token: K·V/C floats per
-token and head (as much as q at K = V = 64 and the C = 64 used with gradients). The
-backward (docs/theory.md §10, "GLA: the compiled backward") walks the chunks from the last; in
-each, a forward sweep from the checkpoint carries the state and gives dq, then a reverse sweep
-runs ``dS ← diag(a_t) (dS + s q_t do_tᵀ)`` and gives dk and dv (seven multiply-adds or
-multiplies per element and token in all, and two row sums over V per key dimension and token);
-the gates' gradients follow from dq and dk, and the initial state's from dS. Heads (and, in
-the forward, column blocks of a head when there are fewer heads than threads) run in parallel
-on torch's threads once a call is large enough to pay for the hand-over.
+in float32 arithmetic (no chunking error), vectorised over the columns of S (a block of
+columns stays in L1 through a chunk of tokens), two tokens a pass: a multiply and four
+multiply-adds per element for both (ops/gated/kernels.c, gla_fwd_pair). The forward stores
+the state before every chunk of :func:`checkpoint_interval` tokens when gradients are wanted
+— one state per chunk, never one per token: K·V/C floats per token and head (as much as q at
+K = V = 64 and the C = 64 used with gradients). The backward (docs/theory.md §10, "GLA: the
+compiled backward") walks the chunks from the last; in each, a forward sweep from the
+checkpoint carries the state and gives dq, then a reverse sweep runs
+``dS ← diag(a_t) (dS + s q_t do_tᵀ)`` and gives dk and dv (seven multiply-adds or multiplies
+per element and token in all, and two row sums over V per key dimension and token); the gates'
+gradients follow from dq and dk, and the initial state's from dS. Heads (and, in the forward,
+column blocks of a head when there are fewer heads than threads) run in parallel on torch's
+threads once a call is large enough to pay for the hand-over.
 
 Inside PyTorch: ``linattn::gla_forward`` (its backward, ``linattn::gla_backward``, registered as
 its autograd formula; ``create_graph=True`` differentiates the torch chunked form instead, so

@@ -88,23 +88,14 @@ static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf vsplat(float a) { return (vf){LA_LANES(a)}; }
 static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
-/* x, its subnormal lanes (magnitude below 2^-126) 0: for products of decays, or of a decay and
- * a row, that a pass multiplies into every element of a state, where a subnormal operand or
- * result costs a microcode assist each time (the delta rule's two-token passes took 20-50x the
- * time with log-gates in (-87, -44] on both tokens, Intel Xeon family 6). The decays themselves
- * are flushed below e^-87 (sexp_nonpos, vexp_nonpos). */
-static inline vf vflush_tiny(vf x) {
-    return vselect(((vi)x & 0x7FFFFFFF) < 0x00800000, vsplat(0.0f), x);
-}
-static inline float sflush_tiny(float x) { return fabsf(x) < 0x1p-126f ? 0.0f : x; }
-
 /* Subnormals flushed to zero and read as zero from la_subnormals_off() until
  * la_subnormals_restore(its value): MXCSR's FTZ and DAZ on x86, FPCR's FZ on AArch64 (elsewhere
- * nothing):
- * for a recurrence's passes, where a decay near its flush (e^-87) times a row or a sum leaves
- * values that every later element's operation would carry through microcode assists (the
- * delta rule's per-key passes took 50x the time with log-gates near -80 before this; an
- * explicit flush of each product cannot reach sums that stay tiny along a row). The register
+ * nothing: slower there, never wrong). For a recurrence's passes, where products of two decays
+ * (the two-token passes) or of a decay near its flush (e^-87) and a row leave subnormal values
+ * that every element's operation would carry through microcode assists: with log-gates in
+ * (-87, -44] the delta rule's passes took 20-50x the time, GLA's 10-50x (and the delta rule's
+ * one-token passes with per-key gates 50x near -80), Intel Xeon family 6. Flushing each such
+ * product where it is made does not reach the sums that stay tiny along a row. The register
  * is the calling thread's, so each kernel call sets and restores it around its own work. */
 static inline unsigned long la_subnormals_off(void) {
 #if defined(__SSE__) && (defined(__GNUC__) || defined(__clang__))
