@@ -408,6 +408,7 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
      * (chunk_dp in ops/native/tiles.h) */
     int chunked =
         chunk_dp_takes(dt, gk != NULL, GDR_DP_C, K, V, v0, v1, q, qs, qt, k, ks, kt);
+    int held = chunked ? amx_hold() : 0; /* the tiles configured once for all the chunks */
 #endif
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
@@ -452,10 +453,18 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, scale, l2norm, t0 == 0 ? Sin : Sout, Sout, ow, 0, V,
                                     NULL, 0, NULL, 0, 0, &next, work);
-            if (rc) return rc;
+            if (rc) {
+#if defined(LA_DP_BF16)
+                amx_unhold(held);
+#endif
+                return rc;
+            }
             la_narrowed_rows(o, n * os + t0 * ot, ot, ow, Tc, V, v0, v1, dt);
         }
     }
+#if defined(LA_DP_BF16)
+    amx_unhold(held);
+#endif
     return 0;
 }
 

@@ -50,6 +50,7 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
     float *fq = work, *fk = fq + C * L, *A = fk + C * L, *num = A + C * C;
     u32 *fqp = (u32 *)(num + C * Dv), *fkb = fqp + C * L / 2, *fkTp = fkb + C * L / 2;
     u32 *Ab = fkTp + C * L / 2, *kp = fkb, *vp = Ab + C * C / 2, *Sp = vp + C / 2 * Dv;
+    int held = amx_hold(); /* the tiles (where used) configured once for all the products */
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
@@ -73,6 +74,7 @@ static void causal_forward_dp(int kind, const void *q, long qs, const void *k, l
             add_colsums(zn, zn, fk, NULL, Cn, L);
         }
     }
+    amx_unhold(held);
 }
 
 /* causal_forward_dp laid out for AMX tiles (pairs along A's rows): per chunk one product
@@ -94,6 +96,7 @@ static void causal_forward_tiles(int kind, const void *q, long qs, const void *k
     u32 *vp = Sp + L / 2 * Dv, *kdp = vp + C / 2 * Dv, *kdT = kdp + C * L / 2;
     float *inv = (float *)(kdT + C * L / 2); /* 1 / the rows' normalisers */
     const vf iota = lane_index();
+    int held = amx_hold(); /* the tiles configured once for all the products */
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < T; t0 += C) {
@@ -134,6 +137,7 @@ static void causal_forward_tiles(int kind, const void *q, long qs, const void *k
             add_colsums(zn, zn, fk, NULL, Cn, L);
         }
     }
+    amx_unhold(held);
 }
 #endif
 
@@ -213,6 +217,7 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
     u32 *kp = (u32 *)(num + C * Dv), *vp = kp + Pk * L, *fqp = kp;
     u32 *Sp = vp + Pk * Dv;
     const u16 *kh = k, *vh = v;
+    int held = amx_hold(); /* the tiles (where used) configured once for all the products */
     for (long n = 0; n < N; ++n) {
         float *Sn = S + n * L * Dv, *zn = z + n * L;
         for (long t0 = 0; t0 < Tk; t0 += Ck) {
@@ -234,6 +239,7 @@ static void noncausal_forward_dp(int kind, const void *q, long qs, const void *k
                 scale_row_stream(out, n * os + (t0 + i) * Dv, 1, num + i * Dv, inv[i], Dv);
         }
     }
+    amx_unhold(held);
 }
 #endif
 

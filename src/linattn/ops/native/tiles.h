@@ -309,13 +309,31 @@ static inline void amx_configure(void) {
     _tile_loadconfig(&cfg);
 }
 
+/* The configuration held across a kernel's products: amx_hold() at a form's start configures
+ * the tiles once for all its products on this thread, amx_unhold(what it returned) releases
+ * them before the kernel returns (never across calls: torch's oneDNN configures the tiles its
+ * own way between them). Configured and released around each product instead, ldtilecfg took
+ * a fifth of the products' time (the delta rule's chunks, Intel Xeon with AMX). Nested holds
+ * return 0 and leave the release to the outermost. */
+static __thread int amx_held;
+static inline int amx_hold(void) {
+    if (amx_held || !amx_ready()) return 0;
+    amx_configure();
+    return amx_held = 1;
+}
+static inline void amx_unhold(int held) {
+    if (!held) return;
+    _tile_release();
+    amx_held = 0;
+}
+
 /* C (M x Nc) (+)= A B over P pairs on tiles, M, Nc, P multiples of 16, A's pairs contiguous in
  * its rows (ap = 1). Output tiles in 2 x 2 groups (tiles 0-3) over their A rows (4, 5) and B
  * columns (6, 7), so that each operand loaded serves two products. */
 static void gemm_amx(long M, long Nc, long P, const u32 *A, long lda, const u32 *B, long ldb,
                      float *C, long ldc, int add) {
     long as = lda * 4, bs = ldb * 4, cs = ldc * 4;
-    amx_configure();
+    int held = amx_hold(); /* 0 where the caller holds the tiles */
     for (long i0 = 0; i0 < M; i0 += 32) {
         int two_i = M - i0 >= 32;
         for (long j0 = 0; j0 < Nc; j0 += 32) {
@@ -353,8 +371,11 @@ static void gemm_amx(long M, long Nc, long P, const u32 *A, long lda, const u32 
             if (two_i && two_j) _tile_stored(3, c2 + 16, cs);
         }
     }
-    _tile_release();
+    amx_unhold(held);
 }
+#else
+static inline int amx_hold(void) { return 0; }
+static inline void amx_unhold(int held) { (void)held; }
 #endif /* AMX */
 
 /* C (M x Nc) (+)= A B over P pairs, Nc a multiple of 16 (gemm's tiling); lower: A is lower
@@ -511,10 +532,16 @@ static inline void chunk_tinv_row(long i, long C, long reach, const float *Li, f
     for (; j < i; ++j)
         for (int c = 0; c < LA_CHUNK_CV; ++c)
             if (c < reach) acc[0][c] -= vsplat(Li[j]) * vload(Ti + j * C + c * 16);
-    for (int c = 0; c < C / 16; ++c)
-        vstore(Ti + i * C + c * 16, (acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c]));
-    Ti[i * C + i] = 1.0f;
-    bf16_scaled(Ti + i * C, 0, 1.0f, C, (u16 *)(Tp + i * C / 2));
+    /* the diagonal's 1 set in the register, and the row rounded from it: a scalar store of
+     * it and a reload of the row stalled the load on the stores (no forwarding from two
+     * stores to one load: 10 % of chunk_dp, Intel Xeon with AMX) */
+    const vf iota = lane_index();
+    for (int c = 0; c < C / 16; ++c) {
+        vf row = (acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c]);
+        row = vselect(iota + (float)(c * 16) == (float)i, vsplat(1.0f), row);
+        vstore(Ti + i * C + c * 16, row);
+        vstore_any(Tp, i * C + c * 16, row, 1); /* Tp's u16 elements: i * C / 2 pairs */
+    }
 }
 
 /* One whole chunk of C tokens of one head: q, k bfloat16 rows of K (token strides qt, kt;
