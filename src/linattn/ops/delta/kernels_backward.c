@@ -74,10 +74,16 @@ static void gdb_prep(long Tc, long K, long Kp, const float *q, long qt, const fl
 static void gdb_recompute(int gated, long Tc, long K, long Kp, long V, long Rb, long j0,
                           const float *ck, const float *w, long wt, const float *a,
                           const float *b, const float *kn, float *SB) {
-    long ts = GDB_TS(Kp);
+    long ts = GDB_TS(Kp), K0 = K / W * W, R0 = Rb / W * W;
+    /* the checkpoint's columns j0 .. j0 + Rb - 1 as rows: W x W blocks transposed in
+     * registers, then the edges (element by element, the strided reads were 6 % of the
+     * backward, Intel Xeon, family 6) */
+    for (long r = 0; r < R0; r += W)
+        for (long i = 0; i < K0; i += W)
+            transpose_block(ck + i * V + j0 + r, V, SB + r * Kp + i, Kp);
     for (long r = 0; r < Rb; ++r) {
         float *s0 = SB + r * Kp;
-        for (long i = 0; i < K; ++i) s0[i] = ck[i * V + j0 + r];
+        for (long i = r < R0 ? K0 : 0; i < K; ++i) s0[i] = ck[i * V + j0 + r];
         for (long i = K; i < Kp; ++i) s0[i] = 0.0f;
     }
     for (long m = 0; m + 1 < Tc; ++m) {
@@ -86,10 +92,12 @@ static void gdb_recompute(int gated, long Tc, long K, long Kp, long V, long Rb, 
         vf av = vsplat(a[m]);
         for (long r = 0; r < Rb; ++r) {
             vf u = vsplat(b[m] * w[m * wt + j0 + r]);
-            for (long x = 0; x < Kp; x += W) {
-                vf s = vload(src + r * Kp + x);
-                vstore(dst + r * Kp + x, gated ? av * s + vload(km + x) * u : s + vload(km + x) * u);
-            }
+            if (gated) /* two loops: the flag's test stayed inside the one */
+                for (long x = 0; x < Kp; x += W)
+                    vstore(dst + r * Kp + x, av * vload(src + r * Kp + x) + vload(km + x) * u);
+            else
+                for (long x = 0; x < Kp; x += W)
+                    vstore(dst + r * Kp + x, vload(src + r * Kp + x) + vload(km + x) * u);
         }
     }
 }
@@ -258,6 +266,44 @@ static inline void gdb_rows(long Rb, float am, float bm, const float *du, const 
     *ud += uds;
 }
 
+/* A token's dq, dk rows (K floats at dqr, dkr) from the sums over its value rows: dq~ (dqh,
+ * before its factors a and the u . dout term ud: dq~ = scale (a dqh + k~ ud), written back
+ * into dqh) and dk~ (dkh), through the L2 norm (x^ = x r: dx = r (dx^ - x^ (x^ . dx^)); rq,
+ * rk; qr the token's q row as given, km its k~ row). Whole vectors, then a scalar tail: one
+ * token's loops left scalar by the compiler (their sums are reductions) were a tenth of the
+ * backward (Intel Xeon, family 6). */
+static inline void gdb_token_grads(long K, float scale, int l2norm, float am, float udm,
+                                   float rqm, float rkm, const float *qr, const float *km,
+                                   float *dqh, const float *dkh, float *dqr, float *dkr) {
+    long K0 = K / W * W, i;
+    vf pqv = vsplat(0.0f), pkv = vsplat(0.0f);
+    for (i = 0; i < K0; i += W) {
+        vf d = vsplat(scale) * (vsplat(am) * vload(dqh + i) + vload(km + i) * udm);
+        vstore(dqh + i, d);
+        pqv += vload(qr + i) * d;
+        pkv += vload(km + i) * vload(dkh + i);
+    }
+    float pq = hsum(pqv), pk = hsum(pkv);
+    for (; i < K; ++i) {
+        dqh[i] = scale * (am * dqh[i] + km[i] * udm);
+        pq += qr[i] * dqh[i], pk += km[i] * dkh[i];
+    }
+    if (!l2norm) {
+        memcpy(dqr, dqh, (size_t)K * sizeof(float));
+        memcpy(dkr, dkh, (size_t)K * sizeof(float));
+        return;
+    }
+    pq *= rqm;
+    for (i = 0; i < K0; i += W) {
+        vstore(dqr + i, rqm * (vload(dqh + i) - rqm * vload(qr + i) * pq));
+        vstore(dkr + i, rkm * (vload(dkh + i) - vload(km + i) * pk));
+    }
+    for (; i < K; ++i) {
+        dqr[i] = rqm * (dqh[i] - rqm * qr[i] * pq);
+        dkr[i] = rkm * (dkh[i] - km[i] * pk);
+    }
+}
+
 /* The backward of la_gdr_forward over T tokens of N heads (all V columns). q, k: as the
  * forward's; beta, g (NULL: ungated): T floats per head (strides bs, gs); ckpt (head stride
  * cs), w (strides ws, wt): what the forward saved; dout: the output's gradient (rows of V,
@@ -339,25 +385,14 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
                     }
                 }
             }
-            for (long m = 0; m < Tc; ++m) { /* the per-token gradients of the chunk */
-                long t = t0 + m;
-                const float *qr = q + n * qs + t * qt, *km = kn + m * Kp;
-                float *dqr = dq + n * dqs + t * dqt, *dkr = dk + n * dks + t * dkt;
-                float *dqh = dqb + m * Kp, *dkh = dkb + m * Kp; /* in place */
-                for (long i = 0; i < K; ++i) dqh[i] = scale * (a[m] * dqh[i] + km[i] * ud[m]);
-                if (l2norm) { /* x^ = x r: dx = r (dx^ - x^ (x^ . dx^)) */
-                    float pq = 0.0f, pk = 0.0f;
-                    for (long i = 0; i < K; ++i) pq += qr[i] * dqh[i], pk += km[i] * dkh[i];
-                    pq *= rq[m];
-                    for (long i = 0; i < K; ++i) {
-                        dqr[i] = rq[m] * (dqh[i] - rq[m] * qr[i] * pq);
-                        dkr[i] = rk[m] * (dkh[i] - km[i] * pk);
-                    }
-                } else {
-                    for (long i = 0; i < K; ++i) dqr[i] = dqh[i], dkr[i] = dkh[i];
-                }
-                dbeta[n * dbs + t] = dbacc[m];
-                if (dg) dg[n * dgs + t] = a[m] * gsum[m];
+            for (long m = 0; m < Tc; ++m) /* the per-token gradients of the chunk */
+                gdb_token_grads(K, scale, l2norm, a[m], ud[m], rq[m], rk[m],
+                                q + n * qs + (t0 + m) * qt, kn + m * Kp, dqb + m * Kp,
+                                dkb + m * Kp, dq + n * dqs + (t0 + m) * dqt,
+                                dk + n * dks + (t0 + m) * dkt);
+            for (long m = 0; m < Tc; ++m) {
+                dbeta[n * dbs + t0 + m] = dbacc[m];
+                if (dg) dg[n * dgs + t0 + m] = a[m] * gsum[m];
             }
         }
         for (long i = 0; i < K; ++i)
