@@ -99,11 +99,11 @@ static inline void phi_rows(int kind, const void *x, long i0, int bf, long n, fl
 }
 
 /* phi_rows, asking meanwhile for a line of each of a and b per vector made. */
-static inline void phi_rows_fetching(int kind, const void *x, long i0, int bf, long n, float *f,
-                                     la_stream *a, la_stream *b) {
+static inline void phi_rows_fetching(int kind, const void *x, long i0, int bf, int coarse, long n,
+                                     float *f, la_stream *a, la_stream *b) {
     for (long i = 0; i < n; i += W) {
         la_fetch_line(a), la_fetch_line(b);
-        vstore(f + i, vphi(kind, vload_any(x, i0 + i, bf)));
+        vstore(f + i, vphi_as(kind, vload_any(x, i0 + i, bf), coarse));
     }
 }
 
@@ -534,7 +534,7 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
              * 0.95-0.96x on an Intel Xeon (family 6; AVX2 build 0.95x; its earlier ~2 % cost
              * was on AMD EPYC family 25) */
             la_stream vn = la_next_chunk(v, n * vs, t0 + Cn, Tk, Ck, Dv, bf ? 2 : 4);
-            phi_rows_fetching(kind, k, n * ks + t0 * L, bf, Cn * L, f, &kn, &vn);
+            phi_rows_fetching(kind, k, n * ks + t0 * L, bf, 0, Cn * L, f, &kn, &vn);
             gemm(L, Dv, Cn, f, 1, L, f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf), Dv, Sn,
                  Dv, 1, FULL);
             add_colsums(zn, zn, f, NULL, Cn, L);
