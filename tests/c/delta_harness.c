@@ -420,7 +420,7 @@ static void bwd_run(long N, long T, long K, long V, int gated, int l2norm, int w
                          work);
     rc |= gdr_backward(q, qs, qt, k, qs, qt, beta, T, gp, T, N, T, K, V, scale, l2norm, ck, cs,
                        w, ws, wt, go, gs_, gt, with_dS ? dS : NULL, dS0, dq, dqs, dqt, dk, dqs,
-                       dqt, dv, dvs, dvt, db, bst, gated ? dg : NULL, bst, bwork);
+                       dqt, dv, dvs, dvt, db, bst, gated ? dg : NULL, bst, LA_F32, bwork);
     ++checks;
     if (rc) {
         ++failures;
@@ -509,6 +509,124 @@ static void bwd_run(long N, long T, long K, long V, int gated, int l2norm, int w
     free(q), free(k), free(v), free(beta), free(g), free(o), free(S0), free(S), free(ck), free(w);
     free(go), free(dS), free(dS0), free(dq), free(dk), free(dv), free(db), free(dg), free(work);
     free(bwork);
+}
+
+/* rows (H, R, F) of dtype dt at x (head stride hs, row stride rs) as a dense double array */
+static double *dense_dt(const void *x, int dt, long hs, long rs, long H, long R, long F) {
+    double *d = malloc((size_t)(H * R * F + 1) * sizeof(double));
+    for (long n = 0; n < H; ++n)
+        for (long r = 0; r < R; ++r)
+            for (long c = 0; c < F; ++c) d[(n * R + r) * F + c] = load_dt(x, n * hs + r * rs + c, dt);
+    return d;
+}
+
+/* |a - b| / max |b| over rows (H, R, F) of dtype dt, both with strides hs, rs */
+static double err_dt(const void *a, const void *b, int dt, long hs, long rs, long H, long R,
+                     long F) {
+    double *x = dense_dt(a, dt, hs, rs, H, R, F), *y = dense_dt(b, dt, hs, rs, H, R, F);
+    double m = 1e-30, e = 0;
+    for (long i = 0; i < H * R * F; ++i) {
+        if (fabs(y[i]) > m) m = fabs(y[i]);
+        double d = fabs(x[i] - y[i]);
+        if (!(d <= e)) e = d;
+    }
+    free(x), free(y);
+    return e / m;
+}
+
+/* The training path on 16-bit rows (dt): la_gdr_forward_call with ckpt and w on 16-bit q, k,
+ * v (each chunk widened), and la_gdr_backward reading 16-bit q, k and dout and writing 16-bit
+ * dq, dk, dv, against the float32 passes on the same values (16-bit ones, widened): the
+ * checkpoints, w, dbeta, dg and dS0 the same float32 arithmetic, o and the gradients that of
+ * float32 rounded once to dt. Strided rows, as bwd_run's. */
+static void bwd16_run(long N, long T, long K, long V, int gated, int l2norm, int dt) {
+    char cfg[160];
+    snprintf(cfg, sizeof cfg, "16-bit dt=%d N=%ld T=%ld K=%ld V=%ld gated=%d l2norm=%d W=%d", dt,
+             N, T, K, V, gated, l2norm, W);
+    long TC = la_gdr_chunk(), nc = (T + TC - 1) / TC;
+    long qt = K + 3, qs = T * qt + 5, vt = V + 2, vs = T * vt + 7, ot = V + 1, os = T * ot + 3;
+    long wt = V + 5, ws = T * wt + 1, cs = nc * K * V + 9, dqt = K + 1, dqs = T * dqt + 4;
+    long dvt = V + 4, dvs = T * dvt + 1;
+    /* the inputs in both dtypes: [0] float32, [1] dt */
+    void *q[2], *k[2], *v[2], *o[2], *go[2], *dq[2], *dk[2], *dv[2];
+    float *ck[2], *w[2], *S[2], *dS0[2], *db[2], *dg[2];
+    for (int d = 0; d < 2; ++d) {
+        size_t es = d ? 2 : 4;
+        q[d] = calloc((size_t)(N * qs), es), k[d] = calloc((size_t)(N * qs), es);
+        v[d] = calloc((size_t)(N * vs), es), o[d] = calloc((size_t)(N * os), es);
+        go[d] = calloc((size_t)(N * os), es), dq[d] = calloc((size_t)(N * dqs), es);
+        dk[d] = calloc((size_t)(N * dqs), es), dv[d] = calloc((size_t)(N * dvs), es);
+        ck[d] = calloc((size_t)(N * cs), 4), w[d] = calloc((size_t)(N * ws), 4);
+        S[d] = calloc((size_t)(N * K * V), 4), dS0[d] = calloc((size_t)(N * K * V), 4);
+        db[d] = calloc((size_t)(N * T), 4), dg[d] = calloc((size_t)(N * T), 4);
+    }
+    float *beta = malloc((size_t)(N * T + 1) * 4), *g = malloc((size_t)(N * T + 1) * 4);
+    float *S0 = malloc((size_t)(N * K * V) * 4), *dS = malloc((size_t)(N * K * V) * 4);
+    float kscale = l2norm ? 1.0f : 1.0f / sqrtf((float)K), scale = 1.0f / sqrtf((float)K);
+#define PUT(x, at, val)                                          \
+    do {                                                         \
+        store_dt(x[1], at, (float)(val), dt);                    \
+        ((float *)x[0])[at] = load_dt(x[1], at, dt); /* exact */ \
+    } while (0)
+    for (long n = 0; n < N; ++n)
+        for (long t = 0; t < T; ++t) {
+            for (long i = 0; i < K; ++i) {
+                PUT(q, n * qs + t * qt + i, uni(-1, 1) * kscale * 1.7f);
+                PUT(k, n * qs + t * qt + i, uni(-1, 1) * kscale * 1.7f);
+            }
+            for (long j = 0; j < V; ++j) {
+                PUT(v, n * vs + t * vt + j, uni(-1, 1));
+                PUT(go, n * os + t * ot + j, uni(-1, 1));
+            }
+            beta[n * T + t] = uni(0, 1), g[n * T + t] = uni(-1, 0);
+        }
+#undef PUT
+    for (long i = 0; i < N * K * V; ++i) S0[i] = uni(-0.3, 0.3), dS[i] = uni(-1, 1);
+    const float *gp = gated ? g : NULL;
+    float *work = calloc((size_t)la_gdr_forward_work(K, V, dt), 4);
+    float *bwork = calloc((size_t)la_gdr_backward_work(K, V), 4);
+    int rc = 0;
+    for (int d = 0; d < 2; ++d) {
+        la_gdr_forward_args fa = {
+            .q = q[d], .qs = qs, .qt = qt, .k = k[d], .ks = qs, .kt = qt, .G = 1, .g0 = 0,
+            .v = v[d], .vs = vs, .vt = vt, .beta = beta, .bs = T, .bt = 1, .g = gp, .gs = T,
+            .gt = 1, .dt = d ? dt : LA_F32, .N = N, .T = T, .K = K, .V = V, .v0 = 0, .v1 = V,
+            .scale = scale, .l2norm = l2norm, .S_in = S0, .S_out = S[d], .o = o[d], .os = os,
+            .ot = ot, .ckpt = ck[d], .cs = cs, .w = w[d], .ws = ws, .wt = wt, .work = work};
+        rc |= la_gdr_forward_call(&fa);
+        rc |= gdr_backward(q[d], qs, qt, k[d], qs, qt, beta, T, gp, T, N, T, K, V, scale,
+                           l2norm, ck[d], cs, w[d], ws, wt, go[d], os, ot, dS, dS0[d], dq[d],
+                           dqs, dqt, dk[d], dqs, dqt, dv[d], dvs, dvt, db[d], T,
+                           gated ? dg[d] : NULL, T, d ? dt : LA_F32, bwork);
+    }
+    ++checks;
+    if (rc) {
+        ++failures;
+        printf("FAIL %s: rc %d\n", cfg, rc);
+    }
+    /* the float32 run's o and gradients rounded to dt, as the 16-bit run should have them */
+    void *r[4] = {calloc((size_t)(N * os), 2), calloc((size_t)(N * dqs), 2),
+                  calloc((size_t)(N * dqs), 2), calloc((size_t)(N * dvs), 2)};
+    void *f[4] = {o[0], dq[0], dk[0], dv[0]};
+    long len[4] = {N * os, N * dqs, N * dqs, N * dvs};
+    for (int a = 0; a < 4; ++a)
+        for (long i = 0; i < len[a]; ++i) store_dt(r[a], i, ((float *)f[a])[i], dt);
+    double u = dt == LA_BF16 ? 0x1p-8 : 0x1p-11; /* one rounding's worth, relative */
+    expect_within("o", err_dt(o[1], r[0], dt, os, ot, N, T, V), u, cfg);
+    expect_within("dq", err_dt(dq[1], r[1], dt, dqs, dqt, N, T, K), u, cfg);
+    expect_within("dk", err_dt(dk[1], r[2], dt, dqs, dqt, N, T, K), u, cfg);
+    expect_within("dv", err_dt(dv[1], r[3], dt, dvs, dvt, N, T, V), u, cfg);
+    expect_within("checkpoints", err_dt(ck[1], ck[0], LA_F32, cs, V, N, nc * K, V), 1e-6, cfg);
+    expect_within("w", err_dt(w[1], w[0], LA_F32, ws, wt, N, T, V), 1e-6, cfg);
+    expect_within("dbeta", err_dt(db[1], db[0], LA_F32, T, 1, N, 1, T), 1e-5, cfg);
+    if (gated) expect_within("dg", err_dt(dg[1], dg[0], LA_F32, T, 1, N, 1, T), 1e-5, cfg);
+    expect_within("dS0", err_dt(dS0[1], dS0[0], LA_F32, K * V, V, N, K, V), 1e-5, cfg);
+    for (int a = 0; a < 4; ++a) free(r[a]);
+    for (int d = 0; d < 2; ++d) {
+        free(q[d]), free(k[d]), free(v[d]), free(o[d]), free(go[d]), free(dq[d]), free(dk[d]);
+        free(dv[d]), free(ck[d]), free(w[d]), free(S[d]), free(dS0[d]), free(db[d]), free(dg[d]);
+    }
+    free(beta), free(g), free(S0), free(dS), free(work), free(bwork);
 }
 
 /* One part's verdict: its PASS line, or 1 after its FAIL line; the counters start again. */
@@ -730,11 +848,17 @@ static void backward_checks(void) {
                 for (int l2 = 0; l2 < 2; ++l2)
                     bwd_run(s == 0 ? 3 : 2, Ts[t], shapes[s][0], shapes[s][1], gated, l2,
                         (int)((t + s + gated) % 2));
+    /* the 16-bit training path: chunks whole and cut, K a whole number of vectors or not */
+    for (int dt = LA_BF16; dt <= LA_F16; ++dt)
+        for (int gated = 0; gated < 2; ++gated) {
+            bwd16_run(2, 150, 64, 64, gated, 1, dt);
+            bwd16_run(3, 70, 20, 32, gated, gated, dt);
+        }
     float dummy[64] = {0};
     ++checks;
     if (gdr_backward(dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 1, 1, 0, 16, 1.0f, 0, dummy, 0,
                      dummy, 0, 0, dummy, 0, 0, NULL, dummy, dummy, 0, 0, dummy, 0, 0, dummy, 0,
-                     0, dummy, 0, NULL, 0, dummy) != -1) {
+                     0, dummy, 0, NULL, 0, LA_F32, dummy) != -1) {
         ++failures;
         printf("FAIL: K = 0 was not refused\n");
     }

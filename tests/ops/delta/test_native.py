@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 
 import pytest
 import torch
@@ -317,39 +318,57 @@ def test_a_step_on_threads_refuses_non_finite_beta(bad):
         delta_rule_step(q, k, v, beta, torch.zeros(big, 16, 16))
 
 
+@pytest.mark.parametrize("K", [16, 20])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16_bit_gradients_are_the_float32_passes_rounded(monkeypatch, dtype):
-    """16-bit q, k, v with gradients run the compiled float32 forward and backward on the
-    widened inputs: the output and the gradients are those of float32 inputs of the same
-    values, rounded once to the input dtype (within one rounding of it)."""
-    q, k, v, beta, g = _inputs(2, 3, T=70, K=16, V=32)
+def test_16_bit_gradients_are_the_float32_passes_rounded(monkeypatch, dtype, K):
+    """16-bit q, k, v with gradients: the compiled forward and backward read the 16-bit rows
+    a chunk at a time and write o, dq, dk, dv in the input dtype, with no widened copy made
+    (no cast in Python): the output and the gradients (of q, k, v, β, g and the initial state,
+    from those of the output and the final state) are those of float32 inputs of the same
+    values, rounded once to the input dtype (within one rounding of it). T = 70: a whole
+    chunk and a part; K = 20: rows that are no whole number of vectors."""
+    q, k, v, beta, g = _inputs(2, 3, T=70, K=K, V=32)
+    S0 = torch.randn(2, 3, K, 32, generator=torch.Generator().manual_seed(4)) / 4
     q, k, v = (x.to(dtype) for x in (q, k, v))
     leaves = [x.requires_grad_() for x in (q, k, v)]
     wide = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    g_out = torch.randn(2, 3, 70, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
-    calls = []
-    real = delta_native.delta_rule_native_train
+    rest = [[x.clone().requires_grad_() for x in (beta, g, S0)] for _ in range(2)]
+    gen = torch.Generator().manual_seed(3)
+    g_out, g_S = torch.randn(2, 3, 70, 32, generator=gen).to(dtype), torch.randn(2, 3, K, 32)
+    calls, casts = [], []
+    real, real_cast = delta_native.delta_rule_native_train, delta_native.recycled_cast
     monkeypatch.setattr(delta_native, "delta_rule_native_train",
                         lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(delta_native, "recycled_cast",
+                        lambda *a: casts.append(1) or real_cast(*a))
     with dispatch.use(impl="native"):
-        o = delta_rule(*leaves, beta, g, qk_l2norm=True)
-        o.backward(g_out)
-        want = delta_rule(*wide, beta, g, qk_l2norm=True)
-        want.backward(g_out.float())
+        o, S = delta_rule(*leaves, rest[0][0], rest[0][1], qk_l2norm=True,
+                          initial_state=rest[0][2], return_state=True)
+        torch.autograd.backward([o, S], [g_out, g_S])
+        cast = len(casts)
+        want, want_S = delta_rule(*wide, rest[1][0], rest[1][1], qk_l2norm=True,
+                                  initial_state=rest[1][2], return_state=True)
+        torch.autograd.backward([want, want_S], [g_out.float(), g_S])
     eps = torch.finfo(dtype).eps
-    assert o.dtype == dtype and calls == [1, 1]
+    assert o.dtype == dtype and calls == [1, 1] and cast == 0
     torch.testing.assert_close(o.float(), want, rtol=eps, atol=eps * want.abs().max().item())
     for got, w in zip(leaves, wide, strict=True):
         assert got.grad.dtype == dtype
         torch.testing.assert_close(got.grad.float(), w.grad, rtol=eps,
                                    atol=eps * w.grad.abs().max().item())
+    f32 = torch.finfo(torch.float32).eps  # the same float32 passes: equal but for the order
+    for got, w in zip(rest[0], rest[1], strict=True):  # of a few sums
+        assert got.grad.dtype == torch.float32
+        torch.testing.assert_close(got.grad, w.grad, rtol=64 * f32,
+                                   atol=64 * f32 * w.grad.abs().max().item())
 
 
 def test_routing(monkeypatch):
     """Where the compiled path does not apply (float64, V not a multiple of 16, gradients of a
     decoding step, per-value gates, gradients with per-key gates) ``auto`` runs torch even with
     LINATTN_NATIVE=1, and impl="native" says why; a float32 or bfloat16 (widened) prefill that
-    wants gradients takes the compiled forward that saves what the compiled backward reads;
+    wants gradients takes the compiled forward that saves what the compiled backward reads
+    (bfloat16 rows read by the kernels themselves);
     per-key gates without gradients take the compiled forward and step; impl="torch" and
     LINATTN_NATIVE=0 never take either."""
     calls = []
@@ -368,7 +387,7 @@ def test_routing(monkeypatch):
     assert calls == ["fwd", "train"] and leaf.grad is not None
     leaf_b = q.bfloat16().requires_grad_(True)
     kb, vb = k.bfloat16(), v.bfloat16()
-    delta_rule(leaf_b, kb, vb, beta, g).float().sum().backward()  # bfloat16: widened, compiled
+    delta_rule(leaf_b, kb, vb, beta, g).float().sum().backward()  # bfloat16 rows: compiled
     assert calls == ["fwd", "train", "train"] and leaf_b.grad.dtype == torch.bfloat16
     delta_rule(q.double(), k.double(), v.double(), beta.double(), g.double())
     delta_rule(q, k, v[..., :8], beta, g)
@@ -512,3 +531,14 @@ def test_a_16_bit_prefill_reads_its_rows_itself(native_calls, dtype, gates, monk
     torch.testing.assert_close(S, S32, rtol=16 * eps32, atol=16 * eps32 * S32.abs().max().item())
     torch.testing.assert_close(o.float(), o32, rtol=eps + 16 * eps32,
                                atol=(eps + 16 * eps32) * o32.abs().max().item())
+
+
+def test_gates_that_require_grad_check_quietly():
+    """β and g computed by a model require grad: their value checks read them without a
+    warning (a scalar read of a tensor in a graph warns in torch)."""
+    q, k, v, beta, g = _inputs(1, 2, T=20, K=16, V=16)
+    beta, g = beta.requires_grad_(), g.requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        delta_rule(q, k, v, beta, g, qk_l2norm=True).sum().backward()
+    assert beta.grad is not None and g.grad is not None

@@ -379,13 +379,16 @@ static int la_gdr_forward(const float *q, long qs, long qt, const float *k, long
  * step split over threads (la_gdr_forward's parts) equals one on the calling thread. */
 static __typeof__(la_gdr_forward) *volatile gdr_forward_fn = la_gdr_forward;
 
-/* la_gdr_forward on rows of dtype dt (LA_BF16, LA_F16: q, k, v and o; beta, the gates and the
- * states float32, as the op's checks hand them), without what the backward reads (ckpt, w):
+/* la_gdr_forward on rows of dtype dt (LA_BF16, LA_F16: q, k, v and o; beta, the gates, the
+ * states and what the backward reads, ckpt and w, float32, as the op's checks hand them):
  * each chunk of GDR_TC tokens of each head read into float32 rows first (exact; q, k rows of
  * K, v rows of V, in the scratch after la_gdr_work(K)) and o rounded once as it is written:
  * the same chunks of the same function as on float32 rows, without a widened copy of each
  * whole input and of o; the next chunk's 16-bit rows are asked for while this one runs
- * (la_next_rows16). work: la_gdr_forward_work(K, V, dt) floats. */
+ * (la_next_rows16). A chunk is one checkpoint interval, so each call writes the checkpoint
+ * before it (ckpt: head stride cs, NULL: none) and its tokens' w (strides ws, wt); the chunked
+ * form on tiles (chunk_dp) makes no w and runs only without them. work:
+ * la_gdr_forward_work(K, V, dt) floats. */
 long la_gdr_forward_work(long K, long V, int dt) {
     return la_gdr_work(K) + (dt == LA_F32 ? 0 : GDR_TC * (2 * K + 2 * V + 2))
            + chunk_dp_scratch(dt, GDR_DP_C, K, V);
@@ -397,7 +400,7 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
                                long gt, const float *gk, long gks, long gkt, int dt, long N,
                                long T, long K, long V, long v0, long v1, float scale, int l2norm,
                                const float *S_in, float *S_out, void *o, long os, long ot,
-                               float *work) {
+                               float *ckpt, long cs, float *w, long ws, long wt, float *work) {
     if (gdr_refused(K, V, v0, v1, N, T, G, g0)) return -1;
     float *qw = work + la_gdr_work(K), *kw = qw + GDR_TC * K, *vw = kw + GDR_TC * K;
     float *ow = vw + GDR_TC * V;
@@ -406,8 +409,8 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
     float *bw = ow + GDR_TC * V + chunk_dp_scratch(dt, GDR_DP_C, K, V), *gw = bw + GDR_TC;
     /* whole chunks of bfloat16 rows without per-key gates on tiles: the chunked form
      * (chunk_dp in ops/native/tiles.h) */
-    int chunked =
-        chunk_dp_takes(dt, gk != NULL, GDR_DP_C, K, V, v0, v1, q, qs, qt, k, ks, kt);
+    int chunked = !ckpt && !w /* (the chunked form makes no w for the backward) */
+                  && chunk_dp_takes(dt, gk != NULL, GDR_DP_C, K, V, v0, v1, q, qs, qt, k, ks, kt);
     int held = chunked ? amx_hold() : 0; /* the tiles configured once for all the chunks */
 #endif
     for (long n = 0; n < N; ++n) {
@@ -452,7 +455,8 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
                                     g ? g + n * gs + t0 * gt : NULL, 0, gt,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, scale, l2norm, t0 == 0 ? Sin : Sout, Sout, ow, 0, V,
-                                    NULL, 0, NULL, 0, 0, &next, work);
+                                    ckpt ? ckpt + n * cs + t0 / GDR_TC * K * V : NULL, 0,
+                                    w ? w + n * ws + t0 * wt : NULL, 0, wt, &next, work);
             if (rc) {
 #if defined(LA_DP_BF16)
                 amx_unhold(held);
@@ -559,13 +563,14 @@ static int la_gdr_step(const void *q, const void *k, const void *v, const void *
     X(la_s, float *, work, 'p')
 LA_ARGS(la_gdr_forward_args, LA_GDR_FORWARD_ARGS)
 int la_gdr_forward_call(const la_gdr_forward_args *a) {
-    if (a->dt != LA_F32) /* 16-bit rows: nothing for a backward (the gradients widen in Python) */
-        return a->ckpt || a->w || a->dt < LA_F32 || a->dt > LA_F16 ? -1
+    if (a->dt != LA_F32) /* 16-bit rows, a chunk at a time (with what the backward reads) */
+        return a->dt < LA_F32 || a->dt > LA_F16 ? -1
                : gdr_forward_widened(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v,
                                      a->vs, a->vt, a->beta, a->bs, a->bt, a->g, a->gs, a->gt,
                                      a->gk, a->gks, a->gkt, a->dt, a->N, a->T, a->K, a->V,
                                      a->v0, a->v1, a->scale, a->l2norm, a->S_in, a->S_out,
-                                     a->o, a->os, a->ot, a->work);
+                                     a->o, a->os, a->ot, a->ckpt, a->cs, a->w, a->ws, a->wt,
+                                     a->work);
     return (int)gdr_forward_fn(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->G, a->g0, a->v, a->vs,
             a->vt, a->beta, a->bs, a->bt, a->g, a->gs, a->gt, a->gk, a->gks, a->gkt, a->N, a->T,
             a->K, a->V, a->v0, a->v1, a->scale, a->l2norm, a->S_in, a->S_out, a->o, a->os, a->ot,
@@ -582,19 +587,20 @@ int la_gdr_forward_call(const la_gdr_forward_args *a) {
 LA_ENTRY(la_gdr_step, LA_GDR_STEP_ARGS)
 
 #define LA_GDR_BACKWARD_ARGS(X, la_s) \
-    X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
-    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
+    X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
     X(la_s, const float *, beta, 'p') X(la_s, long, bs, 'l') X(la_s, const float *, g, 'p') \
     X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') X(la_s, long, K, 'l') \
     X(la_s, long, V, 'l') X(la_s, float, scale, 'f') X(la_s, int, l2norm, 'i') \
     X(la_s, const float *, ckpt, 'p') X(la_s, long, cs, 'l') X(la_s, const float *, w, 'p') \
-    X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') X(la_s, const float *, dout, 'p') \
+    X(la_s, long, ws, 'l') X(la_s, long, wt, 'l') X(la_s, const void *, dout, 'p') \
     X(la_s, long, dos, 'l') X(la_s, long, dot, 'l') X(la_s, const float *, dS, 'p') \
-    X(la_s, float *, dS0, 'p') X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') \
-    X(la_s, long, dqt, 'l') X(la_s, float *, dk, 'p') X(la_s, long, dks, 'l') \
-    X(la_s, long, dkt, 'l') X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') \
+    X(la_s, float *, dS0, 'p') X(la_s, void *, dq, 'p') X(la_s, long, dqs, 'l') \
+    X(la_s, long, dqt, 'l') X(la_s, void *, dk, 'p') X(la_s, long, dks, 'l') \
+    X(la_s, long, dkt, 'l') X(la_s, void *, dv, 'p') X(la_s, long, dvs, 'l') \
     X(la_s, long, dvt, 'l') X(la_s, float *, dbeta, 'p') X(la_s, long, dbs, 'l') \
-    X(la_s, float *, dg, 'p') X(la_s, long, dgs, 'l') X(la_s, float *, work, 'p')
+    X(la_s, float *, dg, 'p') X(la_s, long, dgs, 'l') X(la_s, int, dt, 'i') \
+    X(la_s, float *, work, 'p')
 LA_ENTRY(la_gdr_backward, LA_GDR_BACKWARD_ARGS)
 
 static const la_struct la_delta_structs[] = {

@@ -36,11 +36,13 @@
  * to another array (4K aliasing: the load would wait for the store, ~2x slower here). */
 #define GDB_TS(Kp) (GDB_R * (Kp) + 32)
 
-/* Floats of work la_gdr_backward needs for head dimensions K, V. */
+/* Floats of work la_gdr_backward needs for head dimensions K, V: its float32 form's, then a
+ * chunk's q, k and dout widened and its dv before it is rounded (16-bit rows; placed last, so
+ * that the float32 form's layout is the same either way). */
 long la_gdr_backward_work(long K, long V) {
     long Kp = GDB_KP(K);
     return V * Kp + 32 + (long)GDR_TC * GDB_TS(Kp) + 4L * GDR_TC * Kp + 8L * GDR_TC + 6L * GDB_R +
-           (long)GDB_R * W;
+           (long)GDB_R * W + 2L * GDR_TC * (K + V);
 }
 
 /* The token chunk: the forward's checkpoint interval. */
@@ -304,30 +306,42 @@ static inline void gdb_token_grads(long K, float scale, int l2norm, float am, fl
     }
 }
 
+/* x[0:n] rounded to dtype dt (16-bit) at dst, any n: whole vectors, then a scalar tail. */
+static inline void gdb_narrowed_row(u16 *dst, const float *x, long n, int dt) {
+    long n0 = n / W * W;
+    la_narrowed(dst, x, 0, n0, dt);
+    for (long i = n0; i < n; ++i) store_dt(dst, i, x[i], dt);
+}
+
 /* The backward of la_gdr_forward over T tokens of N heads (all V columns). q, k: as the
  * forward's; beta, g (NULL: ungated): T floats per head (strides bs, gs); ckpt (head stride
  * cs), w (strides ws, wt): what the forward saved; dout: the output's gradient (rows of V,
  * head and token strides dos, dot); dS: the final state's (N, K, V) contiguous, or NULL for
  * zero; dS0: the initial state's, (N, K, V) contiguous. Outputs dq, dk (rows of K), dv (rows
  * of V), dbeta and dg (NULL when ungated; one float per token), each with head and token
- * strides. work: la_gdr_backward_work(K, V) floats. Returns 0, or -1 on sizes it does not
- * take (K, V >= 1). */
-static int la_gdr_backward(const float *q, long qs, long qt, const float *k, long ks, long kt,
+ * strides. q, k, dout, dq, dk and dv are of dtype dt (LA_F32, or 16-bit: each chunk's rows
+ * read into float32 first, exact, and the gradients rounded once as they are written: the
+ * same arithmetic as on float32 rows, without widened copies of the inputs and of the
+ * gradients); the rest float32. work: la_gdr_backward_work(K, V) floats. Returns 0, or -1
+ * on sizes or a dtype it does not take (K, V >= 1). */
+static int la_gdr_backward(const void *q_, long qs, long qt, const void *k_, long ks, long kt,
                            const float *beta, long bs, const float *g, long gs, long N, long T,
                            long K, long V, float scale, int l2norm, const float *ckpt, long cs,
-                           const float *w, long ws, long wt, const float *dout, long dos,
-                           long dot_, const float *dS, float *dS0, float *dq, long dqs,
-                           long dqt, float *dk, long dks, long dkt, float *dv, long dvs,
-                           long dvt, float *dbeta, long dbs, float *dg, long dgs,
+                           const float *w, long ws, long wt, const void *dout_, long dos,
+                           long dot_, const float *dS, float *dS0, void *dq_, long dqs,
+                           long dqt, void *dk_, long dks, long dkt, void *dv_, long dvs,
+                           long dvt, float *dbeta, long dbs, float *dg, long dgs, int dt,
                            float *work) {
-    if (K < 1 || V < 1 || N < 0 || T < 0) return -1;
+    if (K < 1 || V < 1 || N < 0 || T < 0 || dt < LA_F32 || dt > LA_F16) return -1;
     long Kp = GDB_KP(K), TC = GDR_TC;
-    int gated = g != NULL;
+    int gated = g != NULL, wide = dt != LA_F32;
     float *DT = work, *SB = DT + V * Kp + 32, *qn = SB + TC * GDB_TS(Kp), *kn = qn + TC * Kp;
     float *dqb = kn + TC * Kp, *dkb = dqb + TC * Kp, *a = dkb + TC * Kp, *b = a + TC;
     float *rq = b + TC, *rk = rq + TC, *gsum = rk + TC, *dbacc = gsum + TC, *ud = dbacc + TC;
     float *ru = ud + TC, *rc = ru + GDB_R, *rcp = rc + GDB_R, *rdo = rcp + GDB_R;
     float *rdo1 = rdo + GDB_R, *du = rdo1 + GDB_R, *P = du + GDB_R;
+    /* 16-bit rows: a chunk's q, k, dout widened, its dv before it is rounded */
+    float *qw = P + GDB_R * W, *kw = qw + TC * K, *ow = kw + TC * K, *dvw = ow + TC * V;
     memset(P, 0, (size_t)(GDB_R * W) * sizeof(float)); /* rows past a short block: zeros */
     for (long n = 0; n < N; ++n) {
         for (long j = 0; j < V; ++j)
@@ -335,10 +349,23 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
                 DT[j * Kp + i] = i < K && dS ? dS[n * K * V + i * V + j] : 0.0f;
         for (long t0 = (T - 1) / TC * TC; T > 0 && t0 >= 0; t0 -= TC) {
             long Tc = T - t0 < TC ? T - t0 : TC;
-            const float *wc = w + n * ws + t0 * wt, *oc = dout + n * dos + t0 * dot_;
-            gdb_prep(Tc, K, Kp, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt,
-                     beta + n * bs + t0, g ? g + n * gs + t0 : NULL, scale, l2norm, qn, kn, a,
-                     b, rq, rk);
+            const float *wc = w + n * ws + t0 * wt;
+            /* the chunk's float32 rows: in place, or widened (then rows of K, V) */
+            const float *qc, *kc, *oc;
+            long qct = qt, kct = kt, oct = dot_, dvct = dvt;
+            float *dvc;
+            if (wide) {
+                la_widened_rows(qw, q_, n * qs + t0 * qt, qt, Tc, K, dt);
+                la_widened_rows(kw, k_, n * ks + t0 * kt, kt, Tc, K, dt);
+                la_widened_rows(ow, dout_, n * dos + t0 * dot_, dot_, Tc, V, dt);
+                qc = qw, kc = kw, oc = ow, dvc = dvw, qct = kct = K, oct = dvct = V;
+            } else {
+                qc = (const float *)q_ + n * qs + t0 * qt, kc = (const float *)k_ + n * ks + t0 * kt;
+                oc = (const float *)dout_ + n * dos + t0 * dot_;
+                dvc = (float *)dv_ + n * dvs + t0 * dvt;
+            }
+            gdb_prep(Tc, K, Kp, qc, qct, kc, kct, beta + n * bs + t0, g ? g + n * gs + t0 : NULL,
+                     scale, l2norm, qn, kn, a, b, rq, rk);
             memset(dqb, 0, (size_t)(2 * TC * Kp) * sizeof(float)); /* dqb, dkb */
             for (long m = 0; m < Tc; ++m) gsum[m] = dbacc[m] = ud[m] = 0.0f;
             for (long j0 = 0; j0 < V; j0 += GDB_R) {
@@ -349,7 +376,7 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
                  * later pass does them for the token before it */
                 {
                     long m = Tc - 1;
-                    const float *qm = qn + m * Kp, *km = kn + m * Kp, *om = oc + m * dot_ + j0;
+                    const float *qm = qn + m * Kp, *km = kn + m * Kp, *om = oc + m * oct + j0;
                     for (long r = 0; r < Rb; ++r) {
                         float *Dr = DT + (j0 + r) * Kp;
                         vf oj = vsplat(om[r]), acc = vsplat(0.0f);
@@ -361,15 +388,14 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
                         vstore(P + r * W, acc);
                     }
                     gdb_sums(P, du);
-                    gdb_rows(Rb, a[m], b[m], du, wc + m * wt + j0, om,
-                             dv + n * dvs + (t0 + m) * dvt + j0, dbacc + m, ud + m, ru, rc, rcp,
-                             rdo);
+                    gdb_rows(Rb, a[m], b[m], du, wc + m * wt + j0, om, dvc + m * dvct + j0,
+                             dbacc + m, ud + m, ru, rc, rcp, rdo);
                 }
                 for (long m = Tc - 1; m >= 0; --m) {
                     int next = m > 0;
                     const float *km = kn + m * Kp, *Sm = SB + m * GDB_TS(Kp);
                     const float *km1 = kn + (m - next) * Kp, *qm1 = qn + (m - next) * Kp;
-                    const float *om1 = oc + (m - next) * dot_ + j0;
+                    const float *om1 = oc + (m - next) * oct + j0;
                     for (long r = 0; r < Rb; ++r) rdo1[r] = om1[r];
                     for (long x = 0; x < Kp; x += GDB_KB * W) {
                         int nb = (Kp - x) / W < GDB_KB ? (int)((Kp - x) / W) : GDB_KB;
@@ -380,16 +406,27 @@ static int la_gdr_backward(const float *q, long qs, long qt, const float *k, lon
                     if (next) {
                         gdb_sums(P, du);
                         gdb_rows(Rb, a[m - 1], b[m - 1], du, wc + (m - 1) * wt + j0, om1,
-                                 dv + n * dvs + (t0 + m - 1) * dvt + j0, dbacc + m - 1,
-                                 ud + m - 1, ru, rc, rcp, rdo);
+                                 dvc + (m - 1) * dvct + j0, dbacc + m - 1, ud + m - 1, ru, rc,
+                                 rcp, rdo);
                     }
                 }
             }
-            for (long m = 0; m < Tc; ++m) /* the per-token gradients of the chunk */
-                gdb_token_grads(K, scale, l2norm, a[m], ud[m], rq[m], rk[m],
-                                q + n * qs + (t0 + m) * qt, kn + m * Kp, dqb + m * Kp,
-                                dkb + m * Kp, dq + n * dqs + (t0 + m) * dqt,
-                                dk + n * dks + (t0 + m) * dkt);
+            for (long m = 0; m < Tc; ++m) { /* the per-token gradients of the chunk */
+                long t = t0 + m;
+                float *dqh = dqb + m * Kp, *dkh = dkb + m * Kp;
+                if (!wide) {
+                    gdb_token_grads(K, scale, l2norm, a[m], ud[m], rq[m], rk[m], qc + m * qct,
+                                    kn + m * Kp, dqh, dkh, (float *)dq_ + n * dqs + t * dqt,
+                                    (float *)dk_ + n * dks + t * dkt);
+                    continue;
+                }
+                /* in place in the float32 rows, then rounded once */
+                gdb_token_grads(K, scale, l2norm, a[m], ud[m], rq[m], rk[m], qc + m * qct,
+                                kn + m * Kp, dqh, dkh, dqh, dkh);
+                gdb_narrowed_row((u16 *)dq_ + n * dqs + t * dqt, dqh, K, dt);
+                gdb_narrowed_row((u16 *)dk_ + n * dks + t * dkt, dkh, K, dt);
+            }
+            if (wide) la_narrowed_rows(dv_, n * dvs + t0 * dvt, dvt, dvw, Tc, V, 0, V, dt);
             for (long m = 0; m < Tc; ++m) {
                 dbeta[n * dbs + t0 + m] = dbacc[m];
                 if (dg) dg[n * dgs + t0 + m] = a[m] * gsum[m];

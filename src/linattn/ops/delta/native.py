@@ -3,8 +3,9 @@ r"""The compiled CPU forward of the (gated) delta rule (``la_gdr_forward`` in ``
 :func:`linattn.ops.delta.delta_rule` and :func:`~linattn.ops.delta.delta_rule_step` hand a call
 here, after their argument checks, when the dispatcher chose this backend
 (:mod:`linattn.ops.dispatch`, op "delta_rule", forms "prefill", "prefill fwd+bwd" and "step"): a
-CPU call in float32 accumulation (float32 inputs; bfloat16 and float16 are read a chunk at a
-time, and widened by differentiable casts when gradients are wanted), V a multiple of 16, no
+CPU call in float32 accumulation (float32 inputs; bfloat16 and float16 rows are read a chunk at
+a time by the kernels, forward and backward, and o and the gradients written in their dtype,
+rounded once), V a multiple of 16, no
 per-value gate, no per-key gate when a gradient is wanted (nor any gradient in the step), an
 ISA build that loads, and (by default) the compiled path measured faster than the torch one on
 this machine.
@@ -206,11 +207,11 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
     N, T, K = q.shape
     V = w.shape[2]
     threads = threads_for(N * T * K * V, N, PARALLEL_MIN)  # whole heads only (no column split)
-    f4 = 4
     fn = fns["gdr_backward"]
+    dt = DTYPE_CODES[q.dtype]  # of q, k, g_o, dq, dk, dv (16-bit: widened a chunk at a time)
 
     def at(x: Tensor | None, h0: int) -> int | None:
-        return None if x is None else x.data_ptr() + f4 * h0 * x.stride(0)
+        return None if x is None else x.data_ptr() + x.element_size() * h0 * x.stride(0)
 
     def part(h0: int, h1: int, _v0: int, _v1: int) -> None:
         rc = fn(
@@ -223,7 +224,7 @@ def _backward_heads(fns: dict, q: Tensor, k: Tensor, beta: Tensor, g: Tensor | N
             dqs=dq.stride(0), dqt=dq.stride(1), dk=at(dk, h0), dks=dk.stride(0),
             dkt=dk.stride(1), dv=at(dv, h0), dvs=dv.stride(0), dvt=dv.stride(1),
             dbeta=at(dbeta, h0), dbs=dbeta.stride(0), dg=at(dg, h0),
-            dgs=0 if dg is None else dg.stride(0), work=_work(fns, K, V).data_ptr())
+            dgs=0 if dg is None else dg.stride(0), dt=dt, work=_work(fns, K, V).data_ptr())
         check_rc(rc, "la_gdr_backward")
 
     run_jobs(part, head_jobs(N, V, threads, block=V_MULTIPLE), threads)
@@ -268,7 +269,7 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     T, K = q.shape[-2:]
     V = v.shape[-1]
     H, HV, spans, src = _spans(q, v, cu_seqlens, q, k, v, beta, g, gk)
-    if (not save and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
+    if (q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
             and v.dtype == q.dtype):  # the kernel reads 16-bit rows a chunk at a time
         qf, kf, vf = rows(src[0], H), rows(src[1], H), rows(src[2], HV)
     else:
@@ -287,9 +288,9 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
         S = S_in = S_in.clone(memory_format=torch.contiguous_format)
     o = empty_hugepage(qf, HV, T, V)
     ckpt = w = None
-    if save:
+    if save:  # float32 whatever the rows' dtype
         ckpt = empty_hugepage(S, HV, checkpoints(T, cu_seqlens), K, V)
-        w = empty_hugepage(qf, HV, T, V)
+        w = empty_hugepage(S, HV, T, V)
     c = 0
     for i, (a, b) in enumerate(spans):
         heads = slice(i * HV, (i + 1) * HV)  # (in place where S is S_in)
@@ -373,16 +374,20 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
     *batch, T, K = q.shape
     V = v.shape[-1]
     H, _, spans, (gq, gk, gb, gg, go) = _spans(q, q, cu_seqlens, q, k, beta, g, g_o)
-    qf, kf = float32_rows(gq, H), float32_rows(gk, H)
+    # 16-bit q, k and output gradient: read in place, a chunk at a time, by the kernel, which
+    # writes dq, dk, dv in their dtype (rounded once); else float32 rows
+    wide = _sixteen_bit(q, k, g_o)
+    qf, kf = (rows(gq, H), rows(gk, H)) if wide else (float32_rows(gq, H), float32_rows(gk, H))
     bf = gb.reshape(H, T).contiguous()
     gf = None if g is None else gg.reshape(H, T).contiguous()
     # a missing output gradient: one zero row read for every token (token and head strides 0)
-    go = q.new_zeros(1, 1, V).expand(H, T, V) if go is None else float32_rows(go, H)
+    go = (qf.new_zeros(1, 1, V).expand(H, T, V) if go is None
+          else rows(go, H) if wide else float32_rows(go, H))
     gS = None if g_S is None else g_S.reshape(-1, K, V).contiguous()
     dq, dk = empty_hugepage(qf, H, T, K), empty_hugepage(qf, H, T, K)
     dv = empty_hugepage(qf, H, T, V)
-    dbeta = q.new_empty(H, T)
-    dg = None if g is None else q.new_empty(H, T)
+    dbeta = bf.new_empty(H, T)  # float32, as beta and g
+    dg = None if g is None else gf.new_empty(H, T)
     dS0 = S0.new_empty(len(spans) * H, K, V)
     c = 0
     for i, (a, b) in enumerate(spans):
@@ -394,8 +399,18 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
                         dq[:, a:b], dk[:, a:b], dv[:, a:b], dbeta[:, a:b],
                         None if dg is None else dg[:, a:b])
         c += n
-    return (dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), dbeta.view(beta.shape),
+    # in the inputs' dtypes (float32 rows of a 16-bit input, whose output gradient was not of
+    # its dtype, rounded here)
+    dq, dk, dv = (d.view(x.shape).to(x.dtype) for d, x in ((dq, q), (dk, k), (dv, v)))
+    return (dq, dk, dv, dbeta.view(beta.shape),
             q.new_empty(0) if dg is None else dg.view(g.shape), dS0.view(S0.shape))
+
+
+def _sixteen_bit(q: Tensor, k: Tensor, g_o: Tensor | None) -> bool:
+    """Whether the backward reads q, k and the output's gradient as 16-bit rows (one such
+    dtype for all three, or no output gradient)."""
+    return (q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
+            and (g_o is None or g_o.dtype == q.dtype))
 
 
 def _train_backward_fake(q, k, v, beta, g, S0, cu_seqlens, ckpt, w, g_o, g_S, scale, l2norm,
@@ -450,7 +465,10 @@ def _differentiable_backward(ctx, g_o: Tensor | None, g_S: Tensor | None) -> lis
     every term built on it."""
     q, k, v, beta, g, S0, cu_seqlens, _, _ = ctx.saved_tensors
     scale, l2norm, _ = ctx.cfg
-    o, S = torch_prefill(q, k, v, beta, g, scale, S0, cu_seqlens, l2norm, CHECKPOINT)
+    # in float32, as the kernels compute (16-bit q, k, v are saved as given)
+    o, S = torch_prefill(*(x.float() for x in (q, k, v)), beta, g, scale, S0, cu_seqlens,
+                         l2norm, CHECKPOINT)
+    o = o.to(q.dtype)
     inputs = [q, k, v, beta, g, S0]
     needs = [need and x is not None for x, need in zip(inputs, ctx.needs_input_grad[:6],
                                                        strict=True)]
@@ -552,9 +570,16 @@ def delta_rule_native_train(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
                             S0: Tensor, cu_seqlens: Tensor | None, scale: float, l2norm: bool,
                             isa: str) -> tuple[Tensor, Tensor]:
     """:data:`delta_rule_native`'s contract with the compiled backward: (o, S), differentiable
-    in q, k, v, beta, g and S0. The passes are float32: 16-bit q, k, v are widened (and o
-    rounded back) by differentiable casts (the gradients come back in their dtype)."""
+    in q, k, v, beta, g and S0. The passes are float32: 16-bit q, k, v of one dtype are read
+    by the kernels a chunk at a time (o and their gradients written in it, rounded once);
+    mixed dtypes, or no kernels here, are widened (and o rounded back) by differentiable
+    casts. The gradients come back in the inputs' dtypes either way."""
     dt = q.dtype
+    if dt in (torch.bfloat16, torch.float16) and k.dtype == dt and v.dtype == dt \
+            and kernels_here(isa) is not None:
+        # the kernels read and write the 16-bit rows themselves, a chunk at a time: the same
+        # float32 arithmetic without widened copies of q, k, v, o and of their gradients
+        return _FORWARD_TRAIN(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa)[:2]
     q, k, v = (recycled_cast(x, torch.float32) for x in (q, k, v))
     o, S, _, _ = _FORWARD_TRAIN(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa)
     return recycled_cast(o, dt), S
