@@ -240,7 +240,7 @@ static void run(long N, long T, long K, long V, long C, int use_g, int use_gk, i
     rc = gla_backward(p.q, p.qs, p.qt, p.k, p.qs, p.qt, p.v, p.vs, p.vt, g, T, gk, p.gks, p.gkt,
                       p.dout, T * V, V, N, T, K, V, C, p.scale, ckpt, cks,
                       mode == 2 ? dS0 : dSf, dS0, dq, dqs, dqt, dk, dqs, dqt, dv, dvs, dvt,
-                      use_g ? dg : NULL, dgs, use_gk ? dgk : NULL, dgks, dgkt, work);
+                      use_g ? dg : NULL, dgs, use_gk ? dgk : NULL, dgks, dgkt, LA_F32, work);
     ++checks;
     if (rc) {
         ++failures;
@@ -482,10 +482,10 @@ int main(void) {
                            dummy) == -1;
     refused &= gla_backward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy, 0,
                             0, 1, 1, 4, 16, 8, 1.0f, NULL, 0, NULL, dummy, dummy, 0, 0, dummy, 0,
-                            0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy) == -1;
+                            0, dummy, 0, 0, NULL, 0, NULL, 0, 0, LA_F32, dummy) == -1;
     refused &= gla_backward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, dummy, 0, NULL, 0, 0, dummy, 0,
                             0, 1, 1, 4, 16, 8, 1.0f, dummy, 0, NULL, dummy, dummy, 0, 0, dummy, 0,
-                            0, dummy, 0, 0, NULL, 0, NULL, 0, 0, dummy) == -1;
+                            0, dummy, 0, 0, NULL, 0, NULL, 0, 0, LA_F32, dummy) == -1;
     if (W > 1)
         refused &= gla_forward(dummy, 0, 0, dummy, 0, 0, dummy, 0, 0, NULL, 0, NULL, 0, 0, 1, 1,
                                4, W + 1, 0, W + 1, 8, 1.0f, dummy, dummy, dummy, 0, 0, NULL, 0, NULL,

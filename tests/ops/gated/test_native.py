@@ -417,19 +417,33 @@ def test_second_order_gradients(native_calls, assert_close):
     assert native_calls["prefill"] == 1
 
 
+@pytest.mark.parametrize("K", [16, 20])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16_bit_gradients_are_the_float32_passes_rounded(native_calls, dtype):
-    """16-bit inputs with gradients run the compiled float32 forward and backward on the widened
-    inputs: the output and the gradients are those of float32 inputs of the same values,
-    rounded once to the input dtype (within one rounding of it)."""
-    q, k, v, g, gk = _inputs(2, 3, T=70, K=16, V=32, dtype=dtype)
+def test_16_bit_gradients_are_the_float32_passes_rounded(native_calls, monkeypatch, dtype, K):
+    """16-bit inputs with gradients: the compiled forward (with its checkpoints) and backward
+    read the 16-bit rows a chunk at a time and write o, dq, dk, dv in the input dtype, with no
+    widened copy made (no cast in Python): the output and the gradients (of q, k, v, both
+    gates and the initial state, from those of the output and the final state) are those of
+    float32 inputs of the same values, rounded once to the input dtype (within one rounding of
+    it). T = 70: a whole chunk and a part; K = 20: rows that are no whole number of vectors."""
+    q, k, v, g, gk = _inputs(2, 3, T=70, K=K, V=32, dtype=dtype)
+    S0 = torch.randn(2, 3, K, 32, generator=torch.Generator().manual_seed(4)) / 4
     leaves = [x.requires_grad_() for x in (q, k, v)]
     wide = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    g_out = torch.randn(2, 3, 70, 32, generator=torch.Generator().manual_seed(3))
-    o = gated_linear_attention(*leaves, g, gk)
-    o.backward(g_out.to(dtype))
-    want = gated_linear_attention(*wide, g, gk)
-    want.backward(g_out.to(dtype).float())
+    rest = [[x.clone().requires_grad_() for x in (g, gk, S0)] for _ in range(2)]
+    gen = torch.Generator().manual_seed(3)
+    g_out, g_S = torch.randn(2, 3, 70, 32, generator=gen), torch.randn(2, 3, K, 32, generator=gen)
+    casts = []
+    real_cast = gated_native.recycled_cast
+    monkeypatch.setattr(gated_native, "recycled_cast",
+                        lambda *a: casts.append(1) or real_cast(*a))
+    o, S = gated_linear_attention(*leaves, rest[0][0], rest[0][1], initial_state=rest[0][2],
+                                  return_state=True)
+    torch.autograd.backward([o, S], [g_out.to(dtype), g_S])
+    assert casts == [1]  # o's own cast: a no-op for an output already in its dtype
+    want, want_S = gated_linear_attention(*wide, rest[1][0], rest[1][1],
+                                          initial_state=rest[1][2], return_state=True)
+    torch.autograd.backward([want, want_S], [g_out.to(dtype).float(), g_S])
     eps = torch.finfo(dtype).eps
     assert o.dtype == dtype and native_calls["prefill"] == 2
     torch.testing.assert_close(o.float(), want, rtol=eps, atol=eps * want.abs().max().item())
@@ -437,12 +451,18 @@ def test_16_bit_gradients_are_the_float32_passes_rounded(native_calls, dtype):
         assert got.grad.dtype == dtype
         torch.testing.assert_close(got.grad.float(), w.grad, rtol=eps,
                                    atol=eps * w.grad.abs().max().item())
+    f32 = torch.finfo(torch.float32).eps  # the same float32 passes: equal but for the order
+    for got, w in zip(rest[0], rest[1], strict=True):  # of a few sums
+        assert got.grad.dtype == torch.float32
+        torch.testing.assert_close(got.grad, w.grad, rtol=64 * f32,
+                                   atol=64 * f32 * w.grad.abs().max().item())
 
 
 def test_routing(monkeypatch):
     """Where the compiled path does not apply (float64, V not a multiple of 16, gradients of a
     decoding step, per-value gates) ``auto`` runs torch even with LINATTN_NATIVE=1, and
-    impl="native" says why; a bfloat16 prefill with gradients takes it (widened);
+    impl="native" says why; a bfloat16 prefill with gradients takes it (its rows read by the
+    kernels);
     impl="torch" and LINATTN_NATIVE=0 never take it."""
     calls = []
     real = gated_native.gla_prefill

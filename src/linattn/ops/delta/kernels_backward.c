@@ -38,11 +38,13 @@
 
 /* Floats of work la_gdr_backward needs for head dimensions K, V: its float32 form's, then a
  * chunk's q, k and dout widened and its dv before it is rounded (16-bit rows; placed last, so
- * that the float32 form's layout is the same either way). */
+ * that the float32 form's layout is the same either way), each GDB_PAD floats after the one
+ * before (64 rows of 64 floats are 16 KiB: no load a multiple of 4 KiB from a recent store). */
+#define GDB_PAD 80
 long la_gdr_backward_work(long K, long V) {
     long Kp = GDB_KP(K);
     return V * Kp + 32 + (long)GDR_TC * GDB_TS(Kp) + 4L * GDR_TC * Kp + 8L * GDR_TC + 6L * GDB_R +
-           (long)GDB_R * W + 2L * GDR_TC * (K + V);
+           (long)GDB_R * W + 2L * GDR_TC * (K + V) + 4 * GDB_PAD;
 }
 
 /* The token chunk: the forward's checkpoint interval. */
@@ -341,7 +343,8 @@ static int la_gdr_backward(const void *q_, long qs, long qt, const void *k_, lon
     float *ru = ud + TC, *rc = ru + GDB_R, *rcp = rc + GDB_R, *rdo = rcp + GDB_R;
     float *rdo1 = rdo + GDB_R, *du = rdo1 + GDB_R, *P = du + GDB_R;
     /* 16-bit rows: a chunk's q, k, dout widened, its dv before it is rounded */
-    float *qw = P + GDB_R * W, *kw = qw + TC * K, *ow = kw + TC * K, *dvw = ow + TC * V;
+    float *qw = P + GDB_R * W + GDB_PAD, *kw = qw + TC * K + GDB_PAD, *ow = kw + TC * K + GDB_PAD;
+    float *dvw = ow + TC * V + GDB_PAD;
     memset(P, 0, (size_t)(GDB_R * W) * sizeof(float)); /* rows past a short block: zeros */
     for (long n = 0; n < N; ++n) {
         for (long j = 0; j < V; ++j)

@@ -295,14 +295,14 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
                                const float *gk, long gks, long gkt, int dt, long N, long T,
                                long K, long V, long v0, long v1, long C, float scale,
                                const float *S_in, float *S_out, void *o, long os, long ot,
-                               float *work) {
+                               float *ckpt, long cks, float *work) {
     if (C < 1 || C > GLA_CMAX || V % W || v0 % W || v1 % W || v0 < 0 || v1 > V || v0 > v1)
         return -1;
     float *qw = work + la_gla_work(K, C), *kw = qw + C * K, *vw = kw + C * K, *ow = vw + C * V;
 #if defined(LA_DP_BF16)
     /* whole chunks of bfloat16 rows with a scalar gate or none on tiles: the chunked form
      * (chunk_dp in ops/native/tiles.h) */
-    int chunked = chunk_dp_takes(dt, gk != NULL, C, K, V, v0, v1, q, qs, qt, k, ks, kt);
+    int chunked = !ckpt && chunk_dp_takes(dt, gk != NULL, C, K, V, v0, v1, q, qs, qt, k, ks, kt);
     int held = chunked ? amx_hold() : 0; /* the tiles configured once for all the chunks */
 #endif
     for (long n = 0; n < N; ++n) {
@@ -330,7 +330,9 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
             int rc = la_gla_forward(qw, 0, K, kw, 0, K, vw, 0, V, g ? g + n * gs + t0 : NULL, 0,
                                     gk ? gk + n * gks + t0 * gkt : NULL, 0, gkt, 1, Tc, K, V,
                                     v0, v1, C, scale,
-                                    t0 == 0 ? Sin : S, S, ow, 0, V, NULL, 0, &next, work);
+                                    t0 == 0 ? Sin : S, S, ow, 0, V,
+                                    ckpt ? ckpt + n * cks + t0 / C * K * V : NULL, 0, &next,
+                                    work);
             if (rc) {
 #if defined(LA_DP_BF16)
                 amx_unhold(held);
@@ -557,28 +559,52 @@ static void gla_gate_grads(long Tc, long K, const float *q, long qt, const float
     }
 }
 
+/* x[0:n] rounded to dtype dt (16-bit) at dst, any n: whole vectors, then a scalar tail. */
+static inline void gla_narrowed_row(u16 *dst, const float *x, long n, int dt) {
+    long n0 = n / W * W;
+    la_narrowed(dst, x, 0, n0, dt);
+    for (long i = n0; i < n; ++i) store_dt(dst, i, x[i], dt);
+}
+
+/* Floats of work la_gla_backward needs: la_gla_work(K, C), then a chunk's q, k, v and output
+ * gradient widened and its dq, dk, dv before they are rounded (16-bit rows), each GLA_PAD
+ * floats after the one before: rows of 64 floats put them 16 KiB apart, and a load a multiple
+ * of 4 KiB from a recent store to another of them waits for it (4K aliasing). */
+#define GLA_PAD 80
+long la_gla_backward_work(long K, long V, long C) {
+    return la_gla_work(K, C) + C * (4 * K + 3 * V) + 7 * GLA_PAD;
+}
+
 /* The gradients of la_gla_forward over T tokens of N heads (all V columns), from those of the
  * output (dout: rows of V, head stride dos, token stride dot) and of the final state (dS_in:
  * (N, K, V) contiguous, or NULL for zero). q, k, v, g, gk, C, scale: as the forward was called;
  * ckpt: what it stored (head stride cks). Writes dq, dk (rows of K: dqs, dqt; dks, dkt), dv
  * (rows of V: dvs, dvt), dg (T floats per head, head stride dgs; only with g), dgk (rows of K:
  * dgks, dgkt; only with gk) and dS_out, the initial state's gradient ((N, K, V) contiguous; may
- * be dS_in). work: la_gla_work(K, C) floats. Returns 0, or -1 on sizes it does not take. */
-static int la_gla_backward(const float *q, long qs, long qt, const float *k, long ks, long kt,
-                           const float *v, long vs, long vt, const float *g, long gs,
-                           const float *gk, long gks, long gkt, const float *dout, long dos,
+ * be dS_in). q, k, v, dout, dq, dk and dv are of dtype dt (LA_F32, or 16-bit: each chunk's
+ * rows read into float32 first, exact, its gradients rounded once as they are written: the
+ * float32 arithmetic without widened copies); the rest float32. work: la_gla_backward_work(K,
+ * V, C) floats. Returns 0, or -1 on sizes or a dtype it does not take. */
+static int la_gla_backward(const void *q_, long qs, long qt, const void *k_, long ks, long kt,
+                           const void *v_, long vs, long vt, const float *g, long gs,
+                           const float *gk, long gks, long gkt, const void *dout_, long dos,
                            long dot, long N, long T, long K, long V, long C, float scale,
                            const float *ckpt, long cks, const float *dS_in, float *dS_out,
-                           float *dq, long dqs, long dqt, float *dk, long dks, long dkt,
-                           float *dv, long dvs, long dvt, float *dg, long dgs, float *dgk,
-                           long dgks, long dgkt, float *work) {
+                           void *dq_, long dqs, long dqt, void *dk_, long dks, long dkt,
+                           void *dv_, long dvs, long dvt, float *dg, long dgs, float *dgk,
+                           long dgks, long dgkt, int dt, float *work) {
     if (K < 1 || V % W || N < 0 || T < 0 || C < 1 || C > GLA_CMAX || (T > 0 && !ckpt)
-        || (g && !dg) || (gk && !dgk))
+        || (g && !dg) || (gk && !dgk) || dt < LA_F32 || dt > LA_F16)
         return -1;
-    int gated = g != NULL || gk != NULL;
+    int gated = g != NULL || gk != NULL, wide = dt != LA_F32;
     const long KP = gla_round_up(K);
     float *a = work, *P = a + C * K, *Sb = P + KP * W;
     double *R = (double *)(((size_t)(Sb + K * GLA_NB * W) + 7) & ~(size_t)7);
+    /* 16-bit rows: a chunk's q, k, v, dout widened and its dq, dk, dv before they are rounded,
+     * after the float32 form's scratch (whose layout stays as it is) */
+    float *qw = work + la_gla_work(K, C), *kw = qw + C * K + GLA_PAD, *vw = kw + C * K + GLA_PAD;
+    float *ow = vw + C * V + GLA_PAD, *dqw = ow + C * V + GLA_PAD, *dkw = dqw + C * K + GLA_PAD;
+    float *dvw = dkw + C * K + GLA_PAD;
     memset(P, 0, (size_t)(KP * W) * sizeof(float)); /* rows from K on stay zero */
     for (long n = 0; n < N; ++n) {
         float *dS = dS_out + n * K * V;
@@ -587,8 +613,24 @@ static int la_gla_backward(const float *q, long qs, long qt, const float *k, lon
             memcpy(dS, dS_in + n * K * V, (size_t)(K * V) * sizeof(float));
         for (long c = (T + C - 1) / C - 1; c >= 0; --c) {
             long t0 = c * C, Tc = T - t0 < C ? T - t0 : C;
-            const float *qc = q + n * qs + t0 * qt, *kc = k + n * ks + t0 * kt;
-            float *dqc = dq + n * dqs + t0 * dqt, *dkc = dk + n * dks + t0 * dkt;
+            /* the chunk's float32 rows: in place, or widened (then rows of K, V) */
+            const float *qc, *kc, *vc, *oc;
+            float *dqc, *dkc, *dvc;
+            long qct = qt, kct = kt, vct = vt, oct = dot, dqct = dqt, dkct = dkt, dvct = dvt;
+            if (wide) {
+                la_widened_rows(qw, q_, n * qs + t0 * qt, qt, Tc, K, dt);
+                la_widened_rows(kw, k_, n * ks + t0 * kt, kt, Tc, K, dt);
+                la_widened_rows(vw, v_, n * vs + t0 * vt, vt, Tc, V, dt);
+                la_widened_rows(ow, dout_, n * dos + t0 * dot, dot, Tc, V, dt);
+                qc = qw, kc = kw, vc = vw, oc = ow, dqc = dqw, dkc = dkw, dvc = dvw;
+                qct = kct = dqct = dkct = K, vct = oct = dvct = V;
+            } else {
+                qc = (const float *)q_ + n * qs + t0 * qt, kc = (const float *)k_ + n * ks + t0 * kt;
+                vc = (const float *)v_ + n * vs + t0 * vt;
+                oc = (const float *)dout_ + n * dos + t0 * dot;
+                dqc = (float *)dq_ + n * dqs + t0 * dqt, dkc = (float *)dk_ + n * dks + t0 * dkt;
+                dvc = (float *)dv_ + n * dvs + t0 * dvt;
+            }
             if (gated) {
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
@@ -599,15 +641,21 @@ static int la_gla_backward(const float *q, long qs, long qt, const float *k, lon
             }
             for (long j0 = 0; j0 < V; j0 += GLA_NB * W) {
                 int nb = (V - j0) / W < GLA_NB ? (int)((V - j0) / W) : GLA_NB;
-                gla_bwd_any(nb, gated, Tc, K, V, qc, qt, kc, kt, a, v + n * vs + t0 * vt + j0, vt,
-                            dout + n * dos + t0 * dot + j0, dot, scale,
-                            ckpt + n * cks + c * K * V + j0, dS + j0, Sb, P, gated ? R : NULL,
-                            j0 == 0, dqc, dqt, dkc, dkt, dv + n * dvs + t0 * dvt + j0, dvt);
+                gla_bwd_any(nb, gated, Tc, K, V, qc, qct, kc, kct, a, vc + j0, vct, oc + j0, oct,
+                            scale, ckpt + n * cks + c * K * V + j0, dS + j0, Sb, P,
+                            gated ? R : NULL, j0 == 0, dqc, dqct, dkc, dkct, dvc + j0, dvct);
             }
             if (gated)
-                gla_gate_grads(Tc, K, qc, qt, kc, kt, a, dqc, dqt, dkc, dkt, R,
+                gla_gate_grads(Tc, K, qc, qct, kc, kct, a, dqc, dqct, dkc, dkct, R,
                                gk ? dgk + n * dgks + t0 * dgkt : NULL, dgkt,
                                g ? dg + n * dgs + t0 : NULL, P);
+            if (wide) { /* rounded once */
+                for (long t = 0; t < Tc; ++t) {
+                    gla_narrowed_row((u16 *)dq_ + n * dqs + (t0 + t) * dqt, dqw + t * K, K, dt);
+                    gla_narrowed_row((u16 *)dk_ + n * dks + (t0 + t) * dkt, dkw + t * K, K, dt);
+                }
+                la_narrowed_rows(dv_, n * dvs + t0 * dvt, dvt, dvw, Tc, V, 0, V, dt);
+            }
         }
     }
     return 0;
@@ -629,12 +677,12 @@ static int la_gla_backward(const float *q, long qs, long qt, const float *k, lon
     X(la_s, long, cks, 'l') X(la_s, float *, work, 'p')
 LA_ARGS(la_gla_forward_args, LA_GLA_FORWARD_ARGS)
 int la_gla_forward_call(const la_gla_forward_args *a) {
-    if (a->dt != LA_F32) /* 16-bit rows: no checkpoints (the gradients widen in Python) */
-        return a->ckpt || a->dt < LA_F32 || a->dt > LA_F16 ? -1
+    if (a->dt != LA_F32) /* 16-bit rows, a chunk at a time (with the checkpoints) */
+        return a->dt < LA_F32 || a->dt > LA_F16 ? -1
                : gla_forward_widened(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs,
                                      a->vt, a->g, a->gs, a->gk, a->gks, a->gkt, a->dt, a->N,
                                      a->T, a->K, a->V, a->v0, a->v1, a->C, a->scale, a->S_in,
-                                     a->S_out, a->o, a->os, a->ot, a->work);
+                                     a->S_out, a->o, a->os, a->ot, a->ckpt, a->cks, a->work);
     return la_gla_forward(a->q, a->qs, a->qt, a->k, a->ks, a->kt, a->v, a->vs, a->vt, a->g, a->gs,
                           a->gk, a->gks, a->gkt, a->N, a->T, a->K, a->V, a->v0, a->v1, a->C,
                           a->scale, a->S_in, a->S_out, a->o, a->os, a->ot, a->ckpt, a->cks,
@@ -642,20 +690,20 @@ int la_gla_forward_call(const la_gla_forward_args *a) {
 }
 
 #define LA_GLA_BACKWARD_ARGS(X, la_s) \
-    X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
-    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
-    X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
+    X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') X(la_s, long, qt, 'l') \
+    X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') X(la_s, long, kt, 'l') \
+    X(la_s, const void *, v, 'p') X(la_s, long, vs, 'l') X(la_s, long, vt, 'l') \
     X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, const float *, gk, 'p') \
-    X(la_s, long, gks, 'l') X(la_s, long, gkt, 'l') X(la_s, const float *, dout, 'p') \
+    X(la_s, long, gks, 'l') X(la_s, long, gkt, 'l') X(la_s, const void *, dout, 'p') \
     X(la_s, long, dos, 'l') X(la_s, long, dot, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
     X(la_s, long, K, 'l') X(la_s, long, V, 'l') X(la_s, long, C, 'l') X(la_s, float, scale, 'f') \
     X(la_s, const float *, ckpt, 'p') X(la_s, long, cks, 'l') X(la_s, const float *, dS_in, 'p') \
-    X(la_s, float *, dS_out, 'p') X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') \
-    X(la_s, long, dqt, 'l') X(la_s, float *, dk, 'p') X(la_s, long, dks, 'l') \
-    X(la_s, long, dkt, 'l') X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') \
+    X(la_s, float *, dS_out, 'p') X(la_s, void *, dq, 'p') X(la_s, long, dqs, 'l') \
+    X(la_s, long, dqt, 'l') X(la_s, void *, dk, 'p') X(la_s, long, dks, 'l') \
+    X(la_s, long, dkt, 'l') X(la_s, void *, dv, 'p') X(la_s, long, dvs, 'l') \
     X(la_s, long, dvt, 'l') X(la_s, float *, dg, 'p') X(la_s, long, dgs, 'l') \
     X(la_s, float *, dgk, 'p') X(la_s, long, dgks, 'l') X(la_s, long, dgkt, 'l') \
-    X(la_s, float *, work, 'p')
+    X(la_s, int, dt, 'i') X(la_s, float *, work, 'p')
 LA_ENTRY(la_gla_backward, LA_GLA_BACKWARD_ARGS)
 
 #define LA_GLA_STEP_ARGS(X, la_s) \

@@ -4,8 +4,9 @@ r"""The compiled CPU forward and backward of gated linear attention (``kernels.c
 :func:`~linattn.ops.gated.gated_linear_attention_step` hand a call here, after their argument
 checks, when the dispatcher chose this backend (:mod:`linattn.ops.dispatch`, op
 "gated_linear_attention", forms "prefill", "prefill fwd+bwd" and "step"): a CPU call in float32
-accumulation (float32 inputs; bfloat16 and float16 are read a chunk at a time, and widened
-by differentiable casts when gradients are wanted), V a multiple of 16, an ISA build that
+accumulation (float32 inputs; bfloat16 and float16 rows are read a chunk at a time by the
+kernels, forward and backward, and o and the gradients written in their dtype, rounded once),
+V a multiple of 16, an ISA build that
 loads, and (by default) the compiled path measured faster than the torch one on this machine.
 Scalar gates ``g``, per-key gates ``gk``, both or none.
 
@@ -108,8 +109,10 @@ def _size_functions(lib) -> dict:
     lib.la_gla_step_work.argtypes = [c_long, c_long, c_long, c_int, c_int]
     lib.la_gla_forward_work.restype = c_long
     lib.la_gla_forward_work.argtypes = [c_long, c_long, c_long, c_int]
+    lib.la_gla_backward_work.restype = c_long
+    lib.la_gla_backward_work.argtypes = [c_long, c_long, c_long]
     return {"work": lib.la_gla_work, "step_work": lib.la_gla_step_work,
-            "forward_work": lib.la_gla_forward_work}
+            "forward_work": lib.la_gla_forward_work, "backward_work": lib.la_gla_backward_work}
 
 
 #: la_gla_step's fields in the order :func:`step_into` passes them (by position, as the delta
@@ -138,10 +141,11 @@ def kernels_here(isa: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------ the calls
-def _work(fns: dict, K: int, C: int) -> Tensor:
+def _work(fns: dict, K: int, C: int, V: int | None = None) -> Tensor:
     """This thread's scratch buffer for head dimension K and chunk C: la_gla_work(K, C) floats
-    of this build (the size depends on its vector width)."""
-    return scratch(fns["work"](K, C))
+    of this build (the size depends on its vector width), or with V the backward's
+    la_gla_backward_work(K, V, C)."""
+    return scratch(fns["work"](K, C) if V is None else fns["backward_work"](K, V, C))
 
 
 def _threads(N: int, T: int, K: int, V: int, columns: bool) -> int:
@@ -162,8 +166,8 @@ def _forward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
     """la_gla_forward over (N, T, ·) views (contiguous last dimension, any head and token
     strides), g (N, T) and gk (N, T, K) float32, the state S (N, K, V) contiguous, updated in
     place; o (N, T, V); q, k, v and o all float32, or all bfloat16 / float16 (read a chunk at a
-    time as float32 by the kernel; then no checkpoints); ckpt (N, n, K, V) or None, this
-    span's chunks from index ``first`` on."""
+    time as float32 by the kernel); ckpt (N, n, K, V) float32 or None, this span's chunks from
+    index ``first`` on."""
     N, T, K = q.shape
     V = v.shape[2]
     threads = _threads(N, T, K, V, columns=True)
@@ -191,11 +195,13 @@ def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
                    dgk: Tensor | None) -> None:
     """la_gla_backward over one span, as :func:`_forward_span`; dS (N, K, V) contiguous holds
     the final state's gradient and is turned in place into the initial state's; do (N, T, V)
-    any head and token strides (0 for none)."""
+    any head and token strides (0 for none). q, k, v, do, dq, dk, dv all float32, or all of
+    one 16-bit dtype (read and written a chunk at a time by the kernel); the gates and their
+    gradients float32."""
     N, T, K = q.shape
     V = v.shape[2]
     threads = _threads(N, T, K, V, columns=False)
-    fn = fns["gla_backward"]
+    fn, dt = fns["gla_backward"], DTYPE_CODES[q.dtype]
 
     def part(h0: int, h1: int, v0: int, v1: int) -> None:
         rc = fn(
@@ -210,7 +216,7 @@ def _backward_span(fns: dict, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
             dv=_ptr(dv, h0), dvs=dv.stride(0), dvt=dv.stride(1), dg=_ptr(dg, h0),
             dgs=0 if dg is None else dg.stride(0), dgk=_ptr(dgk, h0),
             dgks=0 if dgk is None else dgk.stride(0), dgkt=0 if dgk is None else dgk.stride(1),
-            work=_work(fns, K, C).data_ptr())
+            dt=dt, work=_work(fns, K, C, V).data_ptr())
         check_rc(rc, "la_gla_backward")
 
     run_jobs(part, head_jobs(N, V, threads, columns=False, block=V_MULTIPLE), threads)
@@ -271,7 +277,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | Non
     if fns is None:  # a traced program run where the kernels cannot be had: the same function
         o, S = _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens)
         return o.to(q.dtype), S, S0.new_zeros((H, n, K, V) if checkpoints else (0,))
-    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit=not checkpoints)
+    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit=True)
     S = S0.reshape(-1, K, V).clone(memory_format=torch.contiguous_format)
     o = empty_hugepage(qf, H, T, V)
     ckpt = empty_hugepage(S0, H, n, K, V) if checkpoints else S0.new_empty(0)
@@ -302,8 +308,10 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | No
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``linattn::gla_backward``: the gradients of q, k, v, g, gk and S0 (empty tensors for
     absent gates) from those of the output and the final state (None: zero), with the
-    forward's checkpoints (recomputed when empty). Float32 only; not differentiable itself
-    (``create_graph`` differentiates the torch form, :func:`_differentiable_backward`)."""
+    forward's checkpoints (recomputed when empty). q, k, v float32, or of one 16-bit dtype
+    (the kernel reads them, and the output's gradient, a chunk at a time and writes dq, dk, dv
+    in it); not differentiable itself (``create_graph`` differentiates the torch form,
+    :func:`_differentiable_backward`)."""
     fns = kernels_here(isa)
     if fns is None:  # as in _forward: the torch form, differentiated by autograd
         with torch.enable_grad():
@@ -313,22 +321,22 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | No
             grads = graph_grads(list(outs), [g_out, g_S], leaves,
                                 [x is not None for x in leaves])
         return tuple(q.new_empty(0) if x is None else x.detach() for x in grads)
-    if q.dtype != torch.float32:  # the dispatcher routes other dtypes with gradients away
-        raise RuntimeError(f"linattn native path: no GLA backward for {q.dtype}")
     K, V, T = q.shape[-1], v.shape[-1], q.shape[-2]
-    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens)
+    wide = (q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
+            and v.dtype == q.dtype and (g_out is None or g_out.dtype == q.dtype))
+    H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit=wide)
     if T and ckpt.numel() == 0:  # a forward run without checkpoints: take them now
         ckpt = _forward(q, k, v, g, gk, S0, cu_seqlens, scale, chunk, True, isa)[2]
     if g_out is None:
-        do = q.new_zeros(1, 1, V).expand(H, T, V)
+        do = qf.new_zeros(1, 1, V).expand(H, T, V)
     else:
-        do = float32_rows(g_out, H)
+        do = rows(g_out, H) if wide else float32_rows(g_out, H)
     dS = (S0.new_zeros(S0.shape) if g_S is None else g_S.float().clone()).reshape(-1, K, V)
     dS = dS.contiguous()
     dq, dk = empty_hugepage(qf, H, T, K), empty_hugepage(qf, H, T, K)
     dv = empty_hugepage(qf, H, T, V)
-    dg = None if g is None else qf.new_empty(H, T)
-    dgk = None if gk is None else empty_hugepage(qf, H, T, K)
+    dg = None if g is None else gf.new_empty(H, T)  # float32, as the gates
+    dgk = None if gk is None else empty_hugepage(gkf, H, T, K)
     first = 0
     for i, (a, b) in enumerate(_spans(T, cu_seqlens)):
         _backward_span(fns, qf[:, a:b], kf[:, a:b], vf[:, a:b],
@@ -337,7 +345,10 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | No
                        dq[:, a:b], dk[:, a:b], dv[:, a:b], None if dg is None else dg[:, a:b],
                        None if dgk is None else dgk[:, a:b])
         first += -(-(b - a) // chunk)
-    return (dq.view(q.shape), dk.view(k.shape), dv.view(v.shape),
+    # in the inputs' dtypes (float32 rows of 16-bit inputs whose output gradient was not of
+    # their dtype, rounded here)
+    dq, dk, dv = (d.view(x.shape).to(x.dtype) for d, x in ((dq, q), (dk, k), (dv, v)))
+    return (dq, dk, dv,
             q.new_empty(0) if dg is None else dg.view(g.shape),
             q.new_empty(0) if dgk is None else dgk.view(gk.shape), dS.view(S0.shape))
 
@@ -404,7 +415,9 @@ def _differentiable_backward(ctx, g_out, g_S):
     first gradient that silently did not require grad would drop every term built on it."""
     q, k, v, g, gk, S0, cu_seqlens, _ = ctx.saved_tensors
     scale = ctx.cfg[0]
-    o, S = _torch_prefill(q, k, v, g, gk, scale, S0, cu_seqlens)
+    # in float32, as the kernels compute (16-bit q, k, v are saved as given)
+    o, S = _torch_prefill(*(x.float() for x in (q, k, v)), g, gk, scale, S0, cu_seqlens)
+    o = o.to(q.dtype)
     leaves = [q, k, v, g, gk, S0]
     needs = [need and x is not None for x, need in zip(leaves, ctx.needs_input_grad, strict=False)]
     return graph_grads([o, S], [g_out, g_S], leaves, needs)
@@ -415,10 +428,13 @@ def gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | 
                 ) -> tuple[Tensor, Tensor]:
     """The compiled prefill on checked arguments (g, gk, S0 in float32; S0 (N, ..., K, V)
     with ``cu_seqlens``): (o in q's dtype, the final state). ``grad``: autograd will want
-    gradients (the forward then stores its checkpoints; the backward passes are float32, so
-    16-bit q, k, v are then widened, and o rounded back, by differentiable casts)."""
+    gradients (the forward then stores its checkpoints). 16-bit q, k, v of one dtype are read
+    by the kernels a chunk at a time, forward and backward (o and their gradients written in
+    it, rounded once); with gradients, mixed dtypes or no kernels here are widened (and o
+    rounded back) by differentiable casts."""
     dt = q.dtype
-    if grad:
+    sixteen = dt in (torch.bfloat16, torch.float16) and k.dtype == dt and v.dtype == dt
+    if grad and not (sixteen and kernels_here(isa) is not None):
         q, k, v = (recycled_cast(x, torch.float32) for x in (q, k, v))
     o, S, _ = _FORWARD(q, k, v, g, gk, S0, cu_seqlens, float(scale),
                        checkpoint_interval(q.shape[-1], bool(grad)), bool(grad), isa)
