@@ -334,7 +334,9 @@ static int la_gdr_backward(const void *q_, long qs, long qt, const void *k_, lon
                            long dqt, void *dk_, long dks, long dkt, void *dv_, long dvs,
                            long dvt, float *dbeta, long dbs, float *dg, long dgs, int dt,
                            float *work) {
-    if (K < 1 || V < 1 || N < 0 || T < 0 || dt < LA_F32 || dt > LA_F16) return -1;
+    /* 16-bit rows: V a multiple of W, as the forward asks (dv is rounded in whole vectors) */
+    if (K < 1 || V < 1 || N < 0 || T < 0 || dt < LA_F32 || dt > LA_F16 || (dt != LA_F32 && V % W))
+        return -1;
     long Kp = GDB_KP(K), TC = GDR_TC;
     int gated = g != NULL, wide = dt != LA_F32;
     float *DT = work, *SB = DT + V * Kp + 32, *qn = SB + TC * GDB_TS(Kp), *kn = qn + TC * Kp;
