@@ -308,13 +308,6 @@ static inline void gdb_token_grads(long K, float scale, int l2norm, float am, fl
     }
 }
 
-/* x[0:n] rounded to dtype dt (16-bit) at dst, any n: whole vectors, then a scalar tail. */
-static inline void gdb_narrowed_row(u16 *dst, const float *x, long n, int dt) {
-    long n0 = n / W * W;
-    la_narrowed(dst, x, 0, n0, dt);
-    for (long i = n0; i < n; ++i) store_dt(dst, i, x[i], dt);
-}
-
 /* The backward of la_gdr_forward over T tokens of N heads (all V columns). q, k: as the
  * forward's; beta, g (NULL: ungated): T floats per head (strides bs, gs); ckpt (head stride
  * cs), w (strides ws, wt): what the forward saved; dout: the output's gradient (rows of V,
@@ -334,7 +327,7 @@ static int la_gdr_backward(const void *q_, long qs, long qt, const void *k_, lon
                            long dqt, void *dk_, long dks, long dkt, void *dv_, long dvs,
                            long dvt, float *dbeta, long dbs, float *dg, long dgs, int dt,
                            float *work) {
-    /* 16-bit rows: V a multiple of W, as the forward asks (dv is rounded in whole vectors) */
+    /* 16-bit rows: V a multiple of W, as the forward asks of every dtype */
     if (K < 1 || V < 1 || N < 0 || T < 0 || dt < LA_F32 || dt > LA_F16 || (dt != LA_F32 && V % W))
         return -1;
     long Kp = GDB_KP(K), TC = GDR_TC;
@@ -428,8 +421,8 @@ static int la_gdr_backward(const void *q_, long qs, long qt, const void *k_, lon
                 /* in place in the float32 rows, then rounded once */
                 gdb_token_grads(K, scale, l2norm, a[m], ud[m], rq[m], rk[m], qc + m * qct,
                                 kn + m * Kp, dqh, dkh, dqh, dkh);
-                gdb_narrowed_row((u16 *)dq_ + n * dqs + t * dqt, dqh, K, dt);
-                gdb_narrowed_row((u16 *)dk_ + n * dks + t * dkt, dkh, K, dt);
+                la_narrowed((u16 *)dq_ + n * dqs + t * dqt, dqh, 0, K, dt);
+                la_narrowed((u16 *)dk_ + n * dks + t * dkt, dkh, 0, K, dt);
             }
             if (wide) la_narrowed_rows(dv_, n * dvs + t0 * dvt, dvt, dvw, Tc, V, 0, V, dt);
             for (long m = 0; m < Tc; ++m) {

@@ -66,6 +66,7 @@ from linattn.ops.native import (
     head_jobs,
     is_small,
     native_threads,
+    one_16_bit_dtype,
     recycled_cast,
     rows,
     run_jobs,
@@ -269,8 +270,7 @@ def _run_forward(fns: dict, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     T, K = q.shape[-2:]
     V = v.shape[-1]
     H, HV, spans, src = _spans(q, v, cu_seqlens, q, k, v, beta, g, gk)
-    if (q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
-            and v.dtype == q.dtype):  # the kernel reads 16-bit rows a chunk at a time
+    if one_16_bit_dtype(q, k, v):  # the kernel reads 16-bit rows a chunk at a time
         qf, kf, vf = rows(src[0], H), rows(src[1], H), rows(src[2], HV)
     else:
         qf, kf = float32_rows(src[0], H), float32_rows(src[1], H)
@@ -376,7 +376,7 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
     H, _, spans, (gq, gk, gb, gg, go) = _spans(q, q, cu_seqlens, q, k, beta, g, g_o)
     # 16-bit q, k and output gradient: read in place, a chunk at a time, by the kernel, which
     # writes dq, dk, dv in their dtype (rounded once); else float32 rows
-    wide = _sixteen_bit(q, k, g_o)
+    wide = one_16_bit_dtype(q, k, g_o)
     qf, kf = (rows(gq, H), rows(gk, H)) if wide else (float32_rows(gq, H), float32_rows(gk, H))
     bf = gb.reshape(H, T).contiguous()
     gf = None if g is None else gg.reshape(H, T).contiguous()
@@ -404,13 +404,6 @@ def _train_backward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | N
     dq, dk, dv = (d.view(x.shape).to(x.dtype) for d, x in ((dq, q), (dk, k), (dv, v)))
     return (dq, dk, dv, dbeta.view(beta.shape),
             q.new_empty(0) if dg is None else dg.view(g.shape), dS0.view(S0.shape))
-
-
-def _sixteen_bit(q: Tensor, k: Tensor, g_o: Tensor | None) -> bool:
-    """Whether the backward reads q, k and the output's gradient as 16-bit rows (one such
-    dtype for all three, or no output gradient)."""
-    return (q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
-            and (g_o is None or g_o.dtype == q.dtype))
 
 
 def _train_backward_fake(q, k, v, beta, g, S0, cu_seqlens, ckpt, w, g_o, g_S, scale, l2norm,
@@ -575,8 +568,7 @@ def delta_rule_native_train(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Te
     mixed dtypes, or no kernels here, are widened (and o rounded back) by differentiable
     casts. The gradients come back in the inputs' dtypes either way."""
     dt = q.dtype
-    if dt in (torch.bfloat16, torch.float16) and k.dtype == dt and v.dtype == dt \
-            and kernels_here(isa) is not None:
+    if one_16_bit_dtype(q, k, v) and kernels_here(isa) is not None:
         # the kernels read and write the 16-bit rows themselves, a chunk at a time: the same
         # float32 arithmetic without widened copies of q, k, v, o and of their gradients
         return _FORWARD_TRAIN(q, k, v, beta, g, S0, cu_seqlens, scale, l2norm, isa)[:2]

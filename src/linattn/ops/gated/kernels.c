@@ -559,13 +559,6 @@ static void gla_gate_grads(long Tc, long K, const float *q, long qt, const float
     }
 }
 
-/* x[0:n] rounded to dtype dt (16-bit) at dst, any n: whole vectors, then a scalar tail. */
-static inline void gla_narrowed_row(u16 *dst, const float *x, long n, int dt) {
-    long n0 = n / W * W;
-    la_narrowed(dst, x, 0, n0, dt);
-    for (long i = n0; i < n; ++i) store_dt(dst, i, x[i], dt);
-}
-
 /* Floats of work la_gla_backward needs: la_gla_work(K, C), then a chunk's q, k, v and output
  * gradient widened and its dq, dk, dv before they are rounded (16-bit rows), each GLA_PAD
  * floats after the one before: rows of 64 floats put them 16 KiB apart, and a load a multiple
@@ -651,8 +644,8 @@ static int la_gla_backward(const void *q_, long qs, long qt, const void *k_, lon
                                g ? dg + n * dgs + t0 : NULL, P);
             if (wide) { /* rounded once */
                 for (long t = 0; t < Tc; ++t) {
-                    gla_narrowed_row((u16 *)dq_ + n * dqs + (t0 + t) * dqt, dqw + t * K, K, dt);
-                    gla_narrowed_row((u16 *)dk_ + n * dks + (t0 + t) * dkt, dkw + t * K, K, dt);
+                    la_narrowed((u16 *)dq_ + n * dqs + (t0 + t) * dqt, dqw + t * K, 0, K, dt);
+                    la_narrowed((u16 *)dk_ + n * dks + (t0 + t) * dkt, dkw + t * K, 0, K, dt);
                 }
                 la_narrowed_rows(dv_, n * dvs + t0 * dvt, dvt, dvw, Tc, V, 0, V, dt);
             }

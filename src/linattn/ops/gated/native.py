@@ -58,6 +58,7 @@ from linattn.ops.native import (
     head_jobs,
     is_small,
     native_threads,
+    one_16_bit_dtype,
     recycled_cast,
     rows,
     run_jobs,
@@ -251,10 +252,8 @@ def _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit: bool = False):
     _, H = _layout(q, cu_seqlens)
     T = q.shape[-2]
     gf = None if g is None else g.reshape(H, T).float().contiguous()
-    dt = q.dtype
     gkf = None if gk is None else float32_rows(gk, H)
-    if (keep_16_bit and dt in (torch.bfloat16, torch.float16) and k.dtype == dt
-            and v.dtype == dt):
+    if keep_16_bit and one_16_bit_dtype(q, k, v):
         return (H, *(rows(x, H) for x in (q, k, v)), gf, gkf)
     qf, kf, vf = (float32_rows(x, H) for x in (q, k, v))
     return H, qf, kf, vf, gf, gkf
@@ -322,8 +321,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | No
                                 [x is not None for x in leaves])
         return tuple(q.new_empty(0) if x is None else x.detach() for x in grads)
     K, V, T = q.shape[-1], v.shape[-1], q.shape[-2]
-    wide = (q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
-            and v.dtype == q.dtype and (g_out is None or g_out.dtype == q.dtype))
+    wide = one_16_bit_dtype(q, k, v, g_out)
     H, qf, kf, vf, gf, gkf = _flat(q, k, v, g, gk, cu_seqlens, keep_16_bit=wide)
     if T and ckpt.numel() == 0:  # a forward run without checkpoints: take them now
         ckpt = _forward(q, k, v, g, gk, S0, cu_seqlens, scale, chunk, True, isa)[2]
@@ -433,8 +431,7 @@ def gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gk: Tensor | 
     it, rounded once); with gradients, mixed dtypes or no kernels here are widened (and o
     rounded back) by differentiable casts."""
     dt = q.dtype
-    sixteen = dt in (torch.bfloat16, torch.float16) and k.dtype == dt and v.dtype == dt
-    if grad and not (sixteen and kernels_here(isa) is not None):
+    if grad and not (one_16_bit_dtype(q, k, v) and kernels_here(isa) is not None):
         q, k, v = (recycled_cast(x, torch.float32) for x in (q, k, v))
     o, S, _ = _FORWARD(q, k, v, g, gk, S0, cu_seqlens, float(scale),
                        checkpoint_interval(q.shape[-1], bool(grad)), bool(grad), isa)

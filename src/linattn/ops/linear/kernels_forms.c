@@ -389,10 +389,10 @@ static void rec_cols_any(int nb, int bf, long Cn, long L, long Dv, const float *
 }
 
 /* Tokens ahead whose rows of q, k and v the recurrent forward asks for while it makes a
- * group's features: the hardware's streams alone left a tenth of the forward waiting for its
- * rows (B 1, H 8, T 65,536, d 64, float32: 0.91x the time asked for 9 tokens ahead, 0.94x at
- * 12 and 15, less at 3 and 6; a C harness, Intel Xeon, family 6). (Written out in the loop: the
- * same requests from a helper function measured no gain.) */
+ * group's features (la_fetch_run over la_next_chunk's rows, ops/native/ahead.h): the
+ * hardware's streams alone left a tenth of the forward waiting for its rows (B 1, H 8,
+ * T 65,536, d 64, float32: 0.91x the time asked for 9 tokens ahead, 0.94x at 12 and 15, less
+ * at 3 and 6; a C harness, Intel Xeon, family 6). */
 #define REC_AHEAD 9
 /* The recurrent causal forward (la_causal_forward's arguments and state rules, float32
  * arithmetic on float32 or bfloat16 rows): per REC_U tokens, their features, z and each
@@ -411,15 +411,10 @@ static void causal_forward_rec(int kind, int bf, const void *q, long qs, const v
                 Cn = block - t0 % block;
             if (T - t0 < Cn) Cn = T - t0;
             keep_state(Sn, zn, n, t0, block, Ss, sb, zss, zb, L, Dv);
-            if (t0 + REC_AHEAD + Cn <= T) { /* the rows REC_AHEAD tokens on */
-                long es = bf ? 2 : 4, ta = t0 + REC_AHEAD;
-                for (long x = 0; x < Cn * L * es; x += 64) {
-                    __builtin_prefetch((const char *)q + (n * qs + ta * L) * es + x, 0, 3);
-                    __builtin_prefetch((const char *)k + (n * ks + ta * L) * es + x, 0, 3);
-                }
-                for (long x = 0; x < Cn * Dv * es; x += 64)
-                    __builtin_prefetch((const char *)v + (n * vs + ta * Dv) * es + x, 0, 3);
-            }
+            long es = bf ? 2 : 4, ta = t0 + REC_AHEAD; /* the rows REC_AHEAD tokens on */
+            la_fetch_run(la_next_chunk(q, n * qs, ta, T, Cn, L, es));
+            la_fetch_run(la_next_chunk(k, n * ks, ta, T, Cn, L, es));
+            la_fetch_run(la_next_chunk(v, n * vs, ta, T, Cn, Dv, es));
             const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
             phi_rows(kind, q, n * qs + t0 * L, bf, Cn * L, fq);
             phi_rows(kind, k, n * ks + t0 * L, bf, Cn * L, fk);
@@ -517,19 +512,13 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
             m = T - t < REC_U ? T - t : REC_U;
             const float *b[3], *c[3], *x[3];
             rank_rows(vn, t, m, Dv, b), rank_rows(DN, t, m, Dv, c), rank_rows(FK, t, m, L, x);
-            if (t + REC_AHEAD + m <= T) { /* the rows REC_AHEAD tokens on (as the forward:
-                                           * 0.95x the time, the same C harness and Xeon) */
-                long ta = t + REC_AHEAD;
-                for (long x0 = 0; x0 < m * L; x0 += 16) { /* a line: 16 floats */
-                    __builtin_prefetch(qn + ta * L + x0);
-                    __builtin_prefetch(kn + ta * L + x0);
-                }
-                for (long x0 = 0; x0 < m * Dv; x0 += 16) {
-                    __builtin_prefetch(vn + ta * Dv + x0);
-                    __builtin_prefetch(o + n * os + ta * Dv + x0);
-                    __builtin_prefetch(g + n * gs + ta * Dv + x0);
-                }
-            }
+            long ta = t + REC_AHEAD; /* the rows REC_AHEAD tokens on, as the forward (0.95x
+                                      * the time, the same C harness and Xeon) */
+            la_fetch_run(la_next_chunk(q, n * qs, ta, T, m, L, 4));
+            la_fetch_run(la_next_chunk(k, n * ks, ta, T, m, L, 4));
+            la_fetch_run(la_next_chunk(v, n * vs, ta, T, m, Dv, 4));
+            la_fetch_run(la_next_chunk(o, n * os, ta, T, m, Dv, 4));
+            la_fetch_run(la_next_chunk(g, n * gs, ta, T, m, Dv, 4));
             for (long u = 0; u < m; ++u) {
                 float *fq = FQ + (t + u) * L, *fk = FK + (t + u) * L;
                 phi_rows(kind, qn, (t + u) * L, 0, L, fq);

@@ -115,4 +115,10 @@ static inline __attribute__((always_inline)) void la_fetch_line(la_stream *s) {
     }
 }
 
+/* A whole run asked for at once, a line at a time (for a loop too short to spread it over):
+ * the recurrent causal form's rows a few tokens ahead. */
+static inline __attribute__((always_inline)) void la_fetch_run(la_stream s) {
+    while (s.left > 0) la_fetch_line(&s);
+}
+
 #endif /* LA_AHEAD_H */

@@ -254,10 +254,12 @@ static inline const float *la_widened(float *dst, const void *src, long n, int d
     return dst;
 }
 
-/* x[i0, i1) stored at dst[i0, i1) in dtype dt (i0, i1 multiples of W): a 16-bit output
- * rounded once from its float32 scratch. */
+/* x[i0, i1) stored at dst[i0, i1) in dtype dt (i0 a multiple of W; any i1: whole vectors,
+ * then a scalar tail): a 16-bit output rounded once from its float32 scratch. */
 static inline void la_narrowed(void *dst, const float *x, long i0, long i1, int dt) {
-    for (long i = i0; i < i1; i += W) vstore_dt(dst, i, vload(x + i), dt);
+    long i = i0;
+    for (; i + W <= i1; i += W) vstore_dt(dst, i, vload(x + i), dt);
+    for (; i < i1; ++i) store_dt(dst, i, x[i], dt);
 }
 
 /* The chunk helpers of the recurrences' 16-bit forwards (GLA's and the delta rule's), which

@@ -165,6 +165,13 @@ def recycled_cast(x: Tensor, dtype: torch.dtype) -> Tensor:
     return _RecycledCast.apply(x, dtype)
 
 
+def one_16_bit_dtype(*xs: Tensor | None) -> bool:
+    """Whether the given tensors (None: not there) are all of one 16-bit dtype, bfloat16 or
+    float16: the rows the recurrences' kernels read and write themselves, a chunk at a time."""
+    dtypes = {x.dtype for x in xs if x is not None}
+    return len(dtypes) == 1 and dtypes <= {torch.bfloat16, torch.float16}
+
+
 def rows(x: Tensor, N: int) -> Tensor:
     """x (..., T, F) as (N, T, F) in its own dtype with a contiguous last dimension: a view
     where it has one (what a kernel reading 16-bit rows itself takes)."""
