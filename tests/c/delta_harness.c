@@ -713,8 +713,6 @@ static void forward_checks(void) {
         static float q[SN * SK], k[SN * SK], v[SN * SV], b[SN], g[SN], gk[SN * SK];
         static float S0[SN * SK * SV], S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV];
         static float o2[SN * SV], wk[3 * (64 * (4 * SK + 3) + 1024)]; /* 3 threads' shares */
-        /* two threads' shares and the widened rows (la_gdr_step_work) */
-        static float wk16[2 * (64 * (4 * SK + 3) + 1024) + 2 * SN * SK + 2 * SN * SV + 2 * SN + SN * SK];
         for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
         gk[5] = -INFINITY;
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
@@ -759,20 +757,49 @@ static void forward_checks(void) {
                     }
                 rc = la_gdr_step(qr, kr, vr, br, gr, G == 2 ? gkr : NULL, LA_F32, SN, G, SK, SV,
                                  0.3f, 1, S0, S1, o1, wk, 1);
-                rc |= la_gdr_step(q16, k16, v16, b16, g16, G == 2 ? gk16 : NULL, dt, SN, G, SK,
-                                  SV, 0.3f, 1, S0, S2, o16, wk16, 2);
-                int same = rc == 0 || rc == 1;
-                for (long i = 0; i < SN * SV; ++i) {
-                    unsigned short want;
-                    store_dt(&want, 0, o1[i], dt);
-                    same &= want == o16[i];
+                /* on 1, 2 and 3 threads: each part widens its own heads' rows (with 3, parts
+                 * of one head, starting inside a group at G = 2) */
+                for (int th = 1; th <= 3; ++th) {
+                    float *wk16 = malloc(sizeof(float) * la_gdr_step_work(SN, G, SK, SV, th, dt));
+                    int rc16 = la_gdr_step(q16, k16, v16, b16, g16, G == 2 ? gk16 : NULL, dt, SN,
+                                           G, SK, SV, 0.3f, 1, S0, S2, o16, wk16, th);
+                    free(wk16);
+                    int same = rc == 0 && (rc16 == 0 || rc16 == 1);
+                    for (long i = 0; i < SN * SV; ++i) {
+                        unsigned short want;
+                        store_dt(&want, 0, o1[i], dt);
+                        same &= want == o16[i];
+                    }
+                    ++checks;
+                    if (!same || memcmp(S1, S2, sizeof S1)) {
+                        ++failures;
+                        printf("FAIL: la_gdr_step in dtype %d on %d threads is not the float32 "
+                               "step on its values (G %d, rc %d)\n", dt, th, G, rc16);
+                    }
                 }
+                /* its value checks read the 16-bit rows as given: a NaN beta, a positive
+                 * per-key gate (the last element: in the scalar tail where SN * SK is no whole
+                 * number of vectors), and the outputs are not touched */
+                float *wk16 = malloc(sizeof(float) * la_gdr_step_work(SN, G, SK, SV, 1, dt));
+                unsigned short keep_b = b16[1], keep_gk = gk16[SN * SK - 1];
+                float keep_s = S2[0];
+                S2[0] = 12345.0f;
+                store_dt(b16, 1, NAN, dt);
+                int nan16 = la_gdr_step(q16, k16, v16, b16, g16, NULL, dt, SN, G, SK, SV, 0.3f, 1,
+                                        S0, S2, o16, wk16, 1);
+                b16[1] = keep_b;
+                store_dt(gk16, SN * SK - 1, 0.125f, dt);
+                int pos16 = la_gdr_step(q16, k16, v16, b16, g16, gk16, dt, SN, G, SK, SV, 0.3f, 1,
+                                        S0, S2, o16, wk16, 1);
+                gk16[SN * SK - 1] = keep_gk;
+                free(wk16);
                 ++checks;
-                if (!same || memcmp(S1, S2, sizeof S1)) {
+                if (nan16 != -2 || pos16 != -3 || S2[0] != 12345.0f) {
                     ++failures;
-                    printf("FAIL: la_gdr_step in dtype %d is not the float32 step on its values "
-                           "(G %d, rc %d)\n", dt, G, rc);
+                    printf("FAIL: la_gdr_step's value checks in dtype %d (%d %d)\n", dt, nan16,
+                           pos16);
                 }
+                S2[0] = keep_s;
             }
             rc = la_gdr_step(q, k, v, b, g, gkp, LA_F32, SN, G, SK, SV, 0.3f, 1, S0, S1, o1, wk, 1);
             for (int th = 2; th <= 3; ++th) {

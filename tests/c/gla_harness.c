@@ -391,8 +391,13 @@ int main(void) {
         enum { SN = 3, SK = 20, SV = 32 };
         static float q[SN * SK], k[SN * SK], v[SN * SV], g[SN], gk[SN * SK], S0[SN * SK * SV];
         static float S1[SN * SK * SV], S2[SN * SK * SV], o1[SN * SV], o2[SN * SV];
-        /* enough for 3 threads' shares and the widened rows of a 16-bit step */
-        float *wk = malloc((size_t)la_gla_step_work(SN, SK, SV, 3, LA_BF16) * sizeof(float));
+        /* enough for any of the steps below: 1 to 3 threads' shares, each with a part's
+         * widened rows in a 16-bit step */
+        long most = 0;
+        for (int th = 1; th <= 3; ++th)
+            if (la_gla_step_work(SN, SK, SV, th, LA_BF16) > most)
+                most = la_gla_step_work(SN, SK, SV, th, LA_BF16);
+        float *wk = malloc((size_t)most * sizeof(float));
         for (int i = 0; i < SN * SK; ++i) q[i] = uni(-1, 1), k[i] = uni(-1, 1), gk[i] = uni(-1, 0);
         for (int i = 0; i < SN * SV; ++i) v[i] = uni(-1, 1);
         for (int i = 0; i < SN; ++i) g[i] = uni(-1, 0);
@@ -431,19 +436,42 @@ int main(void) {
                     back[a][i] = load_dt(half[a], i, dt);
                 }
             rc = la_gla_step(qr, kr, vr, gr, gkr, LA_F32, SN, SK, SV, 0.3f, S0, S1, o1, wk, 1);
-            rc |= la_gla_step(q16, k16, v16, g16, gk16, dt, SN, SK, SV, 0.3f, S0, S2, o16, wk, 2);
-            int same = rc == 0 || rc == 1;
-            for (long i = 0; i < SN * SV; ++i) {
-                unsigned short want;
-                store_dt(&want, 0, o1[i], dt);
-                same &= want == o16[i];
+            /* on 1, 2 and 3 threads: each part widens its own heads' rows */
+            for (int th = 1; th <= 3; ++th) {
+                int rc16 = la_gla_step(q16, k16, v16, g16, gk16, dt, SN, SK, SV, 0.3f, S0, S2,
+                                       o16, wk, th);
+                int same = rc == 0 && (rc16 == 0 || rc16 == 1);
+                for (long i = 0; i < SN * SV; ++i) {
+                    unsigned short want;
+                    store_dt(&want, 0, o1[i], dt);
+                    same &= want == o16[i];
+                }
+                ++checks;
+                if (!same || memcmp(S1, S2, sizeof S1)) {
+                    ++failures;
+                    printf("FAIL: la_gla_step in dtype %d on %d threads is not the float32 step "
+                           "on its values (rc %d)\n", dt, th, rc16);
+                }
             }
+            /* its gate checks read the 16-bit rows as given (a positive scalar gate; a NaN
+             * per-key one, the last: in the scalar tail), and the outputs are not touched */
+            float keep_s = S2[0];
+            S2[0] = 12345.0f;
+            unsigned short keep_g = g16[1], keep_gk = gk16[SN * SK - 1];
+            store_dt(g16, 1, 0.25f, dt);
+            int pos16 = la_gla_step(q16, k16, v16, g16, NULL, dt, SN, SK, SV, 0.3f, S0, S2, o16,
+                                    wk, 1);
+            g16[1] = keep_g;
+            store_dt(gk16, SN * SK - 1, NAN, dt);
+            int nan16 = la_gla_step(q16, k16, v16, g16, gk16, dt, SN, SK, SV, 0.3f, S0, S2, o16,
+                                    wk, 1);
+            gk16[SN * SK - 1] = keep_gk;
             ++checks;
-            if (!same || memcmp(S1, S2, sizeof S1)) {
+            if (pos16 != -3 || nan16 != -3 || S2[0] != 12345.0f) {
                 ++failures;
-                printf("FAIL: la_gla_step in dtype %d is not the float32 step on its values "
-                       "(rc %d)\n", dt, rc);
+                printf("FAIL: la_gla_step's gate checks in dtype %d (%d %d)\n", dt, pos16, nan16);
             }
+            S2[0] = keep_s;
         }
         /* the step's own gate checks: a NaN or positive gate is -3, and the outputs are not
          * touched */

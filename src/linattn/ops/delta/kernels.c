@@ -475,41 +475,70 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
 /* One decoding step of N value heads with contiguous rows (q, k (N / G, K): one q/k head per G
  * value heads; v, o (N, V); beta, g (N); gk (N, K) or NULL), all of dtype dt (LA_F32,
  * LA_BF16, LA_F16; the state is float32): la_gdr_forward with T = 1, in fewer arguments, its
- * heads in parts on up to `threads` threads (la_parallel). Other dtypes are read into float32
- * rows first (exact) and o rounded once at the end: the float32 step on the widened inputs.
- * work: la_gdr_step_work(N, G, K, V, threads, dt) floats. It also checks the step's values,
- * which the Python side then need not (a tensor reduction there costs more than this whole
- * loop): returns -2 if a beta is NaN or infinite, -3 if a log-gate (scalar or per-key) is NaN
- * or positive, before anything is written; else 0, or 1 when it was split and the other
- * threads were late (la_parallel). */
+ * heads in parts on up to `threads` threads (la_parallel). Other dtypes: each part reads its
+ * own heads' rows into float32 (exact) in its thread's scratch, and rounds its o once at the
+ * end: the float32 step on the widened inputs. (Widened by the calling thread instead, every
+ * other thread's rows had to come over from the calling core's cache: bfloat16 on two threads
+ * then took longer than on one.) work: la_gdr_step_work(N, G, K, V, threads, dt) floats. It
+ * also checks the step's values, which the Python side then need not (a tensor reduction
+ * there costs more than this whole loop): returns -2 if a beta is NaN or infinite, -3 if a
+ * log-gate (scalar or per-key) is NaN or positive, before anything is written; else 0, or 1
+ * when it was split and the other threads were late (la_parallel). */
+
+/* Floats of one thread's scratch: the kernel's, then for 16-bit rows a part's inputs widened
+ * and its o (a part of `per` value heads reads at most (per - 1) / G + 2 q/k heads: it may
+ * start inside a group of G), in whole cache lines so that no two threads share one. */
+static long gdr_step_slot(long N, long G, long K, long V, int threads, int dt) {
+    long per = la_per_part(N, threads), nq = (per - 1) / G + 2;
+    long widened = dt == LA_F32 ? 0 : 2 * nq * K + 2 * per * V + 2 * per + per * K;
+    return (la_gdr_work(K) + widened + 15) / 16 * 16;
+}
+
 long la_gdr_step_work(long N, long G, long K, long V, int threads, int dt) {
-    long NQ = G > 0 ? N / G : N;
-    long widened = dt == LA_F32 ? 0 : 2 * NQ * K + 2 * N * V + 2 * N + N * K;
-    return (threads > 1 ? threads : 1) * la_gdr_work(K) + widened;
+    return (threads > 1 ? threads : 1) * gdr_step_slot(N, G, K, V, threads, dt);
 }
 
 typedef struct {
-    const float *q, *k, *v, *beta, *g, *gk;
-    long N, G, K, V, per;
+    const void *q, *k, *v, *beta, *g, *gk;
+    long N, G, K, V, per, slot;
     float scale;
     int l2norm, dt;
     const float *S_in;
-    float *S_out, *o, *work;
-    void *o_dt; /* o in dt, where dt is not LA_F32 (o is then float32 scratch) */
+    float *S_out;
+    void *o;
+    float *work;
 } gdr_step_job;
 
 static void gdr_step_part(void *ctx, long part, int slot) {
     const gdr_step_job *j = ctx;
     long K = j->K, V = j->V, G = j->G, n0 = part * j->per;
     long n = j->N - n0 < j->per ? j->N - n0 : j->per;
-    /* value heads n0 .. n0 + n - 1: their first q/k head is n0 / G, n0 % G its place there */
-    gdr_forward_fn(j->q + n0 / G * K, K, K, j->k + n0 / G * K, K, K, G, n0 % G, j->v + n0 * V,
-                   V, V, j->beta + n0, 1, 1, j->g ? j->g + n0 : NULL, 1, 1,
-                   j->gk ? j->gk + n0 * K : NULL, K, K, n, 1, K, V, 0, V, j->scale, j->l2norm,
-                   j->S_in + n0 * K * V, j->S_out + n0 * K * V, j->o + n0 * V, V, V, NULL, 0,
-                   NULL, 0, 0, NULL, j->work + slot * la_gdr_work(K));
-    if (j->o_dt)
-        la_narrowed(j->o_dt, j->o, n0 * V, (n0 + n) * V, j->dt);
+    long m0 = n0 / G, nq = (n0 + n - 1) / G - m0 + 1; /* the part's q/k heads */
+    int dt = j->dt;
+    float *work = j->work + slot * j->slot;
+    const float *q, *k, *v, *beta, *g, *gk;
+    float *o;
+    if (dt == LA_F32) {
+        q = (const float *)j->q + m0 * K, k = (const float *)j->k + m0 * K;
+        v = (const float *)j->v + n0 * V, beta = (const float *)j->beta + n0;
+        g = j->g ? (const float *)j->g + n0 : NULL;
+        gk = j->gk ? (const float *)j->gk + n0 * K : NULL;
+        o = (float *)j->o + n0 * V;
+    } else { /* this part's rows, widened in this thread's scratch */
+        float *f = work + la_gdr_work(K);
+        q = la_widened(f, (const u16 *)j->q + m0 * K, nq * K, dt), f += nq * K;
+        k = la_widened(f, (const u16 *)j->k + m0 * K, nq * K, dt), f += nq * K;
+        v = la_widened(f, (const u16 *)j->v + n0 * V, n * V, dt), f += n * V;
+        beta = la_widened(f, (const u16 *)j->beta + n0, n, dt), f += n;
+        g = j->g ? la_widened(f, (const u16 *)j->g + n0, n, dt) : NULL, f += n;
+        gk = j->gk ? la_widened(f, (const u16 *)j->gk + n0 * K, n * K, dt) : NULL, f += n * K;
+        o = f;
+    }
+    /* value heads n0 .. n0 + n - 1: their first q/k head is m0, n0 % G their place there */
+    gdr_forward_fn(q, K, K, k, K, K, G, n0 % G, v, V, V, beta, 1, 1, g, 1, 1, gk, K, K, n, 1, K,
+                   V, 0, V, j->scale, j->l2norm, j->S_in + n0 * K * V, j->S_out + n0 * K * V, o,
+                   V, V, NULL, 0, NULL, 0, 0, NULL, work);
+    if (dt != LA_F32) la_narrowed((u16 *)j->o + n0 * V, o, 0, n * V, dt);
 }
 
 static int la_gdr_step(const void *q, const void *k, const void *v, const void *beta,
@@ -517,27 +546,15 @@ static int la_gdr_step(const void *q, const void *k, const void *v, const void *
                        float scale, int l2norm, const float *S_in, float *S_out, void *o,
                        float *work, int threads) {
     if (K < 1 || V % W || N < 0 || G < 1 || dt < LA_F32 || dt > LA_F16) return -1;
-    gdr_step_job job = {q, k, v, beta, g, gk, N, G, K, V, 0, scale, l2norm, dt, S_in, S_out, o,
-                        work, NULL};
-    if (dt != LA_F32) { /* the inputs widened behind the threads' shares of work */
-        long NQ = N / G;
-        float *f = work + (threads > 1 ? threads : 1) * la_gdr_work(K);
-        job.q = la_widened(f, q, NQ * K, dt), f += NQ * K;
-        job.k = la_widened(f, k, NQ * K, dt), f += NQ * K;
-        job.v = la_widened(f, v, N * V, dt), f += N * V;
-        job.beta = la_widened(f, beta, N, dt), f += N;
-        job.g = g ? la_widened(f, g, N, dt) : NULL, f += N;
-        job.gk = gk ? la_widened(f, gk, N * K, dt) : NULL, f += N * K;
-        job.o = f, job.o_dt = o;
-    }
     for (long n = 0; n < N; ++n) {
-        if (!(job.beta[n] - job.beta[n] == 0.0f)) return -2; /* nan or +-inf */
-        if (job.g && !(job.g[n] <= 0.0f)) return -3;
+        float b = load_dt(beta, n, dt);
+        if (!(b - b == 0.0f)) return -2; /* nan or +-inf */
+        if (g && !(load_dt(g, n, dt) <= 0.0f)) return -3;
     }
-    if (job.gk)
-        for (long i = 0; i < N * K; ++i)
-            if (!(job.gk[i] <= 0.0f)) return -3;
-    job.per = la_per_part(N, threads);
+    if (gk && !la_all_nonpositive(gk, N * K, dt)) return -3;
+    gdr_step_job job = {q, k, v, beta, g, gk, N, G, K, V, la_per_part(N, threads),
+                        gdr_step_slot(N, G, K, V, threads, dt), scale, l2norm, dt, S_in, S_out,
+                        o, work};
     return N > 0 ? la_parallel(gdr_step_part, &job, (N + job.per - 1) / job.per, threads) : 0;
 }
 

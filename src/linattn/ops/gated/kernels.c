@@ -350,60 +350,72 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
 
 /* One decoding step of N heads with contiguous rows (q, k, gk (N, K); v, o (N, V); g (N)), all
  * of dtype dt (LA_F32, LA_BF16, LA_F16; the state is float32): la_gla_forward with T = 1, in
- * fewer arguments, its heads in parts on up to `threads` threads (la_parallel). Other dtypes
- * are read into float32 rows first (exact) and o rounded once at the end. work:
- * la_gla_step_work(N, K, V, threads, dt) floats. It checks the gates itself (a tensor
- * reduction in Python costs more than this whole loop): returns -3 if a log-gate is NaN or
- * positive, before anything is written; else 0, or 1 when it was split and the other threads
- * were late. */
+ * fewer arguments, its heads in parts on up to `threads` threads (la_parallel). Other dtypes:
+ * each part reads its own heads' rows into float32 (exact) in its thread's scratch and rounds
+ * its o once at the end (as the delta rule's step: widened by the calling thread, the other
+ * threads' rows came over from its core's cache). work: la_gla_step_work(N, K, V, threads, dt)
+ * floats. It checks the gates itself (a tensor reduction in Python costs more than this whole
+ * loop): returns -3 if a log-gate is NaN or positive, before anything is written; else 0, or 1
+ * when it was split and the other threads were late. */
+
+/* Floats of one thread's scratch: the kernel's, then for 16-bit rows a part's inputs widened
+ * and its o, in whole cache lines. */
+static long gla_step_slot(long N, long K, long V, int threads, int dt) {
+    long per = la_per_part(N, threads);
+    long widened = dt == LA_F32 ? 0 : 3 * per * K + 2 * per * V + per;
+    return (la_gla_work(K, 1) + widened + 15) / 16 * 16;
+}
+
 long la_gla_step_work(long N, long K, long V, int threads, int dt) {
-    long widened = dt == LA_F32 ? 0 : 3 * N * K + 2 * N * V + N;
-    return (threads > 1 ? threads : 1) * la_gla_work(K, 1) + widened;
+    return (threads > 1 ? threads : 1) * gla_step_slot(N, K, V, threads, dt);
 }
 
 typedef struct {
-    const float *q, *k, *v, *g, *gk;
-    long N, K, V, per;
+    const void *q, *k, *v, *g, *gk;
+    long N, K, V, per, slot;
     float scale;
     int dt;
     const float *S_in;
-    float *S_out, *o, *work;
-    void *o_dt; /* o in dt, where dt is not LA_F32 (o is then float32 scratch) */
+    float *S_out;
+    void *o;
+    float *work;
 } gla_step_job;
 
 static void gla_step_part(void *ctx, long part, int slot) {
     const gla_step_job *j = ctx;
     long K = j->K, V = j->V, n0 = part * j->per;
     long n = j->N - n0 < j->per ? j->N - n0 : j->per;
-    la_gla_forward(j->q + n0 * K, K, K, j->k + n0 * K, K, K, j->v + n0 * V, V, V,
-                   j->g ? j->g + n0 : NULL, 1, j->gk ? j->gk + n0 * K : NULL, K, K, n, 1, K, V,
-                   0, V, 1, j->scale, j->S_in + n0 * K * V, j->S_out + n0 * K * V,
-                   j->o + n0 * V, V, V, NULL, 0, NULL, j->work + slot * la_gla_work(K, 1));
-    if (j->o_dt)
-        la_narrowed(j->o_dt, j->o, n0 * V, (n0 + n) * V, j->dt);
+    int dt = j->dt;
+    float *work = j->work + slot * j->slot;
+    const float *q, *k, *v, *g, *gk;
+    float *o;
+    if (dt == LA_F32) {
+        q = (const float *)j->q + n0 * K, k = (const float *)j->k + n0 * K;
+        v = (const float *)j->v + n0 * V, g = j->g ? (const float *)j->g + n0 : NULL;
+        gk = j->gk ? (const float *)j->gk + n0 * K : NULL;
+        o = (float *)j->o + n0 * V;
+    } else { /* this part's rows, widened in this thread's scratch */
+        float *f = work + la_gla_work(K, 1);
+        q = la_widened(f, (const u16 *)j->q + n0 * K, n * K, dt), f += n * K;
+        k = la_widened(f, (const u16 *)j->k + n0 * K, n * K, dt), f += n * K;
+        v = la_widened(f, (const u16 *)j->v + n0 * V, n * V, dt), f += n * V;
+        g = j->g ? la_widened(f, (const u16 *)j->g + n0, n, dt) : NULL, f += n;
+        gk = j->gk ? la_widened(f, (const u16 *)j->gk + n0 * K, n * K, dt) : NULL, f += n * K;
+        o = f;
+    }
+    la_gla_forward(q, K, K, k, K, K, v, V, V, g, 1, gk, K, K, n, 1, K, V, 0, V, 1, j->scale,
+                   j->S_in + n0 * K * V, j->S_out + n0 * K * V, o, V, V, NULL, 0, NULL, work);
+    if (dt != LA_F32) la_narrowed((u16 *)j->o + n0 * V, o, 0, n * V, dt);
 }
 
 static int la_gla_step(const void *q, const void *k, const void *v, const void *g,
                        const void *gk, int dt, long N, long K, long V, float scale,
                        const float *S_in, float *S_out, void *o, float *work, int threads) {
     if (K < 1 || V % W || N < 0 || dt < LA_F32 || dt > LA_F16) return -1;
-    gla_step_job job = {q, k, v, g, gk, N, K, V, 0, scale, dt, S_in, S_out, o, work, NULL};
-    if (dt != LA_F32) { /* the inputs widened behind the threads' shares of work */
-        float *f = work + (threads > 1 ? threads : 1) * la_gla_work(K, 1);
-        job.q = la_widened(f, q, N * K, dt), f += N * K;
-        job.k = la_widened(f, k, N * K, dt), f += N * K;
-        job.v = la_widened(f, v, N * V, dt), f += N * V;
-        job.g = g ? la_widened(f, g, N, dt) : NULL, f += N;
-        job.gk = gk ? la_widened(f, gk, N * K, dt) : NULL, f += N * K;
-        job.o = f, job.o_dt = o;
-    }
-    for (long n = 0; n < N; ++n) {
-        if (job.g && !(job.g[n] <= 0.0f)) return -3;
-        if (job.gk)
-            for (long i = 0; i < K; ++i)
-                if (!(job.gk[n * K + i] <= 0.0f)) return -3;
-    }
-    job.per = la_per_part(N, threads);
+    if ((g && !la_all_nonpositive(g, N, dt)) || (gk && !la_all_nonpositive(gk, N * K, dt)))
+        return -3;
+    gla_step_job job = {q, k, v, g, gk, N, K, V, la_per_part(N, threads),
+                        gla_step_slot(N, K, V, threads, dt), scale, dt, S_in, S_out, o, work};
     return N > 0 ? la_parallel(gla_step_part, &job, (N + job.per - 1) / job.per, threads) : 0;
 }
 

@@ -254,6 +254,21 @@ static inline const float *la_widened(float *dst, const void *src, long n, int d
     return dst;
 }
 
+/* Whether every one of n elements of dtype dt at x is <= 0 (no NaN): the log-gates' check of
+ * the decoding steps, made on the rows as given, before anything is written. */
+static inline int la_all_nonpositive(const void *x, long n, int dt) {
+    long i = 0;
+    vi bad = (vi)vsplat(0.0f);
+    for (; i + W <= n; i += W) bad |= ~(vi)(vload_dt(x, i, dt) <= 0.0f);
+    int lanes[W];
+    memcpy(lanes, &bad, sizeof bad);
+    for (long l = 0; l < W; ++l)
+        if (lanes[l]) return 0;
+    for (; i < n; ++i)
+        if (!(load_dt(x, i, dt) <= 0.0f)) return 0;
+    return 1;
+}
+
 /* x[i0, i1) stored at dst[i0, i1) in dtype dt (i0 a multiple of W; any i1: whole vectors,
  * then a scalar tail): a 16-bit output rounded once from its float32 scratch. */
 static inline void la_narrowed(void *dst, const float *x, long i0, long i1, int dt) {
