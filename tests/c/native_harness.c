@@ -8,7 +8,8 @@
  * Checked: la_noncausal_forward, la_noncausal_backward (parts = 3, and parts = 1 on two blocks
  * of queries then parts = 2), la_causal_forward and la_causal_backward, for 1 + elu and 1 + relu,
  * the forwards in float32 and in bfloat16 (bf = 1: inputs and output bfloat16, the reference
- * computed from the same bfloat16 inputs; the output is held to TOL_BF16, its rounding),
+ * computed from the same bfloat16 inputs; the output is held to TOL_BF16, its rounding), the
+ * backwards in bfloat16 against the float32 ones on the same values (rounded once, bit for bit),
  * several (L, Dv) (multiples of 16, L != Dv too, and L = 32, 64 with Dv = 16, 48 for the bfloat16
  * dot-product forms), chunks C = 16, 32, 64, T = 100 (a partial
  * last chunk), 16 and 5; non-zero initial states and state gradients; head strides larger than
@@ -395,23 +396,23 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
         memcpy(Gz, Gzin, (size_t)(N * L) * sizeof(float));
         fill_guard(work, wb + GUARD);
         if (causal) {
-            rc_check(causal_backward(kind, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, L, Dv, C,
+            rc_check(causal_backward(kind, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, L, Dv, C,
                                         eps, S0, z0, G, Gz, dq, dqs, dk, dks, dv, dvs, work),
                      "la_causal_backward", cfg2);
         } else if (!split) {
-            rc_check(noncausal_backward(kind, 3, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk,
+            rc_check(noncausal_backward(kind, 3, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk,
                                            L, Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs,
                                            work), "la_noncausal_backward", cfg2);
         } else { /* the query pass in two blocks of queries, then the key pass */
             long h = Tq / 2;
-            rc_check(noncausal_backward(kind, 1, q, qs, k, ks, v, vs, o, os, g, gs, N, h, Tk,
+            rc_check(noncausal_backward(kind, 1, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, h, Tk,
                                            L, Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs,
                                            work), "la_noncausal_backward parts=1", cfg2);
-            rc_check(noncausal_backward(kind, 1, q + h * L, qs, k, ks, v, vs, o + h * Dv, os,
+            rc_check(noncausal_backward(kind, 1, 0, q + h * L, qs, k, ks, v, vs, o + h * Dv, os,
                                            g + h * Dv, gs, N, Tq - h, Tk, L, Dv, C, eps, S, z, G,
                                            Gz, dq + h * L, dqs, dk, dks, dv, dvs, work),
                      "la_noncausal_backward parts=1", cfg2);
-            rc_check(noncausal_backward(kind, 2, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk,
+            rc_check(noncausal_backward(kind, 2, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk,
                                            L, Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs,
                                            work), "la_noncausal_backward parts=2", cfg2);
         }
@@ -425,6 +426,69 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
         record(causal, E_DV, relerr(dv, dvs, r.dv, N, Tk, Dv), cfg2);
         record(causal, E_G, relerr(G, L * Dv, r.dS0, N, L, Dv), cfg2);
         record(causal, E_GZ, relerr(Gz, L, r.dz0, N, L, 1), cfg2);
+    }
+
+    /* bfloat16 rows (bf = 1): the backward reads q, k, v, o and g as the float32 values they
+     * hold and rounds dq, dk, dv once: the float32 backward on those values (o the bfloat16
+     * output widened, g rounded), its gradients rounded, G and Gz equal, bit for bit; outputs'
+     * gaps and ends untouched. The causal chunked form (a state above REC_MAX_STATE) takes no
+     * bfloat16 rows: -1, what la_linear_backward_bf16 tells Python. */
+    if (bf) {
+        int takes = la_linear_backward_bf16(causal, L, Dv);
+        unsigned short *gh = as_bf16(g, N * gs); /* g rounded in place too */
+        unsigned short *dqh = malloc((size_t)(N * dqs + GUARD) * 2);
+        unsigned short *dkh = malloc((size_t)(N * dks + GUARD) * 2);
+        unsigned short *dvh = malloc((size_t)(N * dvs + GUARD) * 2);
+        float *G2 = copy_f(Gin, N * L * Dv), *Gz2 = copy_f(Gzin, N * L);
+        for (long i = 0; i < N * dqs + GUARD; ++i) dqh[i] = GUARD_BF16;
+        for (long i = 0; i < N * dks + GUARD; ++i) dkh[i] = GUARD_BF16;
+        for (long i = 0; i < N * dvs + GUARD; ++i) dvh[i] = GUARD_BF16;
+        memcpy(G, Gin, (size_t)(N * L * Dv) * sizeof(float));
+        memcpy(Gz, Gzin, (size_t)(N * L) * sizeof(float));
+        fill_guard(work, wb + GUARD); /* (the forward's scratch may be the larger) */
+        int rc32, rc16;
+        if (causal) {
+            rc32 = causal_backward(kind, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, L, Dv, C, eps,
+                                   S0, z0, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
+            rc16 = causal_backward(kind, 1, qh, qs, kh, ks, vh, vs, oh, os, gh, gs, N, Tq, L, Dv,
+                                   C, eps, S0, z0, G2, Gz2, dqh, dqs, dkh, dks, dvh, dvs, work);
+        } else {
+            rc32 = noncausal_backward(kind, 3, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk, L,
+                                      Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
+            rc16 = noncausal_backward(kind, 3, 1, qh, qs, kh, ks, vh, vs, oh, os, gh, gs, N, Tq,
+                                      Tk, L, Dv, C, eps, S, z, G2, Gz2, dqh, dqs, dkh, dks, dvh,
+                                      dvs, work);
+        }
+        rc_check(rc32, "backward (bfloat16 values)", cfg);
+        int same = 1;
+        if (!takes) {
+            same = rc16 == -1;
+        } else {
+            same = rc16 == 0 && !memcmp(G, G2, (size_t)(N * L * Dv) * sizeof(float))
+                   && !memcmp(Gz, Gz2, (size_t)(N * L) * sizeof(float));
+            const float *f32[3] = {dq, dk, dv};
+            const unsigned short *h16[3] = {dqh, dkh, dvh};
+            const long rows[3] = {Tq, Tk, Tk}, F[3] = {L, L, Dv}, hs[3] = {dqs, dks, dvs};
+            for (int a = 0; a < 3; ++a)
+                for (long n = 0; n < N; ++n)
+                    for (long i = 0; i < hs[a]; ++i) {
+                        unsigned short want = i < rows[a] * F[a] ? to_bf16(f32[a][n * hs[a] + i])
+                                                                 : GUARD_BF16;
+                        same &= h16[a][n * hs[a] + i] == want;
+                    }
+            for (int a = 0; a < 3; ++a)
+                for (long i = N * hs[a]; i < N * hs[a] + GUARD; ++i)
+                    same &= h16[a][i] == GUARD_BF16;
+        }
+        ++checks;
+        if (!same) {
+            ++failures;
+            if (failures <= 20)
+                printf("  FAIL %s backward in bfloat16 is not the float32 one rounded (rc %d, "
+                       "takes %d)  [%s]\n", causal ? "causal" : "noncausal", rc16, takes, cfg);
+        }
+        guard_check(guards_ok(work, 1, wb, 1, wb), "backward work (bfloat16)", cfg);
+        free(gh), free(dqh), free(dkh), free(dvh), free(G2), free(Gz2);
     }
 
     free(q), free(k), free(v), free(g), free(S0), free(z0), free(Gin), free(Gzin);

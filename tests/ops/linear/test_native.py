@@ -385,16 +385,24 @@ def test_bfloat16_one_pass_within_its_bound(native_on, amx, feature_map, is_caus
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_bfloat16_with_gradients_runs_the_float32_passes(native_on, is_causal):
-    """bfloat16 with gradients: widened to float32 (a differentiable cast), the compiled float32
-    forward and backward, the output rounded to bfloat16; the gradients are those of that
-    float32 computation, each rounded once to bfloat16."""
-    base = [x.bfloat16() for x in _qkv(1, 2, T=70, D=32, Dv=16)]
-    g = torch.randn(1, 2, 70, 16, generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("D, Dv", [(32, 16), (160, 112)])
+def test_bfloat16_with_gradients_against_the_reference(native_on, monkeypatch, is_causal, D, Dv):
+    """bfloat16 with gradients: the one-pass backwards read q, k, v, the output and its
+    gradient as bfloat16 rows and write dq, dk, dv in bfloat16, with no widened copy made (no
+    cast in Python); where they cannot (the causal state above the recurrent form's 128 x 128:
+    D = 160, Dv = 112), the inputs are widened to float32 first (a differentiable cast). Either
+    way the output and the gradients are within a bfloat16 rounding of the exact ones."""
+    base = [x.bfloat16() for x in _qkv(1, 2, T=70, D=D, Dv=Dv)]
+    g = torch.randn(1, 2, 70, Dv, generator=torch.Generator().manual_seed(3))
     leaves = [x.clone().requires_grad_(True) for x in base]
+    casts = []
+    real_cast = lnative.recycled_cast
+    monkeypatch.setattr(lnative, "recycled_cast", lambda *a: casts.append(1) or real_cast(*a))
     out = linattn.linear_attention(*leaves, is_causal=is_causal, chunk_size=32)
     assert native_on and out.dtype == torch.bfloat16
     out.backward(g.bfloat16())
+    widened = is_causal and D * Dv > passes.REC_MAX_STATE
+    assert len(casts) == (4 if widened else 0)  # q, k, v and the output's rounding
     wide = [x.double().requires_grad_(True) for x in base]
     want = linattn.reference.linear_attention(*wide, is_causal=is_causal)
     want.backward(g.bfloat16().double())
@@ -404,6 +412,48 @@ def test_bfloat16_with_gradients_runs_the_float32_passes(native_on, is_causal):
         assert got.dtype == torch.bfloat16
         atol = eps * ref.abs().max().item()
         torch.testing.assert_close(got.double(), ref.detach(), rtol=eps, atol=atol)
+
+
+@pytest.mark.parametrize("feature_map", [0, 1])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("T", [1, 37, 300])
+def test_bfloat16_backward_is_the_float32_one_rounded(feature_map, is_causal, T):
+    """The one-pass backwards on bfloat16 rows (q, k, v, the saved output, its gradient) are
+    the float32 backward on the values those rows hold, each gradient rounded once: dq, dk, dv
+    within one bfloat16 rounding of the float32 pass's, the state's gradients (float32 sums)
+    equal to float32 rounding. T = 37: partial chunks (32 a chunk, blocks of 64 tokens)."""
+    N, L, Dv, chunk, block = 3, 64, 48, 32, 64
+    gen = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(N, T, d, generator=gen).bfloat16() for d in (L, L, Dv))
+    g_out = torch.randn(N, T, Dv, generator=gen).bfloat16()
+    S0, z0 = torch.randn(N, L, Dv, generator=gen) / 4, torch.rand(N, L, generator=gen) + 1
+    g_S, g_z = torch.randn(N, L, Dv, generator=gen), torch.randn(N, L, generator=gen)
+    out, S, z, Ss, zs = passes.forward(q, k, v, S0, z0, None, feature_map, 1e-6, block, chunk,
+                                       is_causal, "native")
+    common = (S0, z0, Ss, zs, S, z)
+    rest = (g_S, g_z, feature_map, 1e-6, block, chunk, is_causal, "native")
+    got = passes.backward(q, k, v, None, *common, out, g_out, *rest)
+    want = passes.backward(q.float(), k.float(), v.float(), None, *common, out.float(),
+                           g_out.float(), *rest)
+    eps, f32 = torch.finfo(torch.bfloat16).eps, torch.finfo(torch.float32).eps
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b, rtol=eps, atol=eps * b.abs().max().item())
+    for a, b in zip(got[3:], want[3:], strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=16 * f32, atol=16 * f32 * b.abs().max().item())
+
+
+def test_bfloat16_backward_rule_is_the_kernels():
+    """Python's rule for which backwards take bfloat16 rows (passes.REC_MAX_STATE, plain
+    Python under torch.compile) is the kernels' own (la_linear_backward_bf16), which refuses
+    the others."""
+    fns = lnative.kernels()
+    for L, Dv in [(16, 16), (64, 64), (128, 128), (144, 112), (128, 144), (256, 64), (160, 112)]:
+        assert fns["backward_bf16"](0, L, Dv) == 1
+        assert fns["backward_bf16"](1, L, Dv) == (L * Dv <= passes.REC_MAX_STATE)
+        assert passes.backward_takes_bf16(L, Dv, 32, True, False) == (
+            L * Dv <= passes.REC_MAX_STATE)
 
 
 def test_phi_bfloat16_in_and_out():
@@ -439,8 +489,8 @@ def test_relu_gradient_for_tiny_positive_inputs(native_on):
 
 
 def test_bfloat16_with_a_trainable_initial_state(native_on):
-    """bfloat16 inputs, initial state that needs gradients: the compiled float32 passes (the
-    inputs widened), gradients flow to the state."""
+    """bfloat16 inputs, initial state that needs gradients: the compiled passes (D = 8: the
+    block passes, the inputs widened), gradients flow to the state."""
     q, k, v = (x.bfloat16() for x in _qkv(1, 2, T=20, D=8, Dv=6))
     S = torch.rand(1, 2, 8, 6, requires_grad=True)
     z = (torch.rand(1, 2, 8) + 1).requires_grad_(True)

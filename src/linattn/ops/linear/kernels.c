@@ -148,27 +148,49 @@ static inline const float *f32_rows(const void *x, long i0, int bf, long n, floa
 
 /* The gradient of one output row o = num / s, s = guarded(den) (den here includes eps), from
  * g = dL/do: writes dn = g / s and returns ds = -(g . o) / s, or 0 where den == 0 (the guard's
- * constant branch). */
-static inline float grad_out_row(const float *g, const float *o, float den, long Dv, float *dn) {
+ * constant branch). g and o: rows of float32, or bfloat16 with bf, at elements gi and oi (the
+ * same arithmetic either way: a bfloat16 row is read as the float32 it equals). */
+static inline float grad_out_row(const void *g, long gi, const void *o, long oi, int bf,
+                                 float den, long Dv, float *dn) {
     float inv = den == 0.0f ? 1.0f : 1.0f / den;
+    vf acc = vsplat(0.0f);
     long j = 0;
-    for (; j + W <= Dv; j += W) vstore(dn + j, vload(g + j) * inv);
-    for (; j < Dv; ++j) dn[j] = g[j] * inv;
-    return den == 0.0f ? 0.0f : -dot(g, o, Dv) * inv;
+    for (; j + W <= Dv; j += W) {
+        vf gj = vload_any(g, gi + j, bf);
+        vstore(dn + j, gj * inv);
+        acc += gj * vload_any(o, oi + j, bf);
+    }
+    float s = hsum(acc);
+    for (; j < Dv; ++j) {
+        float gj = load_any(g, gi + j, bf);
+        dn[j] = gj * inv;
+        s += gj * load_any(o, oi + j, bf);
+    }
+    return den == 0.0f ? 0.0f : -s * inv;
 }
 
-/* dst = (dphi + c vec) phi'(x) for one row of L (no vec term where vec is NULL); f = phi(x).
- * A gradient row is not read back: whole vectors go out with non-temporal stores where the row
- * is aligned to them (stream_fence() before the kernel returns). */
-static inline void grad_phi_row(int kind, float *dst, const float *dphi, float c,
-                                const float *vec, const float *x, const float *f, long L) {
+/* dst = (dphi + c vec) phi'(x) for one row of L (no vec term where vec is NULL); f = phi(x);
+ * x and dst rows of float32, or bfloat16 with bf, at elements xi and di (a bfloat16 row is
+ * rounded once, from the float32 result). A float32 gradient row is not read back: whole
+ * vectors go out with non-temporal stores where the row is aligned to them (stream_fence()
+ * before the kernel returns). */
+static inline void grad_phi_row(int kind, void *dst, long di, int bf, const float *dphi,
+                                float c, const float *vec, const void *x, long xi,
+                                const float *f, long L) {
     long j = 0;
     for (; j + W <= L; j += W) {
         vf d = vload(dphi + j);
         if (vec) d += c * vload(vec + j);
-        vstore_stream(dst + j, d * vdphi(kind, vload(x + j), vload(f + j)));
+        vf r = d * vdphi(kind, vload_any(x, xi + j, bf), vload(f + j));
+        if (bf)
+            vstore_any(dst, di + j, r, 1);
+        else
+            vstore_stream((float *)dst + di + j, r);
     }
-    for (; j < L; ++j) dst[j] = (dphi[j] + (vec ? c * vec[j] : 0.0f)) * sdphi(kind, x[j], f[j]);
+    for (; j < L; ++j)
+        store_any(dst, di + j,
+                  (dphi[j] + (vec ? c * vec[j] : 0.0f)) * sdphi(kind, load_any(x, xi + j, bf), f[j]),
+                  bf);
 }
 
 /* The normaliser of row i of a causal chunk before eps: fq_i . z + sum_{j <= i} A[i, j]. The
@@ -207,7 +229,7 @@ static void la_norm_grad(const float *o, long os, const float *fq, const float *
                   long Dv, float eps, float *dnum, float *ds) {
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t)
-            ds[n * R + t] = grad_out_row(g + n * gs + t * Dv, o + n * os + t * Dv,
+            ds[n * R + t] = grad_out_row(g, n * gs + t * Dv, o, n * os + t * Dv, 0,
                                          den_any(fq, 0, z, zrows, sx, n, t, R, L) + eps, Dv,
                                          dnum + (n * R + t) * Dv);
 }
@@ -225,8 +247,8 @@ static void la_grad_phi(int kind, const float *dphi, const float *x, long xs, co
                 memset(dst, 0, (size_t)L * sizeof(float));
                 continue;
             }
-            grad_phi_row(kind, dst, dphi + (n * R + t) * L, coef ? coef[n * R + t] : 1.0f,
-                         vec ? group_row(vec, vrows, n, t, R, L) : NULL, x + n * xs + t * L,
+            grad_phi_row(kind, dst, 0, 0, dphi + (n * R + t) * L, coef ? coef[n * R + t] : 1.0f,
+                         vec ? group_row(vec, vrows, n, t, R, L) : NULL, x, n * xs + t * L,
                          f + (n * R + t) * L, L);
         }
     stream_fence();
@@ -381,18 +403,12 @@ static int la_causal_forward(int kind, int bf, const void *q, long qs, const voi
  * with dn = g / s, ds = -(g . o) / s from the output o and its gradient g. G and Gz leave as
  * the gradient of the state before the block. dq, dk, dv: rows with head strides. work:
  * nc (2 C L + L Dv + L) + 2 C C + Dv C + 2 Dv L + 2 C L + C Dv + C floats, nc = ceil(T / C). */
-static int la_causal_backward(int kind, const float *q, long qs, const float *k, long ks,
-                       const float *v, long vs, const float *o, long os, const float *g, long gs,
-                       long N, long T, long L, long Dv, long C, float eps, const float *S_in,
-                       const float *z_in, float *G, float *Gz, float *dq, long dqs, float *dk,
-                       long dks, float *dv, long dvs, float *work) {
-    if (C % W || L % W || Dv % W) return -1;
-    if (REC_FORWARD && L * Dv <= REC_MAX_STATE) {
-        causal_backward_rec(kind, q, qs, k, ks, v, vs, o, os, g, gs, N, T, L, Dv, eps, S_in,
-                            z_in, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
-        stream_fence();
-        return 0;
-    }
+static void causal_backward_chunked(int kind, const float *q, long qs, const float *k, long ks,
+                                    const float *v, long vs, const float *o, long os,
+                                    const float *g, long gs, long N, long T, long L, long Dv,
+                                    long C, float eps, const float *S_in, const float *z_in,
+                                    float *G, float *Gz, float *dq, long dqs, float *dk, long dks,
+                                    float *dv, long dvs, float *work) {
     long nc = (T + C - 1) / C;
     float *FQ = work, *FK = FQ + nc * C * L, *SB = FK + nc * C * L, *ZB = SB + nc * L * Dv;
     float *A = ZB + nc * L, *dA = A + C * C, *vT = dA + C * C, *ST = vT + Dv * C;
@@ -428,7 +444,7 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
             transpose(C, L, fk, fkT);
             scores(Cn, C, L, fq, fkT, A);
             for (long i = 0; i < Cn; ++i) /* the normaliser's and the output's gradients */
-                ds[i] = grad_out_row(g + n * gs + (t0 + i) * Dv, o + n * os + (t0 + i) * Dv,
+                ds[i] = grad_out_row(g, n * gs + (t0 + i) * Dv, o, n * os + (t0 + i) * Dv, 0,
                                      causal_den(fq + i * L, zb, A + i * C, i, L) + eps, Dv,
                                      dn + i * Dv);
             if (Cn == C) { /* vT[d, t] = v[t, d], zero beyond the chunk */
@@ -449,15 +465,15 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
             gemm(Cn, L, Cn, dA, C, 1, fk, L, dphi, L, 0, LOWER);
             gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dphi, L, 1, FULL);
             for (long i = 0; i < Cn; ++i)
-                grad_phi_row(kind, dq + n * dqs + (t0 + i) * L, dphi + i * L, ds[i], zb,
-                             q + n * qs + (t0 + i) * L, fq + i * L, L);
+                grad_phi_row(kind, dq, n * dqs + (t0 + i) * L, 0, dphi + i * L, ds[i], zb, q,
+                             n * qs + (t0 + i) * L, fq + i * L, L);
             /* dk */
             transpose(L, Dv, Gn, GT);
             gemm(Cn, L, Cn, dA, 1, C, fq, L, dphi, L, 0, UPPER);
             gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 1, FULL);
             for (long i = 0; i < Cn; ++i)
-                grad_phi_row(kind, dk + n * dks + (t0 + i) * L, dphi + i * L, 1.0f, Gzn,
-                             k + n * ks + (t0 + i) * L, fk + i * L, L);
+                grad_phi_row(kind, dk, n * dks + (t0 + i) * L, 0, dphi + i * L, 1.0f, Gzn, k,
+                             n * ks + (t0 + i) * L, fk + i * L, L);
             /* dv, written in place */
             float *dvc = dv + n * dvs + t0 * Dv;
             gemm(Cn, Dv, Cn, A, 1, C, dn, Dv, dvc, Dv, 0, UPPER);
@@ -467,6 +483,33 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
             add_colsums(Gzn, Gzn, fq, ds, Cn, L);
         }
     }
+}
+
+/* Whether la_causal_backward (causal) or la_noncausal_backward takes bfloat16 rows at these
+ * sizes: the non-causal one always, the causal one in its recurrent form (states up to
+ * REC_MAX_STATE); the chunked form reads float32 only. What Python asks before it passes
+ * bfloat16 rows (else it widens them first). */
+int la_linear_backward_bf16(int causal, long L, long Dv) {
+    return !causal || (REC_FORWARD && L * Dv <= REC_MAX_STATE);
+}
+
+/* The causal backward: the recurrent form (causal_backward_rec) for states up to
+ * REC_MAX_STATE, float32 or bfloat16 rows (bf: q, k, v, o, g read, dq, dk, dv written, each
+ * rounded once; the float32 arithmetic on the values they hold); else the chunked form above,
+ * float32 only (-1 with bf). */
+static int la_causal_backward(int kind, int bf, const void *q, long qs, const void *k, long ks,
+                              const void *v, long vs, const void *o, long os, const void *g,
+                              long gs, long N, long T, long L, long Dv, long C, float eps,
+                              const float *S_in, const float *z_in, float *G, float *Gz,
+                              void *dq, long dqs, void *dk, long dks, void *dv, long dvs,
+                              float *work) {
+    if (C % W || L % W || Dv % W || (bf && !la_linear_backward_bf16(1, L, Dv))) return -1;
+    if (REC_FORWARD && L * Dv <= REC_MAX_STATE)
+        causal_backward_rec(kind, bf, q, qs, k, ks, v, vs, o, os, g, gs, N, T, L, Dv, eps, S_in,
+                            z_in, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
+    else
+        causal_backward_chunked(kind, q, qs, k, ks, v, vs, o, os, g, gs, N, T, L, Dv, C, eps,
+                                S_in, z_in, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
     stream_fence();
     return 0;
 }
@@ -477,22 +520,26 @@ static int la_causal_backward(int kind, const float *q, long qs, const float *k,
  * one call (a call per block cost ~60 us of Python each, and the threads of a pass took turns
  * at the interpreter: linattn.ops.linear.passes). Rows of q, k, o, g, dq, dk, dv contiguous
  * (the tokens of a block at t0 rows further). work: la_causal_backward's for one block. */
-static int la_causal_backward_blocks(int kind, const float *q, long qs, const float *k, long ks,
-                                     const float *v, long vs, const float *o, long os,
-                                     const float *g, long gs, long N, long T, long L, long Dv,
+static int la_causal_backward_blocks(int kind, int bf, const void *q, long qs, const void *k,
+                                     long ks, const void *v, long vs, const void *o, long os,
+                                     const void *g, long gs, long N, long T, long L, long Dv,
                                      long C, float eps, const float *S_in, long sb,
                                      const float *z_in, long zb, long block, float *G,
-                                     float *Gz, float *dq, long dqs, float *dk, long dks,
-                                     float *dv, long dvs, float *work) {
+                                     float *Gz, void *dq, long dqs, void *dk, long dks,
+                                     void *dv, long dvs, float *work) {
     if (block <= 0) return -1;
+    size_t es = bf ? 2 : 4; /* bytes an element */
+#define LA_AT(p, i) ((char *)(p) + (size_t)(i) * es)
     for (long i = (T + block - 1) / block - 1; i >= 0; --i) {
         long t0 = i * block, Tb = T - t0 < block ? T - t0 : block;
-        int rc = la_causal_backward(kind, q + t0 * L, qs, k + t0 * L, ks, v + t0 * Dv, vs,
-                                    o + t0 * Dv, os, g + t0 * Dv, gs, N, Tb, L, Dv, C, eps,
-                                    S_in + i * sb, z_in + i * zb, G, Gz, dq + t0 * L, dqs,
-                                    dk + t0 * L, dks, dv + t0 * Dv, dvs, work);
+        int rc = la_causal_backward(kind, bf, LA_AT(q, t0 * L), qs, LA_AT(k, t0 * L), ks,
+                                    LA_AT(v, t0 * Dv), vs, LA_AT(o, t0 * Dv), os,
+                                    LA_AT(g, t0 * Dv), gs, N, Tb, L, Dv, C, eps, S_in + i * sb,
+                                    z_in + i * zb, G, Gz, LA_AT(dq, t0 * L), dqs,
+                                    LA_AT(dk, t0 * L), dks, LA_AT(dv, t0 * Dv), dvs, work);
         if (rc) return rc;
     }
+#undef LA_AT
     return 0;
 }
 
@@ -557,47 +604,53 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
  *     dq = (dn S^T + ds z) phi'(q),  dk = (v G^T + Gz) phi'(k),  dv = phi(k) G.
  * S, z: the final sums of the forward; G, Gz in/out. The query pass (dq, G, Gz) runs over
  * the Tq queries, the key pass (dk, dv, from G and Gz) over the Tk keys; parts & 1 and parts & 2
- * select them, so that the query pass can be fed in blocks. work: 2 C L + 2 L Dv + C Dv. */
-static int la_noncausal_backward(int kind, int parts, const float *q, long qs, const float *k, long ks,
-                          const float *v, long vs, const float *o, long os, const float *g,
-                          long gs, long N, long Tq, long Tk, long L, long Dv, long C, float eps,
-                          const float *S, const float *z, float *G, float *Gz, float *dq,
-                          long dqs, float *dk, long dks, float *dv, long dvs, float *work) {
+ * select them, so that the query pass can be fed in blocks. q, k, v, o, g read and dq, dk, dv
+ * written as float32, or bfloat16 with bf (each gradient rounded once: the float32 arithmetic
+ * on the values the rows hold; a chunk of v widened, and of dv rounded from, the scratch).
+ * work: 2 C L + 2 L Dv + 3 C Dv. */
+static int la_noncausal_backward(int kind, int parts, int bf, const void *q, long qs,
+                                 const void *k, long ks, const void *v, long vs, const void *o,
+                                 long os, const void *g, long gs, long N, long Tq, long Tk,
+                                 long L, long Dv, long C, float eps, const float *S,
+                                 const float *z, float *G, float *Gz, void *dq, long dqs,
+                                 void *dk, long dks, void *dv, long dvs, float *work) {
     if (L % W || Dv % W) return -1;
     if (!(parts & 1)) Tq = 0;
     if (!(parts & 2)) Tk = 0;
     float *f = work, *ST = f + C * L, *GT = ST + L * Dv, *dphi = GT + L * Dv;
+    float *vbuf = dphi + C * Dv + C * L, *dvbuf = vbuf + C * Dv;
     float ds[C];
     for (long n = 0; n < N; ++n) {
         const float *Sn = S + n * L * Dv, *zn = z + n * L;
         float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
         if (Tq) transpose(L, Dv, Sn, ST);
         for (long t0 = 0; t0 < Tq; t0 += C) {
-            long Cn = Tq - t0 < C ? Tq - t0 : C;
-            const float *qc = q + n * qs + t0 * L;
-            phi_rows(kind, qc, 0, 0, Cn * L, f);
+            long Cn = Tq - t0 < C ? Tq - t0 : C, qi = n * qs + t0 * L;
+            phi_rows(kind, q, qi, bf, Cn * L, f);
             float *dn = dphi; /* dn (Cn x Dv) first, then dphi reuses the space after G */
             for (long i = 0; i < Cn; ++i)
-                ds[i] = grad_out_row(g + n * gs + (t0 + i) * Dv, o + n * os + (t0 + i) * Dv,
+                ds[i] = grad_out_row(g, n * gs + (t0 + i) * Dv, o, n * os + (t0 + i) * Dv, bf,
                                      dot(f + i * L, zn, L) + eps, Dv, dn + i * Dv);
             gemm(L, Dv, Cn, f, 1, L, dn, Dv, Gn, Dv, 1, FULL);
             add_colsums(Gzn, Gzn, f, ds, Cn, L);
             float *dfq = dphi + C * Dv;
             gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dfq, L, 0, FULL);
             for (long i = 0; i < Cn; ++i)
-                grad_phi_row(kind, dq + n * dqs + (t0 + i) * L, dfq + i * L, ds[i], zn,
-                             qc + i * L, f + i * L, L);
+                grad_phi_row(kind, dq, n * dqs + (t0 + i) * L, bf, dfq + i * L, ds[i], zn, q,
+                             qi + i * L, f + i * L, L);
         }
         if (Tk) transpose(L, Dv, Gn, GT);
         for (long t0 = 0; t0 < Tk; t0 += C) {
-            long Cn = Tk - t0 < C ? Tk - t0 : C;
-            const float *kc = k + n * ks + t0 * L, *vc = v + n * vs + t0 * Dv;
-            phi_rows(kind, kc, 0, 0, Cn * L, f);
+            long Cn = Tk - t0 < C ? Tk - t0 : C, ki = n * ks + t0 * L;
+            const float *vc = f32_rows(v, n * vs + t0 * Dv, bf, Cn * Dv, vbuf);
+            phi_rows(kind, k, ki, bf, Cn * L, f);
             gemm(Cn, L, Dv, vc, Dv, 1, GT, L, dphi, L, 0, FULL);
             for (long i = 0; i < Cn; ++i)
-                grad_phi_row(kind, dk + n * dks + (t0 + i) * L, dphi + i * L, 1.0f, Gzn,
-                             kc + i * L, f + i * L, L);
-            gemm(Cn, Dv, L, f, L, 1, Gn, Dv, dv + n * dvs + t0 * Dv, Dv, 0, FULL);
+                grad_phi_row(kind, dk, n * dks + (t0 + i) * L, bf, dphi + i * L, 1.0f, Gzn, k,
+                             ki + i * L, f + i * L, L);
+            float *dvc = bf ? dvbuf : (float *)dv + n * dvs + t0 * Dv;
+            gemm(Cn, Dv, L, f, L, 1, Gn, Dv, dvc, Dv, 0, FULL);
+            if (bf) la_narrowed((u16 *)dv + n * dvs + t0 * Dv, dvbuf, 0, Cn * Dv, LA_BF16);
         }
     }
     stream_fence();
@@ -624,12 +677,13 @@ long la_linear_work(int pass, long C, long L, long Dv, long nc) {
 #endif
         break;
     case 2:
-        f32 = 2 * C * L + 2 * L * Dv + C * Dv;
+        f32 = 2 * C * L + 2 * L * Dv + 3 * C * Dv;
         break;
     case 3:
         f32 = nc * (2 * C * L + L * Dv + L) + 2 * C * C + Dv * C + 2 * Dv * L + 2 * C * L + C * Dv
               + C;
-        dp = nc * C * (2 * L + Dv + 1) + Dv * L + 6 * L + 2 * W * W; /* the recurrent form's */
+        /* the recurrent form's, with its widened v rows and two rows of dv */
+        dp = nc * C * (2 * L + 2 * Dv + 1) + Dv * L + 6 * L + 2 * W * W + 2 * Dv;
         break;
     default:
         return -1;

@@ -60,15 +60,16 @@ LA_ENTRY_VOID(la_prefix, LA_PREFIX_ARGS)
 LA_ENTRY(la_causal_forward, LA_CAUSAL_FORWARD_ARGS)
 
 #define LA_CAUSAL_BACKWARD_BLOCKS_ARGS(X, la_s) \
-    X(la_s, int, kind, 'i') X(la_s, const float *, q, 'p') X(la_s, long, qs, 'l') \
-    X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') X(la_s, const float *, v, 'p') \
-    X(la_s, long, vs, 'l') X(la_s, const float *, o, 'p') X(la_s, long, os, 'l') \
-    X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, T, 'l') \
-    X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') X(la_s, float, eps, 'f') \
-    X(la_s, const float *, S_in, 'p') X(la_s, long, sb, 'l') X(la_s, const float *, z_in, 'p') \
-    X(la_s, long, zb, 'l') X(la_s, long, block, 'l') X(la_s, float *, G, 'p') \
-    X(la_s, float *, Gz, 'p') X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') X(la_s, float *, dk, 'p') \
-    X(la_s, long, dks, 'l') X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') X(la_s, float *, work, 'p')
+    X(la_s, int, kind, 'i') X(la_s, int, bf, 'i') X(la_s, const void *, q, 'p') \
+    X(la_s, long, qs, 'l') X(la_s, const void *, k, 'p') X(la_s, long, ks, 'l') \
+    X(la_s, const void *, v, 'p') X(la_s, long, vs, 'l') X(la_s, const void *, o, 'p') \
+    X(la_s, long, os, 'l') X(la_s, const void *, g, 'p') X(la_s, long, gs, 'l') X(la_s, long, N, 'l') \
+    X(la_s, long, T, 'l') X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') \
+    X(la_s, float, eps, 'f') X(la_s, const float *, S_in, 'p') X(la_s, long, sb, 'l') \
+    X(la_s, const float *, z_in, 'p') X(la_s, long, zb, 'l') X(la_s, long, block, 'l') \
+    X(la_s, float *, G, 'p') X(la_s, float *, Gz, 'p') X(la_s, void *, dq, 'p') X(la_s, long, dqs, 'l') \
+    X(la_s, void *, dk, 'p') X(la_s, long, dks, 'l') X(la_s, void *, dv, 'p') X(la_s, long, dvs, 'l') \
+    X(la_s, float *, work, 'p')
 LA_ENTRY(la_causal_backward_blocks, LA_CAUSAL_BACKWARD_BLOCKS_ARGS)
 
 #define LA_NONCAUSAL_FORWARD_ARGS(X, la_s) \
@@ -81,15 +82,16 @@ LA_ENTRY(la_causal_backward_blocks, LA_CAUSAL_BACKWARD_BLOCKS_ARGS)
 LA_ENTRY(la_noncausal_forward, LA_NONCAUSAL_FORWARD_ARGS)
 
 #define LA_NONCAUSAL_BACKWARD_ARGS(X, la_s) \
-    X(la_s, int, kind, 'i') X(la_s, int, parts, 'i') X(la_s, const float *, q, 'p') \
-    X(la_s, long, qs, 'l') X(la_s, const float *, k, 'p') X(la_s, long, ks, 'l') \
-    X(la_s, const float *, v, 'p') X(la_s, long, vs, 'l') X(la_s, const float *, o, 'p') \
-    X(la_s, long, os, 'l') X(la_s, const float *, g, 'p') X(la_s, long, gs, 'l') X(la_s, long, N, 'l') \
-    X(la_s, long, Tq, 'l') X(la_s, long, Tk, 'l') X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') \
-    X(la_s, long, C, 'l') X(la_s, float, eps, 'f') X(la_s, const float *, S, 'p') \
-    X(la_s, const float *, z, 'p') X(la_s, float *, G, 'p') X(la_s, float *, Gz, 'p') \
-    X(la_s, float *, dq, 'p') X(la_s, long, dqs, 'l') X(la_s, float *, dk, 'p') X(la_s, long, dks, 'l') \
-    X(la_s, float *, dv, 'p') X(la_s, long, dvs, 'l') X(la_s, float *, work, 'p')
+    X(la_s, int, kind, 'i') X(la_s, int, parts, 'i') X(la_s, int, bf, 'i') \
+    X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') X(la_s, const void *, k, 'p') \
+    X(la_s, long, ks, 'l') X(la_s, const void *, v, 'p') X(la_s, long, vs, 'l') \
+    X(la_s, const void *, o, 'p') X(la_s, long, os, 'l') X(la_s, const void *, g, 'p') \
+    X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, Tq, 'l') X(la_s, long, Tk, 'l') \
+    X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') X(la_s, float, eps, 'f') \
+    X(la_s, const float *, S, 'p') X(la_s, const float *, z, 'p') X(la_s, float *, G, 'p') \
+    X(la_s, float *, Gz, 'p') X(la_s, void *, dq, 'p') X(la_s, long, dqs, 'l') \
+    X(la_s, void *, dk, 'p') X(la_s, long, dks, 'l') X(la_s, void *, dv, 'p') X(la_s, long, dvs, 'l') \
+    X(la_s, float *, work, 'p')
 LA_ENTRY(la_noncausal_backward, LA_NONCAUSAL_BACKWARD_ARGS)
 
 static const la_struct la_linear_structs[] = {

@@ -490,19 +490,23 @@ static void rec_dk_any(int nb, int two, int add, long L, long Dv, const float *c
     LA_BLOCK_SWITCH(rec_dk_tokens, nb, two, add, L, Dv, fq, fk, dn, v, G, dv, dk, P)
 }
 
-/* la_causal_backward's recurrent form (its arguments and state rules). work: T (2 L + Dv + 1)
- * + Dv L + 6 L + 2 W W floats. */
-static void causal_backward_rec(int kind, const float *q, long qs, const float *k, long ks,
-                                const float *v, long vs, const float *o, long os,
-                                const float *g, long gs, long N, long T, long L, long Dv,
+/* la_causal_backward's recurrent form (its arguments and state rules): float32 rows, or
+ * bfloat16 with bf (read as the float32 they equal: v's rows widened into the scratch as the
+ * forward walk reaches them, for both walks; dq, dk, dv rounded once, dv's through two rows of
+ * scratch). work: T (2 L + 2 Dv + 1) + Dv L + 6 L + 2 W W + 2 Dv floats. */
+static void causal_backward_rec(int kind, int bf, const void *q, long qs, const void *k,
+                                long ks, const void *v, long vs, const void *o, long os,
+                                const void *g, long gs, long N, long T, long L, long Dv,
                                 float eps, const float *S_in, const float *z_in, float *G,
-                                float *Gz, float *dq, long dqs, float *dk, long dks, float *dv,
+                                float *Gz, void *dq, long dqs, void *dk, long dks, void *dv,
                                 long dvs, float *work) {
     float *FQ = work, *FK = FQ + T * L, *DN = FK + T * L, *DS = DN + T * Dv;
     float *ST = DS + T, *zc = ST + Dv * L, *d1 = zc + 3 * L, *P = d1 + 3 * L;
+    float *VW = P + 2 * W * W, *DVW = VW + T * Dv; /* bf: v widened; two rows of dv */
     float *const zs[3] = {zc, zc + L, zc + 2 * L}, *const ds[3] = {d1, d1 + L, d1 + 2 * L};
+    long es = bf ? 2 : 4;
     for (long n = 0; n < N; ++n) {
-        const float *qn = q + n * qs, *kn = k + n * ks, *vn = v + n * vs;
+        const float *vn = bf ? VW : (const float *)v + n * vs; /* v's rows as float32 */
         float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
         transpose(L, Dv, S_in + n * L * Dv, ST);
         memcpy(zc, z_in + n * L, (size_t)L * sizeof(float));
@@ -510,21 +514,22 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
          * t + u (zs[0] is zc, updated in place) */
         for (long t = 0, m; t < T; t += m) {
             m = T - t < REC_U ? T - t : REC_U;
+            if (bf) f32_rows(v, n * vs + t * Dv, 1, m * Dv, VW + t * Dv);
             const float *b[3], *c[3], *x[3];
             rank_rows(vn, t, m, Dv, b), rank_rows(DN, t, m, Dv, c), rank_rows(FK, t, m, L, x);
             long ta = t + REC_AHEAD; /* the rows REC_AHEAD tokens on, as the forward (0.95x
                                       * the time, the same C harness and Xeon) */
-            la_fetch_run(la_next_chunk(q, n * qs, ta, T, m, L, 4));
-            la_fetch_run(la_next_chunk(k, n * ks, ta, T, m, L, 4));
-            la_fetch_run(la_next_chunk(v, n * vs, ta, T, m, Dv, 4));
-            la_fetch_run(la_next_chunk(o, n * os, ta, T, m, Dv, 4));
-            la_fetch_run(la_next_chunk(g, n * gs, ta, T, m, Dv, 4));
+            la_fetch_run(la_next_chunk(q, n * qs, ta, T, m, L, es));
+            la_fetch_run(la_next_chunk(k, n * ks, ta, T, m, L, es));
+            la_fetch_run(la_next_chunk(v, n * vs, ta, T, m, Dv, es));
+            la_fetch_run(la_next_chunk(o, n * os, ta, T, m, Dv, es));
+            la_fetch_run(la_next_chunk(g, n * gs, ta, T, m, Dv, es));
             for (long u = 0; u < m; ++u) {
                 float *fq = FQ + (t + u) * L, *fk = FK + (t + u) * L;
-                phi_rows(kind, qn, (t + u) * L, 0, L, fq);
-                phi_rows(kind, kn, (t + u) * L, 0, L, fk);
+                phi_rows(kind, q, n * qs + (t + u) * L, bf, L, fq);
+                phi_rows(kind, k, n * ks + (t + u) * L, bf, L, fk);
                 add_colsums(zs[u], zs[u ? u - 1 : 0], fk, NULL, 1, L);
-                DS[t + u] = grad_out_row(g + n * gs + (t + u) * Dv, o + n * os + (t + u) * Dv,
+                DS[t + u] = grad_out_row(g, n * gs + (t + u) * Dv, o, n * os + (t + u) * Dv, bf,
                                          dot(fq, zs[u], L) + eps, Dv, DN + (t + u) * Dv);
             }
             for (long c0 = 0; c0 < L; c0 += NV * W) {
@@ -534,8 +539,8 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
                 rank_any(nb, (int)m, Dv, L, b, c, xc, ST + c0, dc);
             }
             for (long u = 0; u < m; ++u)
-                grad_phi_row(kind, dq + n * dqs + (t + u) * L, ds[u], DS[t + u], zs[u],
-                             qn + (t + u) * L, FQ + (t + u) * L, L);
+                grad_phi_row(kind, dq, n * dqs + (t + u) * L, bf, ds[u], DS[t + u], zs[u], q,
+                             n * qs + (t + u) * L, FQ + (t + u) * L, L);
             if (m > 1) memcpy(zc, zs[m - 1], (size_t)L * sizeof(float));
         }
         /* backward walk: G, Gz, dk, dv; two tokens a pass over G where REC_U is three (32
@@ -545,17 +550,22 @@ static void causal_backward_rec(int kind, const float *q, long qs, const float *
             long t2 = t - m + 1; /* the pair's second token (t itself when alone) */
             const float *fq[2] = {FQ + t * L, FQ + t2 * L}, *fk[2] = {FK + t * L, FK + t2 * L};
             float *const dkr[2] = {d1, d1 + L}; /* each token's row sums G v */
+            /* where each token's dv row goes: its place in dv, or with bf a row of scratch */
+            float *dvr[2] = {DVW, DVW + Dv};
+            if (!bf)
+                dvr[0] = (float *)dv + n * dvs + t * Dv, dvr[1] = (float *)dv + n * dvs + t2 * Dv;
             for (long j0 = 0; j0 < Dv; j0 += NV * W) {
                 int nb = (Dv - j0) / W < NV ? (int)((Dv - j0) / W) : NV;
                 const float *dn[2] = {DN + t * Dv + j0, DN + t2 * Dv + j0};
                 const float *vc[2] = {vn + t * Dv + j0, vn + t2 * Dv + j0};
-                float *const dvc[2] = {dv + n * dvs + t * Dv + j0, dv + n * dvs + t2 * Dv + j0};
+                float *const dvc[2] = {dvr[0] + j0, dvr[1] + j0};
                 rec_dk_any(nb, m == 2, j0 > 0, L, Dv, fq, fk, dn, vc, Gn + j0, dvc, dkr, P);
             }
-            for (long u = 0; u < m; ++u) { /* Gz after token t - u, then its dk */
+            for (long u = 0; u < m; ++u) { /* Gz after token t - u, then its dk (and dv) */
                 add_colsums(Gzn, Gzn, fq[u], DS + t - u, 1, L);
-                grad_phi_row(kind, dk + n * dks + (t - u) * L, dkr[u], 1.0f, Gzn,
-                             kn + (t - u) * L, fk[u], L);
+                grad_phi_row(kind, dk, n * dks + (t - u) * L, bf, dkr[u], 1.0f, Gzn, k,
+                             n * ks + (t - u) * L, fk[u], L);
+                if (bf) la_narrowed((u16 *)dv + n * dvs + (t - u) * Dv, dvr[u], 0, Dv, LA_BF16);
             }
         }
     }

@@ -11,10 +11,13 @@ over blocks and heads that call the C kernels, is :mod:`linattn.ops.linear.passe
 walks op.py → this module → ``_library.py`` (the custom op) → ``passes.py`` →
 ``ops/native/abi.py`` (the kernel's argument struct) → ``kernels.c``.
 
-bfloat16 with gradients is widened to float32 (a differentiable cast) and runs the float32
-passes. The library is built on first use (:mod:`linattn.ops.native`), in the ISA build
-the dispatcher chose (:mod:`linattn.ops.dispatch`: where the calibration measured it to beat
-the torch paths on this machine). Without a C compiler the torch paths run instead.
+bfloat16 with gradients runs the one-pass backwards on its own rows (q, k, v, the output and
+its gradient read as the float32 values they hold, dq, dk, dv rounded once: the float32
+arithmetic), where they take it (:func:`~linattn.ops.linear.passes.backward_takes_bf16`); else
+it is widened to float32 (a differentiable cast) and runs the float32 passes. The library is
+built on first use (:mod:`linattn.ops.native`), in the ISA build the dispatcher chose
+(:mod:`linattn.ops.dispatch`: where the calibration measured it to beat the torch paths on
+this machine). Without a C compiler the torch paths run instead.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from linattn.ops.linear.passes import (
     NONCAUSAL_CHUNK,
     PARALLEL_MIN,
     backward,
+    backward_takes_bf16,
     fits_one_pass,
     forward,
     kernels,
@@ -104,9 +108,10 @@ def _differentiable_backward(ctx, grads):
     kind, eps, _, chunk, is_causal, _ = ctx.cfg
     fmap = MAP_OF_KIND[kind]()
     keep = None if keep is None else keep.unsqueeze(-1)
-    out, total = portable_forward(fmap, q, k, v, keep, eps, chunk, is_causal,
-                                  torch.cat([S0, z0.unsqueeze(-1)], -1))
-    outs = [out, total[..., :-1], total[..., -1]]
+    # in float32, as the kernels compute (bfloat16 q, k, v are saved as given)
+    out, total = portable_forward(fmap, *(x.float() for x in (q, k, v)), keep, eps, chunk,
+                                  is_causal, torch.cat([S0, z0.unsqueeze(-1)], -1))
+    outs = [out.to(q.dtype), total[..., :-1], total[..., -1]]
     return graph_grads(outs, list(grads), [q, k, v, S0, z0], ctx.needs_input_grad[:5])
 
 
@@ -129,11 +134,14 @@ def native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block
 def _native_linear_attention(q, k, v, fmap, *, is_causal, keep, eps, chunk, block, S0, isa):
     L, Dv = q.shape[-1], v.shape[-1]
     one_pass = fits_one_pass(L, Dv, chunk if is_causal else NONCAUSAL_CHUNK, keep is not None)
-    if q.dtype == torch.bfloat16 and (needs_grad(q, k, v, S0)
-                                      or not one_pass and not bf16_products()):
-        # The backward runs in float32 (its passes take float32), and the block passes would
-        # multiply bfloat16 blocks, which a CPU without bf16 dot products does slower than
-        # float32: widen once (a differentiable cast), round the output once.
+    if q.dtype == torch.bfloat16 and (
+            needs_grad(q, k, v, S0)
+            and not backward_takes_bf16(L, Dv, chunk, is_causal, keep is not None)
+            or not one_pass and not bf16_products()):
+        # The block passes' backward and the causal chunked one take float32 only, and the
+        # block passes would multiply bfloat16 blocks, which a CPU without bf16 dot products
+        # does slower than float32: widen once (a differentiable cast), round the output once.
+        # (The one-pass backwards read and write bfloat16 rows themselves.)
         o, state = native_linear_attention(*(recycled_cast(x, torch.float32) for x in (q, k, v)),
                                            fmap, is_causal=is_causal, keep=keep, eps=eps,
                                            chunk=chunk, block=block, S0=S0, isa=isa)

@@ -8,7 +8,7 @@ column made every product 65 wide where MKL is 15–20 % slower than at 64, fres
 (S, z) with S = Σ φ(k)ᵀ v (ℓ×Dv) and z = Σ φ(k) (ℓ), outputs are advised onto huge pages, and
 φ' needs no second exp (1 for x > 0, else φ itself for 1 + elu and 0 for 1 + relu). Two tiers:
 
-* **one pass per head** (float32; bfloat16 forwards too; no padding mask, ℓ, Dv and the causal
+* **one pass per head** (float32; bfloat16 too; no padding mask, ℓ, Dv and the causal
   chunk multiples of 16): compiled kernels walk each head chunk by chunk with the chunk's
   features in L1 and do every product in a register-blocked tile, skipping the zero half of
   each causal score block:
@@ -43,8 +43,11 @@ forward ~1.6× the speed of the float32 pass (AMD Zen 4; 2.6× on AMX tiles, Int
 elsewhere they are the float32 arithmetic on half the memory traffic. The block
 passes multiply bfloat16 blocks where the CPU has bf16 dot products
 (:func:`linattn.ops.native.bf16_products`) and otherwise widen to float32 once. Chunk states
-are float32 sums either way. With gradients, bfloat16 is widened to float32 before the forward
-(native.py, by differentiable casts into recycled buffers).
+are float32 sums either way. With gradients, the one-pass backwards read and write bfloat16
+rows themselves (the float32 arithmetic on the values the rows hold, each gradient rounded
+once; the causal one in its recurrent form: :func:`backward_takes_bf16`); elsewhere bfloat16
+is widened to float32 before the forward (native.py, by differentiable casts into recycled
+buffers).
 
 The C boundary: one argument struct per kernel, declared in kernels.c only; each kernel is
 called with its fields by keyword, through a mirror built from the library's own layout table
@@ -70,8 +73,9 @@ from linattn.ops.native import (
     threads_for,
 )
 
-__all__ = ["kernels", "unavailable", "phi", "forward", "backward", "rows_contiguous",
-           "fits_one_pass", "MAP_KINDS", "MAP_OF_KIND", "PARALLEL_MIN", "NONCAUSAL_CHUNK"]
+__all__ = ["kernels", "kernels_here", "unavailable", "phi", "forward", "backward",
+           "rows_contiguous", "fits_one_pass", "backward_takes_bf16", "REC_MAX_STATE",
+           "MAP_KINDS", "MAP_OF_KIND", "PARALLEL_MIN", "NONCAUSAL_CHUNK"]
 
 #: The feature maps the kernels compute, by their kind number in kernels.c.
 MAP_KINDS = {EluPlusOne: 0, ReluPlusOne: 1}
@@ -97,7 +101,9 @@ NONCAUSAL_FORWARD, CAUSAL_FORWARD, NONCAUSAL_BACKWARD, CAUSAL_BACKWARD = range(4
 def _work_size(lib) -> dict:
     lib.la_linear_work.restype = c_long
     lib.la_linear_work.argtypes = [c_int, c_long, c_long, c_long, c_long]
-    return {"work": lib.la_linear_work}
+    lib.la_linear_backward_bf16.restype = c_int
+    lib.la_linear_backward_bf16.argtypes = [c_int, c_long, c_long]
+    return {"work": lib.la_linear_work, "backward_bf16": lib.la_linear_backward_bf16}
 
 
 _KERNELS = KernelSet("la_linear_abi", extra=_work_size)
@@ -338,11 +344,30 @@ def fits_one_pass(L: int, Dv: int, chunk: int, masked: bool) -> bool:
     return not masked and chunk % 16 == 0 and L % 16 == 0 and Dv % 16 == 0
 
 
-def _single_pass(b: _Block, chunk: int, backward: bool = False) -> bool:
-    """Whether the one-pass kernels apply: :func:`_fits_one_pass`, float32 (forwards: bfloat16
-    too)."""
-    dtypes = (torch.float32,) if backward else (torch.float32, torch.bfloat16)
-    return b.q.dtype in dtypes and fits_one_pass(b.L, b.Dv, chunk, b.keep is not None)
+#: The largest state (ℓ·Dv floats a head) the causal backward's recurrent form takes, the form
+#: that reads bfloat16 rows: REC_MAX_STATE in kernels_forms.c, mirrored here so that the choice
+#: is plain Python under ``torch.compile`` (tests/ops/linear check the two agree:
+#: ``la_linear_backward_bf16``).
+REC_MAX_STATE = 128 * 128
+
+
+def backward_takes_bf16(L: int, Dv: int, chunk: int, is_causal: bool, masked: bool) -> bool:
+    """Whether the one-pass backward of these sizes reads and writes bfloat16 rows itself:
+    :func:`fits_one_pass`, and for the causal one its recurrent form (states up to
+    :data:`REC_MAX_STATE`; the chunked form reads float32 only). Else bfloat16 with gradients
+    is widened first (native.py)."""
+    C = chunk if is_causal else NONCAUSAL_BACKWARD_CHUNK
+    return fits_one_pass(L, Dv, C, masked) and (not is_causal or L * Dv <= REC_MAX_STATE)
+
+
+def _single_pass(b: _Block, chunk: int, backward: bool = False, causal: bool = False) -> bool:
+    """Whether the one-pass kernels apply: :func:`fits_one_pass`, float32 or bfloat16 (the
+    backwards: bfloat16 where :func:`backward_takes_bf16`)."""
+    if not fits_one_pass(b.L, b.Dv, chunk, b.keep is not None):
+        return False
+    if b.q.dtype == torch.float32 or (b.q.dtype == torch.bfloat16 and not backward):
+        return True
+    return b.q.dtype == torch.bfloat16 and backward_takes_bf16(b.L, b.Dv, chunk, causal, False)
 
 
 def _causal_forward(b: _Block, S, z, eps, block, chunk, out, S_states, z_states):
@@ -382,9 +407,9 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
             qv, ov, dqv = (x[h0:h1, q0:q1] for x in (b.q, out, dq))
             k, v, dk_, dv_ = (x[h0:h1] for x in (b.k, b.v, dk, dv))
             rc = b.fns["noncausal_backward"](
-                kind=kind, parts=parts, q=qv.data_ptr(), qs=_head_stride(qv), k=k.data_ptr(),
-                ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=ov.data_ptr(),
-                os=_head_stride(ov), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
+                kind=kind, parts=parts, bf=_bf(qv), q=qv.data_ptr(), qs=_head_stride(qv),
+                k=k.data_ptr(), ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v),
+                o=ov.data_ptr(), os=_head_stride(ov), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
                 Tq=q1 - q0, Tk=k.shape[1], L=L, Dv=Dv, C=C, eps=eps, S=S[h0].data_ptr(),
                 z=z[h0].data_ptr(), G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(),
                 dq=dqv.data_ptr(), dqs=_head_stride(dqv), dk=dk_.data_ptr(),
@@ -426,7 +451,7 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
 def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
                      dq, dk, dv):
     kind, N, L, Dv = b.kind, b.N, b.L, b.Dv
-    if _single_pass(b, chunk, backward=True):
+    if _single_pass(b, chunk, backward=True, causal=True):
         size = b.fns["work"](CAUSAL_BACKWARD, chunk, L, Dv, -(-block // chunk))
 
         def run(h0, h1, t0, t1, g, blocks, work):
@@ -437,7 +462,7 @@ def _causal_backward(b: _Block, S_states, z_states, out, g_out, G, Gz, eps, bloc
             q, k, v, o = (x[h0:h1, t0:t1] for x in (b.q, b.k, b.v, out))
             dq_, dk_, dv_ = (x[h0:h1, t0:t1] for x in (dq, dk, dv))
             rc = b.fns["causal_backward_blocks"](
-                kind=kind, q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
+                kind=kind, bf=_bf(q), q=q.data_ptr(), qs=_head_stride(q), k=k.data_ptr(),
                 ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v), o=o.data_ptr(),
                 os=_head_stride(o), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0, T=t1 - t0,
                 L=L, Dv=Dv, C=chunk, eps=eps, S_in=S_states[i, h0].data_ptr(),
@@ -503,7 +528,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor, keep: Tenso
     Returns the output (N, Tq, Dv), the final state S, z, and what the backward reads: the
     state before each block (nb, N, L, Dv), (nb, N, L) when causal, empty tensors otherwise
     (the backward then reads the final S, z)."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:  # a traced program run where the kernels cannot be had: the same function
         out, S, z = _portable(q, k, v, S0, z0, keep, kind, eps, chunk, is_causal)
         return out, S, z, S0.new_empty(0), z0.new_empty(0)
@@ -530,23 +555,28 @@ def backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, z
     (S0, z0) from those of the output and the final state (None: zero). Not differentiable
     itself (``create_graph`` takes the recomputing formula in
     :func:`linattn.ops.linear.native._backward_formula`)."""
-    fns = _kernels_here(isa)
+    fns = kernels_here(isa)
     if fns is None:  # as in forward: the portable form, differentiated by autograd
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(True) for x in (q, k, v, S0, z0)]
             outs = _portable(*leaves, keep, kind, eps, chunk, is_causal)
             grads = graph_grads(list(outs), [g_out, g_S, g_z], leaves, [True] * 5)
         return tuple(g.detach() for g in grads)
-    if q.dtype != torch.float32:  # bfloat16 with gradients was widened before the forward
-        raise RuntimeError(f"linattn native path: no backward for {q.dtype}")
     N, Tq, L = q.shape
     Dv = v.shape[2]
+    if q.dtype != torch.float32 and not (  # (native.py widens bfloat16 the kernels cannot take)
+            q.dtype == torch.bfloat16
+            and backward_takes_bf16(L, Dv, chunk, is_causal, keep is not None)):
+        raise RuntimeError(f"linattn native path: no backward for {q.dtype} at L={L}, Dv={Dv}")
     b = _Block(fns, kind, q, k, v, keep)
     dq, dk, dv = (empty_hugepage(x, *x.shape) for x in (q, k, v))
-    G = q.new_zeros(N, L, Dv) if g_S is None else g_S.contiguous().clone()
-    Gz = q.new_zeros(N, L) if g_z is None else g_z.contiguous().clone()
+    f32 = torch.float32  # the state's gradients: float32 sums, as the state
+    G = q.new_zeros(N, L, Dv, dtype=f32) if g_S is None else g_S.to(f32).contiguous().clone()
+    Gz = q.new_zeros(N, L, dtype=f32) if g_z is None else g_z.to(f32).contiguous().clone()
     if g_out is None:
         g_out = q.new_zeros(()).expand(N, Tq, Dv)
+    elif g_out.dtype != q.dtype:  # the kernels read it in the inputs' dtype
+        g_out = g_out.to(q.dtype)
     if is_causal:
         _causal_backward(b, S_states, z_states, out, g_out, G, Gz, eps, block, chunk,
                          dq, dk, dv)
@@ -555,7 +585,8 @@ def backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, z
     return dq, dk, dv, G, Gz
 
 
-def _kernels_here(isa: str) -> dict | None:
+def kernels_here(isa: str) -> dict | None:
+    """The kernels of the ``isa`` build, or of this CPU's where that one cannot be had."""
     return build_or_native(kernels, isa)
 
 
