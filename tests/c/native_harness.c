@@ -45,6 +45,9 @@ static __typeof__(la_causal_backward) *volatile causal_backward = la_causal_back
 
 #define TOL 1e-4
 #define TOL_BF16 8e-3 /* a bfloat16 output: 2^-9 relative rounding, measured against max |o| */
+/* bfloat16 gradients: three roundings of u = 2^-8 (of g, of phi(k) in the forward's state, of
+ * the gradient itself), measured against the largest entry */
+#define TOL_BF16_GRAD (3.0 / 256)
 #define GUARD 64 /* guard floats after each buffer */
 /* What guards hold: a quiet NaN with a payload, so that a kernel that reads memory it should
  * not (past a buffer, between heads, scratch it never wrote) spreads NaN into its results, and a
@@ -263,9 +266,9 @@ static void reference(int kind, int causal, long N, long Tq, long Tk, long L, lo
 }
 
 /* ------------------------------------------------------------------------------ the checks */
-enum { E_O, E_OBF, E_S, E_SBF, E_Z, E_DQ, E_DK, E_DV, E_G, E_GZ, E_N };
+enum { E_O, E_OBF, E_S, E_SBF, E_Z, E_DQ, E_DK, E_DV, E_G, E_GZ, E_DBF, E_N };
 static const char *ENAME[E_N] = {"o", "o(bf16)", "S", "S(bf16)", "z", "dq", "dk", "dv", "dS0",
-                                 "dz0"};
+                                 "dz0", "d*(bf16)"};
 static double worst[2][E_N]; /* [causal][quantity] */
 static char worst_at[2][E_N][128];
 static long checks, failures;
@@ -400,19 +403,18 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
                                         eps, S0, z0, G, Gz, dq, dqs, dk, dks, dv, dvs, work),
                      "la_causal_backward", cfg2);
         } else if (!split) {
-            rc_check(noncausal_backward(kind, 3, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk,
+            rc_check(noncausal_backward(kind, 3, 0, q, qs, k, ks, v, vs, g, gs, N, Tq, Tk,
                                            L, Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs,
                                            work), "la_noncausal_backward", cfg2);
         } else { /* the query pass in two blocks of queries, then the key pass */
             long h = Tq / 2;
-            rc_check(noncausal_backward(kind, 1, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, h, Tk,
+            rc_check(noncausal_backward(kind, 1, 0, q, qs, k, ks, v, vs, g, gs, N, h, Tk,
                                            L, Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs,
                                            work), "la_noncausal_backward parts=1", cfg2);
-            rc_check(noncausal_backward(kind, 1, 0, q + h * L, qs, k, ks, v, vs, o + h * Dv, os,
-                                           g + h * Dv, gs, N, Tq - h, Tk, L, Dv, C, eps, S, z, G,
+            rc_check(noncausal_backward(kind, 1, 0, q + h * L, qs, k, ks, v, vs, g + h * Dv, gs, N, Tq - h, Tk, L, Dv, C, eps, S, z, G,
                                            Gz, dq + h * L, dqs, dk, dks, dv, dvs, work),
                      "la_noncausal_backward parts=1", cfg2);
-            rc_check(noncausal_backward(kind, 2, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk,
+            rc_check(noncausal_backward(kind, 2, 0, q, qs, k, ks, v, vs, g, gs, N, Tq, Tk,
                                            L, Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs,
                                            work), "la_noncausal_backward parts=2", cfg2);
         }
@@ -453,9 +455,9 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
             rc16 = causal_backward(kind, 1, qh, qs, kh, ks, vh, vs, oh, os, gh, gs, N, Tq, L, Dv,
                                    C, eps, S0, z0, G2, Gz2, dqh, dqs, dkh, dks, dvh, dvs, work);
         } else {
-            rc32 = noncausal_backward(kind, 3, 0, q, qs, k, ks, v, vs, o, os, g, gs, N, Tq, Tk, L,
+            rc32 = noncausal_backward(kind, 3, 0, q, qs, k, ks, v, vs, g, gs, N, Tq, Tk, L,
                                       Dv, C, eps, S, z, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
-            rc16 = noncausal_backward(kind, 3, 1, qh, qs, kh, ks, vh, vs, oh, os, gh, gs, N, Tq,
+            rc16 = noncausal_backward(kind, 3, 1, qh, qs, kh, ks, vh, vs, gh, gs, N, Tq,
                                       Tk, L, Dv, C, eps, S, z, G2, Gz2, dqh, dqs, dkh, dks, dvh,
                                       dvs, work);
         }
@@ -479,6 +481,19 @@ static void run_case(int kind, int causal, int bf, long N, long Tq, long Tk, lon
             for (int a = 0; a < 3; ++a)
                 for (long i = N * hs[a]; i < N * hs[a] + GUARD; ++i)
                     same &= h16[a][i] == GUARD_BF16;
+        }
+        if (takes) { /* and against the exact gradients: within the bfloat16 roundings (of
+                      * the inputs, g's included here, of the forward's products, of dq, dk, dv) */
+            float *wide = alloc_f(N * (dqs > dks ? (dqs > dvs ? dqs : dvs) : (dks > dvs ? dks : dvs)));
+            const unsigned short *h16[3] = {dqh, dkh, dvh};
+            const double *ref[3] = {r.dq, r.dk, r.dv};
+            const long rows[3] = {Tq, Tk, Tk}, F[3] = {L, L, Dv}, hs[3] = {dqs, dks, dvs};
+            for (int a = 0; a < 3; ++a) {
+                for (long i = 0; i < N * hs[a]; ++i) wide[i] = from_bf16(h16[a][i]);
+                record_tol(causal, E_DBF, relerr(wide, hs[a], ref[a], N, rows[a], F[a]),
+                           TOL_BF16_GRAD, cfg);
+            }
+            free(wide);
         }
         ++checks;
         if (!same) {
@@ -552,15 +567,17 @@ int main(void) {
         for (int e = 0; e < E_N; ++e) {
             printf("    %-9s %-7s %.2e  [%s]\n", causal ? "causal" : "noncausal", ENAME[e],
                    worst[causal][e], worst_at[causal][e]);
-            if (e != E_OBF && e != E_SBF && !(worst[causal][e] <= all)) all = worst[causal][e];
+            int bf16 = e == E_OBF || e == E_SBF || e == E_DBF;
+            if (!bf16 && !(worst[causal][e] <= all)) all = worst[causal][e];
         }
     double abf = 0.0;
     for (int causal = 0; causal < 2; ++causal)
-        for (int e = E_OBF; e <= E_SBF; e += E_SBF - E_OBF)
-            if (worst[causal][e] > abf) abf = worst[causal][e];
+        for (int e = 0; e < E_N; ++e)
+            if ((e == E_OBF || e == E_SBF || e == E_DBF) && worst[causal][e] > abf)
+                abf = worst[causal][e];
     printf("%s: native_harness %s W=%d tile %dx%d: %ld checks, %ld failed; max rel err %.2e "
-           "(tol %.0e), bfloat16 outputs and states %.2e (tol %.0e)\n",
+           "(tol %.0e), bfloat16 outputs, states and gradients %.2e (tol %.0e, gradients %.1e)\n",
            failures ? "FAIL" : "PASS", isa, (int)W, (int)MR, (int)NV, checks, failures, all, TOL,
-           abf, TOL_BF16);
+           abf, TOL_BF16, TOL_BF16_GRAD);
     return failures ? 1 : 0;
 }

@@ -414,6 +414,34 @@ def test_bfloat16_with_gradients_against_the_reference(native_on, monkeypatch, i
         torch.testing.assert_close(got.double(), ref.detach(), rtol=eps, atol=atol)
 
 
+@pytest.mark.parametrize("is_causal, T", [(True, 1), (True, 200), (False, 200)])
+def test_bfloat16_gradients_where_dq_cancels(native_on, is_causal, T):
+    """A loss of the output's own values (Σ o² over every other token): g = 2o, so that
+    dφ(q) = S·dn + ds·z cancels at a causal run's first tokens (exactly, at the first one).
+    The one-pass backwards take ds from S·dn (the state they hold) rather than from the saved
+    output: read from the bfloat16 output, its rounding left ~2⁻⁹·|g||o|/s in dq, 7 % of dq's
+    largest entry at T = 200 (a reviewer's case). Bound: the forward's bfloat16 products
+    (3u·max|v|, u = 2⁻⁸, reaching the gradients through g = 2o) and the gradients' own rounding:
+    2·eps of the largest entry. (Not the non-causal T = 1, whose exact dq is 0: its state's
+    sums take φ(k) rounded to bfloat16 and its normaliser's the float32 φ(k), so its dq is
+    ~u·|g||v| of that mismatch, 0.3 % of dv's largest entry, where the widened path gave 2e-6.)"""
+    gen = torch.Generator().manual_seed(T)
+    base = [torch.randn(2, 3, T, d, generator=gen).bfloat16() for d in (32, 32, 48)]
+
+    def grads(dtype, fn):
+        leaves = [x.detach().to(dtype).requires_grad_(True) for x in base]
+        fn(*leaves, is_causal=is_causal)[..., ::2, :].float().pow(2).sum().backward()
+        return [x.grad.double() for x in leaves]
+
+    got = grads(torch.bfloat16, lambda *a, **kw: linattn.linear_attention(*a, chunk_size=32, **kw))
+    want = grads(torch.float64, linattn.reference.linear_attention)
+    assert native_on
+    eps = torch.finfo(torch.bfloat16).eps
+    for a, b in zip(got, want, strict=True):  # (T = 1: dq, dk are eps's terms, ~1e-6)
+        scale = max(b.abs().max().item(), 1e-3)
+        torch.testing.assert_close(a, b, rtol=eps, atol=2 * eps * scale)
+
+
 @pytest.mark.parametrize("feature_map", [0, 1])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("T", [1, 37, 300])

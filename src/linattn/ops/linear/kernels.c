@@ -169,6 +169,24 @@ static inline float grad_out_row(const void *g, long gi, const void *o, long oi,
     return den == 0.0f ? 0.0f : -s * inv;
 }
 
+/* The one-pass backwards' form of grad_out_row, which needs no output: dn = g / s is written
+ * (g float32, or bfloat16 with bf, at element gi) and 1 / s returned, or 0 where den == 0 (the
+ * guard's constant branch, where ds = 0). Then, with d = S dn (the state after the token times
+ * dn, what dphi(q) starts from), ds = -(g . o) / s = -(g . S^T phi(q)) / s^2 = -(phi(q) . d) / s:
+ * out_ds. The same function as from the saved output, but of the state the backward itself
+ * holds, so that dphi(q) = d + ds z cancels where it should (a bfloat16 output, rounded, left
+ * 2^-9 of |g| |o| / s in dq: a tenth of its largest entry at a causal run's first tokens). */
+static inline float out_dn(const void *g, long gi, int bf, float den, long Dv, float *dn) {
+    float inv = den == 0.0f ? 1.0f : 1.0f / den;
+    long j = 0;
+    for (; j + W <= Dv; j += W) vstore(dn + j, vload_any(g, gi + j, bf) * inv);
+    for (; j < Dv; ++j) dn[j] = load_any(g, gi + j, bf) * inv;
+    return den == 0.0f ? 0.0f : inv;
+}
+static inline float out_ds(const float *fq, const float *d, float inv, long L) {
+    return inv == 0.0f ? 0.0f : -dot(fq, d, L) * inv;
+}
+
 /* dst = (dphi + c vec) phi'(x) for one row of L (no vec term where vec is NULL); f = phi(x);
  * x and dst rows of float32, or bfloat16 with bf, at elements xi and di (a bfloat16 row is
  * rounded once, from the float32 result). A float32 gradient row is not read back: whole
@@ -505,8 +523,8 @@ static int la_causal_backward(int kind, int bf, const void *q, long qs, const vo
                               float *work) {
     if (C % W || L % W || Dv % W || (bf && !la_linear_backward_bf16(1, L, Dv))) return -1;
     if (REC_FORWARD && L * Dv <= REC_MAX_STATE)
-        causal_backward_rec(kind, bf, q, qs, k, ks, v, vs, o, os, g, gs, N, T, L, Dv, eps, S_in,
-                            z_in, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
+        causal_backward_rec(kind, bf, q, qs, k, ks, v, vs, g, gs, N, T, L, Dv, eps, S_in, z_in, G,
+                            Gz, dq, dqs, dk, dks, dv, dvs, work);
     else
         causal_backward_chunked(kind, q, qs, k, ks, v, vs, o, os, g, gs, N, T, L, Dv, C, eps,
                                 S_in, z_in, G, Gz, dq, dqs, dk, dks, dv, dvs, work);
@@ -599,27 +617,27 @@ static int la_noncausal_forward(int kind, int bf, const void *q, long qs, const 
     return 0;
 }
 
-/* Its backward: with dn = g / s, ds = -(g . o) / s per query row,
+/* Its backward: with dn = g / s, ds = -(phi(q) . dn S^T) / s (= -(g . o) / s) per query row,
  *     G = G_in + sum phi(q)^T dn,  Gz = Gz_in + sum ds phi(q),
  *     dq = (dn S^T + ds z) phi'(q),  dk = (v G^T + Gz) phi'(k),  dv = phi(k) G.
  * S, z: the final sums of the forward; G, Gz in/out. The query pass (dq, G, Gz) runs over
  * the Tq queries, the key pass (dk, dv, from G and Gz) over the Tk keys; parts & 1 and parts & 2
- * select them, so that the query pass can be fed in blocks. q, k, v, o, g read and dq, dk, dv
- * written as float32, or bfloat16 with bf (each gradient rounded once: the float32 arithmetic
- * on the values the rows hold; a chunk of v widened, and of dv rounded from, the scratch).
- * work: 2 C L + 2 L Dv + 3 C Dv. */
+ * select them, so that the query pass can be fed in blocks. The output is not read (out_dn,
+ * out_ds). q, k, v, g read and dq, dk, dv written as float32, or bfloat16 with bf (each
+ * gradient rounded once: the float32 arithmetic on the values the rows hold; a chunk of v
+ * widened, and of dv rounded from, the scratch). work: 2 C L + 2 L Dv + 3 C Dv. */
 static int la_noncausal_backward(int kind, int parts, int bf, const void *q, long qs,
-                                 const void *k, long ks, const void *v, long vs, const void *o,
-                                 long os, const void *g, long gs, long N, long Tq, long Tk,
-                                 long L, long Dv, long C, float eps, const float *S,
-                                 const float *z, float *G, float *Gz, void *dq, long dqs,
-                                 void *dk, long dks, void *dv, long dvs, float *work) {
+                                 const void *k, long ks, const void *v, long vs, const void *g,
+                                 long gs, long N, long Tq, long Tk, long L, long Dv, long C,
+                                 float eps, const float *S, const float *z, float *G, float *Gz,
+                                 void *dq, long dqs, void *dk, long dks, void *dv, long dvs,
+                                 float *work) {
     if (L % W || Dv % W) return -1;
     if (!(parts & 1)) Tq = 0;
     if (!(parts & 2)) Tk = 0;
     float *f = work, *ST = f + C * L, *GT = ST + L * Dv, *dphi = GT + L * Dv;
     float *vbuf = dphi + C * Dv + C * L, *dvbuf = vbuf + C * Dv;
-    float ds[C];
+    float ds[C], inv[C];
     for (long n = 0; n < N; ++n) {
         const float *Sn = S + n * L * Dv, *zn = z + n * L;
         float *Gn = G + n * L * Dv, *Gzn = Gz + n * L;
@@ -629,12 +647,13 @@ static int la_noncausal_backward(int kind, int parts, int bf, const void *q, lon
             phi_rows(kind, q, qi, bf, Cn * L, f);
             float *dn = dphi; /* dn (Cn x Dv) first, then dphi reuses the space after G */
             for (long i = 0; i < Cn; ++i)
-                ds[i] = grad_out_row(g, n * gs + (t0 + i) * Dv, o, n * os + (t0 + i) * Dv, bf,
-                                     dot(f + i * L, zn, L) + eps, Dv, dn + i * Dv);
-            gemm(L, Dv, Cn, f, 1, L, dn, Dv, Gn, Dv, 1, FULL);
-            add_colsums(Gzn, Gzn, f, ds, Cn, L);
+                inv[i] = out_dn(g, n * gs + (t0 + i) * Dv, bf, dot(f + i * L, zn, L) + eps, Dv,
+                                dn + i * Dv);
             float *dfq = dphi + C * Dv;
             gemm(Cn, L, Dv, dn, Dv, 1, ST, L, dfq, L, 0, FULL);
+            for (long i = 0; i < Cn; ++i) ds[i] = out_ds(f + i * L, dfq + i * L, inv[i], L);
+            gemm(L, Dv, Cn, f, 1, L, dn, Dv, Gn, Dv, 1, FULL);
+            add_colsums(Gzn, Gzn, f, ds, Cn, L);
             for (long i = 0; i < Cn; ++i)
                 grad_phi_row(kind, dq, n * dqs + (t0 + i) * L, bf, dfq + i * L, ds[i], zn, q,
                              qi + i * L, f + i * L, L);

@@ -85,7 +85,7 @@ LA_ENTRY(la_noncausal_forward, LA_NONCAUSAL_FORWARD_ARGS)
     X(la_s, int, kind, 'i') X(la_s, int, parts, 'i') X(la_s, int, bf, 'i') \
     X(la_s, const void *, q, 'p') X(la_s, long, qs, 'l') X(la_s, const void *, k, 'p') \
     X(la_s, long, ks, 'l') X(la_s, const void *, v, 'p') X(la_s, long, vs, 'l') \
-    X(la_s, const void *, o, 'p') X(la_s, long, os, 'l') X(la_s, const void *, g, 'p') \
+    X(la_s, const void *, g, 'p') \
     X(la_s, long, gs, 'l') X(la_s, long, N, 'l') X(la_s, long, Tq, 'l') X(la_s, long, Tk, 'l') \
     X(la_s, long, L, 'l') X(la_s, long, Dv, 'l') X(la_s, long, C, 'l') X(la_s, float, eps, 'f') \
     X(la_s, const float *, S, 'p') X(la_s, const float *, z, 'p') X(la_s, float *, G, 'p') \

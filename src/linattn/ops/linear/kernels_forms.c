@@ -490,16 +490,16 @@ static void rec_dk_any(int nb, int two, int add, long L, long Dv, const float *c
     LA_BLOCK_SWITCH(rec_dk_tokens, nb, two, add, L, Dv, fq, fk, dn, v, G, dv, dk, P)
 }
 
-/* la_causal_backward's recurrent form (its arguments and state rules): float32 rows, or
- * bfloat16 with bf (read as the float32 they equal: v's rows widened into the scratch as the
+/* la_causal_backward's recurrent form (its arguments and state rules, but for the output,
+ * which it does not read: out_dn, out_ds): float32 rows, or bfloat16 with bf (read as the
+ * float32 they equal: v's rows widened into the scratch as the
  * forward walk reaches them, for both walks; dq, dk, dv rounded once, dv's through two rows of
  * scratch). work: T (2 L + 2 Dv + 1) + Dv L + 6 L + 2 W W + 2 Dv floats. */
 static void causal_backward_rec(int kind, int bf, const void *q, long qs, const void *k,
-                                long ks, const void *v, long vs, const void *o, long os,
-                                const void *g, long gs, long N, long T, long L, long Dv,
-                                float eps, const float *S_in, const float *z_in, float *G,
-                                float *Gz, void *dq, long dqs, void *dk, long dks, void *dv,
-                                long dvs, float *work) {
+                                long ks, const void *v, long vs, const void *g, long gs, long N,
+                                long T, long L, long Dv, float eps, const float *S_in,
+                                const float *z_in, float *G, float *Gz, void *dq, long dqs,
+                                void *dk, long dks, void *dv, long dvs, float *work) {
     float *FQ = work, *FK = FQ + T * L, *DN = FK + T * L, *DS = DN + T * Dv;
     float *ST = DS + T, *zc = ST + Dv * L, *d1 = zc + 3 * L, *P = d1 + 3 * L;
     float *VW = P + 2 * W * W, *DVW = VW + T * Dv; /* bf: v widened; two rows of dv */
@@ -522,15 +522,15 @@ static void causal_backward_rec(int kind, int bf, const void *q, long qs, const 
             la_fetch_run(la_next_chunk(q, n * qs, ta, T, m, L, es));
             la_fetch_run(la_next_chunk(k, n * ks, ta, T, m, L, es));
             la_fetch_run(la_next_chunk(v, n * vs, ta, T, m, Dv, es));
-            la_fetch_run(la_next_chunk(o, n * os, ta, T, m, Dv, es));
             la_fetch_run(la_next_chunk(g, n * gs, ta, T, m, Dv, es));
+            float inv[3]; /* 1 / s of each token (out_dn) */
             for (long u = 0; u < m; ++u) {
                 float *fq = FQ + (t + u) * L, *fk = FK + (t + u) * L;
                 phi_rows(kind, q, n * qs + (t + u) * L, bf, L, fq);
                 phi_rows(kind, k, n * ks + (t + u) * L, bf, L, fk);
                 add_colsums(zs[u], zs[u ? u - 1 : 0], fk, NULL, 1, L);
-                DS[t + u] = grad_out_row(g, n * gs + (t + u) * Dv, o, n * os + (t + u) * Dv, bf,
-                                         dot(fq, zs[u], L) + eps, Dv, DN + (t + u) * Dv);
+                inv[u] = out_dn(g, n * gs + (t + u) * Dv, bf, dot(fq, zs[u], L) + eps, Dv,
+                                DN + (t + u) * Dv);
             }
             for (long c0 = 0; c0 < L; c0 += NV * W) {
                 int nb = (L - c0) / W < NV ? (int)((L - c0) / W) : NV;
@@ -538,9 +538,11 @@ static void causal_backward_rec(int kind, int bf, const void *q, long qs, const 
                 float *const dc[3] = {ds[0] + c0, ds[1] + c0, ds[2] + c0};
                 rank_any(nb, (int)m, Dv, L, b, c, xc, ST + c0, dc);
             }
-            for (long u = 0; u < m; ++u)
+            for (long u = 0; u < m; ++u) { /* ds from S dn (out_ds), then dq */
+                DS[t + u] = out_ds(FQ + (t + u) * L, ds[u], inv[u], L);
                 grad_phi_row(kind, dq, n * dqs + (t + u) * L, bf, ds[u], DS[t + u], zs[u], q,
                              n * qs + (t + u) * L, FQ + (t + u) * L, L);
+            }
             if (m > 1) memcpy(zc, zs[m - 1], (size_t)L * sizeof(float));
         }
         /* backward walk: G, Gz, dk, dv; two tokens a pass over G where REC_U is three (32

@@ -26,7 +26,10 @@ column made every product 65 wide where MKL is 15–20 % slower than at 64, fres
   each over a block still in cache.
 
 The backward keeps one (S, z) per block of tokens (never one per token) and recomputes the
-rest. With s the normaliser, dnum = g / s and ds = −(g·o) / s (from the saved output):
+rest. With s the normaliser, dnum = g / s and ds = −(g·o) / s: from the saved output in the
+block passes and the causal chunked form, and in the one-pass backwards as −φ(q)·(S dnum) / s,
+the same value from the state they hold, which needs no output and keeps dφ(q) = S dnum + ds z
+cancelling where it should (from a bfloat16 output, rounded, it did not: kernels.c, out_ds):
 
   non-causal   G = Σ φ(q)ᵀ dnum, g_z = Σ φ(q) ds;  dφ(q) = dnum Sᵀ + ds zᵀ,
                dφ(k) = v Gᵀ + g_z,  dv = φ(k) G
@@ -404,12 +407,12 @@ def _noncausal_backward(b: _Block, S, z, out, g_out, G, Gz, eps, block, dq, dk, 
 
         def run(parts, h0, h1, q0, q1, g, work):
             """parts 1: the query pass over queries [q0, q1); 2: the key pass; 3: both."""
-            qv, ov, dqv = (x[h0:h1, q0:q1] for x in (b.q, out, dq))
+            qv, dqv = (x[h0:h1, q0:q1] for x in (b.q, dq))
             k, v, dk_, dv_ = (x[h0:h1] for x in (b.k, b.v, dk, dv))
             rc = b.fns["noncausal_backward"](
                 kind=kind, parts=parts, bf=_bf(qv), q=qv.data_ptr(), qs=_head_stride(qv),
                 k=k.data_ptr(), ks=_head_stride(k), v=v.data_ptr(), vs=_head_stride(v),
-                o=ov.data_ptr(), os=_head_stride(ov), g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
+                g=g.data_ptr(), gs=_head_stride(g), N=h1 - h0,
                 Tq=q1 - q0, Tk=k.shape[1], L=L, Dv=Dv, C=C, eps=eps, S=S[h0].data_ptr(),
                 z=z[h0].data_ptr(), G=G[h0].data_ptr(), Gz=Gz[h0].data_ptr(),
                 dq=dqv.data_ptr(), dqs=_head_stride(dqv), dk=dk_.data_ptr(),
