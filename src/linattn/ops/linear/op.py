@@ -175,9 +175,10 @@ def linear_attention(
     ``torch.compile`` / ``torch.export`` the compiled path is the custom op
     ``linattn::linear_attention_fwd``. The fast paths have a hand-written backward; with
     ``create_graph=True`` (double backward) they differentiate a torch recomputation instead, so
-    higher-order gradients are exact. They read the saved output, so modifying the output in
-    place before ``backward`` raises autograd's usual error. ``LINATTN_NATIVE=0`` turns the
-    compiled path off, ``LINATTN_NATIVE=1`` skips the measurement.
+    higher-order gradients are exact. They save the output (the block passes read it), so
+    modifying the output in place before ``backward`` raises autograd's usual error.
+    ``LINATTN_NATIVE=0`` turns the compiled path off, ``LINATTN_NATIVE=1`` skips the
+    measurement.
     """
     is_causal = check_flag(is_causal, "is_causal")
     return_state = check_flag(return_state, "return_state")
