@@ -55,7 +55,8 @@ static long gla_round_up(long K) { return (K + W - 1) / W * W; }
  * cache line (placed 8 bytes off one, the bfloat16 forward took 1.27x the time). */
 long la_gla_work(long K, long C) {
     long back = gla_round_up(K) * W + K * GLA_NB * W + 2 * K + 2;
-    long pairs = 3 * ((C - 1) / 2) * K + (C - 1) / 2; /* the forward's (gla_pairs) */
+    /* the forward's: gla_pairs' rows, then a rescaled chunk's q and k rows (gla_rescaled) */
+    long pairs = 3 * ((C - 1) / 2) * K + (C - 1) / 2 + 2 * C * K;
     return (C * K + (back > pairs ? back : pairs) + 15) / 16 * 16;
 }
 
@@ -226,6 +227,57 @@ static void gla_fwd_any(int nb, int gated, long Tc, long K, long V, const float 
 #undef F_
 }
 
+/* A chunk with a scalar gate, rescaled: with L_t = a_0 ... a_t (the chunk's decay up to token
+ * t) and the state kept as S~ = S / L, the update S_t = a_t S_{t-1} + k_t v_t^T is
+ * S~_t = S~_{t-1} + (k_t / L_t) v_t^T and the output o_t = S_t^T q_t is S~_t^T (L_t q_t): the
+ * ungated passes on rows k / L and L q, then S = L_last S~ once. A multiply a token and state
+ * element less (four multiply-adds a pair of tokens where the gated pass takes a multiply and
+ * four: the pair pass is bound by its vector operations). Taken for chunks of at least
+ * GLA_RESCALE_MIN tokens whose decay stays above e^-GLA_RESCALE_LOG (1 / L at most ~5e8: each
+ * term's rounding stays relative to its own size, as in the gated pass, and nothing
+ * overflows that the gated pass would not); a decoding step (one token) never (it stays the
+ * gated pass bit for bit). */
+#define GLA_RESCALE_MIN 8
+#define GLA_RESCALE_LOG 20.0f
+
+/* Whether the chunk's Tc scalar log-gates g (all <= 0) allow the rescaled form; then its rows
+ * L_t q_t and k_t / L_t at qr, kr (rows of K) and L_last in *last. */
+static int gla_rescaled(long Tc, long K, const float *g, const float *q, long qt,
+                        const float *k, long kt, float *qr, float *kr, float *last) {
+    if (Tc < GLA_RESCALE_MIN) return 0;
+    float L[GLA_CMAX + W], inv[GLA_CMAX + W], cum = 0.0f; /* (whole vectors of them) */
+    for (long t = 0; t < Tc; ++t) L[t] = cum += g[t];
+    if (!(cum >= -GLA_RESCALE_LOG)) return 0; /* (NaN too) */
+    long Tv = (Tc + W - 1) / W * W;
+    for (long t = Tc; t < Tv; ++t) L[t] = 0.0f;
+    for (long t = 0; t < Tv; t += W) { /* L_t = e^(g_0 + ... + g_t) and its inverse */
+        vf e = vexp_nonpos(vload(L + t));
+        vstore(L + t, e);
+        vstore(inv + t, 1.0f / e);
+    }
+    for (long t = 0; t < Tc; ++t) {
+        vf up = vsplat(L[t]), down = vsplat(inv[t]);
+        const float *qt_ = q + t * qt, *kt_ = k + t * kt;
+        float *qo = qr + t * K, *ko = kr + t * K;
+        long i = 0;
+        for (; i + W <= K; i += W) {
+            vstore(qo + i, vload(qt_ + i) * up);
+            vstore(ko + i, vload(kt_ + i) * down);
+        }
+        for (; i < K; ++i) qo[i] = qt_[i] * L[t], ko[i] = kt_[i] * inv[t];
+    }
+    *last = L[Tc - 1];
+    return 1;
+}
+
+/* S[i][j0 .. j0 + nb W) *= s for the K rows (rows of V): the rescaled chunk's state made the
+ * state again. */
+static void gla_scale_cols(float *S, long K, long V, int nb, float s) {
+    vf sv = vsplat(s);
+    for (long i = 0; i < K; ++i)
+        for (int j = 0; j < nb; ++j) vstore(S + i * V + j * W, vload(S + i * V + j * W) * sv);
+}
+
 /* GLA over T tokens of N heads, columns [v0, v1) of the state and the output (all V columns:
  * v0 = 0, v1 = V; a subset lets threads share a head). q, k: rows of K (head strides qs, ks,
  * token strides qt, kt); v, o: rows of V (vs, vt; os, ot); g: T floats per head (head stride
@@ -246,6 +298,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         return -1;
     int gated = g != NULL || gk != NULL;
     float *a = work, *pr = a + C * K; /* the decays; the pairs' rows (gla_pairs) */
+    float *qr = pr + 3 * ((C - 1) / 2) * K + (C - 1) / 2, *kr = qr + C * K; /* gla_rescaled */
     unsigned long csr = la_subnormals_off();
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
@@ -254,14 +307,34 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         for (long t0 = 0, c = 0; t0 < T; t0 += C, ++c) {
             const float *from = t0 == 0 ? Sin : S; /* the state this chunk starts from */
             long Tc = T - t0 < C ? T - t0 : C;
+            float last = 1.0f; /* a rescaled chunk's L_last */
+            int rescaled = g && !gk
+                           && gla_rescaled(Tc, K, g + n * gs + t0, q + n * qs + t0 * qt, qt,
+                                           k + n * ks + t0 * kt, kt, qr, kr, &last);
+            if (ckpt) la_copy_cols(ckpt + n * cks + c * K * V, from, K, V, v0, v1);
+            long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
+            if (rescaled) { /* the ungated passes on L q and k / L, then S = L_last S~ */
+                long Pc = (Tc - 1) / 2;
+                gla_pairs(Tc, K, qr, K, kr, K, NULL, 0, pr, pr, pr, pr + 3 * Pc * K);
+                for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
+                    int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
+                    la_ahead ahead = la_chunk_ahead(
+                        la_next_rows(q + n * qs, qt, k + n * ks, kt, v + n * vs + j0, vt,
+                                     o + n * os + j0, ot, K, t1, Tn, j0 == v0),
+                        next, Tn == 0 && n == N - 1, j0 == v0);
+                    gla_fwd_any(nb, 0, Tc, K, V, qr, K, kr, K, NULL, pr,
+                                v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
+                                o + n * os + t0 * ot + j0, ot, &ahead);
+                    gla_scale_cols(S + j0, K, V, nb, last);
+                }
+                continue;
+            }
             if (gated)
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
-            if (ckpt) la_copy_cols(ckpt + n * cks + c * K * V, from, K, V, v0, v1);
             long Pc = (Tc - 1) / 2; /* this chunk's pairs, their rows packed at pr */
             gla_pairs(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt, a, gated, pr,
                       pr + Pc * K, pr + 2 * Pc * K, pr + 3 * Pc * K);
-            long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
                 la_ahead ahead = la_chunk_ahead(
