@@ -56,7 +56,7 @@ static long gla_round_up(long K) { return (K + W - 1) / W * W; }
 long la_gla_work(long K, long C) {
     long back = gla_round_up(K) * W + K * GLA_NB * W + 2 * K + 2;
     /* the forward's: gla_pairs' rows, then a rescaled chunk's q and k rows (gla_rescaled) */
-    long pairs = 3 * ((C - 1) / 2) * K + (C - 1) / 2 + 2 * C * K;
+    long pairs = 3 * ((C - 1) / 2) * K + (C - 1) / 2 + 2 * C * K + K;
     return (C * K + (back > pairs ? back : pairs) + 15) / 16 * 16;
 }
 
@@ -227,55 +227,86 @@ static void gla_fwd_any(int nb, int gated, long Tc, long K, long V, const float 
 #undef F_
 }
 
-/* A chunk with a scalar gate, rescaled: with L_t = a_0 ... a_t (the chunk's decay up to token
- * t) and the state kept as S~ = S / L, the update S_t = a_t S_{t-1} + k_t v_t^T is
- * S~_t = S~_{t-1} + (k_t / L_t) v_t^T and the output o_t = S_t^T q_t is S~_t^T (L_t q_t): the
- * ungated passes on rows k / L and L q, then S = L_last S~ once. A multiply a token and state
- * element less (four multiply-adds a pair of tokens where the gated pass takes a multiply and
- * four: the pair pass is bound by its vector operations). Taken for chunks of at least
- * GLA_RESCALE_MIN tokens whose decay stays above e^-GLA_RESCALE_LOG (1 / L at most ~5e8: each
- * term's rounding stays relative to its own size, as in the gated pass, and nothing
- * overflows that the gated pass would not); a decoding step (one token) never (it stays the
- * gated pass bit for bit). */
+/* A chunk rescaled: with L_t = a_0 o ... o a_t (the chunk's decay up to token t, a scalar or
+ * one a key) and the state kept as S~ = diag(1 / L) S, the update S_t = diag(a_t) S_{t-1} +
+ * k_t v_t^T is S~_t = S~_{t-1} + (k_t / L_t) v_t^T and the output o_t = S_t^T q_t is
+ * S~_t^T (L_t o q_t): the ungated passes on rows k / L and L o q, then S = diag(L_last) S~ once.
+ * A multiply a token and state element less (four multiply-adds a pair of tokens where the
+ * gated pass takes a multiply and four: the pair pass is bound by its vector operations).
+ * Taken for chunks of at least GLA_RESCALE_MIN tokens whose decay stays above
+ * e^-GLA_RESCALE_LOG in every key (1 / L at most ~5e8: each term's rounding stays relative to
+ * its own size, as in the gated pass, and nothing overflows that the gated pass would not); a
+ * decoding step (one token) never (it stays the gated pass bit for bit). */
 #define GLA_RESCALE_MIN 8
 #define GLA_RESCALE_LOG 20.0f
 
-/* Whether the chunk's Tc scalar log-gates g (all <= 0) allow the rescaled form; then its rows
- * L_t q_t and k_t / L_t at qr, kr (rows of K) and L_last in *last. */
-static int gla_rescaled(long Tc, long K, const float *g, const float *q, long qt,
-                        const float *k, long kt, float *qr, float *kr, float *last) {
-    if (Tc < GLA_RESCALE_MIN) return 0;
-    float L[GLA_CMAX + W], inv[GLA_CMAX + W], cum = 0.0f; /* (whole vectors of them) */
-    for (long t = 0; t < Tc; ++t) L[t] = cum += g[t];
-    if (!(cum >= -GLA_RESCALE_LOG)) return 0; /* (NaN too) */
-    long Tv = (Tc + W - 1) / W * W;
-    for (long t = Tc; t < Tv; ++t) L[t] = 0.0f;
-    for (long t = 0; t < Tv; t += W) { /* L_t = e^(g_0 + ... + g_t) and its inverse */
-        vf e = vexp_nonpos(vload(L + t));
-        vstore(L + t, e);
-        vstore(inv + t, 1.0f / e);
+/* Whether the chunk's Tc tokens of log-gates (g: a scalar a token, or NULL; gk: K a token, row
+ * stride gkt, or NULL; all <= 0) allow the rescaled form; then its rows L_t o q_t and k_t / L_t
+ * at qr, kr (rows of K) and L_last at last (K floats). */
+static int gla_rescaled(long Tc, long K, const float *g, const float *gk, long gkt,
+                        const float *q, long qt, const float *k, long kt, float *qr, float *kr,
+                        float *last) {
+    if (Tc < GLA_RESCALE_MIN || (!g && !gk)) return 0;
+    if (!gk) { /* a scalar a token: L_t for the chunk's tokens in whole vectors of them */
+        float L[GLA_CMAX + W], inv[GLA_CMAX + W], cum = 0.0f;
+        for (long t = 0; t < Tc; ++t) L[t] = cum += g[t];
+        if (!(cum >= -GLA_RESCALE_LOG)) return 0; /* (NaN too) */
+        long Tv = (Tc + W - 1) / W * W;
+        for (long t = Tc; t < Tv; ++t) L[t] = 0.0f;
+        for (long t = 0; t < Tv; t += W) {
+            vf e = vexp_nonpos(vload(L + t));
+            vstore(L + t, e);
+            vstore(inv + t, 1.0f / e);
+        }
+        for (long t = 0; t < Tc; ++t) {
+            vf up = vsplat(L[t]), down = vsplat(inv[t]);
+            const float *qt_ = q + t * qt, *kt_ = k + t * kt;
+            float *qo = qr + t * K, *ko = kr + t * K;
+            long i = 0;
+            for (; i + W <= K; i += W) {
+                vstore(qo + i, vload(qt_ + i) * up);
+                vstore(ko + i, vload(kt_ + i) * down);
+            }
+            for (; i < K; ++i) qo[i] = qt_[i] * L[t], ko[i] = kt_[i] * inv[t];
+        }
+        for (long i = 0; i < K; ++i) last[i] = L[Tc - 1];
+        return 1;
     }
+    /* one a key: the cumulative log-decays, row t at kr + t K (replaced by k / L below) */
     for (long t = 0; t < Tc; ++t) {
-        vf up = vsplat(L[t]), down = vsplat(inv[t]);
+        float gt = g ? g[t] : 0.0f, *c = kr + t * K;
+        const float *prev = t ? c - K : NULL, *row = gk ? gk + t * gkt : NULL;
+        for (long i = 0; i < K; ++i) c[i] = (prev ? prev[i] : 0.0f) + gt + (row ? row[i] : 0.0f);
+    }
+    const float *end = kr + (Tc - 1) * K; /* the decays only fall: the last row is the least */
+    for (long i = 0; i < K; ++i)
+        if (!(end[i] >= -GLA_RESCALE_LOG)) return 0; /* (NaN too) */
+    for (long t = 0; t < Tc; ++t) {
         const float *qt_ = q + t * qt, *kt_ = k + t * kt;
         float *qo = qr + t * K, *ko = kr + t * K;
         long i = 0;
         for (; i + W <= K; i += W) {
-            vstore(qo + i, vload(qt_ + i) * up);
-            vstore(ko + i, vload(kt_ + i) * down);
+            vf L = vexp_nonpos(vload(ko + i));
+            if (t == Tc - 1) vstore(last + i, L);
+            vstore(qo + i, vload(qt_ + i) * L);
+            vstore(ko + i, vload(kt_ + i) / L);
         }
-        for (; i < K; ++i) qo[i] = qt_[i] * L[t], ko[i] = kt_[i] * inv[t];
+        for (; i < K; ++i) {
+            float L = sexp_nonpos(ko[i]);
+            if (t == Tc - 1) last[i] = L;
+            qo[i] = qt_[i] * L, ko[i] = kt_[i] / L;
+        }
     }
-    *last = L[Tc - 1];
     return 1;
 }
 
-/* S[i][j0 .. j0 + nb W) *= s for the K rows (rows of V): the rescaled chunk's state made the
- * state again. */
-static void gla_scale_cols(float *S, long K, long V, int nb, float s) {
-    vf sv = vsplat(s);
-    for (long i = 0; i < K; ++i)
-        for (int j = 0; j < nb; ++j) vstore(S + i * V + j * W, vload(S + i * V + j * W) * sv);
+/* Row i of S (rows of V), its columns [0, nb W), times s[i], for the K rows: the rescaled
+ * chunk's state made the state again. */
+static void gla_scale_cols(float *S, long K, long V, int nb, const float *s) {
+    for (long i = 0; i < K; ++i) {
+        vf si = vsplat(s[i]);
+        for (int j = 0; j < nb; ++j) vstore(S + i * V + j * W, vload(S + i * V + j * W) * si);
+    }
 }
 
 /* GLA over T tokens of N heads, columns [v0, v1) of the state and the output (all V columns:
@@ -299,6 +330,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
     int gated = g != NULL || gk != NULL;
     float *a = work, *pr = a + C * K; /* the decays; the pairs' rows (gla_pairs) */
     float *qr = pr + 3 * ((C - 1) / 2) * K + (C - 1) / 2, *kr = qr + C * K; /* gla_rescaled */
+    float *last = kr + C * K;
     unsigned long csr = la_subnormals_off();
     for (long n = 0; n < N; ++n) {
         const float *Sin = S_in + n * K * V;
@@ -307,10 +339,10 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         for (long t0 = 0, c = 0; t0 < T; t0 += C, ++c) {
             const float *from = t0 == 0 ? Sin : S; /* the state this chunk starts from */
             long Tc = T - t0 < C ? T - t0 : C;
-            float last = 1.0f; /* a rescaled chunk's L_last */
-            int rescaled = g && !gk
-                           && gla_rescaled(Tc, K, g + n * gs + t0, q + n * qs + t0 * qt, qt,
-                                           k + n * ks + t0 * kt, kt, qr, kr, &last);
+            int rescaled = gla_rescaled(Tc, K, g ? g + n * gs + t0 : NULL,
+                                        gk ? gk + n * gks + t0 * gkt : NULL, gkt,
+                                        q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt, qr,
+                                        kr, last);
             if (ckpt) la_copy_cols(ckpt + n * cks + c * K * V, from, K, V, v0, v1);
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
             if (rescaled) { /* the ungated passes on L q and k / L, then S = L_last S~ */
