@@ -17,7 +17,9 @@ The kernels run the recurrence itself, per head and token, with the row decays
 
 in float32 arithmetic (no chunking error), vectorised over the columns of S (a block of
 columns stays in L1 through a chunk of tokens), two tokens a pass: a multiply and four
-multiply-adds per element for both (ops/gated/kernels.c, gla_fwd_pair). The forward stores
+multiply-adds per element for both (ops/gated/kernels.c, gla_fwd_pair), or the four alone
+where a chunk's decay stays above e^-20 (the state kept divided by the decay so far,
+gla_rescaled). The forward stores
 the state before every chunk of :func:`checkpoint_interval` tokens when gradients are wanted
 — one state per chunk, never one per token: K·V/C floats per token and head (as much as q at
 K = V = 64 and the C = 64 used with gradients). The backward (docs/theory.md §10, "GLA: the
