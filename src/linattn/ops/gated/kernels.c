@@ -345,37 +345,29 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
                                         kr, last);
             if (ckpt) la_copy_cols(ckpt + n * cks + c * K * V, from, K, V, v0, v1);
             long t1 = t0 + Tc, Tn = T - t1 < C ? T - t1 : C; /* the next chunk */
-            if (rescaled) { /* the ungated passes on L q and k / L, then S = L_last S~ */
-                long Pc = (Tc - 1) / 2;
-                gla_pairs(Tc, K, qr, K, kr, K, NULL, 0, pr, pr, pr, pr + 3 * Pc * K);
-                for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
-                    int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
-                    la_ahead ahead = la_chunk_ahead(
-                        la_next_rows(q + n * qs, qt, k + n * ks, kt, v + n * vs + j0, vt,
-                                     o + n * os + j0, ot, K, t1, Tn, j0 == v0),
-                        next, Tn == 0 && n == N - 1, j0 == v0);
-                    gla_fwd_any(nb, 0, Tc, K, V, qr, K, kr, K, NULL, pr,
-                                v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
-                                o + n * os + t0 * ot + j0, ot, &ahead);
-                    gla_scale_cols(S + j0, K, V, nb, last);
-                }
-                continue;
-            }
-            if (gated)
+            /* the rows the passes read: q and k with the gates' decays, or rescaled, L q and
+             * k / L with none (then S = L_last S~ after each block of columns) */
+            const float *qc = q + n * qs + t0 * qt, *kc = k + n * ks + t0 * kt;
+            long qct = qt, kct = kt;
+            int mode = gated && !rescaled;
+            if (rescaled)
+                qc = qr, kc = kr, qct = kct = K;
+            else if (gated)
                 gla_decays(Tc, K, g ? g + n * gs + t0 : NULL, gk ? gk + n * gks + t0 * gkt : NULL,
                            gkt, a);
             long Pc = (Tc - 1) / 2; /* this chunk's pairs, their rows packed at pr */
-            gla_pairs(Tc, K, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt, kt, a, gated, pr,
-                      pr + Pc * K, pr + 2 * Pc * K, pr + 3 * Pc * K);
+            gla_pairs(Tc, K, qc, qct, kc, kct, a, mode, pr, pr + Pc * K, pr + 2 * Pc * K,
+                      pr + 3 * Pc * K);
             for (long j0 = v0; j0 < v1; j0 += GLA_NB * W) {
                 int nb = (v1 - j0) / W < GLA_NB ? (int)((v1 - j0) / W) : GLA_NB;
                 la_ahead ahead = la_chunk_ahead(
                     la_next_rows(q + n * qs, qt, k + n * ks, kt, v + n * vs + j0, vt,
                                  o + n * os + j0, ot, K, t1, Tn, j0 == v0),
                     next, Tn == 0 && n == N - 1, j0 == v0);
-                gla_fwd_any(nb, gated, Tc, K, V, q + n * qs + t0 * qt, qt, k + n * ks + t0 * kt,
-                            kt, a, pr, v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
+                gla_fwd_any(nb, mode, Tc, K, V, qc, qct, kc, kct, a, pr,
+                            v + n * vs + t0 * vt + j0, vt, from + j0, S + j0, scale,
                             o + n * os + t0 * ot + j0, ot, &ahead);
+                if (rescaled) gla_scale_cols(S + j0, K, V, nb, last);
             }
         }
     }
