@@ -42,6 +42,17 @@ static unsigned long fp_control(void) {
 #endif
 }
 
+/* Whether the n 16-bit elements h (dtype dt) are the float32 x, each rounded once: what a
+ * 16-bit path computing in float32 must write. */
+static int rounded_once(const unsigned short *h, const float *x, long n, int dt) {
+    for (long i = 0; i < n; ++i) {
+        unsigned short want;
+        store_dt(&want, 0, x[i], dt);
+        if (want != h[i]) return 0;
+    }
+    return 1;
+}
+
 /* The guard element of each dtype: a NaN in it (float32 0x7FC0DEAD, bfloat16 0x7FC1, float16
  * 0x7E01), which a kernel that reads it spreads into its results. */
 static const unsigned GUARD_BITS[3] = {0x7FC0DEADu, 0x7FC1u, 0x7E01u};

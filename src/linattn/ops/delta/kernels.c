@@ -491,7 +491,7 @@ static int gdr_forward_widened(const void *q, long qs, long qt, const void *k, l
 static long gdr_step_slot(long N, long G, long K, long V, int threads, int dt) {
     long per = la_per_part(N, threads), nq = (per - 1) / G + 2;
     long widened = dt == LA_F32 ? 0 : 2 * nq * K + 2 * per * V + 2 * per + per * K;
-    return (la_gdr_work(K) + widened + 15) / 16 * 16;
+    return la_lines(la_gdr_work(K) + widened);
 }
 
 long la_gdr_step_work(long N, long G, long K, long V, int threads, int dt) {
@@ -549,9 +549,9 @@ static int la_gdr_step(const void *q, const void *k, const void *v, const void *
     for (long n = 0; n < N; ++n) {
         float b = load_dt(beta, n, dt);
         if (!(b - b == 0.0f)) return -2; /* nan or +-inf */
-        if (g && !(load_dt(g, n, dt) <= 0.0f)) return -3;
     }
-    if (gk && !la_all_nonpositive(gk, N * K, dt)) return -3;
+    if ((g && !la_all_nonpositive(g, N, dt)) || (gk && !la_all_nonpositive(gk, N * K, dt)))
+        return -3;
     gdr_step_job job = {q, k, v, beta, g, gk, N, G, K, V, la_per_part(N, threads),
                         gdr_step_slot(N, G, K, V, threads, dt), scale, l2norm, dt, S_in, S_out,
                         o, work};

@@ -53,11 +53,15 @@ static long gla_round_up(long K) { return (K + W - 1) / W * W; }
  * its token pairs (gla_pairs); rounded up to 64 bytes, so that
  * what a caller places after it (gla_forward_widened's rows and chunk_dp's tiles) starts on a
  * cache line (placed 8 bytes off one, the bfloat16 forward took 1.27x the time). */
+/* Floats of gla_pairs' rows for a chunk of C tokens (its (C - 1) / 2 pairs: three rows of K
+ * and a dot product each): where a rescaled chunk's rows start in the forward's work. */
+static long gla_pairs_floats(long K, long C) { return 3 * ((C - 1) / 2) * K + (C - 1) / 2; }
+
 long la_gla_work(long K, long C) {
     long back = gla_round_up(K) * W + K * GLA_NB * W + 2 * K + 2;
-    /* the forward's: gla_pairs' rows, then a rescaled chunk's q and k rows (gla_rescaled) */
-    long pairs = 3 * ((C - 1) / 2) * K + (C - 1) / 2 + 2 * C * K + K;
-    return (C * K + (back > pairs ? back : pairs) + 15) / 16 * 16;
+    /* the forward's: gla_pairs' rows, then a rescaled chunk's q and k rows and L_last */
+    long pairs = gla_pairs_floats(K, C) + 2 * C * K + K;
+    return la_lines(C * K + (back > pairs ? back : pairs));
 }
 
 /* a[t][i] = exp(g[t] + gk[t][i]) for Tc tokens (rows of K); g or gk may be NULL (not both).
@@ -329,7 +333,7 @@ static int la_gla_forward(const float *q, long qs, long qt, const float *k, long
         return -1;
     int gated = g != NULL || gk != NULL;
     float *a = work, *pr = a + C * K; /* the decays; the pairs' rows (gla_pairs) */
-    float *qr = pr + 3 * ((C - 1) / 2) * K + (C - 1) / 2, *kr = qr + C * K; /* gla_rescaled */
+    float *qr = pr + gla_pairs_floats(K, C), *kr = qr + C * K; /* gla_rescaled's */
     float *last = kr + C * K;
     unsigned long csr = la_subnormals_off();
     for (long n = 0; n < N; ++n) {
@@ -460,7 +464,7 @@ static int gla_forward_widened(const void *q, long qs, long qt, const void *k, l
 static long gla_step_slot(long N, long K, long V, int threads, int dt) {
     long per = la_per_part(N, threads);
     long widened = dt == LA_F32 ? 0 : 3 * per * K + 2 * per * V + per;
-    return (la_gla_work(K, 1) + widened + 15) / 16 * 16;
+    return la_lines(la_gla_work(K, 1) + widened);
 }
 
 long la_gla_step_work(long N, long K, long V, int threads, int dt) {
@@ -752,10 +756,8 @@ static int la_gla_backward(const void *q_, long qs, long qt, const void *k_, lon
                                gk ? dgk + n * dgks + t0 * dgkt : NULL, dgkt,
                                g ? dg + n * dgs + t0 : NULL, P);
             if (wide) { /* rounded once */
-                for (long t = 0; t < Tc; ++t) {
-                    la_narrowed((u16 *)dq_ + n * dqs + (t0 + t) * dqt, dqw + t * K, 0, K, dt);
-                    la_narrowed((u16 *)dk_ + n * dks + (t0 + t) * dkt, dkw + t * K, 0, K, dt);
-                }
+                la_narrowed_rows(dq_, n * dqs + t0 * dqt, dqt, dqw, Tc, K, 0, K, dt);
+                la_narrowed_rows(dk_, n * dks + t0 * dkt, dkt, dkw, Tc, K, 0, K, dt);
                 la_narrowed_rows(dv_, n * dvs + t0 * dvt, dvt, dvw, Tc, V, 0, V, dt);
             }
         }

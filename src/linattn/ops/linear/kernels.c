@@ -146,36 +146,14 @@ static inline const float *f32_rows(const void *x, long i0, int bf, long n, floa
 }
 
 
-/* The gradient of one output row o = num / s, s = guarded(den) (den here includes eps), from
- * g = dL/do: writes dn = g / s and returns ds = -(g . o) / s, or 0 where den == 0 (the guard's
- * constant branch). g and o: rows of float32, or bfloat16 with bf, at elements gi and oi (the
- * same arithmetic either way: a bfloat16 row is read as the float32 it equals). */
-static inline float grad_out_row(const void *g, long gi, const void *o, long oi, int bf,
-                                 float den, long Dv, float *dn) {
-    float inv = den == 0.0f ? 1.0f : 1.0f / den;
-    vf acc = vsplat(0.0f);
-    long j = 0;
-    for (; j + W <= Dv; j += W) {
-        vf gj = vload_any(g, gi + j, bf);
-        vstore(dn + j, gj * inv);
-        acc += gj * vload_any(o, oi + j, bf);
-    }
-    float s = hsum(acc);
-    for (; j < Dv; ++j) {
-        float gj = load_any(g, gi + j, bf);
-        dn[j] = gj * inv;
-        s += gj * load_any(o, oi + j, bf);
-    }
-    return den == 0.0f ? 0.0f : -s * inv;
-}
-
-/* The one-pass backwards' form of grad_out_row, which needs no output: dn = g / s is written
- * (g float32, or bfloat16 with bf, at element gi) and 1 / s returned, or 0 where den == 0 (the
- * guard's constant branch, where ds = 0). Then, with d = S dn (the state after the token times
- * dn, what dphi(q) starts from), ds = -(g . o) / s = -(g . S^T phi(q)) / s^2 = -(phi(q) . d) / s:
- * out_ds. The same function as from the saved output, but of the state the backward itself
- * holds, so that dphi(q) = d + ds z cancels where it should (a bfloat16 output, rounded, left
- * 2^-9 of |g| |o| / s in dq: a tenth of its largest entry at a causal run's first tokens). */
+/* dn = g / s for one output row o = num / s, s = guarded(den) (den here includes eps), from
+ * g = dL/do (float32, or bfloat16 with bf, at element gi); returns 1 / s, or 0 where den == 0
+ * (the guard's constant branch, where ds = 0). Then ds = -(g . o) / s: from the output,
+ * grad_out_row; or, with d = S dn (the state after the token times dn, what dphi(q) starts
+ * from), ds = -(g . S^T phi(q)) / s^2 = -(phi(q) . d) / s, out_ds: the same function of the
+ * state the one-pass backwards hold, which reads no output and keeps dphi(q) = d + ds z
+ * cancelling where it should (from a bfloat16 output, rounded, it left 2^-9 of |g| |o| / s in
+ * dq: a tenth of its largest entry at a causal run's first tokens). */
 static inline float out_dn(const void *g, long gi, int bf, float den, long Dv, float *dn) {
     float inv = den == 0.0f ? 1.0f : 1.0f / den;
     long j = 0;
@@ -185,6 +163,12 @@ static inline float out_dn(const void *g, long gi, int bf, float den, long Dv, f
 }
 static inline float out_ds(const float *fq, const float *d, float inv, long L) {
     return inv == 0.0f ? 0.0f : -dot(fq, d, L) * inv;
+}
+/* out_dn with ds = -(g . o) / s from the output row o (float32): the block passes' and the
+ * causal chunked form's. */
+static inline float grad_out_row(const float *g, const float *o, float den, long Dv, float *dn) {
+    float inv = out_dn(g, 0, 0, den, Dv, dn);
+    return inv == 0.0f ? 0.0f : -dot(g, o, Dv) * inv;
 }
 
 /* dst = (dphi + c vec) phi'(x) for one row of L (no vec term where vec is NULL); f = phi(x);
@@ -247,7 +231,7 @@ static void la_norm_grad(const float *o, long os, const float *fq, const float *
                   long Dv, float eps, float *dnum, float *ds) {
     for (long n = 0; n < N; ++n)
         for (long t = 0; t < T; ++t)
-            ds[n * R + t] = grad_out_row(g, n * gs + t * Dv, o, n * os + t * Dv, 0,
+            ds[n * R + t] = grad_out_row(g + n * gs + t * Dv, o + n * os + t * Dv,
                                          den_any(fq, 0, z, zrows, sx, n, t, R, L) + eps, Dv,
                                          dnum + (n * R + t) * Dv);
 }
@@ -462,7 +446,7 @@ static void causal_backward_chunked(int kind, const float *q, long qs, const flo
             transpose(C, L, fk, fkT);
             scores(Cn, C, L, fq, fkT, A);
             for (long i = 0; i < Cn; ++i) /* the normaliser's and the output's gradients */
-                ds[i] = grad_out_row(g, n * gs + (t0 + i) * Dv, o, n * os + (t0 + i) * Dv, 0,
+                ds[i] = grad_out_row(g + n * gs + (t0 + i) * Dv, o + n * os + (t0 + i) * Dv,
                                      causal_den(fq + i * L, zb, A + i * C, i, L) + eps, Dv,
                                      dn + i * Dv);
             if (Cn == C) { /* vT[d, t] = v[t, d], zero beyond the chunk */

@@ -76,7 +76,7 @@ from linattn.ops.native import (
     threads_for,
 )
 
-__all__ = ["kernels", "kernels_here", "unavailable", "phi", "forward", "backward",
+__all__ = ["kernels", "unavailable", "phi", "forward", "backward",
            "rows_contiguous", "fits_one_pass", "backward_takes_bf16", "REC_MAX_STATE",
            "MAP_KINDS", "MAP_OF_KIND", "PARALLEL_MIN", "NONCAUSAL_CHUNK"]
 
@@ -531,7 +531,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor, keep: Tenso
     Returns the output (N, Tq, Dv), the final state S, z, and what the backward reads: the
     state before each block (nb, N, L, Dv), (nb, N, L) when causal, empty tensors otherwise
     (the backward then reads the final S, z)."""
-    fns = kernels_here(isa)
+    fns = _kernels_here(isa)
     if fns is None:  # a traced program run where the kernels cannot be had: the same function
         out, S, z = _portable(q, k, v, S0, z0, keep, kind, eps, chunk, is_causal)
         return out, S, z, S0.new_empty(0), z0.new_empty(0)
@@ -558,7 +558,7 @@ def backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, z
     (S0, z0) from those of the output and the final state (None: zero). Not differentiable
     itself (``create_graph`` takes the recomputing formula in
     :func:`linattn.ops.linear.native._backward_formula`)."""
-    fns = kernels_here(isa)
+    fns = _kernels_here(isa)
     if fns is None:  # as in forward: the portable form, differentiated by autograd
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(True) for x in (q, k, v, S0, z0)]
@@ -588,8 +588,7 @@ def backward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, S0: Tensor, z
     return dq, dk, dv, G, Gz
 
 
-def kernels_here(isa: str) -> dict | None:
-    """The kernels of the ``isa`` build, or of this CPU's where that one cannot be had."""
+def _kernels_here(isa: str) -> dict | None:
     return build_or_native(kernels, isa)
 
 

@@ -254,6 +254,10 @@ static inline const float *la_widened(float *dst, const void *src, long n, int d
     return dst;
 }
 
+/* n floats rounded up to whole 64-byte lines: per-thread scratch that no two threads share a
+ * line of, or a region after which the next starts on a line. */
+static inline long la_lines(long n) { return (n + 15) / 16 * 16; }
+
 /* Whether every one of n elements of dtype dt at x is <= 0 (no NaN): the log-gates' check of
  * the decoding steps, made on the rows as given, before anything is written. */
 static inline int la_all_nonpositive(const void *x, long n, int dt) {
